@@ -1,0 +1,18 @@
+"""Attention mechanisms: one file per idea, each a thin nn.Module over ``functional``.
+
+Importing this package registers every mechanism; see :func:`list_attention`.
+"""
+
+from .mha import MultiHeadAttention
+from .mhsa import MultiHeadSelfAttention
+from .registry import AttentionSpec, create_attention, get_attention_spec, list_attention, register_attention
+
+__all__ = [
+    "AttentionSpec",
+    "MultiHeadAttention",
+    "MultiHeadSelfAttention",
+    "create_attention",
+    "get_attention_spec",
+    "list_attention",
+    "register_attention",
+]

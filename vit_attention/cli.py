@@ -1,0 +1,62 @@
+"""``vit-attention`` command line: thin sub-commands over the library.
+
+Each part of the package that offers commands exposes ``add_commands(subparsers)``; this file
+only collects them. With no sub-command it runs the main job (``train`` on the embedded data
+set when the training commands are installed, else ``summary``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Modules that contribute sub-commands, in help order. Each defines add_commands(subparsers).
+_COMMAND_MODULES = (
+    "vit_attention.commands",
+    "vit_attention.train.commands",
+    "vit_attention.analysis.commands",
+    "vit_attention.bench.commands",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every available sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="vit-attention",
+        description="Vision-transformer attention mechanisms and backbones: build, inspect, train, compare.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:  # a real missing dependency inside the module
+                raise
+            continue
+        module.add_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``vit-attention`` script; returns the exit code."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        default = "train" if "train" in parser._subparsers._group_actions[0].choices else "summary"  # type: ignore
+        argv = [default]
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, KeyError, FileNotFoundError, TypeError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"vit-attention {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

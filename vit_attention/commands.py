@@ -1,0 +1,69 @@
+"""Core sub-commands: ``summary`` (build a model by name), ``models`` and ``attention`` (list registries)."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .attention import get_attention_spec, list_attention
+from .models import create_model, list_models
+from .models.registry import aliases_of, get_model_entry
+
+
+def _summary(args: argparse.Namespace) -> int:
+    entry = get_model_entry(args.model)
+    img = args.img_size
+    overrides = {}
+    if args.num_classes is not None:
+        overrides["num_classes"] = args.num_classes
+    meta = args.meta or args.device == "meta"
+    device = torch.device("meta" if meta else args.device)
+    with device:
+        model = create_model(entry.name, img_size=img, **overrides)
+    model.eval()
+    cfg = model.cfg
+    size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
+    x = torch.randn(args.batch_size, cfg.in_chans, *size, device=device)
+    with torch.no_grad():
+        y = model(x)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model:        {entry.name} ({entry.family})" + (f"  aliases: {', '.join(aliases_of(entry.name))}"
+                                                           if aliases_of(entry.name) else ""))
+    print(f"parameters:   {n_params:,} ({n_params / 1e6:.2f} M)")
+    print(f"input shape:  {list(x.shape)}")
+    print(f"output shape: {list(y.shape)}")
+    print(f"config:       {cfg.to_json()}")
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    for name in list_models(args.pattern, include_aliases=args.aliases):
+        print(name)
+    return 0
+
+
+def _attention(args: argparse.Namespace) -> int:
+    for name in list_attention(args.pattern):
+        spec = get_attention_spec(name)
+        print(f"{name:24s} {spec.layout:8s} {spec.description}")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register ``summary``, ``models`` and ``attention``."""
+    p = sub.add_parser("summary", help="build a model by name and print params and output shape")
+    p.add_argument("model", nargs="?", default="vit_tiny_patch16_224", help="registered name or alias")
+    p.add_argument("--img-size", type=int, default=None, help="input size (default: the preset's)")
+    p.add_argument("--num-classes", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, or meta (shapes only, no memory)")
+    p.add_argument("--meta", action="store_true", help="build on the meta device (instant for giant models)")
+    p.set_defaults(func=_summary)
+    p = sub.add_parser("models", help="list registered model names")
+    p.add_argument("pattern", nargs="?", default="*", help="glob, e.g. 'swin*'")
+    p.add_argument("--aliases", action="store_true", help="include torchvision-style aliases")
+    p.set_defaults(func=_models)
+    p = sub.add_parser("attention", help="list registered attention mechanisms")
+    p.add_argument("pattern", nargs="?", default="*")
+    p.set_defaults(func=_attention)

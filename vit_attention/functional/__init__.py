@@ -1,0 +1,26 @@
+"""Pure functions: no parameters, no nn.Module. The bottom layer of the package."""
+
+from .attention import (
+    attention_context,
+    fused_attention,
+    fused_attention_enabled,
+    register_attention_hook,
+    scaled_dot_product_attention,
+    set_fused_attention,
+)
+from .heads import merge_heads, split_heads, split_qkv
+from .pos_embed import resample_abs_pos_embed, sincos_2d_pos_embed
+
+__all__ = [
+    "attention_context",
+    "fused_attention",
+    "fused_attention_enabled",
+    "merge_heads",
+    "register_attention_hook",
+    "resample_abs_pos_embed",
+    "scaled_dot_product_attention",
+    "set_fused_attention",
+    "sincos_2d_pos_embed",
+    "split_heads",
+    "split_qkv",
+]

@@ -1,0 +1,186 @@
+"""The single attention function every mechanism in the library calls.
+
+``scaled_dot_product_attention`` is the choke point of DESIGN.md §2: it picks torch's fused
+kernel when the attention weights are not needed and the explicit ``softmax(QKᵀ·scale)V`` path
+when they are (requested by the caller, by an active recorder, or because the fused path is
+switched off). Attention hooks (used by ``vit_attention.analysis.record_attention``) and the
+fused/explicit switch live here and nowhere else.
+
+Shapes: q ``[B, nh, N, hd]``, k ``[B, nh, M, hd]``, v ``[B, nh, M, hdv]`` -> ``[B, nh, N, hdv]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "fused_attention_enabled",
+    "set_fused_attention",
+    "fused_attention",
+    "register_attention_hook",
+    "attention_context",
+]
+
+_FUSED: bool = os.environ.get("VIT_ATTENTION_FUSED", "1") not in ("0", "false", "False")
+_HOOKS: dict[int, Callable[[Tensor, dict[str, Any]], None]] = {}
+_NEXT_HOOK_ID = 0
+_CONTEXT: list[dict[str, Any]] = []
+
+
+def fused_attention_enabled() -> bool:
+    """Whether the fused kernel is used when weights are not requested."""
+    return _FUSED
+
+
+def set_fused_attention(enabled: bool) -> None:
+    """Globally switch the fused kernel on or off (env default: ``VIT_ATTENTION_FUSED``)."""
+    global _FUSED
+    _FUSED = bool(enabled)
+
+
+@contextlib.contextmanager
+def fused_attention(enabled: bool) -> Iterator[None]:
+    """Context manager form of :func:`set_fused_attention`; restores the previous value."""
+    prev = _FUSED
+    set_fused_attention(enabled)
+    try:
+        yield
+    finally:
+        set_fused_attention(prev)
+
+
+class _HookHandle:
+    def __init__(self, hook_id: int) -> None:
+        self.id = hook_id
+
+    def remove(self) -> None:
+        _HOOKS.pop(self.id, None)
+
+
+def register_attention_hook(fn: Callable[[Tensor, dict[str, Any]], None]) -> _HookHandle:
+    """Call ``fn(weights, info)`` for every attention computed while registered.
+
+    ``weights`` is ``[B, nh, N, M]`` (post-softmax, pre-dropout, detached); ``info`` is the merged
+    dict of the active :func:`attention_context` frames (e.g. module name, layout). Returns a
+    handle with ``.remove()``. While any hook is registered the explicit path is used.
+    """
+    global _NEXT_HOOK_ID
+    _NEXT_HOOK_ID += 1
+    _HOOKS[_NEXT_HOOK_ID] = fn
+    return _HookHandle(_NEXT_HOOK_ID)
+
+
+@contextlib.contextmanager
+def attention_context(**info: Any) -> Iterator[None]:
+    """Attach metadata (module name, window layout, ...) to attention calls made inside."""
+    _CONTEXT.append(info)
+    try:
+        yield
+    finally:
+        _CONTEXT.pop()
+
+
+def _context_info() -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for frame in _CONTEXT:
+        merged.update(frame)
+    return merged
+
+
+def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            "scaled_dot_product_attention expects 4-D q [B, nh, N, hd], k [B, nh, M, hd], "
+            f"v [B, nh, M, hdv]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k head dims differ: q {tuple(q.shape)} vs k {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v key counts differ: k {tuple(k.shape)} vs v {tuple(v.shape)}")
+
+
+def _normalise_mask(mask: Tensor | None, q: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """Return (mask usable by both paths, query rows that may attend to nothing, or None).
+
+    Fully masked query rows get an all-permissive mask row (so neither path produces NaN) and
+    are reported so the caller zeroes their output. No host sync: this runs on the hot path.
+    """
+    if mask is None:
+        return None, None
+    if mask.dtype == torch.bool:
+        dead = ~mask.any(dim=-1, keepdim=True)  # [..., N, 1]
+        return mask | dead, dead
+    if not mask.is_floating_point():
+        raise TypeError(f"mask must be bool (True = may attend) or floating (additive), got {mask.dtype}")
+    mask = mask.to(q.dtype)
+    dead = torch.isneginf(mask).all(dim=-1, keepdim=True)  # [..., N, 1]
+    return mask.masked_fill(dead, 0.0), dead
+
+
+def _explicit(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, scale: float
+              ) -> tuple[Tensor, Tensor]:
+    logits = (q * scale) @ k.transpose(-2, -1)  # [B, nh, N, M]
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            logits = logits.masked_fill(~mask, float("-inf"))
+        else:
+            logits = logits + mask
+    weights = logits.softmax(dim=-1)
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+    return dropped @ v, weights  # [B, nh, N, hdv], [B, nh, N, M]
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    return_weights: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Attention ``softmax(q kᵀ · scale + mask) v``.
+
+    Args:
+        q: queries ``[B, nh, N, hd]``.
+        k: keys ``[B, nh, M, hd]``.
+        v: values ``[B, nh, M, hdv]``.
+        mask: broadcastable to ``[B, nh, N, M]``; bool (True = may attend) or additive float.
+            A query row that may attend to nothing yields zeros, never NaN.
+        dropout_p: dropout on the attention weights (pass 0 in eval).
+        scale: logit scale, default ``hd ** -0.5``.
+        return_weights: also return the weights ``[B, nh, N, M]`` (forces the explicit path).
+
+    Returns:
+        ``[B, nh, N, hdv]``, or ``(out, weights)`` when ``return_weights``.
+    """
+    _check_shapes(q, k, v)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    mask, dead = _normalise_mask(mask, q)
+    want_weights = return_weights or bool(_HOOKS)
+    if want_weights or not _FUSED:
+        out, weights = _explicit(q, k, v, mask, dropout_p, scale)
+        if dead is not None:
+            out = out.masked_fill(dead, 0.0)
+            weights = weights.masked_fill(dead, 0.0)
+        if _HOOKS:
+            info = _context_info()
+            detached = weights.detach()
+            for hook in list(_HOOKS.values()):
+                hook(detached, info)
+        return (out, weights) if return_weights else out
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    if dead is not None:
+        out = out.masked_fill(dead, 0.0)
+    return out

@@ -1,0 +1,123 @@
+"""Patch embedding: image ``[B, Cin, H, W]`` -> tokens ``[B, N, C]`` (or a map ``[B, H', W', C]``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["PatchEmbed", "ConvStemPatchEmbed", "to_2tuple"]
+
+
+def to_2tuple(x: int | Sequence[int], name: str = "size") -> tuple[int, int]:
+    """``7 -> (7, 7)``; a pair passes through; anything else raises naming ``name``."""
+    if isinstance(x, int):
+        return (x, x)
+    t = tuple(int(v) for v in x)
+    if len(t) != 2:
+        raise ValueError(f"{name} must be an int or a pair of ints, got {x!r}")
+    return t  # type: ignore[return-value]
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping convolutional patch projection, ``[B, Cin, H, W] -> [B, N, C]``.
+
+    With ``flatten=False`` the output is the channels-last map ``[B, H/p, W/p, C]`` (Swin layout).
+    ``strict_img_size`` checks the input against ``img_size``; ``dynamic_img_pad`` pads the
+    right/bottom edges up to a multiple of the patch instead of raising.
+    """
+
+    def __init__(
+        self,
+        img_size: int | Sequence[int] | None = 224,
+        patch_size: int | Sequence[int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        *,
+        bias: bool = True,
+        norm_layer: type[nn.Module] | None = None,
+        flatten: bool = True,
+        strict_img_size: bool = True,
+        dynamic_img_pad: bool = False,
+    ) -> None:
+        super().__init__()
+        self.patch_size = to_2tuple(patch_size, "patch_size")
+        self.img_size = to_2tuple(img_size, "img_size") if img_size is not None else None
+        if self.img_size is not None:
+            for s, p in zip(self.img_size, self.patch_size):
+                if s % p and not dynamic_img_pad:
+                    raise ValueError(f"img_size {self.img_size} is not divisible by patch_size {self.patch_size}")
+            self.grid_size: tuple[int, int] | None = (-(-self.img_size[0] // self.patch_size[0]),
+                                                      -(-self.img_size[1] // self.patch_size[1]))
+            self.num_patches = self.grid_size[0] * self.grid_size[1]
+        else:
+            self.grid_size, self.num_patches = None, 0
+        self.in_chans, self.embed_dim = in_chans, embed_dim
+        self.flatten = flatten
+        self.strict_img_size = strict_img_size and self.img_size is not None
+        self.dynamic_img_pad = dynamic_img_pad
+        self.proj = self._build_proj(in_chans, embed_dim, bias)
+        self.norm = norm_layer(embed_dim) if norm_layer else nn.Identity()
+
+    def _build_proj(self, in_chans: int, embed_dim: int, bias: bool) -> nn.Module:
+        return nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+
+    def check_input(self, x: Tensor) -> None:
+        """Raise a clear error for a wrong rank, channel count or image size."""
+        if x.dim() != 4:
+            raise ValueError(f"expected images [B, {self.in_chans}, H, W], got a {x.dim()}-D tensor {tuple(x.shape)}")
+        if x.shape[1] != self.in_chans:
+            raise ValueError(f"expected {self.in_chans} input channels (in_chans={self.in_chans}), "
+                             f"got {x.shape[1]} in input of shape {tuple(x.shape)}")
+        H, W = x.shape[-2:]
+        if self.strict_img_size and (H, W) != self.img_size:
+            raise ValueError(f"expected image size {self.img_size}, got ({H}, {W}); build the model with "
+                             f"img_size=({H}, {W}) or dynamic_img_size=True")
+        if not self.dynamic_img_pad and (H % self.patch_size[0] or W % self.patch_size[1]):
+            raise ValueError(f"image size ({H}, {W}) is not divisible by patch_size {self.patch_size}")
+
+    def dynamic_feat_size(self, hw: tuple[int, int]) -> tuple[int, int]:
+        """Token grid ``(H', W')`` for an image of size ``hw``."""
+        return (-(-hw[0] // self.patch_size[0]), -(-hw[1] // self.patch_size[1]))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, Cin, H, W]`` -> ``[B, H'·W', C]`` (``flatten``) or ``[B, H', W', C]``."""
+        self.check_input(x)
+        if self.dynamic_img_pad:
+            ph = (-x.shape[-2]) % self.patch_size[0]
+            pw = (-x.shape[-1]) % self.patch_size[1]
+            if ph or pw:
+                x = F.pad(x, (0, pw, 0, ph))
+        x = self.proj(x).permute(0, 2, 3, 1)  # [B, H', W', C]
+        if self.flatten:
+            x = x.flatten(1, 2)  # [B, N, C]
+        return self.norm(x)
+
+
+class ConvStemPatchEmbed(PatchEmbed):
+    """Early convolutional stem (Xiao et al., 2021, "Early convolutions help transformers see better").
+
+    ``log2(patch)`` stride-2 3x3 conv + BatchNorm + ReLU stages, then a 1x1 conv to ``embed_dim``:
+    ``[B, Cin, H, W] -> [B, N, C]``. ``stem_chs`` lists the widths of the 3x3 stages.
+    """
+
+    def __init__(self, img_size: int | Sequence[int] | None = 224, patch_size: int | Sequence[int] = 16,
+                 in_chans: int = 3, embed_dim: int = 768, *, stem_chs: Sequence[int] = (48, 96, 192, 384),
+                 **kwargs: object) -> None:
+        self.stem_chs = tuple(stem_chs)
+        super().__init__(img_size, patch_size, in_chans, embed_dim, **kwargs)  # type: ignore[arg-type]
+
+    def _build_proj(self, in_chans: int, embed_dim: int, bias: bool) -> nn.Module:
+        ph, pw = self.patch_size
+        if ph != pw or (1 << len(self.stem_chs)) != ph:
+            raise ValueError(f"a conv stem of {len(self.stem_chs)} stride-2 stages gives patch "
+                             f"{1 << len(self.stem_chs)}, but patch_size={self.patch_size}")
+        layers: list[nn.Module] = []
+        prev = in_chans
+        for ch in self.stem_chs:
+            layers += [nn.Conv2d(prev, ch, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(ch),
+                       nn.ReLU(inplace=True)]
+            prev = ch
+        layers.append(nn.Conv2d(prev, embed_dim, 1, bias=bias))
+        return nn.Sequential(*layers)

@@ -1,0 +1,8 @@
+"""Model families (one file each) and the model registry. Importing registers every family."""
+
+from . import vit  # noqa: F401  (registers the ViT / DeiT family)
+from .registry import create_model, get_model_entry, list_models, model_config, resolve_model_name
+from .vit import VisionTransformer, VisionTransformerConfig
+
+__all__ = ["VisionTransformer", "VisionTransformerConfig", "create_model", "get_model_entry", "list_models",
+           "model_config", "resolve_model_name"]

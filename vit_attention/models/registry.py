@@ -1,0 +1,138 @@
+"""Model registry: ``create_model(name, ...)``, ``list_models(pattern)``.
+
+Each family registers its presets as data (a dict of config overrides per registered name)
+with :func:`register_family`; torchvision-style names are aliases of the timm-style names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+__all__ = ["ModelEntry", "register_family", "register_model", "create_model", "list_models",
+           "get_model_entry", "resolve_model_name", "model_config"]
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One registered model: its family, the class and config it builds, and its preset overrides."""
+
+    name: str
+    family: str
+    model_cls: type[nn.Module]
+    config_cls: type
+    preset: Mapping[str, Any]
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def config(self, **overrides: Any) -> Any:
+        """The config dataclass for this preset with ``overrides`` applied (unknown keys raise)."""
+        fields = {f.name for f in dataclasses.fields(self.config_cls)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            close = {k: difflib.get_close_matches(k, fields, n=1) for k in unknown}
+            hints = ", ".join(f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items())
+            raise TypeError(f"{self.name}: unknown config option(s) {hints}; valid options: {sorted(fields)}")
+        return self.config_cls(**{**self.preset, **overrides})
+
+
+_MODELS: dict[str, ModelEntry] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register_model(name: str, family: str, model_cls: type[nn.Module], config_cls: type,
+                   preset: Mapping[str, Any], *, aliases: tuple[str, ...] = (), meta: Mapping[str, Any] | None = None
+                   ) -> None:
+    """Register one preset ``name`` (and its ``aliases``) of ``family``."""
+    if name in _MODELS or name in _ALIASES:
+        raise ValueError(f"model {name!r} is already registered")
+    _MODELS[name] = ModelEntry(name, family, model_cls, config_cls, dict(preset), dict(meta or {}))
+    for alias in aliases:
+        if alias in _MODELS or alias in _ALIASES:
+            raise ValueError(f"alias {alias!r} is already registered")
+        _ALIASES[alias] = name
+
+
+def register_family(family: str, model_cls: type[nn.Module], config_cls: type,
+                    presets: Mapping[str, Mapping[str, Any]], *, aliases: Mapping[str, str] | None = None,
+                    meta: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """Register every preset of a family; ``aliases`` maps alias -> registered name."""
+    by_target: dict[str, list[str]] = {}
+    for alias, target in (aliases or {}).items():
+        by_target.setdefault(target, []).append(alias)
+    for name, preset in presets.items():
+        register_model(name, family, model_cls, config_cls, preset, aliases=tuple(by_target.pop(name, ())),
+                       meta=(meta or {}).get(name))
+    if by_target:
+        raise ValueError(f"aliases point at unregistered models: {by_target}")
+
+
+def resolve_model_name(name: str) -> str:
+    """Registered name for ``name`` (resolving aliases); unknown names raise with suggestions."""
+    if not isinstance(name, str):
+        raise TypeError(f"model name must be a str, got {type(name).__name__}")
+    if name in _MODELS:
+        return name
+    if name in _ALIASES:
+        return _ALIASES[name]
+    close = difflib.get_close_matches(name, list(_MODELS) + list(_ALIASES), n=5, cutoff=0.6)
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    raise KeyError(f"unknown model {name!r}.{hint} (list_models() shows all {len(_MODELS)} names)")
+
+
+def get_model_entry(name: str) -> ModelEntry:
+    """The :class:`ModelEntry` for ``name`` or an alias of it."""
+    return _MODELS[resolve_model_name(name)]
+
+
+def list_models(pattern: str = "*", *, family: str | None = None, include_aliases: bool = False) -> list[str]:
+    """Registered model names matching the glob ``pattern`` (optionally of one ``family``), sorted."""
+    names = [n for n, e in _MODELS.items() if family is None or e.family == family]
+    if include_aliases:
+        names += [a for a, t in _ALIASES.items() if family is None or _MODELS[t].family == family]
+    return sorted(n for n in names if fnmatch.fnmatch(n, pattern))
+
+
+def aliases_of(name: str) -> list[str]:
+    """Aliases registered for ``name``."""
+    target = resolve_model_name(name)
+    return sorted(a for a, t in _ALIASES.items() if t == target)
+
+
+def model_config(name: str, **overrides: Any) -> Any:
+    """The config dataclass ``create_model(name, **overrides)`` would build from."""
+    return get_model_entry(name).config(**overrides)
+
+
+def create_model(name: str, *, pretrained: str | Path | Mapping[str, Any] | None = None,
+                 num_classes: int | None = None, img_size: int | tuple[int, int] | None = None,
+                 checkpoint_format: str = "auto", strict: bool = True, **overrides: Any) -> nn.Module:
+    """Build registered model ``name`` (or alias) with config ``overrides``.
+
+    ``num_classes`` defaults to the preset's (1000); ``img_size`` overrides the preset's input
+    size. ``pretrained`` is a checkpoint path or state dict loaded with
+    :func:`vit_attention.weights.load_weights` (layout detected). Build on the meta device with
+    ``with torch.device("meta"): create_model(...)``.
+    Returns the model (images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``).
+    """
+    entry = get_model_entry(name)
+    if num_classes is not None:
+        if not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f"num_classes must be a non-negative int, got {num_classes!r}")
+        overrides["num_classes"] = num_classes
+    if img_size is not None:
+        overrides["img_size"] = img_size
+    model = entry.model_cls(entry.config(**overrides))
+    model.registry_name = entry.name  # type: ignore[assignment]
+    if pretrained is not None:
+        from ..weights import load_weights  # weights sits above models; imported lazily
+
+        load_weights(model, pretrained, format=checkpoint_format, strict=strict)
+    return model
+

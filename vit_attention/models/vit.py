@@ -1,0 +1,458 @@
+"""Vision Transformer family: ViT, DeiT (incl. distilled), DeiT III, ViT with a conv stem,
+ViT-22B-style parallel blocks, and the giant configs (ViT-g, ViT-G, ViT-e, ViT-22B).
+
+Config dataclass -> :class:`VisionTransformer` -> presets registered as data. The state-dict
+layout is timm's (``cls_token``, ``pos_embed``, ``patch_embed.proj``, ``blocks.N.attn.qkv``, ...),
+so timm checkpoints load directly and the other layouts are converted in ``vit_attention.weights``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Literal
+
+import torch
+import torch.utils.checkpoint
+from torch import Tensor, nn
+
+from ..attention import MultiHeadAttention, get_attention_spec
+from ..functional import resample_abs_pos_embed, sincos_2d_pos_embed
+from ..layers import Block, ConvStemPatchEmbed, Mlp, ParallelBlock, PatchEmbed, PostNormBlock
+from .registry import register_family
+
+__all__ = ["VisionTransformerConfig", "VisionTransformer", "AttentionPoolHead"]
+
+_ACTS = {"gelu": nn.GELU, "gelu_tanh": partial(nn.GELU, approximate="tanh"), "relu": nn.ReLU, "silu": nn.SiLU}
+_BLOCKS = {"pre": Block, "post": PostNormBlock, "parallel": ParallelBlock}
+
+
+@dataclass
+class VisionTransformerConfig:
+    """Everything a :class:`VisionTransformer` is built from (JSON-serialisable)."""
+
+    img_size: int | tuple[int, int] = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    global_pool: Literal["token", "avg", "map", ""] = "token"
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    mlp_dim: int | None = None  # overrides mlp_ratio when set (ViT-G/e/22B publish a width)
+    qkv_bias: bool = True
+    qk_norm: bool = False
+    proj_bias: bool = True
+    mlp_bias: bool = True
+    norm_bias: bool = True
+    norm_eps: float = 1e-6
+    act: str = "gelu"
+    init_values: float | None = None  # LayerScale init (DeiT III, CaiT); None = no LayerScale
+    class_token: bool = True
+    distilled: bool = False  # DeiT distillation token + second head
+    no_embed_class: bool = False  # prefix tokens carry no position embedding (DeiT III)
+    pos_embed: Literal["learn", "sincos", "none"] = "learn"
+    block: Literal["pre", "post", "parallel"] = "pre"
+    pre_norm: bool = False  # LayerNorm after the embeddings (CLIP)
+    final_norm: bool = True
+    fc_norm: bool | None = None  # norm after pooling; None = True for avg pooling
+    representation_size: int | None = None  # Linear + Tanh pre-logits layer (original ViT)
+    conv_stem: tuple[int, ...] | None = None  # widths of an early conv stem (Xiao et al. 2021)
+    attn_layer: str = "mhsa"
+    attn_kwargs: dict[str, Any] = field(default_factory=dict)
+    drop_rate: float = 0.0
+    pos_drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    proj_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    dynamic_img_size: bool = False
+    dynamic_img_pad: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of the fields."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """The config as JSON text."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> VisionTransformerConfig:
+        """Inverse of :meth:`to_dict` (lists become tuples where the field wants them)."""
+        d = dict(d)
+        for key in ("img_size", "conv_stem"):
+            if isinstance(d.get(key), list):
+                d[key] = tuple(d[key])
+        return cls(**d)
+
+
+class AttentionPoolHead(nn.Module):
+    """Multi-head attention pooling (MAP, Zhai et al. 2022): a learned query attends to the tokens.
+
+    ``[B, N, C] -> [B, C]``: ``latent`` query -> :class:`MultiHeadAttention` -> ``+ mlp(norm(.))``.
+    """
+
+    def __init__(self, dim: int, num_heads: int, mlp_dim: int, *, norm_layer: Any = nn.LayerNorm,
+                 act_layer: Any = nn.GELU) -> None:
+        super().__init__()
+        self.latent = nn.Parameter(torch.zeros(1, 1, dim))
+        self.attn = MultiHeadAttention(dim, num_heads)
+        self.norm = norm_layer(dim)
+        self.mlp = Mlp(dim, mlp_dim, act_layer=act_layer)
+        nn.init.trunc_normal_(self.latent, std=dim ** -0.5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, N, C] -> [B, C]``."""
+        q = self.latent.expand(x.shape[0], -1, -1)  # [B, 1, C]
+        x, _ = self.attn(q, x, x)  # [B, 1, C]
+        x = x + self.mlp(self.norm(x))
+        return x[:, 0]  # [B, C]
+
+
+class VisionTransformer(nn.Module):
+    """ViT / DeiT backbone with a classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
+
+    ``forward_features`` gives tokens ``[B, P + N, C]`` (``P`` prefix tokens: class, distillation),
+    ``forward_head`` pools and classifies. Distilled models return ``(cls_logits, dist_logits)``
+    in training and their mean in eval (DeiT).
+    """
+
+    family = "vit"
+
+    def __init__(self, cfg: VisionTransformerConfig | None = None, **overrides: Any) -> None:
+        super().__init__()
+        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else VisionTransformerConfig(**overrides)
+        self._validate(cfg)
+        self.cfg = cfg
+        C = cfg.embed_dim
+        norm_layer = partial(nn.LayerNorm, eps=cfg.norm_eps, bias=cfg.norm_bias)
+        act_layer = _ACTS[cfg.act]
+        self.num_classes = cfg.num_classes
+        self.global_pool = cfg.global_pool
+        self.embed_dim = C
+        self.num_prefix_tokens = int(cfg.class_token) + int(cfg.distilled)
+        self.dynamic_img_size = cfg.dynamic_img_size
+        self.grad_checkpointing = False
+
+        embed_kwargs = dict(bias=not cfg.pre_norm, strict_img_size=not cfg.dynamic_img_size,
+                            dynamic_img_pad=cfg.dynamic_img_pad)
+        if cfg.conv_stem:
+            self.patch_embed: PatchEmbed = ConvStemPatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, C,
+                                                              stem_chs=cfg.conv_stem, **embed_kwargs)
+        else:
+            self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, C, **embed_kwargs)
+        assert self.patch_embed.grid_size is not None
+        self.grid_size = self.patch_embed.grid_size
+
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.distilled else None
+        n_pos = self.grid_size[0] * self.grid_size[1] + (0 if cfg.no_embed_class else self.num_prefix_tokens)
+        if cfg.pos_embed == "learn":
+            self.pos_embed: nn.Parameter | None = nn.Parameter(torch.randn(1, n_pos, C) * 0.02)
+        else:
+            self.pos_embed = None
+            if cfg.pos_embed == "sincos":
+                self.register_buffer("sincos", sincos_2d_pos_embed(C, self.grid_size)[None], persistent=False)
+        self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
+        self.norm_pre = norm_layer(C) if cfg.pre_norm else nn.Identity()
+
+        dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # linear decay rule
+        mlp_ratio = cfg.mlp_dim / C if cfg.mlp_dim else cfg.mlp_ratio
+        block_cls = _BLOCKS[cfg.block]
+        self.blocks = nn.Sequential(*[
+            block_cls(C, cfg.num_heads, mlp_ratio=mlp_ratio, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm,
+                      proj_bias=cfg.proj_bias, mlp_bias=cfg.mlp_bias, drop=cfg.proj_drop_rate,
+                      attn_drop=cfg.attn_drop_rate, drop_path=dpr[i], init_values=cfg.init_values,
+                      norm_layer=norm_layer, act_layer=act_layer, attn_layer=cfg.attn_layer,
+                      attn_kwargs=cfg.attn_kwargs)
+            for i in range(cfg.depth)
+        ])
+        use_fc_norm = cfg.global_pool == "avg" if cfg.fc_norm is None else cfg.fc_norm
+        self.norm = norm_layer(C) if cfg.final_norm and not use_fc_norm else nn.Identity()
+        self.attn_pool = (AttentionPoolHead(C, cfg.num_heads, int(C * mlp_ratio), norm_layer=norm_layer,
+                                            act_layer=act_layer) if cfg.global_pool == "map" else None)
+        self.fc_norm = norm_layer(C) if cfg.final_norm and use_fc_norm else nn.Identity()
+        if cfg.representation_size:
+            self.pre_logits: nn.Module = nn.Sequential()
+            self.pre_logits.add_module("fc", nn.Linear(C, cfg.representation_size))
+            self.pre_logits.add_module("act", nn.Tanh())
+            self.num_features = cfg.representation_size
+        else:
+            self.pre_logits = nn.Identity()
+            self.num_features = C
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.head_dist = (nn.Linear(self.num_features, cfg.num_classes) if cfg.distilled and cfg.num_classes > 0
+                          else (nn.Identity() if cfg.distilled else None))
+        self._init_weights()
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def _validate(cfg: VisionTransformerConfig) -> None:
+        if cfg.embed_dim % cfg.num_heads:
+            raise ValueError(f"embed_dim={cfg.embed_dim} must be divisible by num_heads={cfg.num_heads}")
+        if cfg.global_pool not in ("token", "avg", "map", ""):
+            raise ValueError(f"global_pool must be 'token', 'avg', 'map' or '', got {cfg.global_pool!r}")
+        if cfg.global_pool == "token" and not cfg.class_token:
+            raise ValueError("global_pool='token' needs class_token=True")
+        if cfg.distilled and not cfg.class_token:
+            raise ValueError("distilled=True needs class_token=True")
+        if cfg.act not in _ACTS:
+            raise ValueError(f"act must be one of {sorted(_ACTS)}, got {cfg.act!r}")
+        if cfg.block not in _BLOCKS:
+            raise ValueError(f"block must be one of {sorted(_BLOCKS)}, got {cfg.block!r}")
+        if cfg.pos_embed not in ("learn", "sincos", "none"):
+            raise ValueError(f"pos_embed must be 'learn', 'sincos' or 'none', got {cfg.pos_embed!r}")
+        if cfg.in_chans <= 0:
+            raise ValueError(f"in_chans must be positive, got {cfg.in_chans}")
+        get_attention_spec(cfg.attn_layer)  # unknown mechanisms raise with suggestions
+
+    def _init_weights(self) -> None:
+        if self.pos_embed is not None:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        for tok in (self.cls_token, self.dist_token):
+            if tok is not None:
+                nn.init.normal_(tok, std=1e-6)
+        for name, m in self.named_modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Conv2d) and name == "patch_embed.proj":
+                nn.init.trunc_normal_(m.weight.view(m.weight.shape[0], -1), std=0.02)
+
+    # ------------------------------------------------------------------ API
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the classifier(s) with fresh ones for ``num_classes`` (0 = no head)."""
+        if global_pool is not None:
+            if global_pool == "map" and self.attn_pool is None:
+                raise ValueError("cannot switch to global_pool='map' after construction")
+            if global_pool == "token" and self.cls_token is None:
+                raise ValueError("global_pool='token' needs a class token")
+            self.global_pool = global_pool  # type: ignore[assignment]
+            self.cfg.global_pool = global_pool  # type: ignore[assignment]
+        self.num_classes = self.cfg.num_classes = num_classes
+        device = next(self.parameters()).device
+        self.head = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+        if self.head_dist is not None:
+            self.head_dist = (nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0
+                              else nn.Identity())
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute block activations in backward to save memory (training only)."""
+        self.grad_checkpointing = enable
+
+    def feat_size(self, hw: tuple[int, int]) -> tuple[int, int]:
+        """Token grid for an image of size ``hw``."""
+        return self.patch_embed.dynamic_feat_size(hw) if self.dynamic_img_size else self.grid_size
+
+    def _pos_embed(self, x: Tensor, feat_size: tuple[int, int]) -> Tensor:
+        """Add prefix tokens and position embeddings: ``[B, N, C] -> [B, P + N, C]``."""
+        B = x.shape[0]
+        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token) if t is not None]
+        if self.pos_embed is None:
+            if self.cfg.pos_embed == "sincos":
+                pos = self.sincos if tuple(feat_size) == self.grid_size else sincos_2d_pos_embed(
+                    self.embed_dim, feat_size, dtype=x.dtype, device=x.device)[None]
+                x = x + pos.to(x.dtype)
+            return torch.cat(prefix + [x], dim=1) if prefix else x
+        pos = self.pos_embed
+        if tuple(feat_size) != self.grid_size:
+            pos = resample_abs_pos_embed(pos, feat_size, self.grid_size,
+                                         num_prefix_tokens=0 if self.cfg.no_embed_class else self.num_prefix_tokens)
+        if self.cfg.no_embed_class:
+            x = x + pos
+            return torch.cat(prefix + [x], dim=1) if prefix else x
+        x = torch.cat(prefix + [x], dim=1) if prefix else x
+        return x + pos  # [B, P + N, C]
+
+    def _run_blocks(self, x: Tensor, feat_size: tuple[int, int], indices: set[int] | None = None
+                    ) -> tuple[Tensor, list[Tensor]]:
+        saved: list[Tensor] = []
+        for i, blk in enumerate(self.blocks):
+            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+                x = torch.utils.checkpoint.checkpoint(blk, x, feat_size, self.num_prefix_tokens, use_reentrant=False)
+            else:
+                x = blk(x, feat_size, self.num_prefix_tokens)
+            if indices is not None and i in indices:
+                saved.append(x)
+        return x, saved
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> normalised tokens ``[B, P + N, C]``."""
+        feat_size = self.feat_size(tuple(x.shape[-2:]))
+        x = self.patch_embed(x)  # [B, N, C]
+        x = self.norm_pre(self.pos_drop(self._pos_embed(x, feat_size)))  # [B, P + N, C]
+        x, _ = self._run_blocks(x, feat_size)
+        return self.norm(x)
+
+    def pool(self, x: Tensor) -> Tensor:
+        """Tokens ``[B, P + N, C]`` -> pooled ``[B, C]`` per ``global_pool`` (distilled: ``[B, 2, C]``)."""
+        if self.global_pool == "map":
+            assert self.attn_pool is not None
+            return self.attn_pool(x)
+        if self.global_pool == "avg":
+            return x[:, self.num_prefix_tokens:].mean(dim=1)
+        if self.global_pool == "token":
+            return x[:, :2] if self.dist_token is not None else x[:, 0]
+        return x
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Tokens ``[B, P + N, C]`` -> logits ``[B, num_classes]`` (or features ``[B, num_features]``)."""
+        x = self.pool(x)
+        if self.dist_token is not None and self.global_pool == "token":
+            cls, dist = self.fc_norm(x[:, 0]), self.fc_norm(x[:, 1])
+            cls, dist = self.pre_logits(cls), self.pre_logits(dist)
+            if pre_logits:
+                return (cls + dist) / 2
+            assert self.head_dist is not None
+            logits, logits_dist = self.head(self.head_drop(cls)), self.head_dist(self.head_drop(dist))
+            if self.training and not torch.jit.is_scripting():
+                return logits, logits_dist
+            return (logits + logits_dist) / 2
+        x = self.pre_logits(self.fc_norm(x))
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+        self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
+        output_fmt: Literal["NCHW", "NLC"] = "NCHW", return_prefix_tokens: bool = False,
+        intermediates_only: bool = False,
+    ) -> Any:
+        """Final tokens plus the outputs of chosen blocks.
+
+        ``indices``: an int ``n`` = the last ``n`` blocks, or explicit block indices (negative
+        allowed); default all. Intermediates are ``[B, C, H', W']`` (``NCHW``) or ``[B, N, C]``
+        (``NLC``); with ``return_prefix_tokens`` each is a pair ``(grid, prefix [B, P, C])``.
+        Returns ``(final [B, P + N, C], [intermediates])`` or only the list.
+        """
+        depth = len(self.blocks)
+        if indices is None:
+            take = list(range(depth))
+        elif isinstance(indices, int):
+            if not 0 < indices <= depth:
+                raise ValueError(f"indices={indices} must be in 1..{depth}")
+            take = list(range(depth - indices, depth))
+        else:
+            take = [i + depth if i < 0 else i for i in indices]
+            bad = [i for i in take if not 0 <= i < depth]
+            if bad:
+                raise ValueError(f"block indices {list(indices)} out of range for depth {depth}")
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        B, _, H, W = x.shape
+        feat_size = self.feat_size((H, W))
+        x = self.patch_embed(x)
+        x = self.norm_pre(self.pos_drop(self._pos_embed(x, feat_size)))
+        x, saved = self._run_blocks(x, feat_size, set(take))
+        P = self.num_prefix_tokens
+        outs: list[Any] = []
+        for t in saved:
+            t = self.norm(t) if norm else t
+            prefix, grid = t[:, :P], t[:, P:]
+            if output_fmt == "NCHW":
+                grid = grid.reshape(B, feat_size[0], feat_size[1], -1).permute(0, 3, 1, 2)  # [B, C, H', W']
+            outs.append((grid, prefix) if return_prefix_tokens else grid)
+        if intermediates_only:
+            return outs
+        return self.norm(x), outs
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that should not get weight decay."""
+        return {n for n in ("pos_embed", "cls_token", "dist_token") if getattr(self, n, None) is not None}
+
+
+# ---------------------------------------------------------------------------- presets (data)
+_SIZES: dict[str, dict[str, Any]] = {
+    "tiny": dict(embed_dim=192, depth=12, num_heads=3),
+    "small": dict(embed_dim=384, depth=12, num_heads=6),
+    "medium": dict(embed_dim=512, depth=12, num_heads=8),
+    "base": dict(embed_dim=768, depth=12, num_heads=12),
+    "large": dict(embed_dim=1024, depth=24, num_heads=16),
+    "huge": dict(embed_dim=1280, depth=32, num_heads=16),
+}
+
+_PRESETS: dict[str, dict[str, Any]] = {}
+for _size in ("tiny", "small", "base", "large", "huge"):
+    for _patch in (14, 16, 32):
+        for _img in (224, 384):
+            _PRESETS[f"vit_{_size}_patch{_patch}_{_img}"] = dict(_SIZES[_size], patch_size=_patch, img_size=_img)
+# Original ViT (Dosovitskiy et al.) ImageNet-21k models with the Linear + Tanh representation layer.
+for _size, _patch in (("base", 16), ("base", 32), ("large", 16), ("large", 32), ("huge", 14)):
+    _PRESETS[f"vit_{_size}_patch{_patch}_224_in21k"] = dict(
+        _SIZES[_size], patch_size=_patch, num_classes=21843, representation_size=_SIZES[_size]["embed_dim"])
+_PRESETS.update({
+    # DeiT (Touvron et al. 2021): ViT architecture, distilled variants add a distillation token.
+    "deit_tiny_patch16_224": dict(_SIZES["tiny"]),
+    "deit_small_patch16_224": dict(_SIZES["small"]),
+    "deit_base_patch16_224": dict(_SIZES["base"]),
+    "deit_base_patch16_384": dict(_SIZES["base"], img_size=384),
+    "deit_tiny_distilled_patch16_224": dict(_SIZES["tiny"], distilled=True),
+    "deit_small_distilled_patch16_224": dict(_SIZES["small"], distilled=True),
+    "deit_base_distilled_patch16_224": dict(_SIZES["base"], distilled=True),
+    "deit_base_distilled_patch16_384": dict(_SIZES["base"], distilled=True, img_size=384),
+    # ViT with mean pooling, post-norm and sin-cos variants ("Simple ViT", original Transformer block).
+    "vit_small_patch16_224_gap": dict(_SIZES["small"], class_token=False, global_pool="avg"),
+    "vit_base_patch16_224_gap": dict(_SIZES["base"], class_token=False, global_pool="avg"),
+    "vit_small_patch16_224_sincos": dict(_SIZES["small"], class_token=False, global_pool="avg", pos_embed="sincos"),
+    "vit_base_patch16_224_postnorm": dict(_SIZES["base"], block="post", final_norm=False),
+    # ViT with an early convolutional stem (Xiao et al. 2021): 4 stride-2 3x3 convs + 1x1, one block fewer.
+    "vitc_1gf_patch16_224": dict(embed_dim=192, depth=11, num_heads=3, conv_stem=(24, 48, 96, 192)),
+    "vitc_4gf_patch16_224": dict(embed_dim=384, depth=11, num_heads=6, conv_stem=(48, 96, 192, 384)),
+    "vitc_18gf_patch16_224": dict(embed_dim=768, depth=11, num_heads=12, conv_stem=(64, 128, 256, 512)),
+    # Giant configs: build these on the meta device (with torch.device("meta"): ...).
+    "vit_giant_patch14_224": dict(embed_dim=1408, depth=40, num_heads=16, mlp_dim=6144, patch_size=14),
+    "vit_gigantic_patch14_224": dict(embed_dim=1664, depth=48, num_heads=16, mlp_dim=8192, patch_size=14),
+    "vit_enormous_patch14_224": dict(embed_dim=1792, depth=56, num_heads=16, mlp_dim=15360, patch_size=14,
+                                     class_token=False, global_pool="map"),
+    # ViT-22B (Dehghani et al. 2023): parallel blocks, QK-norm, no qkv / LayerNorm biases, MAP head.
+    "vit_22b_patch14_224": dict(embed_dim=6144, depth=48, num_heads=48, mlp_dim=24576, patch_size=14,
+                                block="parallel", qk_norm=True, qkv_bias=False, norm_bias=False,
+                                class_token=False, global_pool="map"),
+    # A small 22B-style model that trains on a laptop.
+    "vit_small_parallel_qknorm_patch16_224": dict(_SIZES["small"], block="parallel", qk_norm=True,
+                                                  qkv_bias=False, norm_bias=False),
+})
+for _name, _size, _img in (("deit3_small_patch16_224", "small", 224), ("deit3_small_patch16_384", "small", 384),
+                           ("deit3_medium_patch16_224", "medium", 224), ("deit3_base_patch16_224", "base", 224),
+                           ("deit3_base_patch16_384", "base", 384), ("deit3_large_patch16_224", "large", 224),
+                           ("deit3_large_patch16_384", "large", 384)):
+    _PRESETS[_name] = dict(_SIZES[_size], img_size=_img, no_embed_class=True, init_values=1e-6)
+_PRESETS["deit3_huge_patch14_224"] = dict(_SIZES["huge"], patch_size=14, no_embed_class=True, init_values=1e-6)
+
+# Published parameter counts (millions, 1000 classes unless noted), checked by tests on the meta device.
+PUBLISHED_PARAMS_M: dict[str, float] = {
+    "vit_base_patch16_224": 86.6, "vit_large_patch16_224": 304.3, "vit_huge_patch14_224": 632.0,
+    "deit_tiny_patch16_224": 5.7, "deit_small_patch16_224": 22.1, "deit_base_patch16_224": 86.6,
+    "deit_tiny_distilled_patch16_224": 5.9, "deit_small_distilled_patch16_224": 22.4,
+    "deit_base_distilled_patch16_224": 87.3,
+    "vit_giant_patch14_224": 1011.0,  # ViT-g/14 (Zhai et al. 2022, Table 2)
+    "vit_gigantic_patch14_224": 1843.0,  # ViT-G/14 (Zhai et al. 2022, Table 2)
+    "vit_enormous_patch14_224": 3900.0,  # ViT-e (Chen et al. 2022, PaLI: "3.9B")
+    "vit_22b_patch14_224": 21743.0,  # ViT-22B (Dehghani et al. 2023, Table 1: 21.743B)
+}
+
+_ALIASES = {
+    "vit_b_16": "vit_base_patch16_224", "vit_b_32": "vit_base_patch32_224",
+    "vit_l_16": "vit_large_patch16_224", "vit_l_32": "vit_large_patch32_224",
+    "vit_h_14": "vit_huge_patch14_224",
+    "vit_22b": "vit_22b_patch14_224", "vit_e": "vit_enormous_patch14_224", "vit_G_14": "vit_gigantic_patch14_224",
+}
+
+# What each published figure counts, when it is not the whole model at 1000 classes.
+PUBLISHED_PARAMS_EXCLUDE: dict[str, tuple[str, ...]] = {
+    "vit_22b_patch14_224": ("attn_pool.", "head."),  # Table 1 counts the encoder only
+}
+
+register_family("vit", VisionTransformer, VisionTransformerConfig, _PRESETS, aliases=_ALIASES,
+                meta={k: {"published_params_m": v, "published_params_exclude": PUBLISHED_PARAMS_EXCLUDE.get(k, ())}
+                      for k, v in PUBLISHED_PARAMS_M.items()})
+

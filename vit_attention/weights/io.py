@@ -1,0 +1,154 @@
+"""Safe checkpoint I/O: never unpickles arbitrary objects; writes are atomic.
+
+Reading: ``.safetensors`` (preferred), ``.pth`` / ``.pt`` / ``.bin`` / ``.ckpt`` through
+``torch.load(weights_only=True)``, or a Hugging Face model folder (single or sharded files).
+Writing: safetensors to a temporary file in the same folder, fsync, then ``os.replace``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+__all__ = ["UnsafeCheckpointError", "read_checkpoint", "unwrap_state_dict", "save_weights", "atomic_write",
+           "read_metadata"]
+
+_WRAPPER_KEYS = ("state_dict_ema", "model_ema", "state_dict", "model", "module", "params")
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError):
+    """A pickle checkpoint holds objects other than tensors and plain containers."""
+
+
+def atomic_write(path: str | Path, write: Any) -> Path:
+    """Call ``write(tmp_path)`` then atomically move the file to ``path``; returns ``path``.
+
+    A crash at any point leaves either the old file or the new one, never a partial file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def save_weights(model_or_state: nn.Module | Mapping[str, Tensor], path: str | Path,
+                 metadata: Mapping[str, Any] | None = None) -> Path:
+    """Write a state dict (or a module's) as safetensors, atomically, in our own format.
+
+    ``metadata`` values are JSON-encoded unless already strings; a model's ``cfg`` and
+    registered name are recorded so the file says what it is.
+    """
+    if isinstance(model_or_state, nn.Module):
+        state = model_or_state.state_dict()
+        meta: dict[str, str] = {"format": "vit_attention"}
+        cfg = getattr(model_or_state, "cfg", None)
+        if cfg is not None and hasattr(cfg, "to_json"):
+            meta["config"] = cfg.to_json()
+        if getattr(model_or_state, "registry_name", None):
+            meta["model"] = str(model_or_state.registry_name)
+    else:
+        state, meta = dict(model_or_state), {"format": "vit_attention"}
+    for k, v in (metadata or {}).items():
+        meta[k] = v if isinstance(v, str) else json.dumps(v)
+    # safetensors refuses shared / non-contiguous storage: store independent contiguous copies.
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items() if isinstance(v, Tensor)}
+    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """The string metadata of a safetensors file (empty dict for other formats)."""
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        return {}
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {})
+
+
+def _torch_load_safe(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UnsafeCheckpointError(
+            f"refusing to load {path}: it is a pickle holding objects other than tensors and plain containers, "
+            "and unpickling those can run arbitrary code. Re-save it as safetensors (or as a plain state "
+            f"dict) in a trusted environment. Detail: {str(e).splitlines()[0]}"
+        ) from None
+
+
+def _read_hf_folder(path: Path) -> dict[str, Tensor]:
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = path / index_name
+        if index.exists():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            state: dict[str, Tensor] = {}
+            for shard in shards:
+                state.update(read_checkpoint(path / shard)[0])
+            return state
+    for name in ("model.safetensors", "pytorch_model.bin", "model.pth"):
+        if (path / name).exists():
+            return read_checkpoint(path / name)[0]
+    raise FileNotFoundError(f"{path} is a folder without model.safetensors, pytorch_model.bin or a shard index")
+
+
+def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Read tensors and metadata from a file or Hugging Face folder, safely.
+
+    Returns ``(state_dict, metadata)``; wrappers such as ``{'model': ...}`` are not removed here
+    (see :func:`unwrap_state_dict`).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if path.is_dir():
+        meta = {"hf_config": (path / "config.json").read_text()} if (path / "config.json").exists() else {}
+        return _read_hf_folder(path), meta
+    if path.suffix == ".safetensors":
+        return load_file(str(path)), read_metadata(path)
+    if path.suffix in (".pth", ".pt", ".bin", ".ckpt", ".tar"):
+        obj = _torch_load_safe(path)
+        if not isinstance(obj, Mapping):
+            raise ValueError(f"{path} holds a {type(obj).__name__}, expected a state dict (mapping of tensors)")
+        return dict(obj), {}
+    raise ValueError(f"unsupported checkpoint {path.name!r}: expected .safetensors, .pth, .pt, .bin, .ckpt "
+                     "or a Hugging Face model folder")
+
+
+def unwrap_state_dict(obj: Mapping[str, Any]) -> dict[str, Tensor]:
+    """Strip training wrappers (``{'model': sd}``, ``{'state_dict': sd}``, ...) and ``module.`` prefixes."""
+    state: Mapping[str, Any] = obj
+    for _ in range(3):
+        if any(isinstance(v, Tensor) for v in state.values()):
+            break
+        for key in _WRAPPER_KEYS:
+            if isinstance(state.get(key), Mapping) and state[key]:
+                state = state[key]
+                break
+        else:
+            break
+    tensors = {k: v for k, v in state.items() if isinstance(v, Tensor)}
+    if not tensors:
+        raise ValueError(f"no tensors found in checkpoint (top-level keys: {sorted(obj)[:10]})")
+    for prefix in ("module.", "_orig_mod.", "model."):
+        if all(k.startswith(prefix) for k in tensors):
+            tensors = {k[len(prefix):]: v for k, v in tensors.items()}
+    return tensors

@@ -1,0 +1,119 @@
+"""``load_weights(model, source)``: any supported checkpoint into any model of ours, with a report."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .io import read_checkpoint, unwrap_state_dict
+from .layouts import adapters_for, converters_for, model_family
+
+__all__ = ["LoadReport", "CheckpointMismatchError", "load_weights", "convert_state_dict"]
+
+
+class CheckpointMismatchError(RuntimeError):
+    """The checkpoint's keys or shapes do not fit the model (strict loading)."""
+
+
+@dataclass
+class LoadReport:
+    """What loading did: the layout detected, keys that did not fit, and adjustments made."""
+
+    layout: str = "vit_attention"
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when every key matched."""
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def __str__(self) -> str:
+        lines = [f"checkpoint layout: {self.layout}"]
+        for title, items in (("missing in checkpoint", self.missing), ("unexpected in checkpoint", self.unexpected)):
+            if items:
+                shown = ", ".join(items[:12]) + (f", ... (+{len(items) - 12})" if len(items) > 12 else "")
+                lines.append(f"{len(items)} {title}: {shown}")
+        for key, ck, own in self.mismatched[:12]:
+            lines.append(f"shape mismatch {key}: checkpoint {list(ck)} vs model {list(own)}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def convert_state_dict(state: Mapping[str, Tensor], model: nn.Module, *, format: str = "auto",
+                       report: LoadReport | None = None) -> dict[str, Tensor]:
+    """Convert a foreign-layout state dict to ``model``'s layout and fit shapes (no loading).
+
+    ``format``: ``"auto"`` (detect), ``"vit_attention"``/``"timm"`` (our layout), or a layout name
+    registered for the model's family (``"torchvision"``, ``"huggingface"``, ``"original"`` ...).
+    """
+    report = report if report is not None else LoadReport()
+    state = dict(state)
+    try:
+        family = model_family(model)
+    except TypeError:
+        family = None
+    converters = converters_for(family) if family else []
+    if format in ("vit_attention", "timm", "ours"):
+        report.layout = format
+    elif format == "auto":
+        for conv in converters:
+            if conv.detect(state):
+                state = conv.convert(state, model)
+                report.layout = conv.layout
+                break
+    else:
+        match = [c for c in converters if c.layout == format]
+        if not match:
+            known = ["auto", "vit_attention", "timm"] + [c.layout for c in converters]
+            raise ValueError(f"format={format!r} is not known for {type(model).__name__}; expected one of {known}")
+        state = match[0].convert(state, model)
+        report.layout = format
+    for adapt in adapters_for(family) if family else []:
+        state = adapt(state, model, report)
+    return state
+
+
+def load_weights(model: nn.Module, source: str | Path | Mapping[str, Any], *, format: str = "auto",
+                 strict: bool = True) -> LoadReport:
+    """Load a checkpoint into ``model`` in place and return a :class:`LoadReport`.
+
+    ``source``: a ``.safetensors`` / ``.pth`` / ``.bin`` file, a Hugging Face model folder, or a
+    state dict, in our own, timm, torchvision, Hugging Face (or the family's original-repo)
+    layout; the layout is detected unless ``format`` names it. Position embeddings are resampled
+    to the model's grid; a classifier for a different number of classes is dropped with a
+    warning. ``strict`` raises :class:`CheckpointMismatchError` listing missing / unexpected /
+    mismatched keys; otherwise those are skipped and reported. Pickles are loaded with
+    ``weights_only=True``, so a checkpoint holding arbitrary objects is refused.
+    """
+    if isinstance(source, (str, Path)):
+        raw, _meta = read_checkpoint(source)
+    elif isinstance(source, Mapping):
+        raw = dict(source)
+    else:
+        raise TypeError(f"source must be a path or a state dict, got {type(source).__name__}")
+    report = LoadReport()
+    state = convert_state_dict(unwrap_state_dict(raw), model, format=format, report=report)
+    own = model.state_dict()
+    for key, value in state.items():
+        if key not in own:
+            report.unexpected.append(key)
+        elif tuple(value.shape) != tuple(own[key].shape):
+            report.mismatched.append((key, tuple(value.shape), tuple(own[key].shape)))
+    dropped_prefixes = tuple(d + "." for d in report.dropped)
+    report.missing = [k for k in own if k not in state and not k.startswith(dropped_prefixes)]
+    if strict and not report.ok:
+        raise CheckpointMismatchError(f"checkpoint does not fit {type(model).__name__}:\n{report}")
+    bad = set(report.unexpected) | {k for k, _, _ in report.mismatched}
+    loadable = {k: v for k, v in state.items() if k not in bad}
+    with torch.no_grad():
+        model.load_state_dict(loadable, strict=False)
+    return report

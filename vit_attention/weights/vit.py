@@ -1,0 +1,104 @@
+"""ViT / DeiT checkpoint layouts: Hugging Face (ViT, DeiT) and torchvision onto timm's (ours)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor, nn
+
+from ..functional import resample_abs_pos_embed
+from .layouts import concat_qkv, register_adapter, register_converter, rename
+
+State = dict[str, Tensor]
+
+
+# ---------------------------------------------------------------- Hugging Face ViTModel / DeiTModel
+def _is_hf(state: Mapping[str, Tensor]) -> bool:
+    return any("embeddings.patch_embeddings.projection" in k for k in state)
+
+
+def _from_hf(state: State, model: nn.Module) -> State:
+    state = {k.removeprefix("vit.").removeprefix("deit."): v for k, v in state.items()}
+    state = rename(state, [
+        (r"^embeddings\.cls_token$", "cls_token"),
+        (r"^embeddings\.distillation_token$", "dist_token"),
+        (r"^embeddings\.position_embeddings$", "pos_embed"),
+        (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
+        (r"^encoder\.layer\.(\d+)\.", r"blocks.\1."),
+        (r"\.layernorm_before\.", ".norm1."),
+        (r"\.layernorm_after\.", ".norm2."),
+        (r"\.attention\.attention\.(query|key|value)\.", r".attn.\1."),
+        (r"\.attention\.output\.dense\.", ".attn.proj."),
+        (r"\.intermediate\.dense\.", ".mlp.fc1."),
+        (r"^(blocks\.\d+)\.output\.dense\.", r"\1.mlp.fc2."),
+        (r"^layernorm\.", "norm."),
+        (r"^pooler\.dense\.", "pre_logits.fc."),
+        (r"^(classifier|cls_classifier)\.", "head."),
+        (r"^distillation_classifier\.", "head_dist."),
+    ])
+    state = concat_qkv(state, r"(blocks\.\d+\.attn)\.query\.(weight|bias)", "{p}.query.{s}", "{p}.key.{s}",
+                       "{p}.value.{s}", "{p}.qkv.{s}")
+    if getattr(model, "cfg", None) is not None and model.cfg.global_pool == "avg":
+        state = {("fc_norm." + k[5:] if k.startswith("norm.") else k): v for k, v in state.items()}
+    return state
+
+
+# ---------------------------------------------------------------- torchvision VisionTransformer
+def _is_torchvision(state: Mapping[str, Tensor]) -> bool:
+    return "conv_proj.weight" in state and any(k.startswith("encoder.layers.") for k in state)
+
+
+def _from_torchvision(state: State, model: nn.Module) -> State:
+    return rename(state, [
+        (r"^class_token$", "cls_token"),
+        (r"^encoder\.pos_embedding$", "pos_embed"),
+        (r"^conv_proj\.", "patch_embed.proj."),
+        (r"^encoder\.layers\.encoder_layer_(\d+)\.", r"blocks.\1."),
+        (r"\.ln_1\.", ".norm1."),
+        (r"\.ln_2\.", ".norm2."),
+        (r"\.self_attention\.in_proj_(weight|bias)$", r".attn.qkv.\1"),
+        (r"\.self_attention\.out_proj\.", ".attn.proj."),
+        (r"\.mlp\.(0|linear_1)\.", ".mlp.fc1."),
+        (r"\.mlp\.(3|linear_2)\.", ".mlp.fc2."),
+        (r"^encoder\.ln\.", "norm."),
+        (r"^heads\.pre_logits\.", "pre_logits.fc."),
+        (r"^heads\.head\.", "head."),
+    ])
+
+
+# ---------------------------------------------------------------- shape fitting
+def _adapt_vit(state: State, model: nn.Module, report: Any) -> State:
+    """Resample ``pos_embed`` to the model's grid; drop heads whose class count differs."""
+    own = model.state_dict()
+    pos = state.get("pos_embed")
+    if pos is not None and "pos_embed" in own and pos.shape != own["pos_embed"].shape:
+        n_prefix = 0 if model.cfg.no_embed_class else model.num_prefix_tokens
+        n_grid = pos.shape[1] - n_prefix
+        side = math.isqrt(n_grid)
+        if side * side == n_grid and pos.shape[-1] == own["pos_embed"].shape[-1]:
+            state["pos_embed"] = resample_abs_pos_embed(pos, model.grid_size, (side, side), num_prefix_tokens=n_prefix)
+            report.notes.append(f"pos_embed resampled from {side}x{side} to {model.grid_size[0]}x{model.grid_size[1]}")
+    return drop_mismatched_heads(state, own, ("head.", "head_dist."), report)
+
+
+def drop_mismatched_heads(state: State, own: Mapping[str, Tensor], prefixes: tuple[str, ...], report: Any) -> State:
+    """Remove classifier tensors whose shape differs from the model's (a different ``num_classes``)."""
+    for prefix in prefixes:
+        w = state.get(prefix + "weight")
+        if w is not None and prefix + "weight" in own and w.shape != own[prefix + "weight"].shape:
+            for key in [k for k in state if k.startswith(prefix)]:
+                del state[key]
+            msg = (f"classifier {prefix.rstrip('.')} has {w.shape[0]} classes in the checkpoint and "
+                   f"{own[prefix + 'weight'].shape[0]} in the model: left freshly initialised")
+            warnings.warn(msg, stacklevel=3)
+            report.notes.append(msg)
+            report.dropped.append(prefix.rstrip("."))
+    return state
+
+
+register_converter("vit", "huggingface", _is_hf, _from_hf)
+register_converter("vit", "torchvision", _is_torchvision, _from_torchvision)
+register_adapter("vit", _adapt_vit)
