@@ -27,11 +27,13 @@ __all__ = [
     "set_fused_attention",
     "fused_attention",
     "register_attention_hook",
+    "register_attention_shape_hook",
     "attention_context",
 ]
 
 _FUSED: bool = os.environ.get("VIT_ATTENTION_FUSED", "1") not in ("0", "false", "False")
 _HOOKS: dict[int, Callable[[Tensor, dict[str, Any]], None]] = {}
+_SHAPE_HOOKS: dict[int, Callable[[Tensor, Tensor, Tensor, dict[str, Any]], None]] = {}
 _NEXT_HOOK_ID = 0
 _CONTEXT: list[dict[str, Any]] = []
 
@@ -59,11 +61,12 @@ def fused_attention(enabled: bool) -> Iterator[None]:
 
 
 class _HookHandle:
-    def __init__(self, hook_id: int) -> None:
+    def __init__(self, hook_id: int, registry: dict[int, Any] | None = None) -> None:
         self.id = hook_id
+        self._registry = _HOOKS if registry is None else registry
 
     def remove(self) -> None:
-        _HOOKS.pop(self.id, None)
+        self._registry.pop(self.id, None)
 
 
 def register_attention_hook(fn: Callable[[Tensor, dict[str, Any]], None]) -> _HookHandle:
@@ -77,6 +80,19 @@ def register_attention_hook(fn: Callable[[Tensor, dict[str, Any]], None]) -> _Ho
     _NEXT_HOOK_ID += 1
     _HOOKS[_NEXT_HOOK_ID] = fn
     return _HookHandle(_NEXT_HOOK_ID)
+
+
+def register_attention_shape_hook(fn: Callable[[Tensor, Tensor, Tensor, dict[str, Any]], None]) -> _HookHandle:
+    """Call ``fn(q, k, v, info)`` before every attention call while registered (shape tracing, FLOPs).
+
+    Unlike :func:`register_attention_hook` it does not force the explicit path and computes
+    nothing, so it works on the meta device. ``info`` is the merged :func:`attention_context`
+    plus ``mask``: the mask's shape tuple or None. Returns a handle with ``.remove()``.
+    """
+    global _NEXT_HOOK_ID
+    _NEXT_HOOK_ID += 1
+    _SHAPE_HOOKS[_NEXT_HOOK_ID] = fn
+    return _HookHandle(_NEXT_HOOK_ID, _SHAPE_HOOKS)
 
 
 @contextlib.contextmanager
@@ -165,6 +181,10 @@ def scaled_dot_product_attention(
         ``[B, nh, N, hdv]``, or ``(out, weights)`` when ``return_weights``.
     """
     _check_shapes(q, k, v)
+    if _SHAPE_HOOKS:
+        shape_info = {**_context_info(), "mask": None if mask is None else tuple(mask.shape)}
+        for shape_hook in list(_SHAPE_HOOKS.values()):
+            shape_hook(q, k, v, shape_info)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     mask, dead = _normalise_mask(mask, q)
