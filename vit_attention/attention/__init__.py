@@ -3,9 +3,11 @@
 Importing this package registers every mechanism; see :func:`list_attention`.
 """
 
+from .cosine_window import CosineWindowAttention  # noqa: F401
 from .mha import MultiHeadAttention
 from .mhsa import MultiHeadSelfAttention
 from .registry import AttentionSpec, create_attention, get_attention_spec, list_attention, register_attention
+from .window import WindowAttention  # noqa: F401
 
 __all__ = [
     "AttentionSpec",

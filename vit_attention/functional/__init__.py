@@ -10,6 +10,7 @@ from .attention import (
 )
 from .heads import merge_heads, split_heads, split_qkv
 from .pos_embed import resample_abs_pos_embed, sincos_2d_pos_embed
+from .window import pad_to_window, shift_window_mask, window_partition, window_reverse  # noqa: F401
 
 __all__ = [
     "attention_context",

@@ -1,0 +1,102 @@
+"""SwinV2 scaled cosine window attention (Liu et al. 2022), ``[B, H, W, C] -> [B, H, W, C]``.
+
+Same windows, shift and padding as :class:`~vit_attention.attention.window.WindowAttention`; what
+changes is inside a window:
+
+* logits are cosine similarities times a learned per-head temperature,
+  ``cos(q, k) · exp(min(logit_scale, log 100))`` (no ``hd ** -0.5``);
+* the position bias is continuous: a small MLP (``2 -> 512 -> nh``, ReLU) maps log-spaced relative
+  coordinates to ``16·sigmoid(·)``; ``pretrained_window_size`` keeps the coordinates of the window
+  the weights were trained with, so a model transfers to larger windows;
+* the qkv projection has a q and a v bias but no k bias.
+
+The temperature is folded into the normalised queries and the core attention function gets
+``scale=1``; bias and shift mask form one additive mask, as in W-MSA.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..functional.window import log_relative_coords_table, relative_position_index, to_pair
+from .registry import register_attention
+from .window import WindowAttentionBase
+
+__all__ = ["CosineWindowAttention"]
+
+LOGIT_SCALE_MAX = math.log(1.0 / 0.01)  # temperature at most 100
+
+
+@register_attention("cosine_window", layout="spatial", description="SwinV2 scaled cosine (shifted) window "
+                    "attention with log-spaced continuous position bias", example_kwargs=dict(window_size=4,
+                                                                                              shift_size=2),
+                    paper="https://arxiv.org/abs/2111.09883")
+class CosineWindowAttention(WindowAttentionBase):
+    """SwinV2 window attention, ``[B, H, W, C] -> [B, H, W, C]``.
+
+    Keys (timm layout): ``qkv.weight``, ``q_bias``, ``v_bias``, ``logit_scale [nh, 1, 1]``,
+    ``cpb_mlp.0.{weight,bias}``, ``cpb_mlp.2.weight``, ``proj``. Cost as W-MSA plus the CPB MLP
+    on ``(2Wh-1)(2Ww-1)`` coordinates.
+
+    Args:
+        dim, num_heads, window_size, shift_size, attn_drop, proj_drop, pad_first, allow_padding:
+            as :class:`~vit_attention.attention.window.WindowAttention`.
+        qkv_bias: learn ``q_bias`` and ``v_bias`` (the k bias is always zero).
+        pretrained_window_size: window the coordinates are normalised by (0 = own window).
+        cpb_hidden: width of the continuous position bias MLP.
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 8,
+                 shift_size: int | Sequence[int] = 0, qkv_bias: bool = True, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0, pretrained_window_size: int | Sequence[int] = 0, cpb_hidden: int = 512,
+                 pad_first: bool = False, allow_padding: bool = True) -> None:
+        super().__init__(dim, num_heads, window_size=window_size, shift_size=shift_size, attn_drop=attn_drop,
+                         proj_drop=proj_drop, pad_first=pad_first, allow_padding=allow_padding)
+        self.pretrained_window_size = to_pair(pretrained_window_size, "pretrained_window_size")
+        self.logit_scale = nn.Parameter(torch.full((num_heads, 1, 1), math.log(10.0)))
+        self.cpb_mlp = nn.Sequential(nn.Linear(2, cpb_hidden), nn.ReLU(inplace=True),
+                                     nn.Linear(cpb_hidden, num_heads, bias=False))
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        if qkv_bias:
+            self.q_bias: nn.Parameter | None = nn.Parameter(torch.zeros(dim))
+            self.v_bias: nn.Parameter | None = nn.Parameter(torch.zeros(dim))
+        else:
+            self.q_bias = self.v_bias = None
+
+    def project_qkv(self, x: Tensor) -> Tensor:
+        """``[B·nW, N, C] -> [B·nW, N, 3C]`` with bias ``[q_bias | 0 | v_bias]``."""
+        if self.q_bias is None or self.v_bias is None:
+            return self.qkv(x)
+        bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])  # [3C]
+        return F.linear(x, self.qkv.weight, bias)
+
+    def bias_parameters(self) -> list[Tensor]:
+        """The CPB MLP parameters."""
+        return list(self.cpb_mlp.parameters())
+
+    def compute_position_bias(self) -> Tensor:
+        """``16·sigmoid(cpb_mlp(log coords))`` gathered by relative offset: ``[nh, N, N]``."""
+        w = self.cpb_mlp[0].weight
+        coords = log_relative_coords_table(self.window_size, self.pretrained_window_size, device=w.device)
+        table = self.cpb_mlp(coords.to(w.dtype).view(-1, 2))  # [(2Wh-1)(2Ww-1), nh]
+        index = relative_position_index(self.window_size, device=w.device)  # [N, N]
+        N = index.shape[0]
+        bias = table[index.view(-1)].view(N, N, -1).permute(2, 0, 1)  # [nh, N, N]
+        return (16 * torch.sigmoid(bias)).contiguous()
+
+    def scale_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
+        """Unit-norm q, k; the clamped per-head temperature multiplies q; scale 1."""
+        temp = torch.clamp(self.logit_scale, max=LOGIT_SCALE_MAX).exp()  # [nh, 1, 1]
+        return F.normalize(q, dim=-1) * temp.to(q.dtype), F.normalize(k, dim=-1), 1.0
+
+    def flops(self, input_shape: tuple[int, ...]) -> int:
+        """W-MSA multiply-adds plus the CPB MLP (once per forward)."""
+        wh, ww = self.window_size
+        n_coords = (2 * wh - 1) * (2 * ww - 1)
+        hidden = self.cpb_mlp[0].out_features
+        return super().flops(input_shape) + n_coords * (2 * hidden + hidden * self.num_heads)

@@ -1,0 +1,239 @@
+"""Swin window attention (Liu et al. 2021): W-MSA and, with ``shift_size > 0``, SW-MSA.
+
+Channels-last maps ``[B, H, W, C]`` in and out. The map is (optionally cyclically shifted and)
+padded to a multiple of the window, cut into ``nW`` windows of ``N = Wh·Ww`` tokens, and each
+window attends to itself with a learned relative-position bias. The bias and the shift mask are
+added into ONE additive mask handed to the library's single attention function, so the fused
+kernel runs whenever the weights are not needed.
+
+Order of shift and padding at sizes that are not multiples of the window (see docs/swin.md):
+
+* ``pad_first=False`` (default, timm and the original repository): roll the unpadded map, then
+  pad; the region mask is computed on the padded size.
+* ``pad_first=True`` (torchvision): pad, then roll; an axis whose padded length fits in one
+  window is not shifted.
+
+Both agree when ``H`` and ``W`` are multiples of the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..functional import attention_context, merge_heads, scaled_dot_product_attention, split_qkv
+from ..functional.window import (
+    pad_to_window,
+    relative_position_index,
+    shift_window_mask,
+    to_pair,
+    window_partition,
+    window_reverse,
+)
+from ._common import check_heads, check_prob
+from .registry import register_attention
+
+__all__ = ["WindowAttentionBase", "WindowAttention"]
+
+
+def _param_key(params: Sequence[Tensor]) -> tuple[Any, ...]:
+    """Identity of parameter values: changes on in-place updates (optimizer, load_state_dict) and moves."""
+    return tuple((p._version, p.data_ptr(), p.dtype, p.device) for p in params)
+
+
+class WindowAttentionBase(nn.Module):
+    """Shift / pad / partition / attend / reverse around a per-window attention, ``[B, H, W, C] -> [B, H, W, C]``.
+
+    Subclasses define the projections (:meth:`project_qkv`), the per-head position bias
+    (:meth:`compute_position_bias`, ``[nh, N, N]``) and the logit scaling (:meth:`scale_qk`).
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 7,
+                 shift_size: int | Sequence[int] = 0, attn_drop: float = 0.0, proj_drop: float = 0.0,
+                 pad_first: bool = False, allow_padding: bool = True) -> None:
+        super().__init__()
+        self.head_dim = check_heads(dim, num_heads)
+        self.dim, self.num_heads = dim, num_heads
+        self.window_size = to_pair(window_size, "window_size")
+        self.shift_size = to_pair(shift_size, "shift_size")
+        if min(self.window_size) <= 0:
+            raise ValueError(f"window_size must be positive, got {window_size!r}")
+        for s, w in zip(self.shift_size, self.window_size):
+            if not 0 <= s < w:
+                raise ValueError(f"shift_size={shift_size!r} must be >= 0 and smaller than window_size="
+                                 f"{window_size!r} (a shift of a whole window is no shift)")
+        self.pad_first = bool(pad_first)
+        self.allow_padding = bool(allow_padding)
+        self.attn_drop = check_prob(attn_drop, "attn_drop")
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
+        self._bias_cache: tuple[tuple[Any, ...], Tensor] | None = None
+        self._mask_cache: dict[tuple[Any, ...], Tensor] = {}
+
+    # ---------------------------------------------------------------- subclass hooks
+    def project_qkv(self, x: Tensor) -> Tensor:
+        """Windows ``[B·nW, N, C]`` -> packed ``[B·nW, N, 3C]``."""
+        raise NotImplementedError
+
+    def compute_position_bias(self) -> Tensor:
+        """Per-head additive bias ``[nh, N, N]`` (uncached)."""
+        raise NotImplementedError
+
+    def bias_parameters(self) -> list[Tensor]:
+        """The parameters :meth:`compute_position_bias` reads (the cache key)."""
+        raise NotImplementedError
+
+    def scale_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
+        """Return ``(q, k, scale)`` for ``softmax(q kᵀ · scale + mask)``; q, k ``[B·nW, nh, N, hd]``."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- bias and masks
+    def position_bias(self) -> Tensor:
+        """Per-head bias ``[nh, N, N]``; cached while no gradient is recorded, keyed by parameter versions."""
+        params = self.bias_parameters()
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            self._bias_cache = None
+            return self.compute_position_bias()
+        key = _param_key(params)
+        if self._bias_cache is None or self._bias_cache[0] != key:
+            self._bias_cache = (key, self.compute_position_bias())
+            self._mask_cache.clear()
+        return self._bias_cache[1]
+
+    def _window_mask(self, Hp: int, Wp: int, shift: tuple[int, int], device: torch.device) -> Tensor:
+        """Bias + shift mask, ``[nh, N, N]`` (no shift) or ``[nW, nh, N, N]``."""
+        bias = self.position_bias()  # [nh, N, N]
+        if not any(shift):
+            return bias
+        cacheable = self._bias_cache is not None and self._bias_cache[1] is bias
+        key = (Hp, Wp, shift, device)
+        if cacheable and key in self._mask_cache:
+            return self._mask_cache[key]
+        region = shift_window_mask(Hp, Wp, self.window_size, shift, device=device)  # [nW, N, N]
+        mask = bias.unsqueeze(0) + region.unsqueeze(1).to(bias.dtype)  # [nW, nh, N, N]
+        if cacheable:
+            if len(self._mask_cache) > 8:
+                self._mask_cache.clear()
+            self._mask_cache[key] = mask
+        return mask
+
+    # ---------------------------------------------------------------- forward
+    def _shifts_for(self, Hp: int, Wp: int) -> tuple[int, int]:
+        sh, sw = self.shift_size
+        if self.pad_first:  # torchvision: an axis covered by a single window is not shifted
+            sh = 0 if self.window_size[0] >= Hp else sh
+            sw = 0 if self.window_size[1] >= Wp else sw
+        return sh, sw
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, H, W, C] -> [B, H, W, C]``; any ``H, W`` (padded to the window internally)."""
+        if x.dim() != 4 or x.shape[-1] != self.dim:
+            raise ValueError(f"{type(self).__name__} expects a channels-last map [B, H, W, {self.dim}], "
+                             f"got shape {tuple(x.shape)}")
+        B, H, W, C = x.shape
+        wh, ww = self.window_size
+        if (H % wh or W % ww) and not self.allow_padding:
+            raise ValueError(f"window_size={self.window_size} does not tile the {H}x{W} map and "
+                             "allow_padding=False; pad the map or build with allow_padding=True")
+        Hp, Wp = H + (-H) % wh, W + (-W) % ww
+        sh, sw = self._shifts_for(Hp, Wp)
+        if self.pad_first:
+            x, _ = pad_to_window(x, self.window_size)  # [B, Hp, Wp, C]
+            if sh or sw:
+                x = torch.roll(x, shifts=(-sh, -sw), dims=(1, 2))
+        else:
+            if sh or sw:
+                x = torch.roll(x, shifts=(-sh, -sw), dims=(1, 2))
+            x, _ = pad_to_window(x, self.window_size)  # [B, Hp, Wp, C]
+
+        windows = window_partition(x, self.window_size)  # [B·nW, N, C]
+        q, k, v = split_qkv(self.project_qkv(windows), self.num_heads)  # each [B·nW, nh, N, hd]
+        q, k, scale = self.scale_qk(q, k)
+        mask = self._window_mask(Hp, Wp, (sh, sw), x.device)  # [nh, N, N] or [nW, nh, N, N]
+        if mask.dim() == 4:
+            nW, N = mask.shape[0], mask.shape[-1]
+            mask = mask.unsqueeze(0).expand(B, -1, -1, -1, -1).reshape(B * nW, self.num_heads, N, N)
+        with attention_context(mechanism=getattr(self, "registry_name", "window"), window_size=self.window_size,
+                               shift_size=(sh, sw), padded_size=(Hp, Wp)):
+            out = scaled_dot_product_attention(q, k, v, mask=mask, scale=scale,
+                                               dropout_p=self.attn_drop if self.training else 0.0)
+        out = self.proj_drop(self.proj(merge_heads(out)))  # [B·nW, N, C]
+        x = window_reverse(out, self.window_size, Hp, Wp)  # [B, Hp, Wp, C]
+
+        if self.pad_first:
+            if sh or sw:
+                x = torch.roll(x, shifts=(sh, sw), dims=(1, 2))
+            x = x[:, :H, :W]
+        else:
+            x = x[:, :H, :W]
+            if sh or sw:
+                x = torch.roll(x, shifts=(sh, sw), dims=(1, 2))
+        return x if x.is_contiguous() else x.contiguous()  # [B, H, W, C]
+
+    def flops(self, input_shape: tuple[int, ...]) -> int:
+        """Multiply-adds on ``input_shape = (B, H, W, C)``: ``4·hw·C² + 2·M·hw·C`` per image.
+
+        ``hw`` is the padded map, ``M = Wh·Ww`` the tokens of a window (the paper's ``M²``).
+        """
+        B, H, W, C = input_shape
+        wh, ww = self.window_size
+        hw = (H + (-H) % wh) * (W + (-W) % ww)
+        return B * (4 * hw * C * C + 2 * wh * ww * hw * C)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, "
+                f"shift_size={self.shift_size}, pad_first={self.pad_first}")
+
+
+@register_attention("window", layout="spatial", description="Swin (shifted) window attention with relative "
+                    "position bias", example_kwargs=dict(window_size=4, shift_size=2),
+                    paper="https://arxiv.org/abs/2103.14030")
+class WindowAttention(WindowAttentionBase):
+    """Swin W-MSA / SW-MSA, ``[B, H, W, C] -> [B, H, W, C]``.
+
+    ``softmax(q kᵀ / sqrt(hd) + B_rel + M_shift) v`` in ``Wh x Ww`` windows, where ``B_rel`` is read
+    from a learned table ``[(2Wh-1)(2Ww-1), nh]`` by relative offset and ``M_shift`` is the cyclic
+    shift region mask (``shift_size > 0``). Keys: ``qkv``, ``proj``, ``relative_position_bias_table``
+    (timm layout). Cost: ``4·hw·C² + 2·Wh·Ww·hw·C`` multiply-adds.
+
+    Args:
+        dim: channels ``C``; num_heads: ``nh`` (must divide ``dim``).
+        window_size: ``Ws`` or ``(Wh, Ww)``. shift_size: cyclic shift, ``0 <= s < Ws`` per axis.
+        qkv_bias: bias on the qkv projection. qk_scale: logit scale (default ``hd ** -0.5``).
+        pad_first: torchvision order of padding and shift (default: timm order).
+        allow_padding: pad maps that are not window multiples (else raise).
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 7,
+                 shift_size: int | Sequence[int] = 0, qkv_bias: bool = True, qk_scale: float | None = None,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, pad_first: bool = False,
+                 allow_padding: bool = True) -> None:
+        super().__init__(dim, num_heads, window_size=window_size, shift_size=shift_size, attn_drop=attn_drop,
+                         proj_drop=proj_drop, pad_first=pad_first, allow_padding=allow_padding)
+        self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        wh, ww = self.window_size
+        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * wh - 1) * (2 * ww - 1), num_heads))
+        nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
+
+    def project_qkv(self, x: Tensor) -> Tensor:
+        """``[B·nW, N, C] -> [B·nW, N, 3C]``."""
+        return self.qkv(x)
+
+    def bias_parameters(self) -> list[Tensor]:
+        """The relative-position table."""
+        return [self.relative_position_bias_table]
+
+    def compute_position_bias(self) -> Tensor:
+        """Gather the table by relative offset: ``[nh, N, N]``."""
+        table = self.relative_position_bias_table
+        index = relative_position_index(self.window_size, device=table.device)  # [N, N]
+        N = index.shape[0]
+        return table[index.view(-1)].view(N, N, -1).permute(2, 0, 1).contiguous()  # [nh, N, N]
+
+    def scale_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
+        """Dot-product scaling ``hd ** -0.5``."""
+        return q, k, self.scale

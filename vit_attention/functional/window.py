@@ -1,0 +1,188 @@
+"""Window partition / reverse, padding, the cyclic-shift region mask and relative-position helpers.
+
+Pure functions for Swin-style window attention (Liu et al. 2021, "Swin Transformer"; Liu et al.
+2022, "Swin Transformer V2") on channels-last maps ``[B, H, W, C]``. Everything that depends only
+on sizes (the shift mask, the relative-position index, the SwinV2 log-spaced coordinates) is
+built once per (sizes, device) and cached: callers must treat the returned tensors as read-only.
+
+Conventions (identical in timm, torchvision, Hugging Face and the original repository):
+
+* windows are taken in row-major order of windows, tokens row-major inside a window;
+* relative offset of token ``i`` to token ``j`` is ``c_i - c_j`` (query minus key), flattened as
+  ``(dh + Wh - 1) * (2Ww - 1) + (dw + Ww - 1)`` into a table of ``(2Wh - 1)(2Ww - 1)`` rows;
+* the shift mask labels 3 regions per shifted axis, ``[0, L-Ws)``, ``[L-Ws, L-s)``, ``[L-s, L)``
+  of the (padded) length ``L``; tokens of different regions get ``-100`` (the reference value).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "to_pair",
+    "window_partition",
+    "window_reverse",
+    "pad_to_window",
+    "num_windows",
+    "shift_window_mask",
+    "relative_position_index",
+    "log_relative_coords_table",
+]
+
+MASK_VALUE = -100.0  # the value all reference implementations use; exp(-100) underflows in fp32 softmax
+
+
+def to_pair(x: int | Sequence[int], name: str = "window_size") -> tuple[int, int]:
+    """``7 -> (7, 7)``; a pair of ints passes through; anything else raises naming ``name``."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        return (x, x)
+    try:
+        t = tuple(int(v) for v in x)  # type: ignore[union-attr]
+    except TypeError:
+        raise ValueError(f"{name} must be an int or a pair of ints, got {x!r}") from None
+    if len(t) != 2:
+        raise ValueError(f"{name} must be an int or a pair of ints, got {x!r}")
+    return t  # type: ignore[return-value]
+
+
+def _check_map(x: Tensor, what: str) -> None:
+    if x.dim() != 4:
+        raise ValueError(f"{what} expects a channels-last map [B, H, W, C], got shape {tuple(x.shape)}")
+
+
+def window_partition(x: Tensor, window_size: int | Sequence[int]) -> Tensor:
+    """Cut a map into non-overlapping windows: ``[B, H, W, C] -> [B·nW, Wh·Ww, C]``.
+
+    ``H`` and ``W`` must be multiples of the window (see :func:`pad_to_window`). Windows are in
+    row-major window order, per image: window ``w`` of image ``b`` is row ``b·nW + w``.
+    """
+    _check_map(x, "window_partition")
+    wh, ww = to_pair(window_size)
+    B, H, W, C = x.shape
+    if H % wh or W % ww:
+        raise ValueError(f"window_partition: map {H}x{W} is not a multiple of window_size {(wh, ww)}; "
+                         "pad it first (pad_to_window)")
+    x = x.view(B, H // wh, wh, W // ww, ww, C).permute(0, 1, 3, 2, 4, 5)  # [B, nWh, nWw, Wh, Ww, C]
+    return x.reshape(-1, wh * ww, C)  # [B·nW, Wh·Ww, C]
+
+
+def window_reverse(windows: Tensor, window_size: int | Sequence[int], H: int, W: int) -> Tensor:
+    """Inverse of :func:`window_partition`: ``[B·nW, Wh·Ww, C]`` (or ``[B·nW, Wh, Ww, C]``) -> ``[B, H, W, C]``."""
+    wh, ww = to_pair(window_size)
+    if H % wh or W % ww:
+        raise ValueError(f"window_reverse: map {H}x{W} is not a multiple of window_size {(wh, ww)}")
+    C = windows.shape[-1]
+    if windows.shape[1:-1].numel() != wh * ww:
+        raise ValueError(f"window_reverse: windows {tuple(windows.shape)} do not hold {wh}x{ww} tokens each")
+    nWh, nWw = H // wh, W // ww
+    if windows.shape[0] % (nWh * nWw):
+        raise ValueError(f"window_reverse: {windows.shape[0]} windows is not a multiple of the {nWh * nWw} "
+                         f"windows of one {H}x{W} map")
+    x = windows.reshape(-1, nWh, nWw, wh, ww, C).permute(0, 1, 3, 2, 4, 5)  # [B, nWh, Wh, nWw, Ww, C]
+    return x.reshape(-1, H, W, C)  # [B, H, W, C]
+
+
+def pad_to_window(x: Tensor, window_size: int | Sequence[int]) -> tuple[Tensor, tuple[int, int]]:
+    """Zero-pad the bottom / right of ``[B, H, W, C]`` to multiples of the window.
+
+    Returns ``(x_padded [B, Hp, Wp, C], (pad_h, pad_w))``; ``x`` itself when no padding is needed.
+    """
+    _check_map(x, "pad_to_window")
+    wh, ww = to_pair(window_size)
+    pad_h, pad_w = (-x.shape[1]) % wh, (-x.shape[2]) % ww
+    if pad_h or pad_w:
+        x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))  # [B, Hp, Wp, C]
+    return x, (pad_h, pad_w)
+
+
+def num_windows(H: int, W: int, window_size: int | Sequence[int]) -> int:
+    """Windows per image for an ``H x W`` map after padding to the window."""
+    wh, ww = to_pair(window_size)
+    return math.ceil(H / wh) * math.ceil(W / ww)
+
+
+def _regions(length: int, window: int, shift: int) -> Tensor:
+    """Region label per position along one axis: 0, 1, 2 (all 0 when the axis is not shifted)."""
+    idx = torch.arange(length)
+    if shift == 0:
+        return torch.zeros(length, dtype=torch.long)
+    return (idx >= length - window).long() + (idx >= length - shift).long()
+
+
+@functools.lru_cache(maxsize=256)
+def _shift_window_mask(Hp: int, Wp: int, wh: int, ww: int, sh: int, sw: int, device: torch.device) -> Tensor:
+    labels = _regions(Hp, wh, sh)[:, None] * 3 + _regions(Wp, ww, sw)[None, :]  # [Hp, Wp]
+    win = window_partition(labels.view(1, Hp, Wp, 1), (wh, ww)).squeeze(-1)  # [nW, N]
+    mask = torch.zeros(win.shape[0], wh * ww, wh * ww)
+    mask.masked_fill_(win[:, :, None] != win[:, None, :], MASK_VALUE)  # [nW, N, N]
+    return mask.to(device)
+
+
+def shift_window_mask(H: int, W: int, window_size: int | Sequence[int], shift_size: int | Sequence[int], *,
+                      device: torch.device | str | None = None) -> Tensor:
+    """Additive float32 mask ``[nW, N, N]`` (``N = Wh·Ww``) for shifted-window attention.
+
+    ``H x W`` is the (padded) map the windows are cut from, a multiple of the window. After the
+    cyclic shift, tokens that came from different regions of the map share a window; the mask is
+    0 between tokens of the same region and ``-100`` otherwise. An axis with shift 0 is not split.
+    Cached per (sizes, device): do not modify the result.
+    """
+    wh, ww = to_pair(window_size)
+    sh, sw = to_pair(shift_size, "shift_size")
+    if H % wh or W % ww:
+        raise ValueError(f"shift_window_mask: map {H}x{W} is not a multiple of window_size {(wh, ww)}")
+    if not (0 <= sh < wh and 0 <= sw < ww):
+        raise ValueError(f"shift_size {(sh, sw)} must be >= 0 and smaller than window_size {(wh, ww)}")
+    return _shift_window_mask(H, W, wh, ww, sh, sw, torch.device(device or "cpu"))
+
+
+@functools.lru_cache(maxsize=64)
+def _relative_position_index(wh: int, ww: int, device: torch.device) -> Tensor:
+    coords = torch.stack(torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing="ij")).flatten(1)  # [2, N]
+    rel = coords[:, :, None] - coords[:, None, :]  # [2, N, N], query minus key
+    index = (rel[0] + wh - 1) * (2 * ww - 1) + (rel[1] + ww - 1)  # [N, N]
+    return index.to(device)
+
+
+def relative_position_index(window_size: int | Sequence[int], *, device: torch.device | str | None = None) -> Tensor:
+    """Row of the relative-position table for each (query, key) pair of a window: int64 ``[N, N]``.
+
+    Values lie in ``[0, (2Wh-1)(2Ww-1))``. Cached per (window, device): do not modify the result.
+    """
+    wh, ww = to_pair(window_size)
+    return _relative_position_index(wh, ww, torch.device(device or "cpu"))
+
+
+@functools.lru_cache(maxsize=64)
+def _log_relative_coords_table(wh: int, ww: int, pwh: int, pww: int, device: torch.device) -> Tensor:
+    dh = torch.arange(-(wh - 1), wh).to(torch.float32)
+    dw = torch.arange(-(ww - 1), ww).to(torch.float32)
+    table = torch.stack(torch.meshgrid(dh, dw, indexing="ij")).permute(1, 2, 0).contiguous()  # [2Wh-1, 2Ww-1, 2]
+    if pwh > 0:
+        table[:, :, 0] /= max(pwh - 1, 1)
+        table[:, :, 1] /= max(pww - 1, 1)
+    else:
+        table[:, :, 0] /= max(wh - 1, 1)
+        table[:, :, 1] /= max(ww - 1, 1)
+    table *= 8  # normalise to [-8, 8]
+    table = torch.sign(table) * torch.log2(torch.abs(table) + 1.0) / math.log2(8)
+    return table.to(device)
+
+
+def log_relative_coords_table(window_size: int | Sequence[int], pretrained_window_size: int | Sequence[int] = 0,
+                              *, device: torch.device | str | None = None) -> Tensor:
+    """SwinV2 log-spaced relative coordinates, float32 ``[2Wh-1, 2Ww-1, 2]``.
+
+    Offsets ``(dh, dw)`` are divided by ``(pretrained_window - 1)`` (or ``(window - 1)`` when
+    ``pretrained_window_size`` is 0), scaled to ``[-8, 8]`` and mapped through
+    ``sign(t)·log2(1 + |t|) / log2(8)``. Cached per (sizes, device): do not modify the result.
+    """
+    wh, ww = to_pair(window_size)
+    pwh, pww = to_pair(pretrained_window_size, "pretrained_window_size")
+    return _log_relative_coords_table(wh, ww, pwh, pww, torch.device(device or "cpu"))
