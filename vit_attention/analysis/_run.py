@@ -1,0 +1,154 @@
+"""One instrumented forward pass shared by ``flops``, ``trace`` and ``info``.
+
+It runs a model (or a single mechanism) once with forward hooks on every module and the
+attention shape hook of :mod:`vit_attention.functional.attention`, and records, in call order,
+every module call (name, class, input and output shapes) and every attention call (q, k, v
+shapes plus the :func:`attention_context` info). By default the pass runs on the meta device:
+parameters and buffers are swapped for meta tensors with ``torch.func.functional_call``, so
+nothing is computed or copied and even ViT-22B takes milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..functional.attention import register_attention_shape_hook
+
+__all__ = ["ModuleCall", "AttentionCall", "Recording", "record_forward", "as_input", "module_device"]
+
+Shape = tuple[int, ...]
+
+
+@dataclass
+class ModuleCall:
+    """One call of one module: ``name`` ('' for the root), class, input / output shapes, nesting depth."""
+
+    index: int
+    name: str
+    module: nn.Module
+    depth: int
+    in_shapes: list[Shape]
+    out_shapes: list[Shape] = field(default_factory=list)
+    n_tensor_args: int = 0
+    end: int = -1  # event counter when the call returned (calls nested inside have index in (index, end))
+
+
+@dataclass
+class AttentionCall:
+    """One call of the attention core: q ``[B, nh, N, hd]``, k ``[B, nh, M, hd]``, v ``[B, nh, M, hdv]``."""
+
+    index: int
+    module: str  # innermost module that made the call
+    q: Shape
+    k: Shape
+    v: Shape
+    info: dict[str, Any]
+
+    @property
+    def macs(self) -> int:
+        """Multiply-adds of ``q kᵀ`` and ``weights v``: ``B·nh·N·M·(hd + hdv)``."""
+        B, nh, N, hd = self.q
+        M, hdv = self.v[-2], self.v[-1]
+        return B * nh * N * M * (hd + hdv)
+
+
+@dataclass
+class Recording:
+    """What one instrumented forward saw, in call order."""
+
+    input_shape: Shape
+    output_shapes: list[Shape]
+    calls: list[ModuleCall]
+    attention: list[AttentionCall]
+    device: str
+
+
+def _shapes(obj: Any) -> list[Shape]:
+    if isinstance(obj, Tensor):
+        return [tuple(obj.shape)]
+    if isinstance(obj, (list, tuple)):
+        return [s for o in obj for s in _shapes(o)]
+    if isinstance(obj, dict):
+        return [s for o in obj.values() for s in _shapes(o)]
+    return []
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """Device of the first parameter or buffer (cpu for a module without tensors)."""
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+def as_input(input_shape: Sequence[int] | Tensor, device: torch.device | str, dtype: torch.dtype = torch.float32
+             ) -> Tensor:
+    """A random input of ``input_shape`` on ``device`` (a tensor passes through, moved)."""
+    if isinstance(input_shape, Tensor):
+        return input_shape.to(device)
+    shape = tuple(input_shape)
+    if not shape or not all(isinstance(s, int) and s > 0 for s in shape):
+        raise ValueError(f"input_shape must be a tuple of positive ints, e.g. (1, 3, 224, 224); got {input_shape!r}")
+    return torch.randn(shape, device=device, dtype=dtype)
+
+
+def record_forward(model: nn.Module, input_shape: Sequence[int] | Tensor, *, device: str | torch.device | None = "meta"
+                   ) -> Recording:
+    """Run ``model`` once on a random input of ``input_shape`` and record every module and attention call.
+
+    ``device="meta"`` (default) runs with meta stand-ins for parameters and buffers (no compute,
+    no copy); ``None`` runs where the model lives. The model is left unchanged (hooks removed).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    dev = module_device(model) if device is None else torch.device(device)
+    names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+    calls: list[ModuleCall] = []
+    attention: list[AttentionCall] = []
+    stack: list[ModuleCall] = []
+    counter = [0]
+
+    def pre(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        counter[0] += 1
+        n_tensors = sum(isinstance(a, Tensor) for a in args) + sum(isinstance(v, Tensor) for v in kwargs.values())
+        call = ModuleCall(counter[0], names.get(id(mod), "?"), mod, len(stack), _shapes(args) + _shapes(kwargs),
+                          n_tensor_args=n_tensors)
+        calls.append(call)
+        stack.append(call)
+
+    def post(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        counter[0] += 1
+        call = stack.pop()
+        call.out_shapes = _shapes(out)
+        call.end = counter[0]
+
+    def on_attention(q: Tensor, k: Tensor, v: Tensor, info: dict[str, Any]) -> None:
+        counter[0] += 1
+        attention.append(AttentionCall(counter[0], stack[-1].name if stack else "", tuple(q.shape), tuple(k.shape),
+                                       tuple(v.shape), dict(info)))
+
+    handles = []
+    for mod in model.modules():
+        handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(mod.register_forward_hook(post, with_kwargs=True))
+    handles.append(register_attention_shape_hook(on_attention))
+    x = as_input(input_shape, dev)
+    try:
+        with torch.no_grad():
+            if dev.type == "meta" and module_device(model).type != "meta":
+                state = {k: torch.empty_like(v, device="meta")
+                         for k, v in {**dict(model.named_parameters()), **dict(model.named_buffers())}.items()}
+                out = torch.func.functional_call(model, state, (x,), strict=False)
+            else:
+                out = model(x)
+    finally:
+        for h in handles:
+            h.remove()
+        stack.clear()
+    return Recording(tuple(x.shape), _shapes(out), calls, attention, str(dev))
