@@ -383,7 +383,7 @@ _SIZES: dict[str, dict[str, Any]] = {
 _PRESETS: dict[str, dict[str, Any]] = {}
 for _size in ("tiny", "small", "base", "large", "huge"):
     for _patch in (14, 16, 32):
-        for _img in (224, 384):
+        for _img in (224, 384) if _patch != 14 else (224, 336):  # 384 is no multiple of 14; CLIP uses 336
             _PRESETS[f"vit_{_size}_patch{_patch}_{_img}"] = dict(_SIZES[_size], patch_size=_patch, img_size=_img)
 # Original ViT (Dosovitskiy et al.) ImageNet-21k models with the Linear + Tanh representation layer.
 for _size, _patch in (("base", 16), ("base", 32), ("large", 16), ("large", 32), ("huge", 14)):

@@ -27,7 +27,12 @@ def _from_hf(state: State, model: nn.Module) -> State:
         (r"^embeddings\.distillation_token$", "dist_token"),
         (r"^embeddings\.position_embeddings$", "pos_embed"),
         (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
-        (r"^encoder\.layer\.(\d+)\.", r"blocks.\1."),
+        (r"^encoder\.layer\.(\d+)\.", r"blocks.\1."),  # hub files (transformers 4 names)
+        (r"^layers\.(\d+)\.", r"blocks.\1."),  # transformers 5 in-memory names
+        (r"\.attention\.q_proj\.", ".attn.query."),
+        (r"\.attention\.k_proj\.", ".attn.key."),
+        (r"\.attention\.v_proj\.", ".attn.value."),
+        (r"\.attention\.o_proj\.", ".attn.proj."),
         (r"\.layernorm_before\.", ".norm1."),
         (r"\.layernorm_after\.", ".norm2."),
         (r"\.attention\.attention\.(query|key|value)\.", r".attn.\1."),

@@ -1,0 +1,74 @@
+import pytest
+import torch
+from torch import nn
+
+from vit_attention.attention import MultiHeadAttention, MultiHeadSelfAttention
+from vit_attention.functional import fused_attention
+
+
+def _pair(E=16, nh=4, kdim=None, vdim=None, bias=True):
+    ref = nn.MultiheadAttention(E, nh, kdim=kdim, vdim=vdim, bias=bias, batch_first=True).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    ours = MultiHeadAttention(E, nh, kdim=kdim, vdim=vdim, bias=bias).eval()
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+@pytest.mark.parametrize("kv", [(None, None), (12, 20)])
+def test_matches_nn_multihead_attention(kv):
+    kdim, vdim = kv
+    ref, ours = _pair(kdim=kdim, vdim=vdim)
+    q = torch.randn(2, 5, 16)
+    k = torch.randn(2, 7, kdim or 16)
+    v = torch.randn(2, 7, vdim or 16)
+    out_ref, w_ref = ref(q, k, v, need_weights=True)
+    out, w = ours(q, k, v, need_weights=True)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(w, w_ref, atol=1e-6, rtol=1e-5)
+    out_nw, w_none = ours(q, k, v)
+    assert w_none is None
+    torch.testing.assert_close(out_nw, out_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_masks_follow_nn_conventions():
+    ref, ours = _pair()
+    q, k = torch.randn(2, 5, 16), torch.randn(2, 6, 16)
+    kpm = torch.zeros(2, 6, dtype=torch.bool)
+    kpm[0, -2:] = True  # ignore the last two keys of sample 0
+    causal = torch.triu(torch.ones(5, 6, dtype=torch.bool), diagonal=1)
+    out_ref, w_ref = ref(q, k, k, key_padding_mask=kpm, attn_mask=causal, need_weights=True,
+                         average_attn_weights=False)
+    out, w = ours(q, k, k, key_padding_mask=kpm, attn_mask=causal, need_weights=True, average_attn_weights=False)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(w, w_ref, atol=1e-6, rtol=1e-5)
+    float_mask = torch.randn(2 * 4, 5, 6)
+    out_ref, _ = ref(q, k, k, key_padding_mask=kpm, attn_mask=float_mask)
+    out, _ = ours(q, k, k, key_padding_mask=kpm, attn_mask=float_mask)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_self_attention_call_and_mask_shape_errors():
+    _, ours = _pair()
+    x = torch.randn(2, 5, 16)
+    assert ours(x).shape == (2, 5, 16)
+    with pytest.raises(ValueError, match="key_padding_mask must be"):
+        ours(x, x, x, key_padding_mask=torch.zeros(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attn_mask must be"):
+        ours(x, x, x, attn_mask=torch.zeros(4, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="kdim"):
+        ours(x, torch.randn(2, 5, 9), torch.randn(2, 5, 16))
+
+
+def test_mhsa_qk_norm_and_scale():
+    attn = MultiHeadSelfAttention(32, 4, qk_norm=True, qk_scale=0.5).eval()
+    x = torch.randn(2, 6, 32)
+    y = attn(x)
+    with fused_attention(False):
+        torch.testing.assert_close(attn(x), y, atol=1e-5, rtol=1e-5)
+    assert isinstance(attn.q_norm, nn.LayerNorm) and attn.scale == 0.5
+    with pytest.raises(ValueError, match="expected tokens"):
+        attn(torch.randn(2, 6, 16))
+    with pytest.raises(ValueError, match="attn_drop"):
+        MultiHeadSelfAttention(32, 4, attn_drop=1.5)

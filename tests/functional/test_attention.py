@@ -1,0 +1,141 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vit_attention.functional import (
+    attention_context,
+    fused_attention,
+    register_attention_hook,
+    scaled_dot_product_attention,
+)
+
+
+def _qkv(B=2, nh=3, N=5, M=7, hd=8, hdv=6):
+    return torch.randn(B, nh, N, hd), torch.randn(B, nh, M, hd), torch.randn(B, nh, M, hdv)
+
+
+def _reference(q, k, v, mask=None, scale=None):
+    scale = scale if scale is not None else 1 / math.sqrt(q.shape[-1])
+    logits = torch.einsum("bhnd,bhmd->bhnm", q, k) * scale
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+    w = torch.exp(logits - logits.amax(-1, keepdim=True))
+    w = w / w.sum(-1, keepdim=True)
+    return torch.einsum("bhnm,bhmd->bhnd", w, v), w
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_matches_formula_with_cross_shapes(fused):
+    q, k, v = _qkv()
+    with fused_attention(fused):
+        out = scaled_dot_product_attention(q, k, v)
+    ref, _ = _reference(q, k, v)
+    assert out.shape == (2, 3, 5, 6)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_return_weights_and_custom_scale():
+    q, k, v = _qkv()
+    out, w = scaled_dot_product_attention(q, k, v, scale=0.3, return_weights=True)
+    ref, ref_w = _reference(q, k, v, scale=0.3)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(w, ref_w, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, 5))
+
+
+def test_bool_and_additive_masks_agree_and_broadcast():
+    q, k, v = _qkv()
+    keep = torch.rand(1, 1, 5, 7) > 0.3
+    keep[..., 0] = True
+    additive = torch.zeros(1, 1, 5, 7).masked_fill(~keep, float("-inf"))
+    a = scaled_dot_product_attention(q, k, v, mask=keep)
+    b = scaled_dot_product_attention(q, k, v, mask=additive)
+    ref, _ = _reference(q, k, v, mask=keep)
+    torch.testing.assert_close(a, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_fully_masked_rows_give_zeros_not_nan(fused, kind):
+    q, k, v = (t.requires_grad_() for t in _qkv())
+    keep = torch.ones(2, 1, 5, 7, dtype=torch.bool)
+    keep[0, :, 2] = False  # query 2 of sample 0 may attend to nothing
+    mask = keep if kind == "bool" else torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    with fused_attention(fused):
+        out = scaled_dot_product_attention(q, k, v, mask=mask)
+    assert torch.isfinite(out).all()
+    assert out[0, :, 2].abs().max() == 0
+    assert out[1, :, 2].abs().max() > 0
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_fused_equals_explicit_with_gradients():
+    q, k, v = (t.requires_grad_() for t in _qkv())
+    mask = torch.randn(1, 3, 5, 7)
+    out_f = scaled_dot_product_attention(q, k, v, mask=mask)
+    grads_f = torch.autograd.grad(out_f.square().sum(), (q, k, v))
+    with fused_attention(False):
+        out_e = scaled_dot_product_attention(q, k, v, mask=mask)
+    grads_e = torch.autograd.grad(out_e.square().sum(), (q, k, v))
+    torch.testing.assert_close(out_f, out_e, atol=1e-5, rtol=1e-5)
+    for gf, ge in zip(grads_f, grads_e):
+        torch.testing.assert_close(gf, ge, atol=1e-4, rtol=1e-4)
+
+
+def test_hooks_receive_weights_and_context():
+    q, k, v = _qkv()
+    seen = []
+    handle = register_attention_hook(lambda w, info: seen.append((w.shape, dict(info))))
+    try:
+        with attention_context(module="blocks.0.attn", layout="global"):
+            scaled_dot_product_attention(q, k, v)
+    finally:
+        handle.remove()
+    scaled_dot_product_attention(q, k, v)
+    assert seen == [((2, 3, 5, 7), {"module": "blocks.0.attn", "layout": "global"})]
+
+
+def test_dropout_only_in_explicit_when_asked():
+    q, k, v = _qkv()
+    torch.manual_seed(1)
+    a = scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    b = scaled_dot_product_attention(q, k, v)
+    assert not torch.allclose(a, b)
+
+
+@pytest.mark.parametrize("bad", ["rank", "hd", "keys"])
+def test_shape_errors_are_clear(bad):
+    q, k, v = _qkv()
+    if bad == "rank":
+        q = q[0]
+    elif bad == "hd":
+        k = k[..., :4]
+    else:
+        v = v[:, :, :3]
+    with pytest.raises(ValueError, match="q|k|v"):
+        scaled_dot_product_attention(q, k, v)
+
+
+def test_int_mask_rejected():
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="mask must be bool"):
+        scaled_dot_product_attention(q, k, v, mask=torch.ones(5, 7, dtype=torch.long))
+
+
+def test_torch_sdpa_is_what_fused_path_calls(monkeypatch):
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    q, k, v = _qkv()
+    scaled_dot_product_attention(q, k, v)
+    scaled_dot_product_attention(q, k, v, return_weights=True)
+    assert calls == [1]

@@ -1,0 +1,110 @@
+import pytest
+import torch
+from torch import nn
+
+from vit_attention.layers import (
+    Block,
+    ConvStemPatchEmbed,
+    DropPath,
+    LayerScale,
+    LearnedPosEmbed,
+    Mlp,
+    ParallelBlock,
+    PatchEmbed,
+    PostNormBlock,
+    SinCosPosEmbed2d,
+    drop_path,
+)
+
+
+def test_patch_embed_shapes_and_conv_equivalence():
+    pe = PatchEmbed(32, 8, 3, 16)
+    x = torch.randn(2, 3, 32, 32)
+    y = pe(x)
+    assert y.shape == (2, 16, 16) and pe.grid_size == (4, 4)
+    # token (row 1, col 2) is the projection of that 8x8 patch
+    patch = x[:, :, 8:16, 16:24].reshape(2, -1)
+    expected = patch @ pe.proj.weight.reshape(16, -1).T + pe.proj.bias
+    torch.testing.assert_close(y[:, 1 * 4 + 2], expected, atol=1e-5, rtol=1e-5)
+    assert PatchEmbed(32, 8, 3, 16, flatten=False)(x).shape == (2, 4, 4, 16)
+
+
+def test_patch_embed_errors_name_what_was_expected():
+    pe = PatchEmbed(32, 8, 3, 16)
+    with pytest.raises(ValueError, match="expected 3 input channels"):
+        pe(torch.randn(1, 1, 32, 32))
+    with pytest.raises(ValueError, match=r"expected image size \(32, 32\), got \(40, 40\)"):
+        pe(torch.randn(1, 3, 40, 40))
+    with pytest.raises(ValueError, match="not divisible by patch_size"):
+        PatchEmbed(30, 8, 3, 16)
+    loose = PatchEmbed(32, 8, 3, 16, strict_img_size=False)
+    assert loose(torch.randn(1, 3, 40, 48)).shape == (1, 30, 16)
+    with pytest.raises(ValueError, match="not divisible by patch_size"):
+        loose(torch.randn(1, 3, 36, 40))
+    padded = PatchEmbed(32, 8, 3, 16, strict_img_size=False, dynamic_img_pad=True)
+    assert padded(torch.randn(1, 3, 36, 40)).shape == (1, 25, 16)
+
+
+def test_conv_stem():
+    stem = ConvStemPatchEmbed(32, 16, 3, 24, stem_chs=(4, 8, 8, 16))
+    assert stem(torch.randn(2, 3, 32, 32)).shape == (2, 4, 24)
+    with pytest.raises(ValueError, match="gives patch 8"):
+        ConvStemPatchEmbed(32, 16, 3, 24, stem_chs=(4, 8, 8))
+
+
+def test_mlp_widths():
+    # the study notes' MLP fed fc2 with the input width; ours maps hidden -> out
+    mlp = Mlp(8, 32, 5)
+    assert mlp.fc1.weight.shape == (32, 8) and mlp.fc2.weight.shape == (5, 32)
+    assert mlp(torch.randn(3, 4, 8)).shape == (3, 4, 5)
+
+
+def test_drop_path_statistics_and_eval_identity():
+    x = torch.ones(4000, 3)
+    y = drop_path(x, 0.25, training=True)
+    kept = (y[:, 0] != 0).float().mean()
+    assert 0.70 < kept < 0.80
+    torch.testing.assert_close(y.mean(), torch.tensor(1.0), atol=0.05, rtol=0)
+    assert torch.equal(drop_path(x, 0.25, training=False), x)
+    assert (y == 0).all(dim=1).eq((y == 0).any(dim=1)).all()  # whole samples dropped
+    with pytest.raises(ValueError):
+        DropPath(1.0)
+
+
+def test_layer_scale():
+    ls = LayerScale(4, 0.1)
+    torch.testing.assert_close(ls(torch.ones(2, 4)), torch.full((2, 4), 0.1))
+
+
+@pytest.mark.parametrize("cls", [Block, PostNormBlock, ParallelBlock])
+def test_blocks_shape_and_residual_structure(cls):
+    blk = cls(32, 4, init_values=1e-5).eval()
+    x = torch.randn(2, 9, 32)
+    y = blk(x)
+    assert y.shape == x.shape
+    if cls is not PostNormBlock:  # tiny LayerScale: pre-norm blocks start near the identity
+        assert (y - x).abs().max() < 1e-2
+
+
+def test_parallel_block_formula():
+    blk = ParallelBlock(16, 2).eval()
+    x = torch.randn(2, 5, 16)
+    y = blk.norm1(x)
+    torch.testing.assert_close(blk(x), x + blk.attn(y) + blk.mlp(y))
+
+
+def test_post_norm_formula():
+    blk = PostNormBlock(16, 2).eval()
+    x = torch.randn(2, 5, 16)
+    h = blk.norm1(x + blk.attn(x))
+    torch.testing.assert_close(blk(x), blk.norm2(h + blk.mlp(h)))
+
+
+def test_pos_embed_modules():
+    pe = LearnedPosEmbed(8, (4, 4), num_prefix_tokens=1)
+    x = torch.zeros(2, 17, 8)
+    torch.testing.assert_close(pe(x), pe.weight.expand(2, -1, -1))
+    assert pe(torch.zeros(2, 1 + 36, 8), feat_size=(6, 6)).shape == (2, 37, 8)
+    sc = SinCosPosEmbed2d(8)
+    assert sc(torch.zeros(1, 6, 8), (2, 3)).shape == (1, 6, 8)
+    assert isinstance(Block(8, 2).attn, nn.Module)

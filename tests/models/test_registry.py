@@ -1,0 +1,56 @@
+"""Registry-wide checks: every registered model builds; names, aliases and errors."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from vit_attention import create_model, list_models
+from vit_attention.models import get_model_entry, model_config
+from vit_attention.models.registry import aliases_of
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_every_model_builds_and_runs_on_meta(name):
+    with torch.device("meta"):
+        model = create_model(name).eval()
+        cfg = model.cfg
+        size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
+        y = model(torch.empty(2, cfg.in_chans, *size))
+    assert y.shape == (2, 1000 if "in21k" not in name else 21843)
+    feats = model.forward_head(model.forward_features(torch.empty(2, cfg.in_chans, *size, device="meta")),
+                               pre_logits=True)
+    assert feats.shape == (2, model.num_features)
+    # config is a JSON-serialisable dataclass that rebuilds the same config
+    d = json.loads(cfg.to_json())
+    assert dataclasses.asdict(type(cfg).from_dict(d)) == dataclasses.asdict(cfg)
+
+
+@pytest.mark.parametrize("name", [n for n in list_models() if get_model_entry(n).meta.get("published_params_m")])
+def test_published_parameter_counts_within_1_percent(name):
+    entry = get_model_entry(name)
+    with torch.device("meta"):
+        model = create_model(name)
+    exclude = tuple(entry.meta.get("published_params_exclude", ()))
+    n = sum(p.numel() for k, p in model.named_parameters() if not k.startswith(exclude)) / 1e6
+    published = entry.meta["published_params_m"]
+    assert abs(n - published) / published < 0.01, f"{name}: {n:.1f}M vs published {published}M"
+
+
+def test_aliases_and_unknown_names():
+    assert aliases_of("vit_base_patch16_224") == ["vit_b_16"]
+    assert "vit_b_16" in list_models(include_aliases=True) and "vit_b_16" not in list_models()
+    m = create_model("vit_b_16", img_size=32, depth=1, num_classes=3)
+    assert m.registry_name == "vit_base_patch16_224" and m.num_classes == 3
+    with pytest.raises(KeyError, match="Did you mean: vit_base_patch16_224"):
+        create_model("vit_base_patch16_22")
+    with pytest.raises(TypeError, match="did you mean 'embed_dim'"):
+        create_model("vit_tiny_patch16_224", embed_dims=3)
+    with pytest.raises(ValueError, match="num_classes"):
+        create_model("vit_tiny_patch16_224", num_classes=-1)
+
+
+def test_model_config_applies_overrides():
+    cfg = model_config("deit_small_patch16_224", depth=3)
+    assert cfg.depth == 3 and cfg.embed_dim == 384
