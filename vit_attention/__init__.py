@@ -7,10 +7,12 @@
 
 from . import functional
 from .attention import create_attention, list_attention
+from .layers.plug import Plug, plug
 from .models import create_model, list_models
 from .weights import load_weights, save_weights
 
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "create_attention", "create_model", "functional", "list_attention", "list_models",
-           "load_weights", "save_weights"]
+           "load_weights", "save_weights",
+           "Plug", "plug"]

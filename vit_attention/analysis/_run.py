@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from ..functional.attention import register_attention_shape_hook
 
-__all__ = ["ModuleCall", "AttentionCall", "Recording", "record_forward", "as_input", "module_device"]
+__all__ = ["ModuleCall", "AttentionCall", "Recording", "record_forward", "as_input", "meta_state", "module_device"]
 
 Shape = tuple[int, ...]
 
@@ -87,6 +87,14 @@ def module_device(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def meta_state(module: nn.Module) -> dict[str, Tensor]:
+    """Meta stand-ins for every parameter and buffer (same shape, dtype and ``requires_grad``)."""
+    state = {k: torch.empty_like(v, device="meta").requires_grad_(v.requires_grad)
+             for k, v in module.named_parameters()}
+    state.update({k: torch.empty_like(v, device="meta") for k, v in module.named_buffers()})
+    return state
+
+
 def as_input(input_shape: Sequence[int] | Tensor, device: torch.device | str, dtype: torch.dtype = torch.float32
              ) -> Tensor:
     """A random input of ``input_shape`` on ``device`` (a tensor passes through, moved)."""
@@ -142,9 +150,7 @@ def record_forward(model: nn.Module, input_shape: Sequence[int] | Tensor, *, dev
     try:
         with torch.no_grad():
             if dev.type == "meta" and module_device(model).type != "meta":
-                state = {k: torch.empty_like(v, device="meta")
-                         for k, v in {**dict(model.named_parameters()), **dict(model.named_buffers())}.items()}
-                out = torch.func.functional_call(model, state, (x,), strict=False)
+                out = torch.func.functional_call(model, meta_state(model), (x,), strict=False)
             else:
                 out = model(x)
     finally:

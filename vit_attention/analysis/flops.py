@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from ._run import ModuleCall, Recording, as_input, module_device, record_forward
+from ._run import ModuleCall, Recording, as_input, meta_state, module_device, record_forward
 
 __all__ = ["FlopReport", "flops", "measure_flops", "count_params", "stage_of", "attention_complexity",
            "complexity_table", "layer_macs"]
@@ -199,10 +199,19 @@ def _group_norm_flops(*args: Any, out_shape: Any = None, **kwargs: Any) -> int:
     return 2 * math.prod(args[0]) * (5 if args[1] is not None else 4)
 
 
-def _norm_mapping() -> dict[Any, Any]:
+def _sdpa_cpu_flops(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """CPU fused attention (FlopCounterMode has no formula for it): ``2·B·nh·N·M·(hd + hdv)``."""
+    B, nh, N, hd = q
+    return 2 * B * nh * N * k[-2] * (hd + v[-1])
+
+
+def _extra_mapping() -> dict[Any, Any]:
     aten = torch.ops.aten
     mapping: dict[Any, Any] = {aten.native_layer_norm: _norm_flops, aten.native_group_norm: _group_norm_flops,
                                aten.native_batch_norm: _norm_flops}
+    cpu_sdpa = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if cpu_sdpa is not None:
+        mapping[cpu_sdpa] = _sdpa_cpu_flops
     for name in ("_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
                  "_native_batch_norm_legit_functional"):
         op = getattr(aten, name, None)
@@ -221,12 +230,10 @@ def measure_flops(model_or_module: nn.Module, input_shape: Sequence[int] | Tenso
     """
     dev = module_device(model_or_module) if device is None else torch.device(device)
     x = as_input(input_shape, dev)
-    counter = FlopCounterMode(display=False, custom_mapping=_norm_mapping())
+    counter = FlopCounterMode(display=False, custom_mapping=_extra_mapping())
     with counter:  # not under no_grad: FlopCounterMode's module tracker needs autograd state
         if dev.type == "meta" and module_device(model_or_module).type != "meta":
-            state = {k: torch.empty_like(v, device="meta") for k, v in
-                     {**dict(model_or_module.named_parameters()), **dict(model_or_module.named_buffers())}.items()}
-            torch.func.functional_call(model_or_module, state, (x,), strict=False)
+            torch.func.functional_call(model_or_module, meta_state(model_or_module), (x,), strict=False)
         else:
             model_or_module(x)
     per_module: dict[str, int] = {}

@@ -1,0 +1,79 @@
+"""The CNN adapter: every registered mechanism plugged into the same small CNN."""
+
+import pytest
+import torch
+from torch import nn
+
+import vit_attention as va
+from vit_attention import list_attention
+from vit_attention.attention import get_attention_spec
+
+DIM, HEADS = 16, 4
+
+
+def _cnn(mid: nn.Module) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(3, DIM, 3, padding=1), nn.GELU(), mid,
+                         nn.Conv2d(DIM, 8, 3, stride=2, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, 3))
+
+
+@pytest.mark.parametrize("name", list_attention())
+@pytest.mark.parametrize("mlp_ratio", [None, 2.0])
+def test_every_mechanism_plugs_into_a_cnn(name, mlp_ratio):
+    block = va.plug(name, DIM, HEADS, mlp_ratio=mlp_ratio, **get_attention_spec(name).example_kwargs)
+    net = _cnn(block)
+    x = torch.randn(2, 3, 9, 10)  # odd, non-square: window mechanisms must pad
+    y = net(x)
+    assert y.shape == (2, 3)
+    y.square().sum().backward()
+    for n, p in block.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), n
+    assert block.attn.__class__ is get_attention_spec(name).cls
+    # the attention branch changes the map: the block is not an identity
+    fmap = torch.randn(2, DIM, 6, 5)
+    assert block(fmap).shape == fmap.shape
+    assert not torch.allclose(block(fmap), fmap)
+
+
+def test_plug_accepts_a_built_module_and_infers_dim():
+    attn = va.create_attention("mhsa", DIM, HEADS)
+    block = va.plug(attn)
+    assert block.dim == DIM and block.layout == "tokens" and block.attn is attn
+    assert block(torch.randn(1, DIM, 4, 4)).shape == (1, DIM, 4, 4)
+
+
+def test_plug_layerscale_starts_near_identity():
+    block = va.plug("mhsa", DIM, HEADS, mlp_ratio=4.0, init_values=1e-6)
+    x = torch.randn(1, DIM, 5, 5)
+    torch.testing.assert_close(block(x), x, atol=1e-4, rtol=0)
+
+
+def test_plug_errors_name_the_argument():
+    with pytest.raises(ValueError, match="num_heads"):
+        va.plug("mhsa", DIM)
+    with pytest.raises(ValueError, match=r"\[B, 16, H, W\]"):
+        va.plug("mhsa", DIM, HEADS)(torch.randn(1, 8, 4, 4))
+    with pytest.raises(KeyError, match="unknown attention"):
+        va.plug("mhsaa", DIM, HEADS)
+    with pytest.raises(TypeError, match="registered name or an nn.Module"):
+        va.plug(3, DIM, HEADS)  # type: ignore[arg-type]
+
+
+def test_readme_example_trains():
+    """README example: window attention between two conv stages, a few optimisation steps."""
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+        va.plug("window", 32, num_heads=4, window_size=4, mlp_ratio=2.0),
+        nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+    x, y = torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,))
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(8):
+        loss = nn.functional.cross_entropy(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
