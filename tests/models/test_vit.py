@@ -114,12 +114,10 @@ def test_conv_stem_model():
 
 
 def test_spatial_mechanism_in_vit_backbone():
-    from vit_attention.attention import list_attention
-
-    if "window" not in list_attention():
-        pytest.skip("window attention not registered")  # pragma: no cover
     model = _tiny(attn_layer="window", attn_kwargs=dict(window_size=2), class_token=False, global_pool="avg")
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 7)
+    with_cls = _tiny(attn_layer="window", attn_kwargs=dict(window_size=2, shift_size=1))
+    assert with_cls(torch.randn(2, 3, 32, 32)).shape == (2, 7)  # class token passes the spatial attention
 
 
 @pytest.mark.parametrize("bad,match", [
