@@ -10,10 +10,16 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-"$PY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+# pip, quietly: show its output only when it fails (local mirrors print harmless location warnings).
+pip_q() {
+  local log
+  log=$(mktemp)
+  if ! "$PY" -m pip install -q "$@" >"$log" 2>&1; then cat "$log" >&2; rm -f "$log"; return 1; fi
+  rm -f "$log"
+}
 # Pin torch first: an unpinned torch would pull several GB of CUDA packages on a CPU machine.
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
-  "$PY" -m pip install -q "torch==2.13.0"
+  pip_q "torch==2.13.0"
 fi
-"$PY" -m pip install -q -e ".[dev]"
+pip_q -e ".[dev]"
 echo "environment ready: $VENV"
