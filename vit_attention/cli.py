@@ -32,8 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
-            if e.name != name:  # a real missing dependency inside the module
-                raise
+            if e.name is None or not (name == e.name or name.startswith(e.name + ".")):
+                raise  # a real missing dependency inside the module, not an absent part
             continue
         module.add_commands(sub)
     return parser
