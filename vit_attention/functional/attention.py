@@ -142,9 +142,12 @@ def _normalise_mask(mask: Tensor | None, q: Tensor) -> tuple[Tensor | None, Tens
     return mask.masked_fill(dead, 0.0), dead
 
 
-def _explicit(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, scale: float
+def _explicit(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, scale: float | Tensor
               ) -> tuple[Tensor, Tensor]:
-    logits = (q * scale) @ k.transpose(-2, -1)  # [B, nh, N, M]
+    if isinstance(scale, Tensor):  # per-head temperature multiplies the logits (SwinV2 op order)
+        logits = (q @ k.transpose(-2, -1)) * scale  # [B, nh, N, M]
+    else:
+        logits = (q * scale) @ k.transpose(-2, -1)  # [B, nh, N, M]
     if mask is not None:
         if mask.dtype == torch.bool:
             logits = logits.masked_fill(~mask, float("-inf"))
@@ -162,7 +165,7 @@ def scaled_dot_product_attention(
     *,
     mask: Tensor | None = None,
     dropout_p: float = 0.0,
-    scale: float | None = None,
+    scale: float | Tensor | None = None,
     return_weights: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention ``softmax(q kᵀ · scale + mask) v``.
@@ -174,7 +177,8 @@ def scaled_dot_product_attention(
         mask: broadcastable to ``[B, nh, N, M]``; bool (True = may attend) or additive float.
             A query row that may attend to nothing yields zeros, never NaN.
         dropout_p: dropout on the attention weights (pass 0 in eval).
-        scale: logit scale, default ``hd ** -0.5``.
+        scale: logit scale, default ``hd ** -0.5``; a tensor broadcastable to ``[B, nh, 1, 1]`` is a
+            per-head temperature (SwinV2), folded into ``q`` on the fused path.
         return_weights: also return the weights ``[B, nh, N, M]`` (forces the explicit path).
 
     Returns:
@@ -200,6 +204,8 @@ def scaled_dot_product_attention(
             for hook in list(_HOOKS.values()):
                 hook(detached, info)
         return (out, weights) if return_weights else out
+    if isinstance(scale, Tensor):
+        q, scale = q * scale.to(q.dtype), 1.0
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     if dead is not None:
         out = out.masked_fill(dead, 0.0)
