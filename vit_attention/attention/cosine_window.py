@@ -10,8 +10,9 @@ changes is inside a window:
   the weights were trained with, so a model transfers to larger windows;
 * the qkv projection has a q and a v bias but no k bias.
 
-The temperature is folded into the normalised queries and the core attention function gets
-``scale=1``; bias and shift mask form one additive mask, as in W-MSA.
+The per-head temperature goes to the core attention function as its (tensor) ``scale``: the
+explicit path multiplies the cosine logits by it (the reference op order), the fused path folds it
+into the normalised queries. Bias and shift mask form one additive mask, as in W-MSA.
 """
 
 from __future__ import annotations
@@ -89,10 +90,10 @@ class CosineWindowAttention(WindowAttentionBase):
         bias = table[index.view(-1)].view(N, N, -1).permute(2, 0, 1)  # [nh, N, N]
         return (16 * torch.sigmoid(bias)).contiguous()
 
-    def scale_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
-        """Unit-norm q, k; the clamped per-head temperature multiplies q; scale 1."""
+    def scale_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Unit-norm q, k; the clamped per-head temperature ``[nh, 1, 1]`` is the logit scale."""
         temp = torch.clamp(self.logit_scale, max=LOGIT_SCALE_MAX).exp()  # [nh, 1, 1]
-        return F.normalize(q, dim=-1) * temp.to(q.dtype), F.normalize(k, dim=-1), 1.0
+        return F.normalize(q, dim=-1), F.normalize(k, dim=-1), temp
 
     def flops(self, input_shape: tuple[int, ...]) -> int:
         """W-MSA multiply-adds plus the CPB MLP (once per forward)."""

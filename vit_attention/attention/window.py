@@ -86,8 +86,11 @@ class WindowAttentionBase(nn.Module):
         """The parameters :meth:`compute_position_bias` reads (the cache key)."""
         raise NotImplementedError
 
-    def scale_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
-        """Return ``(q, k, scale)`` for ``softmax(q kᵀ · scale + mask)``; q, k ``[B·nW, nh, N, hd]``."""
+    def scale_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float | Tensor]:
+        """Return ``(q, k, scale)`` for ``softmax(q kᵀ · scale + mask)``; q, k ``[B·nW, nh, N, hd]``.
+
+        ``scale`` is a float or a per-head tensor ``[nh, 1, 1]``.
+        """
         raise NotImplementedError
 
     # ---------------------------------------------------------------- bias and masks

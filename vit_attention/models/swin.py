@@ -1,0 +1,406 @@
+"""Swin Transformer (Liu et al. 2021): hierarchical backbone of (shifted) window attention stages.
+
+Config dataclass -> :class:`SwinTransformer` -> presets registered as data. The state-dict layout
+is timm's: ``patch_embed.{proj,norm}``, stages ``layers.N`` holding ``downsample`` (PatchMerging,
+at the START of stage N for N > 0) and ``blocks.M``, final ``norm``, classifier ``head.fc``.
+Other layouts (torchvision, Hugging Face, the original microsoft repository) are converted by
+``vit_attention.weights.swin``.
+
+SwinV2 (``models/swinv2.py``) is this same class with three switches of the config: the
+attention mechanism (``cosine_window``), res-post-norm blocks and norm-after-reduction
+PatchMerging. Both live on one backbone because everything else (stages, padding, the window
+clamp, intermediates, the head) is identical, and two copies would drift.
+
+Layout: channels-last ``[B, H, W, C]`` from the patch embedding to the final norm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+from torch import Tensor, nn
+
+from ..attention import create_attention
+from ..functional import resample_abs_pos_embed
+from ..layers import DropPath, Mlp, PatchEmbed, to_2tuple
+from .registry import register_family
+
+__all__ = ["SwinTransformerConfig", "SwinTransformer", "SwinBlock", "SwinStage", "PatchMerging"]
+
+
+@dataclass
+class SwinTransformerConfig:
+    """Everything a :class:`SwinTransformer` is built from (JSON-serialisable).
+
+    ``pad_mode``: ``"timm"`` (default; timm / original repository): each block's window is clamped
+    at construction to a stage smaller than it (then unshifted), and blocks roll the map before
+    padding it. ``"torchvision"``: windows are never clamped, blocks pad before rolling and skip the
+    shift on axes that fit in one window. Identical on maps that are window multiples.
+    """
+
+    img_size: int | tuple[int, int] = 224
+    patch_size: int = 4
+    in_chans: int = 3
+    num_classes: int = 1000
+    global_pool: Literal["avg", ""] = "avg"
+    embed_dim: int = 96
+    depths: tuple[int, ...] = (2, 2, 6, 2)
+    num_heads: tuple[int, ...] = (3, 6, 12, 24)
+    window_size: int | tuple[int, int] = 7
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    ape: bool = False  # absolute position embedding [1, N, C] added after the patch embedding
+    patch_norm: bool = True
+    norm_eps: float = 1e-5
+    drop_rate: float = 0.0
+    pos_drop_rate: float = 0.0
+    proj_drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.1
+    strict_img_size: bool = True  # False: any input size (maps padded to the window per block)
+    pad_mode: Literal["timm", "torchvision"] = "timm"
+    always_partition: bool = False  # never clamp windows to small stages (timm option)
+    # SwinV2 switches
+    attn_layer: Literal["window", "cosine_window"] = "window"
+    res_post_norm: bool = False  # x + norm(attn(x)) instead of x + attn(norm(x))
+    merge_norm_after: bool = False  # PatchMerging: reduction then norm(2C) instead of norm(4C) then reduction
+    pretrained_window_sizes: tuple[int, ...] | None = None  # SwinV2 CPB normalisation per stage (0 = own)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of the fields."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """The config as JSON text."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SwinTransformerConfig:
+        """Inverse of :meth:`to_dict` (lists become tuples)."""
+        d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        return cls(**d)
+
+
+class PatchMerging(nn.Module):
+    """2x2 neighbourhood concat + linear reduction, ``[B, H, W, C] -> [B, ceil(H/2), ceil(W/2), 2C]``.
+
+    Concat order ``[x(0,0), x(1,0), x(0,1), x(1,1)]`` (row offset first; timm = torchvision =
+    original). Odd sizes are zero-padded bottom/right. v1: ``norm(4C)`` then ``reduction``;
+    ``norm_after=True`` (SwinV2): ``reduction`` then ``norm(2C)``.
+    """
+
+    def __init__(self, dim: int, out_dim: int | None = None, *, norm_after: bool = False, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.dim, self.out_dim = dim, out_dim or 2 * dim
+        self.norm_after = norm_after
+        self.reduction = nn.Linear(4 * dim, self.out_dim, bias=False)
+        self.norm = nn.LayerNorm(self.out_dim if norm_after else 4 * dim, eps=eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, H, W, C] -> [B, ceil(H/2), ceil(W/2), out_dim]``."""
+        B, H, W, C = x.shape
+        if H % 2 or W % 2:
+            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))  # [B, H + H%2, W + W%2, C]
+            H, W = H + H % 2, W + W % 2
+        x = x.view(B, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5).flatten(3)  # [B, H/2, W/2, 4C]
+        if self.norm_after:
+            return self.norm(self.reduction(x))
+        return self.reduction(self.norm(x))  # [B, H/2, W/2, 2C]
+
+
+class SwinBlock(nn.Module):
+    """One Swin block on ``[B, H, W, C]``: window attention + MLP, each with a residual.
+
+    Pre-norm (v1): ``x + attn(norm1(x))``, ``x + mlp(norm2(x))``. Res-post-norm (v2):
+    ``x + norm1(attn(x))``, ``x + norm2(mlp(x))``.
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, window_size: tuple[int, int], shift_size: tuple[int, int],
+                 mlp_ratio: float = 4.0, qkv_bias: bool = True, proj_drop: float = 0.0, attn_drop: float = 0.0,
+                 drop_path: float = 0.0, eps: float = 1e-5, attn_layer: str = "window", res_post_norm: bool = False,
+                 pad_first: bool = False, pretrained_window_size: int | tuple[int, int] = 0) -> None:
+        super().__init__()
+        self.res_post_norm = res_post_norm
+        kw: dict[str, Any] = dict(window_size=window_size, shift_size=shift_size, qkv_bias=qkv_bias,
+                                  attn_drop=attn_drop, proj_drop=proj_drop, pad_first=pad_first)
+        if attn_layer == "cosine_window":
+            kw["pretrained_window_size"] = pretrained_window_size
+        self.norm1 = nn.LayerNorm(dim, eps=eps)
+        self.attn = create_attention(attn_layer, dim, num_heads, **kw)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, H, W, C] -> [B, H, W, C]``."""
+        if self.res_post_norm:
+            x = x + self.drop_path1(self.norm1(self.attn(x)))
+            return x + self.drop_path2(self.norm2(self.mlp(x)))
+        x = x + self.drop_path1(self.attn(self.norm1(x)))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
+
+
+class SwinStage(nn.Module):
+    """Optional PatchMerging, then ``depth`` blocks alternating W-MSA / SW-MSA; ``[B, H, W, C] -> [B, H', W', C']``."""
+
+    def __init__(self, downsample: nn.Module | None, blocks: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.downsample = downsample if downsample is not None else nn.Identity()
+        self.blocks = nn.Sequential(*blocks)
+        self.grad_checkpointing = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, H, W, C] -> [B, H', W', C']``."""
+        x = self.downsample(x)
+        for blk in self.blocks:
+            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
+        return x
+
+
+class ClassifierHead(nn.Module):
+    """Global average pool over ``H, W`` + dropout + ``fc``: ``[B, H, W, C] -> [B, num_classes]``."""
+
+    def __init__(self, in_features: int, num_classes: int, *, global_pool: str = "avg", drop: float = 0.0) -> None:
+        super().__init__()
+        self.global_pool = global_pool
+        self.drop = nn.Dropout(drop)
+        self.fc = nn.Linear(in_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """``[B, H, W, C]`` -> ``[B, num_classes]`` (or pooled ``[B, C]`` with ``pre_logits``)."""
+        if self.global_pool == "avg":
+            x = x.mean(dim=(1, 2))  # [B, C]
+        x = self.drop(x)
+        return x if pre_logits else self.fc(x)
+
+
+def stage_windows(res: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], clamp: bool
+                  ) -> tuple[tuple[int, int], tuple[int, int]]:
+    """timm's per-axis clamp: an axis whose stage resolution fits in the window gets window = resolution, shift 0."""
+    if not clamp:
+        return window, shift
+    win = tuple(r if r <= w else w for r, w in zip(res, window))
+    sft = tuple(0 if r <= w else s for r, w, s in zip(res, win, shift))
+    return win, sft  # type: ignore[return-value]
+
+
+class SwinTransformer(nn.Module):
+    """Swin Transformer backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
+
+    ``forward_features`` gives the normalised last map ``[B, H/32, W/32, 8C]`` (channels-last),
+    ``forward_intermediates`` every stage's map (``NCHW`` by default), ``forward_head`` pools and
+    classifies. Stage ``i`` outputs ``C·2^i`` channels at stride ``4·2^i``.
+    """
+
+    family = "swin"
+
+    def __init__(self, cfg: SwinTransformerConfig | None = None, **overrides: Any) -> None:
+        super().__init__()
+        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else type(self).default_config(**overrides)
+        self._validate(cfg)
+        self.cfg = cfg
+        n = len(cfg.depths)
+        self.num_classes = cfg.num_classes
+        self.global_pool = cfg.global_pool
+        self.embed_dim = cfg.embed_dim
+        dims = [cfg.embed_dim * 2 ** i for i in range(n)]
+        self.num_features = dims[-1]
+        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim, flatten=False,
+                                      norm_layer=(lambda d: nn.LayerNorm(d, eps=cfg.norm_eps)) if cfg.patch_norm
+                                      else None, strict_img_size=cfg.strict_img_size)
+        assert self.patch_embed.grid_size is not None
+        self.grid_size = self.patch_embed.grid_size
+        self.absolute_pos_embed = (nn.Parameter(torch.zeros(1, self.grid_size[0] * self.grid_size[1], cfg.embed_dim))
+                                   if cfg.ape else None)
+        self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
+
+        window = to_2tuple(cfg.window_size, "window_size")
+        pws = cfg.pretrained_window_sizes or (0,) * n
+        clamp = cfg.pad_mode == "timm" and not cfg.always_partition
+        total = sum(cfg.depths)
+        dpr = [cfg.drop_path_rate * i / max(total - 1, 1) for i in range(total)]  # linear decay rule
+        res = self.grid_size
+        stages, feature_info, k = [], [], 0
+        for i in range(n):
+            downsample = None
+            if i > 0:
+                downsample = PatchMerging(dims[i - 1], dims[i], norm_after=cfg.merge_norm_after, eps=cfg.norm_eps)
+                res = ((res[0] + 1) // 2, (res[1] + 1) // 2)
+            blocks = []
+            for j in range(cfg.depths[i]):
+                shift = (0, 0) if j % 2 == 0 else (window[0] // 2, window[1] // 2)
+                win, sft = stage_windows(res, window, shift, clamp)
+                blocks.append(SwinBlock(
+                    dims[i], cfg.num_heads[i], window_size=win, shift_size=sft, mlp_ratio=cfg.mlp_ratio,
+                    qkv_bias=cfg.qkv_bias, proj_drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate,
+                    drop_path=dpr[k + j], eps=cfg.norm_eps, attn_layer=cfg.attn_layer,
+                    res_post_norm=cfg.res_post_norm, pad_first=cfg.pad_mode == "torchvision",
+                    pretrained_window_size=pws[i]))
+            k += cfg.depths[i]
+            stages.append(SwinStage(downsample, blocks))
+            feature_info.append(dict(num_chs=dims[i], reduction=cfg.patch_size * 2 ** i, module=f"layers.{i}"))
+        self.layers = nn.Sequential(*stages)
+        self.feature_info = feature_info
+        self.norm = nn.LayerNorm(self.num_features, eps=cfg.norm_eps)
+        self.head = ClassifierHead(self.num_features, cfg.num_classes, global_pool=cfg.global_pool, drop=cfg.drop_rate)
+        self._init_weights()
+
+    @classmethod
+    def default_config(cls, **overrides: Any) -> SwinTransformerConfig:
+        """The family's config class with ``overrides``."""
+        return SwinTransformerConfig(**overrides)
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def _validate(cfg: SwinTransformerConfig) -> None:
+        n = len(cfg.depths)
+        if n == 0 or len(cfg.num_heads) != n:
+            raise ValueError(f"depths {cfg.depths} and num_heads {cfg.num_heads} must be non-empty and equally long")
+        if cfg.pretrained_window_sizes is not None and len(cfg.pretrained_window_sizes) != n:
+            raise ValueError(f"pretrained_window_sizes {cfg.pretrained_window_sizes} needs one entry per stage ({n})")
+        for i, h in enumerate(cfg.num_heads):
+            if (cfg.embed_dim * 2 ** i) % h:
+                raise ValueError(f"stage {i} width {cfg.embed_dim * 2 ** i} (embed_dim={cfg.embed_dim} * 2^{i}) "
+                                 f"is not divisible by num_heads={h}")
+        if cfg.pad_mode not in ("timm", "torchvision"):
+            raise ValueError(f"pad_mode must be 'timm' or 'torchvision', got {cfg.pad_mode!r}")
+        if cfg.global_pool not in ("avg", ""):
+            raise ValueError(f"global_pool must be 'avg' or '', got {cfg.global_pool!r}")
+        if cfg.attn_layer not in ("window", "cosine_window"):
+            raise ValueError(f"attn_layer must be 'window' or 'cosine_window', got {cfg.attn_layer!r}")
+
+    def _init_weights(self) -> None:
+        if self.absolute_pos_embed is not None:
+            nn.init.trunc_normal_(self.absolute_pos_embed, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        if self.cfg.res_post_norm:  # SwinV2: residual branches start at zero
+            for stage in self.layers:
+                for blk in stage.blocks:
+                    for norm in (blk.norm1, blk.norm2):
+                        nn.init.zeros_(norm.weight)
+                        nn.init.zeros_(norm.bias)
+
+    # ------------------------------------------------------------------ API
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
+        if global_pool is not None:
+            if global_pool not in ("avg", ""):
+                raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+            self.global_pool = self.head.global_pool = self.cfg.global_pool = global_pool  # type: ignore[assignment]
+        self.num_classes = self.cfg.num_classes = num_classes
+        device = self.norm.weight.device
+        self.head.fc = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute block activations in backward to save memory (training only)."""
+        for stage in self.layers:
+            stage.grad_checkpointing = enable
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that should not get weight decay (position embeddings, bias tables, temperatures)."""
+        keys = ("absolute_pos_embed", "relative_position_bias_table", "logit_scale", "cpb_mlp")
+        return {n for n, _ in self.named_parameters() if any(k in n for k in keys)}
+
+    def _embed(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> ``[B, H/p, W/p, C]`` (+ absolute position embedding)."""
+        x = self.patch_embed(x)  # [B, Hg, Wg, C]
+        if self.absolute_pos_embed is not None:
+            B, Hg, Wg, C = x.shape
+            pos = self.absolute_pos_embed
+            if (Hg, Wg) != self.grid_size:
+                pos = resample_abs_pos_embed(pos, (Hg, Wg), self.grid_size, num_prefix_tokens=0)
+            x = x + pos.view(1, Hg, Wg, C)
+        return self.pos_drop(x)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> normalised last map ``[B, H', W', num_features]``."""
+        x = self.layers(self._embed(x))
+        return self.norm(x)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Map ``[B, H', W', C]`` -> logits ``[B, num_classes]`` (or pooled ``[B, C]`` with ``pre_logits``)."""
+        return self.head(x, pre_logits=pre_logits)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
+                              output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
+                              ) -> Any:
+        """Final normalised map plus each chosen stage's output map.
+
+        ``indices``: an int ``n`` = the last ``n`` stages, or stage indices (negative allowed);
+        default all. Stage ``i`` gives ``[B, C·2^i, H/(p·2^i), W/(p·2^i)]`` (``NCHW``) or the
+        channels-last map (``NHWC``); ``norm`` applies the final norm to the last stage's map.
+        Returns ``(final [B, H', W', C'], [maps])`` or only the list.
+        """
+        n = len(self.layers)
+        if indices is None:
+            take = list(range(n))
+        elif isinstance(indices, int):
+            if not 0 < indices <= n:
+                raise ValueError(f"indices={indices} must be in 1..{n}")
+            take = list(range(n - indices, n))
+        else:
+            take = [i + n if i < 0 else i for i in indices]
+            if any(not 0 <= i < n for i in take):
+                raise ValueError(f"stage indices {list(indices)} out of range for {n} stages")
+        if output_fmt not in ("NCHW", "NHWC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        x = self._embed(x)
+        outs: list[Tensor] = []
+        for i, stage in enumerate(self.layers):
+            x = stage(x)
+            if i in take:
+                y = self.norm(x) if norm and i == n - 1 else x
+                outs.append(y.permute(0, 3, 1, 2) if output_fmt == "NCHW" else y)  # [B, C, H, W]
+        if intermediates_only:
+            return outs
+        return self.norm(x), outs
+
+
+# ---------------------------------------------------------------------------- presets (data)
+_SIZES: dict[str, dict[str, Any]] = {
+    "tiny": dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
+    "small": dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
+    "base": dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
+    "large": dict(embed_dim=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)),
+}
+
+_PRESETS: dict[str, dict[str, Any]] = {}
+for _size in ("tiny", "small", "base", "large"):
+    _PRESETS[f"swin_{_size}_patch4_window7_224"] = dict(_SIZES[_size], window_size=7, img_size=224)
+for _size in ("base", "large"):
+    _PRESETS[f"swin_{_size}_patch4_window12_384"] = dict(_SIZES[_size], window_size=12, img_size=384)
+_PRESETS["swin_tiny_patch4_window7_224"]["drop_path_rate"] = 0.2
+_PRESETS["swin_small_patch4_window7_224"]["drop_path_rate"] = 0.3
+_PRESETS["swin_base_patch4_window7_224"]["drop_path_rate"] = 0.5
+
+# Published parameter counts (millions, 1000 classes; Liu et al. 2021, Table 1 / timm model cards).
+PUBLISHED_PARAMS_M: dict[str, float] = {
+    "swin_tiny_patch4_window7_224": 28.3, "swin_small_patch4_window7_224": 49.6,
+    "swin_base_patch4_window7_224": 87.8, "swin_base_patch4_window12_384": 87.9,
+    "swin_large_patch4_window7_224": 197.0, "swin_large_patch4_window12_384": 197.0,
+}
+
+_ALIASES = {"swin_t": "swin_tiny_patch4_window7_224", "swin_s": "swin_small_patch4_window7_224",
+            "swin_b": "swin_base_patch4_window7_224"}
+
+register_family("swin", SwinTransformer, SwinTransformerConfig, _PRESETS, aliases=_ALIASES,
+                meta={k: {"published_params_m": v} for k, v in PUBLISHED_PARAMS_M.items()})
