@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
+from ..functional.linear import apply_linear
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
@@ -44,15 +45,24 @@ class MultiHeadSelfAttention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
 
-    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
-        """``x [B, N, C]`` (optional ``mask`` broadcastable to ``[B, nh, N, N]``) -> ``[B, N, C]``."""
+    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
+
+    def forward(self, x: Tensor, *, mask: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+        """``x [B, N, C]`` (optional ``mask`` broadcastable to ``[B, nh, N, N]``) -> ``[B, N, C]``.
+
+        ``residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
+        """
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
-        q, k, v = split_qkv(self.qkv(x), self.num_heads)  # each [B, nh, N, hd]
+        q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
         q, k = self.q_norm(q), self.k_norm(k)
         x = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale,
                                          dropout_p=self.attn_drop if self.training else 0.0)  # [B, nh, N, hd]
-        return self.proj_drop(self.proj(merge_heads(x)))  # [B, N, C]
+        x = merge_heads(x)  # [B, N, C]
+        if not self.training:  # proj_drop is the identity
+            return apply_linear(self.proj, x, residual=residual)  # [B, N, C]
+        x = self.proj_drop(self.proj(x))  # [B, N, C]
+        return x if residual is None else residual + x
 
     def flops(self, input_shape: tuple[int, ...]) -> int:
         """Multiply-adds for one forward on ``input_shape = (B, N, C)``."""

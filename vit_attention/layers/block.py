@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import create_attention, get_attention_spec
+from ..functional.linear import hookless
 from .drop_path import DropPath
 from .layer_scale import LayerScale
 from .mlp import Mlp
@@ -78,6 +79,13 @@ class Block(_BlockBase):
 
     def forward(self, x: Tensor, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0) -> Tensor:
         """``[B, N, C] -> [B, N, C]``."""
+        if not self.training and isinstance(self.ls1, nn.Identity) and isinstance(self.ls2, nn.Identity):
+            # inference: the residual adds are fused into the output projections (same math)
+            if getattr(self.attn, "accepts_residual", False) and hookless(self.attn):
+                x = self.attn(self.norm1(x), residual=x)
+            else:
+                x = x + self._attn(self.norm1(x), feat_size, num_prefix_tokens)
+            return self.mlp(self.norm2(x), residual=x) if hookless(self.mlp) else x + self.mlp(self.norm2(x))
         x = x + self.drop_path1(self.ls1(self._attn(self.norm1(x), feat_size, num_prefix_tokens)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 

@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
+from ..functional.linear import can_fuse, fusable_activation, hookless, linear
+
 __all__ = ["Mlp"]
 
 
@@ -23,6 +25,12 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden_features, out_features, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``[..., C] -> [..., out]``."""
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``[..., C] -> [..., out]`` (plus ``residual [..., out]`` when given, fused into fc2 at inference)."""
+        act = fusable_activation(self.act)
+        if (act is not None and not self.training and type(self.fc1) is nn.Linear and type(self.fc2) is nn.Linear
+                and hookless(self.fc1, self.act, self.fc2) and can_fuse(x, self.fc1.weight)):
+            h = linear(x, self.fc1.weight, self.fc1.bias, act=act)  # fc1 + bias + act in one kernel
+            return linear(h, self.fc2.weight, self.fc2.bias, residual=residual)
+        out = self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+        return out if residual is None else residual + out

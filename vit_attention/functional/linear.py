@@ -1,0 +1,158 @@
+"""Linear projections with fused epilogues: ``act(x Wᵀ + b) (+ residual)`` in one kernel.
+
+Eager PyTorch runs ``Linear -> GELU -> (+ residual)`` as separate kernels: a bias broadcast copy,
+the GEMM, an activation pass and an add pass, each a full sweep over the activations and, on a
+multi-threaded CPU, its own parallel region. For inference on CPU (no autograd, fp32 or bf16,
+no autocast, not under ``torch.compile``) :func:`linear` hands the whole thing to oneDNN's
+``linear_pointwise`` (bias, activation and residual add fused as GEMM post-ops). Everywhere else
+it is exactly ``F.linear`` followed by the activation and the add, so results, autograd and
+devices are unchanged. Switch it off with ``VIT_ATTENTION_FAST_LINEAR=0`` or
+:func:`fast_linear`\\ ``(False)``.
+
+Shapes: ``x [..., Cin]``, ``weight [Cout, Cin]``, ``bias [Cout]``, ``residual [..., Cout]`` ->
+``[..., Cout]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["linear", "apply_linear", "can_fuse", "hookless", "fast_linear", "fast_linear_enabled", "set_fast_linear",
+           "fusable_activation", "ACTIVATIONS"]
+
+_FAST: bool = os.environ.get("VIT_ATTENTION_FAST_LINEAR", "1") not in ("0", "false", "False")
+_HAS_ONEDNN: bool = bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+# activation name -> (oneDNN post-op, algorithm) and the eager function it replaces
+ACTIVATIONS: dict[str, tuple[str, str]] = {
+    "gelu": ("gelu", "none"),
+    "gelu_tanh": ("gelu", "tanh"),
+    "relu": ("relu", ""),
+    "silu": ("swish", ""),
+}
+
+
+def _eager_act(x: Tensor, act: str) -> Tensor:
+    if act == "gelu":
+        return F.gelu(x)
+    if act == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if act == "relu":
+        return F.relu(x)
+    return F.silu(x)
+
+
+def fast_linear_enabled() -> bool:
+    """Whether :func:`linear` may use the fused oneDNN kernel."""
+    return _FAST
+
+
+def set_fast_linear(enabled: bool) -> None:
+    """Globally allow or forbid the fused oneDNN path (env default: ``VIT_ATTENTION_FAST_LINEAR``)."""
+    global _FAST
+    _FAST = bool(enabled)
+
+
+@contextlib.contextmanager
+def fast_linear(enabled: bool) -> Iterator[None]:
+    """Context manager form of :func:`set_fast_linear`; restores the previous value."""
+    prev = _FAST
+    set_fast_linear(enabled)
+    try:
+        yield
+    finally:
+        set_fast_linear(prev)
+
+
+def fusable_activation(module: torch.nn.Module) -> str | None:
+    """Name in :data:`ACTIVATIONS` of an activation module (``nn.GELU``, ``nn.ReLU``, ``nn.SiLU``), else None."""
+    if type(module) is torch.nn.GELU:
+        return "gelu" if module.approximate == "none" else "gelu_tanh"
+    if type(module) is torch.nn.ReLU:
+        return "relu"
+    if type(module) is torch.nn.SiLU:
+        return "silu"
+    return None
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except TypeError:  # torch < 2.4: no device argument
+        return bool(torch.is_autocast_cpu_enabled()) if device_type == "cpu" else bool(torch.is_autocast_enabled())
+
+
+def can_fuse(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None) -> bool:
+    """True when the fused oneDNN kernel computes exactly what the eager ops would (inference on CPU)."""
+    if not (_FAST and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu":
+        return False
+    if x.dtype not in (torch.float32, torch.bfloat16) or weight.dtype != x.dtype:
+        return False
+    if bias is not None and bias.dtype != x.dtype:
+        return False
+    if residual is not None and (residual.dtype != x.dtype or not residual.is_contiguous()):
+        return False
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual)):
+        return False
+    if torch.jit.is_scripting() or torch.compiler.is_compiling() or _autocast_on("cpu"):
+        return False
+    return x.is_contiguous() and weight.is_contiguous() and type(x) is Tensor and type(weight) in (
+        Tensor, torch.nn.Parameter)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, act: str | None = None,
+           residual: Tensor | None = None) -> Tensor:
+    """``act(x @ weightᵀ + bias) + residual``; ``[..., Cin] -> [..., Cout]``.
+
+    Args:
+        x: input ``[..., Cin]``.
+        weight: ``[Cout, Cin]``; bias: ``[Cout]`` or None.
+        act: None or a name in :data:`ACTIVATIONS` (applied before the residual add).
+        residual: None or ``[..., Cout]``, added last.
+    """
+    if act is not None and act not in ACTIVATIONS:
+        raise ValueError(f"act must be None or one of {sorted(ACTIVATIONS)}, got {act!r}")
+    if residual is not None and act is not None:  # oneDNN fuses one post-op at a time
+        return residual + linear(x, weight, bias, act=act)
+    if can_fuse(x, weight, bias, residual):
+        if residual is not None:
+            if residual.shape[:-1] == x.shape[:-1] and residual.shape[-1] == weight.shape[0]:
+                return torch.ops.mkldnn._linear_pointwise.binary(x, residual, weight, bias, "add")
+        else:
+            attr, algo = ACTIVATIONS[act] if act is not None else ("none", "")
+            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algo)
+    out = F.linear(x, weight, bias)
+    if act is not None:
+        out = _eager_act(out, act)
+    return out if residual is None else residual + out
+
+
+def apply_linear(module: torch.nn.Module, x: Tensor, *, residual: Tensor | None = None) -> Tensor:
+    """``module(x) (+ residual)`` for a projection module, fused when it is a plain ``nn.Linear``.
+
+    A subclass, a wrapper or a module with forward hooks runs through its own ``forward``.
+    ``[..., Cin] -> [..., Cout]``.
+    """
+    if type(module) is torch.nn.Linear and hookless(module):
+        return linear(x, module.weight, module.bias, residual=residual)
+    out = module(x)
+    return out if residual is None else residual + out
+
+
+def hookless(*modules: torch.nn.Module) -> bool:
+    """True when neither these modules nor the global registry carry forward hooks.
+
+    Fused paths skip submodule calls (or change what a module returns), so they run only where
+    no hook could observe the difference.
+    """
+    from torch.nn.modules import module as _m
+
+    if _m._global_forward_hooks or _m._global_forward_pre_hooks:
+        return False
+    return not any(m._forward_hooks or m._forward_pre_hooks for m in modules)
