@@ -1,0 +1,158 @@
+"""Swin W-MSA / SW-MSA (attention/window.py)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vit_attention import create_attention
+from vit_attention.attention import WindowAttention
+from vit_attention.functional import fused_attention, register_attention_hook
+from vit_attention.functional.window import _shift_window_mask, window_partition
+
+
+def _reference_wmsa(attn: WindowAttention, x: torch.Tensor) -> torch.Tensor:
+    """Unshifted window attention written out per window, with plain ops (no library helpers but partition)."""
+    B, H, W, C = x.shape
+    wh, ww = attn.window_size
+    nh, hd = attn.num_heads, attn.head_dim
+    win = window_partition(x, (wh, ww))  # [B·nW, N, C]
+    qkv = win @ attn.qkv.weight.T + attn.qkv.bias
+    q, k, v = qkv.view(win.shape[0], wh * ww, 3, nh, hd).permute(2, 0, 3, 1, 4)
+    table = attn.relative_position_bias_table
+    N = wh * ww
+    bias = torch.empty(nh, N, N)
+    for i in range(N):
+        for j in range(N):
+            dh, dw = i // ww - j // ww, i % ww - j % ww
+            bias[:, i, j] = table[(dh + wh - 1) * (2 * ww - 1) + dw + ww - 1]
+    logits = (q @ k.transpose(-2, -1)) * hd ** -0.5 + bias
+    out = (logits.softmax(-1) @ v).transpose(1, 2).reshape(-1, N, C)
+    out = attn.proj(out)
+    return out.view(B, H // wh, W // ww, wh, ww, C).permute(0, 1, 3, 2, 4, 5).reshape(B, H, W, C)
+
+
+def _randomise(m: torch.nn.Module) -> torch.nn.Module:
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return m.eval()
+
+
+def test_unshifted_equals_per_window_reference():
+    attn = _randomise(WindowAttention(16, 2, window_size=(2, 3)))
+    x = torch.randn(2, 4, 6, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), _reference_wmsa(attn, x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pad_first", [False, True])
+@pytest.mark.parametrize("hw", [(14, 14), (7, 9), (5, 3), (16, 12)])
+def test_any_size_shape_and_fused_equals_explicit(hw, pad_first):
+    attn = _randomise(WindowAttention(24, 3, window_size=4, shift_size=2, pad_first=pad_first))
+    x = torch.randn(2, *hw, 24)
+    with torch.no_grad():
+        y = attn(x)
+        with fused_attention(False):
+            y2 = attn(x)
+    assert y.shape == x.shape
+    torch.testing.assert_close(y, y2, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_orders_agree_on_window_multiples_and_differ_otherwise():
+    timm_like = _randomise(WindowAttention(16, 2, window_size=4, shift_size=2))
+    tv_like = WindowAttention(16, 2, window_size=4, shift_size=2, pad_first=True).eval()
+    tv_like.load_state_dict(timm_like.state_dict())
+    with torch.no_grad():
+        x = torch.randn(1, 16, 12, 16)
+        torch.testing.assert_close(timm_like(x), tv_like(x))
+        x = torch.randn(1, 15, 15, 16)
+        assert (timm_like(x) - tv_like(x)).abs().max() > 1e-3
+
+
+def test_shifted_windows_never_attend_across_the_wrap_around():
+    attn = _randomise(WindowAttention(8, 2, window_size=4, shift_size=2))
+    seen = []
+    handle = register_attention_hook(lambda w, info: seen.append((w, info)))
+    try:
+        with torch.no_grad():
+            attn(torch.randn(1, 8, 8, 8))
+    finally:
+        handle.remove()
+    (weights, info), = seen
+    assert weights.shape == (4, 2, 16, 16) and info["shift_size"] == (2, 2)
+    # label each token of the rolled map by the region it came from (0..2 per axis)
+    rows = torch.tensor([0] * 4 + [1] * 2 + [2] * 2)  # after roll(-2): rows 6, 7 came from rows 0, 1
+    labels = (rows[:, None] * 3 + rows[None, :]).view(1, 8, 8, 1).float()
+    lab = window_partition(labels, 4).squeeze(-1)  # [nW, N]
+    cross = lab[:, :, None] != lab[:, None, :]  # [nW, N, N]
+    assert cross.any()
+    assert weights.permute(1, 0, 2, 3)[:, cross].max() < 1e-30
+    assert weights.sum(-1).sub(1).abs().max() < 1e-5
+
+
+def test_mask_and_bias_cached_in_eval_and_refreshed_after_updates():
+    attn = _randomise(WindowAttention(8, 2, window_size=4, shift_size=2))
+    x = torch.randn(2, 8, 8, 8)
+    before = _shift_window_mask.cache_info().misses
+    with torch.no_grad():
+        y1 = attn(x)
+        m1 = attn._window_mask(8, 8, (2, 2), x.device)
+        attn(x)
+        assert attn._window_mask(8, 8, (2, 2), x.device) is m1  # combined bias + shift mask reused
+        assert _shift_window_mask.cache_info().misses <= before + 1  # region mask built at most once
+        attn.relative_position_bias_table.add_(1.0 * torch.randn_like(attn.relative_position_bias_table))
+        y2 = attn(x)
+    assert attn._window_mask(8, 8, (2, 2), x.device) is not m1
+    assert (y1 - y2).abs().max() > 1e-3
+    # with gradients on, the bias is recomputed each call and the table gets a gradient
+    attn.train()
+    attn(x).sum().backward()
+    assert attn.relative_position_bias_table.grad is not None
+    assert attn.relative_position_bias_table.grad.abs().sum() > 0
+
+
+def test_load_state_dict_refreshes_cached_bias():
+    a, b = _randomise(WindowAttention(8, 2, window_size=4)), _randomise(WindowAttention(8, 2, window_size=4))
+    x = torch.randn(1, 8, 8, 8)
+    with torch.no_grad():
+        a(x)
+        a.load_state_dict(b.state_dict())
+        torch.testing.assert_close(a(x), b(x))
+
+
+def test_clear_errors():
+    with pytest.raises(ValueError, match="shift_size.*smaller than window_size"):
+        WindowAttention(32, 4, window_size=7, shift_size=7)
+    with pytest.raises(ValueError, match="divisible by num_heads"):
+        create_attention("window", 30, 4, window_size=7)
+    attn = WindowAttention(32, 4, window_size=7, allow_padding=False)
+    with pytest.raises(ValueError, match="does not tile the 5x5 map and allow_padding=False"):
+        attn(torch.randn(1, 5, 5, 32))
+    assert attn(torch.randn(1, 14, 7, 32)).shape == (1, 14, 7, 32)
+    with pytest.raises(ValueError, match=r"\[B, H, W, 32\]"):
+        attn(torch.randn(1, 49, 32))
+
+
+def test_flops_formula_swin_t_stage1():
+    attn = WindowAttention(96, 3, window_size=7)
+    hw, C = 56 * 56, 96
+    assert attn.flops((1, 56, 56, 96)) == 4 * hw * C * C + 2 * 49 * hw * C
+    assert attn.flops((2, 55, 55, 96)) == 2 * attn.flops((1, 56, 56, 96))  # counted on the padded map
+
+
+def test_bf16_autocast_runs():
+    attn = WindowAttention(16, 2, window_size=4, shift_size=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = attn(torch.randn(1, 6, 10, 16))
+    assert y.shape == (1, 6, 10, 16) and torch.isfinite(y.float()).all()
+
+
+def test_dropout_only_in_training():
+    attn = WindowAttention(16, 2, window_size=4, attn_drop=0.5, proj_drop=0.5)
+    x = torch.randn(1, 8, 8, 16)
+    attn.eval()
+    with torch.no_grad():
+        assert torch.equal(attn(x), attn(x))
+    attn.train()
+    assert not torch.allclose(attn(x), attn(x))
+    assert F.mse_loss(attn(x), torch.zeros_like(x)) > 0
