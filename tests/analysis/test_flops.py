@@ -1,0 +1,102 @@
+"""Analytic FLOPs (MACs) agree with FlopCounterMode and with the published model totals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vit_attention import create_attention, create_model, list_attention, list_models
+from vit_attention.analysis import attention_complexity, complexity_table, flops, measure_flops
+from vit_attention.analysis.flops import stage_of
+from vit_attention.attention import get_attention_spec
+
+from ._models import input_shape, reduced
+
+DIM, HEADS = 32, 4
+
+
+def _mechanism(name: str) -> torch.nn.Module:
+    return create_attention(name, DIM, HEADS, **get_attention_spec(name).example_kwargs)
+
+
+@pytest.mark.parametrize("name", list_attention())
+@pytest.mark.parametrize("device", ["meta", None])
+def test_mechanism_analytic_equals_measured(name, device):
+    spatial = get_attention_spec(name).layout == "spatial"
+    for shape in ([(2, 8, 8, DIM), (1, 7, 9, DIM)] if spatial else [(2, 11, DIM), (1, 64, DIM)]):
+        attn = _mechanism(name)
+        analytic = flops(attn, shape, device=device)
+        measured, _ = measure_flops(attn, shape, device=device)
+        assert analytic.total > 0
+        assert analytic.total == pytest.approx(measured, rel=0.01), (name, shape)
+        assert analytic.modules == {"": attn.flops(shape)}  # costed by the mechanism's own formula
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_model_analytic_equals_measured(name):
+    model, shape = reduced(name)
+    report = flops(model, shape)
+    measured, per_module = measure_flops(model, shape)
+    assert report.total == pytest.approx(measured, rel=0.01)
+    assert sum(report.stages.values()) == report.total
+    assert report.params == sum(p.numel() for p in model.parameters())
+    assert sum(report.params_by_stage.values()) == report.params
+
+
+# Published totals, GMACs ("GFLOPs" in the papers = multiply-adds), at the preset's input size.
+PUBLISHED_GMACS = {
+    "vit_small_patch16_224": 4.6,  # timm table (augreg); DeiT-S = same architecture, DeiT paper 4.6
+    "vit_base_patch16_224": 17.6,  # DeiT paper Table 1 / timm table
+    "vit_large_patch16_224": 61.6,  # timm table
+    "deit_tiny_patch16_224": 1.3,  # DeiT paper / timm table; 1.258 rounded to one decimal
+    "swin_tiny_patch4_window7_224": 4.5,  # Swin paper Table 1(a)
+    "swin_small_patch4_window7_224": 8.7,  # Swin paper Table 1(a)
+    "swin_base_patch4_window7_224": 15.4,  # Swin paper Table 1(a)
+    "swinv2_tiny_window8_256": 5.9,  # SwinV2 paper Table / timm table (5.96)
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_GMACS))
+def test_published_totals(name):
+    if name not in list_models():
+        pytest.fail(f"{name} is not registered")
+    with torch.device("meta"):
+        model = create_model(name)
+    gmacs = flops(model, input_shape(name)).gmacs
+    published = PUBLISHED_GMACS[name]
+    # within 2 %, or within the rounding of a figure published with one decimal
+    assert abs(gmacs - published) <= max(0.02 * published, 0.05), (name, gmacs, published)
+
+
+def test_stage_grouping_and_table():
+    model, shape = reduced("swin_tiny_patch4_window7_224", depth=2)
+    report = flops(model, shape)
+    assert {"patch_embed", "layers.0", "layers.3", "head"} <= set(report.stages)
+    assert stage_of("layers.2.blocks.1.attn.qkv") == "layers.2" and stage_of("blocks.3.mlp.fc1") == "blocks"
+    text = report.table()
+    assert "layers.2" in text and "total" in text
+    assert "attn" in report.table(by="module")
+    assert report.kinds["layers.0.blocks.0.attn"] == "window"  # costed by WindowAttention.flops
+
+
+def test_cross_attention_falls_back_to_the_attention_core():
+    """The MAP head calls MultiHeadAttention as cross-attention: costed by its layers and the core."""
+    model = create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, global_pool="map",
+                         class_token=False)
+    report = flops(model, (2, 3, 32, 32))
+    assert "attn_pool.attn[attention]" in report.modules
+    assert report.total == measure_flops(model, (2, 3, 32, 32), device=None)[0]
+
+
+def test_complexity_formulas_match_the_mechanisms():
+    h, w, c, m = 16, 16, 32, 4
+    cost = attention_complexity(h, w, c, m)
+    assert cost["msa"] == create_attention("mhsa", c, 4).flops((1, h * w, c))
+    assert cost["w_msa"] == create_attention("window", c, 4, window_size=m).flops((1, h, w, c))
+    # Swin paper, stage 1 of Swin-T: 56x56x96, M = 7 -> global attention costs 13.8x more
+    big = attention_complexity(56, 56, 96, 7)
+    assert big["msa"] / big["w_msa"] == pytest.approx(13.81, abs=0.01)
+    table = complexity_table(window_size=7)
+    assert "56×56×96" in table and "| 7×7×768 |" in table and "1.00×" in table  # one window = global
+    with pytest.raises(ValueError, match="window_size"):
+        attention_complexity(8, 8, 32, 0)
