@@ -1,0 +1,60 @@
+"""``vit-attention bench``: the side-by-side benchmark from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .harness import BenchConfig, format_table, run_benchmark
+
+
+def _bench(args: argparse.Namespace) -> int:
+    compare = [c.strip() for c in (args.compare or "").split(",") if c.strip()]
+    cfg = BenchConfig(models=args.models, batch_size=args.batch_size, img_size=args.img_size, mode=args.mode,
+                      compare=compare, compile=args.compile, compile_backend=args.compile_backend,
+                      channels_last=args.channels_last, amp=args.amp, device=args.device, threads=args.threads,
+                      rounds=args.rounds, iters=args.iters, warmup=args.warmup, peak_size=args.peak_size)
+    log = (lambda s: print(s, file=sys.stderr, flush=True)) if not args.quiet else None
+    report = run_benchmark(cfg, log=log)
+    if args.quiet:
+        for note in report["notes"]:
+            print(f"vit-attention bench: {note}", file=sys.stderr)
+    if args.json:
+        text = json.dumps(report, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+            print(format_table(report))
+    else:
+        print(format_table(report))
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register ``bench``."""
+    p = sub.add_parser("bench", help="benchmark models (images/s, latency, memory, %% of matmul peak), "
+                       "optionally side by side with timm / torchvision")
+    p.add_argument("models", nargs="+", metavar="MODEL", help="registered model names or aliases")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--img-size", type=int, default=None, help="input size (default: each preset's)")
+    p.add_argument("--mode", choices=("infer", "train", "both"), default="infer",
+                   help="inference forward, or forward + backward + AdamW step")
+    p.add_argument("--compare", default="", help="comma-separated references: timm,torchvision "
+                   "(same architecture, our weights loaded into both through our converters)")
+    p.add_argument("--compile", action="store_true", help="also time torch.compile(ours); report graph breaks")
+    p.add_argument("--compile-backend", default="inductor")
+    p.add_argument("--channels-last", action="store_true", help="channels_last inputs and weights")
+    p.add_argument("--amp", choices=("bf16",), default=None, help="torch.autocast in bf16 (default fp32)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds (each runs every participant)")
+    p.add_argument("--iters", type=int, default=1, help="steps per participant per round")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per participant")
+    p.add_argument("--peak-size", type=int, default=None, help="matrix size of the peak GEMM (default 2048 CPU)")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help="write the full report as JSON to PATH (or stdout with no PATH)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=_bench)

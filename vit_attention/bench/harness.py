@@ -1,0 +1,420 @@
+"""Side-by-side benchmark: our models against their timm / torchvision twins, interleaved round by round.
+
+One run measures, for each model: step latency (min / median / max over rounds), images/s,
+peak memory of one step, achieved GFLOP/s and its fraction of this machine's matmul peak
+(a square GEMM timed in every round of the same run), and, against each reference, the per-round
+speed ratio ours/theirs. All participants of a model run back to back inside each round, in an
+order that rotates from round to round, so a noisy neighbour slows every participant of a round
+alike: the per-round ratio is the figure that holds on a shared machine; absolute times do not.
+
+``run_benchmark(BenchConfig(models=[...], compare=["timm"]))`` returns a JSON-serialisable dict;
+:func:`format_table` renders it as Markdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..models import create_model
+from ..models.registry import get_model_entry
+from .memory import measure_peak_memory
+from .peak import MatmulPeak
+from .reference import ReferenceFactory, ReferenceUnavailable, build_reference, library_version
+
+__all__ = ["BenchConfig", "Participant", "run_benchmark", "format_table", "count_flops", "summarise"]
+
+
+@dataclass
+class BenchConfig:
+    """What to benchmark and how (the ``vit-attention bench`` options)."""
+
+    models: Sequence[str]
+    batch_size: int = 8
+    img_size: int | None = None
+    mode: str = "infer"  # "infer", "train" or "both"
+    compare: Sequence[str] = ()
+    compile: bool = False
+    compile_backend: str = "inductor"
+    channels_last: bool = False
+    amp: str | None = None  # None or "bf16"
+    device: str = "cpu"
+    threads: int | None = None
+    rounds: int = 5
+    iters: int = 1
+    warmup: int = 1
+    peak_size: int | None = None
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the option that is out of range."""
+        if not self.models:
+            raise ValueError("bench: give at least one MODEL name")
+        if self.mode not in ("infer", "train", "both"):
+            raise ValueError(f"--mode must be 'infer', 'train' or 'both', got {self.mode!r}")
+        if self.amp not in (None, "bf16"):
+            raise ValueError(f"--amp must be 'bf16' (or left out for fp32), got {self.amp!r}")
+        for name, v in (("--batch-size", self.batch_size), ("--rounds", self.rounds), ("--iters", self.iters)):
+            if v < 1:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {self.threads}")
+
+
+@dataclass
+class Participant:
+    """One timed contender: ``step()`` runs one forward (or training step) on a fixed batch."""
+
+    label: str
+    step: Callable[[], Any]
+    model: nn.Module
+    times: list[float] = field(default_factory=list)  # seconds per step, one entry per round
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------- steps
+def _autocast(device: torch.device, amp: str | None) -> contextlib.AbstractContextManager[Any]:
+    if amp == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _loss(out: Any, target: Tensor) -> Tensor:
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return sum(F.cross_entropy(o.float(), target) for o in outs) / len(outs)  # type: ignore[return-value]
+
+
+def make_step(model: nn.Module, x: Tensor, mode: str, device: torch.device, amp: str | None) -> Callable[[], Any]:
+    """One inference forward (``mode="infer"``) or one forward + backward + AdamW step (``"train"``)."""
+    if mode == "infer":
+        model.eval()
+
+        def infer() -> Any:
+            with torch.inference_mode(), _autocast(device, amp):
+                return model(x)
+        return infer
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    target = torch.randint(0, 10, (x.shape[0],), generator=torch.Generator().manual_seed(0)).to(device)
+
+    def train() -> Any:
+        opt.zero_grad(set_to_none=True)
+        with _autocast(device, amp):
+            loss = _loss(model(x), target)
+        loss.backward()
+        opt.step()
+        return loss
+    return train
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def count_flops(name: str, batch_size: int, img_size: int | None, mode: str,
+                model_kwargs: dict[str, Any] | None = None) -> int | None:
+    """FLOPs (``2 x`` multiply-adds) of one step of ``name``, counted on the meta device.
+
+    Forward only for ``"infer"``; forward + backward for ``"train"`` (the optimizer is not
+    counted). Counted with torch's ``FlopCounterMode``: matmuls, convolutions, attention.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        with torch.device("meta"):
+            model = create_model(name, img_size=img_size, **(model_kwargs or {}))
+            size = _img_hw(model)
+            x = torch.randn(batch_size, _in_chans(model), *size)
+        model.train(mode == "train")
+        with FlopCounterMode(display=False) as counter:
+            if mode == "train":
+                _loss(model(x), torch.zeros(batch_size, dtype=torch.long, device="meta")).backward()
+            else:
+                with torch.no_grad():
+                    model(x)
+        return int(counter.get_total_flops())
+    except Exception:  # a model the meta device cannot run: no FLOP figures, timing still works
+        return None
+
+
+def _img_hw(model: nn.Module) -> tuple[int, int]:
+    size = getattr(model.cfg, "img_size", 224)
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
+def _in_chans(model: nn.Module) -> int:
+    return int(getattr(model.cfg, "in_chans", 3))
+
+
+# ---------------------------------------------------------------------------- statistics
+def summarise(values: Sequence[float]) -> dict[str, float]:
+    """``{"min", "median", "max"}`` of a non-empty sequence."""
+    if not values:
+        raise ValueError("summarise needs at least one value")
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def _rounds(participants: list[Participant], peak: MatmulPeak | None, rounds: int, iters: int,
+            device: torch.device) -> list[float]:
+    """Time every participant once per round (rotating order); returns the peak GFLOP/s per round."""
+    peaks: list[float] = []
+    for r in range(rounds):
+        k = r % len(participants)
+        order = participants[k:] + participants[:k]
+        if r % 2 == 1:
+            order = order[::-1]
+        for p in order:
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                p.step()
+            _sync(device)
+            p.times.append((time.perf_counter() - t0) / iters)
+        if peak is not None:
+            peaks.append(peak.time_once())
+    return peaks
+
+
+# ---------------------------------------------------------------------------- environment
+def machine_info(device: torch.device) -> dict[str, Any]:
+    """CPU / GPU name, core count, threads, versions and the load average (noise indicator)."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    info: dict[str, Any] = {
+        "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "device": str(device), "python": platform.python_version(), "torch": torch.__version__,
+        "timm": library_version("timm") if "timm" in _imported() else None,
+        "torchvision": library_version("torchvision") if "torchvision" in _imported() else None,
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    with contextlib.suppress(OSError, AttributeError):
+        info["loadavg_start"] = list(os.getloadavg())
+    try:
+        from importlib.metadata import version
+
+        info["vit_attention"] = version("vit_attention")
+    except Exception:
+        info["vit_attention"] = None
+    return info
+
+
+def _imported() -> set[str]:
+    import sys
+
+    return {m for m in ("timm", "torchvision") if m in sys.modules}
+
+
+@contextlib.contextmanager
+def _threads(n: int | None) -> Iterator[None]:
+    prev = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
+
+# ---------------------------------------------------------------------------- main entry
+def _parity(a: Any, b: Any) -> float:
+    a = a[0] if isinstance(a, (tuple, list)) else a
+    b = b[0] if isinstance(b, (tuple, list)) else b
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
+
+
+def _explain(model: nn.Module, x: Tensor) -> dict[str, Any]:
+    import torch._dynamo
+
+    try:
+        with torch.inference_mode():
+            ex = torch._dynamo.explain(model)(x)
+        return {"graphs": ex.graph_count, "graph_breaks": ex.graph_break_count,
+                "break_reasons": sorted({str(b.reason).splitlines()[0][:160] for b in ex.break_reasons})}
+    except Exception as e:
+        return {"graphs": None, "graph_breaks": None, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+    finally:
+        torch._dynamo.reset()
+
+
+def run_benchmark(cfg: BenchConfig, *, references: dict[str, ReferenceFactory] | None = None,
+                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Benchmark ``cfg.models``; returns ``{"machine", "config", "peak", "results", "notes"}``.
+
+    ``references`` adds reference factories (name -> ``factory(name, ours, img_size)``) next to
+    the built-in timm and torchvision ones. ``results`` has one row per (model, mode, impl).
+    """
+    cfg.validate()
+    log = log or (lambda s: None)
+    device = torch.device(cfg.device)
+    notes: list[str] = []
+    results: list[dict[str, Any]] = []
+    peak_dtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float32
+    with _threads(cfg.threads):
+        info = machine_info(device)
+        peak = MatmulPeak(device, peak_dtype, cfg.peak_size or (8192 if device.type == "cuda" else 2048))
+        peak_cal = peak.calibrate()
+        log(f"matmul peak ({peak_dtype}, n={peak.n}): " + ", ".join(f"{k} {v:.1f} GFLOP/s"
+                                                                   for k, v in peak_cal.items()))
+        all_peaks: list[float] = []
+        modes = ["infer", "train"] if cfg.mode == "both" else [cfg.mode]
+        for name in cfg.models:
+            name = get_model_entry(name).name
+            for mode in modes:
+                rows, peaks = _bench_one(name, mode, cfg, device, peak, references, notes, log)
+                results += rows
+                all_peaks += peaks
+        with contextlib.suppress(OSError, AttributeError):
+            info["loadavg_end"] = list(os.getloadavg())
+        info["timm"] = library_version("timm") if "timm" in _imported() else info["timm"]
+        info["torchvision"] = library_version("torchvision") if "torchvision" in _imported() else info["torchvision"]
+    return {
+        "machine": info,
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+        "peak": {"dtype": str(peak_dtype).removeprefix("torch."), "n": peak.n, "kernel": peak.kernel,
+                 "calibration_gflops": peak_cal, "gflops_per_round": all_peaks,
+                 "gflops": summarise(all_peaks) if all_peaks else None},
+        "results": results,
+        "notes": notes,
+    }
+
+
+def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, peak: MatmulPeak,
+               references: dict[str, ReferenceFactory] | None, notes: list[str], log: Callable[[str], None]
+               ) -> tuple[list[dict[str, Any]], list[float]]:
+    torch.manual_seed(0)
+    ours = create_model(name, img_size=cfg.img_size, **cfg.model_kwargs)
+    size = _img_hw(ours)
+    x = torch.randn(cfg.batch_size, _in_chans(ours), *size, generator=torch.Generator().manual_seed(0))
+    refs: dict[str, nn.Module] = {}
+    for lib in cfg.compare:
+        try:
+            refs[lib] = build_reference(lib, name, ours, cfg.img_size, references)
+        except ReferenceUnavailable as e:
+            msg = f"{name}: reference {lib} unavailable: {e}"
+            if msg not in notes:
+                notes.append(msg)
+                log("NOTE " + msg)
+    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    x = x.to(device).contiguous(memory_format=fmt)
+    models: dict[str, nn.Module] = {"ours": ours, **refs}
+    for m in models.values():
+        m.to(device=device, memory_format=fmt)
+
+    parity: dict[str, float] = {}
+    if refs:
+        with torch.inference_mode():
+            y = ours.eval()(x)
+            for lib, ref in refs.items():
+                parity[lib] = _parity(y, ref.eval()(x))
+
+    participants = [Participant(label, make_step(m, x, mode, device, cfg.amp), m) for label, m in models.items()]
+    compile_info: dict[str, Any] | None = None
+    if cfg.compile:
+        compile_info = _explain(copy.deepcopy(ours).eval(), x) if mode == "infer" else {}
+        compiled_src = copy.deepcopy(ours)
+        compiled = torch.compile(compiled_src, backend=cfg.compile_backend)
+        participants.append(Participant("ours+compile", make_step(compiled, x, mode, device, cfg.amp),
+                                        compiled_src, info={"compile": compile_info}))
+
+    log(f"{name} [{mode}]: warm-up ({', '.join(p.label for p in participants)})")
+    for p in participants:
+        t0 = time.perf_counter()
+        for _ in range(max(cfg.warmup, 1 if p.label == "ours+compile" else 0)):
+            p.step()
+        if p.label == "ours+compile":
+            p.info["compile_warmup_s"] = time.perf_counter() - t0
+    memory = {p.label: measure_peak_memory(p.step, device) for p in participants}
+    flops = count_flops(name, cfg.batch_size, cfg.img_size, mode, cfg.model_kwargs)
+    log(f"{name} [{mode}]: {cfg.rounds} rounds x {cfg.iters} iters")
+    peaks = _rounds(participants, peak, cfg.rounds, cfg.iters, device)
+
+    rows = []
+    base = {p.label: p for p in participants}
+    for p in participants:
+        lat = summarise(p.times)
+        row: dict[str, Any] = {
+            "model": name, "mode": mode, "impl": p.label, "batch_size": cfg.batch_size, "img_size": list(size),
+            "latency_ms": {k: v * 1e3 for k, v in lat.items()},
+            "images_per_s": {"min": cfg.batch_size / lat["max"], "median": cfg.batch_size / lat["median"],
+                             "max": cfg.batch_size / lat["min"]},
+            "flops_per_step": flops, "peak_memory_mb": memory[p.label]["peak_bytes"] / 2**20,
+            "memory_method": memory[p.label]["method"], "largest_tensor_shape": memory[p.label]["largest_shape"],
+            "gflops": None, "fraction_of_peak": None, "ratios": {}, "parity": None,
+        }
+        if flops:
+            achieved = [flops / t / 1e9 for t in p.times]
+            row["gflops"] = summarise(achieved)
+            row["fraction_of_peak"] = summarise([a / pk for a, pk in zip(achieved, peaks)])
+        if p.label in parity:
+            row["parity"] = parity[p.label]
+        if p.label == "ours":
+            for lib in refs:
+                per_round = [t_ref / t_ours for t_ours, t_ref in zip(p.times, base[lib].times)]
+                row["ratios"][lib] = {**summarise(per_round), "per_round": per_round}
+        if p.label == "ours+compile":
+            per_round = [t_e / t_c for t_c, t_e in zip(p.times, base["ours"].times)]
+            row["ratios"]["ours"] = {**summarise(per_round), "per_round": per_round}
+            row["compile"] = p.info
+        rows.append(row)
+    return rows, peaks
+
+
+# ---------------------------------------------------------------------------- report
+def _fmt_stat(s: dict[str, float] | None, spec: str = ".1f", scale: float = 1.0) -> str:
+    if not s:
+        return "-"
+    return f"{s['median'] * scale:{spec}} ({s['min'] * scale:{spec}}-{s['max'] * scale:{spec}})"
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """Markdown table of a :func:`run_benchmark` report, plus machine, peak and notes lines."""
+    m, cfg, pk = report["machine"], report["config"], report["peak"]
+    lines = [
+        f"machine: {m['cpu']} ({m['cpu_count']} CPUs), device {m['device']}{' ' + m['gpu'] if m.get('gpu') else ''}, "
+        f"{m['torch_threads']} threads; load average {m.get('loadavg_start')} -> {m.get('loadavg_end')}",
+        f"versions: python {m['python']}, torch {m['torch']}, vit_attention {m['vit_attention']}, "
+        f"timm {m['timm']}, torchvision {m['torchvision']}",
+        f"settings: batch {cfg['batch_size']}, amp {cfg['amp'] or 'fp32'}, channels_last {cfg['channels_last']}, "
+        f"rounds {cfg['rounds']} x iters {cfg['iters']}, warmup {cfg['warmup']}",
+        f"matmul peak ({pk['dtype']}, {pk['n']}^3, {pk['kernel']}): {_fmt_stat(pk['gflops'])} GFLOP/s "
+        "(median (min-max) over rounds)",
+        "",
+        "| model | mode | impl | img/s | latency ms | GFLOP/s | % of peak | peak mem MB | speed ratio ours/ref "
+        "| parity |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["results"]:
+        ratios = "; ".join(f"vs {k}: {_fmt_stat(v, '.2f')}x" for k, v in r["ratios"].items()) or "-"
+        par = f"{r['parity']:.1e}" if r["parity"] is not None else "-"
+        lines.append(
+            f"| {r['model']} | {r['mode']} | {r['impl']} | {r['images_per_s']['median']:.1f} | "
+            f"{_fmt_stat(r['latency_ms'], '.0f')} | {_fmt_stat(r['gflops'], '.0f')} | "
+            f"{_fmt_stat(r['fraction_of_peak'], '.0f', 100)} | {r['peak_memory_mb']:.1f} | {ratios} | {par} |")
+    for r in report["results"]:
+        c = r.get("compile", {}).get("compile")
+        if c:
+            lines.append(f"compile {r['model']} [{r['mode']}]: graphs {c.get('graphs')}, graph breaks "
+                         f"{c.get('graph_breaks')}{' ' + str(c.get('break_reasons')) if c.get('break_reasons') else ''}"
+                         f"{' error ' + c['error'] if c.get('error') else ''}")
+    lines += [f"note: {n}" for n in report["notes"]]
+    return "\n".join(lines)
