@@ -33,7 +33,8 @@ from .memory import measure_peak_memory
 from .peak import MatmulPeak
 from .reference import ReferenceFactory, ReferenceUnavailable, build_reference, library_version
 
-__all__ = ["BenchConfig", "Participant", "run_benchmark", "format_table", "count_flops", "summarise"]
+__all__ = ["BenchConfig", "Participant", "run_benchmark", "format_table", "count_flops", "summarise",
+           "explain_graph_breaks"]
 
 
 @dataclass
@@ -242,11 +243,13 @@ def _parity(a: Any, b: Any) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
 
 
-def _explain(model: nn.Module, x: Tensor) -> dict[str, Any]:
+def explain_graph_breaks(model: nn.Module, x: Tensor) -> dict[str, Any]:
+    """Trace ``model(x)`` with dynamo (no compilation): ``{"graphs", "graph_breaks", "break_reasons"}``."""
     import torch._dynamo
 
     try:
         with torch.inference_mode():
+            model(x)  # warm the caches first: the second call is the one users repeat
             ex = torch._dynamo.explain(model)(x)
         return {"graphs": ex.graph_count, "graph_breaks": ex.graph_break_count,
                 "break_reasons": sorted({str(b.reason).splitlines()[0][:160] for b in ex.break_reasons})}
@@ -330,7 +333,7 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
     participants = [Participant(label, make_step(m, x, mode, device, cfg.amp), m) for label, m in models.items()]
     compile_info: dict[str, Any] | None = None
     if cfg.compile:
-        compile_info = _explain(copy.deepcopy(ours).eval(), x) if mode == "infer" else {}
+        compile_info = explain_graph_breaks(copy.deepcopy(ours).eval(), x) if mode == "infer" else {}
         compiled_src = copy.deepcopy(ours)
         compiled = torch.compile(compiled_src, backend=cfg.compile_backend)
         participants.append(Participant("ours+compile", make_step(compiled, x, mode, device, cfg.amp),

@@ -1,0 +1,36 @@
+"""torch.compile traces our models in one graph (no graph breaks) and compiles to the same outputs.
+
+Cheap: dynamo's ``explain`` and the ``eager`` backend (no code generation) on reduced models.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+from vit_attention.bench.harness import explain_graph_breaks
+from vit_attention.models import create_model
+
+SMALL = {
+    "vit_tiny_patch16_224": (dict(depth=1), 32),
+    "deit_tiny_distilled_patch16_224": (dict(depth=1), 32),
+    "swin_tiny_patch4_window7_224": (dict(depths=(1, 1), num_heads=(2, 4), embed_dim=32, window_size=4), 64),
+    "swinv2_tiny_window8_256": (dict(depths=(1, 1), num_heads=(2, 4), embed_dim=32, window_size=4), 64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_one_graph_and_same_output(name: str) -> None:
+    kwargs, img = SMALL[name]
+    torch.manual_seed(0)
+    model = create_model(name, img_size=img, **kwargs).eval()
+    x = torch.randn(2, 3, img, img)
+    info = explain_graph_breaks(model, x)
+    assert info["graph_breaks"] == 0 and info["graphs"] == 1, info
+    try:
+        compiled = torch.compile(model, backend="eager", fullgraph=True)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    finally:
+        torch._dynamo.reset()
