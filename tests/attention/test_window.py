@@ -79,7 +79,9 @@ def test_shifted_windows_never_attend_across_the_wrap_around():
     finally:
         handle.remove()
     (weights, info), = seen
-    assert weights.shape == (4, 2, 16, 16) and info["shift_size"] == (2, 2)
+    # shifted windows are folded into the head axis: [B, nW·nh, N, N]
+    assert weights.shape == (1, 8, 16, 16) and info["shift_size"] == (2, 2) and info["heads_layout"] == "windows*heads"
+    weights = weights.view(4, 2, 16, 16)  # [nW, nh, N, N]
     # label each token of the rolled map by the region it came from (0..2 per axis)
     rows = torch.tensor([0] * 4 + [1] * 2 + [2] * 2)  # after roll(-2): rows 6, 7 came from rows 0, 1
     labels = (rows[:, None] * 3 + rows[None, :]).view(1, 8, 8, 1).float()
@@ -156,3 +158,19 @@ def test_dropout_only_in_training():
     attn.train()
     assert not torch.allclose(attn(x), attn(x))
     assert F.mse_loss(attn(x), torch.zeros_like(x)) > 0
+
+
+@pytest.mark.parametrize("name", ["window", "cosine_window"])
+def test_caches_built_in_inference_mode_do_not_break_training(name):
+    attn = create_attention(name, 16, 2, window_size=3, shift_size=1)
+    x = torch.randn(1, 7, 8, 16)  # padded and shifted: every cached index / mask is used
+    with torch.inference_mode():
+        attn.eval()(x)
+    attn.train()(x).sum().backward()  # autograd may save the cached index tensors
+    for p in attn.parameters():
+        p.requires_grad_(False)
+    with torch.inference_mode():
+        attn.eval()(x)
+    xg = x.clone().requires_grad_()
+    attn(xg).sum().backward()  # frozen mechanism, gradient to the input only
+    assert xg.grad is not None and xg.grad.abs().sum() > 0

@@ -26,10 +26,10 @@ from torch import Tensor, nn
 
 from ..functional import attention_context, merge_heads, scaled_dot_product_attention, split_qkv
 from ..functional.window import (
-    pad_to_window,
     relative_position_index,
     shift_window_mask,
     to_pair,
+    window_gather_index,
     window_partition,
     window_reverse,
 )
@@ -96,27 +96,30 @@ class WindowAttentionBase(nn.Module):
     # ---------------------------------------------------------------- bias and masks
     def position_bias(self) -> Tensor:
         """Per-head bias ``[nh, N, N]``; cached while no gradient is recorded, keyed by parameter versions."""
+        if torch.compiler.is_compiling():  # in-graph: dynamo cannot compare the cache key's data pointers
+            return self.compute_position_bias()
         params = self.bias_parameters()
         if torch.is_grad_enabled() and any(p.requires_grad for p in params):
             self._bias_cache = None
             return self.compute_position_bias()
-        key = _param_key(params)
+        key = (_param_key(params), torch.is_inference_mode_enabled())
         if self._bias_cache is None or self._bias_cache[0] != key:
             self._bias_cache = (key, self.compute_position_bias())
             self._mask_cache.clear()
         return self._bias_cache[1]
 
     def _window_mask(self, Hp: int, Wp: int, shift: tuple[int, int], device: torch.device) -> Tensor:
-        """Bias + shift mask, ``[nh, N, N]`` (no shift) or ``[nW, nh, N, N]``."""
+        """Bias + shift mask: ``[1, nh, N, N]`` (no shift) or ``[1, nW·nh, N, N]`` (windows folded into heads)."""
         bias = self.position_bias()  # [nh, N, N]
         if not any(shift):
-            return bias
+            return bias.unsqueeze(0)  # [1, nh, N, N]
         cacheable = self._bias_cache is not None and self._bias_cache[1] is bias
         key = (Hp, Wp, shift, device)
         if cacheable and key in self._mask_cache:
             return self._mask_cache[key]
         region = shift_window_mask(Hp, Wp, self.window_size, shift, device=device)  # [nW, N, N]
         mask = bias.unsqueeze(0) + region.unsqueeze(1).to(bias.dtype)  # [nW, nh, N, N]
+        mask = mask.view(1, -1, *mask.shape[-2:])  # [1, nW·nh, N, N]
         if cacheable:
             if len(self._mask_cache) > 8:
                 self._mask_cache.clear()
@@ -143,38 +146,45 @@ class WindowAttentionBase(nn.Module):
                              "allow_padding=False; pad the map or build with allow_padding=True")
         Hp, Wp = H + (-H) % wh, W + (-W) % ww
         sh, sw = self._shifts_for(Hp, Wp)
-        if self.pad_first:
-            x, _ = pad_to_window(x, self.window_size)  # [B, Hp, Wp, C]
-            if sh or sw:
-                x = torch.roll(x, shifts=(-sh, -sw), dims=(1, 2))
-        else:
-            if sh or sw:
-                x = torch.roll(x, shifts=(-sh, -sw), dims=(1, 2))
-            x, _ = pad_to_window(x, self.window_size)  # [B, Hp, Wp, C]
+        nW, N, nh, hd = (Hp // wh) * (Wp // ww), wh * ww, self.num_heads, self.head_dim
+        shifted, padded = bool(sh or sw), (Hp, Wp) != (H, W)
 
-        windows = window_partition(x, self.window_size)  # [B·nW, N, C]
-        q, k, v = split_qkv(self.project_qkv(windows), self.num_heads)  # each [B·nW, nh, N, hd]
+        # shift + pad + partition as ONE gather (cached indices); a plain partition when neither is needed
+        gather = shifted or padded
+        if gather:
+            fwd, inv = window_gather_index(H, W, self.window_size, (sh, sw), pad_first=self.pad_first,
+                                           device=x.device)
+            tokens = x.reshape(B, H * W, C)  # [B, H·W, C]
+            if padded:
+                tokens = torch.cat([tokens, tokens.new_zeros(B, 1, C)], dim=1)  # [B, H·W + 1, C], last = zero
+            windows = tokens.index_select(1, fwd).view(B * nW, N, C)  # [B·nW, N, C]
+        else:
+            windows = window_partition(x, self.window_size)  # [B·nW, N, C]
+
+        qkv = self.project_qkv(windows)  # [B·nW, N, 3C]
+        if shifted:  # fold windows into heads: the [nW·nh, N, N] mask then broadcasts over the batch
+            qkv = qkv.view(B, nW, N, 3, nh, hd).permute(3, 0, 1, 4, 2, 5)  # [3, B, nW, nh, N, hd]
+            q, k, v = qkv.reshape(3, B, nW * nh, N, hd).unbind(0)  # each [B, nW·nh, N, hd]
+        else:
+            q, k, v = split_qkv(qkv, nh)  # each [B·nW, nh, N, hd]
         q, k, scale = self.scale_qk(q, k)
-        mask = self._window_mask(Hp, Wp, (sh, sw), x.device)  # [nh, N, N] or [nW, nh, N, N]
-        if mask.dim() == 4:
-            nW, N = mask.shape[0], mask.shape[-1]
-            mask = mask.unsqueeze(0).expand(B, -1, -1, -1, -1).reshape(B * nW, self.num_heads, N, N)
+        if shifted and isinstance(scale, Tensor):
+            scale = scale.repeat(nW, 1, 1)  # per-head [nh, 1, 1] -> [nW·nh, 1, 1]
+        mask = self._window_mask(Hp, Wp, (sh, sw), x.device)  # [1, nh, N, N] or [1, nW·nh, N, N]
         with attention_context(mechanism=getattr(self, "registry_name", "window"), window_size=self.window_size,
-                               shift_size=(sh, sw), padded_size=(Hp, Wp)):
+                               shift_size=(sh, sw), padded_size=(Hp, Wp), num_windows=nW,
+                               heads_layout="windows*heads" if shifted else "heads"):
             out = scaled_dot_product_attention(q, k, v, mask=mask, scale=scale,
                                                dropout_p=self.attn_drop if self.training else 0.0)
-        out = self.proj_drop(self.proj(merge_heads(out)))  # [B·nW, N, C]
-        x = window_reverse(out, self.window_size, Hp, Wp)  # [B, Hp, Wp, C]
-
-        if self.pad_first:
-            if sh or sw:
-                x = torch.roll(x, shifts=(sh, sw), dims=(1, 2))
-            x = x[:, :H, :W]
+        if shifted:
+            out = out.view(B, nW, nh, N, hd).transpose(2, 3).reshape(B * nW, N, C)  # [B·nW, N, C]
         else:
-            x = x[:, :H, :W]
-            if sh or sw:
-                x = torch.roll(x, shifts=(sh, sw), dims=(1, 2))
-        return x if x.is_contiguous() else x.contiguous()  # [B, H, W, C]
+            out = merge_heads(out)  # [B·nW, N, C]
+        out = self.proj_drop(self.proj(out))  # [B·nW, N, C]
+
+        if gather:  # reverse + crop + roll back as one gather
+            return out.view(B, nW * N, C).index_select(1, inv).view(B, H, W, C)  # [B, H, W, C]
+        return window_reverse(out, self.window_size, H, W)  # [B, H, W, C]
 
     def flops(self, input_shape: tuple[int, ...]) -> int:
         """Multiply-adds on ``input_shape = (B, H, W, C)``: ``4·hw·C² + 2·M·hw·C`` per image.

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -31,9 +32,12 @@ __all__ = [
     "pad_to_window",
     "num_windows",
     "shift_window_mask",
+    "window_gather_index",
     "relative_position_index",
     "log_relative_coords_table",
 ]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 MASK_VALUE = -100.0  # the value all reference implementations use; exp(-100) underflows in fp32 softmax
 
@@ -49,6 +53,21 @@ def to_pair(x: int | Sequence[int], name: str = "window_size") -> tuple[int, int
     if len(t) != 2:
         raise ValueError(f"{name} must be an int or a pair of ints, got {x!r}")
     return t  # type: ignore[return-value]
+
+
+def _cached(maxsize: int) -> Callable[[_F], _F]:
+    """``lru_cache`` whose tensors are built outside inference mode, so autograd may save them later."""
+
+    def deco(fn: _F) -> _F:
+        @functools.lru_cache(maxsize=maxsize)
+        @functools.wraps(fn)
+        def wrapper(*args: Any) -> Any:
+            with torch.inference_mode(False):
+                return fn(*args)
+
+        return wrapper  # type: ignore[return-value]
+
+    return deco
 
 
 def _check_map(x: Tensor, what: str) -> None:
@@ -115,7 +134,7 @@ def _regions(length: int, window: int, shift: int) -> Tensor:
     return (idx >= length - window).long() + (idx >= length - shift).long()
 
 
-@functools.lru_cache(maxsize=256)
+@_cached(maxsize=256)
 def _shift_window_mask(Hp: int, Wp: int, wh: int, ww: int, sh: int, sw: int, device: torch.device) -> Tensor:
     labels = _regions(Hp, wh, sh)[:, None] * 3 + _regions(Wp, ww, sw)[None, :]  # [Hp, Wp]
     win = window_partition(labels.view(1, Hp, Wp, 1), (wh, ww)).squeeze(-1)  # [nW, N]
@@ -142,7 +161,42 @@ def shift_window_mask(H: int, W: int, window_size: int | Sequence[int], shift_si
     return _shift_window_mask(H, W, wh, ww, sh, sw, torch.device(device or "cpu"))
 
 
-@functools.lru_cache(maxsize=64)
+@_cached(maxsize=256)
+def _window_gather_index(H: int, W: int, wh: int, ww: int, sh: int, sw: int, pad_first: bool,
+                         device: torch.device) -> tuple[Tensor, Tensor]:
+    Hp, Wp = H + (-H) % wh, W + (-W) % ww
+    i = torch.arange(Hp)[:, None].expand(Hp, Wp)
+    j = torch.arange(Wp)[None, :].expand(Hp, Wp)
+    if pad_first:  # pad, then roll the padded map: position (i, j) holds padded (i + s) mod Hp
+        si, sj = (i + sh) % Hp, (j + sw) % Wp
+        valid = (si < H) & (sj < W)
+    else:  # roll the map, then pad: position (i, j) < (H, W) holds (i + s) mod H
+        valid = (i < H) & (j < W)
+        si, sj = (i + sh) % H, (j + sw) % W
+    src = torch.where(valid, si * W + sj, H * W)  # [Hp, Wp]; H·W = the zero token
+    fwd = window_partition(src.reshape(1, Hp, Wp, 1), (wh, ww)).reshape(-1)  # [nW·N]
+    inv = torch.empty(H * W, dtype=torch.long)
+    pos = torch.arange(fwd.numel())
+    keep = fwd < H * W
+    inv[fwd[keep]] = pos[keep]  # every map token sits in exactly one window slot
+    return fwd.to(device), inv.to(device)
+
+
+def window_gather_index(H: int, W: int, window_size: int | Sequence[int], shift_size: int | Sequence[int] = 0, *,
+                        pad_first: bool = False, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """Indices that do shift + pad + partition (and the inverse) as one gather each.
+
+    Returns ``(fwd [nW·N], inv [H·W])`` int64: ``x.view(B, H·W, C)`` with a zero token appended at
+    index ``H·W``, gathered at ``fwd``, is the window tokens ``[B, nW·N, C]`` of the shifted,
+    padded map (``pad_first``: torchvision order pad-then-roll; else roll-then-pad); gathering those
+    at ``inv`` gives back ``[B, H·W, C]`` (reverse, crop and roll back). Cached per (sizes, device).
+    """
+    wh, ww = to_pair(window_size)
+    sh, sw = to_pair(shift_size, "shift_size")
+    return _window_gather_index(H, W, wh, ww, sh, sw, bool(pad_first), torch.device(device or "cpu"))
+
+
+@_cached(maxsize=64)
 def _relative_position_index(wh: int, ww: int, device: torch.device) -> Tensor:
     coords = torch.stack(torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing="ij")).flatten(1)  # [2, N]
     rel = coords[:, :, None] - coords[:, None, :]  # [2, N, N], query minus key
@@ -159,7 +213,7 @@ def relative_position_index(window_size: int | Sequence[int], *, device: torch.d
     return _relative_position_index(wh, ww, torch.device(device or "cpu"))
 
 
-@functools.lru_cache(maxsize=64)
+@_cached(maxsize=64)
 def _log_relative_coords_table(wh: int, ww: int, pwh: int, pww: int, device: torch.device) -> Tensor:
     dh = torch.arange(-(wh - 1), wh).to(torch.float32)
     dw = torch.arange(-(ww - 1), ww).to(torch.float32)
