@@ -296,6 +296,9 @@ def record_attention(model: nn.Module, *, grid: tuple[int, int] | None = None) -
         window = info.get("window_size")
         if window is not None and shape is not None and len(shape) == 4:
             B, H, W, _ = shape
+            if info.get("heads_layout") == "windows*heads":  # [B, nW·nh, n, n] -> [B·nW, nh, n, n]
+                nW = int(info["num_windows"])
+                w = w.view(B, nW, w.shape[1] // nW, *w.shape[2:]).reshape(B * nW, -1, *w.shape[2:])
             rec.records.append(AttentionRecord(
                 len(rec.records), info.get("module", ""), w, "window", B, (H, W), 0,
                 tuple(window), tuple(info.get("shift_size", (0, 0))), tuple(info.get("padded_size") or (H, W)),

@@ -48,7 +48,7 @@ class TraceLine:
 
     def format(self, name_width: int = 40, what_width: int = 22) -> str:
         """``name  what  in -> out  note`` with indentation by depth."""
-        label = "  " * self.depth + (self.name or "(model)")
+        label = "  " * self.depth + (self.name or "(root)")
         arrow = f"{_fmt_all(self.in_shapes)} -> {_fmt_all(self.out_shapes)}" if self.in_shapes else \
             _fmt_all(self.out_shapes)
         text = f"{label:{name_width}s} {self.what:{what_width}s} {arrow}"
@@ -66,7 +66,7 @@ class Trace:
     def format(self, max_depth: int | None = None) -> str:
         """The table, one line per event, down to nesting ``max_depth`` (None = all)."""
         keep = [ln for ln in self.lines if max_depth is None or ln.depth <= max_depth]
-        width = min(max([len("  " * ln.depth + (ln.name or "(model)")) for ln in keep] + [10]) + 1, 60)
+        width = min(max([len("  " * ln.depth + (ln.name or "(root)")) for ln in keep] + [10]) + 1, 60)
         what = min(max([len(ln.what) for ln in keep] + [10]), 32)
         head = f"{'input':{width}s} {'':{what}s} {_fmt(self.input_shape)}"
         return "\n".join([head] + [ln.format(width, what) for ln in keep])
@@ -93,14 +93,19 @@ def _attention_lines(att: AttentionCall, depth: int) -> list[TraceLine]:
     info = att.info
     lines: list[TraceLine] = []
     window = info.get("window_size")
-    if window is not None or info.get("layout") == "window":
+    folded = info.get("heads_layout") == "windows*heads"
+    split_note = "[B, nh, N, hd] | [B, nh, M, hd] | [B, nh, M, hdv]"
+    if window is not None:
         ws = tuple(window) if isinstance(window, (tuple, list)) else (window, window)
         shift = info.get("shift_size", 0)
         note = f"ws={ws[0]}x{ws[1]}" + (f", shift={shift}" if shift and shift != (0, 0) else "")
-        lines.append(TraceLine(depth, att.module, "windows", [], [(B, N, nh * hd)], "attention",
+        nW = int(info.get("num_windows", 1)) if folded else 1
+        lines.append(TraceLine(depth, att.module, "windows", [], [(B * nW, N, nh // nW * hd)], "attention",
                                f"[B·nW, ws², C]  {note}"))
+        if folded:
+            split_note = f"windows folded into heads: [B, nW·nh, N, hd], nW={nW}"
     lines.append(TraceLine(depth, att.module, "heads split q|k|v", [], [att.q, att.k, att.v], "attention",
-                           "[B, nh, N, hd] | [B, nh, M, hd] | [B, nh, M, hdv]"))
+                           split_note))
     mask = info.get("mask")
     lines.append(TraceLine(depth, att.module, "logits q·kᵀ", [], [(B, nh, N, M)], "attention",
                            "[B, nh, N, M]" + (f"  + mask {_fmt(mask)}" if mask else "")))
@@ -149,7 +154,8 @@ def _build_lines(rec: Recording, max_depth: int | None, show_all: bool = False) 
             depth = len(parents)
             if parents:
                 B, nh, N, hd = ev.q
-                code_line(parents[-1], [(B, N, nh * hd)] if ev.info.get("window_size") is not None else [], depth)
+                if ev.info.get("window_size") is not None and ev.info.get("heads_layout") != "windows*heads":
+                    code_line(parents[-1], [(B, N, nh * hd)], depth)
                 last_child_out[parents[-1].index] = [(B, N, nh * ev.v[-1])]
             if max_depth is None or depth <= max_depth:
                 lines.extend(_attention_lines(ev, depth))

@@ -1,0 +1,64 @@
+"""The `trace`, `info` and `docs` commands; generated docs are up to date."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vit_attention import list_attention
+from vit_attention.analysis.docs import check_docs, generate_docs, mechanism_page
+from vit_attention.analysis.info import model_info
+from vit_attention.cli import main
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_trace_command(capsys):
+    assert main(["trace", "vit_b_16", "--flow"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("[1, 3, 224, 224] → patch_embed → [1, 196, 768]")
+    assert main(["trace", "swin_t", "--depth", "2"]) == 0
+    assert "layers.3" in capsys.readouterr().out
+
+
+def test_info_command(capsys):
+    assert main(["info", "swin_t", "--batch-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "swin_tiny_patch4_window7_224" in out and "aliases:       swin_t" in out
+    assert "28,288,354" in out and "GMACs:         9.018" in out and "[2, 1000]" in out
+    assert "torchvision" in out and "layers.2" in out and "MiB" in out
+    assert main(["info", "nope_model"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+
+
+def test_model_info_fields():
+    info = model_info("vit_base_patch16_224", batch_size=4)
+    assert info.input_shape == (4, 3, 224, 224) and info.output_shapes == [(4, 1000)]
+    assert sum(info.params_by_stage.values()) == info.params == 86_567_656
+    assert info.macs == pytest.approx(4 * 17.58e9, rel=0.01)
+    # activations grow linearly with the batch
+    assert model_info("vit_base_patch16_224", batch_size=8).activation_bytes == 2 * info.activation_bytes
+    assert "vit_b_16" in info.aliases
+
+
+def test_mechanism_pages_have_every_section():
+    for name in list_attention():
+        page = mechanism_page(name, f"img/{name}.png")
+        for section in ("## Formula", "## Shape flow", "## Complexity", "## Attention pattern", "logits q·kᵀ"):
+            assert section in page, (name, section)
+
+
+@pytest.mark.slow
+def test_generated_docs_are_up_to_date():
+    stale = check_docs(DOCS)
+    assert not stale, (f"generated docs are stale: {[str(p) for p in stale]}; regenerate with "
+                       "`vit-attention docs` (python -m vit_attention.analysis.docs)")
+
+
+def test_generate_docs_writes_pages_and_pictures(tmp_path):
+    paths = generate_docs(tmp_path, images=True, models=False)
+    names = {p.name for p in paths}
+    for mech in list_attention():
+        assert f"{mech}.md" in names and f"{mech}.png" in names
+    assert (tmp_path / "attention" / "img" / "window.png").stat().st_size > 1000
