@@ -1,0 +1,257 @@
+"""Sub-commands ``train``, ``eval``, ``predict`` and ``compare`` (thin: parse, call the engine, print)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from .presets import DEFAULT_MODEL
+
+__all__ = ["add_commands"]
+
+
+def _kv(text: str) -> tuple[str, Any]:
+    """``key=value`` with a JSON value (bare words stay strings): ``depth=2``, ``attn_layer=window``."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    k, v = text.split("=", 1)
+    try:
+        return k, json.loads(v)
+    except json.JSONDecodeError:
+        return k, v
+
+
+def _pair(kind: type) -> Any:
+    def parse(text: str) -> tuple[Any, Any]:
+        parts = text.replace(":", ",").split(",")
+        if len(parts) != 2:
+            raise argparse.ArgumentTypeError(f"expected two comma-separated numbers, got {text!r}")
+        return kind(parts[0]), kind(parts[1])
+    return parse
+
+
+def _train_config(args: argparse.Namespace) -> Any:
+    from .engine import TrainConfig
+
+    kwargs = dict(args.model_arg or [])
+    for key in ("attn_layer",):
+        if getattr(args, key, None):
+            kwargs[key] = getattr(args, key)
+    cfg = TrainConfig(
+        model=args.model, model_kwargs=kwargs, data=args.data, img_size=args.img_size, in_chans=args.in_chans,
+        val_fraction=args.val_fraction, output=args.output, epochs=args.epochs, batch_size=args.batch_size,
+        lr=args.lr, min_lr=args.min_lr, warmup_epochs=args.warmup_epochs, weight_decay=args.weight_decay,
+        clip_grad=args.clip_grad or None, accum_steps=args.accum_steps, label_smoothing=args.label_smoothing,
+        mixup=args.mixup, cutmix=args.cutmix, randaugment=args.randaugment, hflip=args.hflip,
+        drop_rate=args.drop, drop_path_rate=args.drop_path, attn_drop_rate=args.attn_drop,
+        grad_checkpointing=args.grad_checkpointing, amp=args.amp, ema_decay=args.ema, seed=args.seed,
+        device=args.device, fsdp=args.fsdp, workers=args.workers, ckpt_every=args.ckpt_every, resume=args.resume,
+        teacher=args.teacher, teacher_checkpoint=args.teacher_checkpoint, distill_type=args.distill_type,
+        distill_alpha=args.distill_alpha, distill_tau=args.distill_tau, progress=not args.no_progress,
+        plot=not args.no_plot)
+    return cfg
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .engine import train
+
+    train(_train_config(args))
+    return 0
+
+
+def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
+    g = p.add_argument_group("model and data")
+    g.add_argument("--model", default=DEFAULT_MODEL, help=f"registered model name (default {DEFAULT_MODEL})")
+    g.add_argument("--model-arg", type=_kv, action="append", metavar="KEY=VALUE",
+                   help="model config override, repeatable (JSON values): --model-arg depth=2")
+    g.add_argument("--data", default=None,
+                   help="image folder (ROOT/<class>/*.png or ROOT/{train,val}/<class>/...); default: digits")
+    g.add_argument("--img-size", type=int, default=None, help="input size (digits: resample from 8)")
+    g.add_argument("--in-chans", type=int, default=3, choices=(1, 3), help="image folders: 1 grayscale, 3 RGB")
+    g.add_argument("--val-fraction", type=float, default=0.1, help="held-out share when the folder has no val/")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--epochs", type=int, default=epochs)
+    g.add_argument("--batch-size", type=int, default=64, help="global batch per optimizer step")
+    g.add_argument("--lr", type=float, default=2e-3)
+    g.add_argument("--min-lr", type=float, default=1e-5)
+    g.add_argument("--warmup-epochs", type=float, default=3.0)
+    g.add_argument("--weight-decay", type=float, default=0.05)
+    g.add_argument("--clip-grad", type=float, default=1.0, help="max gradient norm (0: off)")
+    g.add_argument("--accum-steps", type=int, default=1, help="gradient accumulation micro-steps")
+    g.add_argument("--grad-checkpointing", action="store_true")
+    g.add_argument("--amp", default="auto", choices=("auto", "bf16", "none"), help="auto: bf16 on CUDA, fp32 on CPU")
+    g.add_argument("--ema", type=float, default=None, metavar="DECAY", help="keep an EMA of the weights")
+    g.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("regularisation and augmentation (AugReg-style)")
+    g.add_argument("--label-smoothing", type=float, default=0.1)
+    g.add_argument("--mixup", type=float, default=0.0, help="Mixup Beta alpha (0: off)")
+    g.add_argument("--cutmix", type=float, default=0.0, help="CutMix Beta alpha (0: off)")
+    g.add_argument("--randaugment", type=_pair(int), default=None, metavar="N,M", help="RandAugment, e.g. 2,9")
+    g.add_argument("--hflip", type=float, default=None, help="flip probability (default 0.5 folders, 0 digits)")
+    g.add_argument("--drop", type=float, default=None, help="dropout rate")
+    g.add_argument("--drop-path", type=float, default=None, help="stochastic depth rate")
+    g.add_argument("--attn-drop", type=float, default=None, help="attention dropout rate")
+    g = p.add_argument_group("distillation (DeiT)")
+    g.add_argument("--teacher", default=None, help="teacher: registered model name or a .safetensors checkpoint")
+    g.add_argument("--teacher-checkpoint", default=None, help="weights for a --teacher given by name")
+    g.add_argument("--distill-type", default="hard", choices=("soft", "hard"))
+    g.add_argument("--distill-alpha", type=float, default=0.5)
+    g.add_argument("--distill-tau", type=float, default=1.0)
+    g = p.add_argument_group("run")
+    g.add_argument("--output", default=None, help="run folder (default runs/<model>-<time>)")
+    g.add_argument("--resume", action="store_true", help="continue the run in --output from its checkpoint")
+    g.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every N steps (0: per epoch)")
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    g.add_argument("--fsdp", action="store_true", help="shard the model with FSDP (torchrun)")
+    g.add_argument("--workers", type=int, default=0, help="data loader processes for image folders")
+    g.add_argument("--no-progress", action="store_true", help="plain epoch lines instead of progress bars")
+    g.add_argument("--no-plot", action="store_true")
+
+
+# ---------------------------------------------------------------------------- eval / predict
+def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    from ..weights.io import read_metadata
+    from .distill import load_model_from_checkpoint
+
+    path = Path(args.checkpoint)
+    if args.model:
+        from ..models.registry import create_model
+
+        kw = dict(args.model_arg or [])
+        if args.num_classes is not None:
+            kw["num_classes"] = args.num_classes
+        model = create_model(args.model, pretrained=path, **kw)
+        meta: dict[str, Any] = {}
+    else:
+        model = load_model_from_checkpoint(path)
+        file = path / "model.safetensors" if path.is_dir() else path
+        raw = read_metadata(file) if file.exists() else {}
+        meta = {k: json.loads(raw[k]) for k in ("classes", "mean", "std", "data") if k in raw}
+        if raw.get("format") == "vit_attention.train_state":
+            from .checkpoint import load_training_state
+
+            st = load_training_state(file).state
+            meta = {k: st[k] for k in ("classes", "mean", "std") if k in st}
+            meta["data"] = st.get("config", {}).get("data") or "digits"
+    return model.eval(), meta
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from .data import BatchTransform, build_data
+    from .engine import evaluate
+    from .plots import plot_confusion
+
+    model, meta = _load_for_inference(args)
+    cfg = model.cfg
+    size = cfg.img_size if isinstance(cfg.img_size, int) else cfg.img_size[0]
+    data_arg = args.data if args.data is not None else meta.get("data", "digits")
+    data = build_data(None if data_arg == "digits" else data_arg, img_size=size if data_arg != "digits" else
+                      (None if size == 8 else size), in_chans=cfg.in_chans, val_fraction=args.val_fraction)
+    if data.num_classes != model.num_classes:
+        raise ValueError(f"the model predicts {model.num_classes} classes, the data has {data.num_classes}")
+    mean, std = meta.get("mean", data.mean), meta.get("std", data.std)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(device)
+    tf = BatchTransform(mean, std, img_size=data.img_size).to(device)
+    from .distributed import DistInfo
+
+    split = data.test if args.split == "test" else data.train
+    res = evaluate(model, split, tf, info=DistInfo(device=device), return_predictions=True)
+    k = data.num_classes
+    conf = torch.zeros(k, k, dtype=torch.long)
+    conf.index_put_((res["target"], res["pred"]), torch.ones_like(res["pred"]), accumulate=True)
+    out = Path(args.confusion or (Path(args.checkpoint if Path(args.checkpoint).is_dir() else
+                                       Path(args.checkpoint).parent) / "confusion.png"))
+    plot_confusion(conf, data.classes, out, title=f"{getattr(model, 'registry_name', '')} on {data.name} "
+                                                     f"({args.split}), top-1 {res['top1']:.4f}")
+    print(f"images: {res['n']}")
+    print(f"loss: {res['loss']:.4f}")
+    print(f"top-5 accuracy: {res['top5']:.4f}")
+    print(f"confusion matrix: {out}")
+    print(f"top-1 accuracy: {res['top1']:.4f}")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    import torch
+
+    from .data import load_image
+
+    model, meta = _load_for_inference(args)
+    cfg = model.cfg
+    size = cfg.img_size if isinstance(cfg.img_size, int) else tuple(cfg.img_size)
+    classes = meta.get("classes") or [str(i) for i in range(model.num_classes)]
+    mean = torch.tensor(meta.get("mean", [0.5] * cfg.in_chans)).view(1, -1, 1, 1)
+    std = torch.tensor(meta.get("std", [0.5] * cfg.in_chans)).view(1, -1, 1, 1)
+    missing = [p for p in args.images if not Path(p).exists()]
+    if missing:
+        raise FileNotFoundError(f"image(s) not found: {', '.join(missing)}")
+    k = min(args.topk, len(classes))
+    for path in args.images:
+        try:
+            x = load_image(path, size, in_chans=cfg.in_chans, crop_pct=args.crop_pct)[None]
+        except Exception as e:  # noqa: BLE001 - Pillow raises many types
+            raise ValueError(f"cannot read image {path}: {e}") from None
+        with torch.no_grad():
+            logits = model((x - mean) / std)
+        prob = logits.float().softmax(-1)[0]
+        top = prob.topk(k)
+        ranked = ", ".join(f"{classes[i]} ({p:.3f})" for p, i in zip(top.values.tolist(), top.indices.tolist()))
+        print(f"{path}: {ranked}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .compare import run_compare
+
+    cfg = _train_config(args)
+    models = [m for m in (args.models or "").split(",") if m]
+    mechs = [a for a in (args.attention or "").split(",") if a]
+    run_compare(cfg, models=models, attention=mechs, output=args.output, fast=args.quick)
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register ``train``, ``eval``, ``predict`` and ``compare``."""
+    p = sub.add_parser("train", help="train a model (default: a small ViT on the embedded digits, >= 97%% test)",
+                       description="Train any registered model on the embedded digits or an image folder. "
+                                   "Runs under torchrun for data parallelism. Prints 'test accuracy: X' last.")
+    _add_train_options(p)
+    p.set_defaults(func=_train)
+
+    for name, helptext in (("eval", "top-1/top-5 accuracy and a confusion matrix PNG of a trained model"),
+                           ("predict", "top-k classes of image files")):
+        p = sub.add_parser(name, help=helptext)
+        if name == "predict":
+            p.add_argument("images", nargs="+", metavar="IMAGE")
+            p.add_argument("--topk", type=int, default=5)
+            p.add_argument("--crop-pct", type=float, default=1.0, help="centre-crop share (1: whole image)")
+        p.add_argument("--checkpoint", required=True,
+                       help="run folder, model.safetensors or checkpoint.safetensors (or a foreign file + --model)")
+        p.add_argument("--model", default=None, help="build this registered model and load --checkpoint into it")
+        p.add_argument("--model-arg", type=_kv, action="append", metavar="KEY=VALUE")
+        p.add_argument("--num-classes", type=int, default=None)
+        if name == "eval":
+            p.add_argument("--data", default=None, help="image folder (default: the data the model was trained on)")
+            p.add_argument("--split", default="test", choices=("test", "train"))
+            p.add_argument("--val-fraction", type=float, default=0.1)
+            p.add_argument("--confusion", default=None, help="PNG path (default: beside the checkpoint)")
+            p.add_argument("--device", default=None)
+            p.set_defaults(func=_eval)
+        else:
+            p.set_defaults(func=_predict)
+
+    p = sub.add_parser("compare", help="train several models / attention mechanisms under one budget, tabulate",
+                       description="Train each model (--models) or each attention mechanism in the digits ViT "
+                                   "(--attention) with the same data and budget; print test accuracy, params, "
+                                   "FLOPs, train and inference throughput; plot accuracy vs FLOPs. Default: "
+                                   "global MHSA vs Swin-style window attention on the digits.")
+    p.add_argument("--models", default=None, help="comma-separated registered names")
+    p.add_argument("--attention", default=None, help="comma-separated mechanisms (default mhsa,window)")
+    p.add_argument("--quick", action="store_true", help="a short smoke budget (2 epochs)")
+    _add_train_options(p, epochs=30)
+    p.set_defaults(func=_compare)

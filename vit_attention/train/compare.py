@@ -1,0 +1,131 @@
+"""The study command: train several models, or several attention mechanisms in one backbone, under one budget.
+
+Each entry is trained with the same data, epochs, batch size, optimiser and seed; the table
+reports test accuracy, parameters, multiply-adds per image (``analysis.flops``, the papers'
+"FLOPs"), training throughput (images/s over the training steps) and inference throughput
+(images/s of batched forwards), and a PNG plots accuracy against FLOPs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..analysis.flops import flops
+from ..attention import get_attention_spec
+from ..weights.io import atomic_write
+from .engine import TrainConfig, train
+from .plots import plot_accuracy_vs_flops
+from .presets import DEFAULT_MODEL
+
+__all__ = ["CompareEntry", "default_entries", "run_compare", "inference_throughput", "format_table"]
+
+# Keyword arguments that fit a mechanism to the digits ViT's 4x4 token grid.
+_GRID_KWARGS: dict[str, dict[str, Any]] = {"window": {"window_size": 2}, "cosine_window": {"window_size": 2}}
+
+
+@dataclasses.dataclass
+class CompareEntry:
+    """One contender: a display ``name``, the registered ``model`` and its config overrides."""
+
+    name: str
+    model: str
+    model_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _mechanism_entry(mech: str, backbone: str) -> CompareEntry:
+    spec = get_attention_spec(mech)  # unknown names raise with suggestions
+    kw = dict(_GRID_KWARGS.get(mech, spec.example_kwargs))
+    if "window_size" in kw:
+        kw["window_size"] = 2
+    kw.pop("shift_size", None)  # every ViT block gets the same kwargs: no alternating shift
+    model_kwargs: dict[str, Any] = {"attn_layer": mech}
+    if kw:
+        model_kwargs["attn_kwargs"] = kw
+    return CompareEntry(f"{backbone.split('_')[0]}+{mech}", backbone, model_kwargs)
+
+
+def default_entries() -> list[CompareEntry]:
+    """Global MHSA vs window attention in the same digits ViT, and a small Swin (shifted windows)."""
+    backbone = "vit_digits_patch2_8_gap"
+    return [_mechanism_entry("mhsa", backbone), _mechanism_entry("window", backbone),
+            CompareEntry("swin (shifted windows)", "swin_digits_patch2_window2_8")]
+
+
+@torch.no_grad()
+def inference_throughput(model: nn.Module, input_shape: tuple[int, ...], *, device: torch.device | str = "cpu",
+                         min_time: float = 0.5) -> float:
+    """Images per second of ``model`` forwards on a batch of ``input_shape`` ``[B, C, H, W]`` (eval, no grad)."""
+    model.eval().to(device)
+    x = torch.randn(*input_shape, device=device)
+    model(x)  # warm-up
+    n, t0 = 0, time.perf_counter()
+    while True:
+        model(x)
+        n += 1
+        if torch.cuda.is_available() and torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        if dt >= min_time and n >= 3:
+            return n * input_shape[0] / dt
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """Plain-text table of the compare results."""
+    head = f"{'model':34s} {'test acc':>8s} {'params':>9s} {'MMACs':>8s} {'train img/s':>11s} {'infer img/s':>11s}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['name'][:34]:34s} {r['test_acc']:8.4f} {r['params']:9,d} {r['macs'] / 1e6:8.2f} "
+                     f"{r['train_img_s']:11.0f} {r['infer_img_s']:11.0f}")
+    return "\n".join(lines)
+
+
+def run_compare(cfg: TrainConfig, *, models: list[str] | None = None, attention: list[str] | None = None,
+                output: str | None = None, fast: bool = False) -> list[dict[str, Any]]:
+    """Train every entry with ``cfg``'s budget; print the table, write ``compare.json`` / ``.txt`` and a PNG.
+
+    ``models``: registered names; ``attention``: mechanisms inside ``cfg.model`` (the digits ViT
+    with mean pooling by default); neither: :func:`default_entries`. Returns one row per entry.
+    """
+    if models and attention:
+        raise ValueError("give either --models or --attention, not both")
+    if models:
+        entries = [CompareEntry(m, m, dict(cfg.model_kwargs)) for m in models]
+    elif attention:
+        backbone = "vit_digits_patch2_8_gap" if cfg.model == DEFAULT_MODEL else cfg.model
+        entries = [_mechanism_entry(m, backbone) for m in attention]
+    else:
+        entries = default_entries()
+    out = Path(output or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    if (out / "compare.json").exists():
+        raise ValueError(f"{out} already holds a comparison; choose another --output (nothing was overwritten)")
+    rows: list[dict[str, Any]] = []
+    for i, e in enumerate(entries):
+        sub = dataclasses.replace(cfg, model=e.model, model_kwargs=dict(e.model_kwargs),
+                                  output=str(out / f"{i}-{e.model}"), epochs=2 if fast else cfg.epochs,
+                                  resume=False, progress=cfg.progress)
+        print(f"== [{i + 1}/{len(entries)}] {e.name}: {e.model} {json.dumps(e.model_kwargs) if e.model_kwargs else ''}",
+              flush=True)
+        res = train(sub)
+        model = res["model"]
+        c, h, w = model.cfg.in_chans, *res["input_size"]
+        macs = flops(model, (1, c, h, w)).total
+        train_speed = [r["train_img_s"] for r in res["history"]]
+        rows.append({"name": e.name, "model": e.model, "model_kwargs": e.model_kwargs, "test_acc": res["test_acc"],
+                     "params": res["params"], "macs": int(macs),
+                     "train_img_s": sorted(train_speed)[len(train_speed) // 2],
+                     "infer_img_s": inference_throughput(model, (256, c, h, w), device=res["device"])})
+    table = format_table(rows)
+    atomic_write(out / "compare.json", lambda tmp: Path(tmp).write_text(json.dumps(rows, indent=1)))
+    atomic_write(out / "compare.txt", lambda tmp: Path(tmp).write_text(table + "\n"))
+    plot_accuracy_vs_flops(rows, out / "accuracy_vs_flops.png",
+                           title=f"{cfg.data or 'digits'}, {sub.epochs} epochs each")
+    print(f"\nwrote {out}/compare.json, compare.txt, accuracy_vs_flops.png")
+    print(table)
+    return rows

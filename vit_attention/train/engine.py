@@ -1,0 +1,516 @@
+"""The training engine: ``train(TrainConfig(...))`` trains any registered model and returns its metrics.
+
+AdamW (no weight decay on biases, norms, position embeddings and prefix tokens), linear warm-up
+then cosine decay per optimizer step, gradient clipping, gradient accumulation, gradient
+checkpointing, bf16 autocast on CUDA (fp32 on CPU), an optional EMA of the weights, DeiT
+distillation, checkpoints that resume exactly, ``torchrun`` data parallelism.
+
+``batch_size`` is the global batch of one optimizer step: it is cut into ``world_size x
+accum_steps`` micro-batches and the loss is normalised by the global batch, so the result does
+not depend on how many processes or accumulation steps share the work. Every optimizer step
+re-seeds the random generators from ``(seed, step, rank)``, so augmentation and dropout draws
+are the same after a resume as in an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..models.registry import create_model, get_model_entry
+from ..weights.io import atomic_write, save_weights
+from . import presets  # noqa: F401  (registers the digits presets)
+from .checkpoint import (
+    CHECKPOINT_NAME,
+    check_resume_compatible,
+    load_training_state,
+    restore_rng_state,
+    save_training_state,
+)
+from .data import BatchTransform, DataBundle, batch_indices, build_data, iterate_batches, mix_batch, shard_indices
+from .distill import DistillationLoss, build_teacher, soft_target_cross_entropy
+from .distributed import (
+    DistInfo,
+    all_reduce_sum,
+    cleanup_distributed,
+    full_optimizer_state,
+    full_state_dict,
+    init_distributed,
+    load_optimizer_state,
+    no_sync,
+    unwrap_model,
+    wrap_model,
+)
+
+__all__ = ["TrainConfig", "ModelEma", "lr_at", "param_groups", "evaluate", "train", "plot_curves", "seed_step"]
+
+
+@dataclass
+class TrainConfig:
+    """Every choice of a training run (JSON-serialisable; stored in checkpoints)."""
+
+    model: str = presets.DEFAULT_MODEL
+    model_kwargs: dict[str, Any] = field(default_factory=dict)  # config overrides, e.g. {"attn_layer": "window"}
+    data: str | None = None  # None / "digits": the embedded set; else an image folder
+    img_size: int | None = None  # None: 8 for digits, the model's for folders
+    in_chans: int = 3  # image folders: 1 (grayscale) or 3 (RGB)
+    val_fraction: float = 0.1
+    crop_pct: float = 0.875
+    output: str | None = None  # run folder; None: runs/<model>-<time>
+    epochs: int = 40
+    batch_size: int = 64  # global batch per optimizer step
+    lr: float = 2e-3
+    min_lr: float = 1e-5
+    warmup_epochs: float = 3.0
+    weight_decay: float = 0.05
+    clip_grad: float | None = 1.0
+    accum_steps: int = 1
+    label_smoothing: float = 0.1
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    randaugment: tuple[int, int] | None = None  # (num ops, magnitude), e.g. (2, 9)
+    hflip: float | None = None  # None: 0.5 for image folders, 0 for digits
+    crop_scale: tuple[float, float] | None = None  # random resized crop; None: (0.35, 1) folders, off for digits
+    drop_rate: float | None = None  # model overrides when set
+    drop_path_rate: float | None = None
+    attn_drop_rate: float | None = None
+    grad_checkpointing: bool = False
+    amp: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU), bf16, none
+    ema_decay: float | None = None
+    seed: int = 0
+    device: str | None = None
+    fsdp: bool = False
+    workers: int = 0
+    ckpt_every: int = 0  # also checkpoint every N optimizer steps (0: at epoch ends only)
+    resume: bool = False
+    teacher: str | None = None  # a registered model name or a .safetensors checkpoint
+    teacher_checkpoint: str | None = None
+    distill_type: str = "hard"
+    distill_alpha: float = 0.5
+    distill_tau: float = 1.0
+    progress: bool = True
+    plot: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of the fields."""
+        return json.loads(json.dumps(asdict(self)))
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first bad option."""
+        checks = [
+            (self.epochs > 0, f"epochs must be positive, got {self.epochs}"),
+            (self.batch_size > 0, f"batch_size must be positive, got {self.batch_size}"),
+            (self.accum_steps > 0, f"accum_steps must be positive, got {self.accum_steps}"),
+            (self.lr > 0, f"lr must be positive, got {self.lr}"),
+            (self.warmup_epochs >= 0, f"warmup_epochs must be >= 0, got {self.warmup_epochs}"),
+            (0 <= self.label_smoothing < 1, f"label_smoothing must be in [0, 1), got {self.label_smoothing}"),
+            (self.mixup >= 0 and self.cutmix >= 0, "mixup and cutmix must be >= 0 (0 = off)"),
+            (self.amp in ("auto", "bf16", "none"), f"amp must be 'auto', 'bf16' or 'none', got {self.amp!r}"),
+            (self.ema_decay is None or 0 < self.ema_decay < 1, f"ema_decay must be in (0, 1), got {self.ema_decay}"),
+            (self.distill_type in ("soft", "hard"), f"distill_type must be soft or hard, got {self.distill_type!r}"),
+            (self.ckpt_every >= 0, f"ckpt_every must be >= 0, got {self.ckpt_every}"),
+            (not (self.fsdp and self.ema_decay), "ema_decay is not supported together with fsdp"),
+            (not (self.resume and not self.output), "resume needs output: the folder of the run to continue"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(msg)
+
+
+# ---------------------------------------------------------------------------- pieces
+def lr_at(step: int, *, total_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:
+    """Learning rate of optimizer step ``step`` (0-based): linear warm-up, then cosine decay to ``min_lr``."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    t = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: decay for weight matrices, none for biases, norms, position embeddings and tokens."""
+    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        bare = name.removeprefix("module.").removeprefix("_fsdp_wrapped_module.")
+        (no_decay if p.ndim <= 1 or bare in skip or name.endswith(".bias") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class ModelEma(nn.Module):
+    """Exponential moving average of a model's weights: ``ema = decay · ema + (1 - decay) · w`` per step."""
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        super().__init__()
+        self.module = copy.deepcopy(unwrap_model(model)).eval()
+        self.decay = decay
+        for p in self.module.parameters():
+            p.requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        """Move the average one step towards ``model``'s current weights."""
+        own = self.module.state_dict()
+        for k, v in unwrap_model(model).state_dict().items():
+            if own[k].is_floating_point():
+                own[k].lerp_(v.to(own[k].dtype), 1.0 - self.decay)
+            else:
+                own[k].copy_(v)
+
+
+def seed_step(seed: int, step: int, rank: int) -> None:
+    """Seed torch's generators for optimizer step ``step`` on ``rank`` (a resumed run draws the same numbers)."""
+    torch.manual_seed((seed * 1_000_003 + step) * 4096 + rank)
+
+
+def _autocast(device: torch.device, amp: str) -> Any:
+    if amp == "none" or (amp == "auto" and device.type != "cuda"):
+        return nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset: Any, transform: nn.Module, *, batch_size: int = 256,
+             info: DistInfo | None = None, amp: str = "auto", workers: int = 0,
+             return_predictions: bool = False) -> dict[str, Any]:
+    """Loss, top-1 and top-5 accuracy of ``model`` on ``dataset`` (each rank scores its share, then summed).
+
+    Returns ``{"loss", "top1", "top5", "n"}`` (plus ``"pred"`` / ``"target"`` ``[n]`` tensors of this
+    rank's share with ``return_predictions``).
+    """
+    info = info or DistInfo()
+    was_training = model.training
+    model.eval()
+    transform.eval()
+    idx = shard_indices(list(range(len(dataset))), info.rank, info.world_size)
+    sums = torch.zeros(4, dtype=torch.float64, device=info.device)  # loss, top1, top5, n
+    preds, targets = [], []
+    for x, y in iterate_batches(dataset, [idx[i:i + batch_size] for i in range(0, len(idx), batch_size)],
+                                workers=workers):
+        x, y = transform(x.to(info.device, non_blocking=True)), y.to(info.device)
+        with _autocast(info.device, amp):
+            logits = model(x)
+        logits = (logits[0] if isinstance(logits, tuple) else logits).float()
+        k = min(5, logits.shape[-1])
+        top = logits.topk(k, dim=-1).indices  # [b, k]
+        sums += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
+                             (top[:, 0] == y).sum().double(), (top == y[:, None]).any(-1).sum().double(),
+                             torch.tensor(float(len(y)), dtype=torch.float64, device=info.device)])
+        if return_predictions:
+            preds.append(top[:, 0].cpu())
+            targets.append(y.cpu())
+    all_reduce_sum(sums)
+    model.train(was_training)
+    n = max(sums[3].item(), 1.0)
+    out: dict[str, Any] = {"loss": sums[0].item() / n, "top1": sums[1].item() / n, "top5": sums[2].item() / n,
+                           "n": int(sums[3].item())}
+    if return_predictions:
+        out["pred"] = torch.cat(preds) if preds else torch.empty(0, dtype=torch.long)
+        out["target"] = torch.cat(targets) if targets else torch.empty(0, dtype=torch.long)
+    return out
+
+
+def plot_curves(history: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
+    """PNG of loss and accuracy per epoch (train and test) from the metrics ``history``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ep = [h["epoch"] for h in history]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot(ep, [h["train_loss"] for h in history], label="train")
+    a.plot(ep, [h["test_loss"] for h in history], label="test")
+    a.set_xlabel("epoch")
+    a.set_ylabel("loss")
+    a.legend()
+    b.plot(ep, [h["train_acc"] for h in history], label="train")
+    b.plot(ep, [h["test_acc"] for h in history], label="test top-1")
+    if any("test_acc_ema" in h for h in history):
+        b.plot(ep, [h.get("test_acc_ema", float("nan")) for h in history], label="test top-1 (EMA)")
+    b.set_xlabel("epoch")
+    b.set_ylabel("accuracy")
+    b.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    plt.close(fig)
+    return Path(path)
+
+
+def _write_metrics(out: Path, history: list[dict[str, Any]]) -> None:
+    keys: list[str] = []
+    for h in history:
+        keys += [k for k in h if k not in keys]
+
+    def write_csv(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(history)
+
+    atomic_write(out / "metrics.csv", write_csv)
+    atomic_write(out / "metrics.json", lambda tmp: Path(tmp).write_text(json.dumps(history, indent=1)))
+
+
+def _default_output(model: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path("runs") / f"{model}-{stamp}"
+    i = 1
+    while out.exists():
+        out = Path("runs") / f"{model}-{stamp}-{i}"
+        i += 1
+    return out
+
+
+def _model_overrides(cfg: TrainConfig, data: DataBundle) -> dict[str, Any]:
+    kw: dict[str, Any] = dict(cfg.model_kwargs)
+    for name in ("drop_rate", "drop_path_rate", "attn_drop_rate"):
+        if getattr(cfg, name) is not None:
+            kw[name] = getattr(cfg, name)
+    kw.setdefault("in_chans", data.in_chans)
+    return kw
+
+
+def build_model_for_data(cfg: TrainConfig, data: DataBundle) -> nn.Module:
+    """The model ``cfg.model`` sized for ``data`` (classes, channels, image size); clear error if unknown."""
+    get_model_entry(cfg.model)  # unknown names raise KeyError with suggestions
+    return create_model(cfg.model, num_classes=data.num_classes, img_size=data.img_size,
+                        **_model_overrides(cfg, data))
+
+
+def _make_transform(cfg: TrainConfig, data: DataBundle) -> BatchTransform:
+    folder = data.name != "digits"
+    hflip = cfg.hflip if cfg.hflip is not None else (0.5 if folder else 0.0)
+    crop = cfg.crop_scale if cfg.crop_scale is not None else ((0.35, 1.0) if folder else None)
+    return BatchTransform(data.mean, data.std, img_size=data.img_size, crop_scale=crop, hflip=hflip,
+                          randaugment=cfg.randaugment)
+
+
+def _say(info: DistInfo, *args: Any) -> None:
+    if info.is_main:
+        print(*args, flush=True)
+
+
+# ---------------------------------------------------------------------------- the loop
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Train ``cfg.model`` on ``cfg.data``; returns ``{"test_acc", "test_top5", "history", "output", ...}``.
+
+    Writes into ``cfg.output`` (rank 0): ``checkpoint.safetensors`` (+ ``.json``), ``metrics.csv``,
+    ``metrics.json``, ``model.safetensors`` (+ ``model_ema.safetensors``), ``curves.png``,
+    ``config.json``. Prints ``test accuracy: X`` as its last line.
+    """
+    from tqdm.auto import tqdm
+
+    cfg.validate()
+    info = init_distributed(cfg.device)
+    try:
+        return _train(cfg, info, tqdm)
+    finally:
+        cleanup_distributed()
+
+
+def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
+    torch.manual_seed(cfg.seed)
+    data = build_data(cfg.data, img_size=cfg.img_size, in_chans=cfg.in_chans, val_fraction=cfg.val_fraction,
+                      crop_pct=cfg.crop_pct, seed=cfg.seed)
+    if data.skipped:
+        _say(info, f"warning: skipped {len(data.skipped)} corrupt image(s), e.g. {data.skipped[0]}")
+    n_train = len(data.train)
+    if n_train < cfg.batch_size:
+        raise ValueError(f"batch_size={cfg.batch_size} is larger than the {n_train} training images")
+    if cfg.batch_size < info.world_size * cfg.accum_steps:
+        raise ValueError(f"batch_size={cfg.batch_size} must be at least world_size x accum_steps "
+                         f"= {info.world_size * cfg.accum_steps}")
+    model = build_model_for_data(cfg, data)
+    model_cfg = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else {}
+
+    out = Path(cfg.output) if cfg.output else _default_output(cfg.model)
+    ckpt_path = out / CHECKPOINT_NAME
+    ckpt = None
+    if cfg.resume:
+        ckpt = load_training_state(ckpt_path)
+        check_resume_compatible(ckpt, model.registry_name, model_cfg, ckpt_path)
+        model.load_state_dict(ckpt.model)
+    elif ckpt_path.exists() or (out / "metrics.json").exists():
+        raise ValueError(f"output folder {out} already holds a run; pass --resume to continue it, or choose "
+                         "another --output (nothing was overwritten)")
+    teacher = None
+    if cfg.teacher:
+        teacher = build_teacher(cfg.teacher, num_classes=data.num_classes, img_size=data.img_size,
+                                in_chans=data.in_chans, checkpoint=cfg.teacher_checkpoint).to(info.device)
+
+    model.to(info.device)
+    if cfg.grad_checkpointing:
+        if not hasattr(model, "set_grad_checkpointing"):
+            raise ValueError(f"{cfg.model} does not support gradient checkpointing")
+        model.set_grad_checkpointing(True)
+    ema = ModelEma(model, cfg.ema_decay) if cfg.ema_decay else None
+    if ema is not None and ckpt is not None and ckpt.ema:
+        ema.module.load_state_dict(ckpt.ema)
+    net = wrap_model(model, info, fsdp=cfg.fsdp)
+    optimizer = torch.optim.AdamW(param_groups(net, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.999))
+    if ckpt is not None:
+        from .checkpoint import optimizer_state_from_safe
+
+        load_optimizer_state(net, optimizer, optimizer_state_from_safe(ckpt.optim, ckpt.state["optimizer"]))
+    transform = _make_transform(cfg, data).to(info.device)
+    criterion = DistillationLoss(soft_target_cross_entropy, teacher,
+                                 distill_type=cfg.distill_type if teacher else "none",
+                                 alpha=cfg.distill_alpha, tau=cfg.distill_tau)
+
+    steps_per_epoch = n_train // cfg.batch_size
+    total_steps = steps_per_epoch * cfg.epochs
+    warmup_steps = min(int(round(cfg.warmup_epochs * steps_per_epoch)), total_steps)
+    history: list[dict[str, Any]] = []
+    start_epoch, start_in_epoch, step = 0, 0, 0
+    sums0 = [0.0, 0.0, 0.0]
+    train_time0 = 0.0
+    if ckpt is not None:
+        st = ckpt.state
+        start_epoch, start_in_epoch, step = st["epoch"], st["step_in_epoch"], st["global_step"]
+        history = list(st["history"])
+        sums0 = list(st["epoch_sums"]) if info.is_main else [0.0, 0.0, 0.0]
+        train_time0 = st.get("epoch_train_time", 0.0)
+        restore_rng_state(ckpt.rng, st["rng"])
+        _say(info, f"resuming {out} at epoch {start_epoch + 1}, step {step}")
+    n_params = sum(p.numel() for p in model.parameters())
+    _say(info, f"model {cfg.model}: {n_params:,} parameters; data {data.name}: {n_train} train / "
+               f"{len(data.test)} test images, {data.num_classes} classes; {info.world_size} process(es) on "
+               f"{info.device.type}; output {out}")
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(
+            {"train": cfg.to_dict(), "model_name": model.registry_name, "model_config": model_cfg,
+             "classes": data.classes, "mean": data.mean, "std": data.std}, indent=1)))
+
+    def save_ckpt(epoch: int, in_epoch: int, sums: Tensor, train_time: float) -> None:
+        g_sums = all_reduce_sum(sums.clone())
+        msd, osd = full_state_dict(net), full_optimizer_state(net, optimizer)
+        if info.is_main:
+            save_training_state(ckpt_path, model_state=msd, optimizer_state=osd,
+                                ema_state=ema.module.state_dict() if ema else None,
+                                state={"epoch": epoch, "step_in_epoch": in_epoch, "global_step": step,
+                                       "epoch_sums": g_sums.tolist(), "epoch_train_time": train_time,
+                                       "history": history, "config": cfg.to_dict(),
+                                       "model_name": model.registry_name, "model_config": model_cfg,
+                                       "world_size": info.world_size, "classes": data.classes,
+                                       "mean": list(data.mean), "std": list(data.std)})
+
+    show = cfg.progress and info.is_main
+    epoch_bar = tqdm(total=cfg.epochs, initial=start_epoch, desc="epochs", unit="ep", disable=not show,
+                     file=sys.stderr, dynamic_ncols=True)
+    for epoch in range(start_epoch, cfg.epochs):
+        batches = batch_indices(n_train, cfg.batch_size, epoch=epoch, seed=cfg.seed, drop_last=True)
+        first = start_in_epoch if epoch == start_epoch else 0
+        sums = torch.tensor(sums0 if epoch == start_epoch else [0.0, 0.0, 0.0], dtype=torch.float64,
+                            device=info.device)  # loss sum, correct, count
+        train_time = train_time0 if epoch == start_epoch else 0.0
+        net.train()
+        transform.train()
+        bar = tqdm(total=len(batches), initial=first, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="step",
+                   leave=False, disable=not show, file=sys.stderr, dynamic_ncols=True)
+        for bi in range(first, len(batches)):
+            t0 = time.perf_counter()
+            gb = batches[bi]
+            seed_step(cfg.seed, step, info.rank)
+            lr = lr_at(step, total_steps=total_steps, warmup_steps=warmup_steps, lr=cfg.lr, min_lr=cfg.min_lr)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            local = shard_indices(gb, info.rank, info.world_size)
+            micro = [shard_indices(local, i, cfg.accum_steps) for i in range(cfg.accum_steps)]
+            optimizer.zero_grad(set_to_none=True)
+            for mi, (x, y) in enumerate(iterate_batches(data.train, micro, workers=cfg.workers)):
+                x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
+                x = transform(x)
+                x, target = mix_batch(x, y, data.num_classes, mixup=cfg.mixup, cutmix=cfg.cutmix,
+                                      label_smoothing=cfg.label_smoothing)
+                with no_sync(net, skip=mi < cfg.accum_steps - 1), _autocast(info.device, cfg.amp):
+                    outputs = net(x)
+                    per_sample = criterion(x, outputs, target)  # [b]
+                    loss = per_sample.sum() * (info.world_size / len(gb))
+                    loss.backward()
+                with torch.no_grad():
+                    logits = outputs[0] if isinstance(outputs, tuple) else outputs
+                    sums += torch.stack([per_sample.detach().sum().double(),
+                                         (logits.argmax(-1) == y).sum().double(),
+                                         torch.tensor(float(len(y)), dtype=torch.float64, device=info.device)])
+            if cfg.clip_grad:
+                if hasattr(net, "clip_grad_norm_"):  # FSDP shards: its own global-norm clip
+                    net.clip_grad_norm_(cfg.clip_grad)
+                else:
+                    torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.clip_grad)
+            optimizer.step()
+            if ema is not None:
+                ema.update(net)
+            step += 1
+            train_time += time.perf_counter() - t0
+            if show:
+                cnt = max(sums[2].item(), 1.0)
+                bar.set_postfix(loss=f"{sums[0].item() / cnt:.3f}", acc=f"{sums[1].item() / cnt:.3f}",
+                                img_s=f"{cnt * info.world_size / max(train_time, 1e-9):.0f}", lr=f"{lr:.2e}")
+                bar.update(1)
+            if cfg.ckpt_every and step % cfg.ckpt_every == 0 and bi + 1 < len(batches):
+                save_ckpt(epoch, bi + 1, sums, train_time)
+        bar.close()
+        g = all_reduce_sum(sums.clone())
+        count = max(g[2].item(), 1.0)
+        ev = evaluate(net, data.test, transform, info=info, amp=cfg.amp, workers=cfg.workers)
+        row: dict[str, Any] = {"epoch": epoch + 1, "step": step, "lr": lr, "train_loss": g[0].item() / count,
+                               "train_acc": g[1].item() / count, "test_loss": ev["loss"], "test_acc": ev["top1"],
+                               "test_top5": ev["top5"], "train_img_s": count / max(train_time, 1e-9)}
+        if ema is not None:
+            row["test_acc_ema"] = evaluate(ema.module, data.test, transform, info=info, amp=cfg.amp,
+                                           workers=cfg.workers)["top1"]
+        history.append(row)
+        save_ckpt(epoch + 1, 0, torch.zeros(3, dtype=torch.float64, device=info.device), 0.0)
+        if info.is_main:
+            _write_metrics(out, history)
+        epoch_bar.set_postfix(loss=f"{row['train_loss']:.3f}", test_acc=f"{row['test_acc']:.4f}")
+        epoch_bar.update(1)
+        if not show:
+            _say(info, f"epoch {epoch + 1}/{cfg.epochs}: train loss {row['train_loss']:.4f} acc "
+                       f"{row['train_acc']:.4f} | test loss {row['test_loss']:.4f} acc {row['test_acc']:.4f} | "
+                       f"{row['train_img_s']:.0f} img/s")
+    epoch_bar.close()
+
+    final = evaluate(net, data.test, transform, info=info, amp=cfg.amp, workers=cfg.workers)
+    result: dict[str, Any] = {"test_acc": final["top1"], "test_top5": final["top5"], "test_loss": final["loss"],
+                              "history": history, "output": str(out), "params": n_params,
+                              "model": unwrap_model(net), "input_size": data.img_size, "device": info.device}
+    msd = full_state_dict(net)
+    if ema is not None:
+        result["test_acc_ema"] = evaluate(ema.module, data.test, transform, info=info, amp=cfg.amp)["top1"]
+    if info.is_main:
+        meta = {"classes": data.classes, "mean": list(data.mean), "std": list(data.std), "data": data.name,
+                "test_acc": final["top1"]}
+        bare = unwrap_model(net)
+        save_weights(msd, out / "model.safetensors",
+                     metadata={**meta, "model": bare.registry_name, "config": bare.cfg.to_json()})
+        if ema is not None:
+            save_weights(ema.module.state_dict(), out / "model_ema.safetensors",
+                         metadata={**meta, "model": bare.registry_name, "config": bare.cfg.to_json(),
+                                   "test_acc": result["test_acc_ema"]})
+        if cfg.plot and history:
+            plot_curves(history, out / "curves.png", title=f"{cfg.model} on {data.name}")
+        print(f"wrote {out}/ (model.safetensors, checkpoint.safetensors, metrics.csv, metrics.json"
+              + (", curves.png" if cfg.plot else "") + ")", flush=True)
+        print(f"test top-5 accuracy: {final['top5']:.4f}", flush=True)
+        if ema is not None:
+            print(f"test accuracy (EMA weights): {result['test_acc_ema']:.4f}", flush=True)
+        print(f"test accuracy: {final['top1']:.4f}", flush=True)
+    return result
