@@ -205,6 +205,14 @@ def _sdpa_cpu_flops(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, *
     return 2 * B * nh * N * k[-2] * (hd + v[-1])
 
 
+def _onednn_linear_flops(*args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """oneDNN ``_linear_pointwise`` (plain ``(x, w, b, ...)`` or binary ``(x, other, w, b, ...)``): 2·M·Cin·Cout."""
+    x = args[0]
+    w = args[2] if len(args) > 2 and isinstance(args[2], (tuple, list)) and len(args[2]) == 2 and \
+        isinstance(args[1], (tuple, list)) and len(args[1]) == len(x) else args[1]
+    return 2 * math.prod(x[:-1]) * w[0] * w[1]
+
+
 def _extra_mapping() -> dict[Any, Any]:
     aten = torch.ops.aten
     mapping: dict[Any, Any] = {aten.native_layer_norm: _norm_flops, aten.native_group_norm: _group_norm_flops,
@@ -212,6 +220,10 @@ def _extra_mapping() -> dict[Any, Any]:
     cpu_sdpa = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if cpu_sdpa is not None:
         mapping[cpu_sdpa] = _sdpa_cpu_flops
+    try:  # CPU inference fast path of vit_attention.functional.linear
+        mapping[torch.ops.mkldnn._linear_pointwise] = _onednn_linear_flops
+    except (AttributeError, RuntimeError):
+        pass
     for name in ("_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
                  "_native_batch_norm_legit_functional"):
         op = getattr(aten, name, None)
@@ -224,8 +236,9 @@ def measure_flops(model_or_module: nn.Module, input_shape: Sequence[int] | Tenso
                   ) -> tuple[int, dict[str, int]]:
     """Measured multiply-adds with ``torch.utils.flop_counter.FlopCounterMode``.
 
-    Counts what the operators actually do (matrix products, convolutions, fused attention)
-    plus normalisation ops by the fvcore rule of :func:`flops`. Returns ``(total MACs, MACs per
+    Counts what the operators actually do (matrix products, convolutions, fused attention, the
+    oneDNN linear kernels of the CPU fast path) plus normalisation ops by the fvcore rule of
+    :func:`flops`. Returns ``(total MACs, MACs per
     module name)``; the per-module counts are inclusive (a module includes its children).
     """
     dev = module_device(model_or_module) if device is None else torch.device(device)
