@@ -119,3 +119,33 @@ def test_attn_command_writes_png_from_a_checkpoint(trained, tmp_path, capsys):
     assert main(["attn", "vit_tiny_patch16_224", str(img_path), "--checkpoint", str(ckpt), "--layer", "7",
                  "--out", str(out)]) == 2
     assert "out of range" in capsys.readouterr().err
+
+
+def test_attn_on_a_checkpoint_from_the_training_engine(tmp_path, capsys):
+    """`vit-attention train` output (model.safetensors with config, mean / std) -> `vit-attention attn`."""
+    from vit_attention.train import TrainConfig, train
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(TrainConfig(model="vit_digits_patch2_8", epochs=1, output=str(tmp_path / "run"), progress=False,
+                          plot=False, seed=0))
+    finally:
+        torch.set_num_threads(threads)
+    ckpt = tmp_path / "run" / "model.safetensors"
+    x, _ = _digits()
+    img_path = tmp_path / "seven.png"
+    Image.fromarray((x[7, 0, ::2, ::2].numpy() * 255).round().astype(np.uint8), mode="L").save(img_path)  # 8x8
+    capsys.readouterr()
+    assert main(["attn", "vit_digits_patch2_8", str(img_path), "--checkpoint", str(ckpt), "--out",
+                 str(tmp_path / "maps"), "--save-map"]) == 0
+    (png,) = (tmp_path / "maps").glob("*.png")
+    heat = np.load(png.with_suffix(".npy"))
+    model = build_model("vit_digits_patch2_8", checkpoint=ckpt)
+    assert tuple(model.cfg.img_size) == (8, 8) and model.cfg.in_chans == 1  # rebuilt from the checkpoint's config
+    mean, std = model.normalization
+    assert mean != (0.5,)  # the data set's statistics, stored by the engine
+    x_png, _ = load_image(img_path, 1, (8, 8), model.normalization)
+    expected, _, method = attention_heatmap(model, x_png)
+    assert method == "rollout" and heat.shape == (4, 4)
+    np.testing.assert_allclose(heat, expected.numpy(), rtol=1e-5, atol=1e-7)
