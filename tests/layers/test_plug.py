@@ -67,10 +67,10 @@ def test_readme_example_trains():
         va.plug("window", 32, num_heads=4, window_size=4, mlp_ratio=2.0),
         nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
-    x, y = torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,))
+    x, y = torch.randn(8, 3, 12, 12), torch.randint(0, 10, (8,))
     opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
     losses = []
-    for _ in range(8):
+    for _ in range(5):
         loss = nn.functional.cross_entropy(net(x), y)
         opt.zero_grad()
         loss.backward()
