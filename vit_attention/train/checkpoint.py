@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
@@ -144,7 +144,7 @@ def load_training_state(path: str | Path) -> TrainingState:
             for key in f.keys():
                 prefix, name = key.split(".", 1)
                 groups[prefix][name] = f.get_tensor(key)
-    except (OSError, RuntimeError) as e:  # safetensors raises these for damaged files
+    except (OSError, RuntimeError, SafetensorError) as e:  # damaged or foreign files
         raise ValueError(f"cannot read checkpoint {path}: {e}") from None
     return TrainingState(groups["model"], groups["ema"], groups["optim"], groups["rng"], json.loads(meta["state"]))
 

@@ -23,6 +23,13 @@ def _kv(text: str) -> tuple[str, Any]:
         return k, v
 
 
+def _json_or_str(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def _pair(kind: type) -> Any:
     def parse(text: str) -> tuple[Any, Any]:
         parts = text.replace(":", ",").split(",")
@@ -128,7 +135,7 @@ def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         model = load_model_from_checkpoint(path)
         file = path / "model.safetensors" if path.is_dir() else path
         raw = read_metadata(file) if file.exists() else {}
-        meta = {k: json.loads(raw[k]) for k in ("classes", "mean", "std", "data") if k in raw}
+        meta = {k: _json_or_str(raw[k]) for k in ("classes", "mean", "std", "data") if k in raw}
         if raw.get("format") == "vit_attention.train_state":
             from .checkpoint import load_training_state
 
