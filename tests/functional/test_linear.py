@@ -68,3 +68,19 @@ def test_block_and_mlp_inference_equal_eager(init_values: float | None) -> None:
     y = blk(x.requires_grad_())
     y.sum().backward()
     assert blk.mlp.fc1.weight.grad is not None
+
+
+def test_training_path_gradients_equal_eager() -> None:
+    torch.manual_seed(0)
+    x, w, b = (torch.randn(3, 5, 24, requires_grad=True), torch.randn(40, 24, requires_grad=True),
+               torch.randn(40, requires_grad=True))
+    grads = []
+    for enabled in (True, False):
+        with fast_linear(enabled):
+            y = linear(x, w, b, act="gelu")
+        y.square().sum().backward()
+        grads.append([t.grad.clone() for t in (x, w, b)])
+        for t in (x, w, b):
+            t.grad = None
+    for fast, eager in zip(*grads):
+        torch.testing.assert_close(fast, eager, rtol=1e-5, atol=1e-5)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..functional.linear import apply_linear, linear
 from ..functional.window import log_relative_coords_table, relative_position_index, to_pair
 from .registry import register_attention
 from .window import WindowAttentionBase
@@ -72,9 +73,9 @@ class CosineWindowAttention(WindowAttentionBase):
     def project_qkv(self, x: Tensor) -> Tensor:
         """``[B·nW, N, C] -> [B·nW, N, 3C]`` with bias ``[q_bias | 0 | v_bias]``."""
         if self.q_bias is None or self.v_bias is None:
-            return self.qkv(x)
+            return apply_linear(self.qkv, x)
         bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])  # [3C]
-        return F.linear(x, self.qkv.weight, bias)
+        return linear(x, self.qkv.weight, bias)
 
     def bias_parameters(self) -> list[Tensor]:
         """The CPB MLP parameters."""

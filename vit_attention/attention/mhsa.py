@@ -61,7 +61,7 @@ class MultiHeadSelfAttention(nn.Module):
         x = merge_heads(x)  # [B, N, C]
         if not self.training:  # proj_drop is the identity
             return apply_linear(self.proj, x, residual=residual)  # [B, N, C]
-        x = self.proj_drop(self.proj(x))  # [B, N, C]
+        x = self.proj_drop(apply_linear(self.proj, x))  # [B, N, C]
         return x if residual is None else residual + x
 
     def flops(self, input_shape: tuple[int, ...]) -> int:

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import attention_context, merge_heads, scaled_dot_product_attention, split_qkv
+from ..functional.linear import apply_linear
 from ..functional.window import (
     relative_position_index,
     shift_window_mask,
@@ -180,7 +181,7 @@ class WindowAttentionBase(nn.Module):
             out = out.view(B, nW, nh, N, hd).transpose(2, 3).reshape(B * nW, N, C)  # [B·nW, N, C]
         else:
             out = merge_heads(out)  # [B·nW, N, C]
-        out = self.proj_drop(self.proj(out))  # [B·nW, N, C]
+        out = self.proj_drop(apply_linear(self.proj, out))  # [B·nW, N, C]
 
         if gather:  # reverse + crop + roll back as one gather
             return out.view(B, nW * N, C).index_select(1, inv).view(B, H, W, C)  # [B, H, W, C]
@@ -234,7 +235,7 @@ class WindowAttention(WindowAttentionBase):
 
     def project_qkv(self, x: Tensor) -> Tensor:
         """``[B·nW, N, C] -> [B·nW, N, 3C]``."""
-        return self.qkv(x)
+        return apply_linear(self.qkv, x)
 
     def bias_parameters(self) -> list[Tensor]:
         """The relative-position table."""

@@ -50,7 +50,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--amp", choices=("bf16",), default=None, help="torch.autocast in bf16 (default fp32)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--rounds", type=int, default=5, help="timed rounds (each runs every participant)")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds; each times every participant twice, ABBA order")
     p.add_argument("--iters", type=int, default=1, help="steps per participant per round")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per participant")
     p.add_argument("--peak-size", type=int, default=None, help="matrix size of the peak GEMM (default 2048 CPU)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +89,43 @@ def _autocast_on(device_type: str) -> bool:
         return bool(torch.is_autocast_cpu_enabled()) if device_type == "cpu" else bool(torch.is_autocast_enabled())
 
 
+def _onednn_ok(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """oneDNN can run this projection: CPU, fp32 (or bf16) without autocast, eager, plain tensors."""
+    if not (_FAST and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu":
+        return False
+    if x.dtype != torch.float32 or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        return False
+    if torch.jit.is_scripting() or torch.compiler.is_compiling() or _autocast_on("cpu"):
+        return False
+    return x.is_contiguous() and weight.is_contiguous() and type(x) in (Tensor, torch.nn.Parameter) and type(
+        weight) in (Tensor, torch.nn.Parameter)
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """``x Wᵀ + b`` with oneDNN's GEMM (bias fused) forward and for the input gradient; autograd-aware."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        x, weight = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.shape[-1])  # [M, Cout]
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:  # [M, Cin] = g W  (oneDNN: linear with weight Wᵀ [Cin, Cout])
+            gx = torch.ops.mkldnn._linear_pointwise(g2.contiguous(), weight.t().contiguous(), None, "none", [], "")
+            gx = gx.view(x.shape)
+        if ctx.needs_input_grad[1]:
+            gw = g2.t() @ x.reshape(-1, x.shape[-1])  # [Cout, Cin]
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g2.sum(0)
+        return gx, gw, gb
+
+
 def can_fuse(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None) -> bool:
     """True when the fused oneDNN kernel computes exactly what the eager ops would (inference on CPU)."""
     if not (_FAST and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu":
@@ -127,7 +165,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, act: str | 
         else:
             attr, algo = ACTIVATIONS[act] if act is not None else ("none", "")
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algo)
-    out = F.linear(x, weight, bias)
+    if x.dim() >= 2 and x.shape[-1] == weight.shape[-1] and _onednn_ok(x, weight, bias):
+        out = _OneDNNLinear.apply(x, weight, bias)  # training on CPU: same math, faster GEMM, no bias copy
+    else:
+        out = F.linear(x, weight, bias)
     if act is not None:
         out = _eager_act(out, act)
     return out if residual is None else residual + out

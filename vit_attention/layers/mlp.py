@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from ..functional.linear import can_fuse, fusable_activation, hookless, linear
+from ..functional.linear import apply_linear, can_fuse, fusable_activation, hookless, linear
 
 __all__ = ["Mlp"]
 
@@ -32,5 +32,5 @@ class Mlp(nn.Module):
                 and hookless(self.fc1, self.act, self.fc2) and can_fuse(x, self.fc1.weight)):
             h = linear(x, self.fc1.weight, self.fc1.bias, act=act)  # fc1 + bias + act in one kernel
             return linear(h, self.fc2.weight, self.fc2.bias, residual=residual)
-        out = self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+        out = self.drop2(apply_linear(self.fc2, self.drop1(self.act(apply_linear(self.fc1, x)))))
         return out if residual is None else residual + out

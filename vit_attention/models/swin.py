@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from ..attention import create_attention
 from ..functional import resample_abs_pos_embed
+from ..functional.linear import hookless
 from ..layers import DropPath, Mlp, PatchEmbed, to_2tuple
 from .registry import register_family
 
@@ -145,6 +146,8 @@ class SwinBlock(nn.Module):
             x = x + self.drop_path1(self.norm1(self.attn(x)))
             return x + self.drop_path2(self.norm2(self.mlp(x)))
         x = x + self.drop_path1(self.attn(self.norm1(x)))
+        if not self.training and hookless(self.mlp):  # inference: the residual add fused into fc2
+            return self.mlp(self.norm2(x), residual=x)
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
