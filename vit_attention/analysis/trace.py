@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from ..layers.drop_path import DropPath
 from ._run import AttentionCall, ModuleCall, Recording, record_forward
 
 __all__ = ["Trace", "TraceLine", "trace"]
@@ -114,7 +115,7 @@ def _attention_lines(att: AttentionCall, depth: int) -> list[TraceLine]:
     return lines
 
 
-_HIDDEN = (nn.Identity, nn.Dropout)
+_HIDDEN = (nn.Identity, nn.Dropout, DropPath)
 
 
 def _build_lines(rec: Recording, max_depth: int | None, show_all: bool = False) -> list[TraceLine]:
@@ -156,7 +157,8 @@ def _build_lines(rec: Recording, max_depth: int | None, show_all: bool = False) 
                 B, nh, N, hd = ev.q
                 if ev.info.get("window_size") is not None and ev.info.get("heads_layout") != "windows*heads":
                     code_line(parents[-1], [(B, N, nh * hd)], depth)
-                last_child_out[parents[-1].index] = [(B, N, nh * ev.v[-1])]
+                nW = int(ev.info.get("num_windows", 1)) if ev.info.get("heads_layout") == "windows*heads" else 1
+                last_child_out[parents[-1].index] = [(B * nW, N, nh // nW * ev.v[-1])]  # heads merged
             if max_depth is None or depth <= max_depth:
                 lines.extend(_attention_lines(ev, depth))
     return lines
@@ -172,7 +174,7 @@ def trace(model: nn.Module, input_shape: Sequence[int] | Tensor, *, device: str 
         input_shape: shape of the input (or a tensor).
         device: ``"meta"`` (default, no compute) or None to run where the model lives.
         max_depth: keep module calls nested at most this deep (None = all).
-        show_all: also list shape-preserving ``Identity`` / ``Dropout`` calls (hidden by default).
+        show_all: also list shape-preserving ``Identity`` / ``Dropout`` / ``DropPath`` calls (hidden by default).
 
     Returns:
         a :class:`Trace`; ``print(trace(...))`` shows the table.
