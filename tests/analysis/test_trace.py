@@ -72,3 +72,27 @@ def test_trace_leaves_the_model_untouched():
     trace(model, (1, 3, 32, 32), device=None)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_shape_hook_sees_every_call_without_forcing_the_explicit_path(monkeypatch):
+    from vit_attention.functional import attention as core
+
+    def no_explicit(*args, **kwargs):
+        raise AssertionError("the shape hook must not force the explicit path")
+
+    monkeypatch.setattr(core, "_explicit", no_explicit)
+    seen = []
+    handle = core.register_attention_shape_hook(lambda q, k, v, info: seen.append((q.shape, k.shape, info)))
+    try:
+        for device in ("cpu", "meta"):
+            q, k = torch.randn(2, 3, 5, 8, device=device), torch.randn(2, 3, 7, 8, device=device)
+            with core.attention_context(module="probe"):
+                out = core.scaled_dot_product_attention(q, k, k, mask=torch.ones(5, 7, dtype=torch.bool,
+                                                                                  device=device))
+            assert out.shape == (2, 3, 5, 8)
+    finally:
+        handle.remove()
+    assert len(seen) == 2 and seen[0][0] == (2, 3, 5, 8) and seen[0][1] == (2, 3, 7, 8)
+    assert seen[0][2] == {"module": "probe", "mask": (5, 7)}
+    core.scaled_dot_product_attention(q, k, k)
+    assert len(seen) == 2  # removed
