@@ -171,9 +171,11 @@ def test_huggingface_base_model_features(v2):
         assert _rel_err(ours.forward_head(ours.forward_features(x), pre_logits=True), out.pooler_output) <= 1e-5
 
 
-def test_huggingface_swinv2_classifier():
-    hf = _perturb(transformers.Swinv2ForImageClassification(transformers.Swinv2Config(**HF_CFG)))
-    ours = SwinTransformerV2(**OURS_CFG).eval()
+@pytest.mark.parametrize("pretrained_ws", [None, (8, 8, 8)])
+def test_huggingface_swinv2_classifier(pretrained_ws):
+    extra = {} if pretrained_ws is None else {"pretrained_window_sizes": list(pretrained_ws)}
+    hf = _perturb(transformers.Swinv2ForImageClassification(transformers.Swinv2Config(**HF_CFG, **extra)))
+    ours = SwinTransformerV2(**OURS_CFG, pretrained_window_sizes=pretrained_ws).eval()
     assert load_weights(ours, hf.state_dict()).ok
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
