@@ -123,7 +123,8 @@ def mechanism_page(name: str, image: str | None = None) -> str:
     if image:
         lines += ["## Attention pattern", "",
                   f"![attention pattern of {name}]({image})", "",
-                  "Where three query tokens (red crosses) look on a 14×14 map (random weights, random input, "
+                  f"Where three query tokens (red crosses) look on a {_picture_size(name)[0]}×{_picture_size(name)[1]} "
+                  "map (random weights, random input, "
                   "seed 0, mean over heads), recorded with `vit_attention.analysis.record_attention`. A "
                   "trained model's maps: `vit-attention attn MODEL IMAGE --checkpoint ckpt.safetensors`.", ""]
     return "\n".join(lines)
@@ -135,18 +136,24 @@ def mechanism_picture(name: str, path: Path) -> Path:
     from .render import save_grid
 
     spec = get_attention_spec(name)
-    kwargs = DOC_EXAMPLES.get(name, (dict(spec.example_kwargs), ()))[0]
+    kwargs, shape = DOC_EXAMPLES.get(name, (dict(spec.example_kwargs), (1, 14, 14, 96)))
+    H, W = _picture_size(name)
     torch.manual_seed(0)
     attn = create_attention(name, 48, 3, **kwargs).eval()
-    H = W = 14
     x = torch.randn(1, H, W, 48)
     with record_attention(attn, grid=(H, W)) as rec, torch.no_grad():
         attn(x if spec.layout == "spatial" else x.reshape(1, H * W, 48))
     r = rec.records[0]
-    queries = [(2, 2), (7, 6), (12, 12)]
+    queries = [(2, 2), (H // 2, W // 2 - 1), (H - 2, W - 2)]
     maps = [r.query_map(q)[0] for q in queries]
     return save_grid(maps, [f"query {q}" for q in queries], path, marks=queries,
-                     suptitle=f"{name}: attention of three query tokens over a 14×14 map")
+                     suptitle=f"{name}: attention of three query tokens over a {H}×{W} map")
+
+
+def _picture_size(name: str) -> tuple[int, int]:
+    """The map of the picture: the documented example's for spatial mechanisms (a window multiple), else 14x14."""
+    shape = DOC_EXAMPLES.get(name, ({}, (1, 14, 14, 96)))[1]
+    return (shape[1], shape[2]) if len(shape) == 4 else (14, 14)
 
 
 def _num(value: float, decimals: int) -> str:
