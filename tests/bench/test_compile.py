@@ -34,3 +34,12 @@ def test_one_graph_and_same_output(name: str) -> None:
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
     finally:
         torch._dynamo.reset()
+
+
+def test_cli_graph_breaks_lists_models(capsys: pytest.CaptureFixture[str]) -> None:
+    from vit_attention.cli import main
+
+    assert main(["bench", "vit_tiny_patch16_224", "--graph-breaks"]) == 0
+    assert "| vit_tiny_patch16_224 | 1 | 0 | - |" in capsys.readouterr().out
+    assert main(["bench", "nonexistent*", "--graph-breaks"]) == 2
+    assert "no registered model matches" in capsys.readouterr().err

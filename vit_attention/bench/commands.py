@@ -6,10 +6,39 @@ import argparse
 import json
 import sys
 
-from .harness import BenchConfig, format_table, run_benchmark
+from ..models import list_models
+from .harness import BenchConfig, format_table, graph_break_report, run_benchmark
+
+
+def _expand(patterns: list[str]) -> list[str]:
+    names: list[str] = []
+    for pat in patterns:
+        if any(c in pat for c in "*?["):
+            found = list_models(pat)
+            if not found:
+                raise ValueError(f"no registered model matches {pat!r}")
+            names += found
+        else:
+            names.append(pat)
+    return names
+
+
+def _graph_breaks(args: argparse.Namespace) -> int:
+    rows = graph_break_report(_expand(args.models))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print("| model | graphs | graph breaks | reasons |\n|---|---|---|---|")
+    for r in rows:
+        why = "; ".join(r.get("break_reasons", [])) or r.get("error", "") or "-"
+        print(f"| {r['model']} | {r['graphs']} | {r['graph_breaks']} | {why} |")
+    return 0 if all(r["graph_breaks"] == 0 for r in rows) else 1
 
 
 def _bench(args: argparse.Namespace) -> int:
+    args.models = _expand(args.models)
+    if args.graph_breaks:
+        return _graph_breaks(args)
     compare = [c.strip() for c in (args.compare or "").split(",") if c.strip()]
     cfg = BenchConfig(models=args.models, batch_size=args.batch_size, img_size=args.img_size, mode=args.mode,
                       compare=compare, compile=args.compile, compile_backend=args.compile_backend,
@@ -37,7 +66,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``bench``."""
     p = sub.add_parser("bench", help="benchmark models (images/s, latency, memory, %% of matmul peak), "
                        "optionally side by side with timm / torchvision")
-    p.add_argument("models", nargs="+", metavar="MODEL", help="registered model names or aliases")
+    p.add_argument("models", nargs="+", metavar="MODEL", help="registered model names, aliases or globs")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--img-size", type=int, default=None, help="input size (default: each preset's)")
     p.add_argument("--mode", choices=("infer", "train", "both"), default="infer",
@@ -46,6 +75,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "(same architecture, our weights loaded into both through our converters)")
     p.add_argument("--compile", action="store_true", help="also time torch.compile(ours); report graph breaks")
     p.add_argument("--compile-backend", default="inductor")
+    p.add_argument("--graph-breaks", action="store_true", help="only trace each model with dynamo (meta device, "
+                   "one block per stage) and list graph breaks; MODEL may be a glob like 'swin*'")
     p.add_argument("--channels-last", action="store_true", help="channels_last inputs and weights")
     p.add_argument("--amp", choices=("bf16",), default=None, help="torch.autocast in bf16 (default fp32)")
     p.add_argument("--device", default="cpu")

@@ -439,3 +439,42 @@ def format_table(report: dict[str, Any]) -> str:
                          f"{' error ' + c['error'] if c.get('error') else ''}")
     lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- graph breaks
+def _reduced_kwargs(name: str) -> dict[str, Any]:
+    """Config overrides that keep every code path of ``name`` but one block per stage."""
+    import dataclasses
+
+    entry = get_model_entry(name)
+    fields = {f.name for f in dataclasses.fields(entry.config_cls)}
+    kw: dict[str, Any] = {}
+    if "depth" in fields:
+        kw["depth"] = 1
+    if "depths" in fields:
+        kw["depths"] = tuple(1 for _ in entry.config().depths)
+    return kw
+
+
+def graph_break_report(names: Sequence[str], *, reduced: bool = True) -> list[dict[str, Any]]:
+    """Dynamo-trace each model on the meta device (``reduced``: one block per stage; the code
+    paths are the same) and return ``[{"model", "graphs", "graph_breaks", "break_reasons"}]``."""
+    import torch._dynamo
+
+    rows = []
+    for name in names:
+        name = get_model_entry(name).name
+        with torch.device("meta"):
+            model = create_model(name, **(_reduced_kwargs(name) if reduced else {})).eval()
+            x = torch.randn(1, _in_chans(model), *_img_hw(model))
+        try:
+            with torch.no_grad():
+                ex = torch._dynamo.explain(model)(x)
+            rows.append({"model": name, "graphs": ex.graph_count, "graph_breaks": ex.graph_break_count,
+                         "break_reasons": sorted({str(b.reason).splitlines()[0][:160] for b in ex.break_reasons})})
+        except Exception as e:
+            rows.append({"model": name, "graphs": None, "graph_breaks": None,
+                         "error": f"{type(e).__name__}: {str(e)[:200]}"})
+        finally:
+            torch._dynamo.reset()
+    return rows
