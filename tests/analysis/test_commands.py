@@ -40,6 +40,7 @@ def test_model_info_fields():
     # activations grow linearly with the batch
     assert model_info("vit_base_patch16_224", batch_size=8).activation_bytes == 2 * info.activation_bytes
     assert "vit_b_16" in info.aliases
+    assert model_info("deit_tiny_distilled_patch16_224").output_shapes == [(1, 1000)]  # eval: heads averaged
 
 
 def test_mechanism_pages_have_every_section():

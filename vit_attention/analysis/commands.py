@@ -118,7 +118,7 @@ def _head(head: int | None) -> str:
 def _meta_model(args: argparse.Namespace) -> tuple[nn.Module, tuple[int, ...]]:
     entry = get_model_entry(args.model)
     with torch.device("meta"):
-        model = create_model(entry.name, img_size=args.img_size)
+        model = create_model(entry.name, img_size=args.img_size).eval()
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
     return model, (args.batch_size, cfg.in_chans, *size)

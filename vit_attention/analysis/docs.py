@@ -188,7 +188,7 @@ def models_page() -> str:
         cfg = entry.config()
         size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
         with torch.device("meta"):
-            model = create_model(name)
+            model = create_model(name).eval()
         report = flops(model, (1, cfg.in_chans, *size))
         pub = PUBLISHED_GMACS.get(name)
         lines.append(f"| `{name}` | {entry.family} | {size[0]}×{size[1]} | {_num(report.params / 1e6, 1)} | "

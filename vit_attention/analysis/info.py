@@ -82,7 +82,7 @@ def model_info(name: str, *, img_size: int | None = None, batch_size: int = 1, n
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     entry = get_model_entry(name)
     with torch.device("meta"):
-        model = create_model(entry.name, img_size=img_size, num_classes=num_classes)
+        model = create_model(entry.name, img_size=img_size, num_classes=num_classes).eval()
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
     shape = (batch_size, cfg.in_chans, *size)
