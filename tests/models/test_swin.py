@@ -121,6 +121,17 @@ def test_strict_img_size_and_any_input_size():
         torch.testing.assert_close(free(x), strict(x))
 
 
+def test_sizes_that_are_not_patch_multiples():
+    timm_like = SwinTransformer(**{**SMALL, "strict_img_size": False}).eval()
+    tv_like = SwinTransformer(**{**SMALL, "strict_img_size": False, "pad_mode": "torchvision"}).eval()
+    tv_like.load_state_dict(timm_like.state_dict())
+    x = torch.randn(1, 3, 66, 45)
+    with torch.no_grad():
+        assert timm_like.forward_features(x).shape == (1, 9, 6, 32)  # 66x45 padded to 68x48: 17x12 -> 9x6
+        torch.testing.assert_close(tv_like(x), tv_like(x[..., :64, :44]))  # torchvision's conv floors
+        torch.testing.assert_close(timm_like(x), timm_like(torch.nn.functional.pad(x, (0, 3, 0, 2))))
+
+
 def test_window_clamped_to_small_stages_in_timm_mode_only():
     model = SwinTransformer(**{**SMALL, "img_size": 32})  # stages 8x8, 4x4 with window 4
     last = model.layers[1].blocks[1].attn

@@ -221,7 +221,8 @@ class SwinTransformer(nn.Module):
         self.num_features = dims[-1]
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim, flatten=False,
                                       norm_layer=(lambda d: nn.LayerNorm(d, eps=cfg.norm_eps)) if cfg.patch_norm
-                                      else None, strict_img_size=cfg.strict_img_size)
+                                      else None, strict_img_size=cfg.strict_img_size,
+                                      dynamic_img_pad=not cfg.strict_img_size and cfg.pad_mode == "timm")
         assert self.patch_embed.grid_size is not None
         self.grid_size = self.patch_embed.grid_size
         self.absolute_pos_embed = (nn.Parameter(torch.zeros(1, self.grid_size[0] * self.grid_size[1], cfg.embed_dim))
@@ -320,7 +321,15 @@ class SwinTransformer(nn.Module):
         return {n for n, _ in self.named_parameters() if any(k in n for k in keys)}
 
     def _embed(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> ``[B, H/p, W/p, C]`` (+ absolute position embedding)."""
+        """Images ``[B, Cin, H, W]`` -> ``[B, H/p, W/p, C]`` (+ absolute position embedding).
+
+        Sizes that are not patch multiples (``strict_img_size=False``): zero-padded bottom/right
+        (timm mode, the original detection code's convention) or cropped like torchvision's strided
+        convolution (``pad_mode="torchvision"``).
+        """
+        if self.cfg.pad_mode == "torchvision" and not self.cfg.strict_img_size and x.dim() == 4:
+            ph, pw = self.patch_embed.patch_size
+            x = x[..., : x.shape[-2] - x.shape[-2] % ph, : x.shape[-1] - x.shape[-1] % pw]  # conv floor
         x = self.patch_embed(x)  # [B, Hg, Wg, C]
         if self.absolute_pos_embed is not None:
             B, Hg, Wg, C = x.shape
