@@ -8,6 +8,7 @@ import torch
 from vit_attention import create_attention, create_model, list_attention, list_models
 from vit_attention.analysis import attention_complexity, complexity_table, flops, measure_flops
 from vit_attention.analysis.flops import stage_of
+from vit_attention.analysis.published import PUBLISHED_GMACS, PUBLISHED_SOURCES, matches_published
 from vit_attention.attention import get_attention_spec
 
 from ._models import input_shape, reduced
@@ -43,17 +44,14 @@ def test_model_analytic_equals_measured(name):
     assert sum(report.params_by_stage.values()) == report.params
 
 
-# Published totals, GMACs ("GFLOPs" in the papers = multiply-adds), at the preset's input size.
-PUBLISHED_GMACS = {
-    "vit_small_patch16_224": 4.6,  # timm table (augreg); DeiT-S = same architecture, DeiT paper 4.6
-    "vit_base_patch16_224": 17.6,  # DeiT paper Table 1 / timm table
-    "vit_large_patch16_224": 61.6,  # timm table
-    "deit_tiny_patch16_224": 1.3,  # DeiT paper / timm table; 1.258 rounded to one decimal
-    "swin_tiny_patch4_window7_224": 4.5,  # Swin paper Table 1(a)
-    "swin_small_patch4_window7_224": 8.7,  # Swin paper Table 1(a)
-    "swin_base_patch4_window7_224": 15.4,  # Swin paper Table 1(a)
-    "swinv2_tiny_window8_256": 5.9,  # SwinV2 paper Table / timm table (5.96)
-}
+# Published totals (vit_attention/analysis/published.py says where each figure comes from).
+EXPECTED = {"vit_small_patch16_224", "vit_base_patch16_224", "vit_large_patch16_224", "deit_tiny_patch16_224",
+            "swin_tiny_patch4_window7_224", "swin_small_patch4_window7_224", "swin_base_patch4_window7_224",
+            "swinv2_tiny_window8_256"}
+
+
+def test_published_table_covers_the_issue_models():
+    assert set(PUBLISHED_GMACS) >= EXPECTED and set(PUBLISHED_SOURCES) == set(PUBLISHED_GMACS)
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_GMACS))
@@ -62,10 +60,13 @@ def test_published_totals(name):
         pytest.fail(f"{name} is not registered")
     with torch.device("meta"):
         model = create_model(name)
-    gmacs = flops(model, input_shape(name)).gmacs
+    report = flops(model, input_shape(name))
+    gmacs = report.gmacs
+    assert report.total == pytest.approx(measure_flops(model, input_shape(name))[0], rel=0.01)  # full depth too
     published = PUBLISHED_GMACS[name]
     # within 2 %, or within the rounding of a figure published with one decimal
-    assert abs(gmacs - published) <= max(0.02 * published, 0.05), (name, gmacs, published)
+    assert matches_published(gmacs, published), (name, gmacs, published)
+    assert abs(gmacs - published) <= max(0.02 * published, 0.05)
 
 
 def test_stage_grouping_and_table():
