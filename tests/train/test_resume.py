@@ -1,0 +1,62 @@
+"""Kill a training run with SIGKILL in the middle of an epoch, resume it, and finish where an uninterrupted run does."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from ._utils import TINY, cli_env, run_cli
+
+ARGS = ["train", *TINY, "--epochs", "4", "--batch-size", "64", "--warmup-epochs", "0.5", "--ckpt-every", "4",
+        "--no-progress", "--no-plot", "--drop", "0.1", "--mixup", "0.5"]  # dropout + mixup: RNG must resume too
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [{k: v for k, v in h.items() if k != "train_img_s"} for h in json.loads((run / "metrics.json").read_text())]
+
+
+def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
+    ref = run_cli([*ARGS, "--output", str(tmp_path / "ref")])
+    assert ref.returncode == 0, ref.stderr
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "vit_attention.cli", *ARGS, "--output", str(killed)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=cli_env())
+    state = None
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                state = json.loads((killed / "checkpoint.json").read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                state = None
+            if state and state["epoch"] >= 1 and state["step_in_epoch"] > 0:  # mid-epoch, after a full epoch
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.01)
+    finally:
+        if proc.poll() is None and not (state and state["step_in_epoch"] > 0):
+            proc.kill()
+    assert proc.wait(timeout=60) == -signal.SIGKILL, "the run finished before it could be killed mid-epoch"
+    assert not (killed / "model.safetensors").exists()  # really interrupted
+    saved = json.loads((killed / "checkpoint.json").read_text())
+    assert saved["step_in_epoch"] > 0
+
+    res = run_cli([*ARGS, "--output", str(killed), "--resume"])
+    assert res.returncode == 0, res.stderr
+    assert "resuming" in res.stdout
+    assert res.stdout.strip().splitlines()[-1] == ref.stdout.strip().splitlines()[-1]
+    got, want = _metrics(killed), _metrics(tmp_path / "ref")
+    assert len(got) == len(want) == 4
+    for g, w in zip(got, want):
+        for k in w:
+            assert g[k] == pytest.approx(w[k], rel=1e-6, abs=1e-7), (g["epoch"], k)
+    a, b = load_file(str(killed / "model.safetensors")), load_file(str(tmp_path / "ref" / "model.safetensors"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
