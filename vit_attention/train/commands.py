@@ -51,7 +51,7 @@ def _train_config(args: argparse.Namespace) -> Any:
         val_fraction=args.val_fraction, output=args.output, epochs=args.epochs, batch_size=args.batch_size,
         lr=args.lr, min_lr=args.min_lr, warmup_epochs=args.warmup_epochs, weight_decay=args.weight_decay,
         clip_grad=args.clip_grad or None, accum_steps=args.accum_steps, label_smoothing=args.label_smoothing,
-        mixup=args.mixup, cutmix=args.cutmix, randaugment=args.randaugment, hflip=args.hflip,
+        mixup=args.mixup, cutmix=args.cutmix, randaugment=args.randaugment, hflip=args.hflip, affine=args.affine,
         drop_rate=args.drop, drop_path_rate=args.drop_path, attn_drop_rate=args.attn_drop,
         grad_checkpointing=args.grad_checkpointing, amp=args.amp, ema_decay=args.ema, seed=args.seed,
         device=args.device, fsdp=args.fsdp, workers=args.workers, ckpt_every=args.ckpt_every, resume=args.resume,
@@ -97,6 +97,8 @@ def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
     g.add_argument("--cutmix", type=float, default=0.0, help="CutMix Beta alpha (0: off)")
     g.add_argument("--randaugment", type=_pair(int), default=None, metavar="N,M", help="RandAugment, e.g. 2,9")
     g.add_argument("--hflip", type=float, default=None, help="flip probability (default 0.5 folders, 0 digits)")
+    g.add_argument("--affine", type=float, default=None,
+                   help="probability of a small random rotation/shift/zoom (default 0.5 digits, 0 folders)")
     g.add_argument("--drop", type=float, default=None, help="dropout rate")
     g.add_argument("--drop-path", type=float, default=None, help="stochastic depth rate")
     g.add_argument("--attn-drop", type=float, default=None, help="attention dropout rate")

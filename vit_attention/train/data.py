@@ -255,13 +255,14 @@ class BatchTransform(nn.Module):
     """On-device batch pipeline ``[B, C, H, W]`` in [0, 1] -> augmented and normalised ``[B, C, H, W]``.
 
     Training: random resized crop (``crop_scale``), horizontal flip (``hflip``), RandAugment
-    (``randaugment=(n, m)``), from kornia; then normalisation with ``mean`` / ``std``. In eval
+    (``randaugment=(n, m)``), random affine (probability ``affine``: ±10°, ±10 % shift, 0.9-1.1
+    zoom), from kornia; then normalisation with ``mean`` / ``std``. In eval
     mode only the normalisation runs.
     """
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], *, img_size: tuple[int, int],
                  crop_scale: tuple[float, float] | None = None, hflip: float = 0.0,
-                 randaugment: tuple[int, int] | None = None) -> None:
+                 randaugment: tuple[int, int] | None = None, affine: float = 0.0) -> None:
         super().__init__()
         import kornia.augmentation as K
 
@@ -272,6 +273,8 @@ class BatchTransform(nn.Module):
             augs.append(K.RandomResizedCrop(img_size, scale=crop_scale))
         if hflip > 0:
             augs.append(K.RandomHorizontalFlip(p=hflip))
+        if affine > 0:  # small rotations, shifts and zooms (handwriting varies like this)
+            augs.append(K.RandomAffine(degrees=10.0, translate=(0.1, 0.1), scale=(0.9, 1.1), p=affine))
         if randaugment is not None:
             n, m = randaugment
             augs.append(K.auto.RandAugment(n=n, m=m))

@@ -84,6 +84,7 @@ class TrainConfig:
     randaugment: tuple[int, int] | None = None  # (num ops, magnitude), e.g. (2, 9)
     hflip: float | None = None  # None: 0.5 for image folders, 0 for digits
     crop_scale: tuple[float, float] | None = None  # random resized crop; None: (0.35, 1) folders, off for digits
+    affine: float | None = None  # probability of a small random affine; None: 0.5 for digits, off for folders
     drop_rate: float | None = None  # model overrides when set
     drop_path_rate: float | None = None
     attn_drop_rate: float | None = None
@@ -297,8 +298,9 @@ def _make_transform(cfg: TrainConfig, data: DataBundle) -> BatchTransform:
     folder = data.name != "digits"
     hflip = cfg.hflip if cfg.hflip is not None else (0.5 if folder else 0.0)
     crop = cfg.crop_scale if cfg.crop_scale is not None else ((0.35, 1.0) if folder else None)
+    affine = cfg.affine if cfg.affine is not None else (0.0 if folder else 0.5)
     return BatchTransform(data.mean, data.std, img_size=data.img_size, crop_scale=crop, hflip=hflip,
-                          randaugment=cfg.randaugment)
+                          randaugment=cfg.randaugment, affine=affine)
 
 
 def _say(info: DistInfo, *args: Any) -> None:
