@@ -43,7 +43,8 @@ def _bench(args: argparse.Namespace) -> int:
     cfg = BenchConfig(models=args.models, batch_size=args.batch_size, img_size=args.img_size, mode=args.mode,
                       compare=compare, compile=args.compile, compile_backend=args.compile_backend,
                       channels_last=args.channels_last, amp=args.amp, device=args.device, threads=args.threads,
-                      rounds=args.rounds, iters=args.iters, warmup=args.warmup, peak_size=args.peak_size)
+                      rounds=args.rounds, iters=args.iters, warmup=args.warmup, peak_size=args.peak_size,
+                      clock=args.clock)
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if not args.quiet else None
     report = run_benchmark(cfg, log=log)
     if args.quiet:
@@ -84,6 +85,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=5, help="timed rounds; each times every participant twice, ABBA order")
     p.add_argument("--iters", type=int, default=1, help="steps per participant per round")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per participant")
+    p.add_argument("--clock", choices=("wall", "process"), default="wall",
+                   help="wall clock, or this process's CPU seconds (robust to other processes with --threads 1)")
     p.add_argument("--peak-size", type=int, default=None, help="matrix size of the peak GEMM (default 2048 CPU)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="write the full report as JSON to PATH (or stdout with no PATH)")

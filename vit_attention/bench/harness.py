@@ -56,6 +56,8 @@ class BenchConfig:
     iters: int = 1
     warmup: int = 1
     peak_size: int | None = None
+    clock: str = "wall"  # "wall" (perf_counter) or "process" (CPU seconds of this process: robust to load
+    #                      from other processes when threads=1; spin-waits count with more threads)
     model_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -71,6 +73,8 @@ class BenchConfig:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.clock not in ("wall", "process"):
+            raise ValueError(f"--clock must be 'wall' or 'process', got {self.clock!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")
 
@@ -119,6 +123,9 @@ def make_step(model: nn.Module, x: Tensor, mode: str, device: torch.device, amp:
         opt.step()
         return loss
     return train
+
+
+_CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "process": time.process_time}
 
 
 def _sync(device: torch.device) -> None:
@@ -179,7 +186,7 @@ def summarise(values: Sequence[float]) -> dict[str, float]:
 
 
 def _rounds(participants: list[Participant], peak: MatmulPeak | None, rounds: int, iters: int,
-            device: torch.device) -> list[float]:
+            device: torch.device, clock: Callable[[], float] = time.perf_counter) -> list[float]:
     """Time every participant twice per round, in ABBA order (A B C C B A, first one rotating): drift that
     is linear over a round cancels out of each participant's mean. Returns the peak GFLOP/s per round."""
     peaks: list[float] = []
@@ -189,11 +196,11 @@ def _rounds(participants: list[Participant], peak: MatmulPeak | None, rounds: in
         spent = {id(p): 0.0 for p in participants}
         for p in order + order[::-1]:
             _sync(device)
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(iters):
                 p.step()
             _sync(device)
-            spent[id(p)] += time.perf_counter() - t0
+            spent[id(p)] += clock() - t0
         for p in participants:
             p.times.append(spent[id(p)] / (2 * iters))
         if peak is not None:
@@ -285,7 +292,8 @@ def run_benchmark(cfg: BenchConfig, *, references: dict[str, ReferenceFactory] |
     peak_dtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float32
     with _threads(cfg.threads):
         info = machine_info(device)
-        peak = MatmulPeak(device, peak_dtype, cfg.peak_size or (8192 if device.type == "cuda" else 2048))
+        peak = MatmulPeak(device, peak_dtype, cfg.peak_size or (8192 if device.type == "cuda" else 2048),
+                          clock=_CLOCKS[cfg.clock])
         peak_cal = peak.calibrate()
         log(f"matmul peak ({peak_dtype}, n={peak.n}): " + ", ".join(f"{k} {v:.1f} GFLOP/s"
                                                                    for k, v in peak_cal.items()))
@@ -363,7 +371,7 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
     memory = {p.label: measure_peak_memory(p.step, device) for p in participants}
     flops = count_flops(name, cfg.batch_size, cfg.img_size, mode, cfg.model_kwargs)
     log(f"{name} [{mode}]: {cfg.rounds} rounds x {cfg.iters} iters")
-    peaks = _rounds(participants, peak, cfg.rounds, cfg.iters, device)
+    peaks = _rounds(participants, peak, cfg.rounds, cfg.iters, device, _CLOCKS[cfg.clock])
 
     rows = []
     base = {p.label: p for p in participants}
@@ -415,7 +423,8 @@ def format_table(report: dict[str, Any]) -> str:
         f"versions: python {m['python']}, torch {m['torch']}, vit_attention {m['vit_attention']}, "
         f"timm {m['timm']}, torchvision {m['torchvision']}",
         f"settings: batch {cfg['batch_size']}, amp {cfg['amp'] or 'fp32'}, channels_last {cfg['channels_last']}, "
-        f"rounds {cfg['rounds']} x iters {cfg['iters']}, warmup {cfg['warmup']}",
+        f"rounds {cfg['rounds']} x iters {cfg['iters']} (ABBA), warmup {cfg['warmup']}, "
+        f"clock {cfg.get('clock', 'wall')}",
         f"matmul peak ({pk['dtype']}, {pk['n']}^3, {pk['kernel']}): {_fmt_stat(pk['gflops'])} GFLOP/s "
         "(median (min-max) over rounds)",
         "",
