@@ -261,6 +261,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                    "global MHSA vs Swin-style window attention on the digits.")
     p.add_argument("--models", default=None, help="comma-separated registered names")
     p.add_argument("--attention", default=None, help="comma-separated mechanisms (default mhsa,window)")
-    p.add_argument("--quick", action="store_true", help="a short smoke budget (2 epochs)")
+    p.add_argument("--quick", action="store_true", help="a smoke-test budget (1 epoch each)")
     _add_train_options(p, epochs=30)
     p.set_defaults(func=_compare)

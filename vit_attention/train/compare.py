@@ -108,7 +108,7 @@ def run_compare(cfg: TrainConfig, *, models: list[str] | None = None, attention:
     rows: list[dict[str, Any]] = []
     for i, e in enumerate(entries):
         sub = dataclasses.replace(cfg, model=e.model, model_kwargs=dict(e.model_kwargs),
-                                  output=str(out / f"{i}-{e.model}"), epochs=2 if fast else cfg.epochs,
+                                  output=str(out / f"{i}-{e.model}"), epochs=1 if fast else cfg.epochs,
                                   resume=False, progress=cfg.progress)
         print(f"== [{i + 1}/{len(entries)}] {e.name}: {e.model} {json.dumps(e.model_kwargs) if e.model_kwargs else ''}",
               flush=True)

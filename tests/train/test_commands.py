@@ -1,0 +1,101 @@
+"""The ``train`` / ``eval`` / ``predict`` / ``compare`` commands through the CLI entry point."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vit_attention.cli import main
+
+from ._utils import TINY
+
+QUICK = [*TINY, "--epochs", "1", "--batch-size", "128", "--no-progress", "--no-plot"]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cmd") / "run"
+    assert main(["train", *QUICK, "--output", str(out)]) == 0
+    return out
+
+
+def test_train_prints_accuracy_last(trained_run: Path, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    assert main(["train", *QUICK, "--output", str(tmp_path / "again")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"test accuracy: \d\.\d{4}", last)
+    want = json.loads((trained_run / "metrics.json").read_text())[-1]["test_acc"]
+    assert last == f"test accuracy: {want:.4f}"
+
+
+def test_eval_top1_top5_and_confusion_png(trained_run: Path, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    png = tmp_path / "conf.png"
+    assert main(["eval", "--checkpoint", str(trained_run), "--confusion", str(png)]) == 0
+    out = capsys.readouterr().out
+    want = json.loads((trained_run / "metrics.json").read_text())[-1]
+    assert f"top-1 accuracy: {want['test_acc']:.4f}" in out and f"top-5 accuracy: {want['test_top5']:.4f}" in out
+    assert "images: 450" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the training checkpoint file works too, and gives the same numbers
+    assert main(["eval", "--checkpoint", str(trained_run / "checkpoint.safetensors"),
+                 "--confusion", str(tmp_path / "c2.png")]) == 0
+    assert f"top-1 accuracy: {want['test_acc']:.4f}" in capsys.readouterr().out
+
+
+def test_predict_topk(trained_run: Path, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    paths = []
+    for i in (0, 1):
+        p = tmp_path / f"digit{i}.png"
+        Image.fromarray((d.images[i] * 255 / 16).astype(np.uint8)).save(p)
+        paths.append(str(p))
+    assert main(["predict", *paths, "--checkpoint", str(trained_run / "model.safetensors"), "--topk", "3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith(paths[0])
+    ranked = re.findall(r"(\d) \((0\.\d{3}|1\.000)\)", lines[0])
+    assert len(ranked) == 3 and [float(p) for _, p in ranked] == sorted((float(p) for _, p in ranked), reverse=True)
+
+
+def test_cli_errors_are_one_clear_line(trained_run: Path, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    assert main(["predict", str(tmp_path / "nope.png"), "--checkpoint", str(trained_run)]) == 2
+    assert "image(s) not found" in capsys.readouterr().err
+    (tmp_path / "bad.png").write_bytes(b"garbage")
+    assert main(["predict", str(tmp_path / "bad.png"), "--checkpoint", str(trained_run)]) == 2
+    assert "cannot read image" in capsys.readouterr().err
+    assert main(["train", "--model", "vit_tiny_patchy", "--output", str(tmp_path / "x")]) == 2
+    assert "unknown model 'vit_tiny_patchy'" in capsys.readouterr().err
+    assert main(["train", "--data", str(tmp_path / "missing"), "--output", str(tmp_path / "y")]) == 2
+    assert "data folder not found" in capsys.readouterr().err
+    assert main(["eval", "--checkpoint", str(tmp_path / "none.safetensors")]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_compare_attention_table_and_plot(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    assert main(["compare", "--attention", "mhsa,window", "--quick", "--batch-size", "128", "--no-progress",
+                 "--no-plot", "--output", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "test acc" in text and "MMACs" in text and "infer img/s" in text
+    rows = json.loads((out / "compare.json").read_text())
+    assert [r["name"] for r in rows] == ["vit+mhsa", "vit+window"]
+    assert rows[1]["model_kwargs"] == {"attn_layer": "window", "attn_kwargs": {"window_size": 2}}
+    assert rows[1]["params"] > rows[0]["params"]  # + relative position bias tables
+    assert rows[1]["macs"] < rows[0]["macs"]  # 2x2 windows: fewer attention products than global attention
+    assert all(r["train_img_s"] > 0 and r["infer_img_s"] > 0 and 0 <= r["test_acc"] <= 1 for r in rows)
+    assert (out / "accuracy_vs_flops.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_default_compare_entries_cover_mhsa_and_windows() -> None:
+    from vit_attention.train.compare import default_entries
+
+    entries = default_entries()
+    kinds = [e.model_kwargs.get("attn_layer") for e in entries]
+    assert "mhsa" in kinds and "window" in kinds
+    assert any(e.model.startswith("swin") for e in entries)
