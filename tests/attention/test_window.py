@@ -59,7 +59,7 @@ def test_any_size_shape_and_fused_equals_explicit(hw, pad_first):
 
 
 def test_padding_orders_agree_on_window_multiples_and_differ_otherwise():
-    timm_like = _randomise(WindowAttention(16, 2, window_size=4, shift_size=2))
+    timm_like = _randomise(WindowAttention(16, 2, window_size=4, shift_size=2, pad_first=False))
     tv_like = WindowAttention(16, 2, window_size=4, shift_size=2, pad_first=True).eval()
     tv_like.load_state_dict(timm_like.state_dict())
     with torch.no_grad():
@@ -67,6 +67,35 @@ def test_padding_orders_agree_on_window_multiples_and_differ_otherwise():
         torch.testing.assert_close(timm_like(x), tv_like(x))
         x = torch.randn(1, 15, 15, 16)
         assert (timm_like(x) - tv_like(x)).abs().max() > 1e-3
+
+
+def _dependencies(attn: WindowAttention, H: int, W: int) -> list[tuple[int, int, int, int]]:
+    """(p_row, p_col, q_row, q_col) for every output token p whose value depends on input token q."""
+    x = torch.randn(1, H, W, 8, requires_grad=True)
+    y = attn(x)
+    deps = []
+    for i in range(H):
+        for j in range(W):
+            (g,) = torch.autograd.grad(y[0, i, j].sum(), x, retain_graph=True)
+            g = g[0].abs().sum(-1)  # masked pairs get exp(-100): a dependence below 1e-30 of the largest is none
+            for qi, qj in (g > 1e-30 * g.max()).nonzero().tolist():
+                deps.append((i, j, qi, qj))
+    return deps
+
+
+@pytest.mark.parametrize("hw", [(7, 9), (8, 8), (5, 6)])
+def test_default_shift_never_mixes_wrapped_tokens_at_any_size(hw):
+    attn = _randomise(WindowAttention(8, 2, window_size=4, shift_size=2))
+    deps = _dependencies(attn, *hw)
+    assert deps
+    # a token only ever sees tokens less than a window away in the ORIGINAL map: nothing wrapped around
+    assert all(abs(pi - qi) < 4 and abs(pj - qj) < 4 for pi, pj, qi, qj in deps)
+
+
+def test_timm_order_does_mix_wrapped_tokens_at_odd_sizes():
+    attn = _randomise(WindowAttention(8, 2, window_size=4, shift_size=2, pad_first=False))
+    deps = _dependencies(attn, 7, 9)
+    assert any(abs(pi - qi) >= 4 or abs(pj - qj) >= 4 for pi, pj, qi, qj in deps)
 
 
 def test_shifted_windows_never_attend_across_the_wrap_around():

@@ -43,7 +43,7 @@ def _model_for(meta: dict, input_hw: int) -> SwinTransformer:
     v2 = meta["model"].endswith("SwinTransformerV2") or cfg.get("block") == "SwinTransformerBlockV2"
     cls = SwinTransformerV2 if v2 else SwinTransformer
     if meta["reference"].startswith("timm"):
-        kw = dict(img_size=cfg["img_size"], window_size=cfg["window_size"])
+        kw = dict(img_size=cfg["img_size"], window_size=cfg["window_size"], pad_mode="timm")
         if "pretrained_window_sizes" in cfg:
             kw["pretrained_window_sizes"] = tuple(cfg["pretrained_window_sizes"])
     else:  # torchvision: no fixed input size, pad before the shift, no window clamp

@@ -56,7 +56,7 @@ class CosineWindowAttention(WindowAttentionBase):
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 8,
                  shift_size: int | Sequence[int] = 0, qkv_bias: bool = True, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, pretrained_window_size: int | Sequence[int] = 0, cpb_hidden: int = 512,
-                 pad_first: bool = False, allow_padding: bool = True) -> None:
+                 pad_first: bool = True, allow_padding: bool = True) -> None:
         super().__init__(dim, num_heads, window_size=window_size, shift_size=shift_size, attn_drop=attn_drop,
                          proj_drop=proj_drop, pad_first=pad_first, allow_padding=allow_padding)
         self.pretrained_window_size = to_pair(pretrained_window_size, "pretrained_window_size")

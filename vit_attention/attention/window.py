@@ -8,10 +8,10 @@ kernel runs whenever the weights are not needed.
 
 Order of shift and padding at sizes that are not multiples of the window (see docs/swin.md):
 
-* ``pad_first=False`` (default, timm and the original repository): roll the unpadded map, then
-  pad; the region mask is computed on the padded size.
-* ``pad_first=True`` (torchvision): pad, then roll; an axis whose padded length fits in one
-  window is not shifted.
+* ``pad_first=True`` (default, torchvision's order): pad, then roll; the region mask separates
+  every token that wrapped around; an axis whose padded length fits in one window is not shifted.
+* ``pad_first=False`` (timm and the original repository): roll the unpadded map, then pad; the
+  region mask is computed on the padded size, so at odd sizes edge tokens can see wrapped ones.
 
 Both agree when ``H`` and ``W`` are multiples of the window.
 """
@@ -54,7 +54,7 @@ class WindowAttentionBase(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 7,
                  shift_size: int | Sequence[int] = 0, attn_drop: float = 0.0, proj_drop: float = 0.0,
-                 pad_first: bool = False, allow_padding: bool = True) -> None:
+                 pad_first: bool = True, allow_padding: bool = True) -> None:
         super().__init__()
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
@@ -217,13 +217,13 @@ class WindowAttention(WindowAttentionBase):
         dim: channels ``C``; num_heads: ``nh`` (must divide ``dim``).
         window_size: ``Ws`` or ``(Wh, Ww)``. shift_size: cyclic shift, ``0 <= s < Ws`` per axis.
         qkv_bias: bias on the qkv projection. qk_scale: logit scale (default ``hd ** -0.5``).
-        pad_first: torchvision order of padding and shift (default: timm order).
+        pad_first: pad before the shift (default; torchvision order), else timm's roll-then-pad.
         allow_padding: pad maps that are not window multiples (else raise).
     """
 
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 7,
                  shift_size: int | Sequence[int] = 0, qkv_bias: bool = True, qk_scale: float | None = None,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, pad_first: bool = False,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, pad_first: bool = True,
                  allow_padding: bool = True) -> None:
         super().__init__(dim, num_heads, window_size=window_size, shift_size=shift_size, attn_drop=attn_drop,
                          proj_drop=proj_drop, pad_first=pad_first, allow_padding=allow_padding)

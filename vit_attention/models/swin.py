@@ -40,10 +40,13 @@ __all__ = ["SwinTransformerConfig", "SwinTransformer", "SwinBlock", "SwinStage",
 class SwinTransformerConfig:
     """Everything a :class:`SwinTransformer` is built from (JSON-serialisable).
 
-    ``pad_mode``: ``"timm"`` (default; timm / original repository): each block's window is clamped
-    at construction to a stage smaller than it (then unshifted), and blocks roll the map before
-    padding it. ``"torchvision"``: windows are never clamped, blocks pad before rolling and skip the
-    shift on axes that fit in one window. Identical on maps that are window multiples.
+    ``pad_mode`` (only matters on maps that are not window multiples; all three agree otherwise):
+    ``"swin"`` (default): windows clamped to stages smaller than them (then unshifted) as in timm,
+    Hugging Face and the original repository, so their checkpoints behave identically; blocks pad
+    BEFORE the cyclic shift, so the region mask always separates tokens that wrapped around.
+    ``"timm"``: timm exactly (roll, then pad: at odd sizes edge tokens can see wrapped-around ones).
+    ``"torchvision"``: torchvision exactly (no clamp; pad, then roll; axes that fit in one window
+    are not shifted).
     """
 
     img_size: int | tuple[int, int] = 224
@@ -66,7 +69,7 @@ class SwinTransformerConfig:
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.1
     strict_img_size: bool = True  # False: any input size (maps padded to the window per block)
-    pad_mode: Literal["timm", "torchvision"] = "timm"
+    pad_mode: Literal["swin", "timm", "torchvision"] = "swin"
     always_partition: bool = False  # never clamp windows to small stages (timm option)
     # SwinV2 switches
     attn_layer: Literal["window", "cosine_window"] = "window"
@@ -126,7 +129,7 @@ class SwinBlock(nn.Module):
     def __init__(self, dim: int, num_heads: int, *, window_size: tuple[int, int], shift_size: tuple[int, int],
                  mlp_ratio: float = 4.0, qkv_bias: bool = True, proj_drop: float = 0.0, attn_drop: float = 0.0,
                  drop_path: float = 0.0, eps: float = 1e-5, attn_layer: str = "window", res_post_norm: bool = False,
-                 pad_first: bool = False, pretrained_window_size: int | tuple[int, int] = 0) -> None:
+                 pad_first: bool = True, pretrained_window_size: int | tuple[int, int] = 0) -> None:
         super().__init__()
         self.res_post_norm = res_post_norm
         kw: dict[str, Any] = dict(window_size=window_size, shift_size=shift_size, qkv_bias=qkv_bias,
@@ -222,7 +225,7 @@ class SwinTransformer(nn.Module):
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim, flatten=False,
                                       norm_layer=(lambda d: nn.LayerNorm(d, eps=cfg.norm_eps)) if cfg.patch_norm
                                       else None, strict_img_size=cfg.strict_img_size,
-                                      dynamic_img_pad=not cfg.strict_img_size and cfg.pad_mode == "timm")
+                                      dynamic_img_pad=not cfg.strict_img_size and cfg.pad_mode != "torchvision")
         assert self.patch_embed.grid_size is not None
         self.grid_size = self.patch_embed.grid_size
         self.absolute_pos_embed = (nn.Parameter(torch.zeros(1, self.grid_size[0] * self.grid_size[1], cfg.embed_dim))
@@ -231,7 +234,7 @@ class SwinTransformer(nn.Module):
 
         window = to_2tuple(cfg.window_size, "window_size")
         pws = cfg.pretrained_window_sizes or (0,) * n
-        clamp = cfg.pad_mode == "timm" and not cfg.always_partition
+        clamp = cfg.pad_mode != "torchvision" and not cfg.always_partition
         total = sum(cfg.depths)
         dpr = [cfg.drop_path_rate * i / max(total - 1, 1) for i in range(total)]  # linear decay rule
         res = self.grid_size
@@ -249,7 +252,7 @@ class SwinTransformer(nn.Module):
                     dims[i], cfg.num_heads[i], window_size=win, shift_size=sft, mlp_ratio=cfg.mlp_ratio,
                     qkv_bias=cfg.qkv_bias, proj_drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate,
                     drop_path=dpr[k + j], eps=cfg.norm_eps, attn_layer=cfg.attn_layer,
-                    res_post_norm=cfg.res_post_norm, pad_first=cfg.pad_mode == "torchvision",
+                    res_post_norm=cfg.res_post_norm, pad_first=cfg.pad_mode != "timm",
                     pretrained_window_size=pws[i]))
             k += cfg.depths[i]
             stages.append(SwinStage(downsample, blocks))
@@ -277,8 +280,8 @@ class SwinTransformer(nn.Module):
             if (cfg.embed_dim * 2 ** i) % h:
                 raise ValueError(f"stage {i} width {cfg.embed_dim * 2 ** i} (embed_dim={cfg.embed_dim} * 2^{i}) "
                                  f"is not divisible by num_heads={h}")
-        if cfg.pad_mode not in ("timm", "torchvision"):
-            raise ValueError(f"pad_mode must be 'timm' or 'torchvision', got {cfg.pad_mode!r}")
+        if cfg.pad_mode not in ("swin", "timm", "torchvision"):
+            raise ValueError(f"pad_mode must be 'swin', 'timm' or 'torchvision', got {cfg.pad_mode!r}")
         if cfg.global_pool not in ("avg", ""):
             raise ValueError(f"global_pool must be 'avg' or '', got {cfg.global_pool!r}")
         if cfg.attn_layer not in ("window", "cosine_window"):
