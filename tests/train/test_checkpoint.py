@@ -61,6 +61,17 @@ def test_optimizer_state_round_trip_is_exact_and_safe() -> None:
     assert all(torch.equal(p, a) for p, a in zip(model.parameters(), after_ref))
 
 
+def test_optimizer_state_keyed_by_parameter_name() -> None:
+    w = torch.randn(3)
+    sd = {"state": {"blocks.0.attn.qkv.weight": {"step": torch.tensor(2.0), "exp_avg": w}},
+          "param_groups": [{"lr": 0.1, "betas": (0.9, 0.99), "params": ["blocks.0.attn.qkv.weight"]}]}
+    tensors, meta = optimizer_state_to_safe(sd)
+    back = optimizer_state_from_safe(tensors, json.loads(json.dumps(meta)))
+    assert list(back["state"]) == ["blocks.0.attn.qkv.weight"]
+    assert torch.equal(back["state"]["blocks.0.attn.qkv.weight"]["exp_avg"], w)
+    assert back["param_groups"][0]["betas"] == (0.9, 0.99)
+
+
 def test_rng_state_round_trip() -> None:
     tensors, meta = capture_rng_state()
     a = (torch.rand(3), np.random.rand(2), random.random())
@@ -76,7 +87,7 @@ def test_save_and_load_training_state(tmp_path: Path) -> None:
                                state={"epoch": 2, "step_in_epoch": 5, "model_name": "m", "model_config": {"a": 1}})
     assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint.json", "checkpoint.safetensors"]
     with safe_open(str(path), framework="pt") as f:  # one plain safetensors file
-        assert any(k.startswith("optim.state.") for k in f.keys())
+        assert any(k.startswith("optim.state/") for k in f.keys())
     st = load_training_state(path.parent)
     assert st.state["epoch"] == 2 and st.state["step_in_epoch"] == 5
     assert set(st.model) == set(model.state_dict()) and set(st.ema) == set(model.state_dict())

@@ -45,7 +45,7 @@ class TrainingState:
 
 
 def optimizer_state_to_safe(sd: Mapping[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """Split ``optimizer.state_dict()`` into tensors (``state.<param>.<name>``) and JSON-able scalars."""
+    """Split ``optimizer.state_dict()`` into tensors (``state/<param>/<name>``) and JSON-able scalars."""
     tensors: dict[str, Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
     key_types: dict[str, str] = {}
@@ -54,7 +54,7 @@ def optimizer_state_to_safe(sd: Mapping[str, Any]) -> tuple[dict[str, Tensor], d
         key_types[key] = type(pid).__name__
         for name, v in pstate.items():
             if isinstance(v, Tensor):
-                tensors[f"state.{key}.{name}"] = v.detach().to("cpu").contiguous().clone()
+                tensors[f"state/{key}/{name}"] = v.detach().to("cpu").contiguous().clone()  # keys may hold dots
             else:
                 scalars.setdefault(key, {})[name] = v
     groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
@@ -69,7 +69,7 @@ def optimizer_state_from_safe(tensors: Mapping[str, Tensor], meta: Mapping[str, 
 
     state: dict[Any, dict[str, Any]] = {}
     for name, t in tensors.items():
-        _, pid, field = name.split(".", 2)
+        pid, field = name.removeprefix("state/").rsplit("/", 1)
         state.setdefault(typed(pid), {})[field] = t
     for pid, scal in meta["scalars"].items():
         state.setdefault(typed(pid), {}).update(scal)

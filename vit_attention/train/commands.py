@@ -55,6 +55,7 @@ def _train_config(args: argparse.Namespace) -> Any:
         drop_rate=args.drop, drop_path_rate=args.drop_path, attn_drop_rate=args.attn_drop,
         grad_checkpointing=args.grad_checkpointing, amp=args.amp, ema_decay=args.ema, seed=args.seed,
         device=args.device, fsdp=args.fsdp, workers=args.workers, ckpt_every=args.ckpt_every, resume=args.resume,
+        stop_after=args.stop_after,
         teacher=args.teacher, teacher_checkpoint=args.teacher_checkpoint, distill_type=args.distill_type,
         distill_alpha=args.distill_alpha, distill_tau=args.distill_tau, progress=not args.no_progress,
         plot=not args.no_plot)
@@ -111,6 +112,8 @@ def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
     g = p.add_argument_group("run")
     g.add_argument("--output", default=None, help="run folder (default runs/<model>-<time>)")
     g.add_argument("--resume", action="store_true", help="continue the run in --output from its checkpoint")
+    g.add_argument("--stop-after", type=int, default=None, metavar="STEP",
+                   help="checkpoint and stop at this global step (for time-limited jobs; continue with --resume)")
     g.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every N steps (0: per epoch)")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     g.add_argument("--fsdp", action="store_true", help="shard the model with FSDP (torchrun)")
@@ -229,7 +232,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a model (default: a small ViT on the embedded digits, >= 97%% test)",
                        description="Train any registered model on the embedded digits or an image folder. "
                                    "Runs under torchrun for data parallelism. Prints 'test accuracy: X' last.")
-    _add_train_options(p)
+    _add_train_options(p, epochs=60)
     p.set_defaults(func=_train)
 
     for name, helptext in (("eval", "top-1/top-5 accuracy and a confusion matrix PNG of a trained model"),

@@ -71,18 +71,26 @@ def cleanup_distributed() -> None:
 
 
 def wrap_model(model: nn.Module, info: DistInfo, *, fsdp: bool = False) -> nn.Module:
-    """``model`` as trained by this process: itself, DDP-wrapped, or FSDP-sharded (``fsdp=True``)."""
-    if fsdp:
-        if not dist.is_initialized():
-            dist.init_process_group(backend="nccl" if info.device.type == "cuda" else "gloo",
-                                    init_method="tcp://127.0.0.1:29531", rank=0, world_size=1)
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    """``model`` as trained by this process: itself, DDP-wrapped, or sharded in place with FSDP2 (``fsdp=True``).
 
-        block_types = {type(b) for b in getattr(model, "blocks", [])}
-        policy = ModuleWrapPolicy(block_types) if block_types else None
-        return FSDP(model, auto_wrap_policy=policy, device_id=info.device if info.device.type == "cuda" else None,
-                    use_orig_params=True)
+    FSDP shards every transformer block and then the root (``torch.distributed.fsdp.fully_shard``;
+    parameters become DTensors), on CUDA or, with Gloo, on CPU.
+    """
+    if fsdp:
+        if not dist.is_initialized():  # FSDP needs a process group, even a single-process one
+            import tempfile
+
+            store = tempfile.NamedTemporaryFile(prefix="vit_attention_pg_", delete=False).name
+            dist.init_process_group(backend="nccl" if info.device.type == "cuda" else "gloo",
+                                    init_method=f"file://{store}", rank=0, world_size=1)
+        from torch.distributed.fsdp import fully_shard
+
+        for name in ("blocks", "layers", "stages"):
+            for sub in getattr(model, name, []):
+                fully_shard(sub)
+        fully_shard(model)
+        model._vit_attention_fsdp = True  # type: ignore[assignment]
+        return model
     if not info.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -91,51 +99,45 @@ def wrap_model(model: nn.Module, info: DistInfo, *, fsdp: bool = False) -> nn.Mo
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The bare model inside a DDP / FSDP wrapper."""
+    """The bare model inside a DDP wrapper (FSDP2 shards in place: the model itself)."""
     return getattr(model, "module", model)
 
 
 def _is_fsdp(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    return bool(getattr(model, "_vit_attention_fsdp", False))
 
-    return isinstance(model, FSDP)
+
+def _full_options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """The complete, unsharded state dict of a (possibly wrapped) model, on every rank."""
+    """The complete, unsharded state dict of a (possibly wrapped) model (under FSDP: complete on rank 0)."""
     if _is_fsdp(model):
-        from torch.distributed.fsdp import FullStateDictConfig, StateDictType
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
-                                  FullStateDictConfig(offload_to_cpu=True, rank0_only=False)):
-            return dict(model.state_dict())
+        return dict(get_model_state_dict(model, options=_full_options()))
     return dict(unwrap_model(model).state_dict())
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """``optimizer.state_dict()``, gathered to full tensors under FSDP."""
+    """``optimizer.state_dict()``; under FSDP gathered to full tensors keyed by parameter name (on rank 0)."""
     if _is_fsdp(model):
-        from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
-                                  FullStateDictConfig(offload_to_cpu=True, rank0_only=False),
-                                  FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=False)):
-            return FSDP.optim_state_dict(model, optimizer)
+        return dict(get_optimizer_state_dict(model, optimizer, options=_full_options()))
     return optimizer.state_dict()
 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Load a full optimizer state (from :func:`full_optimizer_state`) into ``optimizer``."""
     if _is_fsdp(model):
-        from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
-                                  FullStateDictConfig(offload_to_cpu=True, rank0_only=False),
-                                  FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=False)):
-            state = FSDP.optim_state_dict_to_load(model, optimizer, state)
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+        return
     optimizer.load_state_dict(state)
 
 
@@ -158,6 +160,13 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 @contextmanager
 def no_sync(model: nn.Module, skip: bool) -> Iterator[None]:
     """Skip the gradient all-reduce of a DDP / FSDP model for an accumulation micro-step when ``skip``."""
+    if skip and hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+        return
     ctx = model.no_sync() if skip and hasattr(model, "no_sync") else nullcontext()
     with ctx:
         yield

@@ -70,7 +70,7 @@ class TrainConfig:
     val_fraction: float = 0.1
     crop_pct: float = 0.875
     output: str | None = None  # run folder; None: runs/<model>-<time>
-    epochs: int = 40
+    epochs: int = 60
     batch_size: int = 64  # global batch per optimizer step
     lr: float = 2e-3
     min_lr: float = 1e-5
@@ -97,6 +97,7 @@ class TrainConfig:
     workers: int = 0
     ckpt_every: int = 0  # also checkpoint every N optimizer steps (0: at epoch ends only)
     resume: bool = False
+    stop_after: int | None = None  # save a checkpoint and stop at this global step (continue with resume)
     teacher: str | None = None  # a registered model name or a .safetensors checkpoint
     teacher_checkpoint: str | None = None
     distill_type: str = "hard"
@@ -390,6 +391,8 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
         train_time0 = st.get("epoch_train_time", 0.0)
         restore_rng_state(ckpt.rng, st["rng"])
         _say(info, f"resuming {out} at epoch {start_epoch + 1}, step {step}")
+    if cfg.stop_after is not None and step >= cfg.stop_after:
+        raise ValueError(f"stop_after={cfg.stop_after} is not after the checkpoint's step {step}")
     n_params = sum(p.numel() for p in model.parameters())
     _say(info, f"model {cfg.model}: {n_params:,} parameters; data {data.name}: {n_train} train / "
                f"{len(data.test)} test images, {data.num_classes} classes; {info.world_size} process(es) on "
@@ -424,6 +427,7 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
         train_time = train_time0 if epoch == start_epoch else 0.0
         net.train()
         transform.train()
+        stopped = False
         bar = tqdm(total=len(batches), initial=first, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="step",
                    leave=False, disable=not show, file=sys.stderr, dynamic_ncols=True)
         for bi in range(first, len(batches)):
@@ -451,11 +455,8 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
                     sums += torch.stack([per_sample.detach().sum().double(),
                                          (logits.argmax(-1) == y).sum().double(),
                                          torch.tensor(float(len(y)), dtype=torch.float64, device=info.device)])
-            if cfg.clip_grad:
-                if hasattr(net, "clip_grad_norm_"):  # FSDP shards: its own global-norm clip
-                    net.clip_grad_norm_(cfg.clip_grad)
-                else:
-                    torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.clip_grad)
+            if cfg.clip_grad:  # (FSDP: DTensor gradients, the norm is global)
+                torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.clip_grad)
             optimizer.step()
             if ema is not None:
                 ema.update(net)
@@ -466,9 +467,16 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
                 bar.set_postfix(loss=f"{sums[0].item() / cnt:.3f}", acc=f"{sums[1].item() / cnt:.3f}",
                                 img_s=f"{cnt * info.world_size / max(train_time, 1e-9):.0f}", lr=f"{lr:.2e}")
                 bar.update(1)
-            if cfg.ckpt_every and step % cfg.ckpt_every == 0 and bi + 1 < len(batches):
+            stopped = cfg.stop_after is not None and step >= cfg.stop_after and bi + 1 < len(batches)
+            if stopped or (cfg.ckpt_every and step % cfg.ckpt_every == 0 and bi + 1 < len(batches)):
                 save_ckpt(epoch, bi + 1, sums, train_time)
+            if stopped:
+                break
         bar.close()
+        if stopped:
+            epoch_bar.close()
+            _say(info, f"stopped at step {step} (--stop-after); continue with --resume --output {out}")
+            return {"stopped": True, "step": step, "history": history, "output": str(out)}
         g = all_reduce_sum(sums.clone())
         count = max(g[2].item(), 1.0)
         ev = evaluate(net, data.test, transform, info=info, amp=cfg.amp, workers=cfg.workers)
@@ -488,6 +496,10 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
             _say(info, f"epoch {epoch + 1}/{cfg.epochs}: train loss {row['train_loss']:.4f} acc "
                        f"{row['train_acc']:.4f} | test loss {row['test_loss']:.4f} acc {row['test_acc']:.4f} | "
                        f"{row['train_img_s']:.0f} img/s")
+        if cfg.stop_after is not None and step >= cfg.stop_after and epoch + 1 < cfg.epochs:
+            epoch_bar.close()
+            _say(info, f"stopped at step {step} (--stop-after); continue with --resume --output {out}")
+            return {"stopped": True, "step": step, "history": history, "output": str(out)}
     epoch_bar.close()
 
     final = evaluate(net, data.test, transform, info=info, amp=cfg.amp, workers=cfg.workers)
