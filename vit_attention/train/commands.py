@@ -54,8 +54,8 @@ def _train_config(args: argparse.Namespace) -> Any:
         mixup=args.mixup, cutmix=args.cutmix, randaugment=args.randaugment, hflip=args.hflip, affine=args.affine,
         drop_rate=args.drop, drop_path_rate=args.drop_path, attn_drop_rate=args.attn_drop,
         grad_checkpointing=args.grad_checkpointing, amp=args.amp, ema_decay=args.ema, seed=args.seed,
-        device=args.device, fsdp=args.fsdp, workers=args.workers, ckpt_every=args.ckpt_every, resume=args.resume,
-        stop_after=args.stop_after,
+        device=args.device, threads=args.threads, fsdp=args.fsdp, workers=args.workers, ckpt_every=args.ckpt_every,
+        resume=args.resume, stop_after=args.stop_after,
         teacher=args.teacher, teacher_checkpoint=args.teacher_checkpoint, distill_type=args.distill_type,
         distill_alpha=args.distill_alpha, distill_tau=args.distill_tau, progress=not args.no_progress,
         plot=not args.no_plot)
@@ -116,6 +116,8 @@ def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
                    help="checkpoint and stop at this global step (for time-limited jobs; continue with --resume)")
     g.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every N steps (0: per epoch)")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: 1 for models under 2M parameters, else torch's default)")
     g.add_argument("--fsdp", action="store_true", help="shard the model with FSDP (torchrun)")
     g.add_argument("--workers", type=int, default=0, help="data loader processes for image folders")
     g.add_argument("--no-progress", action="store_true", help="plain epoch lines instead of progress bars")

@@ -93,6 +93,7 @@ class TrainConfig:
     ema_decay: float | None = None
     seed: int = 0
     device: str | None = None
+    threads: int | None = None  # CPU intra-op threads; None: 1 for models under 2M parameters, else torch's
     fsdp: bool = False
     workers: int = 0
     ckpt_every: int = 0  # also checkpoint every N optimizer steps (0: at epoch ends only)
@@ -304,6 +305,19 @@ def _make_transform(cfg: TrainConfig, data: DataBundle) -> BatchTransform:
                           randaugment=cfg.randaugment, affine=affine)
 
 
+def _set_threads(cfg: TrainConfig, info: DistInfo, model: nn.Module) -> None:
+    """CPU threads: tiny models run fastest on one (each op is too small to split, and spare threads
+    spin against other processes); larger ones keep torch's default unless ``cfg.threads`` says."""
+    if info.device.type != "cpu":
+        return
+    if cfg.threads is not None:
+        if cfg.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {cfg.threads}")
+        torch.set_num_threads(cfg.threads)
+    elif sum(p.numel() for p in model.parameters()) < 2_000_000:
+        torch.set_num_threads(1)
+
+
 def _say(info: DistInfo, *args: Any) -> None:
     if info.is_main:
         print(*args, flush=True)
@@ -340,6 +354,7 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
         raise ValueError(f"batch_size={cfg.batch_size} must be at least world_size x accum_steps "
                          f"= {info.world_size * cfg.accum_steps}")
     model = build_model_for_data(cfg, data)
+    _set_threads(cfg, info, model)
     model_cfg = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else {}
 
     out = Path(cfg.output) if cfg.output else _default_output(cfg.model)

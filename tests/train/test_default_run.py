@@ -1,0 +1,31 @@
+"""The main job: ``vit-attention`` with no arguments trains the digits ViT to >= 97 % test accuracy."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from ._utils import cli_env
+
+pytestmark = pytest.mark.slow
+
+
+def test_default_train_reaches_97_percent(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    t0 = time.perf_counter()
+    # no sub-command and no arguments: exactly what the README's main-job command runs
+    proc = subprocess.run([sys.executable, "-m", "vit_attention.cli"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env=cli_env())
+    elapsed = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    m = re.fullmatch(r"test accuracy: (\d\.\d{4})", last)
+    assert m, last
+    assert float(m.group(1)) >= 0.97, f"{last} after {elapsed:.0f} s"
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1 and (runs[0] / "curves.png").exists() and (runs[0] / "model.safetensors").exists()
