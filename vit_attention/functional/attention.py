@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -36,6 +37,8 @@ _HOOKS: dict[int, Callable[[Tensor, dict[str, Any]], None]] = {}
 _SHAPE_HOOKS: dict[int, Callable[[Tensor, Tensor, Tensor, dict[str, Any]], None]] = {}
 _NEXT_HOOK_ID = 0
 _CONTEXT: list[dict[str, Any]] = []
+# mask -> ((version, dtype), normalised mask or None = the mask itself, dead rows or None)
+_MASK_MEMO: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def fused_attention_enabled() -> bool:
@@ -124,6 +127,10 @@ def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(f"k and v key counts differ: k {tuple(k.shape)} vs v {tuple(v.shape)}")
 
 
+def _as_is(mask: Tensor, q: Tensor) -> Tensor:
+    return mask if mask.dtype == torch.bool else mask.to(q.dtype)
+
+
 def _normalise_mask(mask: Tensor | None, q: Tensor) -> tuple[Tensor | None, Tensor | None]:
     """Return (mask usable by both paths, query rows that may attend to nothing, or None).
 
@@ -132,14 +139,29 @@ def _normalise_mask(mask: Tensor | None, q: Tensor) -> tuple[Tensor | None, Tens
     """
     if mask is None:
         return None, None
+    # A mask a module caches and passes again (Swin's bias + shift mask) is checked once per version on
+    # CPU: without dead rows it is used as is, sparing a scan, a copy and an output fill per call.
+    memo = (not torch.compiler.is_compiling() and not torch.jit.is_scripting() and mask.device.type == "cpu"
+            and not mask.requires_grad and not mask.is_inference())
+    if memo:
+        hit = _MASK_MEMO.get(mask)
+        if hit is not None and hit[0] == (mask._version, q.dtype):
+            return (_as_is(mask, q), None) if hit[1] is None else (hit[1], hit[2])
     if mask.dtype == torch.bool:
         dead = ~mask.any(dim=-1, keepdim=True)  # [..., N, 1]
-        return mask | dead, dead
-    if not mask.is_floating_point():
+        out = mask | dead
+    elif not mask.is_floating_point():
         raise TypeError(f"mask must be bool (True = may attend) or floating (additive), got {mask.dtype}")
-    mask = mask.to(q.dtype)
-    dead = torch.isneginf(mask).all(dim=-1, keepdim=True)  # [..., N, 1]
-    return mask.masked_fill(dead, 0.0), dead
+    else:
+        out = mask.to(q.dtype)
+        dead = torch.isneginf(out).all(dim=-1, keepdim=True)  # [..., N, 1]
+        out = out.masked_fill(dead, 0.0)
+    if memo:
+        if not bool(dead.any()):  # CPU: no device sync to pay
+            _MASK_MEMO[mask] = ((mask._version, q.dtype), None, None)  # never hold the key itself
+            return _as_is(mask, q), None
+        _MASK_MEMO[mask] = ((mask._version, q.dtype), out, dead)
+    return out, dead
 
 
 def _explicit(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, scale: float | Tensor
