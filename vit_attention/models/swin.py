@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from ..attention import create_attention
 from ..functional import resample_abs_pos_embed
-from ..functional.linear import hookless
+from ..functional.linear import apply_linear, hookless
 from ..layers import DropPath, Mlp, PatchEmbed, to_2tuple
 from .registry import register_family
 
@@ -115,8 +115,8 @@ class PatchMerging(nn.Module):
             H, W = H + H % 2, W + W % 2
         x = x.view(B, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5).flatten(3)  # [B, H/2, W/2, 4C]
         if self.norm_after:
-            return self.norm(self.reduction(x))
-        return self.reduction(self.norm(x))  # [B, H/2, W/2, 2C]
+            return self.norm(apply_linear(self.reduction, x))
+        return apply_linear(self.reduction, self.norm(x))  # [B, H/2, W/2, 2C]
 
 
 class SwinBlock(nn.Module):
