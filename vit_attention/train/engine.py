@@ -335,9 +335,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
     cfg.validate()
     info = init_distributed(cfg.device)
+    threads = torch.get_num_threads()
     try:
         return _train(cfg, info, tqdm)
     finally:
+        torch.set_num_threads(threads)  # the thread choice is this run's, not the caller's
         cleanup_distributed()
 
 
