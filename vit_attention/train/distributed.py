@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-__all__ = ["DistInfo", "init_distributed", "cleanup_distributed", "wrap_model", "unwrap_model", "all_reduce_sum",
+__all__ = ["DistInfo", "init_distributed", "cleanup_distributed", "wrap_model", "unwrap_model", "is_fsdp",
+           "all_reduce_sum",
            "broadcast_object", "full_state_dict", "full_optimizer_state", "load_optimizer_state", "no_sync"]
 
 
@@ -103,7 +104,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model)
 
 
-def _is_fsdp(model: nn.Module) -> bool:
+def is_fsdp(model: nn.Module) -> bool:
+    """True for a model sharded by :func:`wrap_model` with ``fsdp=True``."""
     return bool(getattr(model, "_vit_attention_fsdp", False))
 
 
@@ -115,7 +117,7 @@ def _full_options() -> Any:
 
 def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """The complete, unsharded state dict of a (possibly wrapped) model (under FSDP: complete on rank 0)."""
-    if _is_fsdp(model):
+    if is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         return dict(get_model_state_dict(model, options=_full_options()))
@@ -124,7 +126,7 @@ def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """``optimizer.state_dict()``; under FSDP gathered to full tensors keyed by parameter name (on rank 0)."""
-    if _is_fsdp(model):
+    if is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         return dict(get_optimizer_state_dict(model, optimizer, options=_full_options()))
@@ -133,7 +135,7 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Load a full optimizer state (from :func:`full_optimizer_state`) into ``optimizer``."""
-    if _is_fsdp(model):
+    if is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))

@@ -49,6 +49,7 @@ from .distributed import (
     full_optimizer_state,
     full_state_dict,
     init_distributed,
+    is_fsdp,
     load_optimizer_state,
     no_sync,
     unwrap_model,
@@ -197,16 +198,27 @@ def evaluate(model: nn.Module, dataset: Any, transform: nn.Module, *, batch_size
     """
     info = info or DistInfo()
     was_training = model.training
-    model.eval()
+    sharded = is_fsdp(model)
+    net = model if sharded else unwrap_model(model)  # a DDP wrapper would sync buffers in every forward
+    net.eval()
     transform.eval()
-    idx = shard_indices(list(range(len(dataset))), info.rank, info.world_size)
+    n = len(dataset)
+    idx = shard_indices(list(range(n)), info.rank, info.world_size)
+    # FSDP gathers parameters in every forward: all ranks run the same number of batches (a spare
+    # rank scores one image and throws it away)
+    per_rank = math.ceil(n / info.world_size) if sharded else len(idx)
+    n_batches = math.ceil(per_rank / batch_size)
+    batches = [idx[i * batch_size:(i + 1) * batch_size] for i in range(n_batches)]
+    real = [bool(b) for b in batches]
+    batches = [b if b else [0] for b in batches]
     sums = torch.zeros(4, dtype=torch.float64, device=info.device)  # loss, top1, top5, n
     preds, targets = [], []
-    for x, y in iterate_batches(dataset, [idx[i:i + batch_size] for i in range(0, len(idx), batch_size)],
-                                workers=workers):
+    for keep, (x, y) in zip(real, iterate_batches(dataset, batches, workers=workers)):
         x, y = transform(x.to(info.device, non_blocking=True)), y.to(info.device)
         with _autocast(info.device, amp):
-            logits = model(x)
+            logits = net(x)
+        if not keep:
+            continue
         logits = (logits[0] if isinstance(logits, tuple) else logits).float()
         k = min(5, logits.shape[-1])
         top = logits.topk(k, dim=-1).indices  # [b, k]
@@ -217,10 +229,10 @@ def evaluate(model: nn.Module, dataset: Any, transform: nn.Module, *, batch_size
             preds.append(top[:, 0].cpu())
             targets.append(y.cpu())
     all_reduce_sum(sums)
-    model.train(was_training)
-    n = max(sums[3].item(), 1.0)
-    out: dict[str, Any] = {"loss": sums[0].item() / n, "top1": sums[1].item() / n, "top5": sums[2].item() / n,
-                           "n": int(sums[3].item())}
+    net.train(was_training)
+    count = max(sums[3].item(), 1.0)
+    out: dict[str, Any] = {"loss": sums[0].item() / count, "top1": sums[1].item() / count,
+                           "top5": sums[2].item() / count, "n": int(sums[3].item())}
     if return_predictions:
         out["pred"] = torch.cat(preds) if preds else torch.empty(0, dtype=torch.long)
         out["target"] = torch.cat(targets) if targets else torch.empty(0, dtype=torch.long)
@@ -318,6 +330,19 @@ def _set_threads(cfg: TrainConfig, info: DistInfo, model: nn.Module) -> None:
         torch.set_num_threads(1)
 
 
+# Options a resumed run may change without breaking the exact continuation.
+_FREE_ON_RESUME = {"output", "resume", "epochs", "progress", "plot", "ckpt_every", "stop_after", "workers", "threads",
+                   "device"}
+
+
+def _warn_changed_options(info: DistInfo, cfg: TrainConfig, saved: dict[str, Any]) -> None:
+    now = cfg.to_dict()
+    changed = sorted(k for k in now if k not in _FREE_ON_RESUME and k in saved and saved[k] != now[k])
+    if changed:
+        _say(info, "warning: resuming with changed option(s) " + ", ".join(
+            f"{k}: {saved[k]!r} -> {now[k]!r}" for k in changed) + "; the run will not match an uninterrupted one")
+
+
 def _say(info: DistInfo, *args: Any) -> None:
     if info.is_main:
         print(*args, flush=True)
@@ -365,6 +390,7 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
     if cfg.resume:
         ckpt = load_training_state(ckpt_path)
         check_resume_compatible(ckpt, model.registry_name, model_cfg, ckpt_path)
+        _warn_changed_options(info, cfg, ckpt.state.get("config", {}))
         model.load_state_dict(ckpt.model)
     elif ckpt_path.exists() or (out / "metrics.json").exists():
         raise ValueError(f"output folder {out} already holds a run; pass --resume to continue it, or choose "
