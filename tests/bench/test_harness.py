@@ -113,3 +113,9 @@ def test_channels_last_and_copy_do_not_change_results() -> None:
     report = run_benchmark(BenchConfig(**{**TINY, "rounds": 1}, channels_last=True, compare=["twin"]),
                            references={"twin": lambda n, o, i: copy.deepcopy(o)})
     assert report["results"][1]["parity"] == 0.0
+
+
+def test_bf16_autocast_measures_a_bf16_peak() -> None:
+    report = run_benchmark(BenchConfig(**{**TINY, "rounds": 1}, amp="bf16"))
+    assert report["peak"]["dtype"] == "bfloat16" and report["config"]["amp"] == "bf16"
+    assert report["results"][0]["latency_ms"]["median"] > 0

@@ -437,7 +437,7 @@ def format_table(report: dict[str, Any]) -> str:
         par = f"{r['parity']:.1e}" if r["parity"] is not None else "-"
         lines.append(
             f"| {r['model']} | {r['mode']} | {r['impl']} | {r['images_per_s']['median']:.1f} | "
-            f"{_fmt_stat(r['latency_ms'], '.0f')} | {_fmt_stat(r['gflops'], '.0f')} | "
+            f"{_fmt_stat(r['latency_ms'], '.0f')} | {_fmt_stat(r['gflops'], '.1f')} | "
             f"{'-' if r['fraction_of_peak'] is None else format(100 * r['fraction_of_peak'], '.0f')} |"
             f" {r['peak_memory_mb']:.1f} | {ratios} | {par} |")
     for r in report["results"]:
