@@ -99,3 +99,18 @@ def test_default_compare_entries_cover_mhsa_and_windows() -> None:
     kinds = [e.model_kwargs.get("attn_layer") for e in entries]
     assert "mhsa" in kinds and "window" in kinds
     assert any(e.model.startswith("swin") for e in entries)
+
+
+def test_image_folder_train_eval_predict(image_folder: Path, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    out = tmp_path / "folder_run"
+    assert main(["train", *QUICK, "--model-arg", "patch_size=4", "--img-size", "16", "--batch-size", "9",
+                 "--data", str(image_folder), "--val-fraction", "0.25", "--seed", "3", "--output", str(out)]) == 0
+    want = json.loads((out / "metrics.json").read_text())[-1]["test_acc"]
+    capsys.readouterr()
+    # eval finds the folder, the split (fraction and seed) and the preprocessing in the model's metadata
+    assert main(["eval", "--checkpoint", str(out), "--confusion", str(tmp_path / "c.png")]) == 0
+    text = capsys.readouterr().out
+    assert "images: 9" in text and f"top-1 accuracy: {want:.4f}" in text
+    assert main(["predict", str(image_folder / "dog" / "0.png"), "--checkpoint", str(out), "--topk", "2"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert len(re.findall(r"(cat|dog|fox) \(\d\.\d{3}\)", line)) == 2

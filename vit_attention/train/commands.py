@@ -142,13 +142,18 @@ def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         model = load_model_from_checkpoint(path)
         file = path / "model.safetensors" if path.is_dir() else path
         raw = read_metadata(file) if file.exists() else {}
-        meta = {k: _json_or_str(raw[k]) for k in ("classes", "mean", "std", "data") if k in raw}
+        meta = {k: _json_or_str(raw[k]) for k in ("classes", "mean", "std", "data", "crop_pct", "val_fraction",
+                                                     "split_seed") if k in raw}
         if raw.get("format") == "vit_attention.train_state":
             from .checkpoint import load_training_state
 
             st = load_training_state(file).state
             meta = {k: st[k] for k in ("classes", "mean", "std") if k in st}
-            meta["data"] = st.get("config", {}).get("data") or "digits"
+            data = st.get("config", {}).get("data") or "digits"
+            meta["data"] = data
+            meta["crop_pct"] = 1.0 if data == "digits" else st.get("config", {}).get("crop_pct", 0.875)
+            meta["val_fraction"] = st.get("config", {}).get("val_fraction", 0.1)
+            meta["split_seed"] = st.get("config", {}).get("seed", 0)
     return model.eval(), meta
 
 
@@ -163,8 +168,12 @@ def _eval(args: argparse.Namespace) -> int:
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, int) else cfg.img_size[0]
     data_arg = args.data if args.data is not None else meta.get("data", "digits")
-    data = build_data(None if data_arg == "digits" else data_arg, img_size=size if data_arg != "digits" else
-                      (None if size == 8 else size), in_chans=cfg.in_chans, val_fraction=args.val_fraction)
+    same_data = args.data is None
+    val_fraction = args.val_fraction if args.val_fraction is not None else float(meta.get("val_fraction", 0.1))
+    data = build_data(None if data_arg == "digits" else data_arg,
+                      img_size=size if data_arg != "digits" else (None if size == 8 else size), in_chans=cfg.in_chans,
+                      val_fraction=val_fraction, crop_pct=float(meta.get("crop_pct", 0.875)) if same_data else 0.875,
+                      seed=int(meta.get("split_seed", 0)) if same_data else 0)
     if data.num_classes != model.num_classes:
         raise ValueError(f"the model predicts {model.num_classes} classes, the data has {data.num_classes}")
     mean, std = meta.get("mean", data.mean), meta.get("std", data.std)
@@ -207,7 +216,8 @@ def _predict(args: argparse.Namespace) -> int:
     k = min(args.topk, len(classes))
     for path in args.images:
         try:
-            x = load_image(path, size, in_chans=cfg.in_chans, crop_pct=args.crop_pct)[None]
+            crop = args.crop_pct if args.crop_pct is not None else float(meta.get("crop_pct", 1.0))
+            x = load_image(path, size, in_chans=cfg.in_chans, crop_pct=crop)[None]
         except Exception as e:  # noqa: BLE001 - Pillow raises many types
             raise ValueError(f"cannot read image {path}: {e}") from None
         with torch.no_grad():
@@ -243,7 +253,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         if name == "predict":
             p.add_argument("images", nargs="+", metavar="IMAGE")
             p.add_argument("--topk", type=int, default=5)
-            p.add_argument("--crop-pct", type=float, default=1.0, help="centre-crop share (1: whole image)")
+            p.add_argument("--crop-pct", type=float, default=None,
+                           help="centre-crop share (default: as in training; 1 = whole image)")
         p.add_argument("--checkpoint", required=True,
                        help="run folder, model.safetensors or checkpoint.safetensors (or a foreign file + --model)")
         p.add_argument("--model", default=None, help="build this registered model and load --checkpoint into it")
@@ -252,7 +263,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         if name == "eval":
             p.add_argument("--data", default=None, help="image folder (default: the data the model was trained on)")
             p.add_argument("--split", default="test", choices=("test", "train"))
-            p.add_argument("--val-fraction", type=float, default=0.1)
+            p.add_argument("--val-fraction", type=float, default=None, help="(default: as in training)")
             p.add_argument("--confusion", default=None, help="PNG path (default: beside the checkpoint)")
             p.add_argument("--device", default=None)
             p.set_defaults(func=_eval)

@@ -370,7 +370,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
-    data = build_data(cfg.data, img_size=cfg.img_size, in_chans=cfg.in_chans, val_fraction=cfg.val_fraction,
+    img_size = cfg.img_size
+    if img_size is None and cfg.data not in (None, "digits"):  # image folders: the model's input size
+        size = get_model_entry(cfg.model).config(**cfg.model_kwargs).img_size
+        img_size = size if isinstance(size, int) else int(size[0])
+    data = build_data(cfg.data, img_size=img_size, in_chans=cfg.in_chans, val_fraction=cfg.val_fraction,
                       crop_pct=cfg.crop_pct, seed=cfg.seed)
     if data.skipped:
         _say(info, f"warning: skipped {len(data.skipped)} corrupt image(s), e.g. {data.skipped[0]}")
@@ -553,7 +557,10 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
     if ema is not None:
         result["test_acc_ema"] = evaluate(ema.module, data.test, transform, info=info, amp=cfg.amp)["top1"]
     if info.is_main:
-        meta = {"classes": data.classes, "mean": list(data.mean), "std": list(data.std), "data": data.name,
+        meta = {"classes": data.classes, "mean": list(data.mean), "std": list(data.std),
+                "data": str(Path(cfg.data).resolve()) if cfg.data and cfg.data != "digits" else "digits",
+                "crop_pct": cfg.crop_pct if data.name != "digits" else 1.0, "val_fraction": cfg.val_fraction,
+                "split_seed": cfg.seed,
                 "test_acc": final["top1"]}
         bare = unwrap_model(net)
         save_weights(msd, out / "model.safetensors",
