@@ -154,7 +154,11 @@ def _normalise_mask(mask: Tensor | None, q: Tensor) -> tuple[Tensor | None, Tens
         raise TypeError(f"mask must be bool (True = may attend) or floating (additive), got {mask.dtype}")
     else:
         out = mask.to(q.dtype)
-        dead = torch.isneginf(out).all(dim=-1, keepdim=True)  # [..., N, 1]
+        neginf = torch.isneginf(out)
+        if (not memo and out.device.type == "cpu" and not torch.compiler.is_compiling()
+                and not torch.jit.is_scripting() and not bool(neginf.any())):
+            return out, None  # CPU, no -inf at all (e.g. Swin's -100 shift mask): nothing to check or fill
+        dead = neginf.all(dim=-1, keepdim=True)  # [..., N, 1]
         out = out.masked_fill(dead, 0.0)
     if memo:
         if not bool(dead.any()):  # CPU: no device sync to pay
