@@ -3,8 +3,9 @@
 Registered as data, like every preset. ``vit_digits_patch2_8`` is the default model of
 ``vit-attention train``: a 4-block ViT over a 4x4 grid of 2x2 patches with a one-stage
 convolutional stem (Xiao et al. 2021: early convolutions make small-data ViTs train well).
-Like every preset they keep the registry's default of 1000 classes; ``train`` sizes the
-classifier to the data (10 for the digits). The ``*_gap`` variants pool the grid tokens
+Like every preset they keep the registry's defaults (3 input channels, 1000 classes), so
+registry-wide checks treat them like the others; ``train`` sizes the stem and the classifier to
+the data (1 channel and 10 classes for the digits). The ``*_gap`` variants pool the grid tokens
 instead of a class token, so any mechanism, token or spatial (``attn_layer="window"``), can
 replace global attention; ``compare`` uses them. ``swin_digits_patch2_window2_8`` is a
 two-stage Swin for the same input.
@@ -20,7 +21,7 @@ from ..models.vit import VisionTransformer, VisionTransformerConfig
 
 __all__ = ["DIGITS_PRESETS", "SWIN_DIGITS_PRESETS", "DEFAULT_MODEL"]
 
-_DIGITS_BASE: dict[str, Any] = dict(img_size=8, patch_size=2, in_chans=1, embed_dim=64, depth=4,
+_DIGITS_BASE: dict[str, Any] = dict(img_size=8, patch_size=2, embed_dim=64, depth=4,
                                     num_heads=4, mlp_ratio=2.0, conv_stem=(32,), drop_path_rate=0.1)
 
 DIGITS_PRESETS: dict[str, dict[str, Any]] = {
@@ -32,7 +33,7 @@ DIGITS_PRESETS: dict[str, dict[str, Any]] = {
 # A two-stage Swin for the digits: 4x4 grid of 2x2 patches, 2x2 windows (shifted in every other block),
 # patch merging to 2x2, then one window covering the map.
 SWIN_DIGITS_PRESETS: dict[str, dict[str, Any]] = {
-    "swin_digits_patch2_window2_8": dict(img_size=8, patch_size=2, in_chans=1, embed_dim=48,
+    "swin_digits_patch2_window2_8": dict(img_size=8, patch_size=2, embed_dim=48,
                                          depths=(2, 2), num_heads=(2, 4), window_size=2, mlp_ratio=2.0,
                                          drop_path_rate=0.1),
 }
