@@ -227,7 +227,7 @@ def machine_info(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     with contextlib.suppress(OSError, AttributeError):
-        info["loadavg_start"] = list(os.getloadavg())
+        info["loadavg_start"] = [round(v, 2) for v in os.getloadavg()]
     try:
         from importlib.metadata import version
 
@@ -306,7 +306,7 @@ def run_benchmark(cfg: BenchConfig, *, references: dict[str, ReferenceFactory] |
                 results += rows
                 all_peaks += peaks
         with contextlib.suppress(OSError, AttributeError):
-            info["loadavg_end"] = list(os.getloadavg())
+            info["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
         info["timm"] = library_version("timm") if "timm" in _imported() else info["timm"]
         info["torchvision"] = library_version("torchvision") if "torchvision" in _imported() else info["torchvision"]
     return {
