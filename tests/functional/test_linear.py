@@ -84,3 +84,18 @@ def test_training_path_gradients_equal_eager() -> None:
             t.grad = None
     for fast, eager in zip(*grads):
         torch.testing.assert_close(fast, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_training_path_supports_double_backward() -> None:
+    torch.manual_seed(0)
+    x, w, b = (torch.randn(4, 6, requires_grad=True), torch.randn(5, 6, requires_grad=True),
+               torch.randn(5, requires_grad=True))
+    results = []
+    for enabled in (True, False):
+        with fast_linear(enabled):
+            y = linear(x, w, b, act="gelu")
+            (gx,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)  # gradient penalty
+            (gw,) = torch.autograd.grad(gx.square().sum(), w)
+        results.append((gx.detach(), gw))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)

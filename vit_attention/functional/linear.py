@@ -111,13 +111,16 @@ class _OneDNNLinear(torch.autograd.Function):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         x, weight = ctx.saved_tensors
         g2 = grad.reshape(-1, grad.shape[-1])  # [M, Cout]
         gx = gw = gb = None
-        if ctx.needs_input_grad[0]:  # [M, Cin] = g W  (oneDNN: linear with weight Wᵀ [Cin, Cout])
-            gx = torch.ops.mkldnn._linear_pointwise(g2.contiguous(), weight.t().contiguous(), None, "none", [], "")
+        if ctx.needs_input_grad[0]:  # [M, Cin] = g W
+            if torch.is_grad_enabled():  # create_graph=True: differentiable ops for higher-order gradients
+                gx = g2 @ weight
+            else:  # oneDNN: linear with weight Wᵀ [Cin, Cout]
+                gx = torch.ops.mkldnn._linear_pointwise(g2.contiguous(), weight.t().contiguous(), None, "none", [],
+                                                        "")
             gx = gx.view(x.shape)
         if ctx.needs_input_grad[1]:
             gw = g2.t() @ x.reshape(-1, x.shape[-1])  # [Cout, Cin]
