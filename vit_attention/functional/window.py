@@ -56,13 +56,14 @@ def to_pair(x: int | Sequence[int], name: str = "window_size") -> tuple[int, int
 
 
 def _cached(maxsize: int) -> Callable[[_F], _F]:
-    """``lru_cache`` whose tensors are built outside inference mode, so autograd may save them later."""
+    """``lru_cache`` whose tensors are built on the CPU (whatever default device is active, e.g. meta)
+    and outside inference mode, so autograd may save them later; builders move them to ``device``."""
 
     def deco(fn: _F) -> _F:
         @functools.lru_cache(maxsize=maxsize)
         @functools.wraps(fn)
         def wrapper(*args: Any) -> Any:
-            with torch.inference_mode(False):
+            with torch.inference_mode(False), torch.device("cpu"):
                 return fn(*args)
 
         return wrapper  # type: ignore[return-value]
