@@ -17,7 +17,6 @@ Layout: channels-last ``[B, H, W, C]`` from the patch embedding to the final nor
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,13 +30,14 @@ from ..attention import create_attention
 from ..functional import resample_abs_pos_embed
 from ..functional.linear import apply_linear, hookless
 from ..layers import DropPath, Mlp, PatchEmbed, to_2tuple
+from ._config import ConfigMixin
 from .registry import register_family
 
 __all__ = ["SwinTransformerConfig", "SwinTransformer", "SwinBlock", "SwinStage", "PatchMerging"]
 
 
 @dataclass
-class SwinTransformerConfig:
+class SwinTransformerConfig(ConfigMixin):
     """Everything a :class:`SwinTransformer` is built from (JSON-serialisable).
 
     ``pad_mode`` (only matters on maps that are not window multiples; all three agree otherwise):
@@ -76,20 +76,6 @@ class SwinTransformerConfig:
     res_post_norm: bool = False  # x + norm(attn(x)) instead of x + attn(norm(x))
     merge_norm_after: bool = False  # PatchMerging: reduction then norm(2C) instead of norm(4C) then reduction
     pretrained_window_sizes: tuple[int, ...] | None = None  # SwinV2 CPB normalisation per stage (0 = own)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict of the fields."""
-        return dataclasses.asdict(self)
-
-    def to_json(self) -> str:
-        """The config as JSON text."""
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SwinTransformerConfig:
-        """Inverse of :meth:`to_dict` (lists become tuples)."""
-        d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-        return cls(**d)
 
 
 class PatchMerging(nn.Module):

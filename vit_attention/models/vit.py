@@ -9,7 +9,6 @@ so timm checkpoints load directly and the other layouts are converted in ``vit_a
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -22,6 +21,7 @@ from torch import Tensor, nn
 from ..attention import MultiHeadAttention, get_attention_spec
 from ..functional import resample_abs_pos_embed, sincos_2d_pos_embed
 from ..layers import Block, ConvStemPatchEmbed, Mlp, ParallelBlock, PatchEmbed, PostNormBlock
+from ._config import ConfigMixin
 from .registry import register_family
 
 __all__ = ["VisionTransformerConfig", "VisionTransformer", "AttentionPoolHead"]
@@ -31,7 +31,7 @@ _BLOCKS = {"pre": Block, "post": PostNormBlock, "parallel": ParallelBlock}
 
 
 @dataclass
-class VisionTransformerConfig:
+class VisionTransformerConfig(ConfigMixin):
     """Everything a :class:`VisionTransformer` is built from (JSON-serialisable)."""
 
     img_size: int | tuple[int, int] = 224
@@ -71,23 +71,6 @@ class VisionTransformerConfig:
     drop_path_rate: float = 0.0
     dynamic_img_size: bool = False
     dynamic_img_pad: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict of the fields."""
-        return dataclasses.asdict(self)
-
-    def to_json(self) -> str:
-        """The config as JSON text."""
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> VisionTransformerConfig:
-        """Inverse of :meth:`to_dict` (lists become tuples where the field wants them)."""
-        d = dict(d)
-        for key in ("img_size", "conv_stem"):
-            if isinstance(d.get(key), list):
-                d[key] = tuple(d[key])
-        return cls(**d)
 
 
 class AttentionPoolHead(nn.Module):
