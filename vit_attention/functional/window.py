@@ -39,6 +39,7 @@ __all__ = [
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
+_CPU = torch.device("cpu")  # where cached index / mask tensors are built
 MASK_VALUE = -100.0  # the value all reference implementations use; exp(-100) underflows in fp32 softmax
 
 
@@ -56,14 +57,17 @@ def to_pair(x: int | Sequence[int], name: str = "window_size") -> tuple[int, int
 
 
 def _cached(maxsize: int) -> Callable[[_F], _F]:
-    """``lru_cache`` whose tensors are built on the CPU (whatever default device is active, e.g. meta)
-    and outside inference mode, so autograd may save them later; builders move them to ``device``."""
+    """``lru_cache`` whose tensors are built outside inference mode, so autograd may save them later.
+
+    Builders create their tensors on ``_CPU`` explicitly (whatever default device is active, e.g.
+    meta, index arithmetic needs real values) and move the result to the requested device.
+    """
 
     def deco(fn: _F) -> _F:
         @functools.lru_cache(maxsize=maxsize)
         @functools.wraps(fn)
         def wrapper(*args: Any) -> Any:
-            with torch.inference_mode(False), torch.device("cpu"):
+            with torch.inference_mode(False):
                 return fn(*args)
 
         return wrapper  # type: ignore[return-value]
@@ -129,9 +133,9 @@ def num_windows(H: int, W: int, window_size: int | Sequence[int]) -> int:
 
 def _regions(length: int, window: int, shift: int) -> Tensor:
     """Region label per position along one axis: 0, 1, 2 (all 0 when the axis is not shifted)."""
-    idx = torch.arange(length)
+    idx = torch.arange(length, device=_CPU)
     if shift == 0:
-        return torch.zeros(length, dtype=torch.long)
+        return torch.zeros(length, dtype=torch.long, device=_CPU)
     return (idx >= length - window).long() + (idx >= length - shift).long()
 
 
@@ -139,7 +143,7 @@ def _regions(length: int, window: int, shift: int) -> Tensor:
 def _shift_window_mask(Hp: int, Wp: int, wh: int, ww: int, sh: int, sw: int, device: torch.device) -> Tensor:
     labels = _regions(Hp, wh, sh)[:, None] * 3 + _regions(Wp, ww, sw)[None, :]  # [Hp, Wp]
     win = window_partition(labels.view(1, Hp, Wp, 1), (wh, ww)).squeeze(-1)  # [nW, N]
-    mask = torch.zeros(win.shape[0], wh * ww, wh * ww)
+    mask = torch.zeros(win.shape[0], wh * ww, wh * ww, device=_CPU)
     mask.masked_fill_(win[:, :, None] != win[:, None, :], MASK_VALUE)  # [nW, N, N]
     return mask.to(device)
 
@@ -166,8 +170,8 @@ def shift_window_mask(H: int, W: int, window_size: int | Sequence[int], shift_si
 def _window_gather_index(H: int, W: int, wh: int, ww: int, sh: int, sw: int, pad_first: bool,
                          device: torch.device) -> tuple[Tensor, Tensor]:
     Hp, Wp = H + (-H) % wh, W + (-W) % ww
-    i = torch.arange(Hp)[:, None].expand(Hp, Wp)
-    j = torch.arange(Wp)[None, :].expand(Hp, Wp)
+    i = torch.arange(Hp, device=_CPU)[:, None].expand(Hp, Wp)
+    j = torch.arange(Wp, device=_CPU)[None, :].expand(Hp, Wp)
     if pad_first:  # pad, then roll the padded map: position (i, j) holds padded (i + s) mod Hp
         si, sj = (i + sh) % Hp, (j + sw) % Wp
         valid = (si < H) & (sj < W)
@@ -176,8 +180,8 @@ def _window_gather_index(H: int, W: int, wh: int, ww: int, sh: int, sw: int, pad
         si, sj = (i + sh) % H, (j + sw) % W
     src = torch.where(valid, si * W + sj, H * W)  # [Hp, Wp]; H·W = the zero token
     fwd = window_partition(src.reshape(1, Hp, Wp, 1), (wh, ww)).reshape(-1)  # [nW·N]
-    inv = torch.empty(H * W, dtype=torch.long)
-    pos = torch.arange(fwd.numel())
+    inv = torch.empty(H * W, dtype=torch.long, device=_CPU)
+    pos = torch.arange(fwd.numel(), device=_CPU)
     keep = fwd < H * W
     inv[fwd[keep]] = pos[keep]  # every map token sits in exactly one window slot
     return fwd.to(device), inv.to(device)
@@ -199,7 +203,8 @@ def window_gather_index(H: int, W: int, window_size: int | Sequence[int], shift_
 
 @_cached(maxsize=64)
 def _relative_position_index(wh: int, ww: int, device: torch.device) -> Tensor:
-    coords = torch.stack(torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing="ij")).flatten(1)  # [2, N]
+    rows, cols = torch.arange(wh, device=_CPU), torch.arange(ww, device=_CPU)
+    coords = torch.stack(torch.meshgrid(rows, cols, indexing="ij")).flatten(1)  # [2, N]
     rel = coords[:, :, None] - coords[:, None, :]  # [2, N, N], query minus key
     index = (rel[0] + wh - 1) * (2 * ww - 1) + (rel[1] + ww - 1)  # [N, N]
     return index.to(device)
@@ -216,8 +221,8 @@ def relative_position_index(window_size: int | Sequence[int], *, device: torch.d
 
 @_cached(maxsize=64)
 def _log_relative_coords_table(wh: int, ww: int, pwh: int, pww: int, device: torch.device) -> Tensor:
-    dh = torch.arange(-(wh - 1), wh).to(torch.float32)
-    dw = torch.arange(-(ww - 1), ww).to(torch.float32)
+    dh = torch.arange(-(wh - 1), wh, device=_CPU).to(torch.float32)
+    dw = torch.arange(-(ww - 1), ww, device=_CPU).to(torch.float32)
     table = torch.stack(torch.meshgrid(dh, dw, indexing="ij")).permute(1, 2, 0).contiguous()  # [2Wh-1, 2Ww-1, 2]
     if pwh > 0:
         table[:, :, 0] /= max(pwh - 1, 1)
