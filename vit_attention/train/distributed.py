@@ -65,9 +65,12 @@ def init_distributed(device: str | None = None) -> DistInfo:
     return DistInfo(rank, world, local, dev)
 
 
-def cleanup_distributed() -> None:
-    """Leave the process group (no-op when none)."""
+def cleanup_distributed(sync: bool = False) -> None:
+    """Leave the process group (no-op when none); ``sync`` waits for every rank first (normal exit only:
+    after a failure on one rank the others would wait for it)."""
     if dist.is_available() and dist.is_initialized():
+        if sync and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -362,7 +362,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     info = init_distributed(cfg.device)
     threads = torch.get_num_threads()
     try:
-        return _train(cfg, info, tqdm)
+        result = _train(cfg, info, tqdm)
+        cleanup_distributed(sync=True)  # every rank done (rank 0 may still be writing) before leaving
+        return result
     finally:
         torch.set_num_threads(threads)  # the thread choice is this run's, not the caller's
         cleanup_distributed()
