@@ -30,7 +30,7 @@ from ..attention import create_attention
 from ..functional import resample_abs_pos_embed
 from ..functional.linear import apply_linear, hookless
 from ..layers import DropPath, Mlp, PatchEmbed, to_2tuple
-from ._config import ConfigMixin
+from ._config import ConfigMixin, resolve_indices
 from .registry import register_family
 
 __all__ = ["SwinTransformerConfig", "SwinTransformer", "SwinBlock", "SwinStage", "PatchMerging"]
@@ -352,16 +352,7 @@ class SwinTransformer(nn.Module):
         Returns ``(final [B, H', W', C'], [maps])`` or only the list.
         """
         n = len(self.layers)
-        if indices is None:
-            take = list(range(n))
-        elif isinstance(indices, int):
-            if not 0 < indices <= n:
-                raise ValueError(f"indices={indices} must be in 1..{n}")
-            take = list(range(n - indices, n))
-        else:
-            take = [i + n if i < 0 else i for i in indices]
-            if any(not 0 <= i < n for i in take):
-                raise ValueError(f"stage indices {list(indices)} out of range for {n} stages")
+        take = resolve_indices(indices, n, "stage")
         if output_fmt not in ("NCHW", "NHWC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
         x = self._embed(x)

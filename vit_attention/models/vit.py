@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from ..attention import MultiHeadAttention, get_attention_spec
 from ..functional import resample_abs_pos_embed, sincos_2d_pos_embed
 from ..layers import Block, ConvStemPatchEmbed, Mlp, ParallelBlock, PatchEmbed, PostNormBlock
-from ._config import ConfigMixin
+from ._config import ConfigMixin, resolve_indices
 from .registry import register_family
 
 __all__ = ["VisionTransformerConfig", "VisionTransformer", "AttentionPoolHead"]
@@ -317,18 +317,7 @@ class VisionTransformer(nn.Module):
         (``NLC``); with ``return_prefix_tokens`` each is a pair ``(grid, prefix [B, P, C])``.
         Returns ``(final [B, P + N, C], [intermediates])`` or only the list.
         """
-        depth = len(self.blocks)
-        if indices is None:
-            take = list(range(depth))
-        elif isinstance(indices, int):
-            if not 0 < indices <= depth:
-                raise ValueError(f"indices={indices} must be in 1..{depth}")
-            take = list(range(depth - indices, depth))
-        else:
-            take = [i + depth if i < 0 else i for i in indices]
-            bad = [i for i in take if not 0 <= i < depth]
-            if bad:
-                raise ValueError(f"block indices {list(indices)} out of range for depth {depth}")
+        take = resolve_indices(indices, len(self.blocks), "block")
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         B, _, H, W = x.shape
