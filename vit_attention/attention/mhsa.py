@@ -65,6 +65,11 @@ class MultiHeadSelfAttention(nn.Module):
         return x if residual is None else residual + x
 
     def flops(self, input_shape: tuple[int, ...]) -> int:
-        """Multiply-adds for one forward on ``input_shape = (B, N, C)``."""
+        """Multiply-adds for one forward on ``input_shape = (B, N, C)``.
+
+        ``4·N·C² + 2·N²·C``, plus the QK-norm LayerNorms when on (fvcore's 5 per element, as
+        ``vit_attention.analysis.flops`` counts every norm).
+        """
         B, N, C = input_shape
-        return B * (4 * N * C * C + 2 * N * N * C)
+        qk_norm = 2 * 5 * N * C if isinstance(self.q_norm, nn.LayerNorm) else 0
+        return B * (4 * N * C * C + 2 * N * N * C + qk_norm)
