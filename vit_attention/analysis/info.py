@@ -12,7 +12,7 @@ from torch import nn
 from ..models import create_model
 from ..models.registry import aliases_of, get_model_entry
 from ._run import record_forward
-from .flops import _costs, count_params, stage_of
+from .flops import flops
 
 __all__ = ["ModelInfo", "model_info", "activation_bytes"]
 
@@ -86,17 +86,11 @@ def model_info(name: str, *, img_size: int | None = None, batch_size: int = 1, n
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
     shape = (batch_size, cfg.in_chans, *size)
-    rec = record_forward(model, shape)
-    costs, kinds = _costs(rec)
-    macs_by_stage: dict[str, int] = {}
-    for k, v in costs.items():
-        key = stage_of(k.replace("[attention]", ""))
-        macs_by_stage[key] = macs_by_stage.get(key, 0) + v
-    params, params_by_stage = count_params(model)
+    report = flops(model, shape)  # the same per-stage MACs and parameters `flops` reports
     import vit_attention.weights  # noqa: F401  (registers the converters)
 
     layouts = [c.layout for c in converters_for(entry.family)]
-    return ModelInfo(entry.name, entry.family, aliases_of(entry.name), shape, rec.output_shapes, params,
-                     params_by_stage, sum(costs.values()), macs_by_stage, activation_bytes(model, shape),
+    return ModelInfo(entry.name, entry.family, aliases_of(entry.name), shape, report.output_shapes, report.params,
+                     report.params_by_stage, report.total, report.stages, activation_bytes(model, shape),
                      sorted(dict.fromkeys(layouts)), cfg.to_dict())
 
