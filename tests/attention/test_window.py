@@ -127,13 +127,13 @@ def test_mask_and_bias_cached_in_eval_and_refreshed_after_updates():
     before = _shift_window_mask.cache_info().misses
     with torch.no_grad():
         y1 = attn(x)
-        m1 = attn._window_mask(8, 8, (2, 2), x.device)
+        m1 = attn._window_mask(8, 8, (2, 2), True, x.device)
         attn(x)
-        assert attn._window_mask(8, 8, (2, 2), x.device) is m1  # combined bias + shift mask reused
+        assert attn._window_mask(8, 8, (2, 2), True, x.device) is m1  # combined bias + shift mask reused
         assert _shift_window_mask.cache_info().misses <= before + 1  # region mask built at most once
         attn.relative_position_bias_table.add_(1.0 * torch.randn_like(attn.relative_position_bias_table))
         y2 = attn(x)
-    assert attn._window_mask(8, 8, (2, 2), x.device) is not m1
+    assert attn._window_mask(8, 8, (2, 2), True, x.device) is not m1
     assert (y1 - y2).abs().max() > 1e-3
     # with gradients on, the bias is recomputed each call and the table gets a gradient
     attn.train()
@@ -168,7 +168,9 @@ def test_flops_formula_swin_t_stage1():
     attn = WindowAttention(96, 3, window_size=7)
     hw, C = 56 * 56, 96
     assert attn.flops((1, 56, 56, 96)) == 4 * hw * C * C + 2 * 49 * hw * C
-    assert attn.flops((2, 55, 55, 96)) == 2 * attn.flops((1, 56, 56, 96))  # counted on the padded map
+    # padded map: attention on the padded 56x56, projections on the 55x55 real tokens (+ one zero token for qkv)
+    t, tp = 55 * 55, 56 * 56
+    assert attn.flops((2, 55, 55, 96)) == 2 * (3 * (t + 1) * C * C + t * C * C + 2 * 49 * tp * C)
 
 
 def test_bf16_autocast_runs():
@@ -203,3 +205,17 @@ def test_caches_built_in_inference_mode_do_not_break_training(name):
     xg = x.clone().requires_grad_()
     attn(xg).sum().backward()  # frozen mechanism, gradient to the input only
     assert xg.grad is not None and xg.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", ["window", "cosine_window"])
+@pytest.mark.parametrize("hw", [(8, 8), (6, 10)])
+def test_residual_is_fused_into_proj_with_the_same_result(name, hw):
+    from vit_attention import create_attention
+
+    torch.manual_seed(0)
+    attn = create_attention(name, 16, 2, window_size=4, shift_size=2).eval()
+    x, r = torch.randn(2, *hw, 16), torch.randn(2, *hw, 16)
+    with torch.inference_mode():
+        torch.testing.assert_close(attn(x, residual=r), r + attn(x), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="residual"):
+        attn(x, residual=r[:1])

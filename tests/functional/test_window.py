@@ -151,3 +151,26 @@ def test_log_coords_table_formula():
     torch.testing.assert_close(table[-1, -1], torch.stack([expect, expect]))
     torch.testing.assert_close(table[0, 0], -torch.stack([expect, expect]))
     assert torch.all(table[2, 4] == 0)
+
+
+@pytest.mark.parametrize("H,W,shift,pad_first", [(8, 8, 2, True), (6, 10, 2, True), (6, 10, 2, False), (8, 8, 0, True),
+                                                 (7, 9, 0, False)])
+def test_window_head_gather_index_round_trip(H, W, shift, pad_first):
+    from vit_attention.functional.window import window_gather_index, window_head_gather_index
+
+    ws, nh, hd = 4, 3, 2
+    qkv_rows, out_rows = window_head_gather_index(H, W, ws, shift, nh, pad_first=pad_first)
+    fwd, _ = window_gather_index(H, W, ws, shift, pad_first=pad_first)
+    N, nW = ws * ws, fwd.numel() // (ws * ws)
+    T = H * W + 1  # with the zero token
+    # packed projection [T, 3, nh, hd] whose value encodes (token, which, head)
+    tok = torch.arange(T).view(T, 1, 1, 1).float()
+    qkv = (tok * 100 + torch.arange(3).view(1, 3, 1, 1) * 10 + torch.arange(nh).view(1, 1, nh, 1)).expand(T, 3, nh, hd)
+    g = qkv.reshape(1, -1, hd).index_select(1, qkv_rows).view(3, nW, nh, N, hd)
+    expect = (fwd.view(nW, 1, N).float() * 100 + torch.arange(nh).view(1, nh, 1)).unsqueeze(0) + \
+        torch.arange(3).view(3, 1, 1, 1) * 10
+    assert torch.equal(g[..., 0], expect)  # q/k/v of window slot (w, n), head h = token fwd[w·N + n]
+    back = g[0].reshape(1, -1, hd).index_select(1, out_rows).view(H * W, nh, hd)  # q rows back in token order
+    assert torch.equal(back[:, :, 0], torch.arange(H * W).view(-1, 1).float() * 100 + torch.arange(nh).view(1, nh))
+    with pytest.raises(ValueError, match="num_heads"):
+        window_head_gather_index(H, W, ws, shift, 0)

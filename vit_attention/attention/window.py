@@ -24,15 +24,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..functional import attention_context, merge_heads, scaled_dot_product_attention, split_qkv
+from ..functional import attention_context, scaled_dot_product_attention, split_qkv
 from ..functional.linear import apply_linear
 from ..functional.window import (
     relative_position_index,
     shift_window_mask,
     to_pair,
-    window_gather_index,
+    window_head_gather_index,
     window_partition,
-    window_reverse,
 )
 from ._common import check_heads, check_prob
 from .registry import register_attention
@@ -51,6 +50,8 @@ class WindowAttentionBase(nn.Module):
     Subclasses define the projections (:meth:`project_qkv`), the per-head position bias
     (:meth:`compute_position_bias`, ``[nh, N, N]``) and the logit scaling (:meth:`scale_qk`).
     """
+
+    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
 
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 7,
                  shift_size: int | Sequence[int] = 0, attn_drop: float = 0.0, proj_drop: float = 0.0,
@@ -109,16 +110,16 @@ class WindowAttentionBase(nn.Module):
             self._mask_cache.clear()
         return self._bias_cache[1]
 
-    def _window_mask(self, Hp: int, Wp: int, shift: tuple[int, int], device: torch.device) -> Tensor:
-        """Bias + shift mask: ``[1, nh, N, N]`` (no shift) or ``[1, nW·nh, N, N]`` (windows folded into heads)."""
+    def _window_mask(self, Hp: int, Wp: int, shift: tuple[int, int], folded: bool, device: torch.device) -> Tensor:
+        """Bias (+ shift mask): ``[1, nh, N, N]`` (heads) or ``[1, nW·nh, N, N]`` (windows folded into heads)."""
         bias = self.position_bias()  # [nh, N, N]
-        if not any(shift):
+        if not folded:
             return bias.unsqueeze(0)  # [1, nh, N, N]
         cacheable = self._bias_cache is not None and self._bias_cache[1] is bias
         key = (Hp, Wp, shift, device)
         if cacheable and key in self._mask_cache:
             return self._mask_cache[key]
-        region = shift_window_mask(Hp, Wp, self.window_size, shift, device=device)  # [nW, N, N]
+        region = shift_window_mask(Hp, Wp, self.window_size, shift, device=device)  # [nW, N, N], zeros unshifted
         mask = bias.unsqueeze(0) + region.unsqueeze(1).to(bias.dtype)  # [nW, nh, N, N]
         mask = mask.view(1, -1, *mask.shape[-2:])  # [1, nW·nh, N, N]
         if cacheable:
@@ -135,11 +136,16 @@ class WindowAttentionBase(nn.Module):
             sw = 0 if self.window_size[1] >= Wp else sw
         return sh, sw
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, H, W, C] -> [B, H, W, C]``; any ``H, W`` (padded to the window internally)."""
+    def forward(self, x: Tensor, *, residual: Tensor | None = None) -> Tensor:
+        """``[B, H, W, C] -> [B, H, W, C]``; any ``H, W`` (padded to the window internally).
+
+        ``residual [B, H, W, C]``, when given, is added to the output (fused into ``proj`` at inference).
+        """
         if x.dim() != 4 or x.shape[-1] != self.dim:
             raise ValueError(f"{type(self).__name__} expects a channels-last map [B, H, W, {self.dim}], "
                              f"got shape {tuple(x.shape)}")
+        if residual is not None and residual.shape != x.shape:
+            raise ValueError(f"residual must have the input's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
         B, H, W, C = x.shape
         wh, ww = self.window_size
         if (H % wh or W % ww) and not self.allow_padding:
@@ -148,54 +154,52 @@ class WindowAttentionBase(nn.Module):
         Hp, Wp = H + (-H) % wh, W + (-W) % ww
         sh, sw = self._shifts_for(Hp, Wp)
         nW, N, nh, hd = (Hp // wh) * (Wp // ww), wh * ww, self.num_heads, self.head_dim
-        shifted, padded = bool(sh or sw), (Hp, Wp) != (H, W)
-
-        # shift + pad + partition as ONE gather (cached indices); a plain partition when neither is needed
-        gather = shifted or padded
-        if gather:
-            fwd, inv = window_gather_index(H, W, self.window_size, (sh, sw), pad_first=self.pad_first,
-                                           device=x.device)
+        # Shifted or padded maps fold the windows into the heads, [B, nW·nh, N, hd], so that ONE cached
+        # [nW·nh, N, N] bias + shift mask broadcasts over the batch. The projection runs on the map's tokens
+        # as they are, and a single row gather (cached indices) turns its output into per-window q, k, v.
+        folded = bool(sh or sw) or (Hp, Wp) != (H, W)
+        qkv_rows, out_rows = window_head_gather_index(H, W, self.window_size, (sh, sw), nh,
+                                                      pad_first=self.pad_first, device=x.device)
+        if folded:
             tokens = x.reshape(B, H * W, C)  # [B, H·W, C]
-            if padded:
-                tokens = torch.cat([tokens, tokens.new_zeros(B, 1, C)], dim=1)  # [B, H·W + 1, C], last = zero
-            windows = tokens.index_select(1, fwd).view(B * nW, N, C)  # [B·nW, N, C]
+            if (Hp, Wp) != (H, W):
+                tokens = torch.cat([tokens, tokens.new_zeros(B, 1, C)], dim=1)  # last token: zero (padding)
+            qkv = self.project_qkv(tokens)  # [B, T, 3C]
+            qkv = qkv.reshape(B, -1, hd).index_select(1, qkv_rows).view(B, 3, nW * nh, N, hd)
+            q, k, v = qkv.unbind(1)  # each [B, nW·nh, N, hd]
         else:
-            windows = window_partition(x, self.window_size)  # [B·nW, N, C]
-
-        qkv = self.project_qkv(windows)  # [B·nW, N, 3C]
-        if shifted:  # fold windows into heads: the [nW·nh, N, N] mask then broadcasts over the batch
-            qkv = qkv.view(B, nW, N, 3, nh, hd).permute(3, 0, 1, 4, 2, 5)  # [3, B, nW, nh, N, hd]
-            q, k, v = qkv.reshape(3, B, nW * nh, N, hd).unbind(0)  # each [B, nW·nh, N, hd]
-        else:
-            q, k, v = split_qkv(qkv, nh)  # each [B·nW, nh, N, hd]
+            q, k, v = split_qkv(self.project_qkv(window_partition(x, self.window_size)), nh)  # [B·nW, nh, N, hd]
         q, k, scale = self.scale_qk(q, k)
-        if shifted and isinstance(scale, Tensor):
+        if folded and isinstance(scale, Tensor):
             scale = scale.repeat(nW, 1, 1)  # per-head [nh, 1, 1] -> [nW·nh, 1, 1]
-        mask = self._window_mask(Hp, Wp, (sh, sw), x.device)  # [1, nh, N, N] or [1, nW·nh, N, N]
+        mask = self._window_mask(Hp, Wp, (sh, sw), folded, x.device)  # [1, nh, N, N] or [1, nW·nh, N, N]
         with attention_context(mechanism=getattr(self, "registry_name", "window"), window_size=self.window_size,
                                shift_size=(sh, sw), padded_size=(Hp, Wp), num_windows=nW,
-                               heads_layout="windows*heads" if shifted else "heads"):
+                               heads_layout="windows*heads" if folded else "heads"):
             out = scaled_dot_product_attention(q, k, v, mask=mask, scale=scale,
                                                dropout_p=self.attn_drop if self.training else 0.0)
-        if shifted:
-            out = out.view(B, nW, nh, N, hd).transpose(2, 3).reshape(B * nW, N, C)  # [B·nW, N, C]
-        else:
-            out = merge_heads(out)  # [B·nW, N, C]
-        out = self.proj_drop(apply_linear(self.proj, out))  # [B·nW, N, C]
-
-        if gather:  # reverse + crop + roll back as one gather
-            return out.view(B, nW * N, C).index_select(1, inv).view(B, H, W, C)  # [B, H, W, C]
-        return window_reverse(out, self.window_size, H, W)  # [B, H, W, C]
+        # [B, nW·nh, N, hd] and [B·nW, nh, N, hd] are the same memory: one row gather merges the heads,
+        # reverses the windows, undoes the shift and crops the padding
+        out = out.contiguous().view(B, nW * nh * N, hd).index_select(1, out_rows).view(B, H * W, C)
+        res = None if residual is None else residual.reshape(B, H * W, C)
+        if res is not None and not (self.training and self.proj_drop.p > 0):
+            return apply_linear(self.proj, out, residual=res).view(B, H, W, C)  # proj + residual, one kernel
+        out = self.proj_drop(apply_linear(self.proj, out)).view(B, H, W, C)  # [B, H, W, C]
+        return out if residual is None else residual + out
 
     def flops(self, input_shape: tuple[int, ...]) -> int:
-        """Multiply-adds on ``input_shape = (B, H, W, C)``: ``4·hw·C² + 2·M·hw·C`` per image.
+        """Multiply-adds on ``input_shape = (B, H, W, C)``: ``4·hw·C² + 2·M·hw_p·C`` per image.
 
-        ``hw`` is the padded map, ``M = Wh·Ww`` the tokens of a window (the paper's ``M²``).
+        ``hw = H·W`` tokens are projected (plus one zero token for the qkv projection when the map
+        is padded: padded slots all share its projection), attention runs on the padded map
+        ``hw_p`` and ``M = Wh·Ww`` is the tokens of a window (the paper's ``M²``).
         """
         B, H, W, C = input_shape
         wh, ww = self.window_size
-        hw = (H + (-H) % wh) * (W + (-W) % ww)
-        return B * (4 * hw * C * C + 2 * wh * ww * hw * C)
+        hw = H * W
+        hwp = (H + (-H) % wh) * (W + (-W) % ww)
+        qkv_tokens = hw + (hwp != hw)
+        return B * (3 * qkv_tokens * C * C + hw * C * C + 2 * wh * ww * hwp * C)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, "

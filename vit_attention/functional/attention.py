@@ -30,6 +30,7 @@ __all__ = [
     "register_attention_hook",
     "register_attention_shape_hook",
     "attention_context",
+    "attention_observed",
 ]
 
 _FUSED: bool = os.environ.get("VIT_ATTENTION_FUSED", "1") not in ("0", "false", "False")
@@ -108,6 +109,11 @@ def attention_context(**info: Any) -> Iterator[None]:
         _CONTEXT.pop()
 
 
+def attention_observed() -> bool:
+    """True while any attention hook or shape hook is registered (callers must then keep their batch whole)."""
+    return bool(_HOOKS or _SHAPE_HOOKS)
+
+
 def _context_info() -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for frame in _CONTEXT:
@@ -171,17 +177,26 @@ def _normalise_mask(mask: Tensor | None, q: Tensor) -> tuple[Tensor | None, Tens
 def _explicit(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, scale: float | Tensor
               ) -> tuple[Tensor, Tensor]:
     if isinstance(scale, Tensor):  # per-head temperature multiplies the logits (SwinV2 op order)
-        logits = (q @ k.transpose(-2, -1)) * scale  # [B, nh, N, M]
+        logits = q @ k.transpose(-2, -1)  # [B, nh, N, M]
+        logits = logits.mul_(scale) if _in_place(logits, scale) else logits * scale
     else:
         logits = (q * scale) @ k.transpose(-2, -1)  # [B, nh, N, M]
     if mask is not None:
         if mask.dtype == torch.bool:
-            logits = logits.masked_fill(~mask, float("-inf"))
+            fill = logits.masked_fill_ if _in_place(logits, mask) else logits.masked_fill
+            logits = fill(~mask, float("-inf"))
         else:
-            logits = logits + mask
+            logits = logits.add_(mask) if _in_place(logits, mask) else logits + mask
     weights = logits.softmax(dim=-1)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
     return dropped @ v, weights  # [B, nh, N, hdv], [B, nh, N, M]
+
+
+def _in_place(logits: Tensor, other: Tensor) -> bool:
+    """Whether ``logits`` may be updated in place with ``other``: no autograd, broadcast keeps its shape."""
+    if torch.is_grad_enabled() and (logits.requires_grad or other.requires_grad):
+        return False
+    return torch.broadcast_shapes(logits.shape, other.shape) == logits.shape
 
 
 def scaled_dot_product_attention(

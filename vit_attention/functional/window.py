@@ -33,6 +33,7 @@ __all__ = [
     "num_windows",
     "shift_window_mask",
     "window_gather_index",
+    "window_head_gather_index",
     "relative_position_index",
     "log_relative_coords_table",
 ]
@@ -180,11 +181,11 @@ def _window_gather_index(H: int, W: int, wh: int, ww: int, sh: int, sw: int, pad
         si, sj = (i + sh) % H, (j + sw) % W
     src = torch.where(valid, si * W + sj, H * W)  # [Hp, Wp]; H·W = the zero token
     fwd = window_partition(src.reshape(1, Hp, Wp, 1), (wh, ww)).reshape(-1)  # [nW·N]
-    inv = torch.empty(H * W, dtype=torch.long, device=_CPU)
-    pos = torch.arange(fwd.numel(), device=_CPU)
-    keep = fwd < H * W
-    inv[fwd[keep]] = pos[keep]  # every map token sits in exactly one window slot
-    return fwd.to(device), inv.to(device)
+    # every map token sits in exactly one window slot; padded slots all land on the discarded last entry
+    # (a scatter rather than boolean indexing: no data-dependent shapes, so torch.compile traces it)
+    inv = torch.zeros(H * W + 1, dtype=torch.long, device=_CPU)
+    inv.scatter_(0, fwd, torch.arange(fwd.numel(), device=_CPU))
+    return fwd.to(device), inv[: H * W].to(device)
 
 
 def window_gather_index(H: int, W: int, window_size: int | Sequence[int], shift_size: int | Sequence[int] = 0, *,
@@ -199,6 +200,46 @@ def window_gather_index(H: int, W: int, window_size: int | Sequence[int], shift_
     wh, ww = to_pair(window_size)
     sh, sw = to_pair(shift_size, "shift_size")
     return _window_gather_index(H, W, wh, ww, sh, sw, bool(pad_first), torch.device(device or "cpu"))
+
+
+@_cached(maxsize=256)
+def _window_head_gather_index(H: int, W: int, wh: int, ww: int, sh: int, sw: int, pad_first: bool, nh: int,
+                              device: torch.device) -> tuple[Tensor, Tensor]:
+    fwd, inv = _window_gather_index(H, W, wh, ww, sh, sw, pad_first, _CPU)
+    N = wh * ww
+    nW = fwd.numel() // N
+    heads = torch.arange(nh, device=_CPU)
+    which = torch.arange(3, device=_CPU)  # q, k, v
+    src = fwd.view(1, nW, 1, N)  # map token (or the zero token H·W) in each window slot
+    qkv_rows = (src * 3 + which.view(3, 1, 1, 1)) * nh + heads.view(1, 1, nh, 1)  # [3, nW, nh, N]
+    w, n = inv // N, inv % N  # window and slot of every map token
+    out_rows = (w[:, None] * nh + heads[None, :]) * N + n[:, None]  # [H·W, nh]
+    return qkv_rows.reshape(-1).to(device), out_rows.reshape(-1).to(device)
+
+
+def window_head_gather_index(H: int, W: int, window_size: int | Sequence[int], shift_size: int | Sequence[int],
+                             num_heads: int, *, pad_first: bool = False, device: torch.device | str | None = None
+                             ) -> tuple[Tensor, Tensor]:
+    """Row indices that go from token order to per-window heads and back, one gather each way.
+
+    With ``hd`` the head width, rows are ``hd``-wide slices:
+
+    * ``qkv_rows [3·nW·nh·N]``: the packed projection of the map's tokens ``[B, T, 3, nh, hd]``
+      (``T = H·W``, plus one last token, the projection of a zero input, when the map is padded),
+      viewed as ``[B, T·3·nh, hd]`` and gathered at these rows, is ``[B, 3, nW·nh, N, hd]``: q, k, v
+      of every window of the shifted, padded map, windows folded into heads;
+    * ``out_rows [H·W·nh]``: attention outputs ``[B, nW·nh, N, hd]`` (contiguous; the same memory as
+      ``[B·nW, nh, N, hd]``) viewed as ``[B, nW·nh·N, hd]`` and gathered at these rows are the map's
+      tokens ``[B, H·W, nh·hd]``, heads merged, windows reversed, shift undone, padding cropped.
+
+    Shift and padding follow :func:`window_gather_index`. Cached per (sizes, heads, device).
+    """
+    wh, ww = to_pair(window_size)
+    sh, sw = to_pair(shift_size, "shift_size")
+    if not isinstance(num_heads, int) or num_heads <= 0:
+        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    return _window_head_gather_index(H, W, wh, ww, sh, sw, bool(pad_first), num_heads,
+                                     torch.device(device or "cpu"))
 
 
 @_cached(maxsize=64)

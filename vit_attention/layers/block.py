@@ -81,7 +81,8 @@ class Block(_BlockBase):
         """``[B, N, C] -> [B, N, C]``."""
         if not self.training and isinstance(self.ls1, nn.Identity) and isinstance(self.ls2, nn.Identity):
             # inference: the residual adds are fused into the output projections (same math)
-            if getattr(self.attn, "accepts_residual", False) and hookless(self.attn):
+            if (getattr(self.attn, "accepts_residual", False) and getattr(self.attn, "layout", "tokens") == "tokens"
+                    and hookless(self.attn)):
                 x = self.attn(self.norm1(x), residual=x)
             else:
                 x = x + self._attn(self.norm1(x), feat_size, num_prefix_tokens)

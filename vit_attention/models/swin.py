@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from ..attention import create_attention
 from ..functional import resample_abs_pos_embed
+from ..functional.chunking import batch_chunk_size, run_in_batch_chunks
 from ..functional.linear import apply_linear, hookless
 from ..layers import DropPath, Mlp, PatchEmbed, to_2tuple
 from ._config import ConfigMixin, resolve_indices
@@ -134,9 +135,13 @@ class SwinBlock(nn.Module):
         if self.res_post_norm:
             x = x + self.drop_path1(self.norm1(self.attn(x)))
             return x + self.drop_path2(self.norm2(self.mlp(x)))
+        if not self.training:  # inference: the residual adds fused into proj and fc2 (same math)
+            if getattr(self.attn, "accepts_residual", False) and hookless(self.attn):
+                x = self.attn(self.norm1(x), residual=x)
+            else:
+                x = x + self.attn(self.norm1(x))
+            return self.mlp(self.norm2(x), residual=x) if hookless(self.mlp) else x + self.mlp(self.norm2(x))
         x = x + self.drop_path1(self.attn(self.norm1(x)))
-        if not self.training and hookless(self.mlp):  # inference: the residual add fused into fc2
-            return self.mlp(self.norm2(x), residual=x)
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
@@ -152,6 +157,9 @@ class SwinStage(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``[B, H, W, C] -> [B, H', W', C']``."""
         x = self.downsample(x)
+        chunk = batch_chunk_size(x, self.blocks)  # inference on CPU: a few images at a time (cache-sized)
+        if chunk < x.shape[0]:
+            return run_in_batch_chunks(self.blocks, x, chunk)
         for blk in self.blocks:
             if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
                 x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
