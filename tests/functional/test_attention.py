@@ -139,3 +139,19 @@ def test_torch_sdpa_is_what_fused_path_calls(monkeypatch):
     scaled_dot_product_attention(q, k, v)
     scaled_dot_product_attention(q, k, v, return_weights=True)
     assert calls == [1]
+
+
+def test_learned_mask_in_cpu_training_skips_torch_math_fallback(monkeypatch):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, requires_grad=True) for _ in range(3))
+    bias = torch.randn(1, 3, 5, 5, requires_grad=True)  # e.g. Swin's relative-position bias
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v, bias))
+    calls = []
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1))
+    out = scaled_dot_product_attention(q, k, v, mask=bias)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v, bias))
+    assert not calls  # explicit path: torch's kernel would only fall back to its math path here
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
