@@ -4,7 +4,8 @@ Channels-last maps ``[B, H, W, C]`` in and out. The map is (optionally cyclicall
 padded to a multiple of the window, cut into ``nW`` windows of ``N = Wh·Ww`` tokens, and each
 window attends to itself with a learned relative-position bias. The bias and the shift mask are
 added into ONE additive mask handed to the library's single attention function, so the fused
-kernel runs whenever the weights are not needed.
+kernel runs whenever the weights are not needed (except CPU training, where torch's fused kernel
+has no gradient for the learned mask and the core takes its explicit path instead).
 
 Order of shift and padding at sizes that are not multiples of the window (see docs/swin.md):
 
