@@ -2,6 +2,8 @@
 
 Each family registers its presets as data (a dict of config overrides per registered name)
 with :func:`register_family`; torchvision-style names are aliases of the timm-style names.
+Every look-up first imports the built-in family modules (:data:`BUILTIN_FAMILIES`), so what
+``list_models()`` / ``create_model()`` know never depends on what was imported before.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +48,24 @@ class ModelEntry:
 _MODELS: dict[str, ModelEntry] = {}
 _ALIASES: dict[str, str] = {}
 
+# Modules of this package that register presets when imported (one per family file).
+BUILTIN_FAMILIES = ("vit", "swin", "swinv2", "digits")
+_builtins_loaded = False
+
+
+def _ensure_builtin_families() -> None:
+    """Import every built-in family module once, so the registry is complete at the first look-up."""
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    _builtins_loaded = True  # set first: the family modules call register_model while importing
+    try:
+        for module in BUILTIN_FAMILIES:
+            importlib.import_module(f"{__package__}.{module}")
+    except BaseException:
+        _builtins_loaded = False
+        raise
+
 
 def register_model(name: str, family: str, model_cls: type[nn.Module], config_cls: type,
                    preset: Mapping[str, Any], *, aliases: tuple[str, ...] = (), meta: Mapping[str, Any] | None = None
@@ -77,6 +98,7 @@ def resolve_model_name(name: str) -> str:
     """Registered name for ``name`` (resolving aliases); unknown names raise with suggestions."""
     if not isinstance(name, str):
         raise TypeError(f"model name must be a str, got {type(name).__name__}")
+    _ensure_builtin_families()
     if name in _MODELS:
         return name
     if name in _ALIASES:
@@ -93,6 +115,7 @@ def get_model_entry(name: str) -> ModelEntry:
 
 def list_models(pattern: str = "*", *, family: str | None = None, include_aliases: bool = False) -> list[str]:
     """Registered model names matching the glob ``pattern`` (optionally of one ``family``), sorted."""
+    _ensure_builtin_families()
     names = [n for n, e in _MODELS.items() if family is None or e.family == family]
     if include_aliases:
         names += [a for a, t in _ALIASES.items() if family is None or _MODELS[t].family == family]

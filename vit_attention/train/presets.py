@@ -1,48 +1,11 @@
-"""Small ViT presets sized for the embedded digits data set (8x8 grayscale, 10 classes).
+"""The digits presets, re-exported for the training code (they are registered in :mod:`vit_attention.models.digits`).
 
-Registered as data, like every preset. ``vit_digits_patch2_8`` is the default model of
-``vit-attention train``: a 4-block ViT over a 4x4 grid of 2x2 patches with a one-stage
-convolutional stem (Xiao et al. 2021: early convolutions make small-data ViTs train well).
-Like every preset they keep the registry's defaults (3 input channels, 1000 classes), so
-registry-wide checks treat them like the others; ``train`` sizes the stem and the classifier to
-the data (1 channel and 10 classes for the digits). The ``*_gap`` variants pool the grid tokens
-instead of a class token, so any mechanism, token or spatial (``attn_layer="window"``), can
-replace global attention; ``compare`` uses them. ``swin_digits_patch2_window2_8`` is a
-two-stage Swin for the same input.
+Kept so ``from vit_attention.train.presets import DEFAULT_MODEL`` (and the preset tables) keep
+working; registration lives in ``models/`` so the registry never depends on what was imported.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..models.registry import list_models, register_model
-from ..models.swin import SwinTransformer, SwinTransformerConfig
-from ..models.vit import VisionTransformer, VisionTransformerConfig
+from ..models.digits import DEFAULT_MODEL, DIGITS_PRESETS, SWIN_DIGITS_PRESETS
 
 __all__ = ["DIGITS_PRESETS", "SWIN_DIGITS_PRESETS", "DEFAULT_MODEL"]
-
-_DIGITS_BASE: dict[str, Any] = dict(img_size=8, patch_size=2, embed_dim=64, depth=4,
-                                    num_heads=4, mlp_ratio=2.0, conv_stem=(32,), drop_path_rate=0.1)
-
-DIGITS_PRESETS: dict[str, dict[str, Any]] = {
-    "vit_digits_patch2_8": dict(_DIGITS_BASE),
-    "vit_digits_patch2_8_gap": dict(_DIGITS_BASE, class_token=False, global_pool="avg"),
-    "deit_digits_distilled_patch2_8": dict(_DIGITS_BASE, distilled=True),
-}
-
-# A two-stage Swin for the digits: 4x4 grid of 2x2 patches, 2x2 windows (shifted in every other block),
-# patch merging to 2x2, then one window covering the map.
-SWIN_DIGITS_PRESETS: dict[str, dict[str, Any]] = {
-    "swin_digits_patch2_window2_8": dict(img_size=8, patch_size=2, embed_dim=48,
-                                         depths=(2, 2), num_heads=(2, 4), window_size=2, mlp_ratio=2.0,
-                                         drop_path_rate=0.1),
-}
-
-DEFAULT_MODEL = "vit_digits_patch2_8"
-
-for _name, _preset in DIGITS_PRESETS.items():
-    if _name not in list_models(_name):
-        register_model(_name, "vit", VisionTransformer, VisionTransformerConfig, _preset)
-for _name, _preset in SWIN_DIGITS_PRESETS.items():
-    if _name not in list_models(_name):
-        register_model(_name, "swin", SwinTransformer, SwinTransformerConfig, _preset)
