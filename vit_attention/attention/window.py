@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from ..functional import attention_context, scaled_dot_product_attention, split_qkv
 from ..functional.linear import apply_linear
+from ..functional.runtime import capturing
 from ..functional.window import (
     relative_position_index,
     shift_window_mask,
@@ -99,7 +100,7 @@ class WindowAttentionBase(nn.Module):
     # ---------------------------------------------------------------- bias and masks
     def position_bias(self) -> Tensor:
         """Per-head bias ``[nh, N, N]``; cached while no gradient is recorded, keyed by parameter versions."""
-        if torch.compiler.is_compiling():  # in-graph: dynamo cannot compare the cache key's data pointers
+        if capturing():  # in-graph: no cache key to compare, and a cached tensor would become a constant
             return self.compute_position_bias()
         params = self.bias_parameters()
         if torch.is_grad_enabled() and any(p.requires_grad for p in params):
@@ -166,7 +167,8 @@ class WindowAttentionBase(nn.Module):
             if (Hp, Wp) != (H, W):
                 tokens = torch.cat([tokens, tokens.new_zeros(B, 1, C)], dim=1)  # last token: zero (padding)
             qkv = self.project_qkv(tokens)  # [B, T, 3C]
-            qkv = qkv.reshape(B, -1, hd).index_select(1, qkv_rows).view(B, 3, nW * nh, N, hd)
+            rows = qkv.shape[1] * 3 * nh  # spelled out: reshape(B, -1, hd) is ambiguous for an empty batch
+            qkv = qkv.reshape(B, rows, hd).index_select(1, qkv_rows).view(B, 3, nW * nh, N, hd)
             q, k, v = qkv.unbind(1)  # each [B, nW·nh, N, hd]
         else:
             q, k, v = split_qkv(self.project_qkv(window_partition(x, self.window_size)), nh)  # [B·nW, nh, N, hd]

@@ -1,7 +1,8 @@
 """This machine's matrix-multiply peak, measured in the same run as the models.
 
 The peak is the best rate of a large square GEMM over the implementations torch offers on the
-device (``torch.mm``; on CPU also oneDNN's ``linear``, which the models' fused projections use),
+device (``torch.mm``; on CPU also oneDNN's ``linear``, which the models' fused projections use,
+where this CPU has oneDNN kernels for the dtype),
 so a model's fraction of peak is never flattered by a slow reference GEMM.
 """
 
@@ -11,6 +12,8 @@ import time
 from collections.abc import Callable
 
 import torch
+
+from ..functional.runtime import cpu_kernel_supports
 
 __all__ = ["MatmulPeak"]
 
@@ -39,8 +42,8 @@ class MatmulPeak:
         self.b = torch.randn(n, n, generator=g).to(self.device, dtype)
         self.flops = 2.0 * n ** 3
         self.kernels: dict[str, Callable[[], torch.Tensor]] = {"torch.mm": lambda: torch.mm(self.a, self.b)}
-        if self.device.type == "cpu" and torch.backends.mkldnn.is_available() and hasattr(
-                torch.ops.mkldnn, "_linear_pointwise"):
+        # oneDNN's GEMM only where this CPU has kernels for the dtype (no bf16 inner product on AVX2-only CPUs)
+        if self.device.type == "cpu" and cpu_kernel_supports(dtype) and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
             self.kernels["onednn.linear"] = lambda: torch.ops.mkldnn._linear_pointwise(
                 self.a, self.b, None, "none", [], "")
         self.kernel = "torch.mm"

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .runtime import capturing
+
 __all__ = [
     "scaled_dot_product_attention",
     "fused_attention_enabled",
@@ -147,7 +149,7 @@ def _normalise_mask(mask: Tensor | None, q: Tensor) -> tuple[Tensor | None, Tens
         return None, None
     # A mask a module caches and passes again (Swin's bias + shift mask) is checked once per version on
     # CPU: without dead rows it is used as is, sparing a scan, a copy and an output fill per call.
-    memo = (not torch.compiler.is_compiling() and not torch.jit.is_scripting() and mask.device.type == "cpu"
+    memo = (not capturing() and mask.device.type == "cpu"
             and not mask.requires_grad and not mask.is_inference())
     if memo:
         hit = _MASK_MEMO.get(mask)
@@ -160,9 +162,8 @@ def _normalise_mask(mask: Tensor | None, q: Tensor) -> tuple[Tensor | None, Tens
         raise TypeError(f"mask must be bool (True = may attend) or floating (additive), got {mask.dtype}")
     else:
         out = mask.to(q.dtype)
-        neginf = torch.isneginf(out)
-        if (not memo and out.device.type == "cpu" and not torch.compiler.is_compiling()
-                and not torch.jit.is_scripting() and not bool(neginf.any())):
+        neginf = out == float("-inf")  # (not isneginf: the ONNX exporter has no such op)
+        if not memo and out.device.type == "cpu" and not capturing() and not bool(neginf.any()):
             return out, None  # CPU, no -inf at all (e.g. Swin's -100 shift mask): nothing to check or fill
         dead = neginf.all(dim=-1, keepdim=True)  # [..., N, 1]
         out = out.masked_fill(dead, 0.0)
@@ -207,7 +208,7 @@ def _mask_grad_on_cpu(q: Tensor, mask: Tensor | None) -> bool:
     without them (measured: 2 % of a Swin-T training step).
     """
     return (mask is not None and q.device.type == "cpu" and mask.requires_grad and torch.is_grad_enabled()
-            and not torch.compiler.is_compiling())
+            and not capturing())
 
 
 def scaled_dot_product_attention(

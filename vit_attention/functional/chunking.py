@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from .attention import attention_observed
 from .linear import hookless
+from .runtime import capturing
 
 __all__ = ["batch_chunk_size", "run_in_batch_chunks", "chunk_elements", "set_chunk_elements"]
 
@@ -63,7 +64,7 @@ def batch_chunk_size(x: Tensor, modules: Iterable[nn.Module], max_elements: int 
     per_image = x[0].numel()
     if B * per_image <= limit:
         return B
-    if torch.compiler.is_compiling() or torch.jit.is_scripting() or attention_observed():
+    if capturing() or attention_observed():
         return B
     if not hookless(*(m for mod in modules for m in mod.modules())):
         return B

@@ -3,7 +3,8 @@
 Eager PyTorch runs ``Linear -> GELU -> (+ residual)`` as separate kernels: a bias broadcast copy,
 the GEMM, an activation pass and an add pass, each a full sweep over the activations and, on a
 multi-threaded CPU, its own parallel region. For inference on CPU (no autograd, fp32 or bf16,
-no autocast, not under ``torch.compile``) :func:`linear` hands the whole thing to oneDNN's
+no autocast, a dtype this CPU's oneDNN has kernels for, no graph capture: compile, export,
+``jit.trace`` / ``jit.script``, ONNX export; see :mod:`.runtime`) :func:`linear` hands the whole thing to oneDNN's
 ``linear_pointwise`` (bias, activation and residual add fused as GEMM post-ops). Everywhere else
 it is exactly ``F.linear`` followed by the activation and the add, so results, autograd and
 devices are unchanged. Switch it off with ``VIT_ATTENTION_FAST_LINEAR=0`` or
@@ -23,6 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .runtime import capturing, cpu_kernel_supports
 
 __all__ = ["linear", "apply_linear", "can_fuse", "hookless", "fast_linear", "fast_linear_enabled", "set_fast_linear",
            "fusable_activation", "ACTIVATIONS"]
@@ -95,7 +98,7 @@ def _onednn_ok(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         return False
     if x.dtype != torch.float32 or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         return False
-    if torch.jit.is_scripting() or torch.compiler.is_compiling() or _autocast_on("cpu"):
+    if capturing() or _autocast_on("cpu"):
         return False
     return x.is_contiguous() and weight.is_contiguous() and type(x) in (Tensor, torch.nn.Parameter) and type(
         weight) in (Tensor, torch.nn.Parameter)
@@ -133,7 +136,7 @@ def can_fuse(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Te
     """True when the fused oneDNN kernel computes exactly what the eager ops would (inference on CPU)."""
     if not (_FAST and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu":
         return False
-    if x.dtype not in (torch.float32, torch.bfloat16) or weight.dtype != x.dtype:
+    if x.dtype not in (torch.float32, torch.bfloat16) or weight.dtype != x.dtype or not cpu_kernel_supports(x.dtype):
         return False
     if bias is not None and bias.dtype != x.dtype:
         return False
@@ -141,7 +144,7 @@ def can_fuse(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Te
         return False
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual)):
         return False
-    if torch.jit.is_scripting() or torch.compiler.is_compiling() or _autocast_on("cpu"):
+    if capturing() or _autocast_on("cpu"):
         return False
     return x.is_contiguous() and weight.is_contiguous() and type(x) is Tensor and type(weight) in (
         Tensor, torch.nn.Parameter)
@@ -168,7 +171,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, act: str | 
         else:
             attr, algo = ACTIVATIONS[act] if act is not None else ("none", "")
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algo)
-    if x.dim() >= 2 and x.shape[-1] == weight.shape[-1] and _onednn_ok(x, weight, bias):
+    if _onednn_ok(x, weight, bias) and x.dim() >= 2 and x.shape[-1] == weight.shape[-1]:
         out = _OneDNNLinear.apply(x, weight, bias)  # training on CPU: same math, faster GEMM, no bias copy
     else:
         out = F.linear(x, weight, bias)

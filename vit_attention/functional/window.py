@@ -60,6 +60,8 @@ def to_pair(x: int | Sequence[int], name: str = "window_size") -> tuple[int, int
 def _cached(maxsize: int) -> Callable[[_F], _F]:
     """``lru_cache`` whose tensors are built outside inference mode, so autograd may save them later.
 
+    They are built outside ``torch.jit.trace`` too: a trace records them as constants whether the
+    first call builds them or a later call finds them cached (the tracer's check runs twice).
     Builders create their tensors on ``_CPU`` explicitly (whatever default device is active, e.g.
     meta, index arithmetic needs real values) and move the result to the requested device.
     """
@@ -68,8 +70,15 @@ def _cached(maxsize: int) -> Callable[[_F], _F]:
         @functools.lru_cache(maxsize=maxsize)
         @functools.wraps(fn)
         def wrapper(*args: Any) -> Any:
-            with torch.inference_mode(False):
-                return fn(*args)
+            tracing_state = torch._C._get_tracing_state()
+            if tracing_state is not None:
+                torch._C._set_tracing_state(None)
+            try:
+                with torch.inference_mode(False):
+                    return fn(*args)
+            finally:
+                if tracing_state is not None:
+                    torch._C._set_tracing_state(tracing_state)
 
         return wrapper  # type: ignore[return-value]
 
