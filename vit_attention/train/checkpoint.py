@@ -27,7 +27,7 @@ from ..weights.io import atomic_write
 
 __all__ = ["CHECKPOINT_NAME", "TrainingState", "optimizer_state_to_safe", "optimizer_state_from_safe",
            "capture_rng_state", "restore_rng_state", "save_training_state", "load_training_state",
-           "check_resume_compatible"]
+           "check_resume_compatible", "read_saved_config"]
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 FORMAT = "vit_attention.train_state"
@@ -147,6 +147,27 @@ def load_training_state(path: str | Path) -> TrainingState:
     except (OSError, RuntimeError, SafetensorError) as e:  # damaged or foreign files
         raise ValueError(f"cannot read checkpoint {path}: {e}") from None
     return TrainingState(groups["model"], groups["ema"], groups["optim"], groups["rng"], json.loads(meta["state"]))
+
+
+def read_saved_config(output: str | Path) -> dict[str, Any]:
+    """The training options (``TrainConfig`` fields) saved in the checkpoint of the run folder ``output``.
+
+    Reads only the file's metadata. Raises ``FileNotFoundError`` / ``ValueError`` naming ``--output``
+    when the folder holds no readable training checkpoint.
+    """
+    path = Path(output) / CHECKPOINT_NAME
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint to resume from: {path} does not exist (--resume continues the run "
+                                "in --output, which must be a run folder)")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except (OSError, RuntimeError, SafetensorError) as e:
+        raise ValueError(f"cannot read checkpoint {path} (--output): {e}") from None
+    if meta.get("format") != FORMAT or "state" not in meta:
+        raise ValueError(f"{path} is not a vit-attention training checkpoint (format {meta.get('format')!r}); "
+                         f"--resume needs the {CHECKPOINT_NAME} a training run wrote")
+    return dict(json.loads(meta["state"]).get("config", {}))
 
 
 def check_resume_compatible(ckpt: TrainingState, model_name: str, model_config: Mapping[str, Any],

@@ -39,14 +39,62 @@ def _pair(kind: type) -> Any:
     return parse
 
 
-def _train_config(args: argparse.Namespace) -> Any:
-    from .engine import TrainConfig
+# Where each TrainConfig field comes from on the command line (field -> option dest).
+_FIELD_DEST = {
+    "model": "model", "model_kwargs": "model_arg", "data": "data", "img_size": "img_size", "in_chans": "in_chans",
+    "val_fraction": "val_fraction", "epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "min_lr": "min_lr",
+    "warmup_epochs": "warmup_epochs", "weight_decay": "weight_decay", "clip_grad": "clip_grad",
+    "accum_steps": "accum_steps", "label_smoothing": "label_smoothing", "mixup": "mixup", "cutmix": "cutmix",
+    "randaugment": "randaugment", "hflip": "hflip", "affine": "affine", "drop_rate": "drop",
+    "drop_path_rate": "drop_path", "attn_drop_rate": "attn_drop", "grad_checkpointing": "grad_checkpointing",
+    "amp": "amp", "ema_decay": "ema", "seed": "seed", "device": "device", "threads": "threads", "fsdp": "fsdp",
+    "workers": "workers", "ckpt_every": "ckpt_every", "teacher": "teacher", "teacher_checkpoint": "teacher_checkpoint",
+    "distill_type": "distill_type", "distill_alpha": "distill_alpha", "distill_tau": "distill_tau", "plot": "no_plot",
+}
+# Options of one invocation, never taken from the run being resumed.
+_PER_INVOCATION = {"output", "resume", "stop_after", "progress"}
 
+
+def _given(args: argparse.Namespace) -> set[str]:
+    """The option dests given on the command line (recorded by the tracking actions)."""
+    return set(getattr(args, "_given", ()))
+
+
+def _tracking(base: type[argparse.Action]) -> type[argparse.Action]:
+    """``base`` that also records its dest in ``namespace._given`` when the option is given."""
+
+    class Tracked(base):  # type: ignore[valid-type, misc]
+        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                     option_string: str | None = None) -> None:
+            super().__call__(parser, namespace, values, option_string)
+            namespace._given = _given(namespace) | {self.dest}
+
+    return Tracked
+
+
+def _track_given(p: argparse.ArgumentParser) -> None:
+    """Make ``p``'s store / store_true / append options record that they were given (for ``--resume``)."""
+    for name, base in (("store", argparse._StoreAction), (None, argparse._StoreAction),
+                       ("store_true", argparse._StoreTrueAction), ("append", argparse._AppendAction)):
+        p.register("action", name, _tracking(base))
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` to every option's help unless the help already says its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text:
+            return text
+        return super()._get_help_string(action) or ""
+
+
+def _config_from_args(args: argparse.Namespace) -> dict[str, Any]:
     kwargs = dict(args.model_arg or [])
     for key in ("attn_layer",):
         if getattr(args, key, None):
             kwargs[key] = getattr(args, key)
-    cfg = TrainConfig(
+    return dict(
         model=args.model, model_kwargs=kwargs, data=args.data, img_size=args.img_size, in_chans=args.in_chans,
         val_fraction=args.val_fraction, output=args.output, epochs=args.epochs, batch_size=args.batch_size,
         lr=args.lr, min_lr=args.min_lr, warmup_epochs=args.warmup_epochs, weight_decay=args.weight_decay,
@@ -57,71 +105,128 @@ def _train_config(args: argparse.Namespace) -> Any:
         device=args.device, threads=args.threads, fsdp=args.fsdp, workers=args.workers, ckpt_every=args.ckpt_every,
         resume=args.resume, stop_after=args.stop_after,
         teacher=args.teacher, teacher_checkpoint=args.teacher_checkpoint, distill_type=args.distill_type,
-        distill_alpha=args.distill_alpha, distill_tau=args.distill_tau, progress=not args.no_progress,
+        distill_alpha=args.distill_alpha, distill_tau=args.distill_tau, progress=args.progress,
         plot=not args.no_plot)
-    return cfg
+
+
+def _merge_saved(now: dict[str, Any], saved: dict[str, Any], given: set[str],
+                 skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The saved options of a run, overridden by those given on this command line (and per-invocation ones)."""
+    merged = dict(now)
+    for name, value in saved.items():
+        if name not in now or name in _PER_INVOCATION or name in skip:
+            continue
+        dest = _FIELD_DEST.get(name)
+        if dest is not None and dest in given:
+            if name == "model_kwargs":  # --model-arg given again: update the saved overrides key by key
+                merged[name] = {**value, **now[name]}
+            continue
+        merged[name] = value
+    for name in ("randaugment", "crop_scale"):  # JSON lists back to pairs
+        if isinstance(merged.get(name), list):
+            merged[name] = tuple(merged[name])
+    return merged
+
+
+def _train_config(args: argparse.Namespace) -> Any:
+    """The ``TrainConfig`` of ``train`` / ``compare``; with ``--resume``, the run's saved options are the base."""
+    from .checkpoint import read_saved_config
+    from .engine import TrainConfig
+
+    now = _config_from_args(args)
+    if args.resume and args.output and args.func is _train:
+        now = _merge_saved(now, read_saved_config(args.output), _given(args))
+    return TrainConfig(**now)
+
+
+def _report_failure(command: str, e: BaseException) -> int:
+    """Print a stopped run's one-line message and return its exit code (1 diverged, 130 / 143 interrupted)."""
+    import sys
+
+    from .engine import TrainingInterrupted
+
+    print(f"vit-attention {command}: {'stopped' if isinstance(e, TrainingInterrupted) else 'error'}: {e}",
+          file=sys.stderr, flush=True)
+    return e.exit_code if isinstance(e, TrainingInterrupted) else 1
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .engine import train
+    from .engine import TrainingDiverged, TrainingInterrupted, train
 
-    train(_train_config(args))
+    cfg = _train_config(args)
+    try:
+        train(cfg)
+    except (TrainingDiverged, TrainingInterrupted) as e:
+        return _report_failure("train", e)
     return 0
 
 
 def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
+    _track_given(p)
     g = p.add_argument_group("model and data")
-    g.add_argument("--model", default=DEFAULT_MODEL, help=f"registered model name (default {DEFAULT_MODEL})")
+    g.add_argument("--model", default=DEFAULT_MODEL, help="registered model name (vit-attention models lists them)")
     g.add_argument("--model-arg", type=_kv, action="append", metavar="KEY=VALUE",
-                   help="model config override, repeatable (JSON values): --model-arg depth=2")
+                   help="model config override, repeatable, JSON values: --model-arg depth=2 (default: the preset's)")
     g.add_argument("--data", default=None,
-                   help="image folder (ROOT/<class>/*.png or ROOT/{train,val}/<class>/...); default: digits")
-    g.add_argument("--img-size", type=int, default=None, help="input size (digits: resample from 8)")
+                   help="image folder (ROOT/<class>/*.png or ROOT/{train,val}/<class>/...) (default: the embedded "
+                        "digits)")
+    g.add_argument("--img-size", type=int, default=None,
+                   help="input size (default: 8 for the digits, the model's for image folders)")
     g.add_argument("--in-chans", type=int, default=3, choices=(1, 3), help="image folders: 1 grayscale, 3 RGB")
     g.add_argument("--val-fraction", type=float, default=0.1, help="held-out share when the folder has no val/")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, default=epochs)
+    g.add_argument("--epochs", type=int, default=epochs, help="passes over the training set")
     g.add_argument("--batch-size", type=int, default=64, help="global batch per optimizer step")
-    g.add_argument("--lr", type=float, default=2e-3)
-    g.add_argument("--min-lr", type=float, default=1e-5)
-    g.add_argument("--warmup-epochs", type=float, default=3.0)
-    g.add_argument("--weight-decay", type=float, default=0.05)
+    g.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (AdamW)")
+    g.add_argument("--min-lr", type=float, default=1e-5, help="learning rate at the end of the cosine decay")
+    g.add_argument("--warmup-epochs", type=float, default=3.0, help="linear warm-up length in epochs")
+    g.add_argument("--weight-decay", type=float, default=0.05,
+                   help="AdamW weight decay (not on biases, norms, position embeddings, tokens)")
     g.add_argument("--clip-grad", type=float, default=1.0, help="max gradient norm (0: off)")
     g.add_argument("--accum-steps", type=int, default=1, help="gradient accumulation micro-steps")
-    g.add_argument("--grad-checkpointing", action="store_true")
+    g.add_argument("--grad-checkpointing", action="store_true", help="recompute activations (less memory)")
     g.add_argument("--amp", default="auto", choices=("auto", "bf16", "none"), help="auto: bf16 on CUDA, fp32 on CPU")
-    g.add_argument("--ema", type=float, default=None, metavar="DECAY", help="keep an EMA of the weights")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--ema", type=float, default=None, metavar="DECAY",
+                   help="keep an EMA of the weights with this decay (default: off)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the split, the order and every random draw")
     g = p.add_argument_group("regularisation and augmentation (AugReg-style)")
-    g.add_argument("--label-smoothing", type=float, default=0.1)
+    g.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing of the targets")
     g.add_argument("--mixup", type=float, default=0.0, help="Mixup Beta alpha (0: off)")
     g.add_argument("--cutmix", type=float, default=0.0, help="CutMix Beta alpha (0: off)")
-    g.add_argument("--randaugment", type=_pair(int), default=None, metavar="N,M", help="RandAugment, e.g. 2,9")
-    g.add_argument("--hflip", type=float, default=None, help="flip probability (default 0.5 folders, 0 digits)")
+    g.add_argument("--randaugment", type=_pair(int), default=None, metavar="N,M",
+                   help="RandAugment ops and magnitude, e.g. 2,9 (default: off)")
+    g.add_argument("--hflip", type=float, default=None, help="flip probability (default: 0.5 folders, 0 digits)")
     g.add_argument("--affine", type=float, default=None,
-                   help="probability of a small random rotation/shift/zoom (default 0.5 digits, 0 folders)")
-    g.add_argument("--drop", type=float, default=None, help="dropout rate")
-    g.add_argument("--drop-path", type=float, default=None, help="stochastic depth rate")
-    g.add_argument("--attn-drop", type=float, default=None, help="attention dropout rate")
+                   help="probability of a small random rotation/shift/zoom (default: 0.5 digits, 0 folders)")
+    g.add_argument("--drop", type=float, default=None, help="dropout rate (default: the model's)")
+    g.add_argument("--drop-path", type=float, default=None, help="stochastic depth rate (default: the model's)")
+    g.add_argument("--attn-drop", type=float, default=None, help="attention dropout rate (default: the model's)")
     g = p.add_argument_group("distillation (DeiT)")
-    g.add_argument("--teacher", default=None, help="teacher: registered model name or a .safetensors checkpoint")
-    g.add_argument("--teacher-checkpoint", default=None, help="weights for a --teacher given by name")
-    g.add_argument("--distill-type", default="hard", choices=("soft", "hard"))
-    g.add_argument("--distill-alpha", type=float, default=0.5)
-    g.add_argument("--distill-tau", type=float, default=1.0)
+    g.add_argument("--teacher", default=None,
+                   help="teacher: registered model name or a .safetensors checkpoint (default: no distillation)")
+    g.add_argument("--teacher-checkpoint", default=None,
+                   help="weights for a --teacher given by name (default: none, the teacher as built)")
+    g.add_argument("--distill-type", default="hard", choices=("soft", "hard"), help="DeiT distillation target")
+    g.add_argument("--distill-alpha", type=float, default=0.5, help="weight of the distillation loss")
+    g.add_argument("--distill-tau", type=float, default=1.0, help="temperature of soft distillation")
     g = p.add_argument_group("run")
-    g.add_argument("--output", default=None, help="run folder (default runs/<model>-<time>)")
-    g.add_argument("--resume", action="store_true", help="continue the run in --output from its checkpoint")
+    g.add_argument("--output", default=None, help="run folder (default: runs/<model>-<time>, a new folder)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run in --output from its checkpoint, with its saved options (options given "
+                        "again override them)")
     g.add_argument("--stop-after", type=int, default=None, metavar="STEP",
-                   help="checkpoint and stop at this global step (for time-limited jobs; continue with --resume)")
+                   help="checkpoint and stop at this global step, for time-limited jobs; continue with --resume "
+                        "(default: off)")
     g.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every N steps (0: per epoch)")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     g.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default: 1 for models under 2M parameters, else torch's default)")
     g.add_argument("--fsdp", action="store_true", help="shard the model with FSDP (torchrun)")
     g.add_argument("--workers", type=int, default=0, help="data loader processes for image folders")
-    g.add_argument("--no-progress", action="store_true", help="plain epoch lines instead of progress bars")
-    g.add_argument("--no-plot", action="store_true")
+    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars; --no-progress: one line per epoch (default: bars only when stderr is a "
+                        "terminal)")
+    g.add_argument("--no-plot", action="store_true", help="do not write curves.png")
 
 
 # ---------------------------------------------------------------------------- eval / predict
@@ -230,18 +335,34 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from .compare import run_compare
+    from .compare import read_compare_options, run_compare
+    from .engine import TrainConfig, TrainingDiverged, TrainingInterrupted
 
     cfg = _train_config(args)
     models = [m for m in (args.models or "").split(",") if m]
     mechs = [a for a in (args.attention or "").split(",") if a]
-    run_compare(cfg, models=models, attention=mechs, output=args.output, fast=args.quick)
+    quick = args.quick
+    if args.resume:
+        if not args.output:
+            raise ValueError("--resume needs --output: the folder of the comparison to continue")
+        saved = read_compare_options(args.output)
+        if saved is not None:  # the comparison's own options, overridden by those given again
+            given = _given(args)
+            cfg = TrainConfig(**_merge_saved(_config_from_args(args), saved["train"], given))
+            if not {"models", "attention"} & given:
+                models, mechs = list(saved.get("models") or []), list(saved.get("attention") or [])
+            quick = quick if "quick" in given else bool(saved.get("quick", False))
+    try:
+        run_compare(cfg, models=models, attention=mechs, output=args.output, fast=quick, resume=args.resume)
+    except (TrainingDiverged, TrainingInterrupted) as e:
+        return _report_failure("compare", e)
     return 0
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``train``, ``eval``, ``predict`` and ``compare``."""
     p = sub.add_parser("train", help="train a model (default: a small ViT on the embedded digits, >= 97%% test)",
+                       formatter_class=_HelpFormatter,
                        description="Train any registered model on the embedded digits or an image folder. "
                                    "Runs under torchrun for data parallelism. Prints 'test accuracy: X' last.")
     _add_train_options(p, epochs=60)
@@ -274,9 +395,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        description="Train each model (--models) or each attention mechanism in the digits ViT "
                                    "(--attention) with the same data and budget; print test accuracy, params, "
                                    "FLOPs, train and inference throughput; plot accuracy vs FLOPs. Default: "
-                                   "global MHSA vs Swin-style window attention on the digits.")
-    p.add_argument("--models", default=None, help="comma-separated registered names")
-    p.add_argument("--attention", default=None, help="comma-separated mechanisms (default mhsa,window)")
+                                   "global MHSA vs Swin-style window attention on the digits.",
+                       formatter_class=_HelpFormatter)
+    _track_given(p)
+    p.add_argument("--models", default=None,
+                   help="comma-separated registered names (default: MHSA and window attention in the digits ViT, "
+                        "and a small Swin)")
+    p.add_argument("--attention", default=None,
+                   help="comma-separated mechanisms inside --model (default: see --models)")
     p.add_argument("--quick", action="store_true", help="a smoke-test budget (1 epoch each)")
     _add_train_options(p, epochs=30)
     p.set_defaults(func=_compare)

@@ -4,6 +4,12 @@ Each entry is trained with the same data, epochs, batch size, optimiser and seed
 reports test accuracy, parameters, multiply-adds per image (``analysis.flops``, the papers'
 "FLOPs"), training throughput (images/s over the training steps) and inference throughput
 (images/s of batched forwards), and a PNG plots accuracy against FLOPs.
+
+Inference is timed with the CPU thread count its model trained with (``train`` picks one thread
+for tiny models), so the two throughput columns are comparable. Every model name and option is
+checked before the first entry trains. ``compare_options.json`` keeps the comparison's options:
+``resume=True`` continues each entry from its checkpoint (finished ones are only re-scored) with
+the saved options.
 """
 
 from __future__ import annotations
@@ -20,11 +26,15 @@ from torch import nn
 from ..analysis.flops import flops
 from ..attention import get_attention_spec
 from ..weights.io import atomic_write
-from .engine import TrainConfig, train
+from .checkpoint import CHECKPOINT_NAME
+from .engine import TrainConfig, check_model_kwargs, check_output_folder, train
 from .plots import plot_accuracy_vs_flops
 from .presets import DEFAULT_MODEL
 
-__all__ = ["CompareEntry", "default_entries", "run_compare", "inference_throughput", "format_table"]
+__all__ = ["CompareEntry", "default_entries", "run_compare", "inference_throughput", "format_table",
+           "read_compare_options", "OPTIONS_NAME"]
+
+OPTIONS_NAME = "compare_options.json"
 
 # Keyword arguments that fit a mechanism to the digits ViT's 4x4 token grid.
 _GRID_KWARGS: dict[str, dict[str, Any]] = {"window": {"window_size": 2}, "cosine_window": {"window_size": 2}}
@@ -76,6 +86,17 @@ def inference_throughput(model: nn.Module, input_shape: tuple[int, ...], *, devi
             return n * input_shape[0] / dt
 
 
+def read_compare_options(output: str | Path) -> dict[str, Any] | None:
+    """The options a comparison in ``output`` was started with (``None`` when it saved none)."""
+    path = Path(output) / OPTIONS_NAME
+    if not path.exists():
+        return None
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {path} (--output): {e}") from None
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     """Plain-text table of the compare results."""
     head = f"{'model':34s} {'test acc':>8s} {'params':>9s} {'MMACs':>8s} {'train img/s':>11s} {'infer img/s':>11s}"
@@ -87,11 +108,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def run_compare(cfg: TrainConfig, *, models: list[str] | None = None, attention: list[str] | None = None,
-                output: str | None = None, fast: bool = False) -> list[dict[str, Any]]:
+                output: str | None = None, fast: bool = False, resume: bool = False) -> list[dict[str, Any]]:
     """Train every entry with ``cfg``'s budget; print the table, write ``compare.json`` / ``.txt`` and a PNG.
 
     ``models``: registered names; ``attention``: mechanisms inside ``cfg.model`` (the digits ViT
-    with mean pooling by default); neither: :func:`default_entries`. Returns one row per entry.
+    with mean pooling by default); neither: :func:`default_entries`. ``resume``: continue the
+    comparison in ``output`` (each entry from its checkpoint; entries without one start). Every
+    name is checked before training starts. Returns one row per entry.
     """
     if models and attention:
         raise ValueError("give either --models or --attention, not both")
@@ -102,14 +125,25 @@ def run_compare(cfg: TrainConfig, *, models: list[str] | None = None, attention:
         entries = [_mechanism_entry(m, backbone) for m in attention]
     else:
         entries = default_entries()
+    for e in entries:  # every name and option before the first entry trains
+        check_model_kwargs(e.model, e.model_kwargs)
+    if resume and not output:
+        raise ValueError("resume needs output (--output): the folder of the comparison to continue")
+    if output:
+        check_output_folder(output)
     out = Path(output or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
-    if (out / "compare.json").exists():
-        raise ValueError(f"{out} already holds a comparison; choose another --output (nothing was overwritten)")
+    if not resume and (out / "compare.json").exists():
+        raise ValueError(f"{out} already holds a comparison; continue it with --resume, or choose another --output "
+                         "(nothing was overwritten)")
+    options = {"train": dataclasses.replace(cfg, output=None, resume=False).to_dict(), "models": models or [],
+               "attention": attention or [], "quick": fast}
+    atomic_write(out / OPTIONS_NAME, lambda tmp: Path(tmp).write_text(json.dumps(options, indent=1)))
     rows: list[dict[str, Any]] = []
     for i, e in enumerate(entries):
+        sub_out = out / f"{i}-{e.model}"
         sub = dataclasses.replace(cfg, model=e.model, model_kwargs=dict(e.model_kwargs),
-                                  output=str(out / f"{i}-{e.model}"), epochs=1 if fast else cfg.epochs,
-                                  resume=False, progress=cfg.progress)
+                                  output=str(sub_out), epochs=1 if fast else cfg.epochs,
+                                  resume=resume and (sub_out / CHECKPOINT_NAME).exists(), progress=cfg.progress)
         print(f"== [{i + 1}/{len(entries)}] {e.name}: {e.model} {json.dumps(e.model_kwargs) if e.model_kwargs else ''}",
               flush=True)
         res = train(sub)
@@ -117,15 +151,25 @@ def run_compare(cfg: TrainConfig, *, models: list[str] | None = None, attention:
         c, h, w = model.cfg.in_chans, *res["input_size"]
         macs = flops(model, (1, c, h, w)).total
         train_speed = [r["train_img_s"] for r in res["history"]]
+        threads = int(res.get("threads") or torch.get_num_threads())
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)  # time inference as training ran, not with the caller's threads
+        try:
+            infer = inference_throughput(model, (256, c, h, w), device=res["device"])
+        finally:
+            torch.set_num_threads(before)
         rows.append({"name": e.name, "model": e.model, "model_kwargs": e.model_kwargs, "test_acc": res["test_acc"],
                      "params": res["params"], "macs": int(macs),
                      "train_img_s": sorted(train_speed)[len(train_speed) // 2],
-                     "infer_img_s": inference_throughput(model, (256, c, h, w), device=res["device"])})
+                     "infer_img_s": infer, "threads": threads})
     table = format_table(rows)
+    if res["device"].type == "cpu":
+        table += (f"\n(train and inference img/s with {', '.join(sorted({str(r['threads']) for r in rows}))} "
+                  "CPU thread(s))")
     atomic_write(out / "compare.json", lambda tmp: Path(tmp).write_text(json.dumps(rows, indent=1)))
     atomic_write(out / "compare.txt", lambda tmp: Path(tmp).write_text(table + "\n"))
     plot_accuracy_vs_flops(rows, out / "accuracy_vs_flops.png",
-                           title=f"{cfg.data or 'digits'}, {sub.epochs} epochs each")
+                           title=f"{cfg.data or 'digits'}, {sub.epochs} epoch{'s' if sub.epochs != 1 else ''} each")
     print(f"\nwrote {out}/compare.json, compare.txt, accuracy_vs_flops.png")
     print(table)
     return rows

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 __all__ = ["IMG_EXTENSIONS", "DataBundle", "TensorImageDataset", "ImageFolderDataset", "load_digits_split",
            "scan_image_folder", "build_data", "load_image", "BatchTransform", "mix_batch", "batch_indices",
-           "shard_indices", "iterate_batches", "CorruptImageWarning"]
+           "shard_indices", "iterate_batches", "CorruptImageWarning", "check_classifiable"]
 
 IMG_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -214,6 +214,28 @@ def build_data(data: str | Path | None = None, *, img_size: int | None = None, i
     return DataBundle(root.name, ImageFolderDataset(train_s, hw, in_chans=in_chans, crop_pct=crop_pct),
                       ImageFolderDataset(val_s, hw, in_chans=in_chans, crop_pct=crop_pct), classes, in_chans, hw,
                       mean, std, skipped)
+
+
+def check_classifiable(data: DataBundle, *, val_fraction: float | None = None) -> list[str]:
+    """Refuse data that cannot train a classifier; return warnings about data that can, but poorly.
+
+    Raises ``ValueError`` when there are fewer than two classes. Warns (returned sentences) when
+    the training or the held-out split has fewer images than there are classes.
+    """
+    if data.num_classes < 2:
+        found = f"only the class {data.classes[0]!r}" if data.classes else "no class"
+        raise ValueError(f"data {data.name}: found {found}; a classifier needs at least two classes "
+                         "(one sub-folder per class: ROOT/<class>/<image>)")
+    warnings_: list[str] = []
+    held_out = "validation" if data.name != "digits" else "test"
+    for split, ds in (("training", data.train), (held_out, data.test)):
+        if len(ds) < data.num_classes:
+            hint = (f"; raise --val-fraction (now {val_fraction:g}) or add a val/ folder"
+                    if split == held_out and val_fraction is not None else "; add images")
+            warnings_.append(f"the {split} split of {data.name} has {len(ds)} image(s) for {data.num_classes} "
+                             f"classes, so some classes are never {'trained on' if split == 'training' else 'tested'}"
+                             + hint)
+    return warnings_
 
 
 # ---------------------------------------------------------------------------- batching

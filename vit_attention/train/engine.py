@@ -10,6 +10,13 @@ accum_steps`` micro-batches and the loss is normalised by the global batch, so t
 not depend on how many processes or accumulation steps share the work. Every optimizer step
 re-seeds the random generators from ``(seed, step, rank)``, so augmentation and dropout draws
 are the same after a resume as in an uninterrupted run.
+
+Runs never lose work: a non-finite loss stops the run before the optimizer step
+(:class:`TrainingDiverged`) and non-finite weights are never written, so the last good checkpoint
+stays resumable; Ctrl-C and SIGTERM end the run with :class:`TrainingInterrupted`, whose message
+says how to resume (temporary files of a write in progress are removed); a default run folder
+``runs/<model>-<time>`` is created exclusively (``-1``, ``-2``, ... on collision), so two runs
+started in the same second never share one.
 """
 
 from __future__ import annotations
@@ -18,10 +25,16 @@ import copy
 import csv
 import json
 import math
+import os
+import signal
 import sys
+import tempfile
+import threading
 import time
-from collections.abc import Sequence
-from contextlib import nullcontext
+import types
+import typing
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,11 +53,21 @@ from .checkpoint import (
     restore_rng_state,
     save_training_state,
 )
-from .data import BatchTransform, DataBundle, batch_indices, build_data, iterate_batches, mix_batch, shard_indices
+from .data import (
+    BatchTransform,
+    DataBundle,
+    batch_indices,
+    build_data,
+    check_classifiable,
+    iterate_batches,
+    mix_batch,
+    shard_indices,
+)
 from .distill import DistillationLoss, build_teacher, soft_target_cross_entropy
 from .distributed import (
     DistInfo,
     all_reduce_sum,
+    broadcast_object,
     cleanup_distributed,
     full_optimizer_state,
     full_state_dict,
@@ -56,7 +79,21 @@ from .distributed import (
     wrap_model,
 )
 
-__all__ = ["TrainConfig", "ModelEma", "lr_at", "param_groups", "evaluate", "train", "plot_curves", "seed_step"]
+__all__ = ["TrainConfig", "ModelEma", "lr_at", "param_groups", "evaluate", "train", "plot_curves", "seed_step",
+           "TrainingDiverged", "TrainingInterrupted", "create_run_folder", "check_model_kwargs",
+           "check_output_folder"]
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss (or the weights) became non-finite; nothing non-finite was written."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the run; ``str(e)`` says how to resume, ``e.exit_code`` is 130 or 143."""
+
+    def __init__(self, message: str, exit_code: int = 130) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclass
@@ -105,7 +142,7 @@ class TrainConfig:
     distill_type: str = "hard"
     distill_alpha: float = 0.5
     distill_tau: float = 1.0
-    progress: bool = True
+    progress: bool | None = None  # progress bars; None: only when stderr is a terminal (else one line per epoch)
     plot: bool = True
 
     def to_dict(self) -> dict[str, Any]:
@@ -245,21 +282,28 @@ def plot_curves(history: Sequence[dict[str, Any]], path: str | Path, title: str 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     ep = [h["epoch"] for h in history]
+    mark = {"marker": "o", "markersize": 4 if len(ep) > 1 else 6}  # a single epoch is a point, not a line
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot(ep, [h["train_loss"] for h in history], label="train")
-    a.plot(ep, [h["test_loss"] for h in history], label="test")
+    a.plot(ep, [h["train_loss"] for h in history], label="train", **mark)
+    a.plot(ep, [h["test_loss"] for h in history], label="test", **mark)
     a.set_xlabel("epoch")
     a.set_ylabel("loss")
     a.legend()
-    b.plot(ep, [h["train_acc"] for h in history], label="train")
-    b.plot(ep, [h["test_acc"] for h in history], label="test top-1")
+    b.plot(ep, [h["train_acc"] for h in history], label="train", **mark)
+    b.plot(ep, [h["test_acc"] for h in history], label="test top-1", **mark)
     if any("test_acc_ema" in h for h in history):
-        b.plot(ep, [h.get("test_acc_ema", float("nan")) for h in history], label="test top-1 (EMA)")
+        b.plot(ep, [h.get("test_acc_ema", float("nan")) for h in history], label="test top-1 (EMA)", **mark)
     b.set_xlabel("epoch")
     b.set_ylabel("accuracy")
     b.legend()
+    for axis in (a, b):
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
+        if len(set(ep)) == 1:
+            axis.set_xlim(ep[0] - 0.5, ep[0] + 0.5)
+            axis.set_xticks(ep)
     fig.suptitle(title)
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
@@ -282,14 +326,139 @@ def _write_metrics(out: Path, history: list[dict[str, Any]]) -> None:
     atomic_write(out / "metrics.json", lambda tmp: Path(tmp).write_text(json.dumps(history, indent=1)))
 
 
-def _default_output(model: str) -> Path:
+def create_run_folder(model: str, root: str | Path = "runs") -> Path:
+    """Create and return a new run folder ``root/<model>-<time>`` (``-1``, ``-2``, ... when taken).
+
+    The folder is created exclusively (``mkdir`` without ``exist_ok``), so concurrent runs started
+    in the same second each get their own. Raises ``ValueError`` naming ``--output`` when ``root``
+    cannot be created or written.
+    """
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path("runs") / f"{model}-{stamp}"
-    i = 1
-    while out.exists():
-        out = Path("runs") / f"{model}-{stamp}-{i}"
-        i += 1
-    return out
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create the run folder {root}/ ({e.strerror or e}); choose a writable "
+                         "folder with --output") from None
+    for i in range(10_000):
+        out = root / (f"{model}-{stamp}" + (f"-{i}" if i else ""))
+        try:
+            out.mkdir()
+            return out
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise ValueError(f"cannot create the run folder {out} ({e.strerror or e}); choose a writable "
+                             "folder with --output") from None
+    raise ValueError(f"no free run folder name for {root}/{model}-{stamp}; choose one with --output")
+
+
+def check_output_folder(output: str | Path) -> None:
+    """Raise ``ValueError`` naming ``--output`` when ``output`` cannot become a writable run folder.
+
+    Creates nothing: the nearest existing ancestor must be a folder the process may write in.
+    """
+    path = Path(output)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--output {output} is a file; expected a folder for the run")
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ValueError(f"--output {output}: {probe} is a file, so the run folder cannot be created there")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"--output {output}: {probe} is not writable; choose a folder you may write in")
+
+
+def _make_output(path: Path) -> Path:
+    """Create ``path`` (and parents) and check a file can be written in it; ``ValueError`` naming --output."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".write-test.", dir=path)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise ValueError(f"--output {path}: cannot create or write the run folder ({e.strerror or e}); "
+                         "expected a writable folder") from None
+    return path
+
+
+def _type_name(tp: Any) -> str:
+    """A short readable name of a config annotation: ``int``, ``float``, ``list of int``, ``one of 'a', 'b'``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is type(None):
+        return "null"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (tuple, list):
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of {_type_name(args[0])}"
+        return f"a list of {len(args)} ({', '.join(_type_name(a) for a in args)})" if args else "a list"
+    if origin is dict or tp is dict:
+        return "a JSON object"
+    if tp is float:
+        return "a number (float)"
+    if tp is bool:
+        return "true or false (bool)"
+    if tp is int:
+        return "an integer (int)"
+    if tp is str:
+        return "a string (str)"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    """Whether the JSON ``value`` fits the annotation ``tp`` (unknown annotations accept anything)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return True
+    if tp is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_matches(v, args[0]) for v in value)
+        return not args or (len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args)))
+    if origin is dict or tp is dict:
+        return isinstance(value, dict)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    return not isinstance(tp, type) or isinstance(value, tp)
+
+
+def check_model_kwargs(model: str, kwargs: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the option and its expected type when a ``--model-arg`` value has the wrong type.
+
+    Unknown model names raise ``KeyError`` (with suggestions), unknown options ``TypeError`` (with the
+    valid ones), both from the registry.
+    """
+    entry = get_model_entry(model)
+    entry.config(**kwargs)  # unknown option names raise, naming the valid ones
+    try:
+        hints = typing.get_type_hints(entry.config_cls)
+    except Exception:  # noqa: BLE001 - an annotation we cannot resolve: the model checks its own values
+        return
+    preset = entry.config()
+    for key, value in kwargs.items():
+        if key in hints and not _matches(value, hints[key]):
+            example = json.dumps(getattr(preset, key, None), default=list)
+            raise ValueError(f"--model-arg {key}={json.dumps(value)}: {key} expects {_type_name(hints[key])} "
+                             f"(the preset has {key}={example})")
 
 
 def _model_overrides(cfg: TrainConfig, data: DataBundle) -> dict[str, Any]:
@@ -341,11 +510,66 @@ def _warn_changed_options(info: DistInfo, cfg: TrainConfig, saved: dict[str, Any
     if changed:
         _say(info, "warning: resuming with changed option(s) " + ", ".join(
             f"{k}: {saved[k]!r} -> {now[k]!r}" for k in changed) + "; the run will not match an uninterrupted one")
+    if "epochs" in saved and saved["epochs"] != cfg.epochs:
+        _say(info, f"warning: resuming with epochs {saved['epochs']} -> {cfg.epochs}: the learning-rate schedule "
+                   f"(warm-up, then cosine decay to --min-lr over all epochs) changes from the checkpoint on; the "
+                   f"run will not match an uninterrupted {saved['epochs']}- or {cfg.epochs}-epoch run")
 
 
 def _say(info: DistInfo, *args: Any) -> None:
     if info.is_main:
         print(*args, flush=True)
+
+
+class _Progress:
+    """What the interrupt and divergence messages need to know about the run so far."""
+
+    def __init__(self) -> None:
+        self.out: Path | None = None
+        self.step = 0
+        self.ckpt: tuple[int, int] | None = None  # (full epochs done, global step) of the last checkpoint
+
+    def where(self) -> str:
+        """Where the run can continue from, as a sentence."""
+        if self.out is None:
+            return "the run had not started; nothing was written"
+        if self.ckpt is None:
+            return (f"no checkpoint was written yet, so there is nothing to resume in {self.out} (start again; "
+                    "--ckpt-every N checkpoints every N steps)")
+        epochs, step = self.ckpt
+        return (f"the last good checkpoint (step {step}, {epochs} full epoch(s) done) is in {self.out}; continue "
+                f"with: vit-attention train --resume --output {self.out}")
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that ``finally`` blocks (temporary files) run."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into an exception for the duration (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _check_finite_state(state: dict[str, Tensor], progress: _Progress, cfg: TrainConfig) -> None:
+    """Raise :class:`TrainingDiverged` when a floating tensor of ``state`` holds NaN or infinity."""
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise TrainingDiverged(f"training diverged: the weights ({bad[0]}"
+                               + (f" and {len(bad) - 1} more" if len(bad) > 1 else "")
+                               + f") are not finite after step {progress.step}; nothing was saved. Try a lower "
+                               f"--lr (now {cfg.lr:g}); {progress.where()}")
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -355,14 +579,29 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     Writes into ``cfg.output`` (rank 0): ``checkpoint.safetensors`` (+ ``.json``), ``metrics.csv``,
     ``metrics.json``, ``model.safetensors`` (+ ``model_ema.safetensors``), ``curves.png``,
     ``config.json``. Prints ``test accuracy: X`` as its last line.
+
+    Raises :class:`TrainingDiverged` on a non-finite loss (before the optimizer step; nothing
+    non-finite is written) and :class:`TrainingInterrupted` on Ctrl-C or SIGTERM; both messages say
+    where the last good checkpoint is and how to resume.
     """
     from tqdm.auto import tqdm
 
     cfg.validate()
+    if cfg.model_kwargs:
+        check_model_kwargs(cfg.model, cfg.model_kwargs)
+    if cfg.output:
+        check_output_folder(cfg.output)
     info = init_distributed(cfg.device)
     threads = torch.get_num_threads()
+    progress = _Progress()
     try:
-        result = _train(cfg, info, tqdm)
+        with _sigterm_as_interrupt():
+            try:
+                result = _train(cfg, info, tqdm, progress)
+            except KeyboardInterrupt as e:
+                term = isinstance(e, _Terminated)
+                raise TrainingInterrupted(f"interrupted by {'SIGTERM' if term else 'Ctrl-C (SIGINT)'} at step "
+                                          f"{progress.step}; {progress.where()}", 143 if term else 130) from None
         cleanup_distributed(sync=True)  # every rank done (rank 0 may still be writing) before leaving
         return result
     finally:
@@ -370,7 +609,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         cleanup_distributed()
 
 
-def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
+def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any, progress: _Progress) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     img_size = cfg.img_size
     if img_size is None and cfg.data not in (None, "digits"):  # image folders: the model's input size
@@ -380,6 +619,8 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
                       crop_pct=cfg.crop_pct, seed=cfg.seed)
     if data.skipped:
         _say(info, f"warning: skipped {len(data.skipped)} corrupt image(s), e.g. {data.skipped[0]}")
+    for warning in check_classifiable(data, val_fraction=cfg.val_fraction):
+        _say(info, f"warning: {warning}")
     n_train = len(data.train)
     if n_train < cfg.batch_size:
         raise ValueError(f"batch_size={cfg.batch_size} is larger than the {n_train} training images")
@@ -390,7 +631,7 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
     _set_threads(cfg, info, model)
     model_cfg = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else {}
 
-    out = Path(cfg.output) if cfg.output else _default_output(cfg.model)
+    out = Path(cfg.output) if cfg.output else Path("runs") / f"{cfg.model}-<time>"  # created below
     ckpt_path = out / CHECKPOINT_NAME
     ckpt = None
     if cfg.resume:
@@ -439,15 +680,20 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
         sums0 = list(st["epoch_sums"]) if info.is_main else [0.0, 0.0, 0.0]
         train_time0 = st.get("epoch_train_time", 0.0)
         restore_rng_state(ckpt.rng, st["rng"])
+        progress.ckpt = (start_epoch, step)
         _say(info, f"resuming {out} at epoch {start_epoch + 1}, step {step}")
     if cfg.stop_after is not None and step >= cfg.stop_after:
         raise ValueError(f"stop_after={cfg.stop_after} is not after the checkpoint's step {step}")
     n_params = sum(p.numel() for p in model.parameters())
+    if info.is_main:
+        out = _make_output(out) if cfg.output else create_run_folder(cfg.model)
+    out = Path(broadcast_object(str(out)))
+    ckpt_path = out / CHECKPOINT_NAME
+    progress.out, progress.step = out, step
     _say(info, f"model {cfg.model}: {n_params:,} parameters; data {data.name}: {n_train} train / "
                f"{len(data.test)} test images, {data.num_classes} classes; {info.world_size} process(es) on "
                f"{info.device.type}; output {out}")
     if info.is_main:
-        out.mkdir(parents=True, exist_ok=True)
         atomic_write(out / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(
             {"train": cfg.to_dict(), "model_name": model.registry_name, "model_config": model_cfg,
              "classes": data.classes, "mean": data.mean, "std": data.std}, indent=1)))
@@ -456,6 +702,9 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
         g_sums = all_reduce_sum(sums.clone())
         msd, osd = full_state_dict(net), full_optimizer_state(net, optimizer)
         if info.is_main:
+            _check_finite_state(msd, progress, cfg)
+            if ema is not None:
+                _check_finite_state(ema.module.state_dict(), progress, cfg)
             save_training_state(ckpt_path, model_state=msd, optimizer_state=osd,
                                 ema_state=ema.module.state_dict() if ema else None,
                                 state={"epoch": epoch, "step_in_epoch": in_epoch, "global_step": step,
@@ -464,8 +713,9 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
                                        "model_name": model.registry_name, "model_config": model_cfg,
                                        "world_size": info.world_size, "classes": data.classes,
                                        "mean": list(data.mean), "std": list(data.std)})
+        progress.ckpt = (epoch, step)
 
-    show = cfg.progress and info.is_main
+    show = (sys.stderr.isatty() if cfg.progress is None else cfg.progress) and info.is_main
     epoch_bar = tqdm(total=cfg.epochs, initial=start_epoch, desc="epochs", unit="ep", disable=not show,
                      file=sys.stderr, dynamic_ncols=True)
     for epoch in range(start_epoch, cfg.epochs):
@@ -489,6 +739,7 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
             local = shard_indices(gb, info.rank, info.world_size)
             micro = [shard_indices(local, i, cfg.accum_steps) for i in range(cfg.accum_steps)]
             optimizer.zero_grad(set_to_none=True)
+            step_loss = torch.zeros((), dtype=torch.float64, device=info.device)
             for mi, (x, y) in enumerate(iterate_batches(data.train, micro, workers=cfg.workers)):
                 x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
                 x = transform(x)
@@ -499,17 +750,28 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
                     per_sample = criterion(x, outputs, target)  # [b]
                     loss = per_sample.sum() * (info.world_size / len(gb))
                     loss.backward()
+                step_loss += per_sample.detach().sum().double()
                 with torch.no_grad():
                     logits = outputs[0] if isinstance(outputs, tuple) else outputs
                     sums += torch.stack([per_sample.detach().sum().double(),
                                          (logits.argmax(-1) == y).sum().double(),
                                          torch.tensor(float(len(y)), dtype=torch.float64, device=info.device)])
+            # a non-finite loss stops the run before the step: the weights on disk stay the last good ones
+            # (one scalar summed over ranks, so every rank stops at the same step)
+            step_loss = all_reduce_sum(step_loss)
+            if not math.isfinite(step_loss.item()):
+                raise TrainingDiverged(
+                    f"training diverged: the loss is {step_loss.item()} at step {step + 1} (epoch {epoch + 1}, "
+                    f"learning rate {lr:.3g}); nothing non-finite was saved. Try a lower --lr (now {cfg.lr:g})"
+                    + ("" if cfg.clip_grad else " and keep gradient clipping on (--clip-grad 1)")
+                    + f"; {progress.where()}")
             if cfg.clip_grad:  # (FSDP: DTensor gradients, the norm is global)
                 torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.clip_grad)
             optimizer.step()
             if ema is not None:
                 ema.update(net)
             step += 1
+            progress.step = step
             train_time += time.perf_counter() - t0
             if show:
                 cnt = max(sums[2].item(), 1.0)
@@ -556,9 +818,11 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
                               "history": history, "output": str(out), "params": n_params,
                               "model": unwrap_model(net), "input_size": data.img_size, "device": info.device}
     msd = full_state_dict(net)
+    result["threads"] = torch.get_num_threads()  # the thread count this run trained with (compare times with it)
     if ema is not None:
         result["test_acc_ema"] = evaluate(ema.module, data.test, transform, info=info, amp=cfg.amp)["top1"]
     if info.is_main:
+        _check_finite_state(msd, progress, cfg)
         meta = {"classes": data.classes, "mean": list(data.mean), "std": list(data.std),
                 "data": str(Path(cfg.data).resolve()) if cfg.data and cfg.data != "digits" else "digits",
                 "crop_pct": cfg.crop_pct if data.name != "digits" else 1.0, "val_fraction": cfg.val_fraction,
@@ -568,6 +832,7 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any) -> dict[str, Any]:
         save_weights(msd, out / "model.safetensors",
                      metadata={**meta, "model": bare.registry_name, "config": bare.cfg.to_json()})
         if ema is not None:
+            _check_finite_state(ema.module.state_dict(), progress, cfg)
             save_weights(ema.module.state_dict(), out / "model_ema.safetensors",
                          metadata={**meta, "model": bare.registry_name, "config": bare.cfg.to_json(),
                                    "test_acc": result["test_acc_ema"]})
