@@ -22,7 +22,7 @@ class DropPath(nn.Module):
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()
         if not 0.0 <= p < 1.0:
-            raise ValueError(f"drop path probability must be in [0, 1), got {p}")
+            raise ValueError(f"drop path probability p must be in [0, 1), got {p!r}")
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:

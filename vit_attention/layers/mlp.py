@@ -17,6 +17,11 @@ class Mlp(nn.Module):
     def __init__(self, in_features: int, hidden_features: int | None = None, out_features: int | None = None,
                  *, act_layer: Callable[[], nn.Module] = nn.GELU, bias: bool = True, drop: float = 0.0) -> None:
         super().__init__()
+        if not isinstance(in_features, int) or isinstance(in_features, bool) or in_features <= 0:
+            raise ValueError(f"Mlp in_features must be a positive int, got {in_features!r}")
+        for name, value in (("hidden_features", hidden_features), ("out_features", out_features)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"Mlp {name} must be a positive int or None (= in_features), got {value!r}")
         hidden_features = hidden_features or in_features
         out_features = out_features or in_features
         self.fc1 = nn.Linear(in_features, hidden_features, bias=bias)

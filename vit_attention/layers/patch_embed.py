@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch.nn.functional as F
@@ -12,12 +13,22 @@ __all__ = ["PatchEmbed", "ConvStemPatchEmbed", "to_2tuple"]
 
 def to_2tuple(x: int | Sequence[int], name: str = "size") -> tuple[int, int]:
     """``7 -> (7, 7)``; a pair passes through; anything else raises naming ``name``."""
-    if isinstance(x, int):
-        return (x, x)
-    t = tuple(int(v) for v in x)
-    if len(t) != 2:
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
+        return (int(x), int(x))
+    if isinstance(x, (str, bytes)) or not isinstance(x, Sequence) or len(x) != 2:
         raise ValueError(f"{name} must be an int or a pair of ints, got {x!r}")
+    try:
+        t = tuple(int(v) for v in x)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an int or a pair of ints, got {x!r}") from None
     return t  # type: ignore[return-value]
+
+
+def _positive_pair(x: int | Sequence[int], name: str) -> tuple[int, int]:
+    t = to_2tuple(x, name)
+    if min(t) <= 0:
+        raise ValueError(f"{name} must be a positive int or a pair of positive ints, got {x!r}")
+    return t
 
 
 class PatchEmbed(nn.Module):
@@ -26,6 +37,11 @@ class PatchEmbed(nn.Module):
     With ``flatten=False`` the output is the channels-last map ``[B, H/p, W/p, C]`` (Swin layout).
     ``strict_img_size`` checks the input against ``img_size``; ``dynamic_img_pad`` pads the
     right/bottom edges up to a multiple of the patch instead of raising.
+
+    ``size_options`` names, for the error messages, the options of the model being built that
+    lift the fixed input size and that allow sizes that are not patch multiples (default: this
+    layer's own ``strict_img_size=False`` and ``dynamic_img_pad=True``; ViT passes
+    ``dynamic_img_size=True``; Swin passes ``strict_img_size=False`` alone, which does both).
     """
 
     def __init__(
@@ -40,10 +56,15 @@ class PatchEmbed(nn.Module):
         flatten: bool = True,
         strict_img_size: bool = True,
         dynamic_img_pad: bool = False,
+        size_options: tuple[str, str | None] = ("strict_img_size=False", "dynamic_img_pad=True"),
     ) -> None:
         super().__init__()
-        self.patch_size = to_2tuple(patch_size, "patch_size")
-        self.img_size = to_2tuple(img_size, "img_size") if img_size is not None else None
+        self.patch_size = _positive_pair(patch_size, "patch_size")
+        self.img_size = _positive_pair(img_size, "img_size") if img_size is not None else None
+        for name, value in (("in_chans", in_chans), ("embed_dim", embed_dim)):
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.size_options = size_options
         if self.img_size is not None:
             for s, p in zip(self.img_size, self.patch_size):
                 if s % p and not dynamic_img_pad:
@@ -71,11 +92,19 @@ class PatchEmbed(nn.Module):
             raise ValueError(f"expected {self.in_chans} input channels (in_chans={self.in_chans}), "
                              f"got {x.shape[1]} in input of shape {tuple(x.shape)}")
         H, W = x.shape[-2:]
+        multiple = not (H % self.patch_size[0] or W % self.patch_size[1])
+        any_size, pad = self.size_options
         if self.strict_img_size and (H, W) != self.img_size:
-            raise ValueError(f"expected image size {self.img_size}, got ({H}, {W}); build the model with "
-                             f"img_size=({H}, {W}) or dynamic_img_size=True")
-        if not self.dynamic_img_pad and (H % self.patch_size[0] or W % self.patch_size[1]):
-            raise ValueError(f"image size ({H}, {W}) is not divisible by patch_size {self.patch_size}")
+            if multiple or self.dynamic_img_pad:
+                hint = f"img_size=({H}, {W}) or {any_size}"
+            else:  # rebuilding at this size cannot work: it is no patch multiple
+                hint = any_size if pad is None else f"{any_size} and {pad}"
+                hint += f" to accept sizes that are not multiples of patch_size {self.patch_size}"
+            raise ValueError(f"expected image size {self.img_size}, got ({H}, {W}); resize the images to "
+                             f"{self.img_size}, or build the model with {hint}")
+        if not self.dynamic_img_pad and not multiple:
+            hint = f"; resize the images to a multiple of it{'' if pad is None else ', or build the model with ' + pad}"
+            raise ValueError(f"image size ({H}, {W}) is not divisible by patch_size {self.patch_size}{hint}")
 
     def dynamic_feat_size(self, hw: tuple[int, int]) -> tuple[int, int]:
         """Token grid ``(H', W')`` for an image of size ``hw``."""

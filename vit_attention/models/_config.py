@@ -1,15 +1,24 @@
-"""What every model family shares: config JSON round-trips, intermediate-index resolution."""
+"""What every model family shares: config JSON round-trips, argument checks, intermediate-index resolution.
+
+The ``check_*`` helpers validate one config field each and raise an error that names the field
+and what was expected. Configs call them from ``__post_init__``, so a bad value fails where it is
+given (``create_model``, ``model_config``, ``from_dict``), never deep inside a constructor or a
+forward pass; nothing here runs on the forward path.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T", bound="ConfigMixin")
 
-__all__ = ["ConfigMixin", "resolve_indices"]
+__all__ = ["ConfigMixin", "resolve_indices", "check_int", "check_float", "check_size", "check_int_seq",
+           "check_choice"]
 
 
 class ConfigMixin:
@@ -27,6 +36,83 @@ class ConfigMixin:
     def from_dict(cls: type[T], d: dict[str, Any]) -> T:
         """Inverse of :meth:`to_dict`: JSON lists (sizes, depths, widths) become tuples again."""
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(value: Any, name: str, *, min_value: int = 1) -> int:
+    """``value`` as an int ``>= min_value``; anything else raises naming ``name``.
+
+    Not an int (a str, a float such as ``768.0``, a bool): ``TypeError``; out of range: ``ValueError``.
+    """
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an int >= {min_value}, got {value!r} ({type(value).__name__})")
+    if value < min_value:
+        raise ValueError(f"{name} must be an int >= {min_value}, got {value!r}")
+    return int(value)
+
+
+def check_float(value: Any, name: str, *, low: float = 0.0, high: float = math.inf, low_open: bool = False,
+                high_open: bool = True) -> float:
+    """``value`` as a finite real number in the interval from ``low`` to ``high``; else raises naming ``name``.
+
+    ``low_open`` / ``high_open`` exclude the bound (default ``[low, high)``). Not a number: ``TypeError``.
+    """
+    if high == math.inf and low == -math.inf:
+        interval = "finite"
+    elif high == math.inf:
+        interval = f"{'>' if low_open else '>='} {low:g}"
+    else:
+        interval = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a number ({interval}), got {value!r} ({type(value).__name__})")
+    v = float(value)
+    below = v <= low if low_open else v < low
+    above = v >= high if high_open else v > high
+    if math.isnan(v) or below or above:
+        raise ValueError(f"{name} must be {interval}, got {value!r}")
+    return v
+
+
+def check_size(value: Any, name: str, *, min_value: int = 1) -> tuple[int, int]:
+    """An int or a pair of ints, each ``>= min_value`` (image, patch, window sizes) -> ``(h, w)``."""
+    what = f"an int >= {min_value} or a pair of them"
+    if _is_int(value):
+        pair: tuple[Any, ...] = (value, value)
+    elif isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        pair = tuple(value)
+    else:
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    if not all(_is_int(v) for v in pair):
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    if min(pair) < min_value:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def check_int_seq(value: Any, name: str, *, min_value: int = 1, length: int | None = None) -> tuple[int, ...]:
+    """A non-empty sequence of ints ``>= min_value`` (per-stage depths, heads); ``length`` if given."""
+    what = f"a non-empty sequence of ints >= {min_value}"
+    if length is not None:
+        what = f"a sequence of {length} ints >= {min_value} (one per stage)"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    if not value or (length is not None and len(value) != length):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    if not all(_is_int(v) for v in value):
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    if min(value) < min_value:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return tuple(int(v) for v in value)
+
+
+def check_choice(value: Any, name: str, choices: Sequence[Any]) -> Any:
+    """``value`` if it is one of ``choices``; else raises naming ``name`` and listing them."""
+    if isinstance(value, (list, dict, set)) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
+    return value
 
 
 def resolve_indices(indices: int | Sequence[int] | None, n: int, what: str = "block") -> list[int]:

@@ -31,7 +31,15 @@ from ..functional import resample_abs_pos_embed
 from ..functional.chunking import batch_chunk_size, run_in_batch_chunks
 from ..functional.linear import apply_linear, hookless
 from ..layers import DropPath, Mlp, PatchEmbed, to_2tuple
-from ._config import ConfigMixin, resolve_indices
+from ._config import (
+    ConfigMixin,
+    check_choice,
+    check_float,
+    check_int,
+    check_int_seq,
+    check_size,
+    resolve_indices,
+)
 from .registry import register_family
 
 __all__ = ["SwinTransformerConfig", "SwinTransformer", "SwinBlock", "SwinStage", "PatchMerging"]
@@ -77,6 +85,52 @@ class SwinTransformerConfig(ConfigMixin):
     res_post_norm: bool = False  # x + norm(attn(x)) instead of x + attn(norm(x))
     merge_norm_after: bool = False  # PatchMerging: reduction then norm(2C) instead of norm(4C) then reduction
     pretrained_window_sizes: tuple[int, ...] | None = None  # SwinV2 CPB normalisation per stage (0 = own)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``TypeError`` / ``ValueError`` naming the first bad field and what it expects.
+
+        Called on construction (so ``create_model`` and ``model_config`` fail at once) and by the
+        model's constructor (fields may be assigned after construction).
+        """
+        img = check_size(self.img_size, "img_size")
+        patch = check_size(self.patch_size, "patch_size")
+        check_int(self.in_chans, "in_chans")
+        check_int(self.num_classes, "num_classes", min_value=0)
+        check_choice(self.global_pool, "global_pool", ("avg", ""))
+        dim = check_int(self.embed_dim, "embed_dim")
+        depths = check_int_seq(self.depths, "depths", min_value=0)
+        n = len(depths)
+        if isinstance(self.num_heads, Sequence) and not isinstance(self.num_heads, str) and len(self.num_heads) != n:
+            raise ValueError(f"depths {self.depths} and num_heads {self.num_heads} must be non-empty and equally "
+                             f"long (one entry per stage)")
+        heads = check_int_seq(self.num_heads, "num_heads", length=n)
+        for i, h in enumerate(heads):
+            if (dim * 2 ** i) % h:
+                raise ValueError(f"stage {i} width {dim * 2 ** i} (embed_dim={dim} * 2^{i}) "
+                                 f"is not divisible by num_heads={h} (num_heads[{i}])")
+        check_size(self.window_size, "window_size")
+        check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
+        check_float(self.norm_eps, "norm_eps")
+        for rate in ("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate"):
+            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
+        check_choice(self.pad_mode, "pad_mode", ("swin", "timm", "torchvision"))
+        check_choice(self.attn_layer, "attn_layer", ("window", "cosine_window"))
+        if self.pretrained_window_sizes is not None:
+            pws = self.pretrained_window_sizes
+            if isinstance(pws, str) or not isinstance(pws, Sequence) or len(pws) != n:
+                raise ValueError(f"pretrained_window_sizes {pws!r} needs one entry per stage ({n}): "
+                                 f"a window size, or 0 for the stage's own window")
+            for i, w in enumerate(pws):
+                check_size(w, f"pretrained_window_sizes[{i}]", min_value=0)
+        if self.strict_img_size or self.pad_mode == "torchvision":
+            if img[0] % patch[0] or img[1] % patch[1]:
+                raise ValueError(f"img_size={self.img_size!r} is not divisible by patch_size={self.patch_size!r}; "
+                                 f"use a multiple of the patch size"
+                                 + ("" if self.pad_mode == "torchvision" else
+                                    ", or strict_img_size=False to pad inputs of any size"))
 
 
 class PatchMerging(nn.Module):
@@ -219,7 +273,8 @@ class SwinTransformer(nn.Module):
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim, flatten=False,
                                       norm_layer=(lambda d: nn.LayerNorm(d, eps=cfg.norm_eps)) if cfg.patch_norm
                                       else None, strict_img_size=cfg.strict_img_size,
-                                      dynamic_img_pad=not cfg.strict_img_size and cfg.pad_mode != "torchvision")
+                                      dynamic_img_pad=not cfg.strict_img_size and cfg.pad_mode != "torchvision",
+                                      size_options=("strict_img_size=False", None))
         assert self.patch_embed.grid_size is not None
         self.grid_size = self.patch_embed.grid_size
         self.absolute_pos_embed = (nn.Parameter(torch.zeros(1, self.grid_size[0] * self.grid_size[1], cfg.embed_dim))
@@ -265,22 +320,7 @@ class SwinTransformer(nn.Module):
     # ------------------------------------------------------------------ construction
     @staticmethod
     def _validate(cfg: SwinTransformerConfig) -> None:
-        n = len(cfg.depths)
-        if n == 0 or len(cfg.num_heads) != n:
-            raise ValueError(f"depths {cfg.depths} and num_heads {cfg.num_heads} must be non-empty and equally long")
-        if cfg.pretrained_window_sizes is not None and len(cfg.pretrained_window_sizes) != n:
-            raise ValueError(f"pretrained_window_sizes {cfg.pretrained_window_sizes} needs one entry per stage ({n})")
-        for i, h in enumerate(cfg.num_heads):
-            if (cfg.embed_dim * 2 ** i) % h:
-                raise ValueError(f"stage {i} width {cfg.embed_dim * 2 ** i} (embed_dim={cfg.embed_dim} * 2^{i}) "
-                                 f"is not divisible by num_heads={h}")
-        if cfg.pad_mode not in ("swin", "timm", "torchvision"):
-            raise ValueError(f"pad_mode must be 'swin', 'timm' or 'torchvision', got {cfg.pad_mode!r}")
-        if cfg.global_pool not in ("avg", ""):
-            raise ValueError(f"global_pool must be 'avg' or '', got {cfg.global_pool!r}")
-        if cfg.attn_layer not in ("window", "cosine_window"):
-            raise ValueError(f"attn_layer must be 'window' or 'cosine_window', got {cfg.attn_layer!r}")
-
+        cfg.validate()  # again: fields may have been assigned after the config was built
     def _init_weights(self) -> None:
         if self.absolute_pos_embed is not None:
             nn.init.trunc_normal_(self.absolute_pos_embed, std=0.02)
@@ -299,9 +339,9 @@ class SwinTransformer(nn.Module):
     # ------------------------------------------------------------------ API
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
+        num_classes = check_int(num_classes, "num_classes", min_value=0)
         if global_pool is not None:
-            if global_pool not in ("avg", ""):
-                raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+            check_choice(global_pool, "global_pool", ("avg", ""))
             self.global_pool = self.head.global_pool = self.cfg.global_pool = global_pool  # type: ignore[assignment]
         self.num_classes = self.cfg.num_classes = num_classes
         device = self.norm.weight.device

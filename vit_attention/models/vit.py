@@ -9,6 +9,7 @@ so timm checkpoints load directly and the other layouts are converted in ``vit_a
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -21,7 +22,15 @@ from torch import Tensor, nn
 from ..attention import MultiHeadAttention, get_attention_spec
 from ..functional import resample_abs_pos_embed, sincos_2d_pos_embed
 from ..layers import Block, ConvStemPatchEmbed, Mlp, ParallelBlock, PatchEmbed, PostNormBlock
-from ._config import ConfigMixin, resolve_indices
+from ._config import (
+    ConfigMixin,
+    check_choice,
+    check_float,
+    check_int,
+    check_int_seq,
+    check_size,
+    resolve_indices,
+)
 from .registry import register_family
 
 __all__ = ["VisionTransformerConfig", "VisionTransformer", "AttentionPoolHead"]
@@ -71,6 +80,54 @@ class VisionTransformerConfig(ConfigMixin):
     drop_path_rate: float = 0.0
     dynamic_img_size: bool = False
     dynamic_img_pad: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``TypeError`` / ``ValueError`` naming the first bad field and what it expects.
+
+        Called on construction (so ``create_model`` and ``model_config`` fail at once) and by the
+        model's constructor (fields may be assigned after construction).
+        """
+        img = check_size(self.img_size, "img_size")
+        patch = check_size(self.patch_size, "patch_size")
+        check_int(self.in_chans, "in_chans")
+        check_int(self.num_classes, "num_classes", min_value=0)
+        check_choice(self.global_pool, "global_pool", ("token", "avg", "map", ""))
+        dim = check_int(self.embed_dim, "embed_dim")
+        check_int(self.depth, "depth", min_value=0)
+        heads = check_int(self.num_heads, "num_heads")
+        if dim % heads:
+            raise ValueError(f"embed_dim={dim} must be divisible by num_heads={heads} "
+                             f"(head dim = embed_dim / num_heads)")
+        check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
+        if self.mlp_dim is not None:
+            check_int(self.mlp_dim, "mlp_dim")
+        check_float(self.norm_eps, "norm_eps")
+        check_choice(self.act, "act", sorted(_ACTS))
+        if self.init_values is not None:
+            check_float(self.init_values, "init_values", low=-math.inf)
+        check_choice(self.pos_embed, "pos_embed", ("learn", "sincos", "none"))
+        check_choice(self.block, "block", sorted(_BLOCKS))
+        if self.representation_size is not None:
+            check_int(self.representation_size, "representation_size", min_value=0)
+        if self.conv_stem is not None:
+            check_int_seq(self.conv_stem, "conv_stem")
+        if not isinstance(self.attn_layer, str):
+            raise TypeError(f"attn_layer must be a registered mechanism name (str), got {self.attn_layer!r}")
+        get_attention_spec(self.attn_layer)  # unknown mechanisms raise with suggestions
+        if not isinstance(self.attn_kwargs, dict):
+            raise TypeError(f"attn_kwargs must be a dict of keyword arguments, got {self.attn_kwargs!r}")
+        for rate in ("drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"):
+            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
+        if self.global_pool == "token" and not self.class_token:
+            raise ValueError("global_pool='token' needs class_token=True")
+        if self.distilled and not self.class_token:
+            raise ValueError("distilled=True needs class_token=True")
+        if not self.dynamic_img_pad and (img[0] % patch[0] or img[1] % patch[1]):
+            raise ValueError(f"img_size={self.img_size!r} is not divisible by patch_size={self.patch_size!r}; "
+                             f"use a multiple of the patch size, or dynamic_img_pad=True to pad the images")
 
 
 class AttentionPoolHead(nn.Module):
@@ -122,7 +179,8 @@ class VisionTransformer(nn.Module):
         self.grad_checkpointing = False
 
         embed_kwargs = dict(bias=not cfg.pre_norm, strict_img_size=not cfg.dynamic_img_size,
-                            dynamic_img_pad=cfg.dynamic_img_pad)
+                            dynamic_img_pad=cfg.dynamic_img_pad,
+                            size_options=("dynamic_img_size=True", "dynamic_img_pad=True"))
         if cfg.conv_stem:
             self.patch_embed: PatchEmbed = ConvStemPatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, C,
                                                               stem_chs=cfg.conv_stem, **embed_kwargs)
@@ -176,24 +234,7 @@ class VisionTransformer(nn.Module):
     # ------------------------------------------------------------------ construction
     @staticmethod
     def _validate(cfg: VisionTransformerConfig) -> None:
-        if cfg.embed_dim % cfg.num_heads:
-            raise ValueError(f"embed_dim={cfg.embed_dim} must be divisible by num_heads={cfg.num_heads}")
-        if cfg.global_pool not in ("token", "avg", "map", ""):
-            raise ValueError(f"global_pool must be 'token', 'avg', 'map' or '', got {cfg.global_pool!r}")
-        if cfg.global_pool == "token" and not cfg.class_token:
-            raise ValueError("global_pool='token' needs class_token=True")
-        if cfg.distilled and not cfg.class_token:
-            raise ValueError("distilled=True needs class_token=True")
-        if cfg.act not in _ACTS:
-            raise ValueError(f"act must be one of {sorted(_ACTS)}, got {cfg.act!r}")
-        if cfg.block not in _BLOCKS:
-            raise ValueError(f"block must be one of {sorted(_BLOCKS)}, got {cfg.block!r}")
-        if cfg.pos_embed not in ("learn", "sincos", "none"):
-            raise ValueError(f"pos_embed must be 'learn', 'sincos' or 'none', got {cfg.pos_embed!r}")
-        if cfg.in_chans <= 0:
-            raise ValueError(f"in_chans must be positive, got {cfg.in_chans}")
-        get_attention_spec(cfg.attn_layer)  # unknown mechanisms raise with suggestions
-
+        cfg.validate()  # again: fields may have been assigned after the config was built
     def _init_weights(self) -> None:
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
@@ -211,7 +252,9 @@ class VisionTransformer(nn.Module):
     # ------------------------------------------------------------------ API
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the classifier(s) with fresh ones for ``num_classes`` (0 = no head)."""
+        num_classes = check_int(num_classes, "num_classes", min_value=0)
         if global_pool is not None:
+            check_choice(global_pool, "global_pool", ("token", "avg", "map", ""))
             if global_pool == "map" and self.attn_pool is None:
                 raise ValueError("cannot switch to global_pool='map' after construction")
             if global_pool == "token" and self.cls_token is None:
@@ -331,7 +374,7 @@ class VisionTransformer(nn.Module):
             t = self.norm(t) if norm else t
             prefix, grid = t[:, :P], t[:, P:]
             if output_fmt == "NCHW":
-                grid = grid.reshape(B, feat_size[0], feat_size[1], -1).permute(0, 3, 1, 2)  # [B, C, H', W']
+                grid = grid.reshape(B, feat_size[0], feat_size[1], grid.shape[-1]).permute(0, 3, 1, 2)  # [B, C, H', W']
             outs.append((grid, prefix) if return_prefix_tokens else grid)
         if intermediates_only:
             return outs
