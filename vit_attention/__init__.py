@@ -3,16 +3,17 @@
     >>> import vit_attention as va
     >>> model = va.create_model("vit_base_patch16_224")        # timm names; torchvision aliases too
     >>> attn = va.create_attention("mhsa", dim=256, num_heads=8)  # any registered mechanism
+    >>> model = va.load_model("runs/<run>")       # a trained model: name, config and weights from the file
 """
 
 from . import functional
 from .attention import create_attention, list_attention
 from .layers.plug import Plug, plug
 from .models import create_model, list_models
-from .weights import load_weights, save_weights
+from .weights import load_model, load_weights, save_weights
 
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "create_attention", "create_model", "functional", "list_attention", "list_models",
-           "load_weights", "save_weights",
+           "load_model", "load_weights", "save_weights",
            "Plug", "plug"]

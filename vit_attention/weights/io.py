@@ -2,7 +2,10 @@
 
 Reading: ``.safetensors`` (preferred), ``.pth`` / ``.pt`` / ``.bin`` / ``.ckpt`` through
 ``torch.load(weights_only=True)``, or a Hugging Face model folder (single or sharded files).
-Writing: safetensors to a temporary file in the same folder, fsync, then ``os.replace``.
+A training ``checkpoint.safetensors`` (format ``vit_attention.train_state``) reads as its model
+tensors only. Damaged, truncated or foreign files raise ``ValueError`` naming the file.
+Writing: safetensors to a temporary file in the same folder, fsync, then ``os.replace``; only to
+a ``.safetensors`` path (a ``.pth`` name holding safetensors bytes would mislead every reader).
 """
 
 from __future__ import annotations
@@ -10,18 +13,25 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import tarfile
 import tempfile
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 __all__ = ["UnsafeCheckpointError", "read_checkpoint", "unwrap_state_dict", "save_weights", "atomic_write",
-           "read_metadata"]
+           "read_metadata", "model_metadata", "TRAIN_STATE_FORMAT"]
+
+# The ``format`` metadata of a training checkpoint (vit_attention.train.checkpoint writes it); its model
+# tensors are stored under the ``model.`` prefix, next to ``ema.``, ``optim.`` and ``rng.``.
+TRAIN_STATE_FORMAT = "vit_attention.train_state"
+_TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".tar")
 
 _WRAPPER_KEYS = ("state_dict_ema", "model_ema", "state_dict", "model", "module", "params")
 
@@ -51,21 +61,33 @@ def atomic_write(path: str | Path, write: Any) -> Path:
     return path
 
 
+def model_metadata(model: nn.Module) -> dict[str, str]:
+    """What :func:`save_weights` records about ``model``: format, registered name and config (JSON text)."""
+    meta: dict[str, str] = {"format": "vit_attention"}
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and hasattr(cfg, "to_json"):
+        meta["config"] = cfg.to_json()
+    if getattr(model, "registry_name", None):
+        meta["model"] = str(model.registry_name)
+    return meta
+
+
 def save_weights(model_or_state: nn.Module | Mapping[str, Tensor], path: str | Path,
                  metadata: Mapping[str, Any] | None = None) -> Path:
-    """Write a state dict (or a module's) as safetensors, atomically, in our own format.
+    """Write a state dict (or a module's) as safetensors, atomically, in our own format; returns ``path``.
 
-    ``metadata`` values are JSON-encoded unless already strings; a model's ``cfg`` and
-    registered name are recorded so the file says what it is.
+    ``path`` must end in ``.safetensors``. ``metadata`` values are JSON-encoded unless already
+    strings; a model's ``cfg`` and registered name are recorded so the file says what it is and
+    :func:`vit_attention.load_model` can rebuild it.
     """
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise ValueError(f"save_weights writes safetensors: path {str(path)!r} must end in '.safetensors' "
+                         f"(got {path.suffix or 'no suffix'!r}); another name would make other tools read the "
+                         "file as something it is not")
     if isinstance(model_or_state, nn.Module):
         state = model_or_state.state_dict()
-        meta: dict[str, str] = {"format": "vit_attention"}
-        cfg = getattr(model_or_state, "cfg", None)
-        if cfg is not None and hasattr(cfg, "to_json"):
-            meta["config"] = cfg.to_json()
-        if getattr(model_or_state, "registry_name", None):
-            meta["model"] = str(model_or_state.registry_name)
+        meta = model_metadata(model_or_state)
     else:
         state, meta = dict(model_or_state), {"format": "vit_attention"}
     for k, v in (metadata or {}).items():
@@ -75,16 +97,49 @@ def save_weights(model_or_state: nn.Module | Mapping[str, Tensor], path: str | P
     return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
+def _unreadable_safetensors(path: Path, err: BaseException) -> ValueError:
+    size = path.stat().st_size if path.exists() else 0
+    return ValueError(f"cannot read {path}: not a complete safetensors file ({size} bytes; {err}). It may be "
+                      "truncated (an interrupted download, copy or save) or not a safetensors file at all; "
+                      "re-download or re-save it")
+
+
 def read_metadata(path: str | Path) -> dict[str, str]:
-    """The string metadata of a safetensors file (empty dict for other formats)."""
+    """The string metadata of a safetensors file (empty dict for other formats); damaged files raise ``ValueError``."""
     path = Path(path)
     if path.suffix != ".safetensors":
         return {}
-    with safe_open(str(path), framework="pt") as f:
-        return dict(f.metadata() or {})
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise _unreadable_safetensors(path, e) from None
+
+
+def _read_safetensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Tensors and metadata of a safetensors file; a training checkpoint gives its ``model.`` tensors only."""
+    meta = read_metadata(path)
+    try:
+        if meta.get("format") == TRAIN_STATE_FORMAT:
+            with safe_open(str(path), framework="pt") as f:
+                state = {k[len("model."):]: f.get_tensor(k) for k in f.keys() if k.startswith("model.")}
+        else:
+            state = load_file(str(path))
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise _unreadable_safetensors(path, e) from None
+    return state, meta
 
 
 def _torch_load_safe(path: Path) -> Any:
+    with open(path, "rb") as f:
+        head = f.read(4)
+    # torch.save writes a zip archive (PK..); the legacy format and plain pickles start with PROTO (0x80).
+    if not (zipfile.is_zipfile(path) or head[:1] == b"\x80" or tarfile.is_tarfile(path)):
+        raise ValueError(f"{path} is not a torch checkpoint: torch.save writes a zip archive or a pickle, and this "
+                         f"file is neither (it starts with {head!r}). Check the path; a safetensors file must "
+                         "be named *.safetensors")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -93,6 +148,9 @@ def _torch_load_safe(path: Path) -> Any:
             "and unpickling those can run arbitrary code. Re-save it as safetensors (or as a plain state "
             f"dict) in a trusted environment. Detail: {str(e).splitlines()[0]}"
         ) from None
+    except (EOFError, LookupError, RuntimeError, ValueError, zipfile.BadZipFile, OSError) as e:
+        raise ValueError(f"{path} is not a readable torch checkpoint (truncated or damaged?): "
+                         f"{type(e).__name__}: {e}") from None
 
 
 def _read_hf_folder(path: Path) -> dict[str, Tensor]:
@@ -114,7 +172,8 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]
     """Read tensors and metadata from a file or Hugging Face folder, safely.
 
     Returns ``(state_dict, metadata)``; wrappers such as ``{'model': ...}`` are not removed here
-    (see :func:`unwrap_state_dict`).
+    (see :func:`unwrap_state_dict`). A training checkpoint gives its model tensors (no optimizer,
+    EMA or RNG state). Files that are not what their name says raise ``ValueError`` naming them.
     """
     path = Path(path)
     if not path.exists():
@@ -123,8 +182,8 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]
         meta = {"hf_config": (path / "config.json").read_text()} if (path / "config.json").exists() else {}
         return _read_hf_folder(path), meta
     if path.suffix == ".safetensors":
-        return load_file(str(path)), read_metadata(path)
-    if path.suffix in (".pth", ".pt", ".bin", ".ckpt", ".tar"):
+        return _read_safetensors(path)
+    if path.suffix in _TORCH_SUFFIXES:
         obj = _torch_load_safe(path)
         if not isinstance(obj, Mapping):
             raise ValueError(f"{path} holds a {type(obj).__name__}, expected a state dict (mapping of tensors)")

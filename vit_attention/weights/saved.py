@@ -1,0 +1,175 @@
+"""``load_model(path)``: the model a file of ours describes, rebuilt from its metadata, weights loaded.
+
+Files that describe their model:
+
+* ``model.safetensors`` written by :func:`vit_attention.save_weights` (metadata ``model`` = the
+  registered name, ``config`` = the config as JSON; training runs add ``classes``, ``mean``,
+  ``std``, ``data``, ``crop_pct`` ...);
+* a training ``checkpoint.safetensors`` (format ``vit_attention.train_state``: the JSON ``state``
+  names ``model_name`` and ``model_config``; the model tensors are stored under ``model.``);
+* a run folder ``runs/<run>/`` holding either (``model.safetensors`` preferred).
+
+Nothing is unpickled: both formats are safetensors with JSON metadata.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import Tensor, nn
+
+from .io import TRAIN_STATE_FORMAT, read_checkpoint, read_metadata
+
+__all__ = ["SavedModel", "resolve_model_file", "describe_checkpoint", "load_model", "check_model_name",
+           "RUN_FILES"]
+
+# What a run folder holds, in the order load_model prefers them.
+RUN_FILES = ("model.safetensors", "checkpoint.safetensors")
+
+
+@dataclass(frozen=True)
+class SavedModel:
+    """What a file of ours says about its model.
+
+    ``kind``: ``"weights"`` (``save_weights``) or ``"train_state"`` (a training checkpoint);
+    ``metadata``: the JSON-decoded metadata (weights files) or training state without the
+    optimizer and RNG entries (training checkpoints): ``classes``, ``mean``, ``std``, ...
+    """
+
+    path: Path
+    kind: str
+    model_name: str
+    config: dict[str, Any]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_model_file(path: str | Path) -> Path:
+    """A run folder -> its ``model.safetensors`` (else ``checkpoint.safetensors``); a file -> itself.
+
+    Raises ``FileNotFoundError`` naming the path when it does not exist or a folder holds neither.
+    """
+    path = Path(path)
+    if path.is_dir():
+        for name in RUN_FILES:
+            if (path / name).is_file():
+                return path / name
+        raise FileNotFoundError(f"{path} is a folder without {' or '.join(RUN_FILES)}; expected a run folder "
+                                "written by `vit-attention train` or a file written by save_weights")
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    return path
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def describe_checkpoint(path: str | Path) -> SavedModel | None:
+    """What the file (or run folder) at ``path`` says about its model, or ``None`` when it does not say.
+
+    ``None``: a readable checkpoint without our model metadata (timm, torchvision, a bare state
+    dict); it loads with ``create_model(name, pretrained=path)``. Damaged files raise ``ValueError``.
+    """
+    file = resolve_model_file(path)
+    if file.is_dir() or file.suffix != ".safetensors":
+        return None
+    raw = read_metadata(file)
+    if raw.get("format") == TRAIN_STATE_FORMAT:
+        state = _json(raw.get("state", "{}"))
+        if not isinstance(state, dict) or "model_name" not in state or "model_config" not in state:
+            raise ValueError(f"{file} is a training checkpoint without model_name / model_config in its state; "
+                             "it cannot say which model it holds")
+        meta = {k: v for k, v in state.items() if k not in ("optimizer", "rng")}
+        return SavedModel(file, "train_state", str(state["model_name"]), dict(state["model_config"]), meta)
+    if "model" in raw and "config" in raw:
+        meta = {k: _json(v) for k, v in raw.items() if k not in ("model", "config")}
+        config = _json(raw["config"])
+        if not isinstance(config, dict):
+            raise ValueError(f"{file}: its 'config' metadata is not a JSON object: {raw['config'][:80]!r}")
+        return SavedModel(file, "weights", raw["model"], config, meta)
+    return None
+
+
+def check_model_name(saved: SavedModel, name: str | None, *, option: str = "model") -> None:
+    """Raise ``ValueError`` when ``name`` (aliases resolved) is not the model ``saved`` describes."""
+    if name is None:
+        return
+    from ..models.registry import resolve_model_name
+
+    if resolve_model_name(name) != resolve_model_name(saved.model_name):
+        raise ValueError(f"{option} {name!r} contradicts the checkpoint: {saved.path} describes model "
+                         f"{saved.model_name!r}; leave {option} out (the file says what it is) or give "
+                         f"{saved.model_name!r}")
+
+
+def _build(saved: SavedModel, overrides: Mapping[str, Any], device: str | torch.device | None) -> nn.Module:
+    from ..models.registry import get_model_entry
+
+    try:
+        entry = get_model_entry(saved.model_name)
+    except KeyError as e:
+        raise ValueError(f"{saved.path} describes model {saved.model_name!r}, which is not registered here: "
+                         f"{e.args[0] if e.args else e}") from None
+    try:
+        cfg = entry.config_cls.from_dict({**saved.config, **overrides})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{saved.path}: its {saved.model_name} config does not build with this version of "
+                         f"vit_attention: {e}") from None
+    with torch.device(device or "cpu"):
+        model = entry.model_cls(cfg)
+    model.registry_name = entry.name  # type: ignore[assignment]
+    return model
+
+
+def _model_tensors(saved: SavedModel) -> dict[str, Tensor]:
+    if saved.kind != "train_state":
+        return read_checkpoint(saved.path)[0]
+    try:
+        with safe_open(str(saved.path), framework="pt") as f:
+            return {k[len("model."):]: f.get_tensor(k) for k in f.keys() if k.startswith("model.")}
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise ValueError(f"cannot read {saved.path}: {e}; it may be truncated") from None
+
+
+def load_model(path: str | Path, *, device: str | torch.device | None = None, model: str | None = None,
+               **overrides: Any) -> nn.Module:
+    """The model a file of ours describes, with its weights, in eval mode.
+
+    ``path``: a ``.safetensors`` file written by :func:`vit_attention.save_weights`, a training
+    ``checkpoint.safetensors``, or a run folder holding one. The registered name and the config
+    (``num_classes``, ``in_chans``, ``img_size``, depth ...) come from the file, so
+    ``load_model(save_weights(m, p))`` gives back ``m`` exactly (same outputs, bit for bit, same
+    dtype). ``model``: a name the file must describe (aliases allowed; a different one raises
+    ``ValueError`` saying which model the file holds). ``overrides``: config fields to change
+    (e.g. ``img_size`` resamples position embeddings; ``num_classes`` re-makes the head with a
+    warning). Returns the model (images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``).
+    """
+    from .load import CheckpointMismatchError, load_weights
+
+    saved = describe_checkpoint(path)
+    if saved is None:
+        raise ValueError(f"{resolve_model_file(path)} does not record which model it holds (no 'model' / "
+                         "'config' metadata: not written by save_weights or a training run); build the model "
+                         "first: create_model(NAME, pretrained=path)")
+    check_model_name(saved, model)
+    net = _build(saved, overrides, device)
+    state = _model_tensors(saved)
+    dtypes = {v.dtype for k, v in state.items() if v.is_floating_point()}
+    if len(dtypes) == 1:
+        (dtype,) = dtypes
+        if dtype != torch.float32:
+            net.to(dtype)  # saved in bf16 / fp16: come back in that dtype
+    try:
+        load_weights(net, state, format="vit_attention", strict=True)
+    except CheckpointMismatchError as e:
+        raise ValueError(f"{saved.path} does not fit the {saved.model_name} it describes: {e}") from None
+    return net.eval()
