@@ -32,3 +32,24 @@ def test_lists(capsys):
 def test_console_script_help():
     out = subprocess.run([sys.executable, "-m", "vit_attention.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "summary" in out.stdout
+
+
+def test_lists_that_match_nothing_say_so(capsys):
+    assert main(["models", "nosuch*"]) == 1
+    err = capsys.readouterr().err
+    assert "no registered model matches 'nosuch*'" in err
+    assert main(["attention", "nosuch"]) == 1
+    err = capsys.readouterr().err
+    assert "no registered mechanism matches 'nosuch'" in err and "mhsa" in err
+
+
+def test_a_reader_that_leaves_early_is_not_an_error():
+    """`vit-attention models | head -1`: no BrokenPipeError traceback, exit 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "vit_attention.cli", "models", "--aliases"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader leaves before the writer is done (here: before it starts)
+    err = proc.stderr.read() if proc.stderr else b""
+    proc.wait(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    assert b"BrokenPipeError" not in err and b"Traceback" not in err

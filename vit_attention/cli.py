@@ -52,10 +52,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # `vit-attention models | head`: the reader left; not an error of ours
+        _silence_stdout()
+        return 0
     except (ValueError, KeyError, FileNotFoundError, TypeError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"vit-attention {args.command}: error: {msg}", file=sys.stderr)
         return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not raise again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout without a file descriptor (e.g. captured in tests)
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
@@ -38,13 +39,23 @@ def _summary(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    for name in list_models(args.pattern, include_aliases=args.aliases):
+    names = list_models(args.pattern, include_aliases=args.aliases)
+    if not names:
+        print(f"vit-attention models: no registered model matches {args.pattern!r} "
+              "(a glob: 'swin*', '*deit*'; `vit-attention models` lists them all)", file=sys.stderr)
+        return 1
+    for name in names:
         print(name)
     return 0
 
 
 def _attention(args: argparse.Namespace) -> int:
-    for name in list_attention(args.pattern):
+    names = list_attention(args.pattern)
+    if not names:
+        print(f"vit-attention attention: no registered mechanism matches {args.pattern!r} "
+              f"(registered: {', '.join(list_attention())})", file=sys.stderr)
+        return 1
+    for name in names:
         spec = get_attention_spec(name)
         print(f"{name:24s} {spec.layout:8s} {spec.description}")
     return 0
