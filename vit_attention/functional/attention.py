@@ -135,6 +135,28 @@ def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(f"k and v key counts differ: k {tuple(k.shape)} vs v {tuple(v.shape)}")
 
 
+def _check_mask(mask: Tensor, q: Tensor, k: Tensor) -> None:
+    """``mask`` must broadcast to the logits ``[B, nh, N, M]`` without enlarging them (shape checks only).
+
+    Only sizes are compared (no tensor values), so this traces, compiles and exports; a mask size of
+    1 is tested first so a batch-free mask puts no guard on a dynamic batch size.
+    """
+    logits = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    shape = mask.shape
+    ok = len(shape) <= 4
+    if ok:
+        for i in range(1, len(shape) + 1):
+            if shape[-i] != 1 and shape[-i] != logits[-i]:
+                ok = False
+                break
+    if not ok:
+        raise ValueError(
+            f"mask of shape {tuple(shape)} does not broadcast to the attention logits [B, nh, N, M] = "
+            f"{list(logits)} (q {tuple(q.shape)}, k {tuple(k.shape)}); expected at most 4 dims, each 1 or "
+            f"equal to the logits' dim, aligned from the right (e.g. [N, M], [B, 1, 1, M], [1, nh, N, M])"
+        )
+
+
 def _as_is(mask: Tensor, q: Tensor) -> Tensor:
     return mask if mask.dtype == torch.bool else mask.to(q.dtype)
 
@@ -227,8 +249,9 @@ def scaled_dot_product_attention(
         q: queries ``[B, nh, N, hd]``.
         k: keys ``[B, nh, M, hd]``.
         v: values ``[B, nh, M, hdv]``.
-        mask: broadcastable to ``[B, nh, N, M]``; bool (True = may attend) or additive float.
-            A query row that may attend to nothing yields zeros, never NaN.
+        mask: broadcastable to ``[B, nh, N, M]`` (at most 4 dims, each 1 or the logits' size); bool
+            (True = may attend) or additive float. A query row that may attend to nothing yields
+            zeros, never NaN. Any other shape raises a ``ValueError`` naming ``mask``.
         dropout_p: dropout on the attention weights (pass 0 in eval).
         scale: logit scale, default ``hd ** -0.5``; a tensor broadcastable to ``[B, nh, 1, 1]`` is a
             per-head temperature (SwinV2), folded into ``q`` on the fused path.
@@ -238,6 +261,8 @@ def scaled_dot_product_attention(
         ``[B, nh, N, hdv]``, or ``(out, weights)`` when ``return_weights``.
     """
     _check_shapes(q, k, v)
+    if mask is not None:
+        _check_mask(mask, q, k)
     if _SHAPE_HOOKS:
         shape_info = {**_context_info(), "mask": None if mask is None else tuple(mask.shape)}
         for shape_hook in list(_SHAPE_HOOKS.values()):
