@@ -29,11 +29,14 @@ _OVERRIDE: dict[torch.dtype, bool] = {}
 
 
 def capturing() -> bool:
-    """True while torch records a graph (compile, export, jit trace / script, ONNX export)."""
+    """True while torch records a graph (compile, export, jit trace / script, ONNX export).
+
+    Both ONNX exporters are covered: the TorchScript one traces (``jit.is_tracing``), the dynamo one
+    runs ``torch.export``. (``torch.onnx.is_in_onnx_export`` costs an import per call on the hot path.)
+    """
     if torch.jit.is_scripting():
         return True
-    return bool(torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
-                or torch.onnx.is_in_onnx_export())
+    return bool(torch._C._is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting())
 
 
 def _probe(dtype: torch.dtype) -> bool:
