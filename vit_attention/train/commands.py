@@ -230,36 +230,98 @@ def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
 
 
 # ---------------------------------------------------------------------------- eval / predict
+def _inference_meta(saved: Any) -> dict[str, Any]:
+    """What training recorded for inference (classes, mean / std, data, crop, split) from a :class:`SavedModel`."""
+    md = saved.metadata
+    if saved.kind != "train_state":
+        return {k: md[k] for k in ("classes", "mean", "std", "data", "crop_pct", "val_fraction", "split_seed")
+                if k in md}
+    meta = {k: md[k] for k in ("classes", "mean", "std") if k in md}
+    config = md.get("config") or {}
+    data = config.get("data") or "digits"
+    meta["data"] = data
+    meta["crop_pct"] = 1.0 if data == "digits" else config.get("crop_pct", 0.875)
+    meta["val_fraction"] = config.get("val_fraction", 0.1)
+    meta["split_seed"] = config.get("seed", 0)
+    return meta
+
+
 def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    from ..weights.io import read_metadata
-    from .distill import load_model_from_checkpoint
+    """The model ``--checkpoint`` describes, in eval mode, and what its training recorded (classes, mean, ...).
+
+    A file of ours (run folder, ``model.safetensors``, ``checkpoint.safetensors``) says which model it
+    holds: ``--model`` / ``--model-arg`` / ``--num-classes`` may repeat that but never contradict it.
+    A foreign checkpoint (timm, torchvision, Hugging Face ...) needs ``--model`` to build first.
+    """
+    from ..models.registry import create_model
+    from ..weights import CheckpointMismatchError, describe_checkpoint, load_model
+    from ..weights.saved import check_model_name
 
     path = Path(args.checkpoint)
-    if args.model:
-        from ..models.registry import create_model
+    saved = describe_checkpoint(path)  # FileNotFoundError / ValueError naming the path
+    kw: dict[str, Any] = dict(args.model_arg or [])
+    if args.num_classes is not None:
+        kw["num_classes"] = args.num_classes
+    if saved is None:
+        if not args.model:
+            raise ValueError(f"--checkpoint {path} does not record which model it holds (it was not written by "
+                             "vit-attention); give --model NAME (and --num-classes N) to build the model first")
+        try:
+            model = create_model(args.model, pretrained=path, **kw)
+        except CheckpointMismatchError as e:
+            raise ValueError(f"--checkpoint {path} does not fit --model {args.model}: {e}") from None
+        return model.eval(), {}
+    check_model_name(saved, args.model, option="--model")
+    options = {"num_classes": "--num-classes"}
+    for key, value in kw.items():
+        if key in saved.config and json.dumps(saved.config[key]) != json.dumps(value):
+            option = options.get(key, f"--model-arg {key}")
+            raise ValueError(f"{option} {value!r} contradicts the checkpoint: {saved.path} holds a "
+                             f"{saved.model_name} with {key}={saved.config[key]!r}; leave the option out")
+        if key not in saved.config:
+            raise ValueError(f"--model-arg {key}: {saved.model_name} has no config option {key!r}")
+    return load_model(saved.path), _inference_meta(saved)
 
-        kw = dict(args.model_arg or [])
-        if args.num_classes is not None:
-            kw["num_classes"] = args.num_classes
-        model = create_model(args.model, pretrained=path, **kw)
-        meta: dict[str, Any] = {}
+
+def _check_writable_png(path: Path, option: str) -> Path:
+    """``path`` if a PNG can be written there (its folder is created); else ``ValueError`` naming ``option``."""
+    import os
+    import tempfile
+
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"{option} {path}: expected a path ending in .png")
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a folder; expected a .png file path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ValueError(f"{option} {path}: cannot write there ({e.strerror or e}); give a writable .png "
+                         "path") from None
+    return path
+
+
+def _check_classes(trained: list[str] | None, data_classes: list[str], data_arg: str) -> None:
+    """Refuse data whose class names differ from the training classes (labels would map by index silently)."""
+    if not trained or list(trained) == list(data_classes):
+        return
+    only_data = [c for c in data_classes if c not in trained]
+    only_train = [c for c in trained if c not in data_classes]
+
+    def show(names: list[str]) -> str:
+        return ", ".join(names[:10]) + (f", ... (+{len(names) - 10})" if len(names) > 10 else "")
+
+    if not only_data and not only_train:
+        detail = f"the same names in another order: data {show(list(data_classes))} vs training {show(list(trained))}"
     else:
-        model = load_model_from_checkpoint(path)
-        file = path / "model.safetensors" if path.is_dir() else path
-        raw = read_metadata(file) if file.exists() else {}
-        meta = {k: _json_or_str(raw[k]) for k in ("classes", "mean", "std", "data", "crop_pct", "val_fraction",
-                                                     "split_seed") if k in raw}
-        if raw.get("format") == "vit_attention.train_state":
-            from .checkpoint import load_training_state
-
-            st = load_training_state(file).state
-            meta = {k: st[k] for k in ("classes", "mean", "std") if k in st}
-            data = st.get("config", {}).get("data") or "digits"
-            meta["data"] = data
-            meta["crop_pct"] = 1.0 if data == "digits" else st.get("config", {}).get("crop_pct", 0.875)
-            meta["val_fraction"] = st.get("config", {}).get("val_fraction", 0.1)
-            meta["split_seed"] = st.get("config", {}).get("seed", 0)
-    return model.eval(), meta
+        detail = "; ".join(part for part in (
+            f"only in --data: {show(only_data)}" if only_data else "",
+            f"only in training: {show(only_train)}" if only_train else "") if part)
+    raise ValueError(f"--data {data_arg} has other classes than the model was trained on ({detail}); "
+                     "class i of the data would be scored as training class i. Evaluate on data with the "
+                     "training classes")
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -269,6 +331,10 @@ def _eval(args: argparse.Namespace) -> int:
     from .engine import evaluate
     from .plots import plot_confusion
 
+    ckpt = Path(args.checkpoint)
+    out = Path(args.confusion) if args.confusion else (ckpt if ckpt.is_dir() else ckpt.parent) / "confusion.png"
+    if args.confusion:
+        _check_writable_png(out, "--confusion")
     model, meta = _load_for_inference(args)
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, int) else cfg.img_size[0]
@@ -279,6 +345,7 @@ def _eval(args: argparse.Namespace) -> int:
                       img_size=size if data_arg != "digits" else (None if size == 8 else size), in_chans=cfg.in_chans,
                       val_fraction=val_fraction, crop_pct=float(meta.get("crop_pct", 0.875)) if same_data else 0.875,
                       seed=int(meta.get("split_seed", 0)) if same_data else 0)
+    _check_classes(meta.get("classes"), data.classes, data_arg)
     if data.num_classes != model.num_classes:
         raise ValueError(f"the model predicts {model.num_classes} classes, the data has {data.num_classes}")
     mean, std = meta.get("mean", data.mean), meta.get("std", data.std)
@@ -292,10 +359,11 @@ def _eval(args: argparse.Namespace) -> int:
     k = data.num_classes
     conf = torch.zeros(k, k, dtype=torch.long)
     conf.index_put_((res["target"], res["pred"]), torch.ones_like(res["pred"]), accumulate=True)
-    out = Path(args.confusion or (Path(args.checkpoint if Path(args.checkpoint).is_dir() else
-                                       Path(args.checkpoint).parent) / "confusion.png"))
-    plot_confusion(conf, data.classes, out, title=f"{getattr(model, 'registry_name', '')} on {data.name} "
-                                                     f"({args.split}), top-1 {res['top1']:.4f}")
+    try:
+        plot_confusion(conf, data.classes, out, title=f"{getattr(model, 'registry_name', '')} on {data.name} "
+                                                         f"({args.split}), top-1 {res['top1']:.4f}")
+    except OSError as e:
+        raise ValueError(f"--confusion {out}: cannot write the confusion matrix ({e.strerror or e})") from None
     print(f"images: {res['n']}")
     print(f"loss: {res['loss']:.4f}")
     print(f"top-5 accuracy: {res['top5']:.4f}")
@@ -305,23 +373,35 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    import sys
+
     import torch
 
     from .data import load_image
 
-    model, meta = _load_for_inference(args)
-    cfg = model.cfg
-    size = cfg.img_size if isinstance(cfg.img_size, int) else tuple(cfg.img_size)
-    classes = meta.get("classes") or [str(i) for i in range(model.num_classes)]
-    mean = torch.tensor(meta.get("mean", [0.5] * cfg.in_chans)).view(1, -1, 1, 1)
-    std = torch.tensor(meta.get("std", [0.5] * cfg.in_chans)).view(1, -1, 1, 1)
+    if args.topk < 1:
+        raise ValueError(f"--topk must be an int >= 1 (how many classes to show per image), got {args.topk}")
+    if args.crop_pct is not None and not 0 < args.crop_pct <= 1:
+        raise ValueError(f"--crop-pct must be in (0, 1] (the centre share of the image kept; 1 = whole image), "
+                         f"got {args.crop_pct}")
     missing = [p for p in args.images if not Path(p).exists()]
     if missing:
         raise FileNotFoundError(f"image(s) not found: {', '.join(missing)}")
+    model, meta = _load_for_inference(args)
+    cfg = model.cfg
+    size = cfg.img_size if isinstance(cfg.img_size, int) else tuple(cfg.img_size)
+    classes = meta.get("classes")
+    if not classes or len(classes) != model.num_classes:
+        classes = [str(i) for i in range(model.num_classes)]
+    mean = torch.tensor(meta.get("mean", [0.5] * cfg.in_chans)).view(1, -1, 1, 1)
+    std = torch.tensor(meta.get("std", [0.5] * cfg.in_chans)).view(1, -1, 1, 1)
     k = min(args.topk, len(classes))
+    if k < args.topk:
+        print(f"note: --topk {args.topk} is more than the model's {len(classes)} classes; showing all {k}",
+              file=sys.stderr)
+    crop = args.crop_pct if args.crop_pct is not None else float(meta.get("crop_pct", 1.0))
     for path in args.images:
         try:
-            crop = args.crop_pct if args.crop_pct is not None else float(meta.get("crop_pct", 1.0))
             x = load_image(path, size, in_chans=cfg.in_chans, crop_pct=crop)[None]
         except Exception as e:  # noqa: BLE001 - Pillow raises many types
             raise ValueError(f"cannot read image {path}: {e}") from None
@@ -373,19 +453,26 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p = sub.add_parser(name, help=helptext)
         if name == "predict":
             p.add_argument("images", nargs="+", metavar="IMAGE")
-            p.add_argument("--topk", type=int, default=5)
+            p.add_argument("--topk", type=int, default=5, help="classes shown per image, >= 1 (default 5; at "
+                                                               "most the model's number of classes)")
             p.add_argument("--crop-pct", type=float, default=None,
-                           help="centre-crop share (default: as in training; 1 = whole image)")
+                           help="centre-crop share in (0, 1] (default: as in training; 1 = whole image)")
         p.add_argument("--checkpoint", required=True,
                        help="run folder, model.safetensors or checkpoint.safetensors (or a foreign file + --model)")
-        p.add_argument("--model", default=None, help="build this registered model and load --checkpoint into it")
-        p.add_argument("--model-arg", type=_kv, action="append", metavar="KEY=VALUE")
-        p.add_argument("--num-classes", type=int, default=None)
+        p.add_argument("--model", default=None,
+                       help="with a file of ours: the model it must hold (it says which); with a foreign "
+                            "checkpoint (timm, torchvision, ...): build this registered model and load it")
+        p.add_argument("--model-arg", type=_kv, action="append", metavar="KEY=VALUE",
+                       help="config option for --model with a foreign checkpoint (must agree with a file of ours)")
+        p.add_argument("--num-classes", type=int, default=None,
+                       help="classes of --model with a foreign checkpoint (must agree with a file of ours)")
         if name == "eval":
-            p.add_argument("--data", default=None, help="image folder (default: the data the model was trained on)")
+            p.add_argument("--data", default=None, help="image folder with the training classes (default: the "
+                                                        "data the model was trained on)")
             p.add_argument("--split", default="test", choices=("test", "train"))
             p.add_argument("--val-fraction", type=float, default=None, help="(default: as in training)")
-            p.add_argument("--confusion", default=None, help="PNG path (default: beside the checkpoint)")
+            p.add_argument("--confusion", default=None, metavar="PNG",
+                           help="where to write the confusion matrix (default: confusion.png beside the checkpoint)")
             p.add_argument("--device", default=None)
             p.set_defaults(func=_eval)
         else:
