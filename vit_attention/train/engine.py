@@ -448,17 +448,16 @@ def check_model_kwargs(model: str, kwargs: dict[str, Any]) -> None:
     valid ones), both from the registry.
     """
     entry = get_model_entry(model)
-    entry.config(**kwargs)  # unknown option names raise, naming the valid ones
     try:
         hints = typing.get_type_hints(entry.config_cls)
-    except Exception:  # noqa: BLE001 - an annotation we cannot resolve: the model checks its own values
-        return
-    preset = entry.config()
+    except Exception:  # noqa: BLE001 - an annotation we cannot resolve: the config checks its own values
+        hints = {}
     for key, value in kwargs.items():
         if key in hints and not _matches(value, hints[key]):
-            example = json.dumps(getattr(preset, key, None), default=list)
+            example = json.dumps(getattr(entry.config(), key, None), default=list)
             raise ValueError(f"--model-arg {key}={json.dumps(value)}: {key} expects {_type_name(hints[key])} "
                              f"(the preset has {key}={example})")
+    entry.config(**kwargs)  # unknown option names (and values the config refuses) raise, naming the option
 
 
 def _model_overrides(cfg: TrainConfig, data: DataBundle) -> dict[str, Any]:
@@ -528,6 +527,7 @@ class _Progress:
         self.out: Path | None = None
         self.step = 0
         self.ckpt: tuple[int, int] | None = None  # (full epochs done, global step) of the last checkpoint
+        self.config_written = False  # config.json of this invocation written (with its first checkpoint)
 
     def where(self) -> str:
         """Where the run can continue from, as a sentence."""
@@ -693,10 +693,8 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any, progress: _Progress) -> 
     _say(info, f"model {cfg.model}: {n_params:,} parameters; data {data.name}: {n_train} train / "
                f"{len(data.test)} test images, {data.num_classes} classes; {info.world_size} process(es) on "
                f"{info.device.type}; output {out}")
-    if info.is_main:
-        atomic_write(out / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(
-            {"train": cfg.to_dict(), "model_name": model.registry_name, "model_config": model_cfg,
-             "classes": data.classes, "mean": data.mean, "std": data.std}, indent=1)))
+    config_text = json.dumps({"train": cfg.to_dict(), "model_name": model.registry_name, "model_config": model_cfg,
+                              "classes": data.classes, "mean": data.mean, "std": data.std}, indent=1)
 
     def save_ckpt(epoch: int, in_epoch: int, sums: Tensor, train_time: float) -> None:
         g_sums = all_reduce_sum(sums.clone())
@@ -713,6 +711,10 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any, progress: _Progress) -> 
                                        "model_name": model.registry_name, "model_config": model_cfg,
                                        "world_size": info.world_size, "classes": data.classes,
                                        "mean": list(data.mean), "std": list(data.std)})
+            if not progress.config_written:
+                # the options of the state on disk (a resumed run that fails before it saves keeps the old file)
+                atomic_write(out / "config.json", lambda tmp: Path(tmp).write_text(config_text))
+                progress.config_written = True
         progress.ckpt = (epoch, step)
 
     show = (sys.stderr.isatty() if cfg.progress is None else cfg.progress) and info.is_main
