@@ -261,7 +261,7 @@ def scaled_dot_product_attention(
         ``[B, nh, N, hdv]``, or ``(out, weights)`` when ``return_weights``.
     """
     _check_shapes(q, k, v)
-    if mask is not None:
+    if mask is not None and not torch.jit.is_tracing():  # tracing: sizes are tensors, comparisons would warn
         _check_mask(mask, q, k)
     if _SHAPE_HOOKS:
         shape_info = {**_context_info(), "mask": None if mask is None else tuple(mask.shape)}
