@@ -1,9 +1,16 @@
-"""Sub-commands ``trace``, ``info``, ``attn`` and ``docs`` (thin wrappers over ``vit_attention.analysis``)."""
+"""Sub-commands ``trace``, ``info``, ``attn`` and ``docs`` (thin wrappers over ``vit_attention.analysis``).
+
+``attn`` loads models through :func:`vit_attention.load_model` when the checkpoint is ours (a run
+folder, ``model.safetensors`` or ``checkpoint.safetensors``), so the map is of the model that was trained.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,64 +21,98 @@ from torch import Tensor, nn
 from ..models import create_model
 from ..models.registry import get_model_entry
 
-__all__ = ["add_commands", "build_model", "load_image", "attention_heatmap"]
+__all__ = ["add_commands", "build_model", "load_image", "attention_heatmap", "save_attention_png"]
 
 _IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
-def build_model(name: str, *, checkpoint: str | Path | None = None, img_size: int | None = None,
+def build_model(name: str | None, *, checkpoint: str | Path | None = None, img_size: int | None = None,
                 num_classes: int | None = None, device: str | torch.device = "cpu") -> nn.Module:
-    """Model ``name``, or the model a checkpoint of ours describes (its saved config wins), with weights.
+    """Model ``name``, or the model a checkpoint of ours describes (its saved config wins), with weights, in eval mode.
 
-    A checkpoint written by :func:`vit_attention.save_weights` carries the model name and config,
-    so a model trained at any size / class count is rebuilt as it was trained. Other checkpoints
-    (timm, torchvision, Hugging Face ...) are loaded into ``name`` built with the given options.
+    A file written by :func:`vit_attention.save_weights`, a training ``checkpoint.safetensors`` or
+    a run folder names its model and config: the model is rebuilt as it was trained
+    (:func:`vit_attention.load_model`); ``name`` may be ``None`` or must be that model (else
+    ``ValueError``). Other checkpoints (timm, torchvision, Hugging Face ...) are loaded into
+    ``name`` built with the given options. Sets ``model.normalization`` (mean, std) and
+    ``model.class_names`` (``None`` when the file does not record them).
     """
-    from ..weights import load_weights
-    from ..weights.io import read_checkpoint
+    from ..weights import CheckpointMismatchError, describe_checkpoint, load_model, load_weights
+    from ..weights.saved import check_model_name
 
-    meta: dict[str, str] = {}
-    state: Any = None
-    if checkpoint is not None:
-        state, meta = read_checkpoint(checkpoint)
-    if "config" in meta:
-        entry = get_model_entry(meta.get("model", name))
-        cfg = entry.config_cls.from_dict(json.loads(meta["config"]))
-        with torch.device(device):
-            model = entry.model_cls(cfg)
-        model.registry_name = entry.name  # type: ignore[assignment]
+    saved = describe_checkpoint(checkpoint) if checkpoint is not None else None
+    meta: Mapping[str, Any] = {}
+    if saved is not None:
+        check_model_name(saved, name, option="model")
+        if num_classes is not None and num_classes != saved.config.get("num_classes"):
+            raise ValueError(f"num_classes={num_classes} contradicts the checkpoint: {saved.path} holds "
+                             f"{saved.config.get('num_classes')} classes")
+        overrides: dict[str, Any] = {}
+        saved_size = saved.config.get("img_size")
+        if img_size is not None and img_size != saved_size and [img_size] * 2 != saved_size:
+            overrides["img_size"] = img_size  # position embeddings resampled to the new grid
+        model = load_model(saved.path, device=device, **overrides)
+        meta = saved.metadata
     else:
+        if name is None:
+            raise ValueError(f"{checkpoint} does not record which model it holds; give the model name too")
         with torch.device(device):
             model = create_model(name, img_size=img_size, num_classes=num_classes)
-    if state is not None:
-        load_weights(model, state)
+        if checkpoint is not None:
+            try:
+                load_weights(model, checkpoint)
+            except CheckpointMismatchError as e:
+                raise ValueError(f"checkpoint {checkpoint} does not fit model {name}: {e}") from None
     model.normalization = _normalization(meta, model.cfg.in_chans)  # type: ignore[assignment]
+    classes = meta.get("classes")
+    model.class_names = list(classes) if isinstance(classes, list) else None  # type: ignore[assignment]
     return model.eval()
 
 
-def _normalization(meta: dict[str, str], in_chans: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def _decoded(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _normalization(meta: Mapping[str, Any], in_chans: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) recorded in ``meta`` (JSON text or decoded), else ImageNet's for RGB, else 0.5."""
     for key in ("normalize", "normalization"):
         if key in meta:
-            value = json.loads(meta[key])
+            value = _decoded(meta[key])
             if isinstance(value, dict):
                 return tuple(value["mean"]), tuple(value["std"])
             return tuple(value[0]), tuple(value[1])
     if "mean" in meta and "std" in meta:
-        return tuple(json.loads(meta["mean"])), tuple(json.loads(meta["std"]))
+        return tuple(_decoded(meta["mean"])), tuple(_decoded(meta["std"]))
     if in_chans == 3:
         return _IMAGENET
     return (0.5,) * in_chans, (0.5,) * in_chans
 
 
+def _open_image(path: Path) -> Any:
+    """A decoded Pillow image; a file that is not one raises ``ValueError`` naming it."""
+    from PIL import Image
+
+    if not path.is_file():
+        raise FileNotFoundError(f"image file not found: {path}" + (" (it is a folder)" if path.is_dir() else ""))
+    try:
+        im = Image.open(path)
+        im.load()  # full decode: truncated files fail here, not later
+    except Exception as e:  # noqa: BLE001 - Pillow raises many types for bad files
+        raise ValueError(f"{path} is not an image file Pillow can read (PNG, JPEG, BMP, ...): "
+                         f"{type(e).__name__}: {e}") from None
+    return im
+
+
 def load_image(path: str | Path, in_chans: int, size: tuple[int, int],
                normalization: tuple[tuple[float, ...], tuple[float, ...]]) -> tuple[Tensor, Tensor]:
-    """Read an image file -> ``(normalised input [1, Cin, H, W], display image [Cin, H, W] in [0, 1])``."""
+    """Read an image file -> ``(normalised input [1, Cin, H, W], display image [Cin, H, W] in [0, 1])``.
+
+    A missing file raises ``FileNotFoundError``, a file that is not an image ``ValueError``, both naming it.
+    """
     from PIL import Image
 
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"image file not found: {path}")
-    with Image.open(path) as im:
+    with _open_image(path) as im:
         im = im.convert("L" if in_chans == 1 else "RGB").resize((size[1], size[0]), Image.BILINEAR)
         arr = np.asarray(im, dtype=np.float32) / 255.0
     img = torch.from_numpy(arr)
@@ -87,31 +128,62 @@ def attention_heatmap(model: nn.Module, x: Tensor, *, layer: int | None = None, 
                       method: str = "auto") -> tuple[Tensor, str, str]:
     """One image's attention map on the token grid ``[h, w]``, a description, and the method used.
 
-    ``method``: ``rollout`` (global attention with a class token), ``mean`` (every layer's map,
-    averaged; any layout) or ``layer`` (one layer, ``layer``); ``auto`` = ``layer`` when ``layer``
-    is given, else rollout where possible, else mean.
+    ``x``: ``[1, Cin, H, W]``. ``method``: ``rollout`` (global attention with a class token),
+    ``mean`` (every layer's map, averaged; any layout) or ``layer`` (one layer, ``layer``);
+    ``auto`` = ``layer`` when ``layer`` is given, else rollout where possible, else mean. The
+    description says which layers and heads and what is averaged.
     """
+    heat, what, tag, _ = _heatmap_and_logits(model, x, layer=layer, head=head, method=method)
+    return heat, what, tag
+
+
+def _heatmap_and_logits(model: nn.Module, x: Tensor, *, layer: int | None, head: int | None,
+                        method: str) -> tuple[Tensor, str, str, Tensor]:
+    """:func:`attention_heatmap` plus the model's logits ``[1, num_classes]`` from the same forward."""
     from .attention_maps import record_attention
 
+    if method not in ("auto", "rollout", "mean", "layer"):
+        raise ValueError(f"method must be 'auto', 'rollout', 'mean' or 'layer', got {method!r}")
     with record_attention(model) as rec, torch.no_grad():
-        model(x)
-    global_with_cls = any(r.layout == "global" and r.num_prefix_tokens > 0 for r in rec.self_attention())
+        out = model(x)
+    logits = out[0] if isinstance(out, (tuple, list)) else out
+    recs = rec.self_attention()
+    global_with_cls = any(r.layout == "global" and r.num_prefix_tokens > 0 for r in recs)
     if method == "auto":
         method = "layer" if layer is not None else ("rollout" if global_with_cls else "mean")
+    n = len(recs)
     if method == "rollout":
-        return rec.rollout(head)[0], "attention rollout (class token -> patches)" + _head(head), method
+        heat = rec.rollout(head)[0]
+        n_global = sum(r.layout == "global" for r in recs)
+        heads = _heads(head, recs[0].weights.shape[1] if recs else 0, "in each layer")
+        return heat, f"attention rollout through all {n_global} layers: class token -> patches, {heads}", \
+            method, logits
     if method == "mean":
-        return rec.mean_map(head)[0], "mean attention over all layers" + _head(head), method
-    if method == "layer":
-        idx = -1 if layer is None else layer
-        r = rec.layer(idx)
-        what = "class token attention" if r.layout == "global" and r.num_prefix_tokens else "attention received"
-        return rec.image_map(idx, head)[0], f"{r.module}: {what}" + _head(head), f"layer{idx}"
-    raise ValueError(f"method must be 'auto', 'rollout', 'mean' or 'layer', got {method!r}")
+        heat = rec.mean_map(head)[0]
+        nh = recs[0].weights.shape[1] if recs else 0
+        with_cls = [r.layout == "global" and r.num_prefix_tokens > 0 for r in recs]
+        per_layer = ("the class token's attention to each patch" if all(with_cls) else
+                     "the attention each patch receives (mean over queries)" if not any(with_cls) else
+                     "the class token's attention, or without one the attention each patch receives")
+        return heat, (f"mean over all {n} attention layers (each scaled to mean 1) of {per_layer}; "
+                      f"{_heads(head, nh, 'per layer')}"), method, logits
+    idx = -1 if layer is None else layer
+    r = rec.layer(idx)
+    pos = idx % n if n else idx
+    if r.layout == "global" and r.num_prefix_tokens:
+        what = "attention of the class token to each patch"
+    else:
+        what = "attention each patch receives, mean over all queries" + (" of its window" if r.window_size else "")
+    heat = rec.image_map(idx, head)[0]
+    return heat, f"layer {pos + 1} of {n} ({r.module}): {what}, {_heads(head, r.weights.shape[1])}", \
+        f"layer{idx}", logits
 
 
-def _head(head: int | None) -> str:
-    return "" if head is None else f", head {head}"
+def _heads(head: int | None, num_heads: int, where: str = "") -> str:
+    suffix = f" {where}" if where else ""
+    if head is None:
+        return f"mean over all {num_heads} heads{suffix}"
+    return f"head {head} (of heads 0-{num_heads - 1}){suffix}"
 
 
 # ----------------------------------------------------------------------------- commands
@@ -140,21 +212,110 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _attn(args: argparse.Namespace) -> int:
-    from .render import save_heatmap
+_CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
 
-    model = build_model(args.model, checkpoint=args.checkpoint, img_size=args.img_size)
+
+def _is_checkpoint_path(text: str) -> bool:
+    """``text`` names an existing run folder or checkpoint file (not a registered model name)."""
+    p = Path(text)
+    return p.exists() and (p.is_dir() or p.suffix in _CHECKPOINT_SUFFIXES)
+
+
+def _output_folder(out: str | None, checkpoint: str | None) -> Path:
+    """``--out``, else ``attention_maps/`` in the run folder (or beside the checkpoint file), else in the cwd."""
+    if out is not None:
+        return Path(out)
+    if checkpoint is None:
+        return Path("attention_maps")
+    ckpt = Path(checkpoint)
+    return (ckpt if ckpt.is_dir() else ckpt.parent) / "attention_maps"
+
+
+def save_attention_png(image: Tensor, heat: Tensor, path: str | Path, *, title: str, description: str,
+                       colorbar_label: str, cmap: str = "inferno", alpha: float = 0.6) -> Path:
+    """Write the input ``image [Cin, H, W]`` beside ``heat [h, w]`` (resized, overlaid) with a colour bar, as a PNG.
+
+    ``title``: the figure title (model, weights, prediction); ``description``: what the map shows
+    (wrapped under the overlay); ``colorbar_label``: what the colours measure.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from .render import upsample_map
+
+    arr = image.detach().float().cpu().numpy()
+    arr = np.repeat(arr, 3, axis=0) if arr.shape[0] == 1 else arr
+    arr = arr.transpose(1, 2, 0)  # [H, W, 3]
+    lo, hi = float(arr.min()), float(arr.max())
+    arr = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
+    H, W = arr.shape[:2]
+    up = upsample_map(heat, (H, W)).numpy()
+    fig = Figure(figsize=(7.6, 4.4), dpi=110)
+    FigureCanvasAgg(fig)
+    ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.12]})
+    ax1.imshow(arr, interpolation="nearest")
+    ax1.set_title(f"input ({H}x{W} px)", fontsize=9)
+    ax2.imshow(arr, interpolation="nearest")
+    shown = ax2.imshow(up, cmap=cmap, alpha=alpha, interpolation="bilinear")
+    h, w = heat.shape
+    ax2.set_title(f"attention over the input ({h}x{w} token grid)", fontsize=9)
+    bar = fig.colorbar(shown, ax=ax2, fraction=0.046, pad=0.03)
+    bar.set_label(colorbar_label, fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+    for ax in (ax1, ax2):
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(title, fontsize=10)
+    fig.text(0.5, 0.02, "\n".join(textwrap.wrap(description, 95)), ha="center", va="bottom", fontsize=8)
+    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png", metadata={"Software": None})
+    except OSError as e:
+        raise ValueError(f"--out {path.parent}: cannot write {path.name} there ({e.strerror or e})") from None
+    return path
+
+
+_COLORBAR = {"rollout": "rollout weight (share of the class token's attention)",
+             "mean": "attention relative to the layer mean (1 = uniform)"}
+
+
+def _attn(args: argparse.Namespace) -> int:
+    name: str | None = args.model
+    checkpoint: str | None = args.checkpoint
+    if _is_checkpoint_path(args.model):  # `attn runs/<run> IMAGE`: the run says which model it is
+        if checkpoint is not None:
+            raise ValueError(f"model {args.model!r} is a path and --checkpoint {checkpoint} is given too; give the "
+                             "registered model name (or only the run folder / checkpoint)")
+        name, checkpoint = None, args.model
+    _open_image(Path(args.image)).close()  # a missing or non-image file fails before the model is built
+    if checkpoint is None:
+        print(f"warning: no --checkpoint: these maps show {name} with random (untrained) weights; give "
+              "--checkpoint (a run folder or weights file) for a trained model's attention", file=sys.stderr)
+    model = build_model(name, checkpoint=checkpoint, img_size=args.img_size)
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
     x, img = load_image(args.image, cfg.in_chans, tuple(size), model.normalization)  # type: ignore[arg-type]
-    heat, what, tag = attention_heatmap(model, x, layer=args.layer, head=args.head, method=args.method)
+    heat, what, tag, logits = _heatmap_and_logits(model, x, layer=args.layer, head=args.head, method=args.method)
+    model_name = getattr(model, "registry_name", name)
+    prob = logits.float().softmax(-1)[0]
+    p, k = prob.max(dim=0)
+    classes = getattr(model, "class_names", None)
+    label = classes[int(k)] if classes and len(classes) == prob.numel() else f"class {int(k)}"
+    if checkpoint:
+        ckpt = Path(checkpoint)
+        weights = "weights: " + (f"{ckpt.name}/" if ckpt.is_dir() else ckpt.name)
+    else:
+        weights = "RANDOM weights (no --checkpoint)"
+    title = f"{model_name}, {weights}; predicted: {label} ({float(p):.1%})"
     stem = Path(args.image).stem
-    name = f"{stem}_{getattr(model, 'registry_name', args.model)}_{tag}" + ("" if args.head is None else
-                                                                           f"_head{args.head}")
-    out = save_heatmap(img, heat, Path(args.out) / f"{name}.png", title=what)
+    fname = f"{stem}_{model_name}_{tag}" + ("" if args.head is None else f"_head{args.head}")
+    out = save_attention_png(img, heat, _output_folder(args.out, checkpoint) / f"{fname}.png", title=title,
+                             description=what, colorbar_label=_COLORBAR.get(tag, "attention weight"))
     if args.save_map:
         np.save(out.with_suffix(".npy"), heat.numpy())
-    print(f"{out}  ({what}; token grid {tuple(heat.shape)})")
+    print(f"{out}  ({what}; token grid {tuple(heat.shape)}; predicted {label} {float(p):.3f})")
     return 0
 
 
@@ -190,15 +351,23 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=1, help="batch for FLOPs and activation memory")
     p.set_defaults(func=_info)
 
-    p = sub.add_parser("attn", help="write attention heat maps over an image as PNG")
-    p.add_argument("model", help="registered model name or alias (a checkpoint of ours carries its config)")
+    p = sub.add_parser("attn", help="write attention heat maps over an image as PNG",
+                       description="Draw where a model attends in one image: the input beside the map overlaid, "
+                                   "with a colour bar, the layers / heads shown and the predicted class. "
+                                   "MODEL may be a run folder or checkpoint of ours (it says which model it holds).")
+    p.add_argument("model", help="registered model name or alias, or a run folder / checkpoint of ours")
     p.add_argument("image", help="image file (PNG, JPEG, ...)")
-    p.add_argument("--checkpoint", default=None, help="weights: ours, timm, torchvision or Hugging Face layout")
+    p.add_argument("--checkpoint", default=None,
+                   help="weights: a run folder, model.safetensors / checkpoint.safetensors (which name their "
+                        "model: MODEL must agree), or timm / torchvision / Hugging Face files loaded into MODEL. "
+                        "Without it the maps show random weights")
     p.add_argument("--layer", type=int, default=None, help="one attention layer (negative from the end)")
     p.add_argument("--head", type=int, default=None, help="one head (default: mean over heads)")
     p.add_argument("--method", default="auto", choices=["auto", "rollout", "mean", "layer"])
     p.add_argument("--img-size", type=int, default=None)
-    p.add_argument("--out", default="attention_maps", help="output folder")
+    p.add_argument("--out", default=None,
+                   help="output folder (default: attention_maps/ in the run folder, or beside the checkpoint "
+                        "file; ./attention_maps without a checkpoint)")
     p.add_argument("--save-map", action="store_true", help="also save the raw token-grid map as .npy")
     p.set_defaults(func=_attn)
 

@@ -1,0 +1,125 @@
+"""``vit-attention attn``: run folders, model / checkpoint agreement, random-weight warning, output place, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vit_attention as va
+from vit_attention.analysis.commands import _heatmap_and_logits, build_model
+from vit_attention.cli import main
+
+CLASSES = [f"digit {i}" for i in range(10)]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run folder holding a 1-channel 10-class digits ViT (as `train` writes it), with class names."""
+    root = tmp_path_factory.mktemp("attn") / "run"
+    torch.manual_seed(0)
+    model = va.create_model("vit_digits_patch2_8", num_classes=10, in_chans=1, depth=2).eval()
+    va.save_weights(model, root / "model.safetensors", metadata={"classes": CLASSES, "mean": [0.3], "std": [0.3]})
+    return root
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("img") / "digit.png"
+    Image.fromarray((np.arange(64).reshape(8, 8) * 4).astype(np.uint8), mode="L").save(path)
+    return path
+
+
+def test_attn_on_a_run_folder_writes_under_it(run: Path, image: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["attn", "vit_digits_patch2_8", str(image), "--checkpoint", str(run)]) == 0
+    out = capsys.readouterr()
+    png = run / "attention_maps" / "digit_vit_digits_patch2_8_rollout.png"
+    assert png.is_file() and str(png) in out.out
+    assert "warning" not in out.err
+    # the run folder in place of the model name: the run says which model it holds
+    assert main(["attn", str(run), str(image), "--layer", "-1", "--head", "1", "--save-map"]) == 0
+    capsys.readouterr()
+    npy = run / "attention_maps" / "digit_vit_digits_patch2_8_layer-1_head1.npy"
+    assert npy.is_file() and np.load(npy).shape == (4, 4)
+    # the training checkpoint file works too; its maps go beside it
+    assert main(["attn", "vit_digits_patch2_8", str(image), "--checkpoint", str(run / "model.safetensors"),
+                 "--method", "mean"]) == 0
+    assert (run / "attention_maps" / "digit_vit_digits_patch2_8_mean.png").is_file()
+
+
+def test_attn_refuses_a_model_that_contradicts_the_checkpoint(run: Path, image: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    assert main(["attn", "swin_digits_patch2_window2_8", str(image), "--checkpoint", str(run),
+                 "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "contradicts the checkpoint" in err and "describes model 'vit_digits_patch2_8'" in err
+    assert "Traceback" not in err and not list(tmp_path.glob("*.png"))
+
+
+def test_attn_on_a_non_image_file_names_it(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not an image")
+    for bad in (notes, run / "model.safetensors"):
+        assert main(["attn", "vit_digits_patch2_8", str(bad), "--checkpoint", str(run), "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert f"{bad} is not an image file" in err and "Traceback" not in err
+    assert main(["attn", "vit_digits_patch2_8", str(tmp_path / "missing.png")]) == 2
+    assert "image file not found" in capsys.readouterr().err
+
+
+def test_attn_without_checkpoint_warns_and_says_so_in_the_title(image: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import vit_attention.analysis.commands as commands
+
+    titles: list[str] = []
+    real = commands.save_attention_png
+
+    def spy(*args: object, **kwargs: object) -> Path:
+        titles.append(f"{kwargs['title']} | {kwargs['description']} | {kwargs['colorbar_label']}")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(commands, "save_attention_png", spy)
+    monkeypatch.chdir(tmp_path)
+    assert main(["attn", "vit_digits_patch2_8", str(image), "--img-size", "8"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: no --checkpoint" in err and "random" in err
+    assert (tmp_path / "attention_maps" / "digit_vit_digits_patch2_8_rollout.png").is_file()  # git-ignored folder
+    assert "RANDOM weights" in titles[-1] and "predicted: class " in titles[-1]
+    assert "rollout through all 4 layers" in titles[-1] and "mean over all 4 heads" in titles[-1]
+
+
+def test_titles_name_layer_heads_and_prediction(run: Path, image: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    import vit_attention.analysis.commands as commands
+
+    seen: list[dict[str, str]] = []
+    real = commands.save_attention_png
+
+    def spy(*args: object, **kwargs: object) -> Path:
+        seen.append({k: str(v) for k, v in kwargs.items()})
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(commands, "save_attention_png", spy)
+    assert main(["attn", str(run), str(image), "--layer", "0", "--head", "1", "--out", str(tmp_path)]) == 0
+    model = build_model(None, checkpoint=run)
+    from vit_attention.analysis.commands import load_image
+
+    x, _ = load_image(image, 1, (8, 8), model.normalization)
+    _, _, _, logits = _heatmap_and_logits(model, x, layer=0, head=1, method="auto")
+    k = int(logits.argmax())
+    title, what = seen[-1]["title"], seen[-1]["description"]
+    assert f"predicted: {CLASSES[k]} (" in title and "weights: run/" in title
+    assert what.startswith("layer 1 of 2 (blocks.0.attn)") and "class token" in what and "head 1 (of heads 0-3)" in what
+    assert seen[-1]["colorbar_label"]
+    # the swin family: no class token, the mean over layers of the attention each patch receives
+    swin = va.create_model("swin_digits_patch2_window2_8", num_classes=10, in_chans=1).eval()
+    va.save_weights(swin, tmp_path / "swin" / "model.safetensors")
+    assert main(["attn", str(tmp_path / "swin"), str(image)]) == 0
+    assert "attention each patch receives" in seen[-1]["description"]
+    assert "mean over all 4 attention layers" in seen[-1]["description"]
+    with Image.open(tmp_path / "swin" / "attention_maps" / "digit_swin_digits_patch2_window2_8_mean.png") as im:
+        assert im.size[0] > 600  # input, overlay and colour bar side by side
