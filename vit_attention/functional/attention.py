@@ -136,14 +136,14 @@ def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
 
 
 def _check_mask(mask: Tensor, q: Tensor, k: Tensor) -> None:
-    """``mask`` must broadcast to the logits ``[B, nh, N, M]`` without enlarging them (shape checks only).
+    """``mask`` (2 to 4 dims) must broadcast to the logits ``[B, nh, N, M]`` without enlarging them.
 
     Only sizes are compared (no tensor values), so this traces, compiles and exports; a mask size of
     1 is tested first so a batch-free mask puts no guard on a dynamic batch size.
     """
     logits = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     shape = mask.shape
-    ok = len(shape) <= 4
+    ok = 2 <= len(shape) <= 4
     if ok:
         for i in range(1, len(shape) + 1):
             if shape[-i] != 1 and shape[-i] != logits[-i]:
@@ -152,7 +152,7 @@ def _check_mask(mask: Tensor, q: Tensor, k: Tensor) -> None:
     if not ok:
         raise ValueError(
             f"mask of shape {tuple(shape)} does not broadcast to the attention logits [B, nh, N, M] = "
-            f"{list(logits)} (q {tuple(q.shape)}, k {tuple(k.shape)}); expected at most 4 dims, each 1 or "
+            f"{list(logits)} (q {tuple(q.shape)}, k {tuple(k.shape)}); expected 2 to 4 dims, each 1 or "
             f"equal to the logits' dim, aligned from the right (e.g. [N, M], [B, 1, 1, M], [1, nh, N, M])"
         )
 
@@ -249,7 +249,7 @@ def scaled_dot_product_attention(
         q: queries ``[B, nh, N, hd]``.
         k: keys ``[B, nh, M, hd]``.
         v: values ``[B, nh, M, hdv]``.
-        mask: broadcastable to ``[B, nh, N, M]`` (at most 4 dims, each 1 or the logits' size); bool
+        mask: broadcastable to ``[B, nh, N, M]`` (2 to 4 dims, each 1 or the logits' size); bool
             (True = may attend) or additive float. A query row that may attend to nothing yields
             zeros, never NaN. Any other shape raises a ``ValueError`` naming ``mask``.
         dropout_p: dropout on the attention weights (pass 0 in eval).

@@ -1,0 +1,75 @@
+"""``scaled_dot_product_attention`` names ``mask`` when it does not broadcast to the logits."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import pytest
+import torch
+
+from vit_attention.attention import create_attention
+from vit_attention.functional import attention as attention_module
+from vit_attention.functional import fused_attention, scaled_dot_product_attention
+
+
+def _qkv(B: int = 2, nh: int = 3, N: int = 5, M: int = 7, hd: int = 4) -> tuple[torch.Tensor, ...]:
+    return torch.randn(B, nh, N, hd), torch.randn(B, nh, M, hd), torch.randn(B, nh, M, hd)
+
+
+@pytest.mark.parametrize("shape", [
+    (5, 5),  # [N, N] where [N, M] = [5, 7] is expected
+    (2, 5, 7),  # aligned from the right: 2 heads against nh = 3
+    (2, 1, 5, 6),  # one key too few
+    (4, 3, 5, 7),  # wrong batch
+    (2, 2, 5, 7),  # wrong heads
+    (1, 2, 3, 5, 7),  # 5-D
+    (7,),  # 1-D: the query axis is needed (the fully-masked-row check reads it)
+])
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
+@pytest.mark.parametrize("weights", [False, True])
+def test_bad_mask_shape_names_mask(shape: tuple[int, ...], dtype: torch.dtype, weights: bool) -> None:
+    q, k, v = _qkv()
+    mask = torch.ones(shape, dtype=dtype)
+    with pytest.raises(ValueError, match=r"^mask of shape .* does not broadcast to the attention logits "
+                                         r"\[B, nh, N, M\] = \[2, 3, 5, 7\]"):
+        scaled_dot_product_attention(q, k, v, mask=mask, return_weights=weights)
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (1, 5, 7), (3, 5, 7), (2, 1, 1, 7), (1, 3, 5, 7), (2, 3, 5, 7),
+                                   (1, 1, 1, 1)])
+@pytest.mark.parametrize("fused", [True, False])
+def test_every_broadcastable_mask_is_accepted(shape: tuple[int, ...], fused: bool) -> None:
+    q, k, v = _qkv()
+    mask = torch.rand(shape) > 0.3
+    with fused_attention(fused):
+        out = scaled_dot_product_attention(q, k, v, mask=mask)
+    assert out.shape == (2, 3, 5, 4)
+
+
+def test_module_masks_reach_the_check_with_the_name() -> None:
+    attn = create_attention("mhsa", 12, 3).eval()
+    with pytest.raises(ValueError, match=r"^mask of shape \(4, 4\) does not broadcast"):
+        attn(torch.randn(2, 5, 12), mask=torch.ones(4, 4, dtype=torch.bool))
+
+
+class _Masked(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = create_attention("mhsa", 12, 3)
+        self.register_buffer("mask", torch.ones(1, 1, 5, 5, dtype=torch.bool))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(x, mask=self.mask)
+
+
+def test_mask_check_adds_no_tracer_warnings() -> None:
+    model, x = _Masked().eval(), torch.randn(2, 5, 12)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        traced = torch.jit.trace(model, x)
+    lines, start = inspect.getsourcelines(attention_module._check_mask)
+    inside = [w for w in caught if w.filename == inspect.getsourcefile(attention_module)
+              and start <= w.lineno < start + len(lines)]
+    assert not inside, [str(w.message) for w in inside]
+    torch.testing.assert_close(traced(x), model(x))
