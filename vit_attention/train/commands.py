@@ -153,11 +153,13 @@ def _report_failure(command: str, e: BaseException) -> int:
 def _train(args: argparse.Namespace) -> int:
     from .engine import TrainingDiverged, TrainingInterrupted, train
 
-    cfg = _train_config(args)
     try:
-        train(cfg)
+        train(_train_config(args))
     except (TrainingDiverged, TrainingInterrupted) as e:
         return _report_failure("train", e)
+    except KeyboardInterrupt:
+        return _report_failure("train", TrainingInterrupted("interrupted before training started; nothing was "
+                                                            "written"))
     return 0
 
 

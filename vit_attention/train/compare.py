@@ -27,7 +27,15 @@ from ..analysis.flops import flops
 from ..attention import get_attention_spec
 from ..weights.io import atomic_write
 from .checkpoint import CHECKPOINT_NAME
-from .engine import TrainConfig, check_model_kwargs, check_output_folder, train
+from .engine import (
+    TrainConfig,
+    TrainingDiverged,
+    TrainingInterrupted,
+    check_model_kwargs,
+    check_output_folder,
+    create_run_folder,
+    train,
+)
 from .plots import plot_accuracy_vs_flops
 from .presets import DEFAULT_MODEL
 
@@ -131,7 +139,7 @@ def run_compare(cfg: TrainConfig, *, models: list[str] | None = None, attention:
         raise ValueError("resume needs output (--output): the folder of the comparison to continue")
     if output:
         check_output_folder(output)
-    out = Path(output or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(output) if output else create_run_folder("compare")
     if not resume and (out / "compare.json").exists():
         raise ValueError(f"{out} already holds a comparison; continue it with --resume, or choose another --output "
                          "(nothing was overwritten)")
@@ -146,7 +154,15 @@ def run_compare(cfg: TrainConfig, *, models: list[str] | None = None, attention:
                                   resume=resume and (sub_out / CHECKPOINT_NAME).exists(), progress=cfg.progress)
         print(f"== [{i + 1}/{len(entries)}] {e.name}: {e.model} {json.dumps(e.model_kwargs) if e.model_kwargs else ''}",
               flush=True)
-        res = train(sub)
+        try:
+            res = train(sub)
+        except TrainingInterrupted as err:
+            raise TrainingInterrupted(f"{err}; to continue the whole comparison: vit-attention compare --resume "
+                                      f"--output {out}", err.exit_code) from None
+        except TrainingDiverged as err:
+            raise TrainingDiverged(f"{err} [compare entry {i + 1}/{len(entries)}: {e.name}; continue the "
+                                   f"comparison with: vit-attention compare --resume --output {out} --lr LOWER]"
+                                   ) from None
         model = res["model"]
         c, h, w = model.cfg.in_chans, *res["input_size"]
         macs = flops(model, (1, c, h, w)).total

@@ -685,9 +685,16 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any, progress: _Progress) -> 
     if cfg.stop_after is not None and step >= cfg.stop_after:
         raise ValueError(f"stop_after={cfg.stop_after} is not after the checkpoint's step {step}")
     n_params = sum(p.numel() for p in model.parameters())
+    problem = None
     if info.is_main:
-        out = _make_output(out) if cfg.output else create_run_folder(cfg.model)
-    out = Path(broadcast_object(str(out)))
+        try:
+            out = _make_output(out) if cfg.output else create_run_folder(cfg.model)
+        except ValueError as e:
+            problem = str(e)
+    shared, problem = broadcast_object((str(out), problem))  # every rank writes to (or fails on) rank 0's folder
+    if problem:
+        raise ValueError(problem)
+    out = Path(shared)
     ckpt_path = out / CHECKPOINT_NAME
     progress.out, progress.step = out, step
     _say(info, f"model {cfg.model}: {n_params:,} parameters; data {data.name}: {n_train} train / "
