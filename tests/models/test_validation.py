@@ -62,7 +62,8 @@ def test_vit_config_errors_name_the_argument(bad: dict[str, Any], err: type[Exce
 
 
 @pytest.mark.parametrize("bad,err,match", [
-    (dict(patch_size=0), ValueError, r"patch_size must be an int >= 1 or a pair of them, got 0"),
+    (dict(patch_size=0), ValueError, r"patch_size must be an int >= 1, got 0"),
+    (dict(patch_size=(4, 4)), TypeError, r"patch_size must be an int >= 1, got \(4, 4\) \(tuple\)"),
     (dict(embed_dim="abc"), TypeError, r"embed_dim must be an int >= 1, got 'abc'"),
     (dict(embed_dim=0), ValueError, r"embed_dim must be an int >= 1, got 0"),
     (dict(img_size=0), ValueError, r"img_size must be an int >= 1 or a pair of them, got 0"),

@@ -96,7 +96,7 @@ class SwinTransformerConfig(ConfigMixin):
         model's constructor (fields may be assigned after construction).
         """
         img = check_size(self.img_size, "img_size")
-        patch = check_size(self.patch_size, "patch_size")
+        patch = (check_int(self.patch_size, "patch_size"),) * 2  # an int: stage strides are patch_size * 2^i
         check_int(self.in_chans, "in_chans")
         check_int(self.num_classes, "num_classes", min_value=0)
         check_choice(self.global_pool, "global_pool", ("avg", ""))
