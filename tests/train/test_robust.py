@@ -175,6 +175,8 @@ def test_unwritable_or_invalid_output_is_named(tmp_path: Path, capsys: pytest.Ca
         assert main(["train", *QUICK, "--output", str(bad)]) == 2, bad
         err = capsys.readouterr().err
         assert f"--output {bad}" in err and "Traceback" not in err
+    assert main(["train", *QUICK, "--output", str(tmp_path / ("x" * 300))]) == 2  # a name too long
+    assert "--output" in capsys.readouterr().err
     ro = tmp_path / "readonly"
     ro.mkdir()
     real_access = engine.os.access

@@ -164,7 +164,8 @@ class TrainConfig:
             (self.distill_type in ("soft", "hard"), f"distill_type must be soft or hard, got {self.distill_type!r}"),
             (self.ckpt_every >= 0, f"ckpt_every must be >= 0, got {self.ckpt_every}"),
             (not (self.fsdp and self.ema_decay), "ema_decay is not supported together with fsdp"),
-            (not (self.resume and not self.output), "resume needs output: the folder of the run to continue"),
+            (not (self.resume and not self.output),
+             "resume needs output (--output): the folder of the run to continue"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -359,17 +360,23 @@ def check_output_folder(output: str | Path) -> None:
     Creates nothing: the nearest existing ancestor must be a folder the process may write in.
     """
     path = Path(output)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"--output {output} is a file; expected a folder for the run")
-    probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        raise ValueError(f"--output {output}: {probe} is a file, so the run folder cannot be created there")
-    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-        raise ValueError(f"--output {output}: {probe} is not writable; choose a folder you may write in")
+    try:
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"--output {output} is a file; expected a folder for the run")
+        probe = path
+        while not probe.exists():
+            if probe.parent == probe:
+                break
+            probe = probe.parent
+        if probe.exists() and not probe.is_dir():
+            raise ValueError(f"--output {output}: {probe} is a file, so the run folder cannot be created there")
+        if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+            raise ValueError(f"--output {output}: {probe} is not writable; choose a folder you may write in")
+    except (OSError, ValueError) as e:  # a name too long, a NUL byte, ...
+        if isinstance(e, ValueError) and str(e).startswith("--output"):
+            raise
+        raise ValueError(f"--output {output!r} is not a usable folder name ({e}); expected a writable "
+                         "folder path") from None
 
 
 def _make_output(path: Path) -> Path:
