@@ -146,6 +146,8 @@ def test_eval_and_predict_on_a_foreign_checkpoint_need_model(tmp_path: Path, dig
                  "vit_digits_patch2_8", "--num-classes", "10", "--model-arg", "in_chans=1"]) == 2
     assert "does not fit --model vit_digits_patch2_8" in _err(capsys)
     (tmp_path / "notes.pth").write_text("not a checkpoint")
+    assert main(["predict", str(digit_png), "--checkpoint", str(tmp_path / "notes.pth")]) == 2
+    assert "notes.pth is not a torch checkpoint" in _err(capsys)
     assert main(["predict", str(digit_png), "--checkpoint", str(tmp_path / "notes.pth"), "--model",
                  "vit_digits_patch2_8"]) == 2
     assert "notes.pth is not a torch checkpoint" in _err(capsys)

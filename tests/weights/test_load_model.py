@@ -214,3 +214,14 @@ def test_model_trained_by_the_cli_loads_by_documented_means(tmp_path: Path) -> N
     saved = describe_checkpoint(tmp_path / "run")
     assert saved.metadata["classes"] == [str(i) for i in range(10)] and saved.metadata["mean"] == [0.3]
     assert json.dumps(saved.config, sort_keys=True) == model.cfg.to_json()
+
+
+def test_load_model_overrides(tmp_path: Path) -> None:
+    """``img_size`` resamples the position embedding; unknown options raise naming them."""
+    model = va.create_model("vit_digits_patch2_8", num_classes=10, in_chans=1, depth=1).eval()
+    path = va.save_weights(model, tmp_path / "m.safetensors")
+    bigger = va.load_model(path, img_size=16)
+    assert bigger.cfg.img_size in (16, (16, 16)) and bigger.num_classes == 10
+    assert bigger(torch.randn(1, 1, 16, 16)).shape == (1, 10)
+    with pytest.raises(TypeError, match=r"no config option\(s\) \['depht'\]"):
+        va.load_model(path, depht=2)

@@ -256,8 +256,8 @@ def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     A foreign checkpoint (timm, torchvision, Hugging Face ...) needs ``--model`` to build first.
     """
     from ..models.registry import create_model
-    from ..weights import CheckpointMismatchError, describe_checkpoint, load_model
-    from ..weights.saved import check_model_name
+    from ..weights import CheckpointMismatchError, describe_checkpoint, load_model, read_checkpoint
+    from ..weights.saved import check_model_name, resolve_model_file
 
     path = Path(args.checkpoint)
     saved = describe_checkpoint(path)  # FileNotFoundError / ValueError naming the path
@@ -266,6 +266,7 @@ def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         kw["num_classes"] = args.num_classes
     if saved is None:
         if not args.model:
+            read_checkpoint(resolve_model_file(path))  # a damaged or non-checkpoint file says so first
             raise ValueError(f"--checkpoint {path} does not record which model it holds (it was not written by "
                              "vit-attention); give --model NAME (and --num-classes N) to build the model first")
         try:

@@ -14,6 +14,7 @@ Nothing is unpickled: both formats are safetensors with JSON metadata.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -119,6 +120,10 @@ def _build(saved: SavedModel, overrides: Mapping[str, Any], device: str | torch.
     except KeyError as e:
         raise ValueError(f"{saved.path} describes model {saved.model_name!r}, which is not registered here: "
                          f"{e.args[0] if e.args else e}") from None
+    fields = {f.name for f in dataclasses.fields(entry.config_cls)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise TypeError(f"load_model: {saved.model_name} has no config option(s) {unknown}; valid: {sorted(fields)}")
     try:
         cfg = entry.config_cls.from_dict({**saved.config, **overrides})
     except (TypeError, ValueError) as e:
