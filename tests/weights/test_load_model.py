@@ -225,3 +225,13 @@ def test_load_model_overrides(tmp_path: Path) -> None:
     assert bigger(torch.randn(1, 1, 16, 16)).shape == (1, 10)
     with pytest.raises(TypeError, match=r"no config option\(s\) \['depht'\]"):
         va.load_model(path, depht=2)
+
+
+def test_create_model_with_our_file_of_another_config_points_to_load_model(tmp_path: Path) -> None:
+    """A 1-channel 10-class digits model does not fit the 3-channel 1000-class preset: the error says what does."""
+    model = va.create_model("vit_digits_patch2_8", num_classes=10, in_chans=1)
+    path = va.save_weights(model, tmp_path / "model.safetensors")
+    with pytest.warns(UserWarning, match="classifier"), \
+            pytest.raises(va.weights.CheckpointMismatchError, match=r"load_model\(path\) rebuilds it"):
+        va.create_model("vit_digits_patch2_8", pretrained=path)
+    assert va.load_model(path).cfg.in_chans == 1

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .io import read_checkpoint, unwrap_state_dict
+from .io import TRAIN_STATE_FORMAT, read_checkpoint, unwrap_state_dict
 from .layouts import adapters_for, converters_for, model_family
 
 __all__ = ["LoadReport", "CheckpointMismatchError", "load_weights", "convert_state_dict"]
@@ -94,8 +94,9 @@ def load_weights(model: nn.Module, source: str | Path | Mapping[str, Any], *, fo
     mismatched keys; otherwise those are skipped and reported. Pickles are loaded with
     ``weights_only=True``, so a checkpoint holding arbitrary objects is refused.
     """
+    meta: dict[str, str] = {}
     if isinstance(source, (str, Path)):
-        raw, _meta = read_checkpoint(source)
+        raw, meta = read_checkpoint(source)
     elif isinstance(source, Mapping):
         raw = dict(source)
     else:
@@ -111,7 +112,11 @@ def load_weights(model: nn.Module, source: str | Path | Mapping[str, Any], *, fo
     dropped_prefixes = tuple(d + "." for d in report.dropped)
     report.missing = [k for k in own if k not in state and not k.startswith(dropped_prefixes)]
     if strict and not report.ok:
-        raise CheckpointMismatchError(f"checkpoint does not fit {type(model).__name__}:\n{report}")
+        hint = ""
+        if meta.get("format") == TRAIN_STATE_FORMAT or ("model" in meta and "config" in meta):
+            hint = (f"\nhint: {source} records the model it holds and its config (classes, channels, size ...): "
+                    "vit_attention.load_model(path) rebuilds it as it was saved")
+        raise CheckpointMismatchError(f"checkpoint does not fit {type(model).__name__}:\n{report}{hint}")
     bad = set(report.unexpected) | {k for k, _, _ in report.mismatched}
     loadable = {k: v for k, v in state.items() if k not in bad}
     with torch.no_grad():
