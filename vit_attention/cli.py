@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `vit-attention models | head`: the reader left; not an error of ours
         _silence_stdout()
         return 0
-    except (ValueError, KeyError, FileNotFoundError, TypeError) as e:
+    except (ValueError, KeyError, OSError, TypeError) as e:  # OSError: unreadable / unwritable paths
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"vit-attention {args.command}: error: {msg}", file=sys.stderr)
         return 2
