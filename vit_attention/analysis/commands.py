@@ -43,7 +43,8 @@ def build_model(name: str | None, *, checkpoint: str | Path | None = None, img_s
     saved = describe_checkpoint(checkpoint) if checkpoint is not None else None
     meta: Mapping[str, Any] = {}
     if saved is not None:
-        check_model_name(saved, name, option="model")
+        check_model_name(saved, name, option="model",
+                         hint=f"give {saved.model_name!r}, or the run folder / checkpoint in place of the name")
         if num_classes is not None and num_classes != saved.config.get("num_classes"):
             raise ValueError(f"num_classes={num_classes} contradicts the checkpoint: {saved.path} holds "
                              f"{saved.config.get('num_classes')} classes")

@@ -100,16 +100,19 @@ def describe_checkpoint(path: str | Path) -> SavedModel | None:
     return None
 
 
-def check_model_name(saved: SavedModel, name: str | None, *, option: str = "model") -> None:
-    """Raise ``ValueError`` when ``name`` (aliases resolved) is not the model ``saved`` describes."""
+def check_model_name(saved: SavedModel, name: str | None, *, option: str = "model", hint: str | None = None) -> None:
+    """Raise ``ValueError`` when ``name`` (aliases resolved) is not the model ``saved`` describes.
+
+    ``option`` names the argument in the message; ``hint`` replaces the default advice.
+    """
     if name is None:
         return
     from ..models.registry import resolve_model_name
 
     if resolve_model_name(name) != resolve_model_name(saved.model_name):
+        advice = hint or f"leave {option} out (the file says what it is) or give {saved.model_name!r}"
         raise ValueError(f"{option} {name!r} contradicts the checkpoint: {saved.path} describes model "
-                         f"{saved.model_name!r}; leave {option} out (the file says what it is) or give "
-                         f"{saved.model_name!r}")
+                         f"{saved.model_name!r}; {advice}")
 
 
 def _build(saved: SavedModel, overrides: Mapping[str, Any], device: str | torch.device | None) -> nn.Module:
