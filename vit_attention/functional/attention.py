@@ -261,7 +261,8 @@ def scaled_dot_product_attention(
         ``[B, nh, N, hdv]``, or ``(out, weights)`` when ``return_weights``.
     """
     _check_shapes(q, k, v)
-    if mask is not None and not torch.jit.is_tracing():  # tracing: sizes are tensors, comparisons would warn
+    # jit.trace: sizes are tensors and the comparisons would only warn (dynamo must not reach is_tracing)
+    if mask is not None and (torch.compiler.is_compiling() or not torch.jit.is_tracing()):
         _check_mask(mask, q, k)
     if _SHAPE_HOOKS:
         shape_info = {**_context_info(), "mask": None if mask is None else tuple(mask.shape)}
