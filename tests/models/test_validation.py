@@ -45,6 +45,7 @@ SWIN = dict(img_size=32, patch_size=4, embed_dim=16, depths=(2, 2), num_heads=(2
     (dict(block="pre-norm"), ValueError, r"block must be one of"),
     (dict(pos_embed="rope"), ValueError, r"pos_embed must be one of"),
     (dict(attn_layer=3), TypeError, r"attn_layer must be a registered mechanism name"),
+    (dict(attn_layer="windw"), KeyError, r"attn_layer: unknown attention mechanism 'windw'; did you mean 'window'"),
     (dict(attn_kwargs=[("window_size", 4)]), TypeError, r"attn_kwargs must be a dict"),
     (dict(drop_path_rate=1.5), ValueError, r"drop_path_rate must be in \[0, 1\), got 1.5"),
     (dict(drop_path_rate=-0.1), ValueError, r"drop_path_rate must be in \[0, 1\)"),

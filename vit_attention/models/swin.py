@@ -321,6 +321,7 @@ class SwinTransformer(nn.Module):
     @staticmethod
     def _validate(cfg: SwinTransformerConfig) -> None:
         cfg.validate()  # again: fields may have been assigned after the config was built
+
     def _init_weights(self) -> None:
         if self.absolute_pos_embed is not None:
             nn.init.trunc_normal_(self.absolute_pos_embed, std=0.02)

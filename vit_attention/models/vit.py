@@ -116,7 +116,10 @@ class VisionTransformerConfig(ConfigMixin):
             check_int_seq(self.conv_stem, "conv_stem")
         if not isinstance(self.attn_layer, str):
             raise TypeError(f"attn_layer must be a registered mechanism name (str), got {self.attn_layer!r}")
-        get_attention_spec(self.attn_layer)  # unknown mechanisms raise with suggestions
+        try:
+            get_attention_spec(self.attn_layer)  # unknown mechanisms raise with suggestions
+        except KeyError as e:
+            raise KeyError(f"attn_layer: {e.args[0]}") from None
         if not isinstance(self.attn_kwargs, dict):
             raise TypeError(f"attn_kwargs must be a dict of keyword arguments, got {self.attn_kwargs!r}")
         for rate in ("drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"):
@@ -235,6 +238,7 @@ class VisionTransformer(nn.Module):
     @staticmethod
     def _validate(cfg: VisionTransformerConfig) -> None:
         cfg.validate()  # again: fields may have been assigned after the config was built
+
     def _init_weights(self) -> None:
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
