@@ -92,6 +92,13 @@ class PatchEmbed(nn.Module):
             raise ValueError(f"expected {self.in_chans} input channels (in_chans={self.in_chans}), "
                              f"got {x.shape[1]} in input of shape {tuple(x.shape)}")
         H, W = x.shape[-2:]
+        if self.strict_img_size and (H, W) != self.img_size:
+            raise ValueError(self._size_error(H, W))
+        if not self.dynamic_img_pad and (H % self.patch_size[0] or W % self.patch_size[1]):
+            raise ValueError(self._size_error(H, W))
+
+    def _size_error(self, H: int, W: int) -> str:
+        """The message for an input size this layer refuses, with the option that accepts it."""
         multiple = not (H % self.patch_size[0] or W % self.patch_size[1])
         any_size, pad = self.size_options
         if self.strict_img_size and (H, W) != self.img_size:
@@ -100,11 +107,10 @@ class PatchEmbed(nn.Module):
             else:  # rebuilding at this size cannot work: it is no patch multiple
                 hint = any_size if pad is None else f"{any_size} and {pad}"
                 hint += f" to accept sizes that are not multiples of patch_size {self.patch_size}"
-            raise ValueError(f"expected image size {self.img_size}, got ({H}, {W}); resize the images to "
-                             f"{self.img_size}, or build the model with {hint}")
-        if not self.dynamic_img_pad and not multiple:
-            hint = f"; resize the images to a multiple of it{'' if pad is None else ', or build the model with ' + pad}"
-            raise ValueError(f"image size ({H}, {W}) is not divisible by patch_size {self.patch_size}{hint}")
+            return (f"expected image size {self.img_size}, got ({H}, {W}); resize the images to "
+                    f"{self.img_size}, or build the model with {hint}")
+        hint = f"; resize the images to a multiple of it{'' if pad is None else ', or build the model with ' + pad}"
+        return f"image size ({H}, {W}) is not divisible by patch_size {self.patch_size}{hint}"
 
     def dynamic_feat_size(self, hw: tuple[int, int]) -> tuple[int, int]:
         """Token grid ``(H', W')`` for an image of size ``hw``."""
