@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["DistillationLoss", "build_teacher", "load_model_from_checkpoint", "soft_target_cross_entropy"]
+__all__ = ["DistillationLoss", "build_teacher", "soft_target_cross_entropy"]
 
 DistillType = Literal["none", "soft", "hard"]
 
@@ -30,56 +30,15 @@ def soft_target_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
     return -(target * F.log_softmax(logits.float(), dim=-1)).sum(dim=-1)
 
 
-def load_model_from_checkpoint(path: str | Path) -> nn.Module:
-    """Rebuild a model from a file written by this library (its metadata names the model and config).
-
-    Accepts ``model.safetensors`` (from :func:`vit_attention.save_weights`), a training
-    ``checkpoint.safetensors``, or a run folder holding either.
-    """
-    from ..models.registry import get_model_entry
-    from ..weights.io import read_metadata
-    from ..weights.load import load_weights
-    from .checkpoint import CHECKPOINT_NAME, load_training_state
-
-    path = Path(path)
-    if path.is_dir():
-        for name in ("model.safetensors", CHECKPOINT_NAME):
-            if (path / name).exists():
-                path = path / name
-                break
-        else:
-            raise FileNotFoundError(f"{path} holds neither model.safetensors nor {CHECKPOINT_NAME}")
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    if path.suffix != ".safetensors":
-        raise ValueError(f"{path}: expected a .safetensors file written by vit-attention (use --model NAME "
-                         "with --checkpoint for foreign checkpoints)")
-    meta = read_metadata(path)
-    if meta.get("format") == "vit_attention.train_state":
-        st = load_training_state(path)
-        name, cfg, weights = st.state["model_name"], st.state["model_config"], st.model
-    elif "model" in meta and "config" in meta:
-        import json
-
-        name, cfg, weights = meta["model"], json.loads(meta["config"]), str(path)
-    else:
-        raise ValueError(f"{path} does not record which model it holds (no 'model'/'config' metadata); "
-                         "pass --model NAME so it can be built first")
-    entry = get_model_entry(name)
-    model = entry.model_cls(entry.config_cls.from_dict(cfg))
-    model.registry_name = entry.name  # type: ignore[assignment]
-    load_weights(model, weights, strict=True)
-    return model
-
-
 def build_teacher(name_or_path: str, *, num_classes: int, img_size: tuple[int, int], in_chans: int,
                   checkpoint: str | Path | None = None) -> nn.Module:
     """A frozen teacher in eval mode: a registered model name (weights from ``checkpoint``) or a checkpoint file."""
     from ..models.registry import create_model
+    from ..weights import load_model
 
     p = Path(name_or_path)
     if checkpoint is None and (p.suffix == ".safetensors" or p.is_dir()):
-        teacher = load_model_from_checkpoint(p)
+        teacher = load_model(p)  # name + config from the file's metadata
     else:
         teacher = create_model(name_or_path, num_classes=num_classes, img_size=img_size, in_chans=in_chans,
                                pretrained=checkpoint)
