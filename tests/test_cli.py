@@ -53,3 +53,8 @@ def test_a_reader_that_leaves_early_is_not_an_error():
     proc.wait(timeout=120)
     assert proc.returncode == 0, err.decode()
     assert b"BrokenPipeError" not in err and b"Traceback" not in err
+
+
+def test_summary_negative_batch_is_a_clear_error(capsys):
+    assert main(["summary", "deit_tiny_patch16_224", "--img-size", "32", "--batch-size", "-1"]) == 2
+    assert "--batch-size must be >= 0, got -1" in capsys.readouterr().err

@@ -13,6 +13,8 @@ from .models.registry import aliases_of, get_model_entry
 
 
 def _summary(args: argparse.Namespace) -> int:
+    if args.batch_size < 0:
+        raise ValueError(f"--batch-size must be >= 0, got {args.batch_size}")
     entry = get_model_entry(args.model)
     img = args.img_size
     overrides = {}

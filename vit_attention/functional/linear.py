@@ -134,7 +134,7 @@ class _OneDNNLinear(torch.autograd.Function):
 
 def can_fuse(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None) -> bool:
     """True when the fused oneDNN kernel computes exactly what the eager ops would (inference on CPU)."""
-    if not (_FAST and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu":
+    if not (_FAST and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu" or capturing():
         return False
     if x.dtype not in (torch.float32, torch.bfloat16) or weight.dtype != x.dtype or not cpu_kernel_supports(x.dtype):
         return False

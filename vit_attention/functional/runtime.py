@@ -34,9 +34,11 @@ def capturing() -> bool:
     Both ONNX exporters are covered: the TorchScript one traces (``jit.is_tracing``), the dynamo one
     runs ``torch.export``. (``torch.onnx.is_in_onnx_export`` costs an import per call on the hot path.)
     """
-    if torch.jit.is_scripting():
+    # dynamo folds is_compiling / is_exporting to constants; asked first, they keep it from tracing
+    # into torch._C._is_tracing (a graph break)
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_scripting():
         return True
-    return bool(torch._C._is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting())
+    return bool(torch._C._is_tracing())
 
 
 def _probe(dtype: torch.dtype) -> bool:
