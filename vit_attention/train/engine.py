@@ -17,6 +17,14 @@ stays resumable; Ctrl-C and SIGTERM end the run with :class:`TrainingInterrupted
 says how to resume (temporary files of a write in progress are removed); a default run folder
 ``runs/<model>-<time>`` is created exclusively (``-1``, ``-2``, ... on collision), so two runs
 started in the same second never share one.
+
+One run is a few named steps sharing a ``_Run`` (options, data, model, optimizer, step, history):
+``_load_data``; ``_setup`` (model, teacher, EMA, optimizer; the checkpoint and its position with
+``resume``); ``_open_run_folder``; ``_train_epochs``, which runs ``_train_epoch`` (its
+``_train_step`` calls and the ``--ckpt-every`` / ``--stop-after`` checkpoints) and ``_end_epoch``
+(evaluation, metrics row, epoch checkpoint) per epoch; and ``_finish`` (final score, weights, curves).
+``train`` around them checks the options, sets up the processes and turns signals into
+:class:`TrainingInterrupted`.
 """
 
 from __future__ import annotations
@@ -48,8 +56,10 @@ from ..weights.io import atomic_write, save_weights
 from . import presets  # noqa: F401  (registers the digits presets)
 from .checkpoint import (
     CHECKPOINT_NAME,
+    TrainingState,
     check_resume_compatible,
     load_training_state,
+    optimizer_state_from_safe,
     restore_rng_state,
     save_training_state,
 )
@@ -616,8 +626,67 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         cleanup_distributed()
 
 
+@dataclass
+class _Run:
+    """What the steps of one run share: its options, data, model, optimizer and where it stands.
+
+    Built by :func:`_setup`; ``step`` (optimizer steps done) and ``history`` (one row per finished
+    epoch) advance as the run trains. ``out`` is rank 0's run folder once :func:`_open_run_folder`
+    has created it.
+    """
+
+    cfg: TrainConfig
+    info: DistInfo
+    progress: _Progress
+    tqdm: Any  # the progress-bar class (tqdm.auto.tqdm)
+    data: DataBundle
+    model: nn.Module  # the bare model
+    model_cfg: dict[str, Any]
+    net: nn.Module  # the model as trained: wrapped for DDP / FSDP, or the model itself
+    optimizer: torch.optim.Optimizer
+    ema: ModelEma | None
+    transform: BatchTransform
+    criterion: DistillationLoss
+    out: Path
+    total_steps: int
+    warmup_steps: int
+    step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    n_params: int = 0
+    show: bool = False  # progress bars (else one line per epoch)
+    config_text: str = ""  # config.json, written with the first checkpoint
+
+    def lr(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` in this run's schedule."""
+        return lr_at(step, total_steps=self.total_steps, warmup_steps=self.warmup_steps, lr=self.cfg.lr,
+                     min_lr=self.cfg.min_lr)
+
+
+@dataclass
+class _Start:
+    """Where training (re)starts: the epoch, the step within it, and that epoch's running sums and time so far."""
+
+    epoch: int = 0
+    in_epoch: int = 0
+    sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # loss sum, correct, count
+    train_time: float = 0.0
+
+
 def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any, progress: _Progress) -> dict[str, Any]:
+    """One run on this rank: data, model and state (resumed or new), the epochs, then the final weights."""
     torch.manual_seed(cfg.seed)
+    data = _load_data(cfg, info)
+    run, start = _setup(cfg, info, data, tqdm, progress)
+    _open_run_folder(run)
+    stopped = _train_epochs(run, start)
+    return stopped if stopped is not None else _finish(run)
+
+
+def _load_data(cfg: TrainConfig, info: DistInfo) -> DataBundle:
+    """The data of ``cfg`` (image folders at the model's input size); warns about skipped images and thin splits.
+
+    Raises ``ValueError`` when the batch does not fit the training set or the processes x accumulation steps.
+    """
     img_size = cfg.img_size
     if img_size is None and cfg.data not in (None, "digits"):  # image folders: the model's input size
         size = get_model_entry(cfg.model).config(**cfg.model_kwargs).img_size
@@ -634,21 +703,39 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any, progress: _Progress) -> 
     if cfg.batch_size < info.world_size * cfg.accum_steps:
         raise ValueError(f"batch_size={cfg.batch_size} must be at least world_size x accum_steps "
                          f"= {info.world_size * cfg.accum_steps}")
-    model = build_model_for_data(cfg, data)
-    _set_threads(cfg, info, model)
-    model_cfg = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else {}
+    return data
 
-    out = Path(cfg.output) if cfg.output else Path("runs") / f"{cfg.model}-<time>"  # created below
+
+def _load_checkpoint(cfg: TrainConfig, info: DistInfo, model: nn.Module, model_cfg: dict[str, Any],
+                     out: Path) -> TrainingState | None:
+    """With ``cfg.resume``: the checkpoint in ``out``, checked against ``model`` and loaded into it.
+
+    Without: ``None``, after refusing an ``out`` that already holds a run (``ValueError``).
+    """
     ckpt_path = out / CHECKPOINT_NAME
-    ckpt = None
     if cfg.resume:
         ckpt = load_training_state(ckpt_path)
         check_resume_compatible(ckpt, model.registry_name, model_cfg, ckpt_path)
         _warn_changed_options(info, cfg, ckpt.state.get("config", {}))
         model.load_state_dict(ckpt.model)
-    elif ckpt_path.exists() or (out / "metrics.json").exists():
+        return ckpt
+    if ckpt_path.exists() or (out / "metrics.json").exists():
         raise ValueError(f"output folder {out} already holds a run; pass --resume to continue it, or choose "
                          "another --output (nothing was overwritten)")
+    return None
+
+
+def _setup(cfg: TrainConfig, info: DistInfo, data: DataBundle, tqdm: Any,
+           progress: _Progress) -> tuple[_Run, _Start]:
+    """Model, teacher, EMA, optimizer, transform and loss for ``data``, resumed from the checkpoint with ``cfg.resume``.
+
+    Returns the run and where its training starts (epoch 0, or the checkpoint's position, RNG restored).
+    """
+    model = build_model_for_data(cfg, data)
+    _set_threads(cfg, info, model)
+    model_cfg = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else {}
+    out = Path(cfg.output) if cfg.output else Path("runs") / f"{cfg.model}-<time>"  # created by _open_run_folder
+    ckpt = _load_checkpoint(cfg, info, model, model_cfg, out)
     teacher = None
     if cfg.teacher:
         teacher = build_teacher(cfg.teacher, num_classes=data.num_classes, img_size=data.img_size,
@@ -665,34 +752,43 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any, progress: _Progress) -> 
     net = wrap_model(model, info, fsdp=cfg.fsdp)
     optimizer = torch.optim.AdamW(param_groups(net, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.999))
     if ckpt is not None:
-        from .checkpoint import optimizer_state_from_safe
-
         load_optimizer_state(net, optimizer, optimizer_state_from_safe(ckpt.optim, ckpt.state["optimizer"]))
     transform = _make_transform(cfg, data).to(info.device)
     criterion = DistillationLoss(soft_target_cross_entropy, teacher,
                                  distill_type=cfg.distill_type if teacher else "none",
                                  alpha=cfg.distill_alpha, tau=cfg.distill_tau)
 
-    steps_per_epoch = n_train // cfg.batch_size
+    steps_per_epoch = len(data.train) // cfg.batch_size
     total_steps = steps_per_epoch * cfg.epochs
-    warmup_steps = min(int(round(cfg.warmup_epochs * steps_per_epoch)), total_steps)
-    history: list[dict[str, Any]] = []
-    start_epoch, start_in_epoch, step = 0, 0, 0
-    sums0 = [0.0, 0.0, 0.0]
-    train_time0 = 0.0
+    run = _Run(cfg=cfg, info=info, progress=progress, tqdm=tqdm, data=data, model=model, model_cfg=model_cfg,
+               net=net, optimizer=optimizer, ema=ema, transform=transform, criterion=criterion, out=out,
+               total_steps=total_steps,
+               warmup_steps=min(int(round(cfg.warmup_epochs * steps_per_epoch)), total_steps))
+    start = _Start()
     if ckpt is not None:
         st = ckpt.state
-        start_epoch, start_in_epoch, step = st["epoch"], st["step_in_epoch"], st["global_step"]
-        history = list(st["history"])
-        sums0 = list(st["epoch_sums"]) if info.is_main else [0.0, 0.0, 0.0]
-        train_time0 = st.get("epoch_train_time", 0.0)
+        start = _Start(epoch=st["epoch"], in_epoch=st["step_in_epoch"],
+                       sums=list(st["epoch_sums"]) if info.is_main else [0.0, 0.0, 0.0],
+                       train_time=st.get("epoch_train_time", 0.0))
+        run.step, run.history = st["global_step"], list(st["history"])
         restore_rng_state(ckpt.rng, st["rng"])
-        progress.ckpt = (start_epoch, step)
-        _say(info, f"resuming {out} at epoch {start_epoch + 1}, step {step}")
-    if cfg.stop_after is not None and step >= cfg.stop_after:
-        raise ValueError(f"stop_after={cfg.stop_after} is not after the checkpoint's step {step}")
-    n_params = sum(p.numel() for p in model.parameters())
+        progress.ckpt = (start.epoch, run.step)
+        _say(info, f"resuming {out} at epoch {start.epoch + 1}, step {run.step}")
+    if cfg.stop_after is not None and run.step >= cfg.stop_after:
+        raise ValueError(f"stop_after={cfg.stop_after} is not after the checkpoint's step {run.step}")
+    return run, start
+
+
+def _open_run_folder(run: _Run) -> None:
+    """Create the run folder on rank 0 (``--output``, or a new ``runs/<model>-<time>``) and share it with every rank.
+
+    Sets ``run.out``, the progress bars' switch and ``config.json``'s text; prints the run's summary line.
+    A folder rank 0 cannot create raises ``ValueError`` on every rank.
+    """
+    cfg, info, data = run.cfg, run.info, run.data
+    run.n_params = sum(p.numel() for p in run.model.parameters())
     problem = None
+    out = run.out
     if info.is_main:
         try:
             out = _make_output(out) if cfg.output else create_run_folder(cfg.model)
@@ -701,163 +797,212 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any, progress: _Progress) -> 
     shared, problem = broadcast_object((str(out), problem))  # every rank writes to (or fails on) rank 0's folder
     if problem:
         raise ValueError(problem)
-    out = Path(shared)
-    ckpt_path = out / CHECKPOINT_NAME
-    progress.out, progress.step = out, step
-    _say(info, f"model {cfg.model}: {n_params:,} parameters; data {data.name}: {n_train} train / "
+    run.out = Path(shared)
+    run.progress.out, run.progress.step = run.out, run.step
+    _say(info, f"model {cfg.model}: {run.n_params:,} parameters; data {data.name}: {len(data.train)} train / "
                f"{len(data.test)} test images, {data.num_classes} classes; {info.world_size} process(es) on "
-               f"{info.device.type}; output {out}")
-    config_text = json.dumps({"train": cfg.to_dict(), "model_name": model.registry_name, "model_config": model_cfg,
-                              "classes": data.classes, "mean": data.mean, "std": data.std}, indent=1)
+               f"{info.device.type}; output {run.out}")
+    run.config_text = json.dumps({"train": cfg.to_dict(), "model_name": run.model.registry_name,
+                                  "model_config": run.model_cfg, "classes": data.classes, "mean": data.mean,
+                                  "std": data.std}, indent=1)
+    run.show = (sys.stderr.isatty() if cfg.progress is None else cfg.progress) and info.is_main
 
-    def save_ckpt(epoch: int, in_epoch: int, sums: Tensor, train_time: float) -> None:
-        g_sums = all_reduce_sum(sums.clone())
-        msd, osd = full_state_dict(net), full_optimizer_state(net, optimizer)
-        if info.is_main:
-            _check_finite_state(msd, progress, cfg)
-            if ema is not None:
-                _check_finite_state(ema.module.state_dict(), progress, cfg)
-            save_training_state(ckpt_path, model_state=msd, optimizer_state=osd,
-                                ema_state=ema.module.state_dict() if ema else None,
-                                state={"epoch": epoch, "step_in_epoch": in_epoch, "global_step": step,
-                                       "epoch_sums": g_sums.tolist(), "epoch_train_time": train_time,
-                                       "history": history, "config": cfg.to_dict(),
-                                       "model_name": model.registry_name, "model_config": model_cfg,
-                                       "world_size": info.world_size, "classes": data.classes,
-                                       "mean": list(data.mean), "std": list(data.std)})
-            if not progress.config_written:
-                # the options of the state on disk (a resumed run that fails before it saves keeps the old file)
-                atomic_write(out / "config.json", lambda tmp: Path(tmp).write_text(config_text))
-                progress.config_written = True
-        progress.ckpt = (epoch, step)
 
-    show = (sys.stderr.isatty() if cfg.progress is None else cfg.progress) and info.is_main
-    epoch_bar = tqdm(total=cfg.epochs, initial=start_epoch, desc="epochs", unit="ep", disable=not show,
-                     file=sys.stderr, dynamic_ncols=True)
-    for epoch in range(start_epoch, cfg.epochs):
-        batches = batch_indices(n_train, cfg.batch_size, epoch=epoch, seed=cfg.seed, drop_last=True)
-        first = start_in_epoch if epoch == start_epoch else 0
-        sums = torch.tensor(sums0 if epoch == start_epoch else [0.0, 0.0, 0.0], dtype=torch.float64,
+def _save_checkpoint(run: _Run, epoch: int, in_epoch: int, sums: Tensor, train_time: float) -> None:
+    """Checkpoint the run at step ``in_epoch`` of ``epoch`` (every rank gathers; rank 0 writes).
+
+    ``sums`` / ``train_time``: the epoch's running sums and training time so far. Non-finite weights
+    raise :class:`TrainingDiverged` instead of being written. The first checkpoint of this
+    invocation also writes ``config.json`` (a resumed run that fails before it saves keeps the old one).
+    """
+    info, progress = run.info, run.progress
+    g_sums = all_reduce_sum(sums.clone())
+    msd, osd = full_state_dict(run.net), full_optimizer_state(run.net, run.optimizer)
+    if info.is_main:
+        _check_finite_state(msd, progress, run.cfg)
+        if run.ema is not None:
+            _check_finite_state(run.ema.module.state_dict(), progress, run.cfg)
+        data = run.data
+        save_training_state(run.out / CHECKPOINT_NAME, model_state=msd, optimizer_state=osd,
+                            ema_state=run.ema.module.state_dict() if run.ema else None,
+                            state={"epoch": epoch, "step_in_epoch": in_epoch, "global_step": run.step,
+                                   "epoch_sums": g_sums.tolist(), "epoch_train_time": train_time,
+                                   "history": run.history, "config": run.cfg.to_dict(),
+                                   "model_name": run.model.registry_name, "model_config": run.model_cfg,
+                                   "world_size": info.world_size, "classes": data.classes,
+                                   "mean": list(data.mean), "std": list(data.std)})
+        if not progress.config_written:
+            atomic_write(run.out / "config.json", lambda tmp: Path(tmp).write_text(run.config_text))
+            progress.config_written = True
+    progress.ckpt = (epoch, run.step)
+
+
+def _train_epochs(run: _Run, start: _Start) -> dict[str, Any] | None:
+    """Train from ``start`` to the last epoch, evaluating and checkpointing after each.
+
+    Returns the ``--stop-after`` result when the run stops early, else ``None``.
+    """
+    cfg, info = run.cfg, run.info
+    epoch_bar = run.tqdm(total=cfg.epochs, initial=start.epoch, desc="epochs", unit="ep", disable=not run.show,
+                         file=sys.stderr, dynamic_ncols=True)
+    for epoch in range(start.epoch, cfg.epochs):
+        resumed = epoch == start.epoch
+        sums = torch.tensor(start.sums if resumed else [0.0, 0.0, 0.0], dtype=torch.float64,
                             device=info.device)  # loss sum, correct, count
-        train_time = train_time0 if epoch == start_epoch else 0.0
-        net.train()
-        transform.train()
-        stopped = False
-        bar = tqdm(total=len(batches), initial=first, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="step",
-                   leave=False, disable=not show, file=sys.stderr, dynamic_ncols=True)
-        for bi in range(first, len(batches)):
-            t0 = time.perf_counter()
-            gb = batches[bi]
-            seed_step(cfg.seed, step, info.rank)
-            lr = lr_at(step, total_steps=total_steps, warmup_steps=warmup_steps, lr=cfg.lr, min_lr=cfg.min_lr)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            local = shard_indices(gb, info.rank, info.world_size)
-            micro = [shard_indices(local, i, cfg.accum_steps) for i in range(cfg.accum_steps)]
-            optimizer.zero_grad(set_to_none=True)
-            step_loss = torch.zeros((), dtype=torch.float64, device=info.device)
-            for mi, (x, y) in enumerate(iterate_batches(data.train, micro, workers=cfg.workers)):
-                x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
-                x = transform(x)
-                x, target = mix_batch(x, y, data.num_classes, mixup=cfg.mixup, cutmix=cfg.cutmix,
-                                      label_smoothing=cfg.label_smoothing)
-                with no_sync(net, skip=mi < cfg.accum_steps - 1), _autocast(info.device, cfg.amp):
-                    outputs = net(x)
-                    per_sample = criterion(x, outputs, target)  # [b]
-                    loss = per_sample.sum() * (info.world_size / len(gb))
-                    loss.backward()
-                step_loss += per_sample.detach().sum().double()
-                with torch.no_grad():
-                    logits = outputs[0] if isinstance(outputs, tuple) else outputs
-                    sums += torch.stack([per_sample.detach().sum().double(),
-                                         (logits.argmax(-1) == y).sum().double(),
-                                         torch.tensor(float(len(y)), dtype=torch.float64, device=info.device)])
-            # a non-finite loss stops the run before the step: the weights on disk stay the last good ones
-            # (one scalar summed over ranks, so every rank stops at the same step)
-            step_loss = all_reduce_sum(step_loss)
-            if not math.isfinite(step_loss.item()):
-                raise TrainingDiverged(
-                    f"training diverged: the loss is {step_loss.item()} at step {step + 1} (epoch {epoch + 1}, "
-                    f"learning rate {lr:.3g}); nothing non-finite was saved. Try a lower --lr (now {cfg.lr:g})"
-                    + ("" if cfg.clip_grad else " and keep gradient clipping on (--clip-grad 1)")
-                    + f"; {progress.where()}")
-            if cfg.clip_grad:  # (FSDP: DTensor gradients, the norm is global)
-                torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.clip_grad)
-            optimizer.step()
-            if ema is not None:
-                ema.update(net)
-            step += 1
-            progress.step = step
-            train_time += time.perf_counter() - t0
-            if show:
-                cnt = max(sums[2].item(), 1.0)
-                bar.set_postfix(loss=f"{sums[0].item() / cnt:.3f}", acc=f"{sums[1].item() / cnt:.3f}",
-                                img_s=f"{cnt * info.world_size / max(train_time, 1e-9):.0f}", lr=f"{lr:.2e}")
-                bar.update(1)
-            stopped = cfg.stop_after is not None and step >= cfg.stop_after and bi + 1 < len(batches)
-            if stopped or (cfg.ckpt_every and step % cfg.ckpt_every == 0 and bi + 1 < len(batches)):
-                save_ckpt(epoch, bi + 1, sums, train_time)
-            if stopped:
-                break
-        bar.close()
+        train_time, stopped = _train_epoch(run, epoch, start.in_epoch if resumed else 0, sums,
+                                           start.train_time if resumed else 0.0)
+        if not stopped:
+            row = _end_epoch(run, epoch, sums, train_time)
+            epoch_bar.set_postfix(loss=f"{row['train_loss']:.3f}", test_acc=f"{row['test_acc']:.4f}")
+            epoch_bar.update(1)
+            if not run.show:
+                _say(info, f"epoch {epoch + 1}/{cfg.epochs}: train loss {row['train_loss']:.4f} acc "
+                           f"{row['train_acc']:.4f} | test loss {row['test_loss']:.4f} acc {row['test_acc']:.4f} | "
+                           f"{row['train_img_s']:.0f} img/s")
+            stopped = cfg.stop_after is not None and run.step >= cfg.stop_after and epoch + 1 < cfg.epochs
         if stopped:
             epoch_bar.close()
-            _say(info, f"stopped at step {step} (--stop-after); continue with --resume --output {out}")
-            return {"stopped": True, "step": step, "history": history, "output": str(out)}
-        g = all_reduce_sum(sums.clone())
-        count = max(g[2].item(), 1.0)
-        ev = evaluate(net, data.test, transform, info=info, amp=cfg.amp, workers=cfg.workers)
-        row: dict[str, Any] = {"epoch": epoch + 1, "step": step, "lr": lr, "train_loss": g[0].item() / count,
-                               "train_acc": g[1].item() / count, "test_loss": ev["loss"], "test_acc": ev["top1"],
-                               "test_top5": ev["top5"], "train_img_s": count / max(train_time, 1e-9)}
-        if ema is not None:
-            row["test_acc_ema"] = evaluate(ema.module, data.test, transform, info=info, amp=cfg.amp,
-                                           workers=cfg.workers)["top1"]
-        history.append(row)
-        save_ckpt(epoch + 1, 0, torch.zeros(3, dtype=torch.float64, device=info.device), 0.0)
-        if info.is_main:
-            _write_metrics(out, history)
-        epoch_bar.set_postfix(loss=f"{row['train_loss']:.3f}", test_acc=f"{row['test_acc']:.4f}")
-        epoch_bar.update(1)
-        if not show:
-            _say(info, f"epoch {epoch + 1}/{cfg.epochs}: train loss {row['train_loss']:.4f} acc "
-                       f"{row['train_acc']:.4f} | test loss {row['test_loss']:.4f} acc {row['test_acc']:.4f} | "
-                       f"{row['train_img_s']:.0f} img/s")
-        if cfg.stop_after is not None and step >= cfg.stop_after and epoch + 1 < cfg.epochs:
-            epoch_bar.close()
-            _say(info, f"stopped at step {step} (--stop-after); continue with --resume --output {out}")
-            return {"stopped": True, "step": step, "history": history, "output": str(out)}
+            _say(info, f"stopped at step {run.step} (--stop-after); continue with --resume --output {run.out}")
+            return {"stopped": True, "step": run.step, "history": run.history, "output": str(run.out)}
     epoch_bar.close()
+    return None
 
-    final = evaluate(net, data.test, transform, info=info, amp=cfg.amp, workers=cfg.workers)
+
+def _train_epoch(run: _Run, epoch: int, first: int, sums: Tensor, train_time: float) -> tuple[float, bool]:
+    """The optimizer steps of ``epoch`` from its step ``first`` on, adding to the running ``sums`` in place.
+
+    Checkpoints every ``--ckpt-every`` steps and where ``--stop-after`` stops the run. Returns the
+    epoch's training time and whether ``--stop-after`` stopped it before the epoch's end.
+    """
+    cfg, show = run.cfg, run.show
+    batches = batch_indices(len(run.data.train), cfg.batch_size, epoch=epoch, seed=cfg.seed, drop_last=True)
+    run.net.train()
+    run.transform.train()
+    stopped = False
+    bar = run.tqdm(total=len(batches), initial=first, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="step",
+                   leave=False, disable=not show, file=sys.stderr, dynamic_ncols=True)
+    for bi in range(first, len(batches)):
+        t0 = time.perf_counter()
+        lr = _train_step(run, batches[bi], epoch, sums)
+        train_time += time.perf_counter() - t0
+        if show:
+            cnt = max(sums[2].item(), 1.0)
+            bar.set_postfix(loss=f"{sums[0].item() / cnt:.3f}", acc=f"{sums[1].item() / cnt:.3f}",
+                            img_s=f"{cnt * run.info.world_size / max(train_time, 1e-9):.0f}", lr=f"{lr:.2e}")
+            bar.update(1)
+        stopped = cfg.stop_after is not None and run.step >= cfg.stop_after and bi + 1 < len(batches)
+        if stopped or (cfg.ckpt_every and run.step % cfg.ckpt_every == 0 and bi + 1 < len(batches)):
+            _save_checkpoint(run, epoch, bi + 1, sums, train_time)
+        if stopped:
+            break
+    bar.close()
+    return train_time, stopped
+
+
+def _train_step(run: _Run, batch: list[int], epoch: int, sums: Tensor) -> float:
+    """One optimizer step on the global ``batch`` (image indices); returns its learning rate.
+
+    Re-seeds from ``(seed, step, rank)``, runs this rank's micro-batches (adding loss, correct and
+    count to ``sums``), then clips, steps and updates the EMA. A loss that is not finite on any rank
+    raises :class:`TrainingDiverged` before the optimizer step, on every rank.
+    """
+    cfg, info = run.cfg, run.info
+    seed_step(cfg.seed, run.step, info.rank)
+    lr = run.lr(run.step)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    local = shard_indices(batch, info.rank, info.world_size)
+    micro = [shard_indices(local, i, cfg.accum_steps) for i in range(cfg.accum_steps)]
+    run.optimizer.zero_grad(set_to_none=True)
+    step_loss = torch.zeros((), dtype=torch.float64, device=info.device)
+    for mi, (x, y) in enumerate(iterate_batches(run.data.train, micro, workers=cfg.workers)):
+        x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
+        x = run.transform(x)
+        x, target = mix_batch(x, y, run.data.num_classes, mixup=cfg.mixup, cutmix=cfg.cutmix,
+                              label_smoothing=cfg.label_smoothing)
+        with no_sync(run.net, skip=mi < cfg.accum_steps - 1), _autocast(info.device, cfg.amp):
+            outputs = run.net(x)
+            per_sample = run.criterion(x, outputs, target)  # [b]
+            loss = per_sample.sum() * (info.world_size / len(batch))
+            loss.backward()
+        step_loss += per_sample.detach().sum().double()
+        with torch.no_grad():
+            logits = outputs[0] if isinstance(outputs, tuple) else outputs
+            sums += torch.stack([per_sample.detach().sum().double(), (logits.argmax(-1) == y).sum().double(),
+                                 torch.tensor(float(len(y)), dtype=torch.float64, device=info.device)])
+    # a non-finite loss stops the run before the step: the weights on disk stay the last good ones
+    # (one scalar summed over ranks, so every rank stops at the same step)
+    step_loss = all_reduce_sum(step_loss)
+    if not math.isfinite(step_loss.item()):
+        raise TrainingDiverged(
+            f"training diverged: the loss is {step_loss.item()} at step {run.step + 1} (epoch {epoch + 1}, "
+            f"learning rate {lr:.3g}); nothing non-finite was saved. Try a lower --lr (now {cfg.lr:g})"
+            + ("" if cfg.clip_grad else " and keep gradient clipping on (--clip-grad 1)")
+            + f"; {run.progress.where()}")
+    if cfg.clip_grad:  # (FSDP: DTensor gradients, the norm is global)
+        torch.nn.utils.clip_grad_norm_(run.net.parameters(), cfg.clip_grad)
+    run.optimizer.step()
+    if run.ema is not None:
+        run.ema.update(run.net)
+    run.step += 1
+    run.progress.step = run.step
+    return lr
+
+
+def _end_epoch(run: _Run, epoch: int, sums: Tensor, train_time: float) -> dict[str, Any]:
+    """After ``epoch``: evaluate (and the EMA), add the metrics row, checkpoint, write the metrics; returns the row."""
+    cfg, info, data = run.cfg, run.info, run.data
+    g = all_reduce_sum(sums.clone())
+    count = max(g[2].item(), 1.0)
+    ev = evaluate(run.net, data.test, run.transform, info=info, amp=cfg.amp, workers=cfg.workers)
+    row: dict[str, Any] = {"epoch": epoch + 1, "step": run.step, "lr": run.lr(run.step - 1),  # the last step's
+                           "train_loss": g[0].item() / count, "train_acc": g[1].item() / count,
+                           "test_loss": ev["loss"], "test_acc": ev["top1"], "test_top5": ev["top5"],
+                           "train_img_s": count / max(train_time, 1e-9)}
+    if run.ema is not None:
+        row["test_acc_ema"] = evaluate(run.ema.module, data.test, run.transform, info=info, amp=cfg.amp,
+                                       workers=cfg.workers)["top1"]
+    run.history.append(row)
+    _save_checkpoint(run, epoch + 1, 0, torch.zeros(3, dtype=torch.float64, device=info.device), 0.0)
+    if info.is_main:
+        _write_metrics(run.out, run.history)
+    return row
+
+
+def _finish(run: _Run) -> dict[str, Any]:
+    """Score the final weights, write them (and the EMA's) with their metadata, the curves, and print the results.
+
+    Returns :func:`train`'s result. Non-finite weights raise :class:`TrainingDiverged` instead of being written.
+    """
+    cfg, info, data, ema = run.cfg, run.info, run.data, run.ema
+    final = evaluate(run.net, data.test, run.transform, info=info, amp=cfg.amp, workers=cfg.workers)
+    bare = unwrap_model(run.net)
     result: dict[str, Any] = {"test_acc": final["top1"], "test_top5": final["top5"], "test_loss": final["loss"],
-                              "history": history, "output": str(out), "params": n_params,
-                              "model": unwrap_model(net), "input_size": data.img_size, "device": info.device}
-    msd = full_state_dict(net)
+                              "history": run.history, "output": str(run.out), "params": run.n_params,
+                              "model": bare, "input_size": data.img_size, "device": info.device}
+    msd = full_state_dict(run.net)
     result["threads"] = torch.get_num_threads()  # the thread count this run trained with (compare times with it)
     if ema is not None:
-        result["test_acc_ema"] = evaluate(ema.module, data.test, transform, info=info, amp=cfg.amp)["top1"]
-    if info.is_main:
-        _check_finite_state(msd, progress, cfg)
-        meta = {"classes": data.classes, "mean": list(data.mean), "std": list(data.std),
-                "data": str(Path(cfg.data).resolve()) if cfg.data and cfg.data != "digits" else "digits",
-                "crop_pct": cfg.crop_pct if data.name != "digits" else 1.0, "val_fraction": cfg.val_fraction,
-                "split_seed": cfg.seed,
-                "test_acc": final["top1"]}
-        bare = unwrap_model(net)
-        save_weights(msd, out / "model.safetensors",
-                     metadata={**meta, "model": bare.registry_name, "config": bare.cfg.to_json()})
-        if ema is not None:
-            _check_finite_state(ema.module.state_dict(), progress, cfg)
-            save_weights(ema.module.state_dict(), out / "model_ema.safetensors",
-                         metadata={**meta, "model": bare.registry_name, "config": bare.cfg.to_json(),
-                                   "test_acc": result["test_acc_ema"]})
-        if cfg.plot and history:
-            plot_curves(history, out / "curves.png", title=f"{cfg.model} on {data.name}")
-        print(f"wrote {out}/ (model.safetensors, checkpoint.safetensors, metrics.csv, metrics.json"
-              + (", curves.png" if cfg.plot else "") + ")", flush=True)
-        print(f"test top-5 accuracy: {final['top5']:.4f}", flush=True)
-        if ema is not None:
-            print(f"test accuracy (EMA weights): {result['test_acc_ema']:.4f}", flush=True)
-        print(f"test accuracy: {final['top1']:.4f}", flush=True)
+        result["test_acc_ema"] = evaluate(ema.module, data.test, run.transform, info=info, amp=cfg.amp)["top1"]
+    if not info.is_main:
+        return result
+    _check_finite_state(msd, run.progress, cfg)
+    meta = {"classes": data.classes, "mean": list(data.mean), "std": list(data.std),
+            "data": str(Path(cfg.data).resolve()) if cfg.data and cfg.data != "digits" else "digits",
+            "crop_pct": cfg.crop_pct if data.name != "digits" else 1.0, "val_fraction": cfg.val_fraction,
+            "split_seed": cfg.seed, "test_acc": final["top1"], "model": bare.registry_name,
+            "config": bare.cfg.to_json()}
+    save_weights(msd, run.out / "model.safetensors", metadata=meta)
+    if ema is not None:
+        _check_finite_state(ema.module.state_dict(), run.progress, cfg)
+        save_weights(ema.module.state_dict(), run.out / "model_ema.safetensors",
+                     metadata={**meta, "test_acc": result["test_acc_ema"]})
+    if cfg.plot and run.history:
+        plot_curves(run.history, run.out / "curves.png", title=f"{cfg.model} on {data.name}")
+    print(f"wrote {run.out}/ (model.safetensors, checkpoint.safetensors, metrics.csv, metrics.json"
+          + (", curves.png" if cfg.plot else "") + ")", flush=True)
+    print(f"test top-5 accuracy: {final['top5']:.4f}", flush=True)
+    if ema is not None:
+        print(f"test accuracy (EMA weights): {result['test_acc_ema']:.4f}", flush=True)
+    print(f"test accuracy: {final['top1']:.4f}", flush=True)
     return result
