@@ -983,7 +983,8 @@ def _finish(run: _Run) -> dict[str, Any]:
     msd = full_state_dict(run.net)
     result["threads"] = torch.get_num_threads()  # the thread count this run trained with (compare times with it)
     if ema is not None:
-        result["test_acc_ema"] = evaluate(ema.module, data.test, run.transform, info=info, amp=cfg.amp)["top1"]
+        result["test_acc_ema"] = evaluate(ema.module, data.test, run.transform, info=info, amp=cfg.amp,
+                                          workers=cfg.workers)["top1"]
     if not info.is_main:
         return result
     _check_finite_state(msd, run.progress, cfg)
