@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from vit_attention.layers import DropPath, Mlp, PatchEmbed, to_2tuple
+from vit_attention.layers import DropPath, Mlp, PatchEmbed
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -25,12 +25,14 @@ def test_patch_embed_arguments(kw: dict[str, Any], match: str) -> None:
         PatchEmbed(**kw)
 
 
-def test_to_2tuple_rejects_bools_and_strings() -> None:
-    assert to_2tuple(7) == (7, 7) and to_2tuple([3, 4]) == (3, 4)
-    with pytest.raises(ValueError, match="window_size must be an int or a pair of ints, got True"):
-        to_2tuple(True, "window_size")
-    with pytest.raises(ValueError, match="size must be an int or a pair of ints, got 'ab'"):
-        to_2tuple("ab")
+def test_patch_embed_sizes_reject_bools_and_strings() -> None:
+    assert PatchEmbed(32, [8, 4], 3, 16).patch_size == (8, 4)
+    with pytest.raises(ValueError, match="patch_size must be an int or a pair of ints, got True"):
+        PatchEmbed(32, True, 3, 16)
+    with pytest.raises(ValueError, match="patch_size must be an int or a pair of ints, got '16'"):
+        PatchEmbed(32, "16", 3, 16)
+    with pytest.raises(ValueError, match="patch_size must be an int or a pair of ints"):
+        PatchEmbed(32, (8, 8, 8), 3, 16)
 
 
 def test_patch_embed_size_hints_follow_size_options() -> None:

@@ -7,12 +7,9 @@ from vit_attention.layers import (
     ConvStemPatchEmbed,
     DropPath,
     LayerScale,
-    LearnedPosEmbed,
     Mlp,
-    ParallelBlock,
     PatchEmbed,
-    PostNormBlock,
-    SinCosPosEmbed2d,
+    PosConv,
     drop_path,
 )
 
@@ -76,35 +73,79 @@ def test_layer_scale():
     torch.testing.assert_close(ls(torch.ones(2, 4)), torch.full((2, 4), 0.1))
 
 
-@pytest.mark.parametrize("cls", [Block, PostNormBlock, ParallelBlock])
-def test_blocks_shape_and_residual_structure(cls):
-    blk = cls(32, 4, init_values=1e-5).eval()
+@pytest.mark.parametrize("style", ["pre", "post", "res_post", "parallel"])
+def test_blocks_shape_and_residual_structure(style):
+    blk = Block(32, 4, style=style, init_values=1e-5).eval()
     x = torch.randn(2, 9, 32)
     y = blk(x)
     assert y.shape == x.shape
-    if cls is not PostNormBlock:  # tiny LayerScale: pre-norm blocks start near the identity
+    if style != "post":  # tiny LayerScale: residual blocks start near the identity
         assert (y - x).abs().max() < 1e-2
 
 
 def test_parallel_block_formula():
-    blk = ParallelBlock(16, 2).eval()
+    blk = Block(16, 2, style="parallel").eval()
+    assert isinstance(blk.norm2, nn.Identity)  # one norm feeds both branches
     x = torch.randn(2, 5, 16)
     y = blk.norm1(x)
     torch.testing.assert_close(blk(x), x + blk.attn(y) + blk.mlp(y))
 
 
 def test_post_norm_formula():
-    blk = PostNormBlock(16, 2).eval()
+    blk = Block(16, 2, style="post").eval()
     x = torch.randn(2, 5, 16)
     h = blk.norm1(x + blk.attn(x))
     torch.testing.assert_close(blk(x), blk.norm2(h + blk.mlp(h)))
 
 
-def test_pos_embed_modules():
-    pe = LearnedPosEmbed(8, (4, 4), num_prefix_tokens=1)
-    x = torch.zeros(2, 17, 8)
-    torch.testing.assert_close(pe(x), pe.weight.expand(2, -1, -1))
-    assert pe(torch.zeros(2, 1 + 36, 8), feat_size=(6, 6)).shape == (2, 37, 8)
-    sc = SinCosPosEmbed2d(8)
-    assert sc(torch.zeros(1, 6, 8), (2, 3)).shape == (1, 6, 8)
-    assert isinstance(Block(8, 2).attn, nn.Module)
+def test_res_post_norm_formula_on_a_map():
+    blk = Block(16, 2, style="res_post", attn_layer="window", attn_kwargs=dict(window_size=2)).eval()
+    x = torch.randn(2, 4, 6, 16)  # [B, H, W, C]
+    h = x + blk.norm1(blk.attn(x))
+    torch.testing.assert_close(blk(x), h + blk.norm2(blk.mlp(h)))
+
+
+def test_pre_norm_fast_path_equals_the_plain_formula():
+    for kw, x in ((dict(), torch.randn(2, 5, 16)), (dict(attn_layer="window", attn_kwargs=dict(window_size=2)),
+                                                   torch.randn(2, 4, 4, 16))):
+        blk = Block(16, 2, **kw).eval()
+        with torch.no_grad():
+            h = x + blk.attn(blk.norm1(x))
+            torch.testing.assert_close(blk(x), h + blk.mlp(blk.norm2(h)), rtol=1e-5, atol=1e-5)
+
+
+def test_block_takes_tokens_or_maps_for_any_mechanism_layout():
+    tok = Block(16, 2).eval()  # token mechanism on a map: flattened and back
+    x = torch.randn(2, 3, 4, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(tok(x), tok(x.flatten(1, 2)).view_as(x))
+    win = Block(16, 2, attn_layer="window", attn_kwargs=dict(window_size=2)).eval()  # spatial on tokens
+    t = torch.randn(2, 1 + 12, 16)
+    with torch.no_grad():
+        y = win(t, (3, 4), 1)
+        torch.testing.assert_close(y[:, 1:], win(t[:, 1:].reshape(2, 3, 4, 16)).flatten(1, 2))
+
+
+def test_block_keywords_reach_only_mechanisms_that_take_them():
+    assert Block(16, 2, qk_norm=True).attn.q_norm is not None
+    win = Block(16, 2, attn_layer="window", proj_bias=True, qk_norm=False)  # defaults: silently not given
+    assert win.attn.qkv.bias is not None
+    with pytest.raises(ValueError, match="attn_layer 'window' does not take qk_norm"):
+        Block(16, 2, attn_layer="window", qk_norm=True)
+    with pytest.raises(ValueError, match="style must be one of"):
+        Block(16, 2, style="sandwich")
+
+
+def test_pos_conv_on_tokens_and_maps():
+    pe = PosConv(8)
+    x = torch.randn(2, 3, 4, 8)
+    y = pe(x)
+    assert y.shape == x.shape
+    t = torch.cat([torch.randn(2, 1, 8), x.flatten(1, 2)], dim=1)
+    out = pe(t, (3, 4), 1)
+    torch.testing.assert_close(out[:, 0], t[:, 0])  # prefix tokens unchanged
+    torch.testing.assert_close(out[:, 1:], y.flatten(1, 2))
+    blk = Block(8, 2, pos_layer=PosConv).eval()
+    assert blk(t, (3, 4), 1).shape == t.shape and "pos.proj.weight" in blk.state_dict()
+    with pytest.raises(ValueError, match="feat_size"):
+        pe(t)

@@ -154,7 +154,7 @@ def test_absolute_position_embedding_option():
 def test_v2_structure_and_res_post_norm_init():
     model = SwinTransformerV2(**SMALL)
     blk = model.layers[0].blocks[0]
-    assert blk.res_post_norm and torch.all(blk.norm1.weight == 0)
+    assert blk.style == "res_post" and torch.all(blk.norm1.weight == 0)
     assert model.layers[1].downsample.norm.normalized_shape == (32,)  # norm after the reduction (2C)
     assert SwinTransformer(**SMALL).layers[1].downsample.norm.normalized_shape == (64,)  # v1: norm(4C) first
     keys = set(model.state_dict())
@@ -186,3 +186,17 @@ def test_bad_configs_raise():
         SwinTransformer(**{**SMALL, "num_heads": (2,)})
     with pytest.raises(ValueError, match="pad_mode"):
         SwinTransformer(**{**SMALL, "pad_mode": "zeros"})
+
+
+def test_any_spatial_mechanism_and_its_own_keywords():
+    from vit_attention.attention import get_attention_spec, list_attention
+
+    spatial = [n for n in list_attention() if get_attention_spec(n).layout == "spatial"]
+    for name in spatial:
+        model = SwinTransformer(**{**SMALL, "attn_layer": name}).eval()
+        assert type(model.layers[0].blocks[0].attn) is get_attention_spec(name).cls
+        with torch.no_grad():
+            assert model(torch.randn(1, 3, 64, 64)).shape[0] == 1
+    v1_cosine = SwinTransformer(**{**SMALL, "attn_layer": "cosine_window", "attn_kwargs": dict(cpb_hidden=8)})
+    assert v1_cosine.layers[0].blocks[0].attn.cpb_mlp[0].out_features == 8
+    assert v1_cosine.layers[0].blocks[0].style == "pre"

@@ -1,29 +1,38 @@
-"""Reusable building blocks: patch embedding, MLP, drop path, layer scale, position embeddings, blocks."""
+"""Reusable building blocks: patch embedding, MLP, drop path, layer scale, position layers, the block,
+the stage scaffolding, downsampling and heads."""
 
-from .block import Block, ParallelBlock, PostNormBlock, apply_token_attention
+from .block import BLOCK_STYLES, Block, accepted_kwargs, apply_token_attention
+from .downsample import PatchMerging
 from .drop_path import DropPath, drop_path
+from .head import AttentionPoolHead, ClassifierHead
 from .layer_scale import LayerScale
 from .mlp import Mlp
-from .patch_embed import ConvStemPatchEmbed, PatchEmbed, to_2tuple
+from .patch_embed import ConvStemPatchEmbed, PatchEmbed
 from .plug import Plug, plug
-from .pos_embed import LearnedPosEmbed, SinCosPosEmbed2d, resample_abs_pos_embed, sincos_2d_pos_embed
+from .pos_embed import PosConv
+from .stage import HierarchicalMixin, Stage, drop_path_schedule, resolve_indices, run_blocks, stage_feature_info
 
 __all__ = [
+    "BLOCK_STYLES",
+    "AttentionPoolHead",
     "Block",
+    "ClassifierHead",
     "ConvStemPatchEmbed",
     "DropPath",
+    "HierarchicalMixin",
     "LayerScale",
-    "LearnedPosEmbed",
     "Mlp",
-    "ParallelBlock",
     "PatchEmbed",
+    "PatchMerging",
     "Plug",
-    "PostNormBlock",
-    "SinCosPosEmbed2d",
+    "PosConv",
+    "Stage",
+    "accepted_kwargs",
     "apply_token_attention",
     "drop_path",
+    "drop_path_schedule",
     "plug",
-    "resample_abs_pos_embed",
-    "sincos_2d_pos_embed",
-    "to_2tuple",
+    "resolve_indices",
+    "run_blocks",
+    "stage_feature_info",
 ]

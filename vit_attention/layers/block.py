@@ -1,17 +1,35 @@
-"""Transformer encoder blocks: pre-norm (ViT), post-norm (original Transformer / BERT), parallel (ViT-22B).
+"""The one transformer block: attention and MLP branches with residuals, in one of four styles.
 
-Any registered mechanism can be the block's attention (``attn_layer="mhsa"`` by default). A
-spatial mechanism (``[B, H, W, C]``) gets the token grid ``feat_size`` and sees only the grid
-tokens; prefix tokens (class / distillation) pass its attention unchanged and still go through
-the MLP.
+``style`` (``BLOCK_STYLES``):
+
+* ``"pre"`` (ViT, Swin v1): ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``;
+* ``"post"`` (original Transformer / BERT): ``norm1(x + attn(x))``, then ``norm2(x + mlp(x))``;
+* ``"res_post"`` (SwinV2): ``x + norm1(attn(x))``, then ``x + norm2(mlp(x))``;
+* ``"parallel"`` (ViT-22B): ``x + attn(norm1(x)) + mlp(norm1(x))`` (one norm; no ``norm2``).
+
+Each branch may carry LayerScale (``init_values``) and drop path. An optional position layer
+(PEG / CPE, :class:`~vit_attention.layers.pos_embed.PosConv`) runs first, on the block input.
+
+Input is tokens ``[B, P + H·W, C]`` (with the grid ``feat_size`` and ``P`` prefix tokens) or a
+channels-last map ``[B, H, W, C]`` (hierarchical stages). Any registered mechanism can be the
+attention: :func:`apply_token_attention` hands it the layout it takes. The block's own attention
+keywords (``qkv_bias``, ``qk_norm``, ``proj_bias``, dropouts) reach a mechanism only when its
+constructor accepts them (read once from its signature, :func:`accepted_kwargs`); one it does not
+accept must keep the block's default, or building the block raises naming it.
+
+State-dict keys: ``norm1``, ``attn.*``, ``ls1.gamma``, ``norm2``, ``mlp.*``, ``ls2.gamma``
+(timm's ViT and Swin layouts alike).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 import torch
+from einops import rearrange
 from torch import Tensor, nn
 
 from ..attention import create_attention, get_attention_spec
@@ -20,16 +38,54 @@ from .drop_path import DropPath
 from .layer_scale import LayerScale
 from .mlp import Mlp
 
-__all__ = ["Block", "PostNormBlock", "ParallelBlock", "apply_token_attention"]
+__all__ = ["Block", "BLOCK_STYLES", "BlockStyle", "accepted_kwargs", "apply_token_attention"]
+
+BlockStyle = Literal["pre", "post", "res_post", "parallel"]
+BLOCK_STYLES: tuple[str, ...] = ("pre", "post", "res_post", "parallel")
+
+
+@functools.cache
+def _constructor_keywords(cls: type) -> frozenset[str] | None:
+    """Keyword names ``cls.__init__`` accepts; ``None`` when it takes ``**kwargs`` (any name)."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def accepted_kwargs(attn_layer: str, offered: Mapping[str, Any], neutral: Mapping[str, Any] | None = None
+                    ) -> dict[str, Any]:
+    """The ``offered`` keywords that mechanism ``attn_layer``'s constructor accepts.
+
+    One it does not accept is dropped, unless ``neutral`` names it with another value (a setting
+    the caller asked for and the mechanism cannot honour): then ``ValueError`` names both.
+    """
+    accepted = _constructor_keywords(get_attention_spec(attn_layer).cls)
+    out: dict[str, Any] = {}
+    for name, value in offered.items():
+        if accepted is None or name in accepted:
+            out[name] = value
+        elif neutral is not None and name in neutral and value != neutral[name]:
+            raise ValueError(f"attn_layer {attn_layer!r} does not take {name} (its constructor has no such "
+                             f"keyword); leave {name}={neutral[name]!r} or choose another mechanism")
+    return out
 
 
 def apply_token_attention(attn: nn.Module, x: Tensor, feat_size: tuple[int, int] | None = None,
                           num_prefix_tokens: int = 0) -> Tensor:
-    """Run any mechanism on tokens ``[B, P + H·W, C] -> [B, P + H·W, C]``.
+    """Run any mechanism on tokens ``[B, P + H·W, C]`` or a map ``[B, H, W, C]``; same shape out.
 
-    Token mechanisms see all tokens; spatial ones see the ``H x W`` grid as ``[B, H, W, C]``.
+    A mechanism gets the layout it takes: token ones all tokens (a map is flattened), spatial
+    ones the ``H x W`` grid as ``[B, H, W, C]``; prefix tokens pass a spatial mechanism unchanged
+    (their update is zero).
     """
-    if getattr(attn, "layout", "tokens") == "tokens":
+    spatial = getattr(attn, "layout", "tokens") == "spatial"
+    if x.dim() == 4:  # a channels-last map
+        if spatial:
+            return attn(x)
+        H, W = x.shape[1:3]
+        return rearrange(attn(rearrange(x, "b h w c -> b (h w) c")), "b (h w) c -> b h w c", h=H, w=W)
+    if not spatial:
         return attn(x)
     if feat_size is None:
         raise ValueError(f"{type(attn).__name__} is a spatial mechanism and needs the token grid feat_size")
@@ -44,71 +100,87 @@ def apply_token_attention(attn: nn.Module, x: Tensor, feat_size: tuple[int, int]
     return torch.cat([prefix.new_zeros(prefix.shape), grid], dim=1)  # prefix tokens get no update
 
 
-class _BlockBase(nn.Module):
-    def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, qkv_bias: bool = True,
-                 qk_norm: bool = False, proj_bias: bool = True, mlp_bias: bool = True,
+def _native(attn: nn.Module, x: Tensor) -> bool:
+    """True when ``attn`` takes ``x`` as it is (tokens to a token mechanism, a map to a spatial one)."""
+    return (getattr(attn, "layout", "tokens") == "spatial") == (x.dim() == 4)
+
+
+class Block(nn.Module):
+    """Transformer block, ``[B, N, C] -> [B, N, C]`` or ``[B, H, W, C] -> [B, H, W, C]``.
+
+    Args:
+        dim: channels ``C``; num_heads: ``nh``.
+        style: ``"pre"`` | ``"post"`` | ``"res_post"`` | ``"parallel"`` (module docstring).
+        mlp_ratio: MLP hidden width ``mlp_ratio · C``.
+        qkv_bias, qk_norm, proj_bias: attention options, given where the mechanism takes them.
+        mlp_bias: biases of the MLP's linear maps.
+        drop: dropout after the attention projection and in the MLP; attn_drop: on attention weights.
+        drop_path: stochastic depth of both branches.
+        init_values: LayerScale initial value (None = no LayerScale).
+        norm_layer, act_layer: ``norm_layer(C)``, ``act_layer()``.
+        attn_layer: registered mechanism name; attn_kwargs: its own keywords (given as they are).
+        mlp_layer: ``mlp_layer(C, hidden, act_layer=, bias=, drop=)`` (default :class:`Mlp`).
+        pos_layer: ``pos_layer(C)``, a position layer called ``pos(x, feat_size, num_prefix_tokens)``
+            on the block input (it adds its own residual).
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, style: BlockStyle = "pre", mlp_ratio: float = 4.0,
+                 qkv_bias: bool = True, qk_norm: bool = False, proj_bias: bool = True, mlp_bias: bool = True,
                  drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0,
                  init_values: float | None = None, norm_layer: Callable[[int], nn.Module] = nn.LayerNorm,
                  act_layer: Callable[[], nn.Module] = nn.GELU, attn_layer: str = "mhsa",
-                 attn_kwargs: dict[str, Any] | None = None) -> None:
+                 attn_kwargs: Mapping[str, Any] | None = None, mlp_layer: Callable[..., nn.Module] = Mlp,
+                 pos_layer: Callable[[int], nn.Module] | None = None) -> None:
         super().__init__()
-        kw: dict[str, Any] = dict(attn_kwargs or {})
-        spec = get_attention_spec(attn_layer)
-        if attn_layer == "mhsa":
-            kw.setdefault("qk_norm", qk_norm)
-            kw.setdefault("proj_bias", proj_bias)
-        kw.setdefault("qkv_bias", qkv_bias)
-        kw.setdefault("attn_drop", attn_drop)
-        kw.setdefault("proj_drop", drop)
-        self.layout = spec.layout
+        if style not in BLOCK_STYLES:
+            raise ValueError(f"style must be one of {', '.join(map(repr, BLOCK_STYLES))}; got {style!r}")
+        self.style = style
+        offered = dict(qkv_bias=qkv_bias, qk_norm=qk_norm, proj_bias=proj_bias, attn_drop=attn_drop, proj_drop=drop)
+        neutral = dict(qkv_bias=True, qk_norm=False, proj_bias=True, attn_drop=0.0, proj_drop=0.0)
+        kw = {**accepted_kwargs(attn_layer, offered, neutral), **(attn_kwargs or {})}
+        self.pos = pos_layer(dim) if pos_layer is not None else None
         self.norm1 = norm_layer(dim)
         self.attn = create_attention(attn_layer, dim, num_heads, **kw)
+        self.layout = get_attention_spec(attn_layer).layout
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, bias=mlp_bias, drop=drop)
+        self.norm2 = norm_layer(dim) if style != "parallel" else nn.Identity()  # parallel: norm1 feeds both
+        self.mlp = mlp_layer(dim, int(dim * mlp_ratio), act_layer=act_layer, bias=mlp_bias, drop=drop)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def _attn(self, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int) -> Tensor:
         return apply_token_attention(self.attn, x, feat_size, num_prefix_tokens)
 
-
-class Block(_BlockBase):
-    """Pre-norm block: ``x + attn(LN(x))``, then ``x + mlp(LN(x))``; ``[B, N, C] -> [B, N, C]``."""
-
-    def forward(self, x: Tensor, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0) -> Tensor:
-        """``[B, N, C] -> [B, N, C]``."""
-        if not self.training and isinstance(self.ls1, nn.Identity) and isinstance(self.ls2, nn.Identity):
-            # inference: the residual adds are fused into the output projections (same math)
-            if (getattr(self.attn, "accepts_residual", False) and getattr(self.attn, "layout", "tokens") == "tokens"
-                    and hookless(self.attn)):
-                x = self.attn(self.norm1(x), residual=x)
-            else:
-                x = x + self._attn(self.norm1(x), feat_size, num_prefix_tokens)
-            return self.mlp(self.norm2(x), residual=x) if hookless(self.mlp) else x + self.mlp(self.norm2(x))
-        x = x + self.drop_path1(self.ls1(self._attn(self.norm1(x), feat_size, num_prefix_tokens)))
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-
-
-class PostNormBlock(_BlockBase):
-    """Post-norm block: ``LN(x + attn(x))``, then ``LN(x + mlp(x))``; ``[B, N, C] -> [B, N, C]``."""
+    def _fused_pre(self, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int) -> Tensor:
+        """Pre-norm at inference: the residual adds fused into the attention ``proj`` and ``fc2`` (same math)."""
+        if getattr(self.attn, "accepts_residual", False) and _native(self.attn, x) and hookless(self.attn):
+            x = self.attn(self.norm1(x), residual=x)
+        else:
+            x = x + self._attn(self.norm1(x), feat_size, num_prefix_tokens)
+        if getattr(self.mlp, "accepts_residual", False) and hookless(self.mlp):
+            return self.mlp(self.norm2(x), residual=x)
+        return x + self.mlp(self.norm2(x))
 
     def forward(self, x: Tensor, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0) -> Tensor:
-        """``[B, N, C] -> [B, N, C]``."""
-        x = self.norm1(x + self.drop_path1(self.ls1(self._attn(x, feat_size, num_prefix_tokens))))
-        return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
-
-
-class ParallelBlock(_BlockBase):
-    """ViT-22B parallel block: ``x + attn(LN(x)) + mlp(LN(x))`` with one shared norm; ``[B, N, C] -> [B, N, C]``."""
-
-    def __init__(self, dim: int, num_heads: int, **kwargs: Any) -> None:
-        super().__init__(dim, num_heads, **kwargs)
-        self.norm2 = nn.Identity()  # the single pre-norm norm1 feeds both branches
-
-    def forward(self, x: Tensor, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0) -> Tensor:
-        """``[B, N, C] -> [B, N, C]``."""
-        y = self.norm1(x)
+        """``[B, P + H·W, C]`` (grid ``feat_size``, ``P`` prefix tokens) or ``[B, H, W, C]`` -> same shape."""
+        if self.pos is not None:
+            x = self.pos(x, feat_size, num_prefix_tokens)
+        style = self.style
+        if style == "pre":
+            if not self.training and isinstance(self.ls1, nn.Identity) and isinstance(self.ls2, nn.Identity):
+                return self._fused_pre(x, feat_size, num_prefix_tokens)
+            x = x + self.drop_path1(self.ls1(self._attn(self.norm1(x), feat_size, num_prefix_tokens)))
+            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        if style == "res_post":
+            x = x + self.drop_path1(self.ls1(self.norm1(self._attn(x, feat_size, num_prefix_tokens))))
+            return x + self.drop_path2(self.ls2(self.norm2(self.mlp(x))))
+        if style == "post":
+            x = self.norm1(x + self.drop_path1(self.ls1(self._attn(x, feat_size, num_prefix_tokens))))
+            return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
+        y = self.norm1(x)  # parallel
         return (x + self.drop_path1(self.ls1(self._attn(y, feat_size, num_prefix_tokens)))
                 + self.drop_path2(self.ls2(self.mlp(y))))
+
+    def extra_repr(self) -> str:
+        return f"style={self.style!r}"

@@ -14,6 +14,8 @@ __all__ = ["Mlp"]
 class Mlp(nn.Module):
     """``Linear(C, hidden) -> act -> drop -> Linear(hidden, out) -> drop``, ``[..., C] -> [..., out]``."""
 
+    accepts_residual = True  # forward(x, residual=r) returns r + mlp(x) (blocks fuse the add into fc2)
+
     def __init__(self, in_features: int, hidden_features: int | None = None, out_features: int | None = None,
                  *, act_layer: Callable[[], nn.Module] = nn.GELU, bias: bool = True, drop: float = 0.0) -> None:
         super().__init__()

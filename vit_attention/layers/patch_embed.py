@@ -8,24 +8,18 @@ from collections.abc import Sequence
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["PatchEmbed", "ConvStemPatchEmbed", "to_2tuple"]
+from ..functional.window import to_pair
 
-
-def to_2tuple(x: int | Sequence[int], name: str = "size") -> tuple[int, int]:
-    """``7 -> (7, 7)``; a pair passes through; anything else raises naming ``name``."""
-    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
-        return (int(x), int(x))
-    if isinstance(x, (str, bytes)) or not isinstance(x, Sequence) or len(x) != 2:
-        raise ValueError(f"{name} must be an int or a pair of ints, got {x!r}")
-    try:
-        t = tuple(int(v) for v in x)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be an int or a pair of ints, got {x!r}") from None
-    return t  # type: ignore[return-value]
+__all__ = ["PatchEmbed", "ConvStemPatchEmbed"]
 
 
 def _positive_pair(x: int | Sequence[int], name: str) -> tuple[int, int]:
-    t = to_2tuple(x, name)
+    """``x`` (an int or a pair of ints) as a pair of positive ints; anything else raises naming ``name``."""
+    items = (x,) if isinstance(x, numbers.Integral) else x
+    if (isinstance(x, (str, bytes)) or not isinstance(items, Sequence)
+            or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in items)):
+        raise ValueError(f"{name} must be an int or a pair of ints, got {x!r}")
+    t = to_pair(int(x) if isinstance(x, numbers.Integral) else tuple(int(v) for v in items), name)  # 7 -> (7, 7)
     if min(t) <= 0:
         raise ValueError(f"{name} must be a positive int or a pair of positive ints, got {x!r}")
     return t

@@ -1,47 +1,41 @@
-"""Position embeddings as modules, for users building their own token models.
+"""Position layers that live inside blocks: the conditional position encoding generator (PEG / CPE).
 
-The backbones keep their table as a plain ``pos_embed`` parameter (the timm key layout) and
-call the same functions from ``vit_attention.functional``.
+Absolute tables (ViT's ``pos_embed``, Swin's ``absolute_pos_embed``) stay plain parameters of
+their models (the timm key layout) and use ``vit_attention.functional``'s
+``resample_abs_pos_embed`` / ``sincos_2d_pos_embed``; there is no module copy of them here.
 """
 
 from __future__ import annotations
 
 import torch
+from einops import rearrange
 from torch import Tensor, nn
 
-from ..functional import resample_abs_pos_embed, sincos_2d_pos_embed
-
-__all__ = ["LearnedPosEmbed", "SinCosPosEmbed2d", "resample_abs_pos_embed", "sincos_2d_pos_embed"]
+__all__ = ["PosConv"]
 
 
-class LearnedPosEmbed(nn.Module):
-    """Learnable 1-D table added to tokens, ``[B, P + H·W, C] -> [B, P + H·W, C]``.
+class PosConv(nn.Module):
+    """PEG (Chu et al. 2021, CPVT): ``x + DWConv_{k x k}(x)`` on the grid; prefix tokens pass unchanged.
 
-    Built for ``grid_size``; other grids are served by bicubic resampling of the table.
+    ``[B, P + H·W, C]`` (with ``feat_size=(H, W)``) or ``[B, H, W, C]`` -> same shape. A block's
+    ``pos_layer``: ``Block(..., pos_layer=PosConv)``. Keys: ``proj.{weight,bias}``.
     """
 
-    def __init__(self, dim: int, grid_size: tuple[int, int], num_prefix_tokens: int = 0, std: float = 0.02) -> None:
+    def __init__(self, dim: int, kernel_size: int = 3) -> None:
         super().__init__()
-        self.grid_size, self.num_prefix_tokens = tuple(grid_size), num_prefix_tokens
-        self.weight = nn.Parameter(torch.randn(1, num_prefix_tokens + grid_size[0] * grid_size[1], dim) * std)
+        self.proj = nn.Conv2d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)
 
-    def forward(self, x: Tensor, feat_size: tuple[int, int] | None = None) -> Tensor:
-        """Add the (resampled if ``feat_size`` differs) table to ``x [B, P + H·W, C]``."""
-        pos = self.weight
-        if feat_size is not None and tuple(feat_size) != self.grid_size:
-            pos = resample_abs_pos_embed(pos, tuple(feat_size), self.grid_size,
-                                         num_prefix_tokens=self.num_prefix_tokens)
-        return x + pos
+    def _map(self, x: Tensor) -> Tensor:
+        """``[B, H, W, C] -> [B, H, W, C]``."""
+        return x + rearrange(self.proj(rearrange(x, "b h w c -> b c h w")), "b c h w -> b h w c")
 
-
-class SinCosPosEmbed2d(nn.Module):
-    """Fixed 2-D sin-cos embedding added to grid tokens, ``[B, H·W, C] -> [B, H·W, C]``."""
-
-    def __init__(self, dim: int, temperature: float = 10000.0) -> None:
-        super().__init__()
-        self.dim, self.temperature = dim, temperature
-
-    def forward(self, x: Tensor, feat_size: tuple[int, int]) -> Tensor:
-        """``x [B, H·W, C]`` with ``feat_size=(H, W)`` -> ``[B, H·W, C]``."""
-        return x + sincos_2d_pos_embed(self.dim, feat_size, temperature=self.temperature,
-                                       dtype=x.dtype, device=x.device)
+    def forward(self, x: Tensor, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0) -> Tensor:
+        """Tokens ``[B, P + H·W, C]`` or a map ``[B, H, W, C]`` -> same shape."""
+        if x.dim() == 4:
+            return self._map(x)
+        if feat_size is None:
+            raise ValueError("PosConv on tokens needs the token grid feat_size=(H, W)")
+        H, W = feat_size
+        prefix, grid = x[:, :num_prefix_tokens], x[:, num_prefix_tokens:]
+        grid = rearrange(self._map(rearrange(grid, "b (h w) c -> b h w c", h=H, w=W)), "b h w c -> b (h w) c")
+        return torch.cat([prefix, grid], dim=1) if num_prefix_tokens else grid  # [B, P + H·W, C]

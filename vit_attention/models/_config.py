@@ -15,10 +15,13 @@ import numbers
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from ..attention import get_attention_spec, list_attention
+from ..layers.stage import resolve_indices
+
 T = TypeVar("T", bound="ConfigMixin")
 
 __all__ = ["ConfigMixin", "resolve_indices", "check_int", "check_float", "check_size", "check_int_seq",
-           "check_choice"]
+           "check_choice", "check_attn_layer"]
 
 
 class ConfigMixin:
@@ -115,18 +118,22 @@ def check_choice(value: Any, name: str, choices: Sequence[Any]) -> Any:
     return value
 
 
-def resolve_indices(indices: int | Sequence[int] | None, n: int, what: str = "block") -> list[int]:
-    """``forward_intermediates`` indices -> sorted list in ``0..n-1``.
+def check_attn_layer(value: Any, kwargs: Any, *, layout: str | None = None) -> str:
+    """A registered mechanism name (of ``layout``, when given) and a dict of its keywords; else raises naming them.
 
-    ``None`` = all; an int ``k`` = the last ``k``; a sequence may use negative indices.
+    Not a str: ``TypeError``; unknown: ``KeyError`` with close matches; another layout: ``ValueError``
+    listing the mechanisms of the right one.
     """
-    if indices is None:
-        return list(range(n))
-    if isinstance(indices, int):
-        if not 0 < indices <= n:
-            raise ValueError(f"indices={indices} must be in 1..{n}")
-        return list(range(n - indices, n))
-    take = [i + n if i < 0 else i for i in indices]
-    if any(not 0 <= i < n for i in take):
-        raise ValueError(f"{what} indices {list(indices)} out of range for {n} {what}s")
-    return take
+    if not isinstance(value, str):
+        raise TypeError(f"attn_layer must be a registered mechanism name (str), got {value!r}")
+    try:
+        spec = get_attention_spec(value)  # unknown mechanisms raise with suggestions
+    except KeyError as e:
+        raise KeyError(f"attn_layer: {e.args[0]}") from None
+    if layout is not None and spec.layout != layout:
+        fits = [n for n in list_attention() if get_attention_spec(n).layout == layout]
+        raise ValueError(f"attn_layer must be a {layout} mechanism (one of {', '.join(map(repr, fits))}); "
+                         f"got {value!r}, which takes {spec.layout}")
+    if not isinstance(kwargs, dict):
+        raise TypeError(f"attn_kwargs must be a dict of keyword arguments, got {kwargs!r}")
+    return value

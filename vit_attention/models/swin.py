@@ -11,6 +11,12 @@ attention mechanism (``cosine_window``), res-post-norm blocks and norm-after-red
 PatchMerging. Both live on one backbone because everything else (stages, padding, the window
 clamp, intermediates, the head) is identical, and two copies would drift.
 
+The stages are the shared scaffold (``layers/stage.py``: :class:`~vit_attention.layers.Stage`,
+drop-path schedule, ``forward_intermediates``, checkpointing) and the blocks the one
+:class:`~vit_attention.layers.Block` (``style="pre"``, or ``"res_post"`` for v2) around any
+spatial mechanism (``attn_layer``; ``window`` and ``cosine_window`` are Swin's own). What is
+Swin's here: the config, the window clamp per stage, the alternating shift, the stem.
+
 Layout: channels-last ``[B, H, W, C]`` from the patch embedding to the final norm.
 """
 
@@ -18,31 +24,41 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
-import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from ..attention import create_attention
 from ..functional import resample_abs_pos_embed
-from ..functional.chunking import batch_chunk_size, run_in_batch_chunks
-from ..functional.linear import apply_linear, hookless
-from ..layers import DropPath, Mlp, PatchEmbed, to_2tuple
+from ..functional.window import to_pair
+from ..layers import (
+    Block,
+    ClassifierHead,
+    HierarchicalMixin,
+    PatchEmbed,
+    PatchMerging,
+    Stage,
+    accepted_kwargs,
+    drop_path_schedule,
+    stage_feature_info,
+)
 from ._config import (
     ConfigMixin,
+    check_attn_layer,
     check_choice,
     check_float,
     check_int,
     check_int_seq,
     check_size,
-    resolve_indices,
 )
 from .registry import register_family
 
-__all__ = ["SwinTransformerConfig", "SwinTransformer", "SwinBlock", "SwinStage", "PatchMerging"]
+__all__ = ["SwinTransformerConfig", "SwinTransformer", "SwinBlock", "SwinStage", "PatchMerging", "ClassifierHead"]
+
+SwinBlock = Block  # re-exports of the shared layers under their former names here
+SwinStage = Stage
 
 
 @dataclass
@@ -80,8 +96,9 @@ class SwinTransformerConfig(ConfigMixin):
     strict_img_size: bool = True  # False: any input size (maps padded to the window per block)
     pad_mode: Literal["swin", "timm", "torchvision"] = "swin"
     always_partition: bool = False  # never clamp windows to small stages (timm option)
+    attn_layer: str = "window"  # any registered spatial mechanism ([B, H, W, C])
+    attn_kwargs: dict[str, Any] = field(default_factory=dict)  # given to every block's mechanism as they are
     # SwinV2 switches
-    attn_layer: Literal["window", "cosine_window"] = "window"
     res_post_norm: bool = False  # x + norm(attn(x)) instead of x + attn(norm(x))
     merge_norm_after: bool = False  # PatchMerging: reduction then norm(2C) instead of norm(4C) then reduction
     pretrained_window_sizes: tuple[int, ...] | None = None  # SwinV2 CPB normalisation per stage (0 = own)
@@ -117,7 +134,7 @@ class SwinTransformerConfig(ConfigMixin):
         for rate in ("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate"):
             check_float(getattr(self, rate), rate, low=0.0, high=1.0)
         check_choice(self.pad_mode, "pad_mode", ("swin", "timm", "torchvision"))
-        check_choice(self.attn_layer, "attn_layer", ("window", "cosine_window"))
+        check_attn_layer(self.attn_layer, self.attn_kwargs, layout="spatial")
         if self.pretrained_window_sizes is not None:
             pws = self.pretrained_window_sizes
             if isinstance(pws, str) or not isinstance(pws, Sequence) or len(pws) != n:
@@ -133,112 +150,6 @@ class SwinTransformerConfig(ConfigMixin):
                                     ", or strict_img_size=False to pad inputs of any size"))
 
 
-class PatchMerging(nn.Module):
-    """2x2 neighbourhood concat + linear reduction, ``[B, H, W, C] -> [B, ceil(H/2), ceil(W/2), 2C]``.
-
-    Concat order ``[x(0,0), x(1,0), x(0,1), x(1,1)]`` (row offset first; timm = torchvision =
-    original). Odd sizes are zero-padded bottom/right. v1: ``norm(4C)`` then ``reduction``;
-    ``norm_after=True`` (SwinV2): ``reduction`` then ``norm(2C)``.
-    """
-
-    def __init__(self, dim: int, out_dim: int | None = None, *, norm_after: bool = False, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.dim, self.out_dim = dim, out_dim or 2 * dim
-        self.norm_after = norm_after
-        self.reduction = nn.Linear(4 * dim, self.out_dim, bias=False)
-        self.norm = nn.LayerNorm(self.out_dim if norm_after else 4 * dim, eps=eps)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, H, W, C] -> [B, ceil(H/2), ceil(W/2), out_dim]``."""
-        B, H, W, C = x.shape
-        if H % 2 or W % 2:
-            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))  # [B, H + H%2, W + W%2, C]
-            H, W = H + H % 2, W + W % 2
-        x = x.view(B, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5).flatten(3)  # [B, H/2, W/2, 4C]
-        if self.norm_after:
-            return self.norm(apply_linear(self.reduction, x))
-        return apply_linear(self.reduction, self.norm(x))  # [B, H/2, W/2, 2C]
-
-
-class SwinBlock(nn.Module):
-    """One Swin block on ``[B, H, W, C]``: window attention + MLP, each with a residual.
-
-    Pre-norm (v1): ``x + attn(norm1(x))``, ``x + mlp(norm2(x))``. Res-post-norm (v2):
-    ``x + norm1(attn(x))``, ``x + norm2(mlp(x))``.
-    """
-
-    def __init__(self, dim: int, num_heads: int, *, window_size: tuple[int, int], shift_size: tuple[int, int],
-                 mlp_ratio: float = 4.0, qkv_bias: bool = True, proj_drop: float = 0.0, attn_drop: float = 0.0,
-                 drop_path: float = 0.0, eps: float = 1e-5, attn_layer: str = "window", res_post_norm: bool = False,
-                 pad_first: bool = True, pretrained_window_size: int | tuple[int, int] = 0) -> None:
-        super().__init__()
-        self.res_post_norm = res_post_norm
-        kw: dict[str, Any] = dict(window_size=window_size, shift_size=shift_size, qkv_bias=qkv_bias,
-                                  attn_drop=attn_drop, proj_drop=proj_drop, pad_first=pad_first)
-        if attn_layer == "cosine_window":
-            kw["pretrained_window_size"] = pretrained_window_size
-        self.norm1 = nn.LayerNorm(dim, eps=eps)
-        self.attn = create_attention(attn_layer, dim, num_heads, **kw)
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, H, W, C] -> [B, H, W, C]``."""
-        if self.res_post_norm:
-            x = x + self.drop_path1(self.norm1(self.attn(x)))
-            return x + self.drop_path2(self.norm2(self.mlp(x)))
-        if not self.training:  # inference: the residual adds fused into proj and fc2 (same math)
-            if getattr(self.attn, "accepts_residual", False) and hookless(self.attn):
-                x = self.attn(self.norm1(x), residual=x)
-            else:
-                x = x + self.attn(self.norm1(x))
-            return self.mlp(self.norm2(x), residual=x) if hookless(self.mlp) else x + self.mlp(self.norm2(x))
-        x = x + self.drop_path1(self.attn(self.norm1(x)))
-        return x + self.drop_path2(self.mlp(self.norm2(x)))
-
-
-class SwinStage(nn.Module):
-    """Optional PatchMerging, then ``depth`` blocks alternating W-MSA / SW-MSA; ``[B, H, W, C] -> [B, H', W', C']``."""
-
-    def __init__(self, downsample: nn.Module | None, blocks: Sequence[nn.Module]) -> None:
-        super().__init__()
-        self.downsample = downsample if downsample is not None else nn.Identity()
-        self.blocks = nn.Sequential(*blocks)
-        self.grad_checkpointing = False
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, H, W, C] -> [B, H', W', C']``."""
-        x = self.downsample(x)
-        chunk = batch_chunk_size(x, self.blocks)  # inference on CPU: a few images at a time (cache-sized)
-        if chunk < x.shape[0]:
-            return run_in_batch_chunks(self.blocks, x, chunk)
-        for blk in self.blocks:
-            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
-            else:
-                x = blk(x)
-        return x
-
-
-class ClassifierHead(nn.Module):
-    """Global average pool over ``H, W`` + dropout + ``fc``: ``[B, H, W, C] -> [B, num_classes]``."""
-
-    def __init__(self, in_features: int, num_classes: int, *, global_pool: str = "avg", drop: float = 0.0) -> None:
-        super().__init__()
-        self.global_pool = global_pool
-        self.drop = nn.Dropout(drop)
-        self.fc = nn.Linear(in_features, num_classes) if num_classes > 0 else nn.Identity()
-
-    def forward(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """``[B, H, W, C]`` -> ``[B, num_classes]`` (or pooled ``[B, C]`` with ``pre_logits``)."""
-        if self.global_pool == "avg":
-            x = x.mean(dim=(1, 2))  # [B, C]
-        x = self.drop(x)
-        return x if pre_logits else self.fc(x)
-
-
 def stage_windows(res: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], clamp: bool
                   ) -> tuple[tuple[int, int], tuple[int, int]]:
     """timm's per-axis clamp: an axis whose stage resolution fits in the window gets window = resolution, shift 0."""
@@ -249,7 +160,7 @@ def stage_windows(res: tuple[int, int], window: tuple[int, int], shift: tuple[in
     return win, sft  # type: ignore[return-value]
 
 
-class SwinTransformer(nn.Module):
+class SwinTransformer(HierarchicalMixin, nn.Module):
     """Swin Transformer backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the normalised last map ``[B, H/32, W/32, 8C]`` (channels-last),
@@ -258,6 +169,7 @@ class SwinTransformer(nn.Module):
     """
 
     family = "swin"
+    stages_attr = "layers"  # timm's key layout: layers.{i}.downsample / layers.{i}.blocks.{j}
 
     def __init__(self, cfg: SwinTransformerConfig | None = None, **overrides: Any) -> None:
         super().__init__()
@@ -281,14 +193,13 @@ class SwinTransformer(nn.Module):
                                    if cfg.ape else None)
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
 
-        window = to_2tuple(cfg.window_size, "window_size")
+        window = to_pair(cfg.window_size, "window_size")
         pws = cfg.pretrained_window_sizes or (0,) * n
         clamp = cfg.pad_mode != "torchvision" and not cfg.always_partition
-        total = sum(cfg.depths)
-        dpr = [cfg.drop_path_rate * i / max(total - 1, 1) for i in range(total)]  # linear decay rule
+        norm_layer = partial(nn.LayerNorm, eps=cfg.norm_eps)
         res = self.grid_size
-        stages, feature_info, k = [], [], 0
-        for i in range(n):
+        stages = []
+        for i, dpr in enumerate(drop_path_schedule(cfg.drop_path_rate, cfg.depths)):
             downsample = None
             if i > 0:
                 downsample = PatchMerging(dims[i - 1], dims[i], norm_after=cfg.merge_norm_after, eps=cfg.norm_eps)
@@ -297,17 +208,16 @@ class SwinTransformer(nn.Module):
             for j in range(cfg.depths[i]):
                 shift = (0, 0) if j % 2 == 0 else (window[0] // 2, window[1] // 2)
                 win, sft = stage_windows(res, window, shift, clamp)
-                blocks.append(SwinBlock(
-                    dims[i], cfg.num_heads[i], window_size=win, shift_size=sft, mlp_ratio=cfg.mlp_ratio,
-                    qkv_bias=cfg.qkv_bias, proj_drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate,
-                    drop_path=dpr[k + j], eps=cfg.norm_eps, attn_layer=cfg.attn_layer,
-                    res_post_norm=cfg.res_post_norm, pad_first=cfg.pad_mode != "timm",
-                    pretrained_window_size=pws[i]))
-            k += cfg.depths[i]
-            stages.append(SwinStage(downsample, blocks))
-            feature_info.append(dict(num_chs=dims[i], reduction=cfg.patch_size * 2 ** i, module=f"layers.{i}"))
+                swin_kwargs = dict(window_size=win, shift_size=sft, pad_first=cfg.pad_mode != "timm",
+                                   pretrained_window_size=pws[i])  # given where the mechanism takes them
+                blocks.append(Block(
+                    dims[i], cfg.num_heads[i], style="res_post" if cfg.res_post_norm else "pre",
+                    mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop=cfg.proj_drop_rate,
+                    attn_drop=cfg.attn_drop_rate, drop_path=dpr[j], norm_layer=norm_layer, attn_layer=cfg.attn_layer,
+                    attn_kwargs={**accepted_kwargs(cfg.attn_layer, swin_kwargs), **cfg.attn_kwargs}))
+            stages.append(Stage(blocks, downsample))
         self.layers = nn.Sequential(*stages)
-        self.feature_info = feature_info
+        self.feature_info = stage_feature_info(dims, [cfg.patch_size * 2 ** i for i in range(n)], "layers")
         self.norm = nn.LayerNorm(self.num_features, eps=cfg.norm_eps)
         self.head = ClassifierHead(self.num_features, cfg.num_classes, global_pool=cfg.global_pool, drop=cfg.drop_rate)
         self._init_weights()
@@ -348,11 +258,6 @@ class SwinTransformer(nn.Module):
         device = self.norm.weight.device
         self.head.fc = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
 
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute block activations in backward to save memory (training only)."""
-        for stage in self.layers:
-            stage.grad_checkpointing = enable
-
     def no_weight_decay(self) -> set[str]:
         """Parameter names that should not get weight decay (position embeddings, bias tables, temperatures)."""
         keys = ("absolute_pos_embed", "relative_position_bias_table", "logit_scale", "cpb_mlp")
@@ -389,31 +294,6 @@ class SwinTransformer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
         return self.forward_head(self.forward_features(x))
-
-    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
-                              output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
-                              ) -> Any:
-        """Final normalised map plus each chosen stage's output map.
-
-        ``indices``: an int ``n`` = the last ``n`` stages, or stage indices (negative allowed);
-        default all. Stage ``i`` gives ``[B, C·2^i, H/(p·2^i), W/(p·2^i)]`` (``NCHW``) or the
-        channels-last map (``NHWC``); ``norm`` applies the final norm to the last stage's map.
-        Returns ``(final [B, H', W', C'], [maps])`` or only the list.
-        """
-        n = len(self.layers)
-        take = resolve_indices(indices, n, "stage")
-        if output_fmt not in ("NCHW", "NHWC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
-        x = self._embed(x)
-        outs: list[Tensor] = []
-        for i, stage in enumerate(self.layers):
-            x = stage(x)
-            if i in take:
-                y = self.norm(x) if norm and i == n - 1 else x
-                outs.append(y.permute(0, 3, 1, 2) if output_fmt == "NCHW" else y)  # [B, C, H, W]
-        if intermediates_only:
-            return outs
-        return self.norm(x), outs
 
 
 # ---------------------------------------------------------------------------- presets (data)

@@ -11,7 +11,7 @@ is timm's ``swin_transformer_v2`` (``attn.q_bias``, ``attn.v_bias``, ``attn.logi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from .registry import register_family
 from .swin import SwinTransformer, SwinTransformerConfig
@@ -25,7 +25,7 @@ class SwinTransformerV2Config(SwinTransformerConfig):
 
     img_size: int | tuple[int, int] = 256
     window_size: int | tuple[int, int] = 8
-    attn_layer: Literal["window", "cosine_window"] = "cosine_window"
+    attn_layer: str = "cosine_window"
     res_post_norm: bool = True
     merge_norm_after: bool = True
 

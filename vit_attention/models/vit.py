@@ -16,14 +16,22 @@ from functools import partial
 from typing import Any, Literal
 
 import torch
-import torch.utils.checkpoint
+from einops import rearrange
 from torch import Tensor, nn
 
-from ..attention import MultiHeadAttention, get_attention_spec
 from ..functional import resample_abs_pos_embed, sincos_2d_pos_embed
-from ..layers import Block, ConvStemPatchEmbed, Mlp, ParallelBlock, PatchEmbed, PostNormBlock
+from ..layers import (
+    BLOCK_STYLES,
+    AttentionPoolHead,
+    Block,
+    ConvStemPatchEmbed,
+    PatchEmbed,
+    drop_path_schedule,
+    run_blocks,
+)
 from ._config import (
     ConfigMixin,
+    check_attn_layer,
     check_choice,
     check_float,
     check_int,
@@ -36,7 +44,6 @@ from .registry import register_family
 __all__ = ["VisionTransformerConfig", "VisionTransformer", "AttentionPoolHead"]
 
 _ACTS = {"gelu": nn.GELU, "gelu_tanh": partial(nn.GELU, approximate="tanh"), "relu": nn.ReLU, "silu": nn.SiLU}
-_BLOCKS = {"pre": Block, "post": PostNormBlock, "parallel": ParallelBlock}
 
 
 @dataclass
@@ -65,7 +72,7 @@ class VisionTransformerConfig(ConfigMixin):
     distilled: bool = False  # DeiT distillation token + second head
     no_embed_class: bool = False  # prefix tokens carry no position embedding (DeiT III)
     pos_embed: Literal["learn", "sincos", "none"] = "learn"
-    block: Literal["pre", "post", "parallel"] = "pre"
+    block: Literal["pre", "post", "res_post", "parallel"] = "pre"  # the Block style
     pre_norm: bool = False  # LayerNorm after the embeddings (CLIP)
     final_norm: bool = True
     fc_norm: bool | None = None  # norm after pooling; None = True for avg pooling
@@ -109,19 +116,12 @@ class VisionTransformerConfig(ConfigMixin):
         if self.init_values is not None:
             check_float(self.init_values, "init_values", low=-math.inf)
         check_choice(self.pos_embed, "pos_embed", ("learn", "sincos", "none"))
-        check_choice(self.block, "block", sorted(_BLOCKS))
+        check_choice(self.block, "block", BLOCK_STYLES)
         if self.representation_size is not None:
             check_int(self.representation_size, "representation_size", min_value=0)
         if self.conv_stem is not None:
             check_int_seq(self.conv_stem, "conv_stem")
-        if not isinstance(self.attn_layer, str):
-            raise TypeError(f"attn_layer must be a registered mechanism name (str), got {self.attn_layer!r}")
-        try:
-            get_attention_spec(self.attn_layer)  # unknown mechanisms raise with suggestions
-        except KeyError as e:
-            raise KeyError(f"attn_layer: {e.args[0]}") from None
-        if not isinstance(self.attn_kwargs, dict):
-            raise TypeError(f"attn_kwargs must be a dict of keyword arguments, got {self.attn_kwargs!r}")
+        check_attn_layer(self.attn_layer, self.attn_kwargs)
         for rate in ("drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"):
             check_float(getattr(self, rate), rate, low=0.0, high=1.0)
         if self.global_pool == "token" and not self.class_token:
@@ -131,29 +131,6 @@ class VisionTransformerConfig(ConfigMixin):
         if not self.dynamic_img_pad and (img[0] % patch[0] or img[1] % patch[1]):
             raise ValueError(f"img_size={self.img_size!r} is not divisible by patch_size={self.patch_size!r}; "
                              f"use a multiple of the patch size, or dynamic_img_pad=True to pad the images")
-
-
-class AttentionPoolHead(nn.Module):
-    """Multi-head attention pooling (MAP, Zhai et al. 2022): a learned query attends to the tokens.
-
-    ``[B, N, C] -> [B, C]``: ``latent`` query -> :class:`MultiHeadAttention` -> ``+ mlp(norm(.))``.
-    """
-
-    def __init__(self, dim: int, num_heads: int, mlp_dim: int, *, norm_layer: Any = nn.LayerNorm,
-                 act_layer: Any = nn.GELU) -> None:
-        super().__init__()
-        self.latent = nn.Parameter(torch.zeros(1, 1, dim))
-        self.attn = MultiHeadAttention(dim, num_heads)
-        self.norm = norm_layer(dim)
-        self.mlp = Mlp(dim, mlp_dim, act_layer=act_layer)
-        nn.init.trunc_normal_(self.latent, std=dim ** -0.5)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, N, C] -> [B, C]``."""
-        q = self.latent.expand(x.shape[0], -1, -1)  # [B, 1, C]
-        x, _ = self.attn(q, x, x)  # [B, 1, C]
-        x = x + self.mlp(self.norm(x))
-        return x[:, 0]  # [B, C]
 
 
 class VisionTransformer(nn.Module):
@@ -204,11 +181,10 @@ class VisionTransformer(nn.Module):
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
         self.norm_pre = norm_layer(C) if cfg.pre_norm else nn.Identity()
 
-        dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # linear decay rule
+        dpr = drop_path_schedule(cfg.drop_path_rate, (cfg.depth,))[0]
         mlp_ratio = cfg.mlp_dim / C if cfg.mlp_dim else cfg.mlp_ratio
-        block_cls = _BLOCKS[cfg.block]
         self.blocks = nn.Sequential(*[
-            block_cls(C, cfg.num_heads, mlp_ratio=mlp_ratio, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm,
+            Block(C, cfg.num_heads, style=cfg.block, mlp_ratio=mlp_ratio, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm,
                       proj_bias=cfg.proj_bias, mlp_bias=cfg.mlp_bias, drop=cfg.proj_drop_rate,
                       attn_drop=cfg.attn_drop_rate, drop_path=dpr[i], init_values=cfg.init_values,
                       norm_layer=norm_layer, act_layer=act_layer, attn_layer=cfg.attn_layer,
@@ -302,13 +278,14 @@ class VisionTransformer(nn.Module):
 
     def _run_blocks(self, x: Tensor, feat_size: tuple[int, int], indices: set[int] | None = None
                     ) -> tuple[Tensor, list[Tensor]]:
+        """Tokens ``[B, P + N, C]`` through the blocks; also the outputs of blocks ``indices``."""
+        checkpoint = self.grad_checkpointing and self.training
+        if indices is None:
+            return run_blocks(self.blocks, x, feat_size, self.num_prefix_tokens, checkpoint=checkpoint), []
         saved: list[Tensor] = []
         for i, blk in enumerate(self.blocks):
-            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-                x = torch.utils.checkpoint.checkpoint(blk, x, feat_size, self.num_prefix_tokens, use_reentrant=False)
-            else:
-                x = blk(x, feat_size, self.num_prefix_tokens)
-            if indices is not None and i in indices:
+            x = run_blocks((blk,), x, feat_size, self.num_prefix_tokens, checkpoint=checkpoint)
+            if i in indices:
                 saved.append(x)
         return x, saved
 
@@ -367,7 +344,7 @@ class VisionTransformer(nn.Module):
         take = resolve_indices(indices, len(self.blocks), "block")
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
-        B, _, H, W = x.shape
+        H, W = x.shape[-2:]
         feat_size = self.feat_size((H, W))
         x = self.patch_embed(x)
         x = self.norm_pre(self.pos_drop(self._pos_embed(x, feat_size)))
@@ -378,7 +355,7 @@ class VisionTransformer(nn.Module):
             t = self.norm(t) if norm else t
             prefix, grid = t[:, :P], t[:, P:]
             if output_fmt == "NCHW":
-                grid = grid.reshape(B, feat_size[0], feat_size[1], grid.shape[-1]).permute(0, 3, 1, 2)  # [B, C, H', W']
+                grid = rearrange(grid, "b (h w) c -> b c h w", h=feat_size[0], w=feat_size[1])  # [B, C, H', W']
             outs.append((grid, prefix) if return_prefix_tokens else grid)
         if intermediates_only:
             return outs
