@@ -149,3 +149,21 @@ def test_pos_conv_on_tokens_and_maps():
     assert blk(t, (3, 4), 1).shape == t.shape and "pos.proj.weight" in blk.state_dict()
     with pytest.raises(ValueError, match="feat_size"):
         pe(t)
+
+
+def test_block_mlp_layer_is_any_module_with_the_mlp_constructor():
+    class Gated(nn.Module):  # no residual fast path: the block adds the residual itself
+        def __init__(self, dim, hidden, *, act_layer, bias, drop):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(dim, 2 * hidden, bias=bias), nn.Linear(hidden, dim, bias=bias)
+
+        def forward(self, x):
+            a, b = self.fc1(x).chunk(2, dim=-1)
+            return self.fc2(a * torch.sigmoid(b))
+
+    blk = Block(16, 2, mlp_layer=Gated, mlp_ratio=2.0).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        h = x + blk.attn(blk.norm1(x))
+        torch.testing.assert_close(blk(x), h + blk.mlp(blk.norm2(h)), rtol=1e-5, atol=1e-5)
+    assert blk.mlp.fc2.in_features == 32
