@@ -93,6 +93,6 @@ def test_shape_hook_sees_every_call_without_forcing_the_explicit_path(monkeypatc
     finally:
         handle.remove()
     assert len(seen) == 2 and seen[0][0] == (2, 3, 5, 8) and seen[0][1] == (2, 3, 7, 8)
-    assert seen[0][2] == {"module": "probe", "mask": (5, 7)}
+    assert seen[0][2] == {"module": "probe", "mask": (5, 7), "bias": None, "is_causal": False}
     core.scaled_dot_product_attention(q, k, k)
     assert len(seen) == 2  # removed

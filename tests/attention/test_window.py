@@ -127,13 +127,14 @@ def test_mask_and_bias_cached_in_eval_and_refreshed_after_updates():
     before = _shift_window_mask.cache_info().misses
     with torch.no_grad():
         y1 = attn(x)
-        m1 = attn._window_mask(8, 8, (2, 2), True, x.device)
+        key = (8, 8, (2, 2), x.device)
+        m1 = attn._mask_cache[key]
         attn(x)
-        assert attn._window_mask(8, 8, (2, 2), True, x.device) is m1  # combined bias + shift mask reused
+        assert attn._mask_cache[key] is m1  # combined bias + shift mask reused
         assert _shift_window_mask.cache_info().misses <= before + 1  # region mask built at most once
         attn.relative_position_bias_table.add_(1.0 * torch.randn_like(attn.relative_position_bias_table))
         y2 = attn(x)
-    assert attn._window_mask(8, 8, (2, 2), True, x.device) is not m1
+    assert attn._mask_cache[key] is not m1
     assert (y1 - y2).abs().max() > 1e-3
     # with gradients on, the bias is recomputed each call and the table gets a gradient
     attn.train()

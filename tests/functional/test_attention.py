@@ -49,37 +49,37 @@ def test_bool_and_additive_masks_agree_and_broadcast():
     q, k, v = _qkv()
     keep = torch.rand(1, 1, 5, 7) > 0.3
     keep[..., 0] = True
-    additive = torch.zeros(1, 1, 5, 7).masked_fill(~keep, float("-inf"))
+    additive = torch.zeros(1, 1, 5, 7).masked_fill(~keep, -1e4)
     a = scaled_dot_product_attention(q, k, v, mask=keep)
-    b = scaled_dot_product_attention(q, k, v, mask=additive)
+    b = scaled_dot_product_attention(q, k, v, bias=additive)
     ref, _ = _reference(q, k, v, mask=keep)
     torch.testing.assert_close(a, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(b, ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("kind", ["bool", "float"])
-def test_fully_masked_rows_give_zeros_not_nan(fused, kind):
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fully_masked_rows_give_zeros_not_nan(fused, with_bias):
     q, k, v = (t.requires_grad_() for t in _qkv())
     keep = torch.ones(2, 1, 5, 7, dtype=torch.bool)
     keep[0, :, 2] = False  # query 2 of sample 0 may attend to nothing
-    mask = keep if kind == "bool" else torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    bias = torch.randn(3, 5, 7, requires_grad=True) if with_bias else None
     with fused_attention(fused):
-        out = scaled_dot_product_attention(q, k, v, mask=mask)
+        out = scaled_dot_product_attention(q, k, v, mask=keep, bias=bias)
     assert torch.isfinite(out).all()
     assert out[0, :, 2].abs().max() == 0
     assert out[1, :, 2].abs().max() > 0
     out.sum().backward()
-    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v) + ((bias,) if with_bias else ()))
 
 
 def test_fused_equals_explicit_with_gradients():
     q, k, v = (t.requires_grad_() for t in _qkv())
-    mask = torch.randn(1, 3, 5, 7)
-    out_f = scaled_dot_product_attention(q, k, v, mask=mask)
+    bias = torch.randn(1, 3, 5, 7)
+    out_f = scaled_dot_product_attention(q, k, v, bias=bias)
     grads_f = torch.autograd.grad(out_f.square().sum(), (q, k, v))
     with fused_attention(False):
-        out_e = scaled_dot_product_attention(q, k, v, mask=mask)
+        out_e = scaled_dot_product_attention(q, k, v, bias=bias)
     grads_e = torch.autograd.grad(out_e.square().sum(), (q, k, v))
     torch.testing.assert_close(out_f, out_e, atol=1e-5, rtol=1e-5)
     for gf, ge in zip(grads_f, grads_e):
@@ -96,7 +96,8 @@ def test_hooks_receive_weights_and_context():
     finally:
         handle.remove()
     scaled_dot_product_attention(q, k, v)
-    assert seen == [((2, 3, 5, 7), {"module": "blocks.0.attn", "layout": "global"})]
+    assert seen == [((2, 3, 5, 7), {"module": "blocks.0.attn", "layout": "global", "mask": None, "bias": None,
+                                    "is_causal": False})]
 
 
 def test_dropout_only_in_explicit_when_asked():
@@ -124,6 +125,12 @@ def test_int_mask_rejected():
     q, k, v = _qkv()
     with pytest.raises(TypeError, match="mask must be bool"):
         scaled_dot_product_attention(q, k, v, mask=torch.ones(5, 7, dtype=torch.long))
+    with pytest.raises(TypeError, match="mask must be bool.*bias="):
+        scaled_dot_product_attention(q, k, v, mask=torch.zeros(5, 7))
+    with pytest.raises(TypeError, match="bias must be a floating"):
+        scaled_dot_product_attention(q, k, v, bias=torch.ones(5, 7, dtype=torch.bool))
+    with pytest.raises(TypeError, match="scale must be a float"):
+        scaled_dot_product_attention(q, k, v, scale=torch.ones(3, 1, 1))
 
 
 def test_torch_sdpa_is_what_fused_path_calls(monkeypatch):
@@ -141,7 +148,7 @@ def test_torch_sdpa_is_what_fused_path_calls(monkeypatch):
     assert calls == [1]
 
 
-def test_learned_mask_in_cpu_training_skips_torch_math_fallback(monkeypatch):
+def test_learned_bias_in_cpu_training_skips_torch_math_fallback(monkeypatch):
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 5, 4, requires_grad=True) for _ in range(3))
     bias = torch.randn(1, 3, 5, 5, requires_grad=True)  # e.g. Swin's relative-position bias
@@ -149,7 +156,7 @@ def test_learned_mask_in_cpu_training_skips_torch_math_fallback(monkeypatch):
     ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v, bias))
     calls = []
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1))
-    out = scaled_dot_product_attention(q, k, v, mask=bias)
+    out = scaled_dot_product_attention(q, k, v, bias=bias)
     grads = torch.autograd.grad(out.square().sum(), (q, k, v, bias))
     assert not calls  # explicit path: torch's kernel would only fall back to its math path here
     torch.testing.assert_close(out, ref)

@@ -1,4 +1,4 @@
-"""``scaled_dot_product_attention`` names ``mask`` when it does not broadcast to the logits."""
+"""``scaled_dot_product_attention`` names ``mask`` / ``bias`` when it does not broadcast to the logits."""
 
 from __future__ import annotations
 
@@ -26,14 +26,21 @@ def _qkv(B: int = 2, nh: int = 3, N: int = 5, M: int = 7, hd: int = 4) -> tuple[
     (1, 2, 3, 5, 7),  # 5-D
     (7,),  # 1-D: the query axis is needed (the fully-masked-row check reads it)
 ])
-@pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
+@pytest.mark.parametrize("name", ["mask", "bias"])
 @pytest.mark.parametrize("weights", [False, True])
-def test_bad_mask_shape_names_mask(shape: tuple[int, ...], dtype: torch.dtype, weights: bool) -> None:
+def test_bad_mask_shape_names_mask(shape: tuple[int, ...], name: str, weights: bool) -> None:
     q, k, v = _qkv()
-    mask = torch.ones(shape, dtype=dtype)
-    with pytest.raises(ValueError, match=r"^mask of shape .* does not broadcast to the attention logits "
+    t = torch.ones(shape, dtype=torch.bool if name == "mask" else torch.float32)
+    with pytest.raises(ValueError, match=rf"^{name} of shape .* does not broadcast to the attention logits "
                                          r"\[B, nh, N, M\] = \[2, 3, 5, 7\]"):
-        scaled_dot_product_attention(q, k, v, mask=mask, return_weights=weights)
+        scaled_dot_product_attention(q, k, v, **{name: t}, return_weights=weights)
+
+
+def test_bad_shape_with_leading_batch_dims_names_the_argument() -> None:
+    q, k, v = (t.view(1, 2, 3, *t.shape[-2:]) for t in _qkv())
+    with pytest.raises(ValueError, match=r"^bias of shape \(4, 5, 7\) does not broadcast to the attention "
+                                         r"logits \[\*b, nh, N, M\] = \[1, 2, 3, 5, 7\]"):
+        scaled_dot_product_attention(q, k, v, bias=torch.zeros(4, 5, 7))
 
 
 @pytest.mark.parametrize("shape", [(5, 7), (1, 5, 7), (3, 5, 7), (2, 1, 1, 7), (1, 3, 5, 7), (2, 3, 5, 7),
@@ -44,7 +51,8 @@ def test_every_broadcastable_mask_is_accepted(shape: tuple[int, ...], fused: boo
     mask = torch.rand(shape) > 0.3
     with fused_attention(fused):
         out = scaled_dot_product_attention(q, k, v, mask=mask)
-    assert out.shape == (2, 3, 5, 4)
+        biased = scaled_dot_product_attention(q, k, v, bias=torch.randn(shape))
+    assert out.shape == biased.shape == (2, 3, 5, 4)
 
 
 def test_module_masks_reach_the_check_with_the_name() -> None:
@@ -68,7 +76,7 @@ def test_mask_check_adds_no_tracer_warnings() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         traced = torch.jit.trace(model, x)
-    lines, start = inspect.getsourcelines(attention_module._check_mask)
+    lines, start = inspect.getsourcelines(attention_module._check_broadcast)
     inside = [w for w in caught if w.filename == inspect.getsourcefile(attention_module)
               and start <= w.lineno < start + len(lines)]
     assert not inside, [str(w.message) for w in inside]

@@ -10,6 +10,7 @@ nothing is computed or copied and even ViT-22B takes milliseconds.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,10 @@ class ModuleCall:
     out_shapes: list[Shape] = field(default_factory=list)
     n_tensor_args: int = 0
     end: int = -1  # event counter when the call returned (calls nested inside have index in (index, end))
+    arg_shape: Shape | None = None  # the first positional tensor's shape
+    n_positional_tensors: int = 0
+    tensor_kwargs: tuple[str, ...] = ()  # names of keyword arguments that were tensors (residual, context, ...)
+    feat_size: tuple[int, int] | None = None  # the grid passed as feat_size=, if any
 
 
 @dataclass
@@ -51,10 +56,10 @@ class AttentionCall:
 
     @property
     def macs(self) -> int:
-        """Multiply-adds of ``q kᵀ`` and ``weights v``: ``B·nh·N·M·(hd + hdv)``."""
-        B, nh, N, hd = self.q
+        """Multiply-adds of ``q kᵀ`` and ``weights v``: ``prod(*b)·nh·N·M·(hd + hdv)``."""
+        N, hd = self.q[-2], self.q[-1]
         M, hdv = self.v[-2], self.v[-1]
-        return B * nh * N * M * (hd + hdv)
+        return math.prod(self.q[:-2]) * N * M * (hd + hdv)
 
 
 @dataclass
@@ -124,9 +129,14 @@ def record_forward(model: nn.Module, input_shape: Sequence[int] | Tensor, *, dev
 
     def pre(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         counter[0] += 1
-        n_tensors = sum(isinstance(a, Tensor) for a in args) + sum(isinstance(v, Tensor) for v in kwargs.values())
+        positional = [a for a in args if isinstance(a, Tensor)]
+        tensor_kwargs = tuple(k for k, v in kwargs.items() if isinstance(v, Tensor))
+        feat_size = kwargs.get("feat_size")
         call = ModuleCall(counter[0], names.get(id(mod), "?"), mod, len(stack), _shapes(args) + _shapes(kwargs),
-                          n_tensor_args=n_tensors)
+                          n_tensor_args=len(positional) + len(tensor_kwargs),
+                          arg_shape=tuple(positional[0].shape) if positional else None,
+                          n_positional_tensors=len(positional), tensor_kwargs=tensor_kwargs,
+                          feat_size=tuple(feat_size) if feat_size is not None else None)
         calls.append(call)
         stack.append(call)
 

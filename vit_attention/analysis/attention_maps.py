@@ -317,7 +317,7 @@ def record_attention(model: nn.Module, *, grid: tuple[int, int] | None = None) -
 
     handles = []
     for m in model.modules():
-        if getattr(type(m), "registry_name", None) is not None:
+        if getattr(type(m), "attention_name", None) is not None:
             handles.append(m.register_forward_pre_hook(pre))
             handles.append(m.register_forward_hook(post))
     handles.append(register_attention_hook(on_weights))

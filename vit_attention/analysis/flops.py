@@ -74,8 +74,25 @@ def layer_macs(module: nn.Module, in_shape: Sequence[int], out_shape: Sequence[i
 
 
 def _self_costed(call: ModuleCall) -> bool:
-    """A mechanism (or any module) that declares ``flops(input_shape)`` and was called on one input."""
-    return callable(getattr(call.module, "flops", None)) and call.n_tensor_args == 1 and len(call.in_shapes) == 1
+    """A call costed by the module's own ``flops(input_shape, ...)``.
+
+    A registered mechanism is, whatever grid or speed keywords it got (``feat_size``,
+    ``num_prefix_tokens``, ``residual``), except with a ``context``: cross-attention is costed by its
+    layers and the attention core. Any other module with a ``flops`` method only when called on one input.
+    """
+    if not callable(getattr(call.module, "flops", None)) or call.arg_shape is None:
+        return False
+    if getattr(call.module, "attention_name", None) is not None:
+        return call.n_positional_tensors == 1 and set(call.tensor_kwargs) <= {"residual"}
+    return call.n_tensor_args == 1 and len(call.in_shapes) == 1
+
+
+def _own_cost(call: ModuleCall) -> int:
+    """``module.flops(input_shape)``, with the grid (``feat_size=``) when the call had one."""
+    assert call.arg_shape is not None
+    if call.feat_size is not None:
+        return int(call.module.flops(call.arg_shape, feat_size=call.feat_size))
+    return int(call.module.flops(call.arg_shape))
 
 
 @dataclass
@@ -141,9 +158,9 @@ def _costs(rec: Recording) -> tuple[dict[str, int], dict[str, str]]:
         if inside(call.index):
             continue
         if _self_costed(call):
-            macs = int(call.module.flops(call.in_shapes[0]))
+            macs = _own_cost(call)
             covered.append((call.index, call.end))
-            kind = getattr(call.module, "registry_name", type(call.module).__name__)
+            kind = getattr(call.module, "attention_name", type(call.module).__name__)
         elif not any(True for _ in call.module.children()) and call.in_shapes and call.out_shapes:
             macs = layer_macs(call.module, call.in_shapes[0], call.out_shapes[0])
             kind = type(call.module).__name__

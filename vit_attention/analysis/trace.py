@@ -13,6 +13,7 @@ partition) get a ``·`` line naming the class whose code made them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -89,7 +90,7 @@ class Trace:
 
 
 def _attention_lines(att: AttentionCall, depth: int) -> list[TraceLine]:
-    B, nh, N, hd = att.q
+    B, (nh, N, hd) = math.prod(att.q[:-3]), att.q[-3:]  # leading batch dims folded into B
     M, hdv = att.k[-2], att.v[-1]
     info = att.info
     lines: list[TraceLine] = []
@@ -107,9 +108,10 @@ def _attention_lines(att: AttentionCall, depth: int) -> list[TraceLine]:
             split_note = f"windows folded into heads: [B, nW·nh, N, hd], nW={nW}"
     lines.append(TraceLine(depth, att.module, "heads split q|k|v", [], [att.q, att.k, att.v], "attention",
                            split_note))
-    mask = info.get("mask")
+    extra = "".join(f"  {label} {_fmt(info[key])}" for key, label in (("bias", "+ bias"), ("mask", "& mask"))
+                    if info.get(key))
     lines.append(TraceLine(depth, att.module, "logits q·kᵀ", [], [(B, nh, N, M)], "attention",
-                           "[B, nh, N, M]" + (f"  + mask {_fmt(mask)}" if mask else "")))
+                           "[B, nh, N, M]" + extra + ("  causal" if info.get("is_causal") else "")))
     lines.append(TraceLine(depth, att.module, "softmax(logits)·v", [], [(B, nh, N, hdv)], "attention",
                            "[B, nh, N, hdv] -> merge heads [B, N, nh·hdv]"))
     return lines
@@ -154,7 +156,7 @@ def _build_lines(rec: Recording, max_depth: int | None, show_all: bool = False) 
             assert isinstance(ev, AttentionCall)
             depth = len(parents)
             if parents:
-                B, nh, N, hd = ev.q
+                B, (nh, N, hd) = math.prod(ev.q[:-3]), ev.q[-3:]
                 if ev.info.get("window_size") is not None and ev.info.get("heads_layout") != "windows*heads":
                     code_line(parents[-1], [(B, N, nh * hd)], depth)
                 nW = int(ev.info.get("num_windows", 1)) if ev.info.get("heads_layout") == "windows*heads" else 1

@@ -10,9 +10,9 @@ changes is inside a window:
   the weights were trained with, so a model transfers to larger windows;
 * the qkv projection has a q and a v bias but no k bias.
 
-The per-head temperature goes to the core attention function as its (tensor) ``scale``: the
-explicit path multiplies the cosine logits by it (the reference op order), the fused path folds it
-into the normalised queries. Bias and shift mask form one additive mask, as in W-MSA.
+The per-head temperature is folded into the normalised queries (``q̂ · τ``, logit scale 1) by
+:func:`~vit_attention.functional.window_attention.window_attention`, so the core sees a plain
+float scale. Bias and shift mask form one additive bias, as in W-MSA.
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.linear import apply_linear, linear
 from ..functional.window import log_relative_coords_table, relative_position_index, to_pair
-from .registry import register_attention
+from .registry import register_attention, small_window_kwargs
 from .window import WindowAttentionBase
 
 __all__ = ["CosineWindowAttention"]
@@ -34,10 +33,20 @@ __all__ = ["CosineWindowAttention"]
 LOGIT_SCALE_MAX = math.log(1.0 / 0.01)  # temperature at most 100
 
 
-@register_attention("cosine_window", layout="spatial", description="SwinV2 scaled cosine (shifted) window "
-                    "attention with log-spaced continuous position bias", example_kwargs=dict(window_size=4,
-                                                                                              shift_size=2),
-                    paper="https://arxiv.org/abs/2111.09883")
+@register_attention(
+    "cosine_window", layout="spatial", description="SwinV2 scaled cosine (shifted) window attention with "
+    "log-spaced continuous position bias", example_kwargs=dict(window_size=4, shift_size=2),
+    paper="https://arxiv.org/abs/2111.09883",
+    formula=(
+        "SwinV2 scaled cosine window attention (Liu et al. 2022): Swin's (shifted) windows, but the logits "
+        "are cosine similarities times a learned, clamped per-head temperature, and the position bias "
+        "comes from a small MLP over log-spaced relative coordinates (continuous position bias), so a "
+        "model transfers across window sizes:\n\n"
+        "    A = softmax(cos(q, k) · exp(min(τ, log 100)) + 16·sigmoid(CPB_MLP(Δ)) + mask)\n"
+        "    out = window_reverse(A v W_proj)               # [B, H, W, C]"),
+    cost="4·hw·C² + 2·M²·hw·C multiply-adds, plus the CPB MLP on (2M-1)² coordinates once per forward",
+    doc_example=(dict(window_size=8, shift_size=4), (1, 16, 16, 96)), grid_kwargs=small_window_kwargs,
+    qkv_bias_split=True)
 class CosineWindowAttention(WindowAttentionBase):
     """SwinV2 window attention, ``[B, H, W, C] -> [B, H, W, C]``.
 
@@ -91,12 +100,11 @@ class CosineWindowAttention(WindowAttentionBase):
         bias = table[index.view(-1)].view(N, N, -1).permute(2, 0, 1)  # [nh, N, N]
         return (16 * torch.sigmoid(bias)).contiguous()
 
-    def scale_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Unit-norm q, k; the clamped per-head temperature ``[nh, 1, 1]`` is the logit scale."""
-        temp = torch.clamp(self.logit_scale, max=LOGIT_SCALE_MAX).exp()  # [nh, 1, 1]
-        return F.normalize(q, dim=-1), F.normalize(k, dim=-1), temp
+    def logit_temperature(self) -> Tensor:
+        """The clamped per-head temperature ``exp(min(logit_scale, log 100))``, ``[nh, 1, 1]``."""
+        return torch.clamp(self.logit_scale, max=LOGIT_SCALE_MAX).exp()  # [nh, 1, 1]
 
-    def flops(self, input_shape: tuple[int, ...]) -> int:
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """W-MSA multiply-adds plus the CPB MLP (once per forward)."""
         wh, ww = self.window_size
         n_coords = (2 * wh - 1) * (2 * ww - 1)

@@ -20,53 +20,82 @@ from .registry import register_attention
 __all__ = ["MultiHeadAttention"]
 
 
-def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """Bool mask (True = may attend) -> additive float mask; float masks pass through."""
-    if mask.dtype != torch.bool:
-        return mask
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+def _pick(name: str, value: Any, alias: str, alias_value: Any, default: Any) -> Any:
+    """One value from a keyword and its torch alias; both given and different raises naming both."""
+    if value is not None and alias_value is not None and value != alias_value:
+        raise ValueError(f"{name}={value!r} and its alias {alias}={alias_value!r} disagree; pass one of them")
+    return value if value is not None else alias_value if alias_value is not None else default
 
 
-@register_attention("mha", layout="tokens", description="multi-head attention with kdim/vdim (cross-attention)",
-                    paper="https://arxiv.org/abs/1706.03762")
+@register_attention(
+    "mha", layout="tokens", description="multi-head attention with kdim/vdim (cross-attention)",
+    paper="https://arxiv.org/abs/1706.03762", prefix_tokens="attend", supports_context=True,
+    formula=(
+        "Multi-head attention with separate query / key / value inputs (Vaswani et al. 2017), the batch-first "
+        "counterpart of `torch.nn.MultiheadAttention` (loads its state dict):\n\n"
+        "    q = split_heads(query W_q); k = split_heads(key W_k); v = split_heads(value W_v)\n"
+        "    out = merge_heads(softmax(q kᵀ · hd^-1/2 + mask) v) W_o     # [B, N, E]\n\n"
+        "Called with one tensor it is self-attention (the plug-and-play contract); with three it is "
+        "cross-attention (e.g. the MAP pooling head of ViT-22B)."),
+    cost="4·N·C² + 2·N·M·C multiply-adds (M = N for self-attention)",
+    example_shape=(2, 11, 32))
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, query ``[B, N, E]``, key ``[B, M, kdim]``, value ``[B, M, vdim]`` -> ``[B, N, E]``.
 
-    Called with one tensor it is self-attention (``[B, N, E] -> [B, N, E]``), which is how the
-    registry's plug-and-play contract uses it. Masks use ``nn.MultiheadAttention`` conventions:
-    ``key_padding_mask [B, M]`` bool with True = ignore this key (or additive float);
-    ``attn_mask [N, M]`` or ``[B*nh, N, M]``, bool True = not allowed (or additive float).
+    Called with one tensor it is self-attention (``[B, N, E] -> [B, N, E]``); with ``context
+    [B, M, kdim]`` (the contract's keyword) keys and values come from it. Masks use
+    ``nn.MultiheadAttention`` conventions: ``key_padding_mask [B, M]`` bool with True = ignore
+    this key (or additive float); ``attn_mask [N, M]`` or ``[B*nh, N, M]``, bool True = not
+    allowed (or additive float; a float ``-inf`` row gives NaN, as in torch).
+
+    Args:
+        dim: width ``E`` (alias ``embed_dim``, torch's name). num_heads: ``nh``.
+        kdim, vdim: key / value widths (default ``E``).
+        qkv_bias: bias on the q, k, v projections; proj_bias: on the output projection (alias
+            ``bias``, torch's name, sets both).
+        attn_drop: dropout on the weights (alias ``dropout``, torch's name). proj_drop: on the output.
     """
 
     def __init__(
         self,
-        embed_dim: int,
+        dim: int | None = None,
         num_heads: int = 8,
         *,
         kdim: int | None = None,
         vdim: int | None = None,
-        bias: bool = True,
-        dropout: float = 0.0,
         qkv_bias: bool | None = None,
+        proj_bias: bool | None = None,
         attn_drop: float | None = None,
         proj_drop: float = 0.0,
+        embed_dim: int | None = None,
+        bias: bool | None = None,
+        dropout: float | None = None,
     ) -> None:
         super().__init__()
-        self.head_dim = check_heads(embed_dim, num_heads, "embed_dim")
-        self.embed_dim, self.num_heads = embed_dim, num_heads
-        self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
-        in_bias = bias if qkv_bias is None else qkv_bias
-        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=in_bias)
-        self.k_proj = nn.Linear(self.kdim, embed_dim, bias=in_bias)
-        self.v_proj = nn.Linear(self.vdim, embed_dim, bias=in_bias)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.dropout = check_prob(dropout if attn_drop is None else attn_drop, "dropout")
+        dim = _pick("dim", dim, "embed_dim", embed_dim, None)
+        self.head_dim = check_heads(dim, num_heads)  # type: ignore[arg-type]
+        self.dim = self.embed_dim = int(dim)  # type: ignore[arg-type]
+        self.num_heads = num_heads
+        self.kdim, self.vdim = kdim or self.dim, vdim or self.dim
+        in_bias = bool(_pick("qkv_bias", qkv_bias, "bias", bias, True))
+        out_bias = bool(_pick("proj_bias", proj_bias, "bias", bias, True))
+        self.q_proj = nn.Linear(self.dim, self.dim, bias=in_bias)
+        self.k_proj = nn.Linear(self.kdim, self.dim, bias=in_bias)
+        self.v_proj = nn.Linear(self.vdim, self.dim, bias=in_bias)
+        self.out_proj = nn.Linear(self.dim, self.dim, bias=out_bias)
+        self.attn_drop = check_prob(_pick("attn_drop", attn_drop, "dropout", dropout, 0.0), "attn_drop")
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
 
-    def _build_mask(self, B: int, N: int, M: int, key_padding_mask: Tensor | None,
-                    attn_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-        """Combine both masks into one additive/bool mask ``[B, nh | 1, N, M]`` (True = may attend)."""
-        mask: Tensor | None = None
+    @property
+    def dropout(self) -> float:
+        """torch's name of :attr:`attn_drop`."""
+        return self.attn_drop
+
+    def _build_masks(self, B: int, N: int, M: int, key_padding_mask: Tensor | None,
+                     attn_mask: Tensor | None, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
+        """torch's masks -> the core's ``(bias, mask)``: additive float ``[B | 1, nh | 1, N | 1, M]`` and bool
+        (True = may attend)."""
+        parts: list[Tensor] = []
         if attn_mask is not None:
             if attn_mask.dim() == 2:
                 if attn_mask.shape != (N, M):
@@ -79,19 +108,19 @@ class MultiHeadAttention(nn.Module):
                 attn_mask = attn_mask.view(B, self.num_heads, N, M)
             else:
                 raise ValueError(f"attn_mask must be 2-D or 3-D, got {attn_mask.dim()}-D")
-            mask = ~attn_mask if attn_mask.dtype == torch.bool else attn_mask.to(dtype)
+            parts.append(attn_mask)
         if key_padding_mask is not None:
             if key_padding_mask.shape != (B, M):
                 raise ValueError(f"key_padding_mask must be [B, M] = [{B}, {M}], got {tuple(key_padding_mask.shape)}")
-            kpm = key_padding_mask.view(B, 1, 1, M)
-            kpm = ~kpm if kpm.dtype == torch.bool else kpm.to(dtype)
-            if mask is None:
-                mask = kpm
-            elif mask.dtype == torch.bool and kpm.dtype == torch.bool:
-                mask = mask & kpm
+            parts.append(key_padding_mask.view(B, 1, 1, M))
+        bias: Tensor | None = None
+        mask: Tensor | None = None
+        for part in parts:
+            if part.dtype == torch.bool:  # torch: True = not allowed
+                mask = ~part if mask is None else mask & ~part
             else:
-                mask = _additive(mask, dtype) + _additive(kpm, dtype)
-        return mask
+                bias = part.to(dtype) if bias is None else bias + part.to(dtype)
+        return bias, mask
 
     def forward(
         self,
@@ -99,22 +128,30 @@ class MultiHeadAttention(nn.Module):
         key: Tensor | None = None,
         value: Tensor | None = None,
         *,
+        feat_size: tuple[int, int] | None = None,
+        num_prefix_tokens: int = 0,
+        context: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
         need_weights: bool = False,
         average_attn_weights: bool = True,
     ) -> Any:
-        """Attend ``query [B, N, E]`` to ``key [B, M, kdim]`` / ``value [B, M, vdim]``.
+        """Attend ``query [B, N, E]`` to ``key [B, M, kdim]`` / ``value [B, M, vdim]`` (or ``context``).
 
-        Returns ``[B, N, E]`` when called as self-attention with only ``query`` and no
-        ``need_weights``; otherwise ``(out [B, N, E], weights)`` like ``nn.MultiheadAttention``
-        (weights ``[B, N, M]`` averaged over heads, ``[B, nh, N, M]`` if not averaged, or None).
+        Returns ``[B, N, E]`` when called by the contract (only ``query``, optionally ``context``,
+        and no ``need_weights``; ``feat_size`` is not needed and prefix tokens attend like the
+        others); otherwise ``(out [B, N, E], weights)`` like ``nn.MultiheadAttention`` (weights
+        ``[B, N, M]`` averaged over heads, ``[B, nh, N, M]`` if not averaged, or None).
         """
-        self_attention_call = key is None and value is None and not need_weights
+        contract_call = key is None and value is None and not need_weights
+        if context is not None:
+            if key is not None or value is not None:
+                raise ValueError("pass either context or key / value, not both")
+            key = context
         key = query if key is None else key
         value = key if value is None else value
-        if query.dim() != 3 or query.shape[-1] != self.embed_dim:
-            raise ValueError(f"query must be [B, N, {self.embed_dim}], got {tuple(query.shape)}")
+        if query.dim() != 3 or query.shape[-1] != self.dim:
+            raise ValueError(f"query must be [B, N, {self.dim}], got {tuple(query.shape)}")
         if key.dim() != 3 or key.shape[-1] != self.kdim:
             raise ValueError(f"key must be [B, M, kdim={self.kdim}], got {tuple(key.shape)}")
         if value.dim() != 3 or value.shape[-1] != self.vdim or value.shape[:2] != key.shape[:2]:
@@ -124,14 +161,16 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(self.q_proj(query), self.num_heads)  # [B, nh, N, hd]
         k = split_heads(self.k_proj(key), self.num_heads)  # [B, nh, M, hd]
         v = split_heads(self.v_proj(value), self.num_heads)  # [B, nh, M, hd]
-        mask = self._build_mask(B, N, M, key_padding_mask, attn_mask, q.dtype)
-        drop = self.dropout if self.training else 0.0
+        bias, mask = self._build_masks(B, N, M, key_padding_mask, attn_mask, q.dtype)
+        drop = self.attn_drop if self.training else 0.0
+        weights: Tensor | None = None
         if need_weights:
-            out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=drop, return_weights=True)
+            out, weights = scaled_dot_product_attention(q, k, v, bias=bias, mask=mask, dropout_p=drop,
+                                                        return_weights=True)
         else:
-            out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=drop), None
+            out = scaled_dot_product_attention(q, k, v, bias=bias, mask=mask, dropout_p=drop)
         out = self.proj_drop(self.out_proj(merge_heads(out)))  # [B, N, E]
-        if self_attention_call:
+        if contract_call:
             return out
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)  # [B, N, M]
@@ -139,7 +178,7 @@ class MultiHeadAttention(nn.Module):
 
     def _load_from_state_dict(self, state_dict: dict[str, Tensor], prefix: str, *args: Any, **kwargs: Any) -> None:
         """Accept ``nn.MultiheadAttention`` keys: packed ``in_proj_*`` or ``{q,k,v}_proj_weight``."""
-        E = self.embed_dim
+        E = self.dim
         packed_w = state_dict.pop(prefix + "in_proj_weight", None)
         if packed_w is not None:
             for i, name in enumerate("qkv"):
@@ -157,7 +196,7 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"{prefix}{unsupported}: add_bias_kv checkpoints are not supported")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def flops(self, input_shape: tuple[int, ...]) -> int:
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds for self-attention on ``input_shape = (B, N, E)``."""
         B, N, C = input_shape
         return B * (4 * N * C * C + 2 * N * N * C)

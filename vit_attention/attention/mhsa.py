@@ -4,16 +4,27 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
-from ..functional.linear import apply_linear
+from ..functional import merge_heads, scaled_dot_product_attention, split_heads, split_qkv
+from ..functional.heads import split_packed
+from ..functional.linear import apply_linear, linear
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
 __all__ = ["MultiHeadSelfAttention"]
 
 
-@register_attention("mhsa", layout="tokens", description="global multi-head self-attention (ViT)",
-                    paper="https://arxiv.org/abs/2010.11929")
+@register_attention(
+    "mhsa", layout="tokens", description="global multi-head self-attention (ViT)",
+    paper="https://arxiv.org/abs/2010.11929", prefix_tokens="attend", supports_context=True,
+    formula=(
+        "Global multi-head self-attention over all `N` tokens (Vaswani et al. 2017; ViT, Dosovitskiy et al. 2021):\n\n"
+        "    q, k, v = split_heads(x W_qkv)                 # each [B, nh, N, hd]\n"
+        "    A = softmax(q kᵀ · hd^-1/2)                    # [B, nh, N, N]\n"
+        "    out = merge_heads(A v) W_proj                  # [B, N, C]\n\n"
+        "Every token attends to every token: cost grows with `N²`. Optional QK-norm (ViT-22B) "
+        "normalises q and k per head before the product."),
+    cost="4·N·C² + 2·N²·C multiply-adds (quadratic in the tokens N)",
+    example_shape=(2, 11, 32))
 class MultiHeadSelfAttention(nn.Module):
     """Global self-attention, ``[B, N, C] -> [B, N, C]``.
 
@@ -47,14 +58,27 @@ class MultiHeadSelfAttention(nn.Module):
 
     accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
 
-    def forward(self, x: Tensor, *, mask: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
-        """``x [B, N, C]`` (optional ``mask`` broadcastable to ``[B, nh, N, N]``) -> ``[B, N, C]``.
+    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
+                context: Tensor | None = None, mask: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+        """``x [B, N, C] -> [B, N, C]``.
 
+        ``feat_size`` is not needed and prefix tokens attend like every other token.
+        ``context [B, M, C]``: keys and values come from it (the ``k | v`` rows of ``qkv``).
+        ``mask``: bool, broadcastable to ``[B, nh, N, M]``, True = may attend.
         ``residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
-        q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
+        if context is None:
+            q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
+        else:
+            if context.dim() != 3 or context.shape[-1] != self.dim or context.shape[0] != x.shape[0]:
+                raise ValueError(f"context must be [B, M, {self.dim}] with x's B = {x.shape[0]}, "
+                                 f"got {tuple(context.shape)}")
+            C, w, b = self.dim, self.qkv.weight, self.qkv.bias
+            q = split_heads(linear(x, w[:C], None if b is None else b[:C]), self.num_heads)  # [B, nh, N, hd]
+            kv = linear(context, w[C:], None if b is None else b[C:])  # [B, M, 2C]
+            k, v = split_packed(kv, self.num_heads, 2, "packed kv")  # each [B, nh, M, hd]
         q, k = self.q_norm(q), self.k_norm(k)
         x = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale,
                                          dropout_p=self.attn_drop if self.training else 0.0)  # [B, nh, N, hd]
@@ -64,7 +88,7 @@ class MultiHeadSelfAttention(nn.Module):
         x = self.proj_drop(apply_linear(self.proj, x))  # [B, N, C]
         return x if residual is None else residual + x
 
-    def flops(self, input_shape: tuple[int, ...]) -> int:
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds for one forward on ``input_shape = (B, N, C)``.
 
         ``4·N·C² + 2·N²·C``, plus the QK-norm LayerNorms when on (fvcore's 5 per element, as

@@ -9,20 +9,53 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from torch import nn
 
-__all__ = ["AttentionSpec", "register_attention", "list_attention", "create_attention", "get_attention_spec"]
+__all__ = ["AttentionSpec", "register_attention", "list_attention", "create_attention", "get_attention_spec",
+           "small_window_kwargs"]
 
 Layout = Literal["tokens", "spatial"]
 
 
+PrefixTokens = Literal["attend", "bypass"]
+
+
+def small_window_kwargs(grid: tuple[int, int]) -> dict[str, Any]:
+    """``window_size`` half the smaller side of the grid (at least 1): several windows on any small grid."""
+    return {"window_size": max(1, min(grid) // 2)}
+
+
 @dataclass(frozen=True)
 class AttentionSpec:
-    """What the registry knows of one mechanism."""
+    """What the registry knows of one mechanism (everything else reads it here, not from tables by name).
+
+    Fields:
+        name, cls, layout: the registered name, the class, ``"tokens"`` (``[B, N, C]``) or
+            ``"spatial"`` (channels-last ``[B, H, W, C]``).
+        description, paper: one line, and a link.
+        needs_feat_size: called on tokens it needs the grid ``feat_size=(H, W)`` (token mechanisms
+            that use the map, and every spatial mechanism: the adapter builds the map from it).
+        prefix_tokens: what class / distillation tokens do: ``"attend"`` (ordinary tokens of the
+            sequence) or ``"bypass"`` (passed around the mechanism unchanged: spatial mechanisms).
+        fused: the fused attention kernel applies (no weights needed inside the mechanism).
+        supports_context: ``forward(x, context=...)`` takes keys / values from ``context``.
+        formula, cost: Markdown formula and its cost in words (docs).
+        example_kwargs, example_shape, example_heads: a small valid example,
+            ``create_attention(name, example_shape[-1], example_heads, **example_kwargs)`` on an input
+            of ``example_shape`` (tests, ``plug``, docs); :meth:`example` builds it.
+        doc_example: ``(kwargs, input_shape)`` of a representative configuration for the docs
+            (None: the small example).
+        grid_kwargs: keywords that fit the mechanism to a token grid ``(H, W)`` (``compare``), or None.
+        qkv_bias_split: the q / v biases are separate parameters ``q_bias`` / ``v_bias`` with no k
+            bias (SwinV2), instead of one ``qkv.bias`` (checkpoint converters).
+        init_kwargs: every keyword the constructor accepts (read from its signature), e.g. whether
+            ``qk_norm`` / ``proj_bias`` may be passed.
+    """
 
     name: str
     cls: type[nn.Module]
@@ -30,25 +63,64 @@ class AttentionSpec:
     description: str = ""
     example_kwargs: dict[str, Any] = field(default_factory=dict)
     paper: str = ""
+    needs_feat_size: bool = False
+    prefix_tokens: PrefixTokens = "attend"
+    fused: bool = True
+    supports_context: bool = False
+    formula: str = ""
+    cost: str = ""
+    example_shape: tuple[int, ...] = ()
+    example_heads: int = 4
+    doc_example: tuple[dict[str, Any], tuple[int, ...]] | None = None
+    grid_kwargs: Callable[[tuple[int, int]], dict[str, Any]] | None = None
+    qkv_bias_split: bool = False
+    init_kwargs: frozenset[str] = frozenset()
+
+    def example(self) -> tuple[nn.Module, tuple[int, ...]]:
+        """The small valid example: ``(module, input_shape)``."""
+        return self.cls(self.example_shape[-1], self.example_heads, **self.example_kwargs), self.example_shape
 
 
 _ATTENTION: dict[str, AttentionSpec] = {}
 
 
+def _init_kwargs(cls: type[nn.Module]) -> frozenset[str]:
+    params = inspect.signature(cls.__init__).parameters.values()
+    return frozenset(p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+
+
 def register_attention(
     name: str, *, layout: Layout, description: str = "", example_kwargs: dict[str, Any] | None = None,
-    paper: str = "",
+    paper: str = "", needs_feat_size: bool | None = None, prefix_tokens: PrefixTokens | None = None,
+    fused: bool = True, supports_context: bool = False, formula: str = "", cost: str = "",
+    example_shape: tuple[int, ...] | None = None, example_heads: int = 4,
+    doc_example: tuple[dict[str, Any], tuple[int, ...]] | None = None,
+    grid_kwargs: Callable[[tuple[int, int]], dict[str, Any]] | None = None, qkv_bias_split: bool = False,
 ) -> Callable[[type[nn.Module]], type[nn.Module]]:
-    """Class decorator adding a mechanism to the registry under ``name``."""
+    """Class decorator adding a mechanism to the registry under ``name``; see :class:`AttentionSpec`.
+
+    Defaults by layout: a spatial mechanism needs ``feat_size`` and its prefix tokens bypass it; a
+    token mechanism does not and they attend. The small example defaults to ``[2, 11, 32]`` tokens or
+    a ``[2, 7, 9, 32]`` map (non-square, not a window multiple).
+    """
     if layout not in ("tokens", "spatial"):
         raise ValueError(f"layout must be 'tokens' or 'spatial', got {layout!r}")
+    spatial = layout == "spatial"
+    if prefix_tokens not in (None, "attend", "bypass"):
+        raise ValueError(f"prefix_tokens must be 'attend' or 'bypass', got {prefix_tokens!r}")
 
     def deco(cls: type[nn.Module]) -> type[nn.Module]:
         if name in _ATTENTION and _ATTENTION[name].cls is not cls:
             raise ValueError(f"attention {name!r} is already registered to {_ATTENTION[name].cls.__name__}")
-        _ATTENTION[name] = AttentionSpec(name, cls, layout, description or (cls.__doc__ or "").split("\n")[0],
-                                         dict(example_kwargs or {}), paper)
-        cls.registry_name = name  # type: ignore[attr-defined]
+        _ATTENTION[name] = AttentionSpec(
+            name, cls, layout, description or (cls.__doc__ or "").split("\n")[0], dict(example_kwargs or {}), paper,
+            needs_feat_size=spatial if needs_feat_size is None else needs_feat_size,
+            prefix_tokens=prefix_tokens or ("bypass" if spatial else "attend"), fused=fused,
+            supports_context=supports_context, formula=formula, cost=cost,
+            example_shape=example_shape or ((2, 7, 9, 32) if spatial else (2, 11, 32)), example_heads=example_heads,
+            doc_example=doc_example, grid_kwargs=grid_kwargs, qkv_bias_split=qkv_bias_split,
+            init_kwargs=_init_kwargs(cls))
+        cls.attention_name = name  # type: ignore[attr-defined]
         cls.layout = layout  # type: ignore[attr-defined]
         return cls
 

@@ -25,18 +25,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..functional import attention_context, scaled_dot_product_attention, split_qkv
 from ..functional.linear import apply_linear
 from ..functional.runtime import capturing
-from ..functional.window import (
-    relative_position_index,
-    shift_window_mask,
-    to_pair,
-    window_head_gather_index,
-    window_partition,
-)
+from ..functional.window import relative_position_index, to_pair
+from ..functional.window_attention import window_attention, window_geometry, window_tokens
 from ._common import check_heads, check_prob
-from .registry import register_attention
+from .registry import register_attention, small_window_kwargs
 
 __all__ = ["WindowAttentionBase", "WindowAttention"]
 
@@ -49,8 +43,11 @@ def _param_key(params: Sequence[Tensor]) -> tuple[Any, ...]:
 class WindowAttentionBase(nn.Module):
     """Shift / pad / partition / attend / reverse around a per-window attention, ``[B, H, W, C] -> [B, H, W, C]``.
 
-    Subclasses define the projections (:meth:`project_qkv`), the per-head position bias
-    (:meth:`compute_position_bias`, ``[nh, N, N]``) and the logit scaling (:meth:`scale_qk`).
+    A thin owner of parameters and caches: the math is
+    :func:`vit_attention.functional.window_attention.window_attention`. Subclasses define the
+    projection (:meth:`project_qkv`), the per-head position bias (:meth:`compute_position_bias`,
+    ``[nh, N, N]``) and the logit scaling (``scale``, or :meth:`logit_temperature` for cosine
+    attention).
     """
 
     accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
@@ -90,12 +87,11 @@ class WindowAttentionBase(nn.Module):
         """The parameters :meth:`compute_position_bias` reads (the cache key)."""
         raise NotImplementedError
 
-    def scale_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float | Tensor]:
-        """Return ``(q, k, scale)`` for ``softmax(q kᵀ · scale + mask)``; q, k ``[B·nW, nh, N, hd]``.
+    scale: float | None = None  # dot-product logit scale (W-MSA); None with a logit temperature
 
-        ``scale`` is a float or a per-head tensor ``[nh, 1, 1]``.
-        """
-        raise NotImplementedError
+    def logit_temperature(self) -> Tensor | None:
+        """SwinV2 cosine attention's per-head temperature ``[nh, 1, 1]``; None for dot-product attention."""
+        return None
 
     # ---------------------------------------------------------------- bias and masks
     def position_bias(self) -> Tensor:
@@ -112,85 +108,53 @@ class WindowAttentionBase(nn.Module):
             self._mask_cache.clear()
         return self._bias_cache[1]
 
-    def _window_mask(self, Hp: int, Wp: int, shift: tuple[int, int], folded: bool, device: torch.device) -> Tensor:
-        """Bias (+ shift mask): ``[1, nh, N, N]`` (heads) or ``[1, nW·nh, N, N]`` (windows folded into heads)."""
-        bias = self.position_bias()  # [nh, N, N]
-        if not folded:
-            return bias.unsqueeze(0)  # [1, nh, N, N]
-        cacheable = self._bias_cache is not None and self._bias_cache[1] is bias
-        key = (Hp, Wp, shift, device)
-        if cacheable and key in self._mask_cache:
-            return self._mask_cache[key]
-        region = shift_window_mask(Hp, Wp, self.window_size, shift, device=device)  # [nW, N, N], zeros unshifted
-        mask = bias.unsqueeze(0) + region.unsqueeze(1).to(bias.dtype)  # [nW, nh, N, N]
-        mask = mask.view(1, -1, *mask.shape[-2:])  # [1, nW·nh, N, N]
-        if cacheable:
-            if len(self._mask_cache) > 8:
-                self._mask_cache.clear()
-            self._mask_cache[key] = mask
-        return mask
-
     # ---------------------------------------------------------------- forward
-    def _shifts_for(self, Hp: int, Wp: int) -> tuple[int, int]:
-        sh, sw = self.shift_size
-        if self.pad_first:  # torchvision: an axis covered by a single window is not shifted
-            sh = 0 if self.window_size[0] >= Hp else sh
-            sw = 0 if self.window_size[1] >= Wp else sw
-        return sh, sw
-
-    def forward(self, x: Tensor, *, residual: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
+                context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
         """``[B, H, W, C] -> [B, H, W, C]``; any ``H, W`` (padded to the window internally).
 
-        ``residual [B, H, W, C]``, when given, is added to the output (fused into ``proj`` at inference).
+        The contract's keywords: ``feat_size`` is the map's own ``(H, W)`` when given; a spatial
+        mechanism never sees prefix tokens (``num_prefix_tokens`` must be 0) nor a ``context``.
+        ``residual [B, H, W, C]`` (private speed keyword of the blocks) is added to the output,
+        fused into ``proj`` at inference.
         """
         if x.dim() != 4 or x.shape[-1] != self.dim:
             raise ValueError(f"{type(self).__name__} expects a channels-last map [B, H, W, {self.dim}], "
                              f"got shape {tuple(x.shape)}")
+        B, H, W, C = x.shape
+        if feat_size is not None and tuple(feat_size) != (H, W):
+            raise ValueError(f"feat_size={tuple(feat_size)} does not match the map's {H}x{W}")
+        if num_prefix_tokens:
+            raise ValueError(f"num_prefix_tokens={num_prefix_tokens}: a spatial mechanism never sees prefix tokens "
+                             "(apply it through vit_attention.layers.adapter.apply_attention)")
+        if context is not None:
+            raise ValueError(f"{type(self).__name__} attends within windows of x; it takes no context")
         if residual is not None and residual.shape != x.shape:
             raise ValueError(f"residual must have the input's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
-        B, H, W, C = x.shape
         wh, ww = self.window_size
         if (H % wh or W % ww) and not self.allow_padding:
             raise ValueError(f"window_size={self.window_size} does not tile the {H}x{W} map and "
                              "allow_padding=False; pad the map or build with allow_padding=True")
-        Hp, Wp = H + (-H) % wh, W + (-W) % ww
-        sh, sw = self._shifts_for(Hp, Wp)
-        nW, N, nh, hd = (Hp // wh) * (Wp // ww), wh * ww, self.num_heads, self.head_dim
-        # Shifted or padded maps fold the windows into the heads, [B, nW·nh, N, hd], so that ONE cached
-        # [nW·nh, N, N] bias + shift mask broadcasts over the batch. The projection runs on the map's tokens
-        # as they are, and a single row gather (cached indices) turns its output into per-window q, k, v.
-        folded = bool(sh or sw) or (Hp, Wp) != (H, W)
-        qkv_rows, out_rows = window_head_gather_index(H, W, self.window_size, (sh, sw), nh,
-                                                      pad_first=self.pad_first, device=x.device)
-        if folded:
-            tokens = x.reshape(B, H * W, C)  # [B, H·W, C]
-            if (Hp, Wp) != (H, W):
-                tokens = torch.cat([tokens, tokens.new_zeros(B, 1, C)], dim=1)  # last token: zero (padding)
-            qkv = self.project_qkv(tokens)  # [B, T, 3C]
-            rows = qkv.shape[1] * 3 * nh  # spelled out: reshape(B, -1, hd) is ambiguous for an empty batch
-            qkv = qkv.reshape(B, rows, hd).index_select(1, qkv_rows).view(B, 3, nW * nh, N, hd)
-            q, k, v = qkv.unbind(1)  # each [B, nW·nh, N, hd]
-        else:
-            q, k, v = split_qkv(self.project_qkv(window_partition(x, self.window_size)), nh)  # [B·nW, nh, N, hd]
-        q, k, scale = self.scale_qk(q, k)
-        if folded and isinstance(scale, Tensor):
-            scale = scale.repeat(nW, 1, 1)  # per-head [nh, 1, 1] -> [nW·nh, 1, 1]
-        mask = self._window_mask(Hp, Wp, (sh, sw), folded, x.device)  # [1, nh, N, N] or [1, nW·nh, N, N]
-        with attention_context(mechanism=getattr(self, "registry_name", "window"), window_size=self.window_size,
-                               shift_size=(sh, sw), padded_size=(Hp, Wp), num_windows=nW,
-                               heads_layout="windows*heads" if folded else "heads"):
-            out = scaled_dot_product_attention(q, k, v, mask=mask, scale=scale,
-                                               dropout_p=self.attn_drop if self.training else 0.0)
-        # [B, nW·nh, N, hd] and [B·nW, nh, N, hd] are the same memory: one row gather merges the heads,
-        # reverses the windows, undoes the shift and crops the padding
-        out = out.contiguous().view(B, nW * nh * N, hd).index_select(1, out_rows).view(B, H * W, C)
+        tokens = window_tokens(x, self.window_size, self.shift_size, pad_first=self.pad_first)  # windows or tokens
+        position_bias = self.position_bias()  # [nh, N, N]
+        cached = self._bias_cache is not None and self._bias_cache[1] is position_bias
+        out = window_attention(self.project_qkv(tokens), position_bias, feat_size=(H, W), num_heads=self.num_heads,
+                               window_size=self.window_size, shift_size=self.shift_size, pad_first=self.pad_first,
+                               scale=self.scale, logit_scale=self.logit_temperature(),
+                               attn_drop=self.attn_drop, training=self.training,
+                               bias_cache=self._mask_cache if cached else None,
+                               mechanism=getattr(self, "attention_name", "window"))  # [B, H·W, C]
         res = None if residual is None else residual.reshape(B, H * W, C)
         if res is not None and not (self.training and self.proj_drop.p > 0):
             return apply_linear(self.proj, out, residual=res).view(B, H, W, C)  # proj + residual, one kernel
         out = self.proj_drop(apply_linear(self.proj, out)).view(B, H, W, C)  # [B, H, W, C]
         return out if residual is None else residual + out
 
-    def flops(self, input_shape: tuple[int, ...]) -> int:
+    def shifts_for(self, H: int, W: int) -> tuple[int, int]:
+        """The shift applied on an ``H x W`` input (none on an axis that one window covers, with ``pad_first``)."""
+        return window_geometry(H, W, self.window_size, self.shift_size, pad_first=self.pad_first)[1]
+
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``input_shape = (B, H, W, C)``: ``4·hw·C² + 2·M·hw_p·C`` per image.
 
         ``hw = H·W`` tokens are projected (plus one zero token for the qkv projection when the map
@@ -209,9 +173,20 @@ class WindowAttentionBase(nn.Module):
                 f"shift_size={self.shift_size}, pad_first={self.pad_first}")
 
 
-@register_attention("window", layout="spatial", description="Swin (shifted) window attention with relative "
-                    "position bias", example_kwargs=dict(window_size=4, shift_size=2),
-                    paper="https://arxiv.org/abs/2103.14030")
+@register_attention(
+    "window", layout="spatial", description="Swin (shifted) window attention with relative position bias",
+    example_kwargs=dict(window_size=4, shift_size=2), paper="https://arxiv.org/abs/2103.14030",
+    formula=(
+        "Swin window attention (Liu et al. 2021). The map `[B, H, W, C]` is cut into non-overlapping "
+        "`M x M` windows; each window attends to itself with a learned relative-position bias. With "
+        "`shift_size > 0` (SW-MSA) the map is first rolled by `-shift`, and a region mask keeps tokens "
+        "that were not neighbours before the roll from attending to each other:\n\n"
+        "    windows = window_partition(roll(x, -s))        # [B·nW, M², C]\n"
+        "    A = softmax(q kᵀ · hd^-1/2 + B_rel + mask)     # [B·nW, nh, M², M²]\n"
+        "    out = roll(window_reverse(A v W_proj), +s)     # [B, H, W, C]\n\n"
+        "`B_rel[i, j] = table[index(Δrow, Δcol)]` with a table of `(2M-1)²` entries per head."),
+    cost="4·hw·C² + 2·M²·hw·C multiply-adds (linear in the map size hw for a fixed window M)",
+    doc_example=(dict(window_size=7, shift_size=3), (1, 14, 14, 96)), grid_kwargs=small_window_kwargs)
 class WindowAttention(WindowAttentionBase):
     """Swin W-MSA / SW-MSA, ``[B, H, W, C] -> [B, H, W, C]``.
 
@@ -255,6 +230,3 @@ class WindowAttention(WindowAttentionBase):
         N = index.shape[0]
         return table[index.view(-1)].view(N, N, -1).permute(2, 0, 1).contiguous()  # [nh, N, N]
 
-    def scale_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
-        """Dot-product scaling ``hd ** -0.5``."""
-        return q, k, self.scale

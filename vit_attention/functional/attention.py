@@ -1,28 +1,28 @@
 """The single attention function every mechanism in the library calls.
 
 ``scaled_dot_product_attention`` is the choke point of DESIGN.md §2: it picks torch's fused
-kernel when the attention weights are not needed and the explicit ``softmax(QKᵀ·scale)V`` path
-when they are (requested by the caller, by an active recorder, or because the fused path is
-switched off). Attention hooks (used by ``vit_attention.analysis.record_attention``) and the
-fused/explicit switch live here and nowhere else.
+kernel when nothing needs the attention weights and the explicit ``softmax(q kᵀ·scale + bias) v``
+path when something does (the caller, an observer, a ``logits_fn`` / ``weights_fn``, or the
+fused switch turned off). Observers (attention maps, shape traces, FLOPs) register here with
+:func:`register_attention_hook`, the fused/explicit switch is :data:`.runtime.FUSED_ATTENTION`,
+and this is the one place in the package where a softmax over attention logits is taken.
 
-Shapes: q ``[B, nh, N, hd]``, k ``[B, nh, M, hd]``, v ``[B, nh, M, hdv]`` -> ``[B, nh, N, hdv]``.
+Shapes: q ``[*b, nh, N, hd]``, k ``[*b, nh, M, hd]``, v ``[*b, nh, M, hdv]`` -> ``[*b, nh, N, hdv]``;
+``bias`` / ``mask`` broadcast to the logits ``[*b, nh, N, M]``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.weak import WeakIdKeyDictionary
 
-from .runtime import capturing
+from .runtime import FUSED_ATTENTION, capturing
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -35,70 +35,55 @@ __all__ = [
     "attention_observed",
 ]
 
-_FUSED: bool = os.environ.get("VIT_ATTENTION_FUSED", "1") not in ("0", "false", "False")
-_HOOKS: dict[int, Callable[[Tensor, dict[str, Any]], None]] = {}
-_SHAPE_HOOKS: dict[int, Callable[[Tensor, Tensor, Tensor, dict[str, Any]], None]] = {}
+WeightsHook = Callable[[Tensor, dict[str, Any]], None]
+ShapeHook = Callable[[Tensor, Tensor, Tensor, dict[str, Any]], None]
+
+_WEIGHT_HOOKS: dict[int, WeightsHook] = {}
+_SHAPE_HOOKS: dict[int, ShapeHook] = {}
 _NEXT_HOOK_ID = 0
 _CONTEXT: list[dict[str, Any]] = []
-# mask -> ((version, dtype), normalised mask or None = the mask itself, dead rows or None)
-_MASK_MEMO: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def fused_attention_enabled() -> bool:
-    """Whether the fused kernel is used when weights are not requested."""
-    return _FUSED
+    """Whether the fused kernel is used when nothing needs the weights (:data:`.runtime.FUSED_ATTENTION`)."""
+    return FUSED_ATTENTION.value
 
 
-def set_fused_attention(enabled: bool) -> None:
-    """Globally switch the fused kernel on or off (env default: ``VIT_ATTENTION_FUSED``)."""
-    global _FUSED
-    _FUSED = bool(enabled)
-
-
-@contextlib.contextmanager
-def fused_attention(enabled: bool) -> Iterator[None]:
-    """Context manager form of :func:`set_fused_attention`; restores the previous value."""
-    prev = _FUSED
-    set_fused_attention(enabled)
-    try:
-        yield
-    finally:
-        set_fused_attention(prev)
+set_fused_attention = FUSED_ATTENTION.set  # (enabled) globally switch the fused kernel on or off
+fused_attention = FUSED_ATTENTION.override  # with fused_attention(False): ... restores the previous value
 
 
 class _HookHandle:
-    def __init__(self, hook_id: int, registry: dict[int, Any] | None = None) -> None:
+    def __init__(self, hook_id: int, registry: dict[int, Any]) -> None:
         self.id = hook_id
-        self._registry = _HOOKS if registry is None else registry
+        self._registry = registry
 
     def remove(self) -> None:
         self._registry.pop(self.id, None)
 
 
-def register_attention_hook(fn: Callable[[Tensor, dict[str, Any]], None]) -> _HookHandle:
-    """Call ``fn(weights, info)`` for every attention computed while registered.
+def register_attention_hook(fn: WeightsHook | ShapeHook, *, weights: bool = True) -> _HookHandle:
+    """Observe every attention call while registered; returns a handle with ``.remove()``.
 
-    ``weights`` is ``[B, nh, N, M]`` (post-softmax, pre-dropout, detached); ``info`` is the merged
-    dict of the active :func:`attention_context` frames (e.g. module name, layout). Returns a
-    handle with ``.remove()``. While any hook is registered the explicit path is used.
+    * ``weights=True``: ``fn(weights, info)`` after the softmax (and ``weights_fn``), before
+      dropout, with ``weights [*b, nh, N, M]`` detached. Forces the explicit path.
+    * ``weights=False`` (shapes only): ``fn(q, k, v, info)`` before anything is computed. It does
+      not change the path and works on the meta device (shape traces, FLOPs).
+
+    ``info`` is the merged dict of the active :func:`attention_context` frames plus ``mask`` and
+    ``bias`` (their shape tuples or None), ``is_causal`` and, when the caller passed one,
+    ``layout`` (where the rows sit on the grid).
     """
     global _NEXT_HOOK_ID
     _NEXT_HOOK_ID += 1
-    _HOOKS[_NEXT_HOOK_ID] = fn
-    return _HookHandle(_NEXT_HOOK_ID)
+    registry: dict[int, Any] = _WEIGHT_HOOKS if weights else _SHAPE_HOOKS
+    registry[_NEXT_HOOK_ID] = fn
+    return _HookHandle(_NEXT_HOOK_ID, registry)
 
 
-def register_attention_shape_hook(fn: Callable[[Tensor, Tensor, Tensor, dict[str, Any]], None]) -> _HookHandle:
-    """Call ``fn(q, k, v, info)`` before every attention call while registered (shape tracing, FLOPs).
-
-    Unlike :func:`register_attention_hook` it does not force the explicit path and computes
-    nothing, so it works on the meta device. ``info`` is the merged :func:`attention_context`
-    plus ``mask``: the mask's shape tuple or None. Returns a handle with ``.remove()``.
-    """
-    global _NEXT_HOOK_ID
-    _NEXT_HOOK_ID += 1
-    _SHAPE_HOOKS[_NEXT_HOOK_ID] = fn
-    return _HookHandle(_NEXT_HOOK_ID, _SHAPE_HOOKS)
+def register_attention_shape_hook(fn: ShapeHook) -> _HookHandle:
+    """``register_attention_hook(fn, weights=False)``: ``fn(q, k, v, info)``, shapes only."""
+    return register_attention_hook(fn, weights=False)
 
 
 @contextlib.contextmanager
@@ -112,109 +97,78 @@ def attention_context(**info: Any) -> Iterator[None]:
 
 
 def attention_observed() -> bool:
-    """True while any attention hook or shape hook is registered (callers must then keep their batch whole)."""
-    return bool(_HOOKS or _SHAPE_HOOKS)
+    """True while any observer is registered (callers must then keep their batch whole)."""
+    return bool(_WEIGHT_HOOKS or _SHAPE_HOOKS)
 
 
-def _context_info() -> dict[str, Any]:
+def _hook_info(mask: Tensor | None, bias: Tensor | None, is_causal: bool, layout: Any) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for frame in _CONTEXT:
         merged.update(frame)
+    merged["mask"] = None if mask is None else tuple(mask.shape)
+    merged["bias"] = None if bias is None else tuple(bias.shape)
+    merged["is_causal"] = is_causal
+    if layout is not None:
+        merged["layout"] = layout
     return merged
 
 
+# ----------------------------------------------------------------------------- argument checks
 def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+    if q.dim() < 3 or k.dim() != q.dim() or v.dim() != q.dim():
         raise ValueError(
-            "scaled_dot_product_attention expects 4-D q [B, nh, N, hd], k [B, nh, M, hd], "
-            f"v [B, nh, M, hdv]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+            "scaled_dot_product_attention expects q [*b, nh, N, hd], k [*b, nh, M, hd], v [*b, nh, M, hdv] "
+            f"with the same number of dims (>= 3); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k head dims differ: q {tuple(q.shape)} vs k {tuple(k.shape)}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v key counts differ: k {tuple(k.shape)} vs v {tuple(v.shape)}")
+    if q.dim() > 4 and not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(f"q, k and v must share their leading dims [*b, nh]; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
 
 
-def _check_mask(mask: Tensor, q: Tensor, k: Tensor) -> None:
-    """``mask`` (2 to 4 dims) must broadcast to the logits ``[B, nh, N, M]`` without enlarging them.
+def _check_broadcast(t: Tensor, name: str, q: Tensor, k: Tensor) -> None:
+    """``t`` (``name`` = mask / bias, 2 to q.dim() dims) must broadcast to the logits without enlarging them.
 
-    Only sizes are compared (no tensor values), so this traces, compiles and exports; a mask size of
-    1 is tested first so a batch-free mask puts no guard on a dynamic batch size.
+    Only sizes are compared (no tensor values), so this traces, compiles and exports; a size of 1
+    is tested first so a batch-free mask puts no guard on a dynamic batch size.
     """
-    logits = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    shape = mask.shape
-    ok = 2 <= len(shape) <= 4
+    logits = (*q.shape[:-1], k.shape[-2])
+    shape = t.shape
+    ok = 2 <= len(shape) <= len(logits)
     if ok:
         for i in range(1, len(shape) + 1):
             if shape[-i] != 1 and shape[-i] != logits[-i]:
                 ok = False
                 break
     if not ok:
+        dims = "[B, nh, N, M]" if len(logits) == 4 else "[*b, nh, N, M]"
         raise ValueError(
-            f"mask of shape {tuple(shape)} does not broadcast to the attention logits [B, nh, N, M] = "
-            f"{list(logits)} (q {tuple(q.shape)}, k {tuple(k.shape)}); expected 2 to 4 dims, each 1 or "
+            f"{name} of shape {tuple(shape)} does not broadcast to the attention logits {dims} = "
+            f"{list(logits)} (q {tuple(q.shape)}, k {tuple(k.shape)}); expected 2 to {len(logits)} dims, each 1 or "
             f"equal to the logits' dim, aligned from the right (e.g. [N, M], [B, 1, 1, M], [1, nh, N, M])"
         )
 
 
-def _as_is(mask: Tensor, q: Tensor) -> Tensor:
-    return mask if mask.dtype == torch.bool else mask.to(q.dtype)
+def _check_args(q: Tensor, k: Tensor, bias: Tensor | None, mask: Tensor | None, scale: Any) -> None:
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(f"mask must be bool (True = may attend), got {mask.dtype}; pass an additive float "
+                        "mask as bias=")
+    if bias is not None and not bias.is_floating_point():
+        raise TypeError(f"bias must be a floating tensor (added to the logits), got {bias.dtype}")
+    if isinstance(scale, Tensor):
+        raise TypeError("scale must be a float; fold a per-head temperature into q (q * temperature, scale=1.0)")
+    # jit.trace: sizes are tensors and the comparisons would only warn (dynamo must not reach is_tracing)
+    if torch.compiler.is_compiling() or not torch.jit.is_tracing():
+        if mask is not None:
+            _check_broadcast(mask, "mask", q, k)
+        if bias is not None:
+            _check_broadcast(bias, "bias", q, k)
 
 
-def _normalise_mask(mask: Tensor | None, q: Tensor) -> tuple[Tensor | None, Tensor | None]:
-    """Return (mask usable by both paths, query rows that may attend to nothing, or None).
-
-    Fully masked query rows get an all-permissive mask row (so neither path produces NaN) and
-    are reported so the caller zeroes their output. No host sync: this runs on the hot path.
-    """
-    if mask is None:
-        return None, None
-    # A mask a module caches and passes again (Swin's bias + shift mask) is checked once per version on
-    # CPU: without dead rows it is used as is, sparing a scan, a copy and an output fill per call.
-    memo = (not capturing() and mask.device.type == "cpu"
-            and not mask.requires_grad and not mask.is_inference())
-    if memo:
-        hit = _MASK_MEMO.get(mask)
-        if hit is not None and hit[0] == (mask._version, q.dtype):
-            return (_as_is(mask, q), None) if hit[1] is None else (hit[1], hit[2])
-    if mask.dtype == torch.bool:
-        dead = ~mask.any(dim=-1, keepdim=True)  # [..., N, 1]
-        out = mask | dead
-    elif not mask.is_floating_point():
-        raise TypeError(f"mask must be bool (True = may attend) or floating (additive), got {mask.dtype}")
-    else:
-        out = mask.to(q.dtype)
-        neginf = out == float("-inf")  # (not isneginf: the ONNX exporter has no such op)
-        if not memo and out.device.type == "cpu" and not capturing() and not bool(neginf.any()):
-            return out, None  # CPU, no -inf at all (e.g. Swin's -100 shift mask): nothing to check or fill
-        dead = neginf.all(dim=-1, keepdim=True)  # [..., N, 1]
-        out = out.masked_fill(dead, 0.0)
-    if memo:
-        if not bool(dead.any()):  # CPU: no device sync to pay
-            _MASK_MEMO[mask] = ((mask._version, q.dtype), None, None)  # never hold the key itself
-            return _as_is(mask, q), None
-        _MASK_MEMO[mask] = ((mask._version, q.dtype), out, dead)
-    return out, dead
-
-
-def _explicit(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, scale: float | Tensor
-              ) -> tuple[Tensor, Tensor]:
-    if isinstance(scale, Tensor):  # per-head temperature multiplies the logits (SwinV2 op order)
-        logits = q @ k.transpose(-2, -1)  # [B, nh, N, M]
-        logits = logits.mul_(scale) if _in_place(logits, scale) else logits * scale
-    else:
-        logits = (q * scale) @ k.transpose(-2, -1)  # [B, nh, N, M]
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            fill = logits.masked_fill_ if _in_place(logits, mask) else logits.masked_fill
-            logits = fill(~mask, float("-inf"))
-        else:
-            logits = logits.add_(mask) if _in_place(logits, mask) else logits + mask
-    weights = logits.softmax(dim=-1)
-    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
-    return dropped @ v, weights  # [B, nh, N, hdv], [B, nh, N, M]
-
-
+# ----------------------------------------------------------------------------- the two paths
 def _in_place(logits: Tensor, other: Tensor) -> bool:
     """Whether ``logits`` may be updated in place with ``other``: no autograd, broadcast keeps its shape."""
     if torch.is_grad_enabled() and (logits.requires_grad or other.requires_grad):
@@ -222,15 +176,64 @@ def _in_place(logits: Tensor, other: Tensor) -> bool:
     return torch.broadcast_shapes(logits.shape, other.shape) == logits.shape
 
 
-def _mask_grad_on_cpu(q: Tensor, mask: Tensor | None) -> bool:
-    """A learned additive mask (e.g. Swin's position bias) in training on CPU.
+def _bias_grad_on_cpu(q: Tensor, bias: Tensor | None) -> bool:
+    """A learned bias (e.g. Swin's relative-position bias) in training on CPU.
 
     torch's fused CPU kernel has no gradient for the mask and falls back to its math path, which adds
     a fully-masked-row scan and a select over the logits; our explicit path computes the same thing
     without them (measured: 2 % of a Swin-T training step).
     """
-    return (mask is not None and q.device.type == "cpu" and mask.requires_grad and torch.is_grad_enabled()
+    return (bias is not None and q.device.type == "cpu" and bias.requires_grad and torch.is_grad_enabled()
             and not capturing())
+
+
+def _explicit(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | None, dead: Tensor | None,
+              scale: float, dropout_p: float, logits_fn: Callable[[Tensor], Tensor] | None,
+              weights_fn: Callable[[Tensor], Tensor] | None, info: dict[str, Any] | None) -> tuple[Tensor, Tensor]:
+    """``softmax(logits_fn(q kᵀ·scale + bias) | mask)``, ``weights_fn``, dropout, ``@ v``: out and weights."""
+    logits = (q if scale == 1.0 else q * scale) @ k.transpose(-2, -1)  # [*b, nh, N, M]
+    if bias is not None:
+        logits = logits.add_(bias) if _in_place(logits, bias) else logits + bias
+    if logits_fn is not None:
+        logits = logits_fn(logits)  # [*b, nh, N, M]
+    if mask is not None:  # after logits_fn: a masked key stays masked whatever the transform does
+        fill = logits.masked_fill_ if _in_place(logits, mask) else logits.masked_fill
+        logits = fill(~mask, float("-inf"))
+    weights = logits.softmax(dim=-1)  # the package's one softmax over attention logits
+    if weights_fn is not None:
+        weights = weights_fn(weights)  # [*b, nh, N, M]
+    if dead is not None:
+        weights = weights.masked_fill(dead, 0.0)  # rows that may attend to nothing: zeros
+    if info is not None:
+        detached = weights.detach()
+        for hook in list(_WEIGHT_HOOKS.values()):
+            hook(detached, info)
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+    return dropped @ v, weights  # [*b, nh, N, hdv], [*b, nh, N, M]
+
+
+def _fold(t: Tensor, lead: torch.Size) -> Tensor:
+    """``[*b, x, y, z]`` (or fewer dims, broadcastable) -> ``[prod(b), x, y, z]`` for the 4-D fused kernel."""
+    if t.dim() <= 3:
+        return t
+    t = t.reshape((1,) * (len(lead) + 3 - t.dim()) + tuple(t.shape))
+    if all(s == 1 for s in t.shape[:-3]):
+        return t.reshape(1, *t.shape[-3:])
+    return t.expand(*lead, *t.shape[-3:]).reshape(-1, *t.shape[-3:])
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool,
+           scale: float) -> Tensor:
+    """torch's fused kernel; more than one leading batch dim is folded into one (its fast kernels are 4-D)."""
+    if q.dim() <= 4:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                              scale=scale)
+    lead = q.shape[:-3]
+    out = F.scaled_dot_product_attention(
+        q.reshape(-1, *q.shape[-3:]), k.reshape(-1, *k.shape[-3:]), v.reshape(-1, *v.shape[-3:]),
+        attn_mask=None if attn_mask is None else _fold(attn_mask, lead), dropout_p=dropout_p, is_causal=is_causal,
+        scale=scale)  # [prod(b), nh, N, hdv]
+    return out.view(*lead, *out.shape[-3:])  # [*b, nh, N, hdv]
 
 
 def scaled_dot_product_attention(
@@ -238,54 +241,65 @@ def scaled_dot_product_attention(
     k: Tensor,
     v: Tensor,
     *,
+    bias: Tensor | None = None,
     mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
     dropout_p: float = 0.0,
-    scale: float | Tensor | None = None,
+    logits_fn: Callable[[Tensor], Tensor] | None = None,
+    weights_fn: Callable[[Tensor], Tensor] | None = None,
+    layout: Any = None,
     return_weights: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Attention ``softmax(q kᵀ · scale + mask) v``.
+    """Attention ``softmax(q kᵀ · scale + bias) v``, masked.
 
     Args:
-        q: queries ``[B, nh, N, hd]``.
-        k: keys ``[B, nh, M, hd]``.
-        v: values ``[B, nh, M, hdv]``.
-        mask: broadcastable to ``[B, nh, N, M]`` (2 to 4 dims, each 1 or the logits' size); bool
-            (True = may attend) or additive float. A query row that may attend to nothing yields
-            zeros, never NaN. Any other shape raises a ``ValueError`` naming ``mask``.
+        q: queries ``[*b, nh, N, hd]`` (any number of leading batch dims, the same for q, k, v).
+        k: keys ``[*b, nh, M, hd]``.
+        v: values ``[*b, nh, M, hdv]``.
+        bias: additive float, broadcastable to the logits ``[*b, nh, N, M]``; finite, may carry
+            gradients (relative-position biases, Swin's -100 shift mask). Never scanned.
+        mask: bool, broadcastable to ``[*b, nh, N, M]``, True = may attend. A query row that may
+            attend to nothing gives zeros (and finite gradients), never NaN.
+        is_causal: query ``i`` attends to keys ``j <= i`` (torch's fused flag; the same as a
+            lower-triangular ``mask``).
+        scale: logit scale, default ``hd ** -0.5``.
         dropout_p: dropout on the attention weights (pass 0 in eval).
-        scale: logit scale, default ``hd ** -0.5``; a tensor broadcastable to ``[B, nh, 1, 1]`` is a
-            per-head temperature (SwinV2), folded into ``q`` on the fused path.
-        return_weights: also return the weights ``[B, nh, N, M]`` (forces the explicit path).
+        logits_fn: ``[*b, nh, N, M] -> [*b, nh, N, M]`` on ``q kᵀ·scale + bias`` before the softmax
+            (the masks are applied after it). Forces the explicit path.
+        weights_fn: ``[*b, nh, N, M] -> [*b, nh, N, M]`` on the weights after the softmax, before
+            dropout and ``@ v`` (CaiT's talking heads). Forces the explicit path.
+        layout: where the rows sit on the grid (an ``AttentionLayout``); handed to observers.
+        return_weights: also return the weights ``[*b, nh, N, M]`` (forces the explicit path).
+
+    A bad ``mask`` / ``bias`` shape raises a ``ValueError`` naming the argument.
 
     Returns:
-        ``[B, nh, N, hdv]``, or ``(out, weights)`` when ``return_weights``.
+        ``[*b, nh, N, hdv]``, or ``(out, weights)`` when ``return_weights``.
     """
     _check_shapes(q, k, v)
-    # jit.trace: sizes are tensors and the comparisons would only warn (dynamo must not reach is_tracing)
-    if mask is not None and (torch.compiler.is_compiling() or not torch.jit.is_tracing()):
-        _check_mask(mask, q, k)
-    if _SHAPE_HOOKS:
-        shape_info = {**_context_info(), "mask": None if mask is None else tuple(mask.shape)}
+    _check_args(q, k, bias, mask, scale)
+    info = _hook_info(mask, bias, is_causal, layout) if (_WEIGHT_HOOKS or _SHAPE_HOOKS) else None
+    if info is not None:
         for shape_hook in list(_SHAPE_HOOKS.values()):
-            shape_hook(q, k, v, shape_info)
+            shape_hook(q, k, v, info)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    mask, dead = _normalise_mask(mask, q)
-    want_weights = return_weights or bool(_HOOKS)
-    if want_weights or not _FUSED or _mask_grad_on_cpu(q, mask):
-        out, weights = _explicit(q, k, v, mask, dropout_p, scale)
-        if dead is not None:
-            out = out.masked_fill(dead, 0.0)
-            weights = weights.masked_fill(dead, 0.0)
-        if _HOOKS:
-            info = _context_info()
-            detached = weights.detach()
-            for hook in list(_HOOKS.values()):
-                hook(detached, info)
+    if bias is not None:
+        bias = bias.to(q.dtype)
+    explicit = (return_weights or bool(_WEIGHT_HOOKS) or logits_fn is not None or weights_fn is not None
+                or not FUSED_ATTENTION.value or _bias_grad_on_cpu(q, bias))
+    if is_causal and (explicit or mask is not None or bias is not None):  # the flag alone takes no other mask
+        causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()  # [N, M]
+        mask, is_causal = (causal if mask is None else mask & causal), False
+    dead = None
+    if mask is not None:
+        dead = ~mask.any(dim=-1, keepdim=True)  # [..., N, 1]: rows that may attend to nothing
+        mask = mask | dead  # all-permissive there (no NaN on either path); zeroed below
+    if explicit:
+        out, weights = _explicit(q, k, v, bias, mask, dead, scale, dropout_p, logits_fn, weights_fn,
+                                 info if _WEIGHT_HOOKS else None)
         return (out, weights) if return_weights else out
-    if isinstance(scale, Tensor):
-        q, scale = q * scale.to(q.dtype), 1.0
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
-    if dead is not None:
-        out = out.masked_fill(dead, 0.0)
-    return out
+    attn_mask = mask if bias is None else bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    out = _fused(q, k, v, attn_mask, dropout_p, is_causal, scale)
+    return out if dead is None else out.masked_fill(dead, 0.0)

@@ -20,7 +20,6 @@ Shapes: ``x [B, ...] -> fn(x) [B, ...]`` (the leading batch dimension is split, 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 
 import torch
@@ -28,27 +27,16 @@ from torch import Tensor, nn
 
 from .attention import attention_observed
 from .linear import hookless
-from .runtime import capturing
+from .runtime import CHUNK_ELEMENTS, capturing
 
 __all__ = ["batch_chunk_size", "run_in_batch_chunks", "chunk_elements", "set_chunk_elements"]
 
-# Elements of one chunk's input map. 2**20 fp32 = 4 MB: the MLP hidden of such a chunk is 16 MB, below
-# glibc's largest mmap threshold and near the last-level cache (measured on Swin-T / SwinV2-T, see
-# docs/benchmarks.md).
-_CHUNK_ELEMENTS: int = int(os.environ.get("VIT_ATTENTION_CHUNK_ELEMENTS", str(1 << 20)))
-
-
 def chunk_elements() -> int:
-    """Elements per chunk (0 = chunking off)."""
-    return _CHUNK_ELEMENTS
+    """Elements per chunk (0 = chunking off; :data:`.runtime.CHUNK_ELEMENTS`)."""
+    return CHUNK_ELEMENTS.value
 
 
-def set_chunk_elements(n: int) -> None:
-    """Set the elements per chunk; 0 switches chunking off (env default: ``VIT_ATTENTION_CHUNK_ELEMENTS``)."""
-    global _CHUNK_ELEMENTS
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise ValueError(f"chunk elements must be an int >= 0 (0 = off), got {n!r}")
-    _CHUNK_ELEMENTS = n
+set_chunk_elements = CHUNK_ELEMENTS.set  # (n) elements per chunk; 0 switches chunking off
 
 
 def batch_chunk_size(x: Tensor, modules: Iterable[nn.Module], max_elements: int | None = None) -> int:
@@ -57,7 +45,7 @@ def batch_chunk_size(x: Tensor, modules: Iterable[nn.Module], max_elements: int 
     Chunks only where nobody could tell: CPU, no autograd recording, no forward hooks on any of
     ``modules`` (or their children), no attention hooks, not compiling or scripting.
     """
-    limit = _CHUNK_ELEMENTS if max_elements is None else max_elements
+    limit = CHUNK_ELEMENTS.value if max_elements is None else max_elements
     B = x.shape[0]
     if limit <= 0 or B <= 1 or x.device.type != "cpu" or torch.is_grad_enabled():
         return B

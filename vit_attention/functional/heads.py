@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-__all__ = ["split_heads", "merge_heads", "split_qkv"]
+__all__ = ["split_heads", "merge_heads", "split_qkv", "split_packed"]
 
 
 def split_heads(x: Tensor, num_heads: int) -> Tensor:
@@ -21,15 +21,20 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(B, N, nh * hd)  # [B, N, C]
 
 
-def split_qkv(qkv: Tensor, num_heads: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Packed projections ``[B, N, 3*C]`` -> q, k, v each ``[B, nh, N, hd]``.
+def split_packed(x: Tensor, num_heads: int, parts: int, what: str = "packed") -> tuple[Tensor, ...]:
+    """Packed projections ``[B, N, parts·C]`` -> ``parts`` tensors, each ``[B, nh, N, hd]``.
 
-    The packed layout is ``[q | k | v]`` along channels, heads contiguous inside each
-    (the timm / torchvision / nn.MultiheadAttention layout).
+    The packed layout is ``[q | k | v]`` (or ``[k | v]``) along channels, heads contiguous inside
+    each (the timm / torchvision / nn.MultiheadAttention layout).
     """
-    B, N, C3 = qkv.shape
-    if C3 % (3 * num_heads):
-        raise ValueError(f"packed qkv width {C3} is not divisible by 3*num_heads={3 * num_heads}")
-    hd = C3 // (3 * num_heads)
-    qkv = qkv.view(B, N, 3, num_heads, hd).permute(2, 0, 3, 1, 4)  # [3, B, nh, N, hd]
-    return qkv.unbind(0)
+    B, N, Cp = x.shape
+    if Cp % (parts * num_heads):
+        raise ValueError(f"{what} width {Cp} is not divisible by {parts}*num_heads={parts * num_heads}")
+    hd = Cp // (parts * num_heads)
+    x = x.view(B, N, parts, num_heads, hd).permute(2, 0, 3, 1, 4)  # [parts, B, nh, N, hd]
+    return x.unbind(0)
+
+
+def split_qkv(qkv: Tensor, num_heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Packed ``[B, N, 3·C]`` -> q, k, v each ``[B, nh, N, hd]`` (see :func:`split_packed`)."""
+    return split_packed(qkv, num_heads, 3, "packed qkv")  # type: ignore[return-value]

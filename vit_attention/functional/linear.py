@@ -16,21 +16,17 @@ Shapes: ``x [..., Cin]``, ``weight [Cout, Cin]``, ``bias [Cout]``, ``residual [.
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .runtime import capturing, cpu_kernel_supports
+from .runtime import FAST_LINEAR, capturing, cpu_kernel_supports
 
 __all__ = ["linear", "apply_linear", "can_fuse", "hookless", "fast_linear", "fast_linear_enabled", "set_fast_linear",
            "fusable_activation", "ACTIVATIONS"]
 
-_FAST: bool = os.environ.get("VIT_ATTENTION_FAST_LINEAR", "1") not in ("0", "false", "False")
 _HAS_ONEDNN: bool = bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 # activation name -> (oneDNN post-op, algorithm) and the eager function it replaces
@@ -53,25 +49,12 @@ def _eager_act(x: Tensor, act: str) -> Tensor:
 
 
 def fast_linear_enabled() -> bool:
-    """Whether :func:`linear` may use the fused oneDNN kernel."""
-    return _FAST
+    """Whether :func:`linear` may use the fused oneDNN kernel (:data:`.runtime.FAST_LINEAR`)."""
+    return FAST_LINEAR.value
 
 
-def set_fast_linear(enabled: bool) -> None:
-    """Globally allow or forbid the fused oneDNN path (env default: ``VIT_ATTENTION_FAST_LINEAR``)."""
-    global _FAST
-    _FAST = bool(enabled)
-
-
-@contextlib.contextmanager
-def fast_linear(enabled: bool) -> Iterator[None]:
-    """Context manager form of :func:`set_fast_linear`; restores the previous value."""
-    prev = _FAST
-    set_fast_linear(enabled)
-    try:
-        yield
-    finally:
-        set_fast_linear(prev)
+set_fast_linear = FAST_LINEAR.set  # (enabled) globally allow or forbid the fused oneDNN path
+fast_linear = FAST_LINEAR.override  # with fast_linear(False): ... restores the previous value
 
 
 def fusable_activation(module: torch.nn.Module) -> str | None:
@@ -94,7 +77,7 @@ def _autocast_on(device_type: str) -> bool:
 
 def _onednn_ok(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """oneDNN can run this projection: CPU, fp32 (or bf16) without autocast, eager, plain tensors."""
-    if not (_FAST and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu":
+    if not (FAST_LINEAR.value and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu":
         return False
     if x.dtype != torch.float32 or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         return False
@@ -134,7 +117,7 @@ class _OneDNNLinear(torch.autograd.Function):
 
 def can_fuse(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None) -> bool:
     """True when the fused oneDNN kernel computes exactly what the eager ops would (inference on CPU)."""
-    if not (_FAST and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu" or capturing():
+    if not (FAST_LINEAR.value and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu" or capturing():
         return False
     if x.dtype not in (torch.float32, torch.bfloat16) or weight.dtype != x.dtype or not cpu_kernel_supports(x.dtype):
         return False

@@ -3,8 +3,9 @@
     >>> net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), plug("window", 32, 4, window_size=4),
     ...                     nn.Conv2d(32, 64, 3, stride=2, padding=1))
 
-``Plug`` changes the layout (``[B, C, H, W]`` -> channels-last ``[B, H, W, C]``, or tokens
-``[B, H·W, C]`` for sequence mechanisms), applies a pre-norm residual attention
+``Plug`` changes the layout (``[B, C, H, W]`` -> channels-last ``[B, H, W, C]``; the blocks'
+adapter :func:`~vit_attention.layers.adapter.apply_attention` hands sequence mechanisms tokens
+``[B, H·W, C]`` with ``feat_size = (H, W)``), applies a pre-norm residual attention
 ``x + attn(norm(x))`` and optionally a pre-norm residual MLP, and changes the layout back.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..attention import create_attention, get_attention_spec
+from .adapter import apply_attention
 from .layer_scale import LayerScale
 from .mlp import Mlp
 
@@ -82,19 +84,12 @@ class Plug(nn.Module):
         else:
             self.norm2, self.mlp, self.ls2 = None, None, nn.Identity()
 
-    def _attend(self, x: Tensor) -> Tensor:
-        """Channels-last ``[B, H, W, C]`` -> attention output in the same layout."""
-        if self.layout == "spatial":
-            return self.attn(x)
-        B, H, W, C = x.shape
-        return self.attn(x.reshape(B, H * W, C)).reshape(B, H, W, C)  # tokens [B, H·W, C] and back
-
     def forward(self, x: Tensor) -> Tensor:
         """``[B, C, H, W] -> [B, C, H, W]``."""
         if x.dim() != 4 or x.shape[1] != self.dim:
             raise ValueError(f"Plug expects a feature map [B, {self.dim}, H, W], got {tuple(x.shape)}")
         x = x.permute(0, 2, 3, 1)  # [B, H, W, C]
-        x = x + self.ls1(self._attend(self.norm1(x)))
+        x = x + self.ls1(apply_attention(self.attn, self.norm1(x)))  # the blocks' adapter
         if self.mlp is not None and self.norm2 is not None:
             x = x + self.ls2(self.mlp(self.norm2(x)))
         return x.permute(0, 3, 1, 2).contiguous()  # [B, C, H, W]

@@ -1,0 +1,87 @@
+"""The one adapter between a caller's layout and a mechanism's: blocks and ``plug`` both go through it.
+
+A caller holds tokens ``[B, P + H·W, C]`` (``P`` prefix tokens, grid ``feat_size = (H, W)``) or a
+channels-last map ``[B, H, W, C]``; a mechanism takes tokens (``layout = "tokens"``) or a map
+(``"spatial"``). :func:`apply_attention` converts to what the mechanism takes and back:
+
+* a token mechanism gets every token, with ``feat_size`` and ``num_prefix_tokens`` (a map is
+  flattened to ``[B, H·W, C]`` with ``feat_size = (H, W)``);
+* a spatial mechanism gets the grid as ``[B, H, W, C]``; prefix tokens pass around it unchanged
+  (their attention-branch output is zero, so with the residual they keep their value).
+
+``residual`` (a private speed path of the blocks) returns ``residual + attn(x)``, fused into the
+mechanism's output projection when it offers that (``accepts_residual``) and no forward hook
+could see the difference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..functional.linear import hookless
+
+__all__ = ["apply_attention", "apply_token_attention"]
+
+
+def _call(attn: nn.Module, x: Tensor, residual: Tensor | None, **contract: Any) -> Tensor:
+    """``attn(x, **contract)`` (+ residual, fused when the mechanism can); ``x`` in the mechanism's own layout."""
+    if getattr(attn, "attention_name", None) is None:  # a plain module (plug of a user's module): x only
+        if contract.get("context") is not None:
+            raise ValueError(f"{type(attn).__name__} is not a registered mechanism; it takes no context")
+        out = attn(x)
+        return out if residual is None else residual + out
+    if residual is not None and getattr(attn, "accepts_residual", False) and hookless(attn):
+        return attn(x, residual=residual, **contract)
+    out = attn(x, **contract)
+    return out if residual is None else residual + out
+
+
+def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | None = None,
+                    num_prefix_tokens: int = 0, context: Tensor | None = None,
+                    residual: Tensor | None = None) -> Tensor:
+    """Run any mechanism on tokens ``[B, P + H·W, C]`` or a map ``[B, H, W, C]``; same shape out.
+
+    Args:
+        attn: a registered mechanism (its ``layout`` says tokens or spatial) or any module
+            taking tokens (called with ``x`` alone).
+        x: tokens ``[B, N, C]`` (``N = P + H·W``) or a channels-last map ``[B, H, W, C]``.
+        feat_size: the grid ``(H, W)`` of token input (a spatial mechanism raises without it).
+        num_prefix_tokens: ``P`` class / distillation tokens in front of the grid.
+        context: keys / values ``[B, M, C]`` for a token mechanism that takes them.
+        residual: when given (``x``'s shape), the result is ``residual + attn(x)``.
+
+    Returns:
+        ``x``'s shape and layout.
+    """
+    spatial = getattr(attn, "layout", "tokens") == "spatial"
+    if x.dim() == 4:  # a channels-last map [B, H, W, C]
+        if spatial:
+            return _call(attn, x, residual, context=context)
+        B, H, W, C = x.shape
+        res = None if residual is None else residual.reshape(B, H * W, C)
+        out = _call(attn, x.reshape(B, H * W, C), res, feat_size=(H, W), context=context)  # [B, H·W, C]
+        return out.view(B, H, W, C)
+    if not spatial:
+        return _call(attn, x, residual, feat_size=feat_size, num_prefix_tokens=num_prefix_tokens, context=context)
+    if feat_size is None:
+        raise ValueError(f"{type(attn).__name__} is a spatial mechanism and needs the token grid feat_size")
+    B, N, C = x.shape
+    H, W = feat_size
+    P = num_prefix_tokens
+    if N - P != H * W:
+        raise ValueError(f"{N - P} grid tokens do not fill feat_size {tuple(feat_size)}")
+    res = None if residual is None else residual[:, P:].reshape(B, H, W, C)
+    grid = _call(attn, x[:, P:].reshape(B, H, W, C), res, context=context).reshape(B, H * W, C)  # [B, H·W, C]
+    if P == 0:
+        return grid
+    prefix = residual[:, :P] if residual is not None else x.new_zeros(B, P, C)  # unchanged: a zero update
+    return torch.cat([prefix, grid], dim=1)  # [B, P + H·W, C]
+
+
+def apply_token_attention(attn: nn.Module, x: Tensor, feat_size: tuple[int, int] | None = None,
+                          num_prefix_tokens: int = 0) -> Tensor:
+    """The blocks' former helper (positional grid arguments): :func:`apply_attention` without a residual."""
+    return apply_attention(attn, x, feat_size=feat_size, num_prefix_tokens=num_prefix_tokens)
