@@ -84,6 +84,8 @@ def test_forward_intermediates():
 
 def test_reset_classifier_and_grad_checkpointing():
     model = _tiny()
+    assert model.feature_info[-1] == dict(num_chs=model.embed_dim, reduction=model.cfg.patch_size,
+                                          module=f"blocks.{len(model.blocks) - 1}")
     model.reset_classifier(3)
     x = torch.randn(2, 3, 32, 32)
     assert model(x).shape == (2, 3) and model.cfg.num_classes == 3

@@ -28,6 +28,7 @@ from ..layers import (
     PatchEmbed,
     drop_path_schedule,
     run_blocks,
+    stage_feature_info,
 )
 from ._config import (
     ConfigMixin,
@@ -183,6 +184,9 @@ class VisionTransformer(nn.Module):
 
         dpr = drop_path_schedule(cfg.drop_path_rate, (cfg.depth,))[0]
         mlp_ratio = cfg.mlp_dim / C if cfg.mlp_dim else cfg.mlp_ratio
+        # one entry per block: every block keeps the patch grid (stride = patch size)
+        self.feature_info = stage_feature_info((C,) * cfg.depth, (self.patch_embed.patch_size[0],) * cfg.depth,
+                                               "blocks")
         self.blocks = nn.Sequential(*[
             Block(C, cfg.num_heads, style=cfg.block, mlp_ratio=mlp_ratio, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm,
                       proj_bias=cfg.proj_bias, mlp_bias=cfg.mlp_bias, drop=cfg.proj_drop_rate,
