@@ -133,29 +133,39 @@ def model_config(name: str, **overrides: Any) -> Any:
     return get_model_entry(name).config(**overrides)
 
 
-def create_model(name: str, *, pretrained: str | Path | Mapping[str, Any] | None = None,
+def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any] | None = None,
                  num_classes: int | None = None, img_size: int | tuple[int, int] | None = None,
                  checkpoint_format: str = "auto", strict: bool = True, **overrides: Any) -> nn.Module:
-    """Build registered model ``name`` (or alias) with config ``overrides``.
+    """Build registered model ``name`` (or alias, optionally ``NAME.TAG``) with config ``overrides``.
 
-    ``num_classes`` defaults to the preset's (1000); ``img_size`` overrides the preset's input
-    size. ``pretrained`` is a checkpoint path or state dict loaded with
-    :func:`vit_attention.weights.load_weights` (layout detected). Build on the meta device with
-    ``with torch.device("meta"): create_model(...)``.
+    ``num_classes`` defaults to the preset's (1000), or the tag's / the weights' when those are
+    given; ``img_size`` overrides the preset's input size. ``pretrained``: ``True`` fetches the
+    preset's default weights (or ``NAME.TAG``'s) from the Hugging Face hub into the HF cache;
+    ``"hf-hub:ORG/REPO"`` any repository (timm layout or a transformers model folder, whose
+    ``config.json`` configures the model: eps, activation, image size, labels ...); a checkpoint
+    path or a state dict (layout detected, see :func:`vit_attention.weights.load_weights`).
+    A ``num_classes`` other than the weights' drops their head with a warning. Options given here
+    win over what the weights say. The model's ``pretrained_cfg`` (a dict: data config, hub id,
+    license, tag) is what :func:`vit_attention.data.resolve_data_config` reads. Build on the meta
+    device with ``with torch.device("meta"): create_model(...)``.
     Returns the model (images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``).
     """
-    entry = get_model_entry(name)
+    from ..weights.hub import resolve_pretrained, split_model_tag  # weights sits above models; imported lazily
+
+    base, tag = split_model_tag(name) if isinstance(name, str) else (name, None)
+    entry = get_model_entry(base)
     if num_classes is not None:
         if not isinstance(num_classes, int) or num_classes < 0:
             raise ValueError(f"num_classes must be a non-negative int, got {num_classes!r}")
         overrides["num_classes"] = num_classes
     if img_size is not None:
         overrides["img_size"] = img_size
-    model = entry.model_cls(entry.config(**overrides))
+    source = resolve_pretrained(entry.name, tag, pretrained)
+    model = entry.model_cls(entry.config(**{**source.config_overrides, **overrides}))
     model.registry_name = entry.name  # type: ignore[assignment]
-    if pretrained is not None:
-        from ..weights import load_weights  # weights sits above models; imported lazily
+    model.pretrained_cfg = source.pretrained_cfg  # type: ignore[assignment]
+    if source.weights is not None:
+        from ..weights import load_weights
 
-        load_weights(model, pretrained, format=checkpoint_format, strict=strict)
+        load_weights(model, source.weights, format=checkpoint_format, strict=strict)
     return model
-

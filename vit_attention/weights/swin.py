@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,8 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional import resample_abs_pos_embed
+from .hub import register_hf_config_reader
 from .layouts import concat_qkv, register_adapter, register_converter, rename
-from .vit import drop_mismatched_heads
+from .vit import drop_mismatched_heads, hf_activation, hf_num_classes
 
 __all__ = ["resize_relative_position_bias_table"]
 
@@ -181,6 +183,34 @@ def _adapt_swin(state: State, model: nn.Module, report: Any) -> State:
     return drop_mismatched_heads(state, own, ("head.fc.",), report)
 
 
+# ---------------------------------------------------------------- transformers config.json -> our config
+def _hf_swin_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """SwinTransformer(V2)Config fields a transformers Swin / Swinv2 ``config.json`` defines."""
+    out: dict[str, Any] = {}
+    for theirs, ours in (("layer_norm_eps", "norm_eps"), ("image_size", "img_size"), ("patch_size", "patch_size"),
+                         ("num_channels", "in_chans"), ("embed_dim", "embed_dim"), ("depths", "depths"),
+                         ("num_heads", "num_heads"), ("window_size", "window_size"), ("mlp_ratio", "mlp_ratio"),
+                         ("qkv_bias", "qkv_bias"), ("use_absolute_embeddings", "ape")):
+        if theirs in config:
+            v = config[theirs]
+            out[ours] = tuple(v) if isinstance(v, list) else v
+    eps = out.get("norm_eps")
+    if eps is not None and eps != 1e-5:
+        warnings.warn(f"config.json layer_norm_eps={eps!r}: transformers' Swin uses it in the blocks and the final "
+                      "norm but 1e-5 in the patch embedding and patch merging norms; norm_eps here applies to all",
+                      stacklevel=2)
+    hf_activation(config, {"gelu": "gelu"})  # Swin's MLP is GELU: anything else is refused, naming hidden_act
+    windows = config.get("pretrained_window_sizes")
+    if windows and any(windows):
+        out["pretrained_window_sizes"] = tuple(windows)
+    classes = hf_num_classes(config)
+    if classes is not None:
+        out["num_classes"] = classes
+    return out
+
+
+register_hf_config_reader("swin", _hf_swin_config)
+register_hf_config_reader("swinv2", _hf_swin_config)
 for _family in ("swin", "swinv2"):
     register_converter(_family, "torchvision", _is_torchvision, _from_torchvision)
     register_converter(_family, "huggingface", _is_hf, _from_hf)

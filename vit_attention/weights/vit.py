@@ -10,6 +10,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..functional import resample_abs_pos_embed
+from .hub import register_hf_config_reader
 from .layouts import concat_qkv, register_adapter, register_converter, rename
 
 State = dict[str, Tensor]
@@ -104,6 +105,58 @@ def drop_mismatched_heads(state: State, own: Mapping[str, Tensor], prefixes: tup
     return state
 
 
+# ---------------------------------------------------------------- transformers config.json -> our config
+# transformers' activation names -> VisionTransformerConfig.act
+HF_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+           "relu": "relu", "silu": "silu", "swish": "silu"}
+
+
+def hf_activation(config: Mapping[str, Any], choices: Mapping[str, str] = HF_ACTS) -> str | None:
+    """Our name for a transformers ``hidden_act`` (``None`` when absent); others raise naming ``hidden_act``."""
+    act = config.get("hidden_act")
+    if act is None:
+        return None
+    if act not in choices:
+        raise ValueError(f"config.json hidden_act={act!r} has no equivalent here; supported: {', '.join(choices)}")
+    return choices[act]
+
+
+def hf_num_classes(config: Mapping[str, Any]) -> int | None:
+    """Classes of a transformers ``*ForImageClassification`` head (``None`` for a bare model)."""
+    archs = config.get("architectures") or []
+    if not any("Classification" in a for a in archs):
+        return None
+    id2label = config.get("id2label")
+    return len(id2label) if isinstance(id2label, Mapping) and id2label else int(config.get("num_labels", 2))
+
+
+def _size(v: Any) -> Any:
+    return tuple(v) if isinstance(v, (list, tuple)) else v
+
+
+def _hf_vit_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """VisionTransformerConfig fields a transformers ViT / DeiT ``config.json`` defines."""
+    out: dict[str, Any] = {}
+    for theirs, ours in (("layer_norm_eps", "norm_eps"), ("image_size", "img_size"), ("patch_size", "patch_size"),
+                         ("num_channels", "in_chans"), ("hidden_size", "embed_dim"), ("num_hidden_layers", "depth"),
+                         ("num_attention_heads", "num_heads"), ("qkv_bias", "qkv_bias")):
+        if theirs in config:
+            out[ours] = _size(config[theirs])
+    if "intermediate_size" in config and "hidden_size" in config:
+        out["mlp_ratio"] = config["intermediate_size"] / config["hidden_size"]
+    act = hf_activation(config)
+    if act is not None:
+        out["act"] = act
+    classes = hf_num_classes(config)
+    if classes is not None:
+        out["num_classes"] = classes
+    if config.get("model_type") == "deit" and any("WithTeacher" in a for a in config.get("architectures") or []):
+        out["distilled"] = True
+    return out
+
+
+register_hf_config_reader("vit", _hf_vit_config)
+register_hf_config_reader("deit", _hf_vit_config)
 register_converter("vit", "huggingface", _is_hf, _from_hf)
 register_converter("vit", "torchvision", _is_torchvision, _from_torchvision)
 register_adapter("vit", _adapt_vit)

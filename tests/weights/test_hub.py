@@ -1,0 +1,202 @@
+"""Pretrained weights by name: the real huggingface_hub download code against a cache folder built here.
+
+No test touches the network: every test points ``HF_HUB_CACHE`` at a temporary folder laid out as
+the Hugging Face cache (``models--ORG--REPO/snapshots/<rev>/<file>`` + ``refs/main``) and sets
+``HF_HUB_OFFLINE=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from fixture_utils import assert_parity
+
+from vit_attention import create_model
+from vit_attention.weights import save_weights
+from vit_attention.weights.hub import PretrainedNotAvailableError, list_pretrained_tags, pretrained_cfg_for
+
+SMALL = dict(depth=1, embed_dim=32, num_heads=2, img_size=32)  # a vit_base_patch16_224 cut down: 2x2 patches
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch) -> Path:
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def place(cache: Path, repo_id: str, files: dict[str, Path | str | bytes], rev: str = "0123abcd") -> Path:
+    """Put ``files`` into ``cache`` as the Hugging Face cache holds repository ``repo_id`` -> snapshot folder."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snap = repo / "snapshots" / rev
+    snap.mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(rev)
+    for name, content in files.items():
+        if isinstance(content, Path):
+            shutil.copyfile(content, snap / name)
+        else:
+            (snap / name).write_bytes(content.encode() if isinstance(content, str) else content)
+    return snap
+
+
+def _small_weights(tmp_path: Path, name: str = "vit_base_patch16_224", **kw) -> tuple[torch.nn.Module, Path]:
+    src = create_model(name, **{**SMALL, **kw})
+    with torch.no_grad():
+        for p in src.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return src.eval(), save_weights(src.state_dict(), tmp_path / "src.safetensors")
+
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+def test_table_matches_timm_defaults():
+    assert list_pretrained_tags("vit_base_patch16_224")[0] == "augreg2_in21k_ft_in1k"
+    cfg = pretrained_cfg_for("vit_base_patch16_224")
+    assert cfg["hf_hub_id"] == "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k"
+    assert cfg["crop_pct"] == 0.9 and cfg["mean"] == (0.5, 0.5, 0.5) and cfg["license"] == "apache-2.0"
+    assert pretrained_cfg_for("vit_base_patch16_224", "augreg_in21k")["num_classes"] == 21843
+    assert pretrained_cfg_for("swin_tiny_patch4_window7_224")["std"] == (0.229, 0.224, 0.225)
+
+
+def test_default_tag_from_the_cache(hub, tmp_path):
+    src, file = _small_weights(tmp_path)
+    place(hub, "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", {"model.safetensors": file})
+    model = create_model("vit_base_patch16_224", pretrained=True, **SMALL)
+    _same_weights(model, src)
+    assert model.pretrained_cfg["tag"] == "augreg2_in21k_ft_in1k"
+    assert model.pretrained_cfg["hf_hub_id"] == "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k"
+
+
+def test_name_tag_picks_repository_and_classes(hub, tmp_path):
+    src, file = _small_weights(tmp_path, num_classes=21843)
+    place(hub, "timm/vit_base_patch16_224.augreg_in21k", {"model.safetensors": file})
+    model = create_model("vit_base_patch16_224.augreg_in21k", pretrained=True, **SMALL)
+    assert model.num_classes == 21843  # the tag's head, as in timm
+    _same_weights(model, src)
+    # without pretrained the tag still sets the classes and data config (nothing is read)
+    assert create_model("vit_base_patch16_224.augreg_in21k", **SMALL).num_classes == 21843
+
+
+def test_num_classes_other_than_the_weights_drops_the_head(hub, tmp_path):
+    src, file = _small_weights(tmp_path)
+    place(hub, "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", {"model.safetensors": file})
+    with pytest.warns(UserWarning, match="classes"):
+        model = create_model("vit_base_patch16_224", pretrained=True, num_classes=7, **SMALL)
+    assert model.head.weight.shape[0] == 7
+    assert torch.equal(model.patch_embed.proj.weight, src.patch_embed.proj.weight)
+
+
+def test_offline_missing_file_says_what_and_how(hub):
+    with pytest.raises(PretrainedNotAvailableError) as e:
+        create_model("vit_base_patch16_224.augreg_in1k", pretrained=True, **SMALL)
+    msg = str(e.value)
+    assert "timm/vit_base_patch16_224.augreg_in1k" in msg and "model.safetensors" in msg
+    assert "HF_HUB_OFFLINE" in msg and "refs/main" in msg and "snapshots" in msg and str(hub) in msg
+
+
+def test_unknown_tag_and_no_weights_are_clear(hub):
+    with pytest.raises(ValueError, match="unknown tag 'nope'.*augreg2_in21k_ft_in1k"):
+        create_model("vit_base_patch16_224.nope", **SMALL)
+    with pytest.raises(PretrainedNotAvailableError, match="no published weights for vit_small_patch16_224_gap"):
+        create_model("vit_small_patch16_224_gap", pretrained=True, depth=1)
+    with pytest.raises(ValueError, match="hf-hub:ORG/REPO"):
+        create_model("vit_base_patch16_224", pretrained="hf-hub:just-a-name", **SMALL)
+
+
+def test_path_and_state_dict_still_load(tmp_path):
+    src, file = _small_weights(tmp_path)
+    _same_weights(create_model("vit_base_patch16_224", pretrained=file, **SMALL), src)
+    _same_weights(create_model("vit_base_patch16_224", pretrained=src.state_dict(), **SMALL), src)
+
+
+def test_hf_hub_timm_layout_reads_its_config(hub, tmp_path):
+    src, file = _small_weights(tmp_path, num_classes=5)
+    config = {"architecture": "vit_base_patch16_224", "num_classes": 5, "label_names": list("abcde"),
+              "pretrained_cfg": {"input_size": [3, 32, 32], "crop_pct": 0.95, "interpolation": "bilinear",
+                                 "mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6], "crop_mode": "center"}}
+    place(hub, "someone/tiny-vit", {"model.safetensors": file, "config.json": json.dumps(config)})
+    model = create_model("vit_base_patch16_224", pretrained="hf-hub:someone/tiny-vit", **SMALL)
+    _same_weights(model, src)
+    cfg = model.pretrained_cfg
+    assert model.num_classes == 5 and cfg["label_names"] == list("abcde") and cfg["hf_hub_id"] == "someone/tiny-vit"
+    assert cfg["crop_pct"] == 0.95 and cfg["mean"] == (0.1, 0.2, 0.3) and cfg["interpolation"] == "bilinear"
+
+
+# ---------------------------------------------------------------- transformers model folders
+def _hf_vit(tmp_path: Path) -> tuple[torch.nn.Module, Path]:
+    cfg = transformers.ViTConfig(image_size=32, patch_size=16, hidden_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=64, hidden_act="gelu_new",
+                                 id2label={i: f"thing {i}" for i in range(4)},
+                                 label2id={f"thing {i}": i for i in range(4)})
+    ref = transformers.ViTForImageClassification(cfg)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+        # a LayerNorm input with tiny variance, so eps 1e-6 vs transformers' 1e-12 shows in the outputs
+        ref.vit.embeddings.patch_embeddings.projection.weight.mul_(1e-3)
+        ref.vit.embeddings.patch_embeddings.projection.bias.zero_()
+        ref.vit.embeddings.cls_token.mul_(1e-3)
+        ref.vit.embeddings.position_embeddings.mul_(1e-3)
+    folder = tmp_path / "hf-vit"
+    ref.eval().save_pretrained(folder)
+    return ref, folder
+
+
+def test_transformers_folder_configures_the_model(tmp_path):
+    ref, folder = _hf_vit(tmp_path)
+    with pytest.warns(UserWarning, match="another architecture"):
+        model = create_model("vit_base_patch16_224", pretrained=folder).eval()
+    assert model.cfg.norm_eps == 1e-12 and model.cfg.act == "gelu_tanh" and model.cfg.embed_dim == 32
+    assert model.num_classes == 4 and model.pretrained_cfg["label_names"] == [f"thing {i}" for i in range(4)]
+    assert model.pretrained_cfg["input_size"] == (3, 32, 32)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert_parity(model(x), ref(pixel_values=x).logits)
+        # the same weights with our default eps differ: the folder's eps matters
+        other = create_model("vit_base_patch16_224", pretrained=folder, norm_eps=1e-6).eval()
+        err = (other(x) - ref(pixel_values=x).logits).abs().max() / ref(pixel_values=x).logits.abs().max()
+    assert err > 1e-3
+
+
+def test_transformers_repository_through_the_hub(hub, tmp_path):
+    ref, folder = _hf_vit(tmp_path)
+    place(hub, "google/vit-tiny-test", {f.name: f for f in folder.iterdir()})
+    with pytest.warns(UserWarning, match="another architecture"):
+        model = create_model("vit_base_patch16_224", pretrained="hf-hub:google/vit-tiny-test").eval()
+    assert model.cfg.norm_eps == 1e-12 and model.pretrained_cfg["hf_hub_id"] == "google/vit-tiny-test"
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert_parity(model(x), ref(pixel_values=x).logits)
+
+
+@pytest.mark.parametrize("v2", [False, True])
+def test_transformers_swin_folder_configures_the_model(tmp_path, v2):
+    cfg_cls = transformers.Swinv2Config if v2 else transformers.SwinConfig
+    cls = transformers.Swinv2ForImageClassification if v2 else transformers.SwinForImageClassification
+    ref = cls(cfg_cls(image_size=32, patch_size=4, embed_dim=16, depths=[2, 1], num_heads=[2, 2], window_size=4,
+                      num_labels=3, hidden_act="gelu"))
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ref.eval().save_pretrained(tmp_path / "hf-swin")
+    name = "swinv2_tiny_window8_256" if v2 else "swin_tiny_patch4_window7_224"
+    with pytest.warns(UserWarning, match="another architecture"):
+        model = create_model(name, pretrained=tmp_path / "hf-swin").eval()
+    assert model.cfg.norm_eps == 1e-5 and model.cfg.depths == (2, 1) and model.num_classes == 3
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert_parity(model(x), ref(pixel_values=x).logits)
