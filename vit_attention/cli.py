@@ -18,6 +18,7 @@ _COMMAND_MODULES = (
     "vit_attention.train.commands",
     "vit_attention.analysis.commands",
     "vit_attention.bench.commands",
+    "vit_attention.export.commands",
 )
 
 

@@ -1,0 +1,113 @@
+"""``vit-attention export``: write a model (and its trained weights) as ONNX, TorchScript or an ExportedProgram."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from torch import nn
+
+from .core import DEFAULT_OPSET, FORMATS, INPUT_NAME, MAX_OPSET, MIN_OPSET, OUTPUT_NAME, check_output_path
+
+VERIFY_RTOL = 1e-4
+
+
+def load_for_export(name: str | None, checkpoint: str | Path | None, *, img_size: int | None = None) -> nn.Module:
+    """The model to export, in eval mode.
+
+    ``checkpoint``: a file of ours (``model.safetensors`` from ``save_weights``, a training
+    ``checkpoint.safetensors``) or a run folder holding one: the model is what the file records
+    (``name``, if given, must agree); any other checkpoint (timm, torchvision, a bare state dict)
+    loads into ``create_model(name, pretrained=checkpoint)``. No checkpoint: ``name`` with its
+    initial (random) weights. ``img_size`` overrides the input size (position embeddings resampled).
+    """
+    from ..models import create_model
+    from ..weights.saved import check_model_name, describe_checkpoint, load_model
+
+    if checkpoint is None:
+        if name is None:
+            raise ValueError("give MODEL (a registered name, see `vit-attention models`) or --checkpoint PATH")
+        print(f"vit-attention export: no --checkpoint: {name} keeps its initial (random) weights", file=sys.stderr)
+        return create_model(name, img_size=img_size).eval()
+    overrides = {"img_size": img_size} if img_size is not None else {}
+    saved = describe_checkpoint(checkpoint)
+    if saved is not None:
+        check_model_name(saved, name, option="MODEL")
+        return load_model(checkpoint, **overrides).eval()
+    if name is None:
+        raise ValueError(f"--checkpoint {checkpoint} does not record which model it holds (a timm / torchvision / "
+                         "bare state dict); give MODEL too")
+    return create_model(name, pretrained=str(checkpoint), **overrides).eval()
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .core import export_model, verify_onnx
+
+    if not MIN_OPSET <= args.opset <= MAX_OPSET:
+        raise ValueError(f"--opset must be in [{MIN_OPSET}, {MAX_OPSET}], got {args.opset}")
+    if args.verify and args.format != "onnx":
+        raise ValueError(f"--verify runs the file in onnxruntime: it needs --format onnx, got {args.format!r}")
+    if args.img_size is not None and args.img_size < 1:
+        raise ValueError(f"--img-size must be >= 1, got {args.img_size}")
+    output = check_output_path(args.output, option="--output")
+    try:
+        if args.format == "onnx" or args.verify:
+            from .core import require
+
+            require("onnx", "--format onnx")
+            if args.verify:
+                require("onnxruntime", "--verify")
+        model = load_for_export(args.model, args.checkpoint, img_size=args.img_size)
+        export_model(model, output, args.format, dynamic_batch=not args.static_batch, opset=args.opset)
+        errors = verify_onnx(model, output) if args.verify else {}
+    except ModuleNotFoundError as e:
+        print(f"vit-attention export: error: {e}", file=sys.stderr)
+        return 2
+    cfg = model.cfg
+    size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
+    batch = "2" if args.static_batch and args.format != "torchscript" else "batch"
+    inp, out = f"[{batch}, {cfg.in_chans}, {size[0]}, {size[1]}]", f"[{batch}, {cfg.num_classes}]"
+    if args.format == "onnx":
+        what = f"ONNX opset {args.opset}: {INPUT_NAME} {inp} -> {OUTPUT_NAME} {out}"
+    else:
+        what = f"{args.format}: forward(x {inp}) -> logits {out}"
+    print(f"wrote {output} ({output.stat().st_size / 2**20:.1f} MiB), {what}")
+    if errors:
+        worst = max(errors.values())
+        print("onnxruntime vs eager, max relative difference: "
+              + ", ".join(f"batch {b}: {e:.1e}" for b, e in errors.items()))
+        if worst > VERIFY_RTOL:
+            print(f"vit-attention export: error: onnxruntime differs from eager by {worst:.1e} > {VERIFY_RTOL:.0e}",
+                  file=sys.stderr)
+            return 1
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register ``export``."""
+    p = sub.add_parser(
+        "export", help="write a model as ONNX, TorchScript or a torch.export program",
+        description="Export MODEL (and/or the model a --checkpoint records) in eval mode. ONNX: input "
+        f"'{INPUT_NAME}' [batch, C, H, W] float32, output '{OUTPUT_NAME}' [batch, num_classes], checked with "
+        "onnx.checker (needs `pip install vit_attention[onnx]`). TorchScript / exported-program: forward(x) -> "
+        "logits. The file is written atomically (temp file, then rename).")
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help="registered name or alias (default: the model the --checkpoint records)")
+    p.add_argument("--checkpoint", default=None, metavar="PATH",
+                   help="weights to export: a run folder, model.safetensors / checkpoint.safetensors of ours, or "
+                   "a timm / torchvision / bare state-dict file (then MODEL is required) (default: none, "
+                   "random initial weights)")
+    p.add_argument("--format", choices=FORMATS, default="onnx", help="output format (default: %(default)s)")
+    p.add_argument("--output", "-o", required=True, metavar="FILE",
+                   help="file to write (parent folders are created; an existing file is replaced)")
+    p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
+                   help=f"ONNX opset, {MIN_OPSET}-{MAX_OPSET} (default: %(default)s)")
+    p.add_argument("--static-batch", action="store_true",
+                   help="fix the batch dimension at 2 (default: dynamic batch; ONNX and exported-program)")
+    p.add_argument("--img-size", type=int, default=None,
+                   help="input size H = W (default: the model's; position embeddings are resampled)")
+    p.add_argument("--verify", action="store_true",
+                   help=f"run the ONNX file in onnxruntime at batch 1 and 3 and compare with eager PyTorch; exit 1 "
+                   f"above {VERIFY_RTOL:.0e} relative difference (default: off)")
+    p.set_defaults(func=_export)
