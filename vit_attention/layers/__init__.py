@@ -1,7 +1,8 @@
 """Reusable building blocks: patch embedding, MLP, drop path, layer scale, position layers, the block,
 the stage scaffolding, downsampling and heads."""
 
-from .block import BLOCK_STYLES, Block, accepted_kwargs, apply_token_attention
+from .adapter import apply_attention, apply_token_attention
+from .block import BLOCK_STYLES, Block, accepted_kwargs
 from .downsample import PatchMerging
 from .drop_path import DropPath, drop_path
 from .head import AttentionPoolHead, ClassifierHead
@@ -28,6 +29,7 @@ __all__ = [
     "PosConv",
     "Stage",
     "accepted_kwargs",
+    "apply_attention",
     "apply_token_attention",
     "drop_path",
     "drop_path_schedule",

@@ -12,10 +12,12 @@ Each branch may carry LayerScale (``init_values``) and drop path. An optional po
 
 Input is tokens ``[B, P + H·W, C]`` (with the grid ``feat_size`` and ``P`` prefix tokens) or a
 channels-last map ``[B, H, W, C]`` (hierarchical stages). Any registered mechanism can be the
-attention: :func:`apply_token_attention` hands it the layout it takes. The block's own attention
-keywords (``qkv_bias``, ``qk_norm``, ``proj_bias``, dropouts) reach a mechanism only when its
-constructor accepts them (read once from its signature, :func:`accepted_kwargs`); one it does not
-accept must keep the block's default, or building the block raises naming it.
+attention: the one adapter (:func:`~vit_attention.layers.adapter.apply_attention`) hands it the
+layout it takes, and at inference fuses the residual into its output projection where it can.
+The block's own attention keywords (``qkv_bias``, ``qk_norm``, ``proj_bias``, dropouts) reach a
+mechanism only when its constructor accepts them (the registry spec's ``init_kwargs``, read from
+its signature at registration; :func:`accepted_kwargs`); one it does not accept must keep the
+block's default, or building the block raises naming it.
 
 State-dict keys: ``norm1``, ``attn.*``, ``ls1.gamma``, ``norm2``, ``mlp.*``, ``ls2.gamma``
 (timm's ViT and Swin layouts alike).
@@ -23,34 +25,22 @@ State-dict keys: ``norm1``, ``attn.*``, ``ls1.gamma``, ``norm2``, ``mlp.*``, ``l
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-import torch
-from einops import rearrange
 from torch import Tensor, nn
 
 from ..attention import create_attention, get_attention_spec
 from ..functional.linear import hookless
+from .adapter import apply_attention
 from .drop_path import DropPath
 from .layer_scale import LayerScale
 from .mlp import Mlp
 
-__all__ = ["Block", "BLOCK_STYLES", "BlockStyle", "accepted_kwargs", "apply_token_attention"]
+__all__ = ["Block", "BLOCK_STYLES", "BlockStyle", "accepted_kwargs"]
 
 BlockStyle = Literal["pre", "post", "res_post", "parallel"]
 BLOCK_STYLES: tuple[str, ...] = ("pre", "post", "res_post", "parallel")
-
-
-@functools.cache
-def _constructor_keywords(cls: type) -> frozenset[str] | None:
-    """Keyword names ``cls.__init__`` accepts; ``None`` when it takes ``**kwargs`` (any name)."""
-    params = inspect.signature(cls.__init__).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return frozenset(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def accepted_kwargs(attn_layer: str, offered: Mapping[str, Any], neutral: Mapping[str, Any] | None = None
@@ -60,49 +50,15 @@ def accepted_kwargs(attn_layer: str, offered: Mapping[str, Any], neutral: Mappin
     One it does not accept is dropped, unless ``neutral`` names it with another value (a setting
     the caller asked for and the mechanism cannot honour): then ``ValueError`` names both.
     """
-    accepted = _constructor_keywords(get_attention_spec(attn_layer).cls)
+    accepted = get_attention_spec(attn_layer).init_kwargs
     out: dict[str, Any] = {}
     for name, value in offered.items():
-        if accepted is None or name in accepted:
+        if name in accepted:
             out[name] = value
         elif neutral is not None and name in neutral and value != neutral[name]:
             raise ValueError(f"attn_layer {attn_layer!r} does not take {name} (its constructor has no such "
                              f"keyword); leave {name}={neutral[name]!r} or choose another mechanism")
     return out
-
-
-def apply_token_attention(attn: nn.Module, x: Tensor, feat_size: tuple[int, int] | None = None,
-                          num_prefix_tokens: int = 0) -> Tensor:
-    """Run any mechanism on tokens ``[B, P + H·W, C]`` or a map ``[B, H, W, C]``; same shape out.
-
-    A mechanism gets the layout it takes: token ones all tokens (a map is flattened), spatial
-    ones the ``H x W`` grid as ``[B, H, W, C]``; prefix tokens pass a spatial mechanism unchanged
-    (their update is zero).
-    """
-    spatial = getattr(attn, "layout", "tokens") == "spatial"
-    if x.dim() == 4:  # a channels-last map
-        if spatial:
-            return attn(x)
-        H, W = x.shape[1:3]
-        return rearrange(attn(rearrange(x, "b h w c -> b (h w) c")), "b (h w) c -> b h w c", h=H, w=W)
-    if not spatial:
-        return attn(x)
-    if feat_size is None:
-        raise ValueError(f"{type(attn).__name__} is a spatial mechanism and needs the token grid feat_size")
-    B, N, C = x.shape
-    H, W = feat_size
-    if N - num_prefix_tokens != H * W:
-        raise ValueError(f"{N - num_prefix_tokens} grid tokens do not fill feat_size {feat_size}")
-    prefix, grid = x[:, :num_prefix_tokens], x[:, num_prefix_tokens:]
-    grid = attn(grid.reshape(B, H, W, C)).reshape(B, H * W, C)  # [B, H·W, C]
-    if num_prefix_tokens == 0:
-        return grid
-    return torch.cat([prefix.new_zeros(prefix.shape), grid], dim=1)  # prefix tokens get no update
-
-
-def _native(attn: nn.Module, x: Tensor) -> bool:
-    """True when ``attn`` takes ``x`` as it is (tokens to a token mechanism, a map to a spatial one)."""
-    return (getattr(attn, "layout", "tokens") == "spatial") == (x.dim() == 4)
 
 
 class Block(nn.Module):
@@ -150,14 +106,12 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def _attn(self, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int) -> Tensor:
-        return apply_token_attention(self.attn, x, feat_size, num_prefix_tokens)
+        return apply_attention(self.attn, x, feat_size=feat_size, num_prefix_tokens=num_prefix_tokens)
 
     def _fused_pre(self, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int) -> Tensor:
         """Pre-norm at inference: the residual adds fused into the attention ``proj`` and ``fc2`` (same math)."""
-        if getattr(self.attn, "accepts_residual", False) and _native(self.attn, x) and hookless(self.attn):
-            x = self.attn(self.norm1(x), residual=x)
-        else:
-            x = x + self._attn(self.norm1(x), feat_size, num_prefix_tokens)
+        x = apply_attention(self.attn, self.norm1(x), feat_size=feat_size, num_prefix_tokens=num_prefix_tokens,
+                            residual=x)  # the adapter fuses where the mechanism can and no hook could tell
         if getattr(self.mlp, "accepts_residual", False) and hookless(self.mlp):
             return self.mlp(self.norm2(x), residual=x)
         return x + self.mlp(self.norm2(x))
