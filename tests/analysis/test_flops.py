@@ -101,3 +101,30 @@ def test_complexity_formulas_match_the_mechanisms():
     assert "56×56×96" in table and "| 7×7×768 |" in table and "1.00×" in table  # one window = global
     with pytest.raises(ValueError, match="window_size"):
         attention_complexity(8, 8, 32, 0)
+
+
+class _Caller(torch.nn.Module):
+    """Calls a mechanism the way blocks do: with the grid keywords and the private residual keyword."""
+
+    def __init__(self, attn: torch.nn.Module) -> None:
+        super().__init__()
+        self.attn = attn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        grid = x[:, 1:].reshape(B, 4, (N - 1) // 4, C)  # a prefix token and a 4 x 6 grid
+        res = getattr(self.attn, "accepts_residual", False)
+        if self.attn.layout == "spatial":
+            return self.attn(grid, feat_size=(4, (N - 1) // 4), **({"residual": grid} if res else {}))
+        return self.attn(x, feat_size=(4, (N - 1) // 4), num_prefix_tokens=1, **({"residual": x} if res else {}))
+
+
+@pytest.mark.parametrize("name", list_attention())
+def test_mechanisms_called_with_grid_and_residual_keywords_are_costed_by_their_formula(name):
+    attn = _mechanism(name).eval()
+    shape = (2, 1 + 4 * 6, DIM)  # a prefix token and a 4x6 grid
+    report = flops(_Caller(attn), shape, device=None)
+    spatial = get_attention_spec(name).layout == "spatial"
+    own = attn.flops((2, 4, 6, DIM) if spatial else shape)
+    assert report.modules == {"attn": own} and report.kinds["attn"] == name
+    assert report.total == pytest.approx(measure_flops(_Caller(attn), shape, device=None)[0], rel=0.01)

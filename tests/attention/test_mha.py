@@ -72,3 +72,25 @@ def test_mhsa_qk_norm_and_scale():
         attn(torch.randn(2, 6, 16))
     with pytest.raises(ValueError, match="attn_drop"):
         MultiHeadSelfAttention(32, 4, attn_drop=1.5)
+
+
+def test_contract_names_and_torch_aliases_build_the_same_module():
+    a = MultiHeadAttention(16, 4, qkv_bias=False, proj_bias=False, attn_drop=0.1)
+    b = MultiHeadAttention(embed_dim=16, num_heads=4, bias=False, dropout=0.1)
+    assert a.dim == a.embed_dim == b.dim == 16 and a.attn_drop == b.attn_drop == b.dropout == 0.1
+    assert a.q_proj.bias is None and a.out_proj.bias is None and b.q_proj.bias is None and b.out_proj.bias is None
+    assert list(a.state_dict()) == list(b.state_dict())
+    with pytest.raises(ValueError, match="dim=16 and its alias embed_dim=8 disagree"):
+        MultiHeadAttention(16, 4, embed_dim=8)
+    with pytest.raises(ValueError, match="attn_drop=0.1 and its alias dropout=0.2 disagree"):
+        MultiHeadAttention(16, 4, attn_drop=0.1, dropout=0.2)
+
+
+def test_context_is_cross_attention():
+    _, ours = _pair(kdim=12, vdim=12)
+    x, ctx = torch.randn(2, 5, 16), torch.randn(2, 7, 12)
+    out = ours(x, context=ctx)
+    assert out.shape == x.shape
+    torch.testing.assert_close(out, ours(x, ctx, ctx)[0])
+    with pytest.raises(ValueError, match="either context or key"):
+        ours(x, ctx, context=ctx)

@@ -162,3 +162,62 @@ def test_learned_bias_in_cpu_training_skips_torch_math_fallback(monkeypatch):
     torch.testing.assert_close(out, ref)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r)
+
+
+def test_is_causal_takes_the_fused_flag_and_logits_fn_forces_the_explicit_path(monkeypatch):
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        calls.append(kw)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    q, k, v = _qkv(M=5)
+    scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert calls[-1]["is_causal"] is True and calls[-1]["attn_mask"] is None
+    n = len(calls)
+    scaled_dot_product_attention(q, k, v, logits_fn=lambda a: a)
+    scaled_dot_product_attention(q, k, v, weights_fn=lambda w: w)
+    assert len(calls) == n  # both transforms need the weights: explicit path
+
+
+def test_hook_info_carries_layout_bias_mask_and_causal():
+    q, k, v = _qkv()
+    seen = []
+    handles = [register_attention_hook(lambda w, info: seen.append(("weights", info))),
+               register_attention_hook(lambda q, k, v, info: seen.append(("shapes", info)), weights=False)]
+    layout = object()
+    try:
+        scaled_dot_product_attention(q, k, v, bias=torch.zeros(3, 5, 7), mask=torch.ones(5, 7, dtype=torch.bool),
+                                     layout=layout)
+    finally:
+        for h in handles:
+            h.remove()
+    assert [kind for kind, _ in seen] == ["shapes", "weights"]
+    for _, info in seen:
+        assert info["layout"] is layout and info["bias"] == (3, 5, 7) and info["mask"] == (5, 7)
+        assert info["is_causal"] is False
+
+
+def test_logits_fn_sees_scaled_logits_plus_bias_and_masks_stay_masked():
+    q, k, v = _qkv()
+    bias = torch.randn(3, 5, 7)
+    keep = torch.ones(5, 7, dtype=torch.bool)
+    keep[:, 3] = False
+    seen = []
+    out, w = scaled_dot_product_attention(q, k, v, bias=bias, mask=keep, scale=0.5, return_weights=True,
+                                          logits_fn=lambda a: seen.append(a.clone()) or a * 0)
+    torch.testing.assert_close(seen[0], (q * 0.5) @ k.transpose(-2, -1) + bias)
+    assert w[..., 3].abs().max() == 0  # the masked key stays masked after the transform
+    torch.testing.assert_close(w[..., 0], torch.full_like(w[..., 0], 1 / 6))
+
+
+def test_a_reused_mask_follows_in_place_edits():
+    q = torch.randn(1, 2, 5, 4)
+    mask = torch.ones(5, 5, dtype=torch.bool)
+    first = scaled_dot_product_attention(q, q, q, mask=mask)
+    mask[2] = False  # row 2 may attend to nothing now: its output must be zeros
+    second = scaled_dot_product_attention(q, q, q, mask=mask)
+    assert torch.equal(second[..., 2, :], torch.zeros_like(second[..., 2, :]))
+    torch.testing.assert_close(second[..., :2, :], first[..., :2, :])

@@ -77,3 +77,46 @@ def test_readme_example_trains():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
+
+
+# ----------------------------------------------------------------------------- the adapter (blocks and plug)
+@pytest.mark.parametrize("name", list_attention())
+def test_adapter_takes_tokens_or_maps_and_passes_prefix_tokens_around_spatial_mechanisms(name):
+    from vit_attention.layers.adapter import apply_attention
+
+    spec = get_attention_spec(name)
+    torch.manual_seed(0)
+    attn = va.create_attention(name, DIM, HEADS, **spec.example_kwargs).eval()
+    B, H, W, P = 2, 5, 6, 2
+    fmap = torch.randn(B, H, W, DIM)
+    tokens = torch.cat([torch.randn(B, P, DIM), fmap.reshape(B, H * W, DIM)], dim=1)  # [B, P + H·W, C]
+    with torch.no_grad():
+        out_map = apply_attention(attn, fmap)
+        out_tok = apply_attention(attn, tokens, feat_size=(H, W), num_prefix_tokens=P)
+        with_res = apply_attention(attn, tokens, feat_size=(H, W), num_prefix_tokens=P, residual=tokens)
+    assert out_map.shape == fmap.shape and out_tok.shape == tokens.shape
+    torch.testing.assert_close(with_res, tokens + out_tok, atol=1e-5, rtol=1e-5)
+    if spec.prefix_tokens == "bypass":
+        assert out_tok[:, :P].abs().max() == 0  # a zero update ...
+        assert torch.equal(with_res[:, :P], tokens[:, :P])  # ... so, with the residual, unchanged
+        torch.testing.assert_close(out_tok[:, P:].reshape(B, H, W, DIM), out_map)
+        with pytest.raises(ValueError, match="feat_size"):
+            apply_attention(attn, tokens, num_prefix_tokens=P)
+    else:
+        assert out_tok[:, :P].abs().max() > 0  # prefix tokens attend like the others
+        with torch.no_grad():
+            torch.testing.assert_close(out_map.reshape(B, H * W, DIM), attn(fmap.reshape(B, H * W, DIM)))
+
+
+def test_adapter_old_name_and_plain_modules():
+    from vit_attention.layers.adapter import apply_attention, apply_token_attention
+
+    attn = va.create_attention("window", DIM, HEADS, window_size=2).eval()
+    x = torch.randn(1, 1 + 16, DIM)
+    with torch.no_grad():
+        torch.testing.assert_close(apply_token_attention(attn, x, (4, 4), 1),
+                                   apply_attention(attn, x, feat_size=(4, 4), num_prefix_tokens=1))
+    lin = nn.Linear(DIM, DIM)
+    assert apply_attention(lin, x).shape == x.shape  # a plain module gets x alone
+    with pytest.raises(ValueError, match="context"):
+        apply_attention(lin, x, context=x)

@@ -1,0 +1,188 @@
+"""The attention contract (DESIGN.md §2) for every registered mechanism.
+
+Each mechanism runs its spec's small example once; the q, k, v it hands the core (caught by a
+shapes-only observer, strides as the mechanism made them) then go through every promise of
+``scaled_dot_product_attention``: fused == explicit, ``is_causal`` == a lower-triangular mask,
+zero logits give the mean of v, leading batch dims == folded, a learned bias gets its gradient,
+fully masked rows are zeros with finite gradients, an identity ``weights_fn`` changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor
+
+from vit_attention import list_attention
+from vit_attention.attention import get_attention_spec
+from vit_attention.functional import fused_attention, register_attention_hook, scaled_dot_product_attention
+
+NAMES = list_attention()
+TOL = dict(atol=1e-5, rtol=1e-4)
+
+
+def _example(name: str) -> tuple[torch.nn.Module, Tensor]:
+    torch.manual_seed(0)
+    attn, shape = get_attention_spec(name).example()
+    return attn.eval(), torch.randn(shape)
+
+
+def _core_inputs(name: str) -> tuple[Tensor, Tensor, Tensor]:
+    """The q, k, v the mechanism gives the core on its example: ``[B', nh', N, hd]`` each."""
+    attn, x = _example(name)
+    seen: list[tuple[Tensor, Tensor, Tensor]] = []
+    handle = register_attention_hook(lambda q, k, v, info: seen.append((q, k, v)), weights=False)
+    try:
+        with torch.no_grad():
+            attn(x)
+    finally:
+        handle.remove()
+    assert seen, f"{name} made no call of the attention core"
+    return seen[0]
+
+
+def _reference(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+    logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if bias is not None:
+        logits = logits + bias
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    return logits.softmax(-1).nan_to_num(0.0) @ v
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_forward_backward_with_the_contract_keywords(name: str) -> None:
+    attn, x = _example(name)
+    attn.train()
+    x.requires_grad_()
+    grid = tuple(x.shape[1:3]) if x.dim() == 4 else None
+    y = attn(x, feat_size=grid, num_prefix_tokens=0, context=None)
+    assert y.shape == x.shape
+    y.square().mean().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in attn.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("fused", [True, False])
+def test_is_causal_equals_an_explicit_lower_triangular_mask(name: str, fused: bool) -> None:
+    q, k, v = _core_inputs(name)
+    tril = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    with fused_attention(fused):
+        causal = scaled_dot_product_attention(q, k, v, is_causal=True)
+        masked = scaled_dot_product_attention(q, k, v, mask=tril)
+    torch.testing.assert_close(causal, masked, **TOL)
+    torch.testing.assert_close(causal, _reference(q, k, v, mask=tril), **TOL)
+    assert not torch.allclose(causal, scaled_dot_product_attention(q, k, v), **TOL)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_zero_logits_give_the_mean_of_v(name: str) -> None:
+    q, k, v = _core_inputs(name)
+    out = scaled_dot_product_attention(q, k, v, logits_fn=lambda a: a * 0)
+    torch.testing.assert_close(out, v.mean(dim=-2, keepdim=True).expand_as(out), **TOL)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("fused", [True, False])
+def test_leading_batch_dims_equal_the_folded_call(name: str, fused: bool) -> None:
+    q, k, v = _core_inputs(name)
+    q5, k5, v5 = (torch.stack([t, t.flip(0) * 0.5]) for t in (q, k, v))  # [2, B', nh', N, hd]
+    nh, N, M = q.shape[1], q.shape[2], k.shape[2]
+    bias = torch.randn(nh, N, M)  # broadcasts over both leading dims
+    mask = torch.rand(2, 1, 1, 1, M) > 0.2  # differs along the new leading dim
+    with fused_attention(fused):
+        out5 = scaled_dot_product_attention(q5, k5, v5, bias=bias, mask=mask)
+        out4 = scaled_dot_product_attention(q5.flatten(0, 1), k5.flatten(0, 1), v5.flatten(0, 1), bias=bias,
+                                            mask=mask.expand(2, q.shape[0], 1, 1, M).flatten(0, 1))
+    assert out5.shape == (2, *q.shape[:-1], v.shape[-1])
+    torch.testing.assert_close(out5.flatten(0, 1), out4, **TOL)
+    torch.testing.assert_close(out5, _reference(q5, k5, v5, bias=bias, mask=mask), **TOL)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_bias_with_grad_gets_its_gradient(name: str, fused: bool) -> None:
+    q, k, v = (t.detach().clone().requires_grad_() for t in _core_inputs(name))
+    bias = torch.randn(q.shape[1], q.shape[2], k.shape[2], requires_grad=True)  # [nh, N, M]
+    with fused_attention(fused):
+        out = scaled_dot_product_attention(q, k, v, bias=bias)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v, bias))
+    ref = _reference(q, k, v, bias=bias)
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v, bias))
+    torch.testing.assert_close(out, ref, **TOL)
+    for g, r in zip(grads, ref_grads):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-3)
+    assert grads[-1].abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("fused", [True, False])
+def test_fully_masked_rows_are_zeros_with_finite_gradients(name: str, fused: bool) -> None:
+    q, k, v = (t.detach().clone().requires_grad_() for t in _core_inputs(name))
+    bias = torch.randn(q.shape[1], q.shape[2], k.shape[2], requires_grad=True)
+    keep = torch.rand(q.shape[0], 1, q.shape[2], k.shape[2]) > 0.3
+    keep[0, :, 1] = False  # query 1 of the first batch row may attend to nothing
+    keep[1:, :, :, 0] = True  # every other row has a key
+    with fused_attention(fused):
+        out = scaled_dot_product_attention(q, k, v, bias=bias, mask=keep)
+    assert out[0, :, 1].abs().max() == 0 and torch.isfinite(out).all()
+    torch.testing.assert_close(out, _reference(q, k, v, bias=bias, mask=keep), **TOL)
+    out.square().sum().backward()
+    for t in (q, k, v, bias):
+        assert t.grad is not None and torch.isfinite(t.grad).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_identity_weights_fn_changes_nothing(name: str) -> None:
+    q, k, v = _core_inputs(name)
+    seen: list[Tensor] = []
+    default = scaled_dot_product_attention(q, k, v)
+    out = scaled_dot_product_attention(q, k, v, weights_fn=lambda w: seen.append(w) or w)
+    assert len(seen) == 1 and seen[0].shape == (*q.shape[:-1], k.shape[-2])
+    torch.testing.assert_close(out, default, **TOL)
+    with fused_attention(False):
+        torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_spec_is_complete_and_its_example_runs(name: str) -> None:
+    spec = get_attention_spec(name)
+    assert spec.formula and spec.cost and spec.description and spec.paper
+    assert spec.prefix_tokens in ("attend", "bypass")
+    assert spec.needs_feat_size == (spec.layout == "spatial")  # true of today's four
+    assert spec.cls.attention_name == name and spec.cls.layout == spec.layout
+    assert {"dim", "num_heads"} <= spec.init_kwargs or {"embed_dim", "num_heads"} <= spec.init_kwargs
+    attn, shape = spec.example()
+    assert attn(torch.randn(shape)).shape == shape
+    if spec.doc_example is not None:
+        kwargs, doc_shape = spec.doc_example
+        with torch.device("meta"):
+            doc = spec.cls(doc_shape[-1], 3, **kwargs)
+            assert doc(torch.empty(doc_shape)).shape == doc_shape
+    if spec.grid_kwargs is not None:
+        grid_attn = spec.cls(16, 2, **spec.grid_kwargs((4, 4)))
+        assert grid_attn(torch.randn(1, 4, 4, 16)).shape == (1, 4, 4, 16)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if get_attention_spec(n).layout == "spatial"])
+def test_spatial_mechanisms_refuse_prefix_tokens_and_context(name: str) -> None:
+    attn, x = _example(name)
+    with pytest.raises(ValueError, match="num_prefix_tokens"):
+        attn(x, num_prefix_tokens=1)
+    with pytest.raises(ValueError, match="context"):
+        attn(x, context=torch.randn(2, 3, x.shape[-1]))
+    with pytest.raises(ValueError, match="feat_size"):
+        attn(x, feat_size=(x.shape[1] + 1, x.shape[2]))
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if get_attention_spec(n).supports_context])
+def test_context_supplies_keys_and_values(name: str) -> None:
+    attn, x = _example(name)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, context=x), attn(x), **TOL)
+        other = attn(x, context=torch.randn(x.shape[0], 5, x.shape[-1]))
+    assert other.shape == x.shape and not torch.allclose(other, attn(x))
