@@ -13,14 +13,16 @@ from .core import DEFAULT_OPSET, FORMATS, INPUT_NAME, MAX_OPSET, MIN_OPSET, OUTP
 VERIFY_RTOL = 1e-4
 
 
-def load_for_export(name: str | None, checkpoint: str | Path | None, *, img_size: int | None = None) -> nn.Module:
+def load_for_export(name: str | None, checkpoint: str | Path | None, *, img_size: int | None = None,
+                    num_classes: int | None = None) -> nn.Module:
     """The model to export, in eval mode.
 
     ``checkpoint``: a file of ours (``model.safetensors`` from ``save_weights``, a training
     ``checkpoint.safetensors``) or a run folder holding one: the model is what the file records
     (``name``, if given, must agree); any other checkpoint (timm, torchvision, a bare state dict)
     loads into ``create_model(name, pretrained=checkpoint)``. No checkpoint: ``name`` with its
-    initial (random) weights. ``img_size`` overrides the input size (position embeddings resampled).
+    initial (random) weights. ``img_size`` overrides the input size (position embeddings resampled);
+    ``num_classes`` the classifier's size (a foreign checkpoint's head of that size loads with it).
     """
     from ..models import create_model
     from ..weights.saved import check_model_name, describe_checkpoint, load_model
@@ -29,8 +31,8 @@ def load_for_export(name: str | None, checkpoint: str | Path | None, *, img_size
         if name is None:
             raise ValueError("give MODEL (a registered name, see `vit-attention models`) or --checkpoint PATH")
         print(f"vit-attention export: no --checkpoint: {name} keeps its initial (random) weights", file=sys.stderr)
-        return create_model(name, img_size=img_size).eval()
-    overrides = {"img_size": img_size} if img_size is not None else {}
+        return create_model(name, img_size=img_size, num_classes=num_classes).eval()
+    overrides = {k: v for k, v in (("img_size", img_size), ("num_classes", num_classes)) if v is not None}
     saved = describe_checkpoint(checkpoint)
     if saved is not None:
         check_model_name(saved, name, option="MODEL")
@@ -50,6 +52,8 @@ def _export(args: argparse.Namespace) -> int:
         raise ValueError(f"--verify runs the file in onnxruntime: it needs --format onnx, got {args.format!r}")
     if args.img_size is not None and args.img_size < 1:
         raise ValueError(f"--img-size must be >= 1, got {args.img_size}")
+    if args.num_classes is not None and args.num_classes < 0:
+        raise ValueError(f"--num-classes must be >= 0, got {args.num_classes}")
     output = check_output_path(args.output, option="--output")
     try:
         if args.format == "onnx" or args.verify:
@@ -58,7 +62,7 @@ def _export(args: argparse.Namespace) -> int:
             require("onnx", "--format onnx")
             if args.verify:
                 require("onnxruntime", "--verify")
-        model = load_for_export(args.model, args.checkpoint, img_size=args.img_size)
+        model = load_for_export(args.model, args.checkpoint, img_size=args.img_size, num_classes=args.num_classes)
         export_model(model, output, args.format, dynamic_batch=not args.static_batch, opset=args.opset)
         errors = verify_onnx(model, output) if args.verify else {}
     except ModuleNotFoundError as e:
@@ -107,6 +111,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="fix the batch dimension at 2 (default: dynamic batch; ONNX and exported-program)")
     p.add_argument("--img-size", type=int, default=None,
                    help="input size H = W (default: the model's; position embeddings are resampled)")
+    p.add_argument("--num-classes", type=int, default=None,
+                   help="classifier size (default: the checkpoint's for files of ours, else the preset's; a "
+                   "foreign checkpoint with another head size needs it)")
     p.add_argument("--verify", action="store_true",
                    help=f"run the ONNX file in onnxruntime at batch 1 and 3 and compare with eager PyTorch; exit 1 "
                    f"above {VERIFY_RTOL:.0e} relative difference (default: off)")

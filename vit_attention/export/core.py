@@ -216,12 +216,15 @@ def to_torchscript(model: nn.Module, path: str | Path, *, example_input: Tensor 
 
 def to_exported_program(model: nn.Module, path: str | Path, *, dynamic_batch: bool = True,
                         example_input: Tensor | None = None) -> Path:
-    """Write ``torch.export.export(model)`` to ``path`` (atomically; load with ``torch.export.load``).
+    """Write ``torch.export.export(model)`` to ``path`` (``*.pt2``, atomically; ``torch.export.load(path).module()``).
 
     ``forward(x)``: ``x`` ``[batch, in_chans, H, W]`` -> logits ``[batch, num_classes]``.
-    ``dynamic_batch``: the batch is a symbolic ``Dim("batch")``; else fixed at the traced batch.
+    ``dynamic_batch``: the batch is symbolic, in the range export infers (``program.range_constraints``;
+    torch 2.13 records at most 1024 for Swin); else fixed at the traced batch.
     """
     path = check_output_path(path)
+    if path.suffix != ".pt2":
+        raise ValueError(f"path {str(path)!r} must end in '.pt2': torch.export.load reads only such names")
     x = _trace_input(model, example_input)
     # Dim.AUTO: export infers the batch range itself (a named Dim with bounds trips torch 2.13's
     # constraint solver on Swin's window partition); the program accepts any batch >= 1
@@ -229,7 +232,9 @@ def to_exported_program(model: nn.Module, path: str | Path, *, dynamic_batch: bo
 
     def write(tmp: str) -> None:
         with _eval_mode(model):
-            program = torch.export.export(model, (x,), dynamic_shapes=shapes)
+            # strict: dynamo traces the index builders' lru_caches through; the non-strict tracer would
+            # call them under fake mode and leave fake tensors in the caches for later eager calls
+            program = torch.export.export(model, (x,), dynamic_shapes=shapes, strict=True)
         buf = io.BytesIO()  # torch.export.save wants a .pt2 name or a buffer; the temp file is neither
         torch.export.save(program, buf)
         Path(tmp).write_bytes(buf.getvalue())
