@@ -27,17 +27,22 @@ _IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
 def build_model(name: str | None, *, checkpoint: str | Path | None = None, img_size: int | None = None,
-                num_classes: int | None = None, device: str | torch.device = "cpu") -> nn.Module:
+                num_classes: int | None = None, device: str | torch.device = "cpu", pretrained: bool = False
+                ) -> nn.Module:
     """Model ``name``, or the model a checkpoint of ours describes (its saved config wins), with weights, in eval mode.
 
     A file written by :func:`vit_attention.save_weights`, a training ``checkpoint.safetensors`` or
     a run folder names its model and config: the model is rebuilt as it was trained
     (:func:`vit_attention.load_model`); ``name`` may be ``None`` or must be that model (else
     ``ValueError``). Other checkpoints (timm, torchvision, Hugging Face ...) are loaded into
-    ``name`` built with the given options. Sets ``model.normalization`` (mean, std) and
-    ``model.class_names`` (``None`` when the file does not record them).
+    ``name`` built with the given options (``checkpoint`` may also be ``hf-hub:ORG/REPO``);
+    ``pretrained=True`` loads ``name``'s published weights (``NAME.TAG`` picks a tag). Sets
+    ``model.normalization`` (mean, std: what training recorded, else the model's data config) and
+    ``model.class_names`` (recorded or the weights' names; ImageNet-1k's for a 1000-class model
+    with weights; else ``None``).
     """
-    from ..weights import CheckpointMismatchError, describe_checkpoint, load_model, load_weights
+    from ..data import imagenet_class_names, resolve_data_config
+    from ..weights import CheckpointMismatchError, describe_checkpoint, load_model
     from ..weights.saved import check_model_name
 
     saved = describe_checkpoint(checkpoint) if checkpoint is not None else None
@@ -57,15 +62,24 @@ def build_model(name: str | None, *, checkpoint: str | Path | None = None, img_s
     else:
         if name is None:
             raise ValueError(f"{checkpoint} does not record which model it holds; give the model name too")
-        with torch.device(device):
-            model = create_model(name, img_size=img_size, num_classes=num_classes)
-        if checkpoint is not None:
-            try:
-                load_weights(model, checkpoint)
-            except CheckpointMismatchError as e:
-                raise ValueError(f"checkpoint {checkpoint} does not fit model {name}: {e}") from None
-    model.normalization = _normalization(meta, model.cfg.in_chans)  # type: ignore[assignment]
+        if pretrained and checkpoint is not None:
+            raise ValueError(f"pretrained=True and checkpoint {checkpoint} both give weights; give one of them")
+        try:
+            with torch.device(device):
+                model = create_model(name, img_size=img_size, num_classes=num_classes,
+                                     pretrained=True if pretrained else checkpoint)
+        except CheckpointMismatchError as e:
+            raise ValueError(f"checkpoint {checkpoint} does not fit model {name}: {e}") from None
+    data_config = resolve_data_config(model)
+    if any(k in meta for k in ("normalize", "normalization", "mean")):
+        model.normalization = _normalization(meta, model.cfg.in_chans)  # type: ignore[assignment]
+    else:
+        model.normalization = (data_config.mean, data_config.std)  # type: ignore[assignment]
     classes = meta.get("classes")
+    if not isinstance(classes, list):
+        classes = list(data_config.label_names) if data_config.label_names else None
+    if classes is None and model.num_classes == 1000 and (checkpoint is not None or pretrained):
+        classes = imagenet_class_names()
     model.class_names = list(classes) if isinstance(classes, list) else None  # type: ignore[assignment]
     return model.eval()
 
@@ -291,10 +305,11 @@ def _attn(args: argparse.Namespace) -> int:
                              "registered model name (or only the run folder / checkpoint)")
         name, checkpoint = None, args.model
     _open_image(Path(args.image)).close()  # a missing or non-image file fails before the model is built
-    if checkpoint is None:
+    if checkpoint is None and not args.pretrained:
         print(f"warning: no --checkpoint: these maps show {name} with random (untrained) weights; give "
-              "--checkpoint (a run folder or weights file) for a trained model's attention", file=sys.stderr)
-    model = build_model(name, checkpoint=checkpoint, img_size=args.img_size)
+              "--checkpoint (a run folder or weights file) or --pretrained for a trained model's attention",
+              file=sys.stderr)
+    model = build_model(name, checkpoint=checkpoint, img_size=args.img_size, pretrained=args.pretrained)
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
     x, img = load_image(args.image, cfg.in_chans, tuple(size), model.normalization)  # type: ignore[arg-type]
@@ -304,7 +319,10 @@ def _attn(args: argparse.Namespace) -> int:
     p, k = prob.max(dim=0)
     classes = getattr(model, "class_names", None)
     label = classes[int(k)] if classes and len(classes) == prob.numel() else f"class {int(k)}"
-    if checkpoint:
+    if args.pretrained:
+        pcfg = getattr(model, "pretrained_cfg", None) or {}
+        weights = f"weights: {pcfg.get('hf_hub_id') or 'pretrained'}"
+    elif checkpoint:
         ckpt = Path(checkpoint)
         weights = "weights: " + (f"{ckpt.name}/" if ckpt.is_dir() else ckpt.name)
     else:
@@ -362,6 +380,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="weights: a run folder, model.safetensors / checkpoint.safetensors (which name their "
                         "model: MODEL must agree), or timm / torchvision / Hugging Face files loaded into MODEL. "
                         "Without it the maps show random weights")
+    p.add_argument("--pretrained", action="store_true",
+                   help="MODEL's published weights (MODEL.TAG picks a tag) from the Hugging Face hub cache; "
+                        "HF_HUB_OFFLINE=1: cache only")
     p.add_argument("--layer", type=int, default=None, help="one attention layer (negative from the end)")
     p.add_argument("--head", type=int, default=None, help="one head (default: mean over heads)")
     p.add_argument("--method", default="auto", choices=["auto", "rollout", "mean", "layer"])

@@ -248,22 +248,57 @@ def _inference_meta(saved: Any) -> dict[str, Any]:
     return meta
 
 
+def _data_meta(model: Any) -> dict[str, Any]:
+    """What inference needs from a model's data config (built by name / foreign weights): mean, std, crop, names.
+
+    ``label_names``: the weights' class names, else ImageNet-1k's for a 1000-class model.
+    """
+    from ..data import create_transform, imagenet_class_names, resolve_data_config
+
+    dc = resolve_data_config(model)
+    names = list(dc.label_names) if dc.label_names else None
+    if names is None and model.num_classes == 1000:
+        names = imagenet_class_names()
+    return {"mean": list(dc.mean), "std": list(dc.std), "crop_pct": dc.crop_pct, "data_config": dc,
+            "label_names": names, "transform": create_transform}
+
+
 def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """The model ``--checkpoint`` describes, in eval mode, and what its training recorded (classes, mean, ...).
+    """The model ``--checkpoint`` (or ``--model NAME --pretrained``) gives, in eval mode, and how to feed it.
 
     A file of ours (run folder, ``model.safetensors``, ``checkpoint.safetensors``) says which model it
-    holds: ``--model`` / ``--model-arg`` / ``--num-classes`` may repeat that but never contradict it.
-    A foreign checkpoint (timm, torchvision, Hugging Face ...) needs ``--model`` to build first.
+    holds: ``--model`` / ``--model-arg`` / ``--num-classes`` may repeat that but never contradict it;
+    the returned dict is what its training recorded (classes, mean, std, crop ...). A foreign
+    checkpoint (timm, torchvision, a Hugging Face folder or ``hf-hub:ORG/REPO``) or ``--pretrained``
+    needs ``--model`` to build first; the dict then holds the model's data config (``data_config``,
+    ``mean``, ``std``, ``crop_pct``, ``label_names``).
     """
     from ..models.registry import create_model
     from ..weights import CheckpointMismatchError, describe_checkpoint, load_model, read_checkpoint
+    from ..weights.hub import HF_HUB_PREFIX
     from ..weights.saved import check_model_name, resolve_model_file
 
-    path = Path(args.checkpoint)
-    saved = describe_checkpoint(path)  # FileNotFoundError / ValueError naming the path
     kw: dict[str, Any] = dict(args.model_arg or [])
     if args.num_classes is not None:
         kw["num_classes"] = args.num_classes
+    pretrained = bool(getattr(args, "pretrained", False))
+    if pretrained and args.checkpoint:
+        raise ValueError(f"--pretrained and --checkpoint {args.checkpoint} both give weights; give one of them")
+    if not pretrained and not args.checkpoint:
+        raise ValueError("give --checkpoint (a run folder, a weights file, a Hugging Face folder or hf-hub:ORG/REPO) "
+                         "or --model NAME[.TAG] --pretrained (the preset's published weights)")
+    hub = isinstance(args.checkpoint, str) and args.checkpoint.startswith(HF_HUB_PREFIX)
+    if pretrained or hub:
+        if not args.model:
+            what = "--pretrained" if pretrained else f"--checkpoint {args.checkpoint}"
+            raise ValueError(f"{what} needs --model NAME[.TAG]: the registered model to build")
+        try:
+            model = create_model(args.model, pretrained=True if pretrained else args.checkpoint, **kw)
+        except CheckpointMismatchError as e:
+            raise ValueError(f"the weights do not fit --model {args.model}: {e}") from None
+        return model.eval(), _data_meta(model)
+    path = Path(args.checkpoint)
+    saved = describe_checkpoint(path)  # FileNotFoundError / ValueError naming the path
     if saved is None:
         if not args.model:
             read_checkpoint(resolve_model_file(path))  # a damaged or non-checkpoint file says so first
@@ -273,7 +308,7 @@ def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
             model = create_model(args.model, pretrained=path, **kw)
         except CheckpointMismatchError as e:
             raise ValueError(f"--checkpoint {path} does not fit --model {args.model}: {e}") from None
-        return model.eval(), {}
+        return model.eval(), _data_meta(model)
     check_model_name(saved, args.model, option="--model")
     options = {"num_classes": "--num-classes"}
     for key, value in kw.items():
@@ -283,7 +318,11 @@ def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
                              f"{saved.model_name} with {key}={saved.config[key]!r}; leave the option out")
         if key not in saved.config:
             raise ValueError(f"--model-arg {key}: {saved.model_name} has no config option {key!r}")
-    return load_model(saved.path), _inference_meta(saved)
+    model = load_model(saved.path)
+    meta = _inference_meta(saved)
+    if "mean" not in meta:  # saved by save_weights outside training: the data config it records (or its preset's)
+        meta = {**_data_meta(model), **meta}
+    return model, meta
 
 
 def _check_writable_png(path: Path, option: str) -> Path:
@@ -344,9 +383,11 @@ def _eval(args: argparse.Namespace) -> int:
     data_arg = args.data if args.data is not None else meta.get("data", "digits")
     same_data = args.data is None
     val_fraction = args.val_fraction if args.val_fraction is not None else float(meta.get("val_fraction", 0.1))
+    # a model built by name or from foreign weights: its data config's crop (and mean / std below) on any data
+    crop_pct = float(meta.get("crop_pct", 0.875)) if same_data or "data_config" in meta else 0.875
     data = build_data(None if data_arg == "digits" else data_arg,
                       img_size=size if data_arg != "digits" else (None if size == 8 else size), in_chans=cfg.in_chans,
-                      val_fraction=val_fraction, crop_pct=float(meta.get("crop_pct", 0.875)) if same_data else 0.875,
+                      val_fraction=val_fraction, crop_pct=crop_pct,
                       seed=int(meta.get("split_seed", 0)) if same_data else 0)
     _check_classes(meta.get("classes"), data.classes, data_arg)
     if data.num_classes != model.num_classes:
@@ -393,7 +434,7 @@ def _predict(args: argparse.Namespace) -> int:
     model, meta = _load_for_inference(args)
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, int) else tuple(cfg.img_size)
-    classes = meta.get("classes")
+    classes = meta.get("classes") or meta.get("label_names")
     if not classes or len(classes) != model.num_classes:
         classes = [str(i) for i in range(model.num_classes)]
     mean = torch.tensor(meta.get("mean", [0.5] * cfg.in_chans)).view(1, -1, 1, 1)
@@ -403,13 +444,21 @@ def _predict(args: argparse.Namespace) -> int:
         print(f"note: --topk {args.topk} is more than the model's {len(classes)} classes; showing all {k}",
               file=sys.stderr)
     crop = args.crop_pct if args.crop_pct is not None else float(meta.get("crop_pct", 1.0))
+    transform = None
+    if "data_config" in meta:  # the model's data config (as timm's for its name and tag): its resize, crop, norm
+        import dataclasses
+
+        transform = meta["transform"](dataclasses.replace(meta["data_config"], crop_pct=crop))
     for path in args.images:
         try:
-            x = load_image(path, size, in_chans=cfg.in_chans, crop_pct=crop)[None]
+            if transform is not None:
+                x = transform(path)[None]
+            else:  # a model trained here: images read as training read them
+                x = (load_image(path, size, in_chans=cfg.in_chans, crop_pct=crop)[None] - mean) / std
         except Exception as e:  # noqa: BLE001 - Pillow raises many types
             raise ValueError(f"cannot read image {path}: {e}") from None
         with torch.no_grad():
-            logits = model((x - mean) / std)
+            logits = model(x)
         prob = logits.float().softmax(-1)[0]
         top = prob.topk(k)
         ranked = ", ".join(f"{classes[i]} ({p:.3f})" for p, i in zip(top.values.tolist(), top.indices.tolist()))
@@ -459,12 +508,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
             p.add_argument("--topk", type=int, default=5, help="classes shown per image, >= 1 (default 5; at "
                                                                "most the model's number of classes)")
             p.add_argument("--crop-pct", type=float, default=None,
-                           help="centre-crop share in (0, 1] (default: as in training; 1 = whole image)")
-        p.add_argument("--checkpoint", required=True,
-                       help="run folder, model.safetensors or checkpoint.safetensors (or a foreign file + --model)")
+                           help="centre-crop share in (0, 1] (default: as in training, else the model's data "
+                                "config; 1 = whole image)")
+        p.add_argument("--checkpoint", default=None,
+                       help="run folder, model.safetensors or checkpoint.safetensors (or, with --model, a foreign "
+                            "file, a Hugging Face model folder or hf-hub:ORG/REPO)")
+        p.add_argument("--pretrained", action="store_true",
+                       help="with --model NAME[.TAG] and no --checkpoint: the preset's published weights (timm's "
+                            "default tag, or TAG) from the Hugging Face hub cache; HF_HUB_OFFLINE=1: cache only. "
+                            "Images are read with the model's data config; 1000-class models print ImageNet names")
         p.add_argument("--model", default=None,
                        help="with a file of ours: the model it must hold (it says which); with a foreign "
-                            "checkpoint (timm, torchvision, ...): build this registered model and load it")
+                            "checkpoint (timm, torchvision, ...) or --pretrained: build this registered model "
+                            "(NAME.TAG picks a tag) and load it")
         p.add_argument("--model-arg", type=_kv, action="append", metavar="KEY=VALUE",
                        help="config option for --model with a foreign checkpoint (must agree with a file of ours)")
         p.add_argument("--num-classes", type=int, default=None,

@@ -62,13 +62,17 @@ def atomic_write(path: str | Path, write: Any) -> Path:
 
 
 def model_metadata(model: nn.Module) -> dict[str, str]:
-    """What :func:`save_weights` records about ``model``: format, registered name and config (JSON text)."""
+    """What :func:`save_weights` records about ``model``: format, registered name, config and data config (JSON)."""
     meta: dict[str, str] = {"format": "vit_attention"}
     cfg = getattr(model, "cfg", None)
     if cfg is not None and hasattr(cfg, "to_json"):
         meta["config"] = cfg.to_json()
     if getattr(model, "registry_name", None):
         meta["model"] = str(model.registry_name)
+    pcfg = getattr(model, "pretrained_cfg", None)
+    if isinstance(pcfg, Mapping):  # the data config and provenance of its weights (vit_attention.data reads it)
+        meta["data_config"] = json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in pcfg.items()},
+                                         sort_keys=True)
     return meta
 
 
@@ -77,8 +81,9 @@ def save_weights(model_or_state: nn.Module | Mapping[str, Tensor], path: str | P
     """Write a state dict (or a module's) as safetensors, atomically, in our own format; returns ``path``.
 
     ``path`` must end in ``.safetensors``. ``metadata`` values are JSON-encoded unless already
-    strings; a model's ``cfg`` and registered name are recorded so the file says what it is and
-    :func:`vit_attention.load_model` can rebuild it.
+    strings; a model's ``cfg``, registered name and data config (``pretrained_cfg``: input size,
+    mean / std, crop, interpolation, the weights' hub id and license) are recorded so the file says
+    what it is and :func:`vit_attention.load_model` can rebuild it as it was.
     """
     path = Path(path)
     if path.suffix != ".safetensors":

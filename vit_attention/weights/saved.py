@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from .io import TRAIN_STATE_FORMAT, read_checkpoint, read_metadata
 
 __all__ = ["SavedModel", "resolve_model_file", "describe_checkpoint", "load_model", "check_model_name",
-           "RUN_FILES"]
+           "saved_data_config", "RUN_FILES"]
 
 # What a run folder holds, in the order load_model prefers them.
 RUN_FILES = ("model.safetensors", "checkpoint.safetensors")
@@ -159,7 +159,10 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, mo
     dtype). ``model``: a name the file must describe (aliases allowed; a different one raises
     ``ValueError`` saying which model the file holds). ``overrides``: config fields to change
     (e.g. ``img_size`` resamples position embeddings; ``num_classes`` re-makes the head with a
-    warning). Returns the model (images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``).
+    warning). The data config the file records (``save_weights`` of a pretrained model, or a
+    training run's mean / std / crop / classes) becomes ``model.pretrained_cfg``, which
+    :func:`vit_attention.data.resolve_data_config` reads. Returns the model (images
+    ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``).
     """
     from .load import CheckpointMismatchError, load_weights
 
@@ -180,4 +183,27 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, mo
         load_weights(net, state, format="vit_attention", strict=True)
     except CheckpointMismatchError as e:
         raise ValueError(f"{saved.path} does not fit the {saved.model_name} it describes: {e}") from None
+    pcfg = saved_data_config(saved)
+    if pcfg is not None:
+        net.pretrained_cfg = pcfg  # type: ignore[assignment]
     return net.eval()
+
+
+def saved_data_config(saved: SavedModel) -> dict[str, Any] | None:
+    """The data config a file records (``pretrained_cfg`` dict), or ``None`` when it records none.
+
+    ``save_weights`` of a model built by ``create_model`` records its ``data_config``; a training
+    run records its normalisation (``mean``, ``std``), ``crop_pct`` and ``classes``, which
+    become a config with its bicubic centre crop (how training read image folders).
+    """
+    md = saved.metadata
+    cfg = dict(md["data_config"]) if isinstance(md.get("data_config"), dict) else None
+    trained = {k: md[k] for k in ("mean", "std", "crop_pct") if k in md}
+    if "crop_pct" not in trained and isinstance(md.get("config"), dict) and "crop_pct" in md["config"]:
+        trained["crop_pct"] = md["config"]["crop_pct"]
+    if trained:
+        cfg = {**(cfg or {"interpolation": "bicubic", "crop_mode": "center"}), **trained}
+        classes = md.get("classes")
+        if isinstance(classes, list):
+            cfg["label_names"], cfg["num_classes"] = [str(c) for c in classes], len(classes)
+    return cfg
