@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..models import list_models
-from .harness import BenchConfig, format_table, graph_break_report, run_benchmark
+from .harness import RUNTIMES, BenchConfig, format_table, graph_break_report, run_benchmark
 
 
 def _expand(patterns: list[str]) -> list[str]:
@@ -44,7 +44,7 @@ def _bench(args: argparse.Namespace) -> int:
                       compare=compare, compile=args.compile, compile_backend=args.compile_backend,
                       channels_last=args.channels_last, amp=args.amp, device=args.device, threads=args.threads,
                       rounds=args.rounds, iters=args.iters, warmup=args.warmup, peak_size=args.peak_size,
-                      clock=args.clock)
+                      clock=args.clock, runtimes=tuple(args.runtime or ()))
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if not args.quiet else None
     report = run_benchmark(cfg, log=log)
     if args.quiet:
@@ -76,6 +76,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "(same architecture, our weights loaded into both through our converters)")
     p.add_argument("--compile", action="store_true", help="also time torch.compile(ours); report graph breaks")
     p.add_argument("--compile-backend", default="inductor")
+    p.add_argument("--runtime", action="append", choices=RUNTIMES, default=None,
+                   help="also time ours exported to this runtime (onnxruntime: ONNX, dynamic batch, CPU, fp32, "
+                   "as many threads as torch), interleaved with eager; repeatable (default: none)")
     p.add_argument("--graph-breaks", action="store_true", help="only trace each model with dynamo (meta device, "
                    "one block per stage) and list graph breaks; MODEL may be a glob like 'swin*'")
     p.add_argument("--channels-last", action="store_true", help="channels_last inputs and weights")

@@ -3,9 +3,11 @@
 One run measures, for each model: step latency (min / median / max over rounds), images/s,
 peak memory of one step, achieved GFLOP/s and its fraction of this machine's matmul peak
 (a square GEMM timed in every round of the same run), and, against each reference, the per-round
-speed ratio ours/theirs. All participants of a model run back to back inside each round, in an
-order that rotates from round to round, so a noisy neighbour slows every participant of a round
-alike: the per-round ratio is the figure that holds on a shared machine; absolute times do not.
+speed ratio ours/theirs. ``runtimes=["onnxruntime"]`` adds our model exported to ONNX and run
+in onnxruntime (inference, CPU, fp32), with its per-round ratio eager/onnxruntime. All participants
+of a model run back to back inside each round, in an order that rotates from round to round, so a
+noisy neighbour slows every participant of a round alike: the per-round ratio is the figure that
+holds on a shared machine; absolute times do not.
 
 ``run_benchmark(BenchConfig(models=[...], compare=["timm"]))`` returns a JSON-serialisable dict;
 :func:`format_table` renders it as Markdown.
@@ -18,6 +20,7 @@ import copy
 import os
 import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,6 +38,9 @@ from .reference import ReferenceFactory, ReferenceUnavailable, build_reference, 
 
 __all__ = ["BenchConfig", "Participant", "run_benchmark", "format_table", "count_flops", "summarise",
            "explain_graph_breaks"]
+
+
+RUNTIMES = ("onnxruntime",)
 
 
 @dataclass
@@ -56,6 +62,7 @@ class BenchConfig:
     iters: int = 1
     warmup: int = 1
     peak_size: int | None = None
+    runtimes: Sequence[str] = ()  # also time ours exported to these runtimes: "onnxruntime"
     clock: str = "wall"  # "wall" (perf_counter) or "process" (CPU seconds of this process: robust to load
     #                      from other processes when threads=1; spin-waits count with more threads)
     model_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -77,6 +84,9 @@ class BenchConfig:
             raise ValueError(f"--clock must be 'wall' or 'process', got {self.clock!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")
+        for rt in self.runtimes:
+            if rt not in RUNTIMES:
+                raise ValueError(f"--runtime must be one of {', '.join(RUNTIMES)}, got {rt!r}")
 
 
 @dataclass
@@ -285,6 +295,11 @@ def run_benchmark(cfg: BenchConfig, *, references: dict[str, ReferenceFactory] |
     the built-in timm and torchvision ones. ``results`` has one row per (model, mode, impl).
     """
     cfg.validate()
+    if "onnxruntime" in cfg.runtimes:
+        from ..export.core import require
+
+        require("onnx", "--runtime onnxruntime")
+        require("onnxruntime", "--runtime onnxruntime")
     log = log or (lambda s: None)
     device = torch.device(cfg.device)
     notes: list[str] = []
@@ -361,14 +376,23 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
         participants.append(Participant("ours+compile", make_step(compiled, x, mode, device, cfg.amp),
                                         compiled_src, info={"compile": compile_info}))
 
+    for runtime in cfg.runtimes:
+        rt = _runtime_participant(runtime, ours, x, mode, cfg, device, notes, log)
+        if rt is not None:
+            participants.append(rt)
+            parity[rt.label] = rt.info[runtime]["parity"]
+
     log(f"{name} [{mode}]: warm-up ({', '.join(p.label for p in participants)})")
     for p in participants:
         t0 = time.perf_counter()
-        for _ in range(max(cfg.warmup, 1 if p.label == "ours+compile" else 0)):
+        for _ in range(max(cfg.warmup, 1 if p.label.startswith("ours+") else 0)):
             p.step()
         if p.label == "ours+compile":
             p.info["compile_warmup_s"] = time.perf_counter() - t0
-    memory = {p.label: measure_peak_memory(p.step, device) for p in participants}
+    memory = {p.label: (measure_peak_memory(p.step, device) if p.label not in _OUTSIDE_TORCH else
+                        {"peak_bytes": None, "method": "not measured (the runtime allocates outside torch)",
+                         "largest_bytes": None, "largest_shape": None})
+              for p in participants}
     flops = count_flops(name, cfg.batch_size, cfg.img_size, mode, cfg.model_kwargs)
     log(f"{name} [{mode}]: {cfg.rounds} rounds x {cfg.iters} iters")
     peaks = _rounds(participants, peak, cfg.rounds, cfg.iters, device, _CLOCKS[cfg.clock])
@@ -382,7 +406,8 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
             "latency_ms": {k: v * 1e3 for k, v in lat.items()},
             "images_per_s": {"min": cfg.batch_size / lat["max"], "median": cfg.batch_size / lat["median"],
                              "max": cfg.batch_size / lat["min"]},
-            "flops_per_step": flops, "peak_memory_mb": memory[p.label]["peak_bytes"] / 2**20,
+            "flops_per_step": flops,
+            "peak_memory_mb": None if memory[p.label]["peak_bytes"] is None else memory[p.label]["peak_bytes"] / 2**20,
             "memory_method": memory[p.label]["method"], "largest_tensor_shape": memory[p.label]["largest_shape"],
             "gflops": None, "fraction_of_peak": None, "ratios": {}, "parity": None,
         }
@@ -399,12 +424,59 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
             for lib in refs:
                 per_round = [t_ref / t_ours for t_ours, t_ref in zip(p.times, base[lib].times)]
                 row["ratios"][lib] = {**summarise(per_round), "per_round": per_round}
-        if p.label == "ours+compile":
+        if p.label.startswith("ours+"):  # compiled / exported ours: per-round speed-up over eager ours
             per_round = [t_e / t_c for t_c, t_e in zip(p.times, base["ours"].times)]
             row["ratios"]["ours"] = {**summarise(per_round), "per_round": per_round}
+        if p.label == "ours+compile":
             row["compile"] = p.info
+        for runtime in cfg.runtimes:
+            if runtime in p.info:
+                row[runtime] = p.info[runtime]
         rows.append(row)
     return rows, peaks
+
+
+# ---------------------------------------------------------------------------- exported runtimes
+_OUTSIDE_TORCH = {"ours+onnxruntime"}  # participants whose memory the torch-side trackers cannot see
+
+
+def _runtime_participant(runtime: str, ours: nn.Module, x: Tensor, mode: str, cfg: BenchConfig, device: torch.device,
+                         notes: list[str], log: Callable[[str], None]) -> Participant | None:
+    """``ours`` exported to ONNX (dynamic batch, like ``vit-attention export``) in an onnxruntime session
+    with as many intra-op threads as torch uses; ``None`` (and a note) where the runtime does not apply."""
+    why = ("it times inference only" if mode != "infer" else
+           f"CPU only (device {device})" if device.type != "cpu" else
+           "fp32 only (--amp given)" if cfg.amp else None)
+    if why:
+        msg = f"{runtime} skipped for {mode}: {why}"
+        if msg not in notes:
+            notes.append(msg)
+            log("NOTE " + msg)
+        return None
+    import onnxruntime as ort
+
+    from ..export.core import INPUT_NAME, to_onnx
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="vit_attention_bench_") as tmp:
+        path = to_onnx(ours, os.path.join(tmp, "model.onnx"), example_input=x.contiguous())
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = torch.get_num_threads()
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])  # loaded: file may go
+    export_s = time.perf_counter() - t0
+    feed = {INPUT_NAME: x.detach().contiguous().numpy()}
+
+    def step() -> Any:
+        return sess.run(None, feed)
+
+    with torch.inference_mode():
+        parity = _parity(torch.from_numpy(step()[0]), ours.eval()(x))
+    info = {"version": ort.__version__, "threads": opts.intra_op_num_threads, "export_s": export_s,
+            "parity": parity}
+    log(f"{runtime}: exported and loaded in {export_s:.1f} s, parity {parity:.1e}")
+    return Participant(f"ours+{runtime}", step, ours, info={runtime: info})
 
 
 # ---------------------------------------------------------------------------- report
@@ -439,7 +511,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"| {r['model']} | {r['mode']} | {r['impl']} | {r['images_per_s']['median']:.1f} | "
             f"{_fmt_stat(r['latency_ms'], '.0f')} | {_fmt_stat(r['gflops'], '.1f')} | "
             f"{'-' if r['fraction_of_peak'] is None else format(100 * r['fraction_of_peak'], '.0f')} |"
-            f" {r['peak_memory_mb']:.1f} | {ratios} | {par} |")
+            f" {'-' if r['peak_memory_mb'] is None else format(r['peak_memory_mb'], '.1f')} | {ratios} | {par} |")
     for r in report["results"]:
         c = r.get("compile", {}).get("compile")
         if c:
