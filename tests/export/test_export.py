@@ -135,6 +135,7 @@ def test_cli_model_contradicting_the_checkpoint(tmp_path: Path, capsys: pytest.C
     (["--format", "tflite"], ["--format", "tflite"]),
     (["--opset", "9"], ["--opset", "9"]),
     (["--verify", "--format", "torchscript"], ["--verify", "--format onnx"]),
+    (["--format", "exported-program"], ["--output", ".pt2"]),
 ])
 def test_cli_bad_options_name_the_option(argv: list[str], words: list[str], tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:

@@ -55,6 +55,9 @@ def _export(args: argparse.Namespace) -> int:
     if args.num_classes is not None and args.num_classes < 0:
         raise ValueError(f"--num-classes must be >= 0, got {args.num_classes}")
     output = check_output_path(args.output, option="--output")
+    if args.format == "exported-program" and output.suffix != ".pt2":
+        raise ValueError(f"--output {output} must end in '.pt2' for --format exported-program "
+                         "(torch.export.load reads only such names)")
     try:
         if args.format == "onnx" or args.verify:
             from .core import require
@@ -104,7 +107,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "random initial weights)")
     p.add_argument("--format", choices=FORMATS, default="onnx", help="output format (default: %(default)s)")
     p.add_argument("--output", "-o", required=True, metavar="FILE",
-                   help="file to write (parent folders are created; an existing file is replaced)")
+                   help="file to write (parent folders are created; an existing file is replaced; "
+                   "exported-program: must end in .pt2)")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
                    help=f"ONNX opset, {MIN_OPSET}-{MAX_OPSET} (default: %(default)s)")
     p.add_argument("--static-batch", action="store_true",

@@ -17,7 +17,10 @@ Names in the written models:
 
 ONNX uses PyTorch's TorchScript-based exporter (``torch.onnx.export(..., dynamo=False)``): while it
 traces, the CPU fast paths step aside (:func:`vit_attention.functional.runtime.capturing`), so the
-graph holds only portable ops. ``onnx`` (for ``onnx.checker``) and ``onnxruntime`` (for
+graph holds only portable ops. (The dynamo-based exporter, ``dynamo=True``, needs ``onnxscript``; with
+torch 2.13 and onnxscript 0.7.2 it exports ViT but fails on Swin / SwinV2 while decomposing the
+graph: a ``view`` of the attention output that its decomposition of SDPA makes non-contiguous.)
+``onnx`` (for ``onnx.checker``) and ``onnxruntime`` (for
 :func:`verify_onnx` and ``bench --runtime onnxruntime``) come with ``pip install vit_attention[onnx]``.
 """
 
