@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from .core import DEFAULT_OPSET, FORMATS, INPUT_NAME, MAX_OPSET, MIN_OPSET, OUTPUT_NAME, check_output_path
@@ -66,6 +67,11 @@ def _export(args: argparse.Namespace) -> int:
             if args.verify:
                 require("onnxruntime", "--verify")
         model = load_for_export(args.model, args.checkpoint, img_size=args.img_size, num_classes=args.num_classes)
+        dtype = next(model.parameters()).dtype
+        if dtype != torch.float32:  # a checkpoint saved in bf16 / fp16 comes back in it; deploy float32
+            print(f"vit-attention export: the weights are {str(dtype).removeprefix('torch.')}; exporting in "
+                  "float32", file=sys.stderr)
+            model.float()
         export_model(model, output, args.format, dynamic_batch=not args.static_batch, opset=args.opset)
         errors = verify_onnx(model, output) if args.verify else {}
     except ModuleNotFoundError as e:
