@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.attention import attention_context, register_attention_hook
+from ..functional.window import window_gather_index
 
 __all__ = ["AttentionRecord", "AttentionRecorder", "record_attention", "attention_rollout", "window_token_index"]
 
@@ -150,23 +151,16 @@ def window_token_index(H: int, W: int, window_size: Sequence[int], shift_size: S
     """For each window token, its position ``row·W + col`` in the unshifted, unpadded map (-1 = padding).
 
     Returns ``[nW, Wh·Ww]`` (long) in the window order of
-    :func:`vit_attention.functional.window.window_partition`. ``pad_first=False``: the map is
-    rolled by ``-shift`` and then padded (timm); ``True``: padded, then rolled (torchvision).
+    :func:`vit_attention.functional.window.window_partition`: the gather index the attention itself
+    uses (:func:`vit_attention.functional.window.window_gather_index`), with its zero-token slot as -1.
+    ``pad_first=False``: the map is rolled by ``-shift`` and then padded (timm); ``True``: padded,
+    then rolled (torchvision). ``padded_size``, when given, must be the window multiple it implies.
     """
     wh, ww = int(window_size[0]), int(window_size[1])
-    Hp, Wp = (H + (-H) % wh, W + (-W) % ww) if padded_size is None else (int(padded_size[0]), int(padded_size[1]))
-    sh, sw = int(shift_size[0]), int(shift_size[1])
-    r = torch.arange(Hp).view(Hp, 1)
-    c = torch.arange(Wp).view(1, Wp)
-    if pad_first:
-        orig_r, orig_c = (r + sh) % Hp, (c + sw) % Wp
-        valid = (orig_r < H) & (orig_c < W)
-    else:
-        orig_r, orig_c = (r + sh) % H, (c + sw) % W
-        valid = (r < H) & (c < W)
-    pos = torch.where(valid, orig_r * W + orig_c, torch.full_like(orig_r * W + orig_c, -1))  # [Hp, Wp]
-    pos = pos.view(Hp // wh, wh, Wp // ww, ww).permute(0, 2, 1, 3)  # [nWh, nWw, Wh, Ww]
-    return pos.reshape(-1, wh * ww)  # [nW, Wh·Ww]
+    if padded_size is not None and tuple(padded_size) != (H + (-H) % wh, W + (-W) % ww):
+        raise ValueError(f"padded_size {tuple(padded_size)} is not the {wh}x{ww}-window multiple of {H}x{W}")
+    fwd, _ = window_gather_index(H, W, (wh, ww), (int(shift_size[0]), int(shift_size[1])), pad_first=pad_first)
+    return torch.where(fwd == H * W, -1, fwd).view(-1, wh * ww)  # [nW, Wh·Ww]
 
 
 class AttentionRecorder:

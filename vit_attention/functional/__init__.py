@@ -5,12 +5,15 @@ from .attention import (
     fused_attention,
     fused_attention_enabled,
     register_attention_hook,
+    register_attention_shape_hook,
     scaled_dot_product_attention,
     set_fused_attention,
 )
-from .heads import merge_heads, split_heads, split_qkv
+from .heads import merge_heads, split_heads, split_packed, split_qkv
 from .pos_embed import resample_abs_pos_embed, sincos_2d_pos_embed
+from .runtime import Switch, switches
 from .window import pad_to_window, shift_window_mask, window_partition, window_reverse  # noqa: F401
+from .window_attention import window_attention
 
 __all__ = [
     "attention_context",
@@ -18,10 +21,15 @@ __all__ = [
     "fused_attention_enabled",
     "merge_heads",
     "register_attention_hook",
+    "register_attention_shape_hook",
     "resample_abs_pos_embed",
     "scaled_dot_product_attention",
     "set_fused_attention",
     "sincos_2d_pos_embed",
     "split_heads",
+    "split_packed",
     "split_qkv",
+    "Switch",
+    "switches",
+    "window_attention",
 ]
