@@ -253,14 +253,14 @@ def _data_meta(model: Any) -> dict[str, Any]:
 
     ``label_names``: the weights' class names, else ImageNet-1k's for a 1000-class model.
     """
-    from ..data import create_transform, imagenet_class_names, resolve_data_config
+    from ..data import imagenet_class_names, resolve_data_config
 
     dc = resolve_data_config(model)
     names = list(dc.label_names) if dc.label_names else None
     if names is None and model.num_classes == 1000:
         names = imagenet_class_names()
     return {"mean": list(dc.mean), "std": list(dc.std), "crop_pct": dc.crop_pct, "data_config": dc,
-            "label_names": names, "transform": create_transform}
+            "label_names": names}
 
 
 def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -448,7 +448,9 @@ def _predict(args: argparse.Namespace) -> int:
     if "data_config" in meta:  # the model's data config (as timm's for its name and tag): its resize, crop, norm
         import dataclasses
 
-        transform = meta["transform"](dataclasses.replace(meta["data_config"], crop_pct=crop))
+        from ..data import create_transform
+
+        transform = create_transform(dataclasses.replace(meta["data_config"], crop_pct=crop))
     for path in args.images:
         try:
             if transform is not None:

@@ -45,7 +45,15 @@ _GENERIC_CFG: dict[str, Any] = dict(hf_hub_id=None, hf_hub_filename=None, interp
 
 
 class PretrainedNotAvailableError(FileNotFoundError):
-    """Pretrained weights that cannot be had: not in the cache offline, no such tag, no published weights."""
+    """Pretrained weights that cannot be had: not in the cache offline, no such tag, no published weights.
+
+    ``reason``: ``"not_cached"`` (offline or the hub unreachable), ``"no_repository"``, ``"no_file"``
+    or ``"no_weights"`` (the preset has none published).
+    """
+
+    def __init__(self, message: str, reason: str = "no_weights") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass
@@ -162,12 +170,13 @@ def hub_download(repo_id: str, filename: str = DEFAULT_FILENAME, *, revision: st
         why = "offline (HF_HUB_OFFLINE is set)" if offline else "the hub cannot be reached"
         raise PretrainedNotAvailableError(
             f"pretrained weights not available: {why} and {filename!r} of Hugging Face repository {repo_id!r} is "
-            f"not in the cache {cache}. {_how_to_place(repo_id, filename, cache)}") from None
+            f"not in the cache {cache}. {_how_to_place(repo_id, filename, cache)}", "not_cached") from None
     except RepositoryNotFoundError:
         raise PretrainedNotAvailableError(f"Hugging Face repository {repo_id!r} does not exist (or is private: log "
-                                          "in with `hf auth login`)") from None
+                                          "in with `hf auth login`)", "no_repository") from None
     except EntryNotFoundError:
-        raise PretrainedNotAvailableError(f"Hugging Face repository {repo_id!r} has no file {filename!r}") from None
+        raise PretrainedNotAvailableError(f"Hugging Face repository {repo_id!r} has no file {filename!r}",
+                                          "no_file") from None
 
 
 def _cached_or_missing(repo_id: str, filename: str, revision: str | None) -> Path | None:
@@ -180,7 +189,7 @@ def _cached_or_missing(repo_id: str, filename: str, revision: str | None) -> Pat
     try:
         return hub_download(repo_id, filename, revision=revision)
     except PretrainedNotAvailableError as e:
-        if "does not exist" in str(e):
+        if e.reason != "no_file":  # no repository, or no network: asking for other files would not help
             raise
         return None
 
@@ -189,7 +198,7 @@ def _download_weights(repo_id: str, filename: str | None, revision: str | None) 
     """The weights file of ``repo_id``: ``filename``, else ``model.safetensors``, else ``pytorch_model.bin``."""
     if filename:
         return hub_download(repo_id, filename, revision=revision)
-    for name in (DEFAULT_FILENAME, *_FALLBACK_FILENAMES):
+    for name in (DEFAULT_FILENAME, *_FALLBACK_FILENAMES):  # no network: the first raises, naming the file
         hit = _cached_or_missing(repo_id, name, revision)
         if hit is not None:
             return hit
