@@ -14,10 +14,11 @@ from .data import create_transform, resolve_data_config
 from .layers.plug import Plug, plug
 from .models import create_model, list_models
 from .weights import load_model, load_weights, save_weights
+from .weights.hub import list_pretrained
 
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "create_attention", "create_model", "create_transform", "functional", "list_attention",
-           "list_models", "resolve_data_config",
+           "list_models", "list_pretrained", "resolve_data_config",
            "load_model", "load_weights", "save_weights",
            "Plug", "plug"]

@@ -200,3 +200,26 @@ def test_transformers_swin_folder_configures_the_model(tmp_path, v2):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert_parity(model(x), ref(pixel_values=x).logits)
+
+
+@pytest.mark.parametrize("pooler", [True, False])
+def test_original_vit_in21k_preset_from_googles_transformers_repository(hub, tmp_path, pooler):
+    """vit_base_patch16_224_in21k (no timm weights) names google/vit-base-patch16-224-in21k, a bare ViTModel."""
+    cfg = transformers.ViTConfig(image_size=32, patch_size=16, hidden_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=64)
+    ref = transformers.ViTModel(cfg, add_pooling_layer=pooler)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    ref.eval().save_pretrained(tmp_path / "in21k")
+    place(hub, "google/vit-base-patch16-224-in21k", {f.name: f for f in (tmp_path / "in21k").iterdir()})
+    with pytest.warns(UserWarning, match="another architecture"):
+        model = create_model("vit_base_patch16_224_in21k", pretrained=True).eval()
+    assert model.num_classes == 0 and model.cfg.representation_size == (32 if pooler else None)
+    assert model.pretrained_cfg["crop_mode"] == "squash" and model.pretrained_cfg["interpolation"] == "bilinear"
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        out = ref(pixel_values=x)
+        assert_parity(model.forward_features(x), out.last_hidden_state)
+        if pooler:
+            assert_parity(model(x), out.pooler_output)

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["HF_HUB_PREFIX", "PretrainedNotAvailableError", "PretrainedSource", "split_model_tag",
-           "pretrained_cfg_for", "list_pretrained_tags", "hub_download", "hub_cache_dir", "resolve_pretrained",
-           "register_hf_config_reader", "hf_config_overrides"]
+           "pretrained_cfg_for", "list_pretrained", "list_pretrained_tags", "hub_download", "hub_cache_dir",
+           "resolve_pretrained", "register_hf_config_reader", "hf_config_overrides"]
 
 HF_HUB_PREFIX = "hf-hub:"
 DEFAULT_FILENAME = "model.safetensors"
@@ -89,6 +89,15 @@ def list_pretrained_tags(name: str, *, with_weights: bool = True) -> list[str]:
             if key.split(".", 1)[0] == name and (cfg["hf_hub_id"] or not with_weights)]
     default = DEFAULT_TAGS.get(name)
     return sorted(tags, key=lambda t: (t != default, t))
+
+
+def list_pretrained(pattern: str = "*") -> list[str]:
+    """``NAME.TAG`` of every preset and tag with published weights whose name matches the glob ``pattern``, sorted."""
+    import fnmatch
+
+    from ..models.pretrained import PRETRAINED_CFGS
+
+    return sorted(k for k, cfg in PRETRAINED_CFGS.items() if cfg["hf_hub_id"] and fnmatch.fnmatch(k, pattern))
 
 
 def pretrained_cfg_for(name: str, tag: str | None = None) -> dict[str, Any]:
@@ -327,8 +336,10 @@ def _hf_pooler_overrides(config: dict[str, Any], weights: Path | None, overrides
         return
     overrides["num_classes"] = 0
     fields = {f for f in getattr(entry.config_cls, "__dataclass_fields__", {})}
-    if "representation_size" in fields and weights is not None and _has_pooler(weights):
-        overrides["representation_size"] = config.get("pooler_output_size") or config.get("hidden_size")
+    if "representation_size" in fields and weights is not None:
+        pooler = _has_pooler(weights)
+        overrides["representation_size"] = (config.get("pooler_output_size") or config.get("hidden_size")) if pooler \
+            else None
 
 
 def resolve_pretrained(name: str, tag: str | None, pretrained: Any) -> PretrainedSource:
