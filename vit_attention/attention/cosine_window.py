@@ -80,7 +80,7 @@ class CosineWindowAttention(WindowAttentionBase):
             self.q_bias = self.v_bias = None
 
     def project_qkv(self, x: Tensor) -> Tensor:
-        """``[B·nW, N, C] -> [B·nW, N, 3C]`` with bias ``[q_bias | 0 | v_bias]``."""
+        """``[..., C] -> [..., 3C]`` with bias ``[q_bias | 0 | v_bias]``."""
         if self.q_bias is None or self.v_bias is None:
             return apply_linear(self.qkv, x)
         bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])  # [3C]

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ..functional.linear import apply_linear
 from ..functional.runtime import capturing
 from ..functional.window import relative_position_index, to_pair
-from ..functional.window_attention import window_attention, window_geometry, window_tokens
+from ..functional.window_attention import window_attention, window_tokens
 from ._common import check_heads, check_prob
 from .registry import register_attention, small_window_kwargs
 
@@ -76,7 +76,7 @@ class WindowAttentionBase(nn.Module):
 
     # ---------------------------------------------------------------- subclass hooks
     def project_qkv(self, x: Tensor) -> Tensor:
-        """Windows ``[B·nW, N, C]`` -> packed ``[B·nW, N, 3C]``."""
+        """Windows ``[B·nW, N, C]`` or map tokens ``[B, T, C]`` (:func:`window_tokens`) -> packed ``[..., 3C]``."""
         raise NotImplementedError
 
     def compute_position_bias(self) -> Tensor:
@@ -150,10 +150,6 @@ class WindowAttentionBase(nn.Module):
         out = self.proj_drop(apply_linear(self.proj, out)).view(B, H, W, C)  # [B, H, W, C]
         return out if residual is None else residual + out
 
-    def shifts_for(self, H: int, W: int) -> tuple[int, int]:
-        """The shift applied on an ``H x W`` input (none on an axis that one window covers, with ``pad_first``)."""
-        return window_geometry(H, W, self.window_size, self.shift_size, pad_first=self.pad_first)[1]
-
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``input_shape = (B, H, W, C)``: ``4·hw·C² + 2·M·hw_p·C`` per image.
 
@@ -216,7 +212,7 @@ class WindowAttention(WindowAttentionBase):
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
     def project_qkv(self, x: Tensor) -> Tensor:
-        """``[B·nW, N, C] -> [B·nW, N, 3C]``."""
+        """``[..., C] -> [..., 3C]``."""
         return apply_linear(self.qkv, x)
 
     def bias_parameters(self) -> list[Tensor]:
