@@ -71,6 +71,19 @@ def test_table_matches_timm_defaults():
     assert pretrained_cfg_for("swin_tiny_patch4_window7_224")["std"] == (0.229, 0.224, 0.225)
 
 
+def test_table_is_consistent_with_the_registry():
+    from vit_attention.models.pretrained import DEFAULT_TAGS, PRETRAINED_CFGS
+    from vit_attention.models.registry import list_models
+
+    names = set(list_models())
+    assert set(DEFAULT_TAGS) <= names
+    for key, cfg in PRETRAINED_CFGS.items():
+        name, tag = key.split(".", 1)
+        assert name in names and name in DEFAULT_TAGS, key
+        assert len(cfg["input_size"]) == 3 and 0 < cfg["crop_pct"] <= 1 and len(cfg["mean"]) == cfg["input_size"][0]
+    assert all(f"{n}.{t}" in PRETRAINED_CFGS for n, t in DEFAULT_TAGS.items())
+
+
 def test_default_tag_from_the_cache(hub, tmp_path):
     src, file = _small_weights(tmp_path)
     place(hub, "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", {"model.safetensors": file})
