@@ -12,6 +12,9 @@ _FILE = Path(__file__).with_name("imagenet_classes.txt")
 
 @lru_cache(maxsize=1)
 def _rows() -> tuple[tuple[str, str], ...]:
+    if not _FILE.is_file():
+        raise FileNotFoundError(f"{_FILE} is missing from this installation: the package data was not installed "
+                                "(pyproject.toml: [tool.setuptools.package-data] 'vit_attention.data' = ['*.txt'])")
     rows = []
     for line in _FILE.read_text(encoding="utf-8").splitlines():
         if line and not line.startswith("#"):
