@@ -236,3 +236,11 @@ def test_original_vit_in21k_preset_from_googles_transformers_repository(hub, tmp
         assert_parity(model.forward_features(x), out.last_hidden_state)
         if pooler:
             assert_parity(model(x), out.pooler_output)
+
+
+def test_transformers_folder_of_another_family_is_refused(tmp_path):
+    ref = transformers.SwinForImageClassification(transformers.SwinConfig(
+        image_size=32, patch_size=4, embed_dim=16, depths=[1], num_heads=[2], window_size=4, num_labels=3))
+    ref.save_pretrained(tmp_path / "swin")
+    with pytest.raises(ValueError, match="transformers 'swin' model, which is no vit model.*swin preset"):
+        create_model("vit_base_patch16_224", pretrained=tmp_path / "swin")

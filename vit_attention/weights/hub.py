@@ -216,11 +216,14 @@ def _download_weights(repo_id: str, filename: str | None, revision: str | None) 
 
 # ---------------------------------------------------------------------------- transformers config.json
 _HF_READERS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {}
+_HF_FAMILIES: dict[str, str] = {}
 
 
-def register_hf_config_reader(model_type: str, reader: Callable[[Mapping[str, Any]], dict[str, Any]]) -> None:
-    """Map a transformers ``config.json`` of ``model_type`` (``"vit"``, ``"swin"`` ...) to our config fields."""
+def register_hf_config_reader(model_type: str, reader: Callable[[Mapping[str, Any]], dict[str, Any]], *,
+                              family: str) -> None:
+    """Map a transformers ``config.json`` of ``model_type`` (``"vit"``, ``"swin"`` ...) to our ``family``'s fields."""
     _HF_READERS[model_type] = reader
+    _HF_FAMILIES[model_type] = family
 
 
 def _label_names(config: Mapping[str, Any]) -> list[str] | None:
@@ -269,6 +272,11 @@ def _from_config_json(config: dict[str, Any], entry: Any, base_cfg: dict[str, An
     """(config overrides, pretrained cfg) from a timm or transformers ``config.json``."""
     pcfg = dict(base_cfg)
     if "model_type" in config:  # transformers
+        family = _HF_FAMILIES.get(str(config["model_type"]))
+        if family is not None and family != entry.family:
+            fits = ", ".join(n for n in _registered(family)[:4])
+            raise ValueError(f"{where} holds a transformers {config['model_type']!r} model, which is no "
+                             f"{entry.family} model like {entry.name}; build a {family} preset ({fits}, ...)")
         overrides = hf_config_overrides(config, entry.config_cls)
         preset = entry.config()
         differ = [k for k in _STRUCTURE if k in overrides and _norm(overrides[k]) != _norm(getattr(preset, k, None))]
@@ -302,6 +310,12 @@ def _from_config_json(config: dict[str, Any], entry: Any, base_cfg: dict[str, An
     if isinstance(config.get("label_names"), list):
         pcfg["label_names"] = [str(n) for n in config["label_names"]]
     return overrides, pcfg
+
+
+def _registered(family: str) -> list[str]:
+    from ..models.registry import list_models
+
+    return list_models(family=family)
 
 
 def _norm(v: Any) -> Any:

@@ -209,8 +209,8 @@ def _hf_swin_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-register_hf_config_reader("swin", _hf_swin_config)
-register_hf_config_reader("swinv2", _hf_swin_config)
+register_hf_config_reader("swin", _hf_swin_config, family="swin")
+register_hf_config_reader("swinv2", _hf_swin_config, family="swinv2")
 for _family in ("swin", "swinv2"):
     register_converter(_family, "torchvision", _is_torchvision, _from_torchvision)
     register_converter(_family, "huggingface", _is_hf, _from_hf)

@@ -155,8 +155,8 @@ def _hf_vit_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-register_hf_config_reader("vit", _hf_vit_config)
-register_hf_config_reader("deit", _hf_vit_config)
+register_hf_config_reader("vit", _hf_vit_config, family="vit")
+register_hf_config_reader("deit", _hf_vit_config, family="vit")
 register_converter("vit", "huggingface", _is_hf, _from_hf)
 register_converter("vit", "torchvision", _is_torchvision, _from_torchvision)
 register_adapter("vit", _adapt_vit)
