@@ -7,9 +7,11 @@ What every hierarchical family shares, written once:
   (``functional/chunking.py``). Keys: ``downsample.*``, ``blocks.{j}.*``, ``norm.*`` (timm's).
 * :func:`drop_path_schedule`: the linear stochastic-depth rule over all blocks, split per stage.
 * :func:`run_blocks`: blocks in order, each recomputed in backward when checkpointing.
-* :class:`HierarchicalMixin`: ``feature_info``, ``forward_intermediates`` and
-  ``set_grad_checkpointing`` for a model whose stages are one ``nn.Sequential`` of
-  :class:`Stage` (named by ``stages_attr``), embedded by ``_embed`` and closed by ``norm``.
+* :class:`HierarchicalMixin`: ``forward_features``, ``forward_head``, ``forward``,
+  ``forward_intermediates`` and ``set_grad_checkpointing`` for a model whose stages are one
+  ``nn.Sequential`` of :class:`Stage` (named by ``stages_attr``), embedded by ``_embed``, closed
+  by ``norm`` and classified by ``head(x, pre_logits=)``; :func:`stage_feature_info` its
+  ``feature_info``.
 
 A family file keeps only what is its own: the stem (``_embed``), what goes into each stage,
 the final norm and the head.
@@ -104,20 +106,34 @@ def stage_feature_info(dims: Sequence[int], reductions: Sequence[int], module: s
 
 
 class HierarchicalMixin:
-    """``forward_intermediates`` / ``set_grad_checkpointing`` for a backbone made of :class:`Stage` s.
+    """The forward API of a backbone made of :class:`Stage` s, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     The model provides ``stages_attr`` (the name of its ``nn.Sequential`` of stages), ``_embed``
-    (images -> the first stage's input map ``[B, H, W, C]``) and ``norm`` (on the last map).
+    (images -> the first stage's input map ``[B, H, W, C]``), ``norm`` (on the last map) and
+    ``head`` (``head(x [B, H', W', C'], pre_logits=False)``, e.g. :class:`~.head.ClassifierHead`).
     """
 
     stages_attr: str = "stages"
     norm: nn.Module
+    head: nn.Module
 
     def _embed(self, x: Tensor) -> Tensor:
         raise NotImplementedError
 
     def _stages(self) -> nn.Sequential:
         return getattr(self, self.stages_attr)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> normalised last map ``[B, H', W', C']``."""
+        return self.norm(self._stages()(self._embed(x)))
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Map ``[B, H', W', C']`` -> logits ``[B, num_classes]`` (or pooled ``[B, C']`` with ``pre_logits``)."""
+        return self.head(x, pre_logits=pre_logits)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
+        return self.forward_head(self.forward_features(x))
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute block activations in backward to save memory (training only)."""

@@ -282,19 +282,6 @@ class SwinTransformer(HierarchicalMixin, nn.Module):
             x = x + pos.view(1, Hg, Wg, C)
         return self.pos_drop(x)
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> normalised last map ``[B, H', W', num_features]``."""
-        x = self.layers(self._embed(x))
-        return self.norm(x)
-
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Map ``[B, H', W', C]`` -> logits ``[B, num_classes]`` (or pooled ``[B, C]`` with ``pre_logits``)."""
-        return self.head(x, pre_logits=pre_logits)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
-        return self.forward_head(self.forward_features(x))
-
 
 # ---------------------------------------------------------------------------- presets (data)
 _SIZES: dict[str, dict[str, Any]] = {
