@@ -32,7 +32,7 @@ def _x(model: torch.nn.Module, b: int) -> torch.Tensor:
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.load
-@pytest.mark.parametrize("fmt", ["torchscript", "exported-program"])
+@pytest.mark.parametrize("fmt", ["torchscript", pytest.param("exported-program", marks=pytest.mark.slow)])
 def test_torch_formats_load_back_and_take_any_batch(fmt: str, tmp_path: Path) -> None:
     model = _model(SWIN if fmt == "exported-program" else DIGITS)  # Swin: the harder one for torch.export
     path = export_model(model, tmp_path / ("m.pt2" if fmt == "exported-program" else "m.pt"), fmt)
@@ -105,6 +105,10 @@ def test_cli_checkpoint_of_ours_run_folder_and_verify(tmp_path: Path, capsys: py
     assert code == 0, err
     assert "pixel_values [batch, 3, 6, 6] -> logits [batch, 7]" in out and "batch 3:" in out
     assert max(verify_onnx(model, out_file).values()) < 1e-4  # the file holds the checkpoint's weights
+    import onnxruntime
+
+    meta = onnxruntime.InferenceSession(str(out_file)).get_modelmeta().custom_metadata_map
+    assert meta["model"] == DIGITS and '"num_classes": 7' in meta["config"] and "pixel_values" in meta["input"]
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.load

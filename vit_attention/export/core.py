@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from ..weights.io import atomic_write
 
 __all__ = ["FORMATS", "MIN_OPSET", "MAX_OPSET", "DEFAULT_OPSET", "INPUT_NAME", "OUTPUT_NAME",
-           "to_onnx", "to_torchscript", "to_exported_program", "export_model", "verify_onnx",
+           "to_onnx", "onnx_metadata", "to_torchscript", "to_exported_program", "export_model", "verify_onnx",
            "example_input", "check_output_path", "require"]
 
 FORMATS = ("onnx", "torchscript", "exported-program")
@@ -146,7 +146,8 @@ def to_onnx(model: nn.Module, path: str | Path, *, dynamic_batch: bool = True, o
     model's ``img_size`` or ``example_input``'s) and returns ``logits`` ``[batch, num_classes]``.
     ``dynamic_batch``: the batch dimension is symbolic (``"batch"``); else fixed at the traced
     batch (``example_input``'s, default 2). ``opset``: in ``[MIN_OPSET, MAX_OPSET]``. ``check``:
-    run ``onnx.checker.check_model`` (with shape inference) on the written file.
+    run ``onnx.checker.check_model`` (with shape inference) on the written file. The file's
+    ``metadata_props`` hold the model's name, config and data config (:func:`onnx_metadata`).
     Needs the ``onnx`` package (``pip install vit_attention[onnx]``).
     """
     _check_opset(opset)
@@ -166,11 +167,26 @@ def to_onnx(model: nn.Module, path: str | Path, *, dynamic_batch: bool = True, o
             warnings.simplefilter("ignore", DeprecationWarning)
             torch.onnx.export(model, (x,), tmp, dynamo=False, opset_version=opset, input_names=[INPUT_NAME],
                               output_names=[OUTPUT_NAME], dynamic_axes=axes, do_constant_folding=True)
+        proto = onnx.load(tmp)
+        onnx.helper.set_model_props(proto, onnx_metadata(model))
+        onnx.save(proto, tmp)
         if check:
             onnx.checker.check_model(tmp, full_check=True)
         _readable(tmp)
 
     return atomic_write(path, write)
+
+
+def onnx_metadata(model: nn.Module) -> dict[str, str]:
+    """The ``metadata_props`` written into the ONNX file: what :func:`vit_attention.save_weights` records
+    (``format``, ``model``, ``config``, ``data_config``: mean / std / crop / interpolation as JSON) plus
+    ``input`` and ``output`` descriptions; read them with ``onnxruntime``'s ``get_modelmeta().custom_metadata_map``."""
+    from ..weights.io import model_metadata
+
+    meta = dict(model_metadata(model))
+    meta["input"] = f"{INPUT_NAME}: float32 [batch, in_chans, H, W]"
+    meta["output"] = f"{OUTPUT_NAME}: float32 [batch, num_classes]"
+    return meta
 
 
 def verify_onnx(model: nn.Module, path: str | Path, *, batch_sizes: Sequence[int] = (1, 3),
