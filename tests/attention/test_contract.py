@@ -186,3 +186,33 @@ def test_context_supplies_keys_and_values(name: str) -> None:
         torch.testing.assert_close(attn(x, context=x), attn(x), **TOL)
         other = attn(x, context=torch.randn(x.shape[0], 5, x.shape[-1]))
     assert other.shape == x.shape and not torch.allclose(other, attn(x))
+
+
+def test_exactly_one_softmax_over_attention_logits() -> None:
+    """Mechanisms, layers and functional code reach the softmax only through the core."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "vit_attention"
+    core = root / "functional" / "attention.py"
+    pattern = re.compile(r"(\.softmax\(|F\.softmax|torch\.softmax|nn\.Softmax)")
+    offenders = [f"{path.relative_to(root)}:{i}" for sub in ("functional", "attention", "layers")
+                 for path in sorted((root / sub).rglob("*.py"))
+                 for i, line in enumerate(path.read_text().splitlines(), 1)
+                 if path != core and pattern.search(line.split("#")[0]) and '"' not in line]
+    assert not offenders, offenders
+    assert len(pattern.findall(core.read_text())) == 1
+
+
+def test_a_token_mechanism_that_needs_the_grid_is_told_so_by_the_adapter(monkeypatch) -> None:
+    import dataclasses
+
+    from vit_attention.attention import registry
+    from vit_attention.layers.adapter import apply_attention
+
+    spec = get_attention_spec("mhsa")
+    monkeypatch.setitem(registry._ATTENTION, "mhsa", dataclasses.replace(spec, needs_feat_size=True))
+    attn = spec.cls(32, 4)
+    with pytest.raises(ValueError, match="feat_size"):
+        apply_attention(attn, torch.randn(1, 5, 32))
+    assert apply_attention(attn, torch.randn(1, 5, 32), feat_size=(1, 5)).shape == (1, 5, 32)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..attention import get_attention_spec
 from ..functional.linear import hookless
 
 __all__ = ["apply_attention", "apply_token_attention"]
@@ -65,6 +66,9 @@ def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | 
         out = _call(attn, x.reshape(B, H * W, C), res, feat_size=(H, W), context=context)  # [B, H·W, C]
         return out.view(B, H, W, C)
     if not spatial:
+        name = getattr(attn, "attention_name", None)
+        if feat_size is None and name is not None and get_attention_spec(name).needs_feat_size:
+            raise ValueError(f"{type(attn).__name__} ({name!r}) uses the token grid: pass feat_size=(H, W)")
         return _call(attn, x, residual, feat_size=feat_size, num_prefix_tokens=num_prefix_tokens, context=context)
     if feat_size is None:
         raise ValueError(f"{type(attn).__name__} is a spatial mechanism and needs the token grid feat_size")
