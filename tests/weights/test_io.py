@@ -103,3 +103,16 @@ def test_explicit_format_torchvision(tmp_path):
 
     out = convert_state_dict(tv, model, format="torchvision")
     assert "patch_embed.proj.weight" in out and "blocks.0.norm1.weight" in out
+
+
+def test_atomic_write_gives_ordinary_permissions(tmp_path):
+    """Not mkstemp's private 0o600: other users may read a saved model as they could any file we write."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        path = atomic_write(tmp_path / "w.safetensors", lambda tmp: open(tmp, "wb").close())
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644

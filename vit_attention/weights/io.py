@@ -40,10 +40,19 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
     """A pickle checkpoint holds objects other than tensors and plain containers."""
 
 
+def _umask() -> int:
+    """The process umask (read by setting and restoring it: the only portable way)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | Path, write: Any) -> Path:
     """Call ``write(tmp_path)`` then atomically move the file to ``path``; returns ``path``.
 
-    A crash at any point leaves either the old file or the new one, never a partial file.
+    A crash at any point leaves either the old file or the new one, never a partial file. The file
+    gets the permissions a plain ``open(path, "w")`` would give (``0o666`` less the umask), not
+    ``mkstemp``'s private ``0o600``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -53,6 +62,7 @@ def atomic_write(path: str | Path, write: Any) -> Path:
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
