@@ -53,8 +53,8 @@ class AttentionSpec:
         grid_kwargs: keywords that fit the mechanism to a token grid ``(H, W)`` (``compare``), or None.
         qkv_bias_split: the q / v biases are separate parameters ``q_bias`` / ``v_bias`` with no k
             bias (SwinV2), instead of one ``qkv.bias`` (checkpoint converters).
-        init_kwargs: every keyword the constructor accepts (read from its signature), e.g. whether
-            ``qk_norm`` / ``proj_bias`` may be passed.
+        init_kwargs: every keyword the constructor accepts (read from its signature; None when it
+            takes ``**kwargs``), e.g. whether ``qk_norm`` / ``proj_bias`` may be passed.
     """
 
     name: str
@@ -74,7 +74,7 @@ class AttentionSpec:
     doc_example: tuple[dict[str, Any], tuple[int, ...]] | None = None
     grid_kwargs: Callable[[tuple[int, int]], dict[str, Any]] | None = None
     qkv_bias_split: bool = False
-    init_kwargs: frozenset[str] = frozenset()
+    init_kwargs: frozenset[str] | None = frozenset()
 
     def example(self) -> tuple[nn.Module, tuple[int, ...]]:
         """The small valid example: ``(module, input_shape)``."""
@@ -84,9 +84,12 @@ class AttentionSpec:
 _ATTENTION: dict[str, AttentionSpec] = {}
 
 
-def _init_kwargs(cls: type[nn.Module]) -> frozenset[str]:
+def _init_kwargs(cls: type[nn.Module]) -> frozenset[str] | None:
+    """Keyword names the constructor accepts; None when it takes ``**kwargs`` (any name)."""
     params = inspect.signature(cls.__init__).parameters.values()
-    return frozenset(p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self")
 
 
 def register_attention(
