@@ -25,7 +25,18 @@ __all__ = ["ConfigMixin", "resolve_indices", "check_int", "check_float", "check_
 
 
 class ConfigMixin:
-    """``to_dict`` / ``to_json`` / ``from_dict`` for a config dataclass (JSON lists become tuples)."""
+    """Checks on construction, ``to_dict`` / ``to_json`` / ``from_dict`` for a config dataclass.
+
+    A family's config implements :meth:`validate`. It runs on construction (so ``create_model``
+    and ``model_config`` fail at once) and again in the model's constructor (fields may be
+    assigned after construction). JSON lists become tuples again in :meth:`from_dict`.
+    """
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``TypeError`` / ``ValueError`` naming the first bad field and what it expects."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of the fields."""

@@ -103,15 +103,8 @@ class SwinTransformerConfig(ConfigMixin):
     merge_norm_after: bool = False  # PatchMerging: reduction then norm(2C) instead of norm(4C) then reduction
     pretrained_window_sizes: tuple[int, ...] | None = None  # SwinV2 CPB normalisation per stage (0 = own)
 
-    def __post_init__(self) -> None:
-        self.validate()
-
     def validate(self) -> None:
-        """Raise ``TypeError`` / ``ValueError`` naming the first bad field and what it expects.
-
-        Called on construction (so ``create_model`` and ``model_config`` fail at once) and by the
-        model's constructor (fields may be assigned after construction).
-        """
+        """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
         img = check_size(self.img_size, "img_size")
         patch = (check_int(self.patch_size, "patch_size"),) * 2  # an int: stage strides are patch_size * 2^i
         check_int(self.in_chans, "in_chans")
@@ -174,7 +167,7 @@ class SwinTransformer(HierarchicalMixin, nn.Module):
     def __init__(self, cfg: SwinTransformerConfig | None = None, **overrides: Any) -> None:
         super().__init__()
         cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else type(self).default_config(**overrides)
-        self._validate(cfg)
+        cfg.validate()  # again: fields may have been assigned after the config was built
         self.cfg = cfg
         n = len(cfg.depths)
         self.num_classes = cfg.num_classes
@@ -228,10 +221,6 @@ class SwinTransformer(HierarchicalMixin, nn.Module):
         return SwinTransformerConfig(**overrides)
 
     # ------------------------------------------------------------------ construction
-    @staticmethod
-    def _validate(cfg: SwinTransformerConfig) -> None:
-        cfg.validate()  # again: fields may have been assigned after the config was built
-
     def _init_weights(self) -> None:
         if self.absolute_pos_embed is not None:
             nn.init.trunc_normal_(self.absolute_pos_embed, std=0.02)

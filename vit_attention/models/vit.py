@@ -89,15 +89,8 @@ class VisionTransformerConfig(ConfigMixin):
     dynamic_img_size: bool = False
     dynamic_img_pad: bool = False
 
-    def __post_init__(self) -> None:
-        self.validate()
-
     def validate(self) -> None:
-        """Raise ``TypeError`` / ``ValueError`` naming the first bad field and what it expects.
-
-        Called on construction (so ``create_model`` and ``model_config`` fail at once) and by the
-        model's constructor (fields may be assigned after construction).
-        """
+        """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
         img = check_size(self.img_size, "img_size")
         patch = check_size(self.patch_size, "patch_size")
         check_int(self.in_chans, "in_chans")
@@ -147,7 +140,7 @@ class VisionTransformer(nn.Module):
     def __init__(self, cfg: VisionTransformerConfig | None = None, **overrides: Any) -> None:
         super().__init__()
         cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else VisionTransformerConfig(**overrides)
-        self._validate(cfg)
+        cfg.validate()  # again: fields may have been assigned after the config was built
         self.cfg = cfg
         C = cfg.embed_dim
         norm_layer = partial(nn.LayerNorm, eps=cfg.norm_eps, bias=cfg.norm_bias)
@@ -215,10 +208,6 @@ class VisionTransformer(nn.Module):
         self._init_weights()
 
     # ------------------------------------------------------------------ construction
-    @staticmethod
-    def _validate(cfg: VisionTransformerConfig) -> None:
-        cfg.validate()  # again: fields may have been assigned after the config was built
-
     def _init_weights(self) -> None:
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
