@@ -161,7 +161,7 @@ def _check_args(q: Tensor, k: Tensor, bias: Tensor | None, mask: Tensor | None, 
     if isinstance(scale, Tensor):
         raise TypeError("scale must be a float; fold a per-head temperature into q (q * temperature, scale=1.0)")
     # jit.trace: sizes are tensors and the comparisons would only warn (dynamo must not reach is_tracing)
-    if torch.compiler.is_compiling() or not torch.jit.is_tracing():
+    if (mask is not None or bias is not None) and (torch.compiler.is_compiling() or not torch.jit.is_tracing()):
         if mask is not None:
             _check_broadcast(mask, "mask", q, k)
         if bias is not None:
