@@ -220,3 +220,24 @@ def test_residual_is_fused_into_proj_with_the_same_result(name, hw):
         torch.testing.assert_close(attn(x, residual=r), r + attn(x), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="residual"):
         attn(x, residual=r[:1])
+
+
+@pytest.mark.parametrize("name", ["window", "cosine_window"])
+def test_inference_runs_bias_and_shift_mask_through_the_fused_kernel(name, monkeypatch):
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    attn = create_attention(name, 8, 2, window_size=4, shift_size=2).eval()
+    x = torch.randn(2, 8, 8, 8)
+    with torch.no_grad():
+        attn(x)
+    (kw,) = calls
+    assert kw["attn_mask"].shape == (1, 4 * 2, 16, 16) and kw["attn_mask"].is_floating_point()
+    attn.train()
+    attn(x).sum().backward()  # CPU training: the learned bias takes the explicit path (no torch math fallback)
+    assert len(calls) == 1

@@ -29,7 +29,7 @@ def _pick(name: str, value: Any, alias: str, alias_value: Any, default: Any) -> 
 
 @register_attention(
     "mha", layout="tokens", description="multi-head attention with kdim/vdim (cross-attention)",
-    paper="https://arxiv.org/abs/1706.03762", prefix_tokens="attend", supports_context=True,
+    paper="https://arxiv.org/abs/1706.03762", supports_context=True,
     formula=(
         "Multi-head attention with separate query / key / value inputs (Vaswani et al. 2017), the batch-first "
         "counterpart of `torch.nn.MultiheadAttention` (loads its state dict):\n\n"

@@ -15,7 +15,7 @@ __all__ = ["MultiHeadSelfAttention"]
 
 @register_attention(
     "mhsa", layout="tokens", description="global multi-head self-attention (ViT)",
-    paper="https://arxiv.org/abs/2010.11929", prefix_tokens="attend", supports_context=True,
+    paper="https://arxiv.org/abs/2010.11929", supports_context=True,
     formula=(
         "Global multi-head self-attention over all `N` tokens (Vaswani et al. 2017; ViT, Dosovitskiy et al. 2021):\n\n"
         "    q, k, v = split_heads(x W_qkv)                 # each [B, nh, N, hd]\n"
