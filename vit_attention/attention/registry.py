@@ -49,7 +49,8 @@ class AttentionSpec:
             ``create_attention(name, example_shape[-1], example_heads, **example_kwargs)`` on an input
             of ``example_shape`` (tests, ``plug``, docs); :meth:`example` builds it.
         doc_example: ``(kwargs, input_shape)`` of a representative configuration for the docs
-            (None: the small example).
+            (default: the example's keywords on ViT-B/16's ``[1, 197, 96]`` tokens or a
+            ``[1, 14, 14, 96]`` map).
         grid_kwargs: keywords that fit the mechanism to a token grid ``(H, W)`` (``compare``), or None.
         qkv_bias_split: the q / v biases are separate parameters ``q_bias`` / ``v_bias`` with no k
             bias (SwinV2), instead of one ``qkv.bias`` (checkpoint converters).
@@ -121,7 +122,8 @@ def register_attention(
             prefix_tokens=prefix_tokens or ("bypass" if spatial else "attend"), fused=fused,
             supports_context=supports_context, formula=formula, cost=cost,
             example_shape=example_shape or ((2, 7, 9, 32) if spatial else (2, 11, 32)), example_heads=example_heads,
-            doc_example=doc_example, grid_kwargs=grid_kwargs, qkv_bias_split=qkv_bias_split,
+            doc_example=doc_example or (dict(example_kwargs or {}), (1, 14, 14, 96) if spatial else (1, 197, 96)),
+            grid_kwargs=grid_kwargs, qkv_bias_split=qkv_bias_split,
             init_kwargs=_init_kwargs(cls))
         cls.attention_name = name  # type: ignore[attr-defined]
         cls.layout = layout  # type: ignore[attr-defined]
