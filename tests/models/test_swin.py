@@ -200,3 +200,25 @@ def test_any_spatial_mechanism_and_its_own_keywords():
     v1_cosine = SwinTransformer(**{**SMALL, "attn_layer": "cosine_window", "attn_kwargs": dict(cpb_hidden=8)})
     assert v1_cosine.layers[0].blocks[0].attn.cpb_mlp[0].out_features == 8
     assert v1_cosine.layers[0].blocks[0].style == "pre"
+
+
+def test_inference_fuses_the_residuals_into_proj_and_fc2(monkeypatch):
+    from vit_attention.attention.window import WindowAttention
+    from vit_attention.layers import Mlp
+
+    seen: list[str] = []
+    for cls, tag in ((WindowAttention, "attn"), (Mlp, "mlp")):
+        orig = cls.forward
+
+        def spy(self, x, *args, _orig=orig, _tag=tag, **kw):
+            seen.append(f"{_tag}:{'residual' if kw.get('residual') is not None else 'plain'}")
+            return _orig(self, x, *args, **kw)
+
+        monkeypatch.setattr(cls, "forward", spy)
+    model = SwinTransformer(**SMALL).eval()
+    with torch.no_grad():
+        model(torch.randn(1, 3, 64, 64))
+    assert seen and set(seen) == {"attn:residual", "mlp:residual"}  # every block, both branches
+    seen.clear()
+    model.train()(torch.randn(1, 3, 64, 64))
+    assert set(seen) == {"attn:plain", "mlp:plain"}  # training: drop path / LayerScale need the branch alone
