@@ -159,6 +159,7 @@ def test_spec_is_complete_and_its_example_runs(name: str) -> None:
     assert ("qk_norm" in spec.init_kwargs) == (name == "mhsa")
     attn, shape = spec.example()
     assert attn(torch.randn(shape)).shape == shape
+    assert spec.qkv_bias_split == ("q_bias" in attn.state_dict())  # what checkpoint converters read
     if spec.doc_example is not None:
         kwargs, doc_shape = spec.doc_example
         with torch.device("meta"):
