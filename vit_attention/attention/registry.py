@@ -54,8 +54,8 @@ class AttentionSpec:
         grid_kwargs: keywords that fit the mechanism to a token grid ``(H, W)`` (``compare``), or None.
         qkv_bias_split: the q / v biases are separate parameters ``q_bias`` / ``v_bias`` with no k
             bias (SwinV2), instead of one ``qkv.bias`` (checkpoint converters).
-        init_kwargs: every keyword the constructor accepts (read from its signature; None when it
-            takes ``**kwargs``), e.g. whether ``qk_norm`` / ``proj_bias`` may be passed.
+        init_kwargs: every keyword the constructor lists (read from its signature), e.g. whether
+            ``qk_norm`` / ``proj_bias`` may be passed; init_accepts_any: it also takes ``**kwargs``.
     """
 
     name: str
@@ -75,7 +75,8 @@ class AttentionSpec:
     doc_example: tuple[dict[str, Any], tuple[int, ...]] | None = None
     grid_kwargs: Callable[[tuple[int, int]], dict[str, Any]] | None = None
     qkv_bias_split: bool = False
-    init_kwargs: frozenset[str] | None = frozenset()
+    init_kwargs: frozenset[str] = frozenset()
+    init_accepts_any: bool = False
 
     def example(self) -> tuple[nn.Module, tuple[int, ...]]:
         """The small valid example: ``(module, input_shape)``."""
@@ -85,12 +86,12 @@ class AttentionSpec:
 _ATTENTION: dict[str, AttentionSpec] = {}
 
 
-def _init_kwargs(cls: type[nn.Module]) -> frozenset[str] | None:
-    """Keyword names the constructor accepts; None when it takes ``**kwargs`` (any name)."""
+def _init_kwargs(cls: type[nn.Module]) -> tuple[frozenset[str], bool]:
+    """Keyword names the constructor lists, and whether it also takes ``**kwargs`` (any name)."""
     params = inspect.signature(cls.__init__).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return frozenset(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self")
+    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    named = frozenset(p.name for p in params if p.kind in kinds and p.name != "self")
+    return named, any(p.kind is p.VAR_KEYWORD for p in params)
 
 
 def register_attention(
@@ -116,6 +117,7 @@ def register_attention(
     def deco(cls: type[nn.Module]) -> type[nn.Module]:
         if name in _ATTENTION and _ATTENTION[name].cls is not cls:
             raise ValueError(f"attention {name!r} is already registered to {_ATTENTION[name].cls.__name__}")
+        named, accepts_any = _init_kwargs(cls)
         _ATTENTION[name] = AttentionSpec(
             name, cls, layout, description or (cls.__doc__ or "").split("\n")[0], dict(example_kwargs or {}), paper,
             needs_feat_size=spatial if needs_feat_size is None else needs_feat_size,
@@ -124,7 +126,7 @@ def register_attention(
             example_shape=example_shape or ((2, 7, 9, 32) if spatial else (2, 11, 32)), example_heads=example_heads,
             doc_example=doc_example or (dict(example_kwargs or {}), (1, 14, 14, 96) if spatial else (1, 197, 96)),
             grid_kwargs=grid_kwargs, qkv_bias_split=qkv_bias_split,
-            init_kwargs=_init_kwargs(cls))
+            init_kwargs=named, init_accepts_any=accepts_any)
         cls.attention_name = name  # type: ignore[attr-defined]
         cls.layout = layout  # type: ignore[attr-defined]
         return cls
