@@ -167,3 +167,25 @@ def test_block_mlp_layer_is_any_module_with_the_mlp_constructor():
         h = x + blk.attn(blk.norm1(x))
         torch.testing.assert_close(blk(x), h + blk.mlp(blk.norm2(h)), rtol=1e-5, atol=1e-5)
     assert blk.mlp.fc2.in_features == 32
+
+
+def test_a_kwargs_constructor_gets_every_offered_keyword():
+    from vit_attention.attention import register_attention
+    from vit_attention.attention.registry import _ATTENTION
+
+    @register_attention("_test_any_kwargs", layout="tokens")
+    class AnyKwargs(nn.Module):
+        """Identity on tokens ``[B, N, C]`` recording its keywords."""
+
+        def __init__(self, dim, num_heads, **kwargs):
+            super().__init__()
+            self.kwargs = kwargs
+
+        def forward(self, x, *, feat_size=None, num_prefix_tokens=0, context=None):
+            return x * 0
+
+    try:
+        blk = Block(8, 2, attn_layer="_test_any_kwargs", qk_norm=True)
+        assert blk.attn.kwargs["qk_norm"] is True and "proj_drop" in blk.attn.kwargs
+    finally:
+        _ATTENTION.pop("_test_any_kwargs")

@@ -50,10 +50,10 @@ def accepted_kwargs(attn_layer: str, offered: Mapping[str, Any], neutral: Mappin
     One it does not accept is dropped, unless ``neutral`` names it with another value (a setting
     the caller asked for and the mechanism cannot honour): then ``ValueError`` names both.
     """
-    accepted = get_attention_spec(attn_layer).init_kwargs
+    spec = get_attention_spec(attn_layer)
     out: dict[str, Any] = {}
     for name, value in offered.items():
-        if name in accepted:
+        if name in spec.init_kwargs or spec.init_accepts_any:
             out[name] = value
         elif neutral is not None and name in neutral and value != neutral[name]:
             raise ValueError(f"attn_layer {attn_layer!r} does not take {name} (its constructor has no such "
