@@ -28,64 +28,31 @@ from .flops import attention_complexity, complexity_table, flops
 from .published import PUBLISHED_GMACS
 from .trace import trace
 
-__all__ = ["generate_docs", "check_docs", "mechanism_page", "models_page", "FORMULAS"]
+__all__ = ["generate_docs", "check_docs", "mechanism_page", "models_page"]
 
-# The formula of each mechanism, in Markdown (LaTeX-free so it reads in any viewer).
-FORMULAS: dict[str, str] = {
-    "mhsa": (
-        "Global multi-head self-attention over all `N` tokens (Vaswani et al. 2017; ViT, Dosovitskiy et al. 2021):\n\n"
-        "    q, k, v = split_heads(x W_qkv)                 # each [B, nh, N, hd]\n"
-        "    A = softmax(q kᵀ · hd^-1/2)                    # [B, nh, N, N]\n"
-        "    out = merge_heads(A v) W_proj                  # [B, N, C]\n\n"
-        "Every token attends to every token: cost grows with `N²`. Optional QK-norm (ViT-22B) "
-        "normalises q and k per head before the product."),
-    "mha": (
-        "Multi-head attention with separate query / key / value inputs (Vaswani et al. 2017), the batch-first "
-        "counterpart of `torch.nn.MultiheadAttention` (loads its state dict):\n\n"
-        "    q = split_heads(query W_q); k = split_heads(key W_k); v = split_heads(value W_v)\n"
-        "    out = merge_heads(softmax(q kᵀ · hd^-1/2 + mask) v) W_o     # [B, N, E]\n\n"
-        "Called with one tensor it is self-attention (the plug-and-play contract); with three it is "
-        "cross-attention (e.g. the MAP pooling head of ViT-22B)."),
-    "window": (
-        "Swin window attention (Liu et al. 2021). The map `[B, H, W, C]` is cut into non-overlapping "
-        "`M x M` windows; each window attends to itself with a learned relative-position bias. With "
-        "`shift_size > 0` (SW-MSA) the map is first rolled by `-shift`, and a region mask keeps tokens "
-        "that were not neighbours before the roll from attending to each other:\n\n"
-        "    windows = window_partition(roll(x, -s))        # [B·nW, M², C]\n"
-        "    A = softmax(q kᵀ · hd^-1/2 + B_rel + mask)     # [B·nW, nh, M², M²]\n"
-        "    out = roll(window_reverse(A v W_proj), +s)     # [B, H, W, C]\n\n"
-        "`B_rel[i, j] = table[index(Δrow, Δcol)]` with a table of `(2M-1)²` entries per head."),
-    "cosine_window": (
-        "SwinV2 scaled cosine window attention (Liu et al. 2022): Swin's (shifted) windows, but the logits "
-        "are cosine similarities times a learned, clamped per-head temperature, and the position bias "
-        "comes from a small MLP over log-spaced relative coordinates (continuous position bias), so a "
-        "model transfers across window sizes:\n\n"
-        "    A = softmax(cos(q, k) · exp(min(τ, log 100)) + 16·sigmoid(CPB_MLP(Δ)) + mask)\n"
-        "    out = window_reverse(A v W_proj)               # [B, H, W, C]"),
-}
-
-# A representative configuration per mechanism for the generated shape flow and cost table.
-DOC_EXAMPLES: dict[str, tuple[dict[str, Any], tuple[int, ...]]] = {
-    "window": (dict(window_size=7, shift_size=3), (1, 14, 14, 96)),
-    "cosine_window": (dict(window_size=8, shift_size=4), (1, 16, 16, 96)),
-}
+# Each mechanism's formula, cost, and documented example live in its registry spec (``formula``,
+# ``doc_example``); the pages below only lay them out.
 _COST_MAPS = ((56, 56, 96, 3), (28, 28, 192, 6), (14, 14, 384, 12), (7, 7, 768, 24))  # Swin-T stages: h, w, C, nh
 
 
-def _example(name: str) -> tuple[nn.Module, tuple[int, ...], dict[str, Any]]:
+def _doc_example(name: str) -> tuple[dict[str, Any], tuple[int, ...]]:
+    """``(kwargs, input_shape)`` the pages show: the spec's ``doc_example``, else its small example on a default map."""
     spec = get_attention_spec(name)
-    if name in DOC_EXAMPLES:
-        kwargs, shape = DOC_EXAMPLES[name]
-    else:
-        kwargs = dict(spec.example_kwargs)
-        shape = (1, 14, 14, 96) if spec.layout == "spatial" else (1, 197, 96)
+    if spec.doc_example is not None:
+        kwargs, shape = spec.doc_example
+        return dict(kwargs), tuple(shape)
+    return dict(spec.example_kwargs), ((1, 14, 14, 96) if spec.layout == "spatial" else (1, 197, 96))
+
+
+def _example(name: str) -> tuple[nn.Module, tuple[int, ...], dict[str, Any]]:
+    kwargs, shape = _doc_example(name)
     torch.manual_seed(0)
     return create_attention(name, shape[-1], 3, **kwargs).eval(), shape, kwargs
 
 
 def _cost_rows(name: str) -> list[str]:
     spec = get_attention_spec(name)
-    kwargs = DOC_EXAMPLES.get(name, (dict(spec.example_kwargs), ()))[0]
+    kwargs = _doc_example(name)[0]
     rows = []
     for h, w, c, nh in _COST_MAPS:
         with torch.device("meta"):
@@ -109,7 +76,7 @@ def mechanism_page(name: str, image: str | None = None) -> str:
              f"Class `{spec.cls.__module__}.{spec.cls.__name__}`, layout **{spec.layout}** "
              f"({'tokens `[B, N, C]`' if spec.layout == 'tokens' else 'channels-last map `[B, H, W, C]`'} in "
              "and out)." + (f" Paper: <{spec.paper}>." if spec.paper else ""), "",
-             "## Formula", "", FORMULAS.get(name, (spec.cls.__doc__ or "").strip()), "",
+             "## Formula", "", spec.formula or (spec.cls.__doc__ or "").strip(), "",
              "## Shape flow", "",
              f"`create_attention({name!r}, {shape[-1]}, 3{', ' + kw if kw else ''})` on an input of shape "
              f"`{list(shape)}`, from `vit_attention.analysis.trace`:", "", "```", flow, "```", "",
@@ -136,7 +103,7 @@ def mechanism_picture(name: str, path: Path) -> Path:
     from .render import save_grid
 
     spec = get_attention_spec(name)
-    kwargs, shape = DOC_EXAMPLES.get(name, (dict(spec.example_kwargs), (1, 14, 14, 96)))
+    kwargs = _doc_example(name)[0]
     H, W = _picture_size(name)
     torch.manual_seed(0)
     attn = create_attention(name, 48, 3, **kwargs).eval()
@@ -152,7 +119,7 @@ def mechanism_picture(name: str, path: Path) -> Path:
 
 def _picture_size(name: str) -> tuple[int, int]:
     """The map of the picture: the documented example's for spatial mechanisms (a window multiple), else 14x14."""
-    shape = DOC_EXAMPLES.get(name, ({}, (1, 14, 14, 96)))[1]
+    shape = _doc_example(name)[1]
     return (shape[1], shape[2]) if len(shape) == 4 else (14, 14)
 
 

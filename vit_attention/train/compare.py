@@ -25,6 +25,8 @@ from torch import nn
 
 from ..analysis.flops import flops
 from ..attention import get_attention_spec
+from ..functional.window import to_pair
+from ..models import model_config
 from ..weights.io import atomic_write
 from .checkpoint import CHECKPOINT_NAME
 from .engine import (
@@ -44,10 +46,6 @@ __all__ = ["CompareEntry", "default_entries", "run_compare", "inference_throughp
 
 OPTIONS_NAME = "compare_options.json"
 
-# Keyword arguments that fit a mechanism to the digits ViT's 4x4 token grid.
-_GRID_KWARGS: dict[str, dict[str, Any]] = {"window": {"window_size": 2}, "cosine_window": {"window_size": 2}}
-
-
 @dataclasses.dataclass
 class CompareEntry:
     """One contender: a display ``name``, the registered ``model`` and its config overrides."""
@@ -59,10 +57,11 @@ class CompareEntry:
 
 def _mechanism_entry(mech: str, backbone: str) -> CompareEntry:
     spec = get_attention_spec(mech)  # unknown names raise with suggestions
-    kw = dict(_GRID_KWARGS.get(mech, spec.example_kwargs))
-    if "window_size" in kw:
-        kw["window_size"] = 2
-    kw.pop("shift_size", None)  # every ViT block gets the same kwargs: no alternating shift
+    cfg = model_config(backbone)
+    img, patch = to_pair(cfg.img_size), to_pair(cfg.patch_size)
+    grid = (img[0] // patch[0], img[1] // patch[1])  # the backbone's token grid
+    # the mechanism fits itself to the grid (its spec says how); every ViT block gets the same keywords
+    kw = dict(spec.grid_kwargs(grid)) if spec.grid_kwargs is not None else {}
     model_kwargs: dict[str, Any] = {"attn_layer": mech}
     if kw:
         model_kwargs["attn_kwargs"] = kw

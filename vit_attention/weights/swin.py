@@ -28,6 +28,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..attention import get_attention_spec
 from ..functional import resample_abs_pos_embed
 from .hub import register_hf_config_reader
 from .layouts import concat_qkv, register_adapter, register_converter, rename
@@ -55,8 +56,9 @@ def _split_v2_qkv_bias(state: State) -> State:
     return state
 
 
-def _is_v2(model: nn.Module) -> bool:
-    return getattr(getattr(model, "cfg", None), "attn_layer", "window") == "cosine_window"
+def _qkv_bias_split(model: nn.Module) -> bool:
+    """The model's mechanism keeps q / v biases as separate parameters (its spec says so: SwinV2's cosine windows)."""
+    return get_attention_spec(getattr(getattr(model, "cfg", None), "attn_layer", "window")).qkv_bias_split
 
 
 # ---------------------------------------------------------------- torchvision
@@ -81,7 +83,7 @@ def _from_torchvision(state: State, model: nn.Module) -> State:
         k = re.sub(r"\.mlp\.3\.", ".mlp.fc2.", k)
         k = re.sub(r"^head\.", "head.fc.", k)
         out[k] = v
-    return _split_v2_qkv_bias(out) if _is_v2(model) else out
+    return _split_v2_qkv_bias(out) if _qkv_bias_split(model) else out
 
 
 # ---------------------------------------------------------------- Hugging Face
@@ -122,7 +124,7 @@ def _from_hf(state: State, model: nn.Module) -> State:
     ])
     state = {k.replace(".attn.q_proj.", ".attn.query.").replace(".attn.k_proj.", ".attn.key.")
              .replace(".attn.v_proj.", ".attn.value."): v for k, v in state.items()}
-    if _is_v2(model):  # q and v biases are separate parameters; there is no k bias
+    if _qkv_bias_split(model):  # q and v biases are separate parameters; there is no k bias
         for key in [k for k in state if re.search(r"\.attn\.(query|value)\.bias$", k)]:
             prefix, which = key.rsplit(".attn.", 1)
             state[f"{prefix}.attn.{'q' if which.startswith('query') else 'v'}_bias"] = state.pop(key)
