@@ -160,3 +160,21 @@ def test_torchscript_onnx_export_with_fast_path_on(kind: str) -> None:
     with torch.no_grad():
         ref = model(x).numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("kind", ["swin", "swinv2"])
+def test_non_strict_export_leaves_no_fake_tensor_in_the_index_caches(kind: str) -> None:
+    """The window index / mask caches are filled with real tensors even under export's fake mode, and the
+    exported graph runs under no_grad too (where the fused kernel's output strides differ from the trace's)."""
+    from vit_attention.functional import window as fw
+
+    x = torch.randn(2, 3, 48, 48)  # a size no other test uses: the caches are filled inside export
+    model = va.create_model(SMALL[kind][0], num_classes=10, **{**SMALL[kind][1], "img_size": 48}).eval()
+    for f in vars(fw).values():
+        if hasattr(f, "cache_clear"):
+            f.cache_clear()
+    ep = torch.export.export(model, (x,), strict=False)
+    with torch.no_grad():
+        eager = model(x)
+        assert type(eager) is torch.Tensor
+        torch.testing.assert_close(ep.module()(x), eager, rtol=1e-5, atol=1e-5)

@@ -16,6 +16,7 @@ Conventions (identical in timm, torchvision, Hugging Face and the original repos
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 __all__ = [
     "to_pair",
@@ -60,8 +62,9 @@ def to_pair(x: int | Sequence[int], name: str = "window_size") -> tuple[int, int
 def _cached(maxsize: int) -> Callable[[_F], _F]:
     """``lru_cache`` whose tensors are built outside inference mode, so autograd may save them later.
 
-    They are built outside ``torch.jit.trace`` too: a trace records them as constants whether the
-    first call builds them or a later call finds them cached (the tracer's check runs twice).
+    They are built outside ``torch.jit.trace`` and ``torch.export``'s fake mode too: a capture records
+    them as constants whether the first call builds them or a later call finds them cached (the
+    tracer's check runs twice), and a fake tensor never lands in the cache.
     Builders create their tensors on ``_CPU`` explicitly (whatever default device is active, e.g.
     meta, index arithmetic needs real values) and move the result to the requested device.
     """
@@ -74,7 +77,11 @@ def _cached(maxsize: int) -> Callable[[_F], _F]:
             if tracing_state is not None:
                 torch._C._set_tracing_state(None)
             try:
-                with torch.inference_mode(False):
+                # real tensors even inside torch.export's fake mode: a fake one cached here would leak
+                # into every later eager call
+                # (not under dynamo, which cannot trace the mode switch and keeps its own constants)
+                real = contextlib.nullcontext() if torch.compiler.is_dynamo_compiling() else unset_fake_temporarily()
+                with torch.inference_mode(False), real:
                     return fn(*args)
             finally:
                 if tracing_state is not None:

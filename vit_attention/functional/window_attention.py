@@ -134,4 +134,5 @@ def window_attention(qkv: Tensor, position_bias: Tensor, *, feat_size: tuple[int
                                            dropout_p=attn_drop if training else 0.0)  # [B, nW·nh | nh, N, hd]
     # [B, nW·nh, N, hd] and [B·nW, nh, N, hd] are the same memory: one row gather merges the heads,
     # reverses the windows, undoes the shift and crops the padding
-    return out.contiguous().view(B, nW * nh * N, hd).index_select(1, out_rows).view(B, H * W, nh * hd)
+    # (reshape, not contiguous().view(): an exported graph drops a contiguous() that was a no-op when traced)
+    return out.reshape(B, nW * nh * N, hd).index_select(1, out_rows).view(B, H * W, nh * hd)
