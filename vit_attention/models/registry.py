@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 import fnmatch
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,7 +135,9 @@ def model_config(name: str, **overrides: Any) -> Any:
 
 def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any] | None = None,
                  num_classes: int | None = None, img_size: int | tuple[int, int] | None = None,
-                 checkpoint_format: str = "auto", strict: bool = True, **overrides: Any) -> nn.Module:
+                 checkpoint_format: str = "auto", strict: bool = True, features_only: bool = False,
+                 out_indices: int | Sequence[int] | None = None, output_fmt: str | None = None,
+                 **overrides: Any) -> nn.Module:
     """Build registered model ``name`` (or alias, optionally ``NAME.TAG``) with config ``overrides``.
 
     ``num_classes`` defaults to the preset's (1000), or the tag's / the weights' when those are
@@ -148,10 +150,17 @@ def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any]
     win over what the weights say. The model's ``pretrained_cfg`` (a dict: data config, hub id,
     license, tag) is what :func:`vit_attention.data.resolve_data_config` reads. Build on the meta
     device with ``with torch.device("meta"): create_model(...)``.
+    ``features_only``: return the backbone as a features model (weights loaded first; see
+    :mod:`vit_attention.models.features`): ``forward`` gives one map ``[B, C_k, H_k, W_k]`` per
+    ``out_indices`` entry (an int ``k`` = the last ``k``, negative indices allowed; default: every
+    stage, or the last 3 blocks of ViT), ``model.feature_info.channels()`` / ``.reduction()`` in
+    that order; ``output_fmt`` ``"NCHW"`` (default), ``"NHWC"`` (hierarchical) or ``"NLC"`` (ViT).
     Returns the model (images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``).
     """
     from ..weights.hub import resolve_pretrained, split_model_tag  # weights sits above models; imported lazily
 
+    if not features_only and (out_indices is not None or output_fmt is not None):
+        raise ValueError("out_indices and output_fmt are options of features_only=True")
     base, tag = split_model_tag(name) if isinstance(name, str) else (name, None)
     entry = get_model_entry(base)
     if num_classes is not None:
@@ -168,4 +177,8 @@ def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any]
         from ..weights import load_weights
 
         load_weights(model, source.weights, format=checkpoint_format, strict=strict)
+    if features_only:
+        from .features import as_features_model
+
+        return as_features_model(model, out_indices, output_fmt=output_fmt or "NCHW")
     return model

@@ -1,0 +1,133 @@
+"""Feature extraction: ``create_model(name, features_only=True, out_indices=...)`` (models/features.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_outputs import small_overrides
+
+from vit_attention.models import create_model, list_models
+from vit_attention.models.features import FeatureInfo, as_features_model, resolve_out_indices
+
+HEAD_PREFIXES = ("head.", "head_dist.", "fc_norm.", "pre_logits.", "attn_pool.")
+
+
+def _input(model: torch.nn.Module, batch: int = 2) -> torch.Tensor:
+    size = model.cfg.img_size
+    h, w = (size, size) if isinstance(size, int) else size
+    return torch.randn(batch, model.cfg.in_chans, h, w, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_every_model_channels_and_strides(name: str) -> None:
+    """Default out_indices: each map's channels and stride are what feature_info says."""
+    model = create_model(name, features_only=True, **small_overrides(name)).eval()
+    info = model.feature_info
+    assert isinstance(info, FeatureInfo) and len(info) > 0
+    x = _input(model)
+    with torch.no_grad():
+        maps = model(x)
+    assert isinstance(maps, list) and len(maps) == len(info)
+    assert [m.shape[1] for m in maps] == info.channels()
+    assert [x.shape[-1] // m.shape[-1] for m in maps] == info.reduction()
+    assert [x.shape[-2] // m.shape[-2] for m in maps] == info.reduction()
+    assert all(x.shape[-1] % m.shape[-1] == 0 and m.shape[0] == 2 for m in maps)
+    assert len(info.module_name()) == len(info)
+    assert not [k for k in model.state_dict() if k.startswith(HEAD_PREFIXES)]
+
+
+def test_default_out_indices_follow_timm() -> None:
+    """ViT: the last 3 blocks (timm's out_indices=3); hierarchical: every stage."""
+    vit = create_model("vit_digits_patch2_8", features_only=True)  # 4 blocks
+    assert vit.feature_info.out_indices == (1, 2, 3)
+    assert vit.feature_info.module_name() == ["blocks.1", "blocks.2", "blocks.3"]
+    name = "swin_tiny_patch4_window7_224"
+    swin = create_model(name, features_only=True, **small_overrides(name))
+    assert swin.feature_info.out_indices == (0, 1, 2, 3)
+    assert swin.feature_info.reduction() == [4, 8, 16, 32]
+    assert swin.feature_info.module_name() == ["layers.0", "layers.1", "layers.2", "layers.3"]
+
+
+def test_out_indices_negative_int_and_order() -> None:
+    name = "swin_tiny_patch4_window7_224"
+    over = small_overrides(name)
+    model = create_model(name, features_only=True, out_indices=(-1, 1), **over).eval()
+    assert model.feature_info.channels() == [128, 32]
+    assert model.feature_info.reduction() == [32, 8]
+    with torch.no_grad():
+        maps = model(_input(model))
+    assert [m.shape[1] for m in maps] == [128, 32]
+    last2 = create_model(name, features_only=True, out_indices=2, **over)
+    assert last2.feature_info.out_indices == (2, 3)
+    assert resolve_out_indices((0, -1, 0), 4) == (0, 3, 0)
+
+
+@pytest.mark.parametrize("bad", [(4,), (-5,), 0, 5, ()])
+def test_out_of_range_out_indices_raise(bad: object) -> None:
+    name = "swin_tiny_patch4_window7_224"
+    with pytest.raises(ValueError, match="out_indices"):
+        create_model(name, features_only=True, out_indices=bad, **small_overrides(name))
+
+
+def test_options_need_features_only() -> None:
+    with pytest.raises(ValueError, match="features_only"):
+        create_model("vit_digits_patch2_8", out_indices=(0,))
+
+
+@pytest.mark.parametrize("name", ["deit_tiny_distilled_patch16_224", "swinv2_tiny_window8_256"])
+def test_maps_equal_the_full_models_intermediates(name: str) -> None:
+    """A full model's state dict (head included) loads strictly; maps are its forward_intermediates."""
+    over = small_overrides(name)
+    full = create_model(name, **over).eval()
+    feats = create_model(name, features_only=True, out_indices=(-1, 0), **over).eval()
+    assert set(feats.state_dict()) == {k for k in full.state_dict() if not k.startswith(HEAD_PREFIXES)}
+    feats.load_state_dict(full.state_dict())  # strict: head keys ignored, nothing missing
+    x = _input(full)
+    with torch.no_grad():
+        ref = full.forward_intermediates(x, intermediates_only=True)
+        maps = feats(x)
+    torch.testing.assert_close(maps[0], ref[-1])
+    torch.testing.assert_close(maps[1], ref[0])
+    with pytest.raises(RuntimeError, match="Missing"):
+        feats.load_state_dict({k: v for k, v in full.state_dict().items() if not k.startswith("patch_embed")})
+
+
+def test_vit_drops_prefix_tokens_and_nlc() -> None:
+    name = "deit_tiny_distilled_patch16_224"  # class + distillation tokens
+    over = small_overrides(name)
+    model = create_model(name, features_only=True, output_fmt="NLC", out_indices=(-1,), **over).eval()
+    x = _input(model)
+    with torch.no_grad():
+        (tokens,) = model(x)
+    n = (x.shape[-2] // 16) * (x.shape[-1] // 16)
+    assert tokens.shape == (2, n, 32)
+
+
+def test_swin_nhwc() -> None:
+    name = "swin_tiny_patch4_window7_224"
+    model = create_model(name, features_only=True, output_fmt="NHWC", **small_overrides(name)).eval()
+    x = _input(model)
+    with torch.no_grad():
+        maps = model(x)
+    assert [m.shape[-1] for m in maps] == model.feature_info.channels()
+    assert [x.shape[-2] // m.shape[1] for m in maps] == model.feature_info.reduction()
+
+
+def test_pretrained_path(tmp_path) -> None:
+    """``pretrained=`` a full model's checkpoint: weights load first, then the head goes."""
+    name = "vit_digits_patch2_8"
+    full = create_model(name).eval()
+    path = tmp_path / "full.pth"
+    torch.save(full.state_dict(), path)
+    feats = create_model(name, pretrained=path, features_only=True, out_indices=(-1,)).eval()
+    x = _input(full)
+    with torch.no_grad():
+        ref = full.forward_intermediates(x, indices=(-1,), intermediates_only=True)
+        torch.testing.assert_close(feats(x), ref)
+
+
+def test_wrapping_an_existing_model_twice_raises() -> None:
+    model = as_features_model(create_model("vit_digits_patch2_8"), 1)
+    assert isinstance(model, type(create_model("vit_digits_patch2_8")))
+    with pytest.raises(TypeError, match="already"):
+        as_features_model(model)

@@ -1,0 +1,207 @@
+"""Feature extraction: ``create_model(name, features_only=True, out_indices=...)``.
+
+A features model is the backbone itself with its classifier removed and a ``forward`` that
+returns a list of maps, one per entry of ``out_indices``:
+
+* ``forward(x [B, Cin, H, W]) -> [maps]``, map ``k`` ``[B, C_k, H / r_k, W / r_k]`` (``NCHW``,
+  the default) or channels-last (``NHWC`` for hierarchical models, ``NLC`` tokens for ViT);
+  ViT's prefix tokens (class, distillation) are dropped. ``C_k`` and ``r_k`` are
+  ``model.feature_info.channels()[k]`` and ``.reduction()[k]``.
+* It works for every family that has what DESIGN.md §3 asks of every model: ``feature_info``
+  (one dict per block or stage: ``num_chs``, ``reduction``, ``module``) and
+  ``forward_intermediates(x, indices, norm=, output_fmt=, intermediates_only=True)``.
+* Default ``out_indices``: a model's own ``default_out_indices`` if it declares one; else every
+  stage of a hierarchical model (strides differ), and the last 3 blocks of a plain (isotropic)
+  one such as ViT (timm 1.0.31: ``out_indices=3`` for ``vision_transformer``, all stages for Swin).
+* State-dict keys stay the backbone's (no ``model.`` prefix): the head's modules (``head``,
+  ``head_dist``, ``fc_norm``, ``pre_logits``, ``attn_pool``) become ``nn.Identity`` and a
+  checkpoint of the full model loads into the features model with ``load_state_dict`` (its
+  head keys are ignored; any missing backbone key still raises with ``strict=True``).
+
+How: the model's class is swapped for a subclass that puts :class:`FeaturesMixin` first (one
+cached per backbone class), so the model keeps its parameters, key names, ``isinstance`` and
+every method, and only ``forward`` changes. Save features models with ``state_dict()``; a
+pickled whole module needs the subclass created (``as_features_model``) before unpickling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+__all__ = ["FeatureInfo", "FeaturesMixin", "as_features_model", "default_out_indices", "resolve_out_indices",
+           "HEAD_MODULES", "OUTPUT_FORMATS"]
+
+# Attribute names of classifier parts across the families; a family may list its own as ``head_modules``.
+HEAD_MODULES = ("head", "head_dist", "head_drop", "fc_norm", "pre_logits", "attn_pool")
+OUTPUT_FORMATS = ("NCHW", "NHWC", "NLC")
+_LAST_N_ISOTROPIC = 3  # timm's default for ViT-like models: the last 3 blocks
+
+
+class FeatureInfo:
+    """Channels, stride and module name of each output of a features model, in ``out_indices`` order.
+
+    ``info``: the backbone's ``feature_info`` (one dict per block / stage); ``out_indices``:
+    absolute indices into it. ``channels()``, ``reduction()``, ``module_name()`` give one value per
+    output; pass ``idx`` (an int or a list) to read entries of ``info`` by index instead.
+    ``len()``, indexing and iteration are over the outputs.
+    """
+
+    def __init__(self, info: Sequence[Mapping[str, Any]], out_indices: Sequence[int]) -> None:
+        self.info = [dict(d, index=i) for i, d in enumerate(info)]
+        self.out_indices = tuple(out_indices)
+
+    def get(self, key: str, idx: int | Sequence[int] | None = None) -> Any:
+        """``key`` of each output (``idx=None``), of entry ``idx`` (an int), or of entries ``idx`` (a list)."""
+        if idx is None:
+            return [self.info[i][key] for i in self.out_indices]
+        if isinstance(idx, int):
+            return self.info[idx][key]
+        return [self.info[i][key] for i in idx]
+
+    def channels(self, idx: int | Sequence[int] | None = None) -> Any:
+        """Channels ``C_k`` of each output map."""
+        return self.get("num_chs", idx)
+
+    def reduction(self, idx: int | Sequence[int] | None = None) -> Any:
+        """Stride ``r_k`` of each output map (input size / map size)."""
+        return self.get("reduction", idx)
+
+    def module_name(self, idx: int | Sequence[int] | None = None) -> Any:
+        """Name of the module whose output each map is (``blocks.11``, ``layers.2``)."""
+        return self.get("module", idx)
+
+    def get_dicts(self) -> list[dict[str, Any]]:
+        """The info dict of each output."""
+        return [dict(self.info[i]) for i in self.out_indices]
+
+    def __len__(self) -> int:
+        return len(self.out_indices)
+
+    def __getitem__(self, k: int) -> dict[str, Any]:
+        return dict(self.info[self.out_indices[k]])
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.get_dicts())
+
+    def __repr__(self) -> str:
+        return (f"FeatureInfo(out_indices={self.out_indices}, channels={self.channels()}, "
+                f"reduction={self.reduction()})")
+
+
+def resolve_out_indices(out_indices: int | Sequence[int], n: int) -> tuple[int, ...]:
+    """``out_indices`` -> absolute indices in ``0..n-1``, order (and repeats) kept.
+
+    An int ``k`` means the last ``k`` (``1 <= k <= n``); a sequence may hold negative indices.
+    Anything out of range raises ``ValueError`` naming ``out_indices``.
+    """
+    if isinstance(out_indices, bool):
+        raise TypeError(f"out_indices must be an int or a sequence of ints, got {out_indices!r}")
+    if isinstance(out_indices, int):
+        if not 1 <= out_indices <= n:
+            raise ValueError(f"out_indices={out_indices} (the last {out_indices}) must be in 1..{n}: "
+                             f"the model has {n} feature levels")
+        return tuple(range(n - out_indices, n))
+    if isinstance(out_indices, (str, bytes)) or not isinstance(out_indices, Sequence):
+        raise TypeError(f"out_indices must be an int or a sequence of ints, got {out_indices!r}")
+    if not out_indices:
+        raise ValueError("out_indices must not be empty")
+    take = []
+    for i in out_indices:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"out_indices must hold ints, got {i!r} in {tuple(out_indices)}")
+        if not -n <= i < n:
+            raise ValueError(f"out_indices {tuple(out_indices)}: {i} is out of range for {n} feature levels "
+                             f"(0..{n - 1}, or -{n}..-1 from the end)")
+        take.append(i % n)
+    return tuple(take)
+
+
+def default_out_indices(model: nn.Module) -> tuple[int, ...]:
+    """What ``out_indices=None`` means for ``model`` (see the module docstring)."""
+    info = model.feature_info
+    own = getattr(model, "default_out_indices", None)
+    if own is not None:
+        return resolve_out_indices(own, len(info))
+    isotropic = len({d["reduction"] for d in info}) == 1 and len(info) > 1
+    return resolve_out_indices(min(_LAST_N_ISOTROPIC, len(info)) if isotropic else len(info), len(info))
+
+
+class FeaturesMixin:
+    """``forward(x [B, Cin, H, W]) -> [maps]``: one map per ``out_indices`` entry (see the module docstring)."""
+
+    feature_info: FeatureInfo
+    out_indices: tuple[int, ...]
+    output_fmt: str
+    feature_norm: bool
+    removed_head: tuple[str, ...]
+
+    def forward(self, x: Tensor) -> list[Tensor]:
+        """Images ``[B, Cin, H, W]`` -> ``[B, C_k, H_k, W_k]`` per output (``NCHW``), in ``out_indices`` order."""
+        take = sorted(set(self.out_indices))
+        maps = self.forward_intermediates(  # type: ignore[attr-defined]
+            x, take, norm=self.feature_norm, output_fmt=self.output_fmt, intermediates_only=True)
+        by_index = dict(zip(take, maps))
+        return [by_index[i] for i in self.out_indices]
+
+    def _drop_head_keys(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        """Load-state-dict pre-hook: a full model's head keys are ignored, not unexpected."""
+        heads = tuple(f"{prefix}{name}." for name in self.removed_head)
+        for key in [k for k in state_dict if k.startswith(heads)]:
+            del state_dict[key]
+
+
+_FEATURE_CLASSES: dict[type, type] = {}
+
+
+def _features_class(cls: type[nn.Module]) -> type[nn.Module]:
+    """``cls`` with :class:`FeaturesMixin` first in its MRO (one per backbone class)."""
+    if issubclass(cls, FeaturesMixin):
+        return cls
+    if cls not in _FEATURE_CLASSES:
+        name = f"{cls.__name__}Features"
+        _FEATURE_CLASSES[cls] = type(name, (FeaturesMixin, cls), {
+            "__module__": cls.__module__, "__qualname__": name,
+            "__doc__": f"{cls.__name__} as a features model: ``[B, Cin, H, W] -> [maps]`` (models/features.py).",
+        })
+    return _FEATURE_CLASSES[cls]
+
+
+def as_features_model(model: nn.Module, out_indices: int | Sequence[int] | None = None, *,
+                      output_fmt: str = "NCHW", norm: bool = False) -> nn.Module:
+    """Turn ``model`` (in place) into a features model and return it.
+
+    ``out_indices``: which blocks / stages (an int ``k`` = the last ``k``; negative indices
+    allowed; ``None`` = :func:`default_out_indices`). ``output_fmt``: ``"NCHW"`` (all models),
+    ``"NHWC"`` (hierarchical) or ``"NLC"`` (ViT tokens); the model's ``forward_intermediates``
+    rejects a format it does not have. ``norm``: apply the final norm to the last stage's map
+    (hierarchical) or to every map (ViT), as ``forward_intermediates(norm=True)`` does.
+    Load weights before (``create_model(pretrained=...)`` does), or after with ``load_state_dict``.
+    """
+    for need in ("feature_info", "forward_intermediates"):
+        if not hasattr(model, need):
+            raise TypeError(f"{type(model).__name__} has no {need}: it cannot be a features model")
+    if output_fmt not in OUTPUT_FORMATS:
+        raise ValueError(f"output_fmt must be one of {OUTPUT_FORMATS}, got {output_fmt!r}")
+    if isinstance(model, FeaturesMixin):
+        raise TypeError(f"{type(model).__name__} is already a features model")
+    info = list(model.feature_info)
+    take = default_out_indices(model) if out_indices is None else resolve_out_indices(out_indices, len(info))
+    removed = []
+    for name in getattr(model, "head_modules", HEAD_MODULES):
+        if isinstance(getattr(model, name, None), nn.Module) and not isinstance(getattr(model, name), nn.Identity):
+            if any(True for _ in getattr(model, name).state_dict()):
+                removed.append(name)
+            setattr(model, name, nn.Identity())
+    model.__class__ = _features_class(type(model))
+    model.feature_info = FeatureInfo(info, take)  # type: ignore[assignment]
+    model.out_indices = take  # type: ignore[assignment]
+    model.output_fmt = output_fmt  # type: ignore[assignment]
+    model.feature_norm = bool(norm)  # type: ignore[assignment]
+    model.removed_head = tuple(removed)  # type: ignore[assignment]
+    model.register_load_state_dict_pre_hook(model._drop_head_keys)  # type: ignore[attr-defined]
+    if getattr(model, "num_classes", None) is not None:
+        model.num_classes = 0  # type: ignore[assignment]
+    return model
