@@ -131,3 +131,18 @@ def test_wrapping_an_existing_model_twice_raises() -> None:
     assert isinstance(model, type(create_model("vit_digits_patch2_8")))
     with pytest.raises(TypeError, match="already"):
         as_features_model(model)
+
+
+@pytest.mark.parametrize("name", ["deit_tiny_distilled_patch16_224", "swin_tiny_patch4_window7_224"])
+def test_onnx_export_one_output_per_map(name: str, tmp_path) -> None:
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from vit_attention.export import INPUT_NAME, output_names, to_onnx, verify_onnx
+
+    model = create_model(name, features_only=True, out_indices=(-1, 0), **small_overrides(name)).eval()
+    path = to_onnx(model, tmp_path / "features.onnx")
+    graph = onnx.load(str(path)).graph
+    assert [i.name for i in graph.input] == [INPUT_NAME]
+    assert [o.name for o in graph.output] == output_names(model) == ["feature_0", "feature_1"]
+    errors = verify_onnx(model, path, batch_sizes=(1, 3))
+    assert max(errors.values()) < 1e-4

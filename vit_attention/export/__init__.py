@@ -18,6 +18,7 @@ from .core import (
     example_input,
     export_model,
     onnx_metadata,
+    output_names,
     to_exported_program,
     to_onnx,
     to_torchscript,
@@ -25,5 +26,5 @@ from .core import (
 )
 
 __all__ = ["DEFAULT_OPSET", "FORMATS", "INPUT_NAME", "MAX_OPSET", "MIN_OPSET", "OUTPUT_NAME", "check_output_path",
-           "example_input", "export_model", "onnx_metadata", "to_exported_program", "to_onnx", "to_torchscript",
-           "verify_onnx"]
+           "example_input", "export_model", "onnx_metadata", "output_names", "to_exported_program", "to_onnx",
+           "to_torchscript", "verify_onnx"]

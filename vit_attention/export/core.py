@@ -12,6 +12,8 @@ Names in the written models:
 
 * ONNX: input ``pixel_values`` ``[batch, in_chans, H, W]`` float32, output ``logits``
   ``[batch, num_classes]`` (a distilled DeiT in eval mode returns the mean of its two heads);
+  a features model (``create_model(..., features_only=True)``) has one output per map instead,
+  ``feature_0``, ``feature_1``, ... ``[batch, C_k, H_k, W_k]`` (:func:`output_names`);
 * TorchScript / ExportedProgram: the model's ``forward(x)``, ``x`` ``[batch, in_chans, H, W]``
   -> logits ``[batch, num_classes]``.
 
@@ -42,7 +44,7 @@ from ..weights.io import atomic_write
 
 __all__ = ["FORMATS", "MIN_OPSET", "MAX_OPSET", "DEFAULT_OPSET", "INPUT_NAME", "OUTPUT_NAME",
            "to_onnx", "onnx_metadata", "to_torchscript", "to_exported_program", "export_model", "verify_onnx",
-           "example_input", "check_output_path", "require"]
+           "example_input", "check_output_path", "require", "output_names"]
 
 FORMATS = ("onnx", "torchscript", "exported-program")
 # scaled_dot_product_attention has an ONNX symbolic from opset 14; the TorchScript exporter stops at 20.
@@ -65,6 +67,15 @@ def require(module: str, purpose: str) -> Any:
             raise
         raise ModuleNotFoundError(f"{purpose} needs the {module!r} package, which is not installed: "
                                   f"{_INSTALL_HINT}", name=module) from None
+
+
+def output_names(model: nn.Module) -> list[str]:
+    """Names of the ONNX outputs: ``["logits"]``, or ``feature_{k}`` per map of a features model."""
+    from ..models.features import FeaturesMixin  # export sits above models
+
+    if isinstance(model, FeaturesMixin):
+        return [f"feature_{k}" for k in range(len(model.feature_info))]
+    return [OUTPUT_NAME]
 
 
 def _input_hw(model: nn.Module) -> tuple[int, int]:
@@ -143,7 +154,8 @@ def to_onnx(model: nn.Module, path: str | Path, *, dynamic_batch: bool = True, o
     """Write ``model`` as ONNX to ``path`` (atomically) and return ``path``.
 
     The graph takes ``pixel_values`` ``[batch, in_chans, H, W]`` (float32; ``H, W`` fixed at the
-    model's ``img_size`` or ``example_input``'s) and returns ``logits`` ``[batch, num_classes]``.
+    model's ``img_size`` or ``example_input``'s) and returns ``logits`` ``[batch, num_classes]``
+    (a features model: :func:`output_names`, one map ``[batch, C_k, H_k, W_k]`` each).
     ``dynamic_batch``: the batch dimension is symbolic (``"batch"``); else fixed at the traced
     batch (``example_input``'s, default 2). ``opset``: in ``[MIN_OPSET, MAX_OPSET]``. ``check``:
     run ``onnx.checker.check_model`` (with shape inference) on the written file. The file's
@@ -158,7 +170,8 @@ def to_onnx(model: nn.Module, path: str | Path, *, dynamic_batch: bool = True, o
         raise ValueError(f"the model holds {size / 2**30:.1f} GiB of weights, over the 2 GiB limit of one ONNX "
                          "file; export it as format 'exported-program' (external-data ONNX is not supported yet)")
     x = _trace_input(model, example_input)
-    axes = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}} if dynamic_batch else None
+    outputs = output_names(model)
+    axes = {name: {0: "batch"} for name in (INPUT_NAME, *outputs)} if dynamic_batch else None
 
     def write(tmp: str) -> None:
         with _eval_mode(model), warnings.catch_warnings():
@@ -166,7 +179,7 @@ def to_onnx(model: nn.Module, path: str | Path, *, dynamic_batch: bool = True, o
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
             torch.onnx.export(model, (x,), tmp, dynamo=False, opset_version=opset, input_names=[INPUT_NAME],
-                              output_names=[OUTPUT_NAME], dynamic_axes=axes, do_constant_folding=True)
+                              output_names=outputs, dynamic_axes=axes, do_constant_folding=True)
         proto = onnx.load(tmp)
         onnx.helper.set_model_props(proto, onnx_metadata(model))
         onnx.save(proto, tmp)
@@ -185,7 +198,13 @@ def onnx_metadata(model: nn.Module) -> dict[str, str]:
 
     meta = dict(model_metadata(model))
     meta["input"] = f"{INPUT_NAME}: float32 [batch, in_chans, H, W]"
-    meta["output"] = f"{OUTPUT_NAME}: float32 [batch, num_classes]"
+    outputs = output_names(model)
+    if outputs == [OUTPUT_NAME]:
+        meta["output"] = f"{OUTPUT_NAME}: float32 [batch, num_classes]"
+    else:
+        info = model.feature_info
+        meta["output"] = "; ".join(f"{n}: float32 [batch, {c}, H/{r}, W/{r}]"
+                                   for n, c, r in zip(outputs, info.channels(), info.reduction()))
     return meta
 
 
@@ -193,7 +212,7 @@ def verify_onnx(model: nn.Module, path: str | Path, *, batch_sizes: Sequence[int
                 providers: Sequence[str] = ("CPUExecutionProvider",)) -> dict[int, float]:
     """Run the ONNX file at ``path`` in onnxruntime next to eager ``model`` (eval mode).
 
-    Returns ``{batch_size: max |onnx - eager| / max |eager|}`` over seeded inputs
+    Returns ``{batch_size: max |onnx - eager| / max |eager|}`` (the worst output) over seeded inputs
     ``[batch_size, in_chans, H, W]``. Needs ``onnxruntime`` (``pip install vit_attention[onnx]``).
     """
     ort = require("onnxruntime", "running an ONNX model")
@@ -203,13 +222,17 @@ def verify_onnx(model: nn.Module, path: str | Path, *, batch_sizes: Sequence[int
     with _eval_mode(model):
         for b in batch_sizes:
             x = example_input(model, b, seed=b)
-            ref = model(x).float().cpu()
-            (out,) = sess.run([OUTPUT_NAME], {inp.name: x.cpu().numpy()})
-            got = torch.from_numpy(out)
-            if got.shape != ref.shape:
-                raise ValueError(f"{path}: output shape {tuple(got.shape)} at batch {b}, "
-                                 f"eager gives {tuple(ref.shape)}")
-            errors[b] = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+            eager = model(x)
+            refs = [t.float().cpu() for t in (eager if isinstance(eager, (list, tuple)) else [eager])]
+            outs = sess.run(output_names(model), {inp.name: x.cpu().numpy()})
+            worst = 0.0
+            for name, out, ref in zip(output_names(model), outs, refs, strict=True):
+                got = torch.from_numpy(out)
+                if got.shape != ref.shape:
+                    raise ValueError(f"{path}: output {name} shape {tuple(got.shape)} at batch {b}, "
+                                     f"eager gives {tuple(ref.shape)}")
+                worst = max(worst, float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12)))
+            errors[b] = worst
     return errors
 
 
