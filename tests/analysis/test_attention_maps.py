@@ -7,8 +7,8 @@ import torch
 
 from vit_attention import create_attention, create_model, plug
 from vit_attention.analysis import record_attention
-from vit_attention.analysis.attention_maps import window_token_index
 from vit_attention.functional.attention import _CONTEXT, _WEIGHT_HOOKS
+from vit_attention.functional.layout import window_layout
 
 
 @pytest.mark.parametrize("pad_first", [False, True])
@@ -20,7 +20,7 @@ def test_window_maps_land_where_the_gradient_says(pad_first, shift):
     with record_attention(attn) as rec:
         out = attn(x)
     (r,) = rec.records
-    assert r.layout == "window" and r.grid == (7, 9) and r.window_size == (4, 4) and r.padded_size == (8, 12)
+    assert r.grid == (7, 9) and r.layout.groups == 6 and r.weights.shape == (6, 2, 16, 16)  # padded to 8x12
     for q in [(0, 0), (3, 4), (6, 8), (5, 1)]:
         x.grad = None
         out[0, q[0], q[1]].sum().backward(retain_graph=True)
@@ -31,8 +31,8 @@ def test_window_maps_land_where_the_gradient_says(pad_first, shift):
     assert received.shape == (1, 7, 9) and torch.all(received > 0)
 
 
-def test_window_token_index_covers_every_position_once():
-    idx = window_token_index(7, 9, (4, 4), (2, 2))
+def test_window_layout_covers_every_position_once():
+    idx = window_layout(7, 9, (4, 4), (2, 2)).query_pos
     assert idx.shape == (6, 16)
     real = idx[idx >= 0]
     assert torch.equal(real.sort().values, torch.arange(63))
@@ -44,7 +44,7 @@ def test_global_records_rollout_and_layers():
         model(torch.randn(2, 3, 32, 32))
     assert [r.module for r in rec.records] == ["blocks.0.attn", "blocks.1.attn", "blocks.2.attn"]
     r = rec.records[0]
-    assert r.layout == "global" and r.num_prefix_tokens == 2 and r.grid == (4, 4)
+    assert r.is_global and r.num_prefix_tokens == 2 and r.grid == (4, 4)
     assert r.weights.shape == (2, 3, 18, 18)
     torch.testing.assert_close(r.weights.sum(-1), torch.ones(2, 3, 18))
     roll = rec.rollout()
@@ -65,11 +65,11 @@ def test_swin_model_maps_reassembled_per_stage():
         model(torch.randn(1, 3, 56, 56))
     grids = [r.grid for r in rec.records]
     assert grids == [(14, 14), (14, 14), (7, 7), (7, 7), (4, 4), (2, 2)]
-    assert rec.records[1].shift_size == (3, 3) and rec.records[0].shift_size == (0, 0)
-    assert all(r.layout == "window" for r in rec.records)
+    assert rec.records[1].info["shift_size"] == (3, 3) and rec.records[0].info["shift_size"] == (0, 0)
+    # one 7x7 window covers the 7x7, 4x4 and 2x2 maps (padded): global attention there
+    assert [r.is_global for r in rec.records] == [False] * 2 + [True] * 4
     assert rec.image_map(0).shape == (1, 14, 14) and rec.mean_map().shape == (1, 14, 14)
-    with pytest.raises(ValueError, match="rollout needs global"):
-        rec.rollout()
+    assert rec.rollout().shape == (1, 2, 2)  # through the last stage, the only one of its grid
 
 
 def test_plugged_cnn_records_with_module_names():
@@ -78,4 +78,4 @@ def test_plugged_cnn_records_with_module_names():
     with record_attention(net) as rec, torch.no_grad():
         net(torch.randn(1, 3, 8, 8))
     assert [r.module for r in rec.records] == ["1.attn", "2.attn"]
-    assert rec.records[1].layout == "window"
+    assert rec.records[0].is_global and rec.records[1].layout.groups == 4

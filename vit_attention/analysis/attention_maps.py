@@ -3,21 +3,24 @@
     >>> with record_attention(model) as rec:
     ...     model(images)
     >>> heat = rec.rollout()               # ViT / DeiT: class token -> patches, [B, H', W']
-    >>> heat = rec.image_map(layer=-1)     # any layout, [B, H', W'] on that layer's token grid
+    >>> heat = rec.image_map(layer=-1)     # any mechanism, [B, H', W'] on that layer's token grid
+    >>> where = rec.records[0].query_map((5, 7))   # where token (5, 7) looks, [B, H', W']
 
 Recording goes through the single attention function of the core
 (:func:`vit_attention.functional.register_attention_hook`), so it sees every mechanism the same
-way. Each record carries the module name and the layout needed to map its weights back to image
-positions: ``"global"`` (``[B, nh, N, M]`` over the token grid plus prefix tokens) or ``"window"``
-(``[B·nW, nh, n, n]`` per window, with the window size, the cyclic shift, the padded size and the
-order of padding and shift that the window module reports through :func:`attention_context`).
+way. Each record keeps the weights and the :class:`~vit_attention.functional.layout.AttentionLayout`
+the mechanism handed the core (where each query and key row sits on the grid: windows, shifts,
+padding, prefix tokens, a coarser key grid); placing them in the image reads only that layout,
+with no branch per mechanism. A call without a layout (or whose mechanism does not know the grid)
+is taken as token rows, prefix tokens first, on ``grid`` (the model's patch grid by default).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,42 +29,54 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.attention import attention_context, register_attention_hook
-from ..functional.window import window_gather_index
+from ..functional.layout import AttentionLayout
 
-__all__ = ["AttentionRecord", "AttentionRecorder", "record_attention", "attention_rollout", "window_token_index"]
+__all__ = ["AttentionRecord", "AttentionRecorder", "record_attention", "attention_rollout"]
 
 
 @dataclass
 class AttentionRecord:
     """One attention call.
 
-    ``weights``: ``[B, nh, N, M]`` (global) or ``[B·nW, nh, n, n]`` (window), post-softmax, on CPU.
-    ``grid``: the token grid ``(H, W)`` the call attends over (window: the module's input map;
-    global: the patch grid, prefix tokens excluded). ``num_prefix_tokens``: class / distillation
-    tokens in front of the grid (global). Window fields: ``window_size``, ``shift_size`` (the
-    shift actually applied), ``padded_size`` and ``pad_first`` (torchvision order).
+    ``weights``: ``[B·G, nh, n, m]`` post-softmax, on CPU (``G`` groups of the layout: windows,
+    neighbourhoods; 1 for global attention, then ``[B, nh, N, M]``). ``layout``: where each row
+    sits on the grid (:class:`~vit_attention.functional.layout.AttentionLayout`). ``batch``: ``B``.
     """
 
     index: int
     module: str
     weights: Tensor
-    layout: str
+    layout: AttentionLayout
     batch: int
-    grid: tuple[int, int] | None = None
-    num_prefix_tokens: int = 0
-    window_size: tuple[int, int] | None = None
-    shift_size: tuple[int, int] = (0, 0)
-    padded_size: tuple[int, int] | None = None
-    pad_first: bool = False
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def grid(self) -> tuple[int, int] | None:
+        """The query grid ``(H, W)`` (None when it could not be known)."""
+        return self.layout.grid
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Class / distillation / global tokens among the queries."""
+        return self.layout.num_prefix_tokens
+
+    @property
+    def is_global(self) -> bool:
+        """Every token may attend to every token (one group, keys = queries)."""
+        return self.layout.is_global
+
+    @property
+    def has_class_token(self) -> bool:
+        """Global attention with a prefix (class) token: its row is the layer's map."""
+        return self.is_global and self.num_prefix_tokens > 0
+
+    @property
     def is_self_attention(self) -> bool:
-        """Queries and keys are the same tokens (not cross-attention / attention pooling)."""
-        return self.weights.shape[-1] == self.weights.shape[-2]
+        """Tokens attending to tokens of the image grid (not cross-attention, not channel attention)."""
+        return self.layout.key_pos is not None and self.layout.axis == "tokens" and self.layout.grid is not None
 
     def head_weights(self, head: int | None = None) -> Tensor:
-        """Weights of one head (or the mean over heads): ``[B', N, M]``."""
+        """Weights of one head (or the mean over heads): ``[B·G, n, m]``."""
         nh = self.weights.shape[1]
         if head is None:
             return self.weights.mean(dim=1)
@@ -70,97 +85,24 @@ class AttentionRecord:
         return self.weights[:, head]
 
     def received(self, head: int | None = None) -> Tensor:
-        """Attention each grid token receives, averaged over queries: ``[B, H, W]``.
-
-        Window layout: computed per window and reassembled into image positions (shift and
-        padding undone). Global layout: over the patch grid (prefix tokens excluded as keys).
-        """
-        w = self.head_weights(head)  # [B', N, M]
-        if self.layout == "window":
-            return self._to_image(w.mean(dim=1))  # per key, [B·nW, n] -> [B, H, W]
-        P = self.num_prefix_tokens
-        gh, gw = self._global_grid()
-        return w[:, :, P:].mean(dim=1).reshape(self.batch, gh, gw)  # [B, H, W]
+        """Attention each grid cell receives as a key, averaged over the queries that may attend to
+        it (all of them for global attention, its window's for windows): ``[B, H, W]``."""
+        self.head_weights(head)  # range check naming the module
+        return self.layout.received(self.weights, head)
 
     def query_map(self, query: tuple[int, int] | str = "cls", head: int | None = None) -> Tensor:
-        """Where one query token looks: ``[B, H, W]`` (zero outside its window for window layouts).
+        """Where the query at grid position ``(row, col)`` looks: ``[B, H, W]``.
 
-        ``query``: grid position ``(row, col)``, or ``"cls"`` for the first prefix token (global).
+        Mean over heads unless ``head`` is named; zero where it may not attend (outside its window,
+        padding); a key on a coarser grid has its weight spread evenly over the cells it covers, so
+        the map sums to the row's weight on grid keys (1 for softmax attention without prefix or
+        padding keys). ``query="cls"``: the first prefix token. Channel attention raises.
         """
-        w = self.head_weights(head)  # [B', N, M]
-        if self.layout == "window":
-            if not isinstance(query, tuple):
-                raise ValueError("window attention has no class token; pass query=(row, col)")
-            H, W = self._check_grid()
-            index = window_token_index(H, W, self.window_size, self.shift_size, self.padded_size,  # type: ignore
-                                       self.pad_first)  # [nW, n]
-            pos = query[0] * W + query[1]
-            where = (index == pos).nonzero()
-            if len(where) != 1:
-                raise ValueError(f"query {query} is outside the {H}x{W} grid of {self.module}")
-            win, tok = int(where[0, 0]), int(where[0, 1])
-            nW = index.shape[0]
-            rows = w.reshape(self.batch, nW, *w.shape[1:])[:, win, tok]  # [B, n]
-            out = torch.zeros(self.batch, H * W, dtype=rows.dtype)
-            keep = index[win] >= 0
-            out[:, index[win][keep]] = rows[:, keep]
-            return out.reshape(self.batch, H, W)
-        P = self.num_prefix_tokens
-        gh, gw = self._global_grid()
-        if query == "cls":
-            if P == 0:
-                raise ValueError(f"{self.module or 'the model'} has no prefix (class) token; pass query=(row, col)")
-            row = w[:, 0]
-        else:
-            row = w[:, P + query[0] * gw + query[1]]  # type: ignore[index]
-        return row[:, P:].reshape(self.batch, gh, gw)
-
-    # ------------------------------------------------------------------ helpers
-    def _check_grid(self) -> tuple[int, int]:
-        if self.grid is None:
-            raise ValueError(f"record of {self.module!r} has no token grid")
-        return self.grid
-
-    def _global_grid(self) -> tuple[int, int]:
-        if not self.is_self_attention:
-            raise ValueError(f"{self.module} is cross-attention ({tuple(self.weights.shape)}); no image map")
-        n = self.weights.shape[-1] - self.num_prefix_tokens
-        if self.grid is not None and self.grid[0] * self.grid[1] == n:
-            return self.grid
-        side = int(round(math.sqrt(n)))
-        if side * side != n:
-            raise ValueError(f"cannot place {n} tokens of {self.module} on a grid; pass grid=(H, W) to "
-                             "record_attention")
-        return side, side
-
-    def _to_image(self, per_token: Tensor) -> Tensor:
-        """Window tokens ``[B·nW, n]`` -> image positions ``[B, H, W]`` (padding dropped, shift undone)."""
-        H, W = self._check_grid()
-        index = window_token_index(H, W, self.window_size, self.shift_size, self.padded_size,  # type: ignore
-                                   self.pad_first)  # [nW, n]
-        vals = per_token.reshape(self.batch, -1)  # [B, nW·n]
-        flat = index.reshape(-1)
-        keep = flat >= 0
-        out = torch.zeros(self.batch, H * W, dtype=vals.dtype)
-        out[:, flat[keep]] = vals[:, keep]
-        return out.reshape(self.batch, H, W)
-
-
-def window_token_index(H: int, W: int, window_size: Sequence[int], shift_size: Sequence[int] = (0, 0),
-                       padded_size: Sequence[int] | None = None, pad_first: bool = False) -> Tensor:
-    """For each window token, its position ``row·W + col`` in the unshifted, unpadded map (-1 = padding).
-
-    Returns ``[nW, Wh·Ww]`` (long) in the window order of
-    :func:`vit_attention.functional.window.window_partition`: the gather index the attention itself
-    uses (:func:`vit_attention.functional.window.window_gather_index`), with its zero-token slot as -1.
-    ``pad_first=False``: the map is rolled by ``-shift`` and then padded (timm); ``True``: padded,
-    then rolled (torchvision). ``padded_size``, when given, must be the window multiple it implies.
-    """
-    wh, ww = int(window_size[0]), int(window_size[1])
-    if padded_size is not None and tuple(padded_size) != (H + (-H) % wh, W + (-W) % ww):
-        raise ValueError(f"padded_size {tuple(padded_size)} is not the {wh}x{ww}-window multiple of {H}x{W}")
-    fwd, _ = window_gather_index(H, W, (wh, ww), (int(shift_size[0]), int(shift_size[1])), pad_first=pad_first)
-    return torch.where(fwd == H * W, -1, fwd).view(-1, wh * ww)  # [nW, Wh·Ww]
+        self.head_weights(head)  # range check naming the module
+        try:
+            return self.layout.query_map(self.weights, query, head)
+        except ValueError as e:
+            raise ValueError(f"{self.module or 'the model'}: {e}") from None
 
 
 class AttentionRecorder:
@@ -195,7 +137,7 @@ class AttentionRecorder:
         """One layer's map ``[B, H, W]`` on its token grid: the class token's attention when the layer
         has one, else the attention each token receives (window layouts reassembled)."""
         rec = self.layer(layer)
-        if rec.layout == "global" and rec.num_prefix_tokens > 0:
+        if rec.has_class_token:
             return rec.query_map("cls", head)
         return rec.received(head)
 
@@ -205,12 +147,13 @@ class AttentionRecorder:
         Per layer ``Â = (1 - residual)·A + residual·I`` (rows renormalised), ``R = Â_L ⋯ Â_1``;
         the map is the class token's row of ``R`` over the patches (mean row without a class token).
         """
-        recs = [r for r in self.self_attention() if r.layout == "global"]
+        recs = [r for r in self.self_attention() if r.is_global]
         if not recs:
             raise ValueError("rollout needs global self-attention layers (ViT / DeiT); use image_map() for "
                              "windowed models")
-        n = recs[0].weights.shape[-1]
-        recs = [r for r in recs if r.weights.shape[-1] == n]
+        last = recs[-1]
+        recs = [r for r in recs if torch.equal(r.layout.query_pos, last.layout.query_pos)]
+        n = last.weights.shape[-1]
         result: Tensor | None = None
         for rec in recs:
             a = rec.head_weights(head).float()  # [B, N, N]
@@ -218,11 +161,10 @@ class AttentionRecorder:
             a = a / a.sum(dim=-1, keepdim=True)
             result = a if result is None else a @ result
         assert result is not None
-        last = recs[-1]
-        P = last.num_prefix_tokens
-        gh, gw = last._global_grid()
-        row = result[:, 0, P:] if P > 0 else result.mean(dim=1)
-        return row.reshape(last.batch, gh, gw)
+        joint = result[:, None]  # [B, 1, N, N]: one "head", placed with the last layer's layout
+        if last.num_prefix_tokens > 0:
+            return last.layout.query_map(joint, "cls")
+        return last.layout.received(joint)
 
     def mean_map(self, head: int | None = None, size: tuple[int, int] | None = None) -> Tensor:
         """Every self-attention layer's :meth:`image_map`, each rescaled to mean 1 and resized to
@@ -249,18 +191,33 @@ def _model_grid(model: nn.Module) -> tuple[int, int] | None:
     return tuple(grid) if grid is not None else None  # type: ignore[return-value]
 
 
+def _place(layout: AttentionLayout, grid: tuple[int, int] | None, prefix: int) -> AttentionLayout:
+    """A layout without a grid (token rows): on ``grid`` when its tokens fill it after some prefix
+    tokens, else on the square that ``prefix`` prefix tokens leave (unchanged when neither fits)."""
+    if layout.grid is not None or layout.groups != 1:
+        return layout
+    n = layout.query_pos.shape[1]
+    if grid is not None and grid[0] * grid[1] <= n:
+        return layout.on_grid(grid)
+    for P in dict.fromkeys((prefix, 0)):
+        side = math.isqrt(max(n - P, 0))
+        if side > 0 and side * side == n - P:
+            return layout.on_grid((side, side))
+    return layout
+
+
 @contextlib.contextmanager
 def record_attention(model: nn.Module, *, grid: tuple[int, int] | None = None) -> Iterator[AttentionRecorder]:
     """Collect the attention weights of every attention call inside ``model`` while active.
 
     Each mechanism module (anything registered with ``register_attention``) is wrapped in an
-    :func:`attention_context` frame naming it and giving its input map size; window modules add
-    their window layout themselves. The explicit attention path is used while recording.
+    :func:`attention_context` frame naming it; where its rows sit comes from the layout it hands
+    the core. The explicit attention path is used while recording.
 
     Args:
         model: any module (model, mechanism, CNN with plugged attention).
-        grid: the patch grid ``(H', W')`` of global attention, when it is not the model's
-            ``grid_size`` (e.g. a different input size with ``dynamic_img_size``).
+        grid: the token grid ``(H', W')`` of calls whose mechanism does not know it (token rows
+            without ``feat_size``), when it is not the model's ``grid_size``.
 
     Yields:
         an :class:`AttentionRecorder`; its ``records`` fill up as the model runs.
@@ -271,12 +228,7 @@ def record_attention(model: nn.Module, *, grid: tuple[int, int] | None = None) -
     prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
 
     def pre(mod: nn.Module, args: tuple[Any, ...]) -> None:
-        x = args[0] if args and isinstance(args[0], Tensor) else None
-        info: dict[str, Any] = {"module": names.get(id(mod), "")}
-        if x is not None:
-            info["input_shape"] = tuple(x.shape)
-        info["pad_first"] = bool(getattr(mod, "pad_first", False))
-        cm = attention_context(**info)
+        cm = attention_context(module=names.get(id(mod), ""))
         cm.__enter__()
         frames.append(cm)
 
@@ -285,35 +237,23 @@ def record_attention(model: nn.Module, *, grid: tuple[int, int] | None = None) -
             frames.pop().__exit__(None, None, None)
 
     def on_weights(weights: Tensor, info: dict[str, Any]) -> None:
-        w = weights.detach().float().cpu()
-        shape = info.get("input_shape")
-        window = info.get("window_size")
-        if window is not None and shape is not None and len(shape) == 4:
-            B, H, W, _ = shape
-            if info.get("heads_layout") == "windows*heads":  # [B, nW·nh, n, n] -> [B·nW, nh, n, n]
-                nW = int(info["num_windows"])
-                w = w.view(B, nW, w.shape[1] // nW, *w.shape[2:]).reshape(B * nW, -1, *w.shape[2:])
-            rec.records.append(AttentionRecord(
-                len(rec.records), info.get("module", ""), w, "window", B, (H, W), 0,
-                tuple(window), tuple(info.get("shift_size", (0, 0))), tuple(info.get("padded_size") or (H, W)),
-                bool(info.get("pad_first", False)), dict(info)))
-            return
-        if shape is not None and len(shape) == 4:  # a spatial mechanism with global attention over [B, H, W, C]
-            B, H, W, _ = shape
-            rec.records.append(AttentionRecord(len(rec.records), info.get("module", ""), w, "global", B, (H, W), 0,
-                                               info=dict(info)))
-            return
-        B = shape[0] if shape else w.shape[0]
-        n = w.shape[-1]
-        P = 0 if rec.grid is not None and rec.grid[0] * rec.grid[1] == n else prefix
-        rec.records.append(AttentionRecord(len(rec.records), info.get("module", ""), w, "global", B, rec.grid, P,
-                                           info=dict(info)))
+        n, m = weights.shape[-2:]
+        layout = info.get("layout")
+        if not isinstance(layout, AttentionLayout):  # a call that did not say: token rows
+            rows = torch.arange(n)
+            layout = AttentionLayout(None, rows, rows if n == m else None)
+        layout = _place(layout, rec.grid, prefix)
+        w = layout.canonical(weights.detach().float().cpu())  # [B, G, nh, n, m]
+        if layout.fold != "batch":  # the record keeps [B·G, nh, n, m]
+            layout = dataclasses.replace(layout, fold="batch")
+        rec.records.append(AttentionRecord(len(rec.records), info.get("module", ""), w.flatten(0, 1), layout,
+                                           w.shape[0], dict(info)))
 
     handles = []
-    for m in model.modules():
-        if getattr(type(m), "attention_name", None) is not None:
-            handles.append(m.register_forward_pre_hook(pre))
-            handles.append(m.register_forward_hook(post))
+    for mod in model.modules():
+        if getattr(type(mod), "attention_name", None) is not None:
+            handles.append(mod.register_forward_pre_hook(pre))
+            handles.append(mod.register_forward_hook(post))
     handles.append(register_attention_hook(on_weights))
     try:
         yield rec

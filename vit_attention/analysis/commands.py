@@ -163,20 +163,20 @@ def _heatmap_and_logits(model: nn.Module, x: Tensor, *, layer: int | None, head:
         out = model(x)
     logits = out[0] if isinstance(out, (tuple, list)) else out
     recs = rec.self_attention()
-    global_with_cls = any(r.layout == "global" and r.num_prefix_tokens > 0 for r in recs)
+    global_with_cls = any(r.has_class_token for r in recs)
     if method == "auto":
         method = "layer" if layer is not None else ("rollout" if global_with_cls else "mean")
     n = len(recs)
     if method == "rollout":
         heat = rec.rollout(head)[0]
-        n_global = sum(r.layout == "global" for r in recs)
+        n_global = sum(r.is_global for r in recs)
         heads = _heads(head, recs[0].weights.shape[1] if recs else 0, "in each layer")
         return heat, f"attention rollout through all {n_global} layers: class token -> patches, {heads}", \
             method, logits
     if method == "mean":
         heat = rec.mean_map(head)[0]
         nh = recs[0].weights.shape[1] if recs else 0
-        with_cls = [r.layout == "global" and r.num_prefix_tokens > 0 for r in recs]
+        with_cls = [r.has_class_token for r in recs]
         per_layer = ("the class token's attention to each patch" if all(with_cls) else
                      "the attention each patch receives (mean over queries)" if not any(with_cls) else
                      "the class token's attention, or without one the attention each patch receives")
@@ -185,10 +185,11 @@ def _heatmap_and_logits(model: nn.Module, x: Tensor, *, layer: int | None, head:
     idx = -1 if layer is None else layer
     r = rec.layer(idx)
     pos = idx % n if n else idx
-    if r.layout == "global" and r.num_prefix_tokens:
+    if r.has_class_token:
         what = "attention of the class token to each patch"
     else:
-        what = "attention each patch receives, mean over all queries" + (" of its window" if r.window_size else "")
+        window = " of its window" if r.layout.groups > 1 else ""
+        what = "attention each patch receives, mean over all queries" + window
     heat = rec.image_map(idx, head)[0]
     return heat, f"layer {pos + 1} of {n} ({r.module}): {what}, {_heads(head, r.weights.shape[1])}", \
         f"layer{idx}", logits

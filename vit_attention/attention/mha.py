@@ -14,6 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads
+from ..functional.attention import attention_observed
+from ..functional.layout import token_layout
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
@@ -163,12 +165,14 @@ class MultiHeadAttention(nn.Module):
         v = split_heads(self.v_proj(value), self.num_heads)  # [B, nh, M, hd]
         bias, mask = self._build_masks(B, N, M, key_padding_mask, attn_mask, q.dtype)
         drop = self.attn_drop if self.training else 0.0
+        layout = token_layout(N, feat_size, num_prefix_tokens, num_context=None if key is query else M) \
+            if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
         weights: Tensor | None = None
         if need_weights:
             out, weights = scaled_dot_product_attention(q, k, v, bias=bias, mask=mask, dropout_p=drop,
-                                                        return_weights=True)
+                                                        layout=layout, return_weights=True)
         else:
-            out = scaled_dot_product_attention(q, k, v, bias=bias, mask=mask, dropout_p=drop)
+            out = scaled_dot_product_attention(q, k, v, bias=bias, mask=mask, dropout_p=drop, layout=layout)
         out = self.proj_drop(self.out_proj(merge_heads(out)))  # [B, N, E]
         if contract_call:
             return out

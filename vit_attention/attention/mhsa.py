@@ -5,7 +5,9 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads, split_qkv
+from ..functional.attention import attention_observed
 from ..functional.heads import split_packed
+from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, linear
 from ._common import check_heads, check_prob
 from .registry import register_attention
@@ -80,7 +82,10 @@ class MultiHeadSelfAttention(nn.Module):
             kv = linear(context, w[C:], None if b is None else b[C:])  # [B, M, 2C]
             k, v = split_packed(kv, self.num_heads, 2, "packed kv")  # each [B, nh, M, hd]
         q, k = self.q_norm(q), self.k_norm(k)
-        x = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale,
+        layout = token_layout(x.shape[1], feat_size, num_prefix_tokens,
+                              num_context=None if context is None else context.shape[1]) \
+            if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
+        x = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale, layout=layout,
                                          dropout_p=self.attn_drop if self.training else 0.0)  # [B, nh, N, hd]
         x = merge_heads(x)  # [B, N, C]
         if not self.training:  # proj_drop is the identity

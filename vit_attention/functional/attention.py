@@ -72,7 +72,7 @@ def register_attention_hook(fn: WeightsHook | ShapeHook, *, weights: bool = True
 
     ``info`` is the merged dict of the active :func:`attention_context` frames plus ``mask`` and
     ``bias`` (their shape tuples or None), ``is_causal`` and, when the caller passed one,
-    ``layout`` (where the rows sit on the grid).
+    ``layout`` (an :class:`~.layout.AttentionLayout`: where the rows sit on the grid).
     """
     global _NEXT_HOOK_ID
     _NEXT_HOOK_ID += 1
@@ -108,6 +108,8 @@ def _hook_info(mask: Tensor | None, bias: Tensor | None, is_causal: bool, layout
     merged["mask"] = None if mask is None else tuple(mask.shape)
     merged["bias"] = None if bias is None else tuple(bias.shape)
     merged["is_causal"] = is_causal
+    if callable(layout):  # built only now that an observer asks (a zero-argument builder)
+        layout = layout()
     if layout is not None:
         merged["layout"] = layout
     return merged
@@ -269,7 +271,9 @@ def scaled_dot_product_attention(
             (the masks are applied after it). Forces the explicit path.
         weights_fn: ``[*b, nh, N, M] -> [*b, nh, N, M]`` on the weights after the softmax, before
             dropout and ``@ v`` (CaiT's talking heads). Forces the explicit path.
-        layout: where the rows sit on the grid (an ``AttentionLayout``); handed to observers.
+        layout: where the rows sit on the grid (an :class:`~.layout.AttentionLayout`, or a
+            zero-argument callable returning one, called only when an observer is registered);
+            handed to observers as ``info["layout"]``.
         return_weights: also return the weights ``[*b, nh, N, M]`` (forces the explicit path).
 
     A bad ``mask`` / ``bias`` shape raises a ``ValueError`` naming the argument.

@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import attention_context, scaled_dot_product_attention
+from .attention import attention_context, attention_observed, scaled_dot_product_attention
 from .heads import split_qkv
+from .layout import window_layout
 from .window import shift_window_mask, to_pair, window_head_gather_index, window_partition
 
 __all__ = ["window_geometry", "window_tokens", "window_bias", "window_attention"]
@@ -128,10 +129,13 @@ def window_attention(qkv: Tensor, position_bias: Tensor, *, feat_size: tuple[int
                 bias_cache[key] = bias
     else:
         bias = position_bias.unsqueeze(0)  # [1, nh, N, N]
-    with attention_context(mechanism=mechanism, window_size=(wh, ww), shift_size=shift, padded_size=(Hp, Wp),
-                           num_windows=nW, heads_layout="windows*heads" if folded else "heads"):
-        out = scaled_dot_product_attention(q, k, v, bias=bias, scale=scale,
-                                           dropout_p=attn_drop if training else 0.0)  # [B, nW·nh | nh, N, hd]
+    # where each row sits on the map, for observers (cached per size; built only while one is registered)
+    layout = window_layout(H, W, (wh, ww), shift, pad_first=pad_first, fold="heads" if folded else "batch") \
+        if attention_observed() else None
+    with attention_context(mechanism=mechanism, window_size=(wh, ww), shift_size=shift, num_windows=nW,
+                           heads_layout="windows*heads" if folded else "heads"):
+        out = scaled_dot_product_attention(q, k, v, bias=bias, scale=scale, dropout_p=attn_drop if training else 0.0,
+                                           layout=layout)  # [B, nW·nh | nh, N, hd]
     # [B, nW·nh, N, hd] and [B·nW, nh, N, hd] are the same memory: one row gather merges the heads,
     # reverses the windows, undoes the shift and crops the padding
     # (reshape, not contiguous().view(): an exported graph drops a contiguous() that was a no-op when traced)
