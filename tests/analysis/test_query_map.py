@@ -110,6 +110,13 @@ def test_window_maps_equal_a_dense_oracle(name, H, W, shift, pad_first):
         for q in range(H * W):
             row, col = divmod(q, W)
             torch.testing.assert_close(r.query_map((row, col), head), dense[:, q].view(B, H, W))
+        # received: a key's weight from every row of its window (padding rows too), over the window's rows
+        received = torch.zeros(B, H * W)
+        for win in range(nW):
+            for j in range(n):
+                if pos[win, j] >= 0:
+                    received[:, pos[win, j]] = hw[:, win, :, j].sum(-1) / n
+        torch.testing.assert_close(r.received(head), received.view(B, H, W))
     # the weight a query puts on padding slots is not on the grid: the map sums to the rest
     slot_weight = per_window.mean(dim=2)  # [B, nW, n, n]
     on_grid = (slot_weight * (pos >= 0)[None, :, None, :]).sum(-1)  # [B, nW, n]

@@ -40,6 +40,17 @@ def test_spread_matrix_covers_every_cell_once(key_grid, grid):
     assert torch.equal((S > 0).sum(dim=0), torch.ones(S.shape[1], dtype=torch.long))  # one coarse cell per fine cell
 
 
+@pytest.mark.parametrize("pad_first", [True, False])
+@pytest.mark.parametrize(("H", "W", "ws", "shift"), [(7, 9, 4, (2, 1)), (5, 5, 3, (1, 2)), (3, 10, 4, (3, 0)),
+                                                   (8, 8, 8, (4, 4)), (1, 1, 2, (1, 1))])
+def test_window_layout_places_every_cell_once(H, W, ws, shift, pad_first):
+    layout = window_layout(H, W, ws, shift, pad_first=pad_first)
+    pos = layout.query_pos  # [nW, ws²]
+    assert pos.shape == (-(-H // ws) * -(-W // ws), ws * ws) and torch.equal(layout.key_pos, pos)
+    assert torch.equal(pos[pos >= 0].sort().values, torch.arange(H * W))
+    assert int((pos == -1).sum()) == pos.numel() - H * W
+
+
 def test_channel_axis_raises_naming_the_axis():
     layout = AttentionLayout((2, 2), torch.arange(8), torch.arange(8), axis="channels")
     w = _softmax_weights(1, 2, 8, 8)
