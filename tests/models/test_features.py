@@ -146,3 +146,21 @@ def test_onnx_export_one_output_per_map(name: str, tmp_path) -> None:
     assert [o.name for o in graph.output] == output_names(model) == ["feature_0", "feature_1"]
     errors = verify_onnx(model, path, batch_sizes=(1, 3))
     assert max(errors.values()) < 1e-4
+
+
+def test_deepcopy_and_pickle_keep_the_features_model() -> None:
+    import copy
+    import io
+
+    name = "swin_digits_patch2_window2_8"
+    model = create_model(name, features_only=True, out_indices=(-1, 0)).eval()
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    x = _input(model)
+    for other in (copy.deepcopy(model), torch.load(buf, weights_only=False)):
+        assert type(other) is type(model) and other.feature_info.out_indices == (1, 0)
+        with torch.no_grad():
+            for a, b in zip(model(x), other(x), strict=True):
+                torch.testing.assert_close(a, b)
+        other.load_state_dict(create_model(name).state_dict())  # the load hook came along

@@ -20,8 +20,8 @@ returns a list of maps, one per entry of ``out_indices``:
 
 How: the model's class is swapped for a subclass that puts :class:`FeaturesMixin` first (one
 cached per backbone class), so the model keeps its parameters, key names, ``isinstance`` and
-every method, and only ``forward`` changes. Save features models with ``state_dict()``; a
-pickled whole module needs the subclass created (``as_features_model``) before unpickling.
+every method, and only ``forward`` changes. ``copy.deepcopy`` and ``torch.save(model)`` work:
+the pickle names the backbone class and :func:`_rebuild` makes the subclass again on load.
 """
 
 from __future__ import annotations
@@ -137,6 +137,11 @@ class FeaturesMixin:
     output_fmt: str
     feature_norm: bool
     removed_head: tuple[str, ...]
+    backbone_class: type[nn.Module]
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        """Pickle as (the backbone class, the module's state): the subclass is made again on load."""
+        return _rebuild, (self.backbone_class,), self.__dict__.copy()
 
     def forward(self, x: Tensor) -> list[Tensor]:
         """Images ``[B, Cin, H, W]`` -> ``[B, C_k, H_k, W_k]`` per output (``NCHW``), in ``out_indices`` order."""
@@ -156,6 +161,11 @@ class FeaturesMixin:
 _FEATURE_CLASSES: dict[type, type] = {}
 
 
+def _rebuild(backbone_class: type[nn.Module]) -> nn.Module:
+    """An empty features model of ``backbone_class`` (unpickling fills its state)."""
+    return object.__new__(_features_class(backbone_class))
+
+
 def _features_class(cls: type[nn.Module]) -> type[nn.Module]:
     """``cls`` with :class:`FeaturesMixin` first in its MRO (one per backbone class)."""
     if issubclass(cls, FeaturesMixin):
@@ -163,7 +173,7 @@ def _features_class(cls: type[nn.Module]) -> type[nn.Module]:
     if cls not in _FEATURE_CLASSES:
         name = f"{cls.__name__}Features"
         _FEATURE_CLASSES[cls] = type(name, (FeaturesMixin, cls), {
-            "__module__": cls.__module__, "__qualname__": name,
+            "__module__": __name__, "__qualname__": name, "backbone_class": cls,
             "__doc__": f"{cls.__name__} as a features model: ``[B, Cin, H, W] -> [maps]`` (models/features.py).",
         })
     return _FEATURE_CLASSES[cls]
