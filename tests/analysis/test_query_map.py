@@ -47,17 +47,20 @@ def test_plugged_cnn_query_maps_sum_to_one_on_the_grid(name):
         r.query_map((8, 0))
 
 
+@pytest.mark.parametrize("extra", [{}, {"pad_first": False}], ids=["default", "roll_then_pad"])
 @pytest.mark.parametrize("name", NAMES)
-def test_query_map_lies_where_the_output_depends(name):
+def test_query_map_lies_where_the_output_depends(name, extra):
     """Non-zero exactly on the cells the query's output depends on (7x9: padded for windows)."""
     spec = get_attention_spec(name)
+    if extra and not set(extra) <= spec.init_kwargs:
+        extra = {}  # the mechanism has no such keyword: its default again
     torch.manual_seed(0)
-    attn = create_attention(name, 16, 2, **spec.example_kwargs).eval()
+    attn = create_attention(name, 16, 2, **spec.example_kwargs, **extra).eval()
     x = torch.randn(1, 7, 9, 16, requires_grad=True)
     with record_attention(attn) as rec:
         out = apply_attention(attn, x)  # [1, 7, 9, 16]
     (r,) = rec.records
-    for q in [(0, 0), (3, 4), (6, 8), (5, 1)]:
+    for q in [(0, 0), (3, 4), (6, 8), (5, 1), (6, 0), (0, 8)]:
         x.grad = None
         out[0, q[0], q[1]].sum().backward(retain_graph=True)
         depends = x.grad[0].abs().sum(-1) > 1e-12  # [H, W]
