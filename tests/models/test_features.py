@@ -164,3 +164,10 @@ def test_deepcopy_and_pickle_keep_the_features_model() -> None:
             for a, b in zip(model(x), other(x), strict=True):
                 torch.testing.assert_close(a, b)
         other.load_state_dict(create_model(name).state_dict())  # the load hook came along
+
+
+@pytest.mark.parametrize(("name", "fmt"), [("vit_digits_patch2_8", "NHWC"), ("swin_digits_patch2_window2_8", "NLC"),
+                                           ("vit_digits_patch2_8", "nchw")])
+def test_unsupported_output_fmt_raises_when_built(name: str, fmt: str) -> None:
+    with pytest.raises(ValueError, match="output_fmt"):
+        create_model(name, features_only=True, output_fmt=fmt)

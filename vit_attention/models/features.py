@@ -26,13 +26,14 @@ the pickle names the backbone class and :func:`_rebuild` makes the subclass agai
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from torch import Tensor, nn
 
 __all__ = ["FeatureInfo", "FeaturesMixin", "as_features_model", "default_out_indices", "resolve_out_indices",
-           "HEAD_MODULES", "OUTPUT_FORMATS"]
+           "supported_output_formats", "HEAD_MODULES", "OUTPUT_FORMATS"]
 
 # Attribute names of classifier parts across the families; a family may list its own as ``head_modules``.
 HEAD_MODULES = ("head", "head_dist", "head_drop", "fc_norm", "pre_logits", "attn_pool")
@@ -129,6 +130,17 @@ def default_out_indices(model: nn.Module) -> tuple[int, ...]:
     return resolve_out_indices(min(_LAST_N_ISOTROPIC, len(info)) if isotropic else len(info), len(info))
 
 
+def supported_output_formats(model: nn.Module) -> tuple[str, ...]:
+    """The ``output_fmt`` values ``model.forward_intermediates`` declares (its ``Literal`` hint), else all."""
+    try:
+        hint = typing.get_type_hints(type(model).forward_intermediates).get("output_fmt")
+    except Exception:  # an unresolvable annotation: let forward_intermediates judge at the first call
+        return OUTPUT_FORMATS
+    if typing.get_origin(hint) is typing.Literal:
+        return tuple(typing.get_args(hint))
+    return OUTPUT_FORMATS
+
+
 class FeaturesMixin:
     """``forward(x [B, Cin, H, W]) -> [maps]``: one map per ``out_indices`` entry (see the module docstring)."""
 
@@ -185,16 +197,18 @@ def as_features_model(model: nn.Module, out_indices: int | Sequence[int] | None 
 
     ``out_indices``: which blocks / stages (an int ``k`` = the last ``k``; negative indices
     allowed; ``None`` = :func:`default_out_indices`). ``output_fmt``: ``"NCHW"`` (all models),
-    ``"NHWC"`` (hierarchical) or ``"NLC"`` (ViT tokens); the model's ``forward_intermediates``
-    rejects a format it does not have. ``norm``: apply the final norm to the last stage's map
-    (hierarchical) or to every map (ViT), as ``forward_intermediates(norm=True)`` does.
+    ``"NHWC"`` (hierarchical) or ``"NLC"`` (ViT tokens): those its ``forward_intermediates``
+    declares (:func:`supported_output_formats`); another raises here, naming ``output_fmt``.
+    ``norm``: apply the final norm to the last stage's map (hierarchical) or to every map (ViT),
+    as ``forward_intermediates(norm=True)`` does.
     Load weights before (``create_model(pretrained=...)`` does), or after with ``load_state_dict``.
     """
     for need in ("feature_info", "forward_intermediates"):
         if not hasattr(model, need):
             raise TypeError(f"{type(model).__name__} has no {need}: it cannot be a features model")
-    if output_fmt not in OUTPUT_FORMATS:
-        raise ValueError(f"output_fmt must be one of {OUTPUT_FORMATS}, got {output_fmt!r}")
+    formats = supported_output_formats(model)
+    if output_fmt not in formats:
+        raise ValueError(f"output_fmt must be one of {formats} for {type(model).__name__}, got {output_fmt!r}")
     if isinstance(model, FeaturesMixin):
         raise TypeError(f"{type(model).__name__} is already a features model")
     info = list(model.feature_info)
