@@ -174,3 +174,11 @@ def test_window_head_gather_index_round_trip(H, W, shift, pad_first):
     assert torch.equal(back[:, :, 0], torch.arange(H * W).view(-1, 1).float() * 100 + torch.arange(nh).view(1, nh))
     with pytest.raises(ValueError, match="num_heads"):
         window_head_gather_index(H, W, ws, shift, 0)
+
+
+@pytest.mark.parametrize("bad", ["12", "ab", True, (1,), (1.5, 2), (True, 2), None, 2.0])
+def test_to_pair_rejects_what_is_not_an_int_or_a_pair_of_ints(bad):
+    from vit_attention.functional.window import to_pair
+
+    with pytest.raises(ValueError, match="window_size must be an int or a pair of ints"):
+        to_pair(bad)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -48,15 +49,14 @@ MASK_VALUE = -100.0  # the value all reference implementations use; exp(-100) un
 
 def to_pair(x: int | Sequence[int], name: str = "window_size") -> tuple[int, int]:
     """``7 -> (7, 7)``; a pair of ints passes through; anything else raises naming ``name``."""
-    if isinstance(x, int) and not isinstance(x, bool):
-        return (x, x)
-    try:
-        t = tuple(int(v) for v in x)  # type: ignore[union-attr]
-    except TypeError:
-        raise ValueError(f"{name} must be an int or a pair of ints, got {x!r}") from None
-    if len(t) != 2:
+    def is_int(v: object) -> bool:  # ints, numpy / torch integers (anything with __index__), not bools
+        return not isinstance(v, bool) and hasattr(type(v), "__index__")
+
+    if is_int(x):
+        return (operator.index(x), operator.index(x))  # type: ignore[arg-type]
+    if isinstance(x, (str, bytes)) or not isinstance(x, Sequence) or len(x) != 2 or not all(map(is_int, x)):
         raise ValueError(f"{name} must be an int or a pair of ints, got {x!r}")
-    return t  # type: ignore[return-value]
+    return (operator.index(x[0]), operator.index(x[1]))
 
 
 def _cached(maxsize: int) -> Callable[[_F], _F]:
