@@ -171,3 +171,21 @@ def test_deepcopy_and_pickle_keep_the_features_model() -> None:
 def test_unsupported_output_fmt_raises_when_built(name: str, fmt: str) -> None:
     with pytest.raises(ValueError, match="output_fmt"):
         create_model(name, features_only=True, output_fmt=fmt)
+
+
+def test_load_weights_into_a_features_model_ignores_the_head_strictly(tmp_path) -> None:
+    """A full checkpoint loads into an existing features model with strict=True; a missing backbone key still fails."""
+    from vit_attention.weights import load_weights
+    from vit_attention.weights.load import CheckpointMismatchError
+
+    name = "vit_digits_patch2_8"
+    full = create_model(name).eval()
+    feats = create_model(name, features_only=True, out_indices=(-1,)).eval()
+    report = load_weights(feats, full.state_dict())
+    assert report.ok
+    x = _input(full)
+    with torch.no_grad():
+        torch.testing.assert_close(feats(x), full.forward_intermediates(x, indices=(-1,), intermediates_only=True))
+    partial = {k: v for k, v in full.state_dict().items() if not k.startswith("blocks.0.")}
+    with pytest.raises(CheckpointMismatchError, match="blocks.0"):
+        load_weights(feats, partial)
