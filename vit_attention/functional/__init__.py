@@ -10,12 +10,14 @@ from .attention import (
     set_fused_attention,
 )
 from .heads import merge_heads, split_heads, split_packed, split_qkv
+from .layout import AttentionLayout, token_layout, window_layout
 from .pos_embed import resample_abs_pos_embed, sincos_2d_pos_embed
 from .runtime import Switch, switches
 from .window import pad_to_window, shift_window_mask, window_partition, window_reverse  # noqa: F401
 from .window_attention import window_attention
 
 __all__ = [
+    "AttentionLayout",
     "attention_context",
     "fused_attention",
     "fused_attention_enabled",
@@ -31,5 +33,7 @@ __all__ = [
     "split_qkv",
     "Switch",
     "switches",
+    "token_layout",
     "window_attention",
+    "window_layout",
 ]
