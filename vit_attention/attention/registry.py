@@ -43,6 +43,9 @@ class AttentionSpec:
         prefix_tokens: what class / distillation tokens do: ``"attend"`` (ordinary tokens of the
             sequence) or ``"bypass"`` (passed around the mechanism unchanged: spatial mechanisms).
         fused: the fused attention kernel applies (no weights needed inside the mechanism).
+        normalized_weights: the weights the core records are probability rows (non-negative, each
+            query's row sums to 1); False where a ``weights_fn`` transforms them after the softmax
+            (CaiT's talking heads mixes the heads: rows may be negative and need not sum to 1).
         supports_context: ``forward(x, context=...)`` takes keys / values from ``context``.
         formula, cost: Markdown formula and its cost in words (docs).
         example_kwargs, example_shape, example_heads: a small valid example,
@@ -67,6 +70,7 @@ class AttentionSpec:
     needs_feat_size: bool = False
     prefix_tokens: PrefixTokens = "attend"
     fused: bool = True
+    normalized_weights: bool = True
     supports_context: bool = False
     formula: str = ""
     cost: str = ""
@@ -97,7 +101,8 @@ def _init_kwargs(cls: type[nn.Module]) -> tuple[frozenset[str], bool]:
 def register_attention(
     name: str, *, layout: Layout, description: str = "", example_kwargs: dict[str, Any] | None = None,
     paper: str = "", needs_feat_size: bool | None = None, prefix_tokens: PrefixTokens | None = None,
-    fused: bool = True, supports_context: bool = False, formula: str = "", cost: str = "",
+    fused: bool = True, normalized_weights: bool = True, supports_context: bool = False, formula: str = "",
+    cost: str = "",
     example_shape: tuple[int, ...] | None = None, example_heads: int = 4,
     doc_example: tuple[dict[str, Any], tuple[int, ...]] | None = None,
     grid_kwargs: Callable[[tuple[int, int]], dict[str, Any]] | None = None, qkv_bias_split: bool = False,
@@ -122,7 +127,7 @@ def register_attention(
             name, cls, layout, description or (cls.__doc__ or "").split("\n")[0], dict(example_kwargs or {}), paper,
             needs_feat_size=spatial if needs_feat_size is None else needs_feat_size,
             prefix_tokens=prefix_tokens or ("bypass" if spatial else "attend"), fused=fused,
-            supports_context=supports_context, formula=formula, cost=cost,
+            normalized_weights=normalized_weights, supports_context=supports_context, formula=formula, cost=cost,
             example_shape=example_shape or ((2, 7, 9, 32) if spatial else (2, 11, 32)), example_heads=example_heads,
             doc_example=doc_example or (dict(example_kwargs or {}), (1, 14, 14, 96) if spatial else (1, 197, 96)),
             grid_kwargs=grid_kwargs, qkv_bias_split=qkv_bias_split,

@@ -1,0 +1,102 @@
+"""CaiT's class attention (Touvron et al., 2021) on tokens ``[B, N, C]``: keys and values from ``context``.
+
+In CaiT's class-attention stage only the class token queries; keys and values come from all of
+``u = norm([x_cls; x_patches])`` and only the class token is updated. Under the package's one
+calling convention that is cross-attention: the class-attention block calls
+``attn(u[:, :1], context=u)`` (``[B, 1, C] -> [B, 1, C]``) and adds the result to ``x_cls``; the
+patch tokens are not passed as queries, so they stay frozen. Without ``context`` the keys and
+values come from ``x`` itself (every token queries: self-attention with separate q / k / v
+projections), which is how the mechanism sits in a plain block or ``plug``. Key names follow
+timm's ``cait.ClassAttn``: ``q``, ``k``, ``v``, ``proj``.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ..functional import merge_heads, scaled_dot_product_attention, split_heads
+from ..functional.attention import attention_observed
+from ..functional.layout import token_layout
+from ..functional.linear import apply_linear
+from ._common import check_heads, check_prob
+from .registry import register_attention
+
+__all__ = ["ClassAttention"]
+
+
+@register_attention(
+    "class_attn", layout="tokens", description="class attention: queries from x, keys / values from context (CaiT)",
+    paper="https://arxiv.org/abs/2103.17239", supports_context=True,
+    formula=(
+        "Class attention (CaiT, Touvron et al. 2021). With `u = norm([x_cls; x_patches])` the class token "
+        "alone queries all `N+1` tokens and only it is updated; the block calls `attn(u[:, :1], context=u)`:\n\n"
+        "    q = split_heads(x W_q)                          # [B, nh, N, hd]   (x = u[:, :1] in CaiT: N = 1)\n"
+        "    k, v = split_heads(ctx W_k), split_heads(ctx W_v)  # [B, nh, M, hd] (ctx = u, M = N_patches + 1)\n"
+        "    out = merge_heads(softmax(q kᵀ · hd^-1/2) v) W_proj   # [B, N, C]\n\n"
+        "Without `context`, `ctx = x` (self-attention with separate q / k / v projections)."),
+    cost="2·N·C² + 2·M·C² + 2·N·M·C multiply-adds (CaiT: N = 1 query, M = N_patches + 1 keys: linear in the tokens)",
+    example_shape=(2, 11, 32))
+class ClassAttention(nn.Module):
+    """Class attention, ``x [B, N, C]`` (queries), ``context [B, M, C]`` (keys, values; default x) -> ``[B, N, C]``.
+
+    ``q``, ``k``, ``v`` are separate ``Linear(C, C)`` (timm's layout). Cost:
+    ``2·N·C² + 2·M·C² + 2·N·M·C`` multiply-adds.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        qkv_bias: bool = True,
+        qk_scale: float | None = None,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.head_dim = check_heads(dim, num_heads)
+        self.dim, self.num_heads = dim, num_heads
+        self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.k = nn.Linear(dim, dim, bias=qkv_bias)
+        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        self.attn_drop = check_prob(attn_drop, "attn_drop")
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
+
+    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
+                context: Tensor | None = None) -> Tensor:
+        """``x [B, N, C] -> [B, N, C]``.
+
+        ``context [B, M, C]``: keys and values come from it (CaiT: ``x = u[:, :1]``, ``context = u``);
+        without it they come from ``x``. ``feat_size`` is not needed and prefix tokens attend like
+        every other token.
+        """
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
+        if context is not None and (context.dim() != 3 or context.shape[-1] != self.dim
+                                    or context.shape[0] != x.shape[0]):
+            raise ValueError(f"context must be [B, M, {self.dim}] with x's B = {x.shape[0]}, "
+                             f"got {tuple(context.shape)}")
+        ctx = x if context is None else context  # [B, M, C]
+        q = split_heads(apply_linear(self.q, x), self.num_heads)  # [B, nh, N, hd]
+        k = split_heads(apply_linear(self.k, ctx), self.num_heads)  # [B, nh, M, hd]
+        v = split_heads(apply_linear(self.v, ctx), self.num_heads)  # [B, nh, M, hd]
+        layout = token_layout(x.shape[1], feat_size, num_prefix_tokens,
+                              num_context=None if context is None else context.shape[1]) \
+            if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
+        x = scaled_dot_product_attention(q, k, v, scale=self.scale, layout=layout,
+                                         dropout_p=self.attn_drop if self.training else 0.0)  # [B, nh, N, hd]
+        x = merge_heads(x)  # [B, N, C]
+        return self.proj_drop(apply_linear(self.proj, x))  # [B, N, C]
+
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None,
+              context_len: int | None = None) -> int:
+        """Multiply-adds for one forward on ``input_shape = (B, N, C)`` with ``M = context_len`` keys (default ``N``).
+
+        ``2·N·C² + 2·M·C² + 2·N·M·C`` (CaiT: ``N = 1``, ``M = N_patches + 1``).
+        """
+        B, N, C = input_shape
+        M = N if context_len is None else context_len
+        return B * (2 * N * C * C + 2 * M * C * C + 2 * N * M * C)

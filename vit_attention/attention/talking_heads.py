@@ -1,0 +1,101 @@
+"""Talking-heads self-attention (Shazeer et al., 2020; CaiT, Touvron et al., 2021) on tokens ``[B, N, C]``.
+
+The heads exchange information twice: a learned ``nh x nh`` mixing of the logits before the
+softmax (``proj_l``) and of the weights after it (``proj_w``). Both go through the core's
+``logits_fn`` / ``weights_fn`` hooks, so the package's one softmax stays in the core; the hooks
+force the explicit path (the fused kernel never sees the weights). Key names follow timm's
+``cait.TalkingHeadAttn``: ``qkv``, ``proj_l``, ``proj_w``, ``proj``.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
+from ..functional.attention import attention_observed
+from ..functional.layout import token_layout
+from ..functional.linear import apply_linear
+from ._common import check_heads, check_prob
+from .registry import register_attention
+
+__all__ = ["TalkingHeadsAttention", "mix_heads"]
+
+
+def mix_heads(a: Tensor, mix: nn.Linear) -> Tensor:
+    """Mix the heads of ``a [*b, nh, N, M]`` with ``mix`` (``Linear(nh, nh)``): ``[*b, nh, N, M]``."""
+    h, last = a.dim() - 3, a.dim() - 1  # non-negative axes: ONNX's Transpose takes no negative perm
+    return mix(a.movedim(h, last)).movedim(last, h)  # [*b, N, M, nh] -> [*b, nh, N, M]
+
+
+@register_attention(
+    "talking_heads", layout="tokens", description="talking-heads self-attention (CaiT)",
+    paper="https://arxiv.org/abs/2003.02436", fused=False, normalized_weights=False,
+    formula=(
+        "Self-attention whose heads talk before and after the softmax (Shazeer et al. 2020; CaiT, "
+        "Touvron et al. 2021):\n\n"
+        "    q, k, v = split_heads(x W_qkv)                 # each [B, nh, N, hd]\n"
+        "    L = mix_l(q kᵀ · hd^-1/2)                      # [B, nh, N, N], Linear(nh, nh) over heads\n"
+        "    A = mix_w(softmax(L))                          # [B, nh, N, N], rows no longer sum to 1\n"
+        "    out = merge_heads(A v) W_proj                  # [B, N, C]\n\n"
+        "The mixings need the weights, so the fused kernel does not apply (explicit path)."),
+    cost="4·N·C² + 2·N²·C + 2·N²·nh² multiply-adds (quadratic in the tokens N)",
+    example_shape=(2, 11, 32))
+class TalkingHeadsAttention(nn.Module):
+    """Talking-heads self-attention, ``[B, N, C] -> [B, N, C]``.
+
+    ``qkv`` is one packed ``Linear(C, 3C)``; ``proj_l`` and ``proj_w`` are ``Linear(nh, nh)`` (with
+    bias) over the heads axis of the logits and of the weights. Cost:
+    ``4·N·C² + 2·N²·C + 2·N²·nh²`` multiply-adds.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        qkv_bias: bool = True,
+        qk_scale: float | None = None,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.head_dim = check_heads(dim, num_heads)
+        self.dim, self.num_heads = dim, num_heads
+        self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj_l = nn.Linear(num_heads, num_heads)
+        self.proj_w = nn.Linear(num_heads, num_heads)
+        self.attn_drop = check_prob(attn_drop, "attn_drop")
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
+
+    def _mix_logits(self, a: Tensor) -> Tensor:
+        return mix_heads(a, self.proj_l)  # [B, nh, N, N]
+
+    def _mix_weights(self, a: Tensor) -> Tensor:
+        return mix_heads(a, self.proj_w)  # [B, nh, N, N]
+
+    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
+                context: Tensor | None = None) -> Tensor:
+        """``x [B, N, C] -> [B, N, C]``.
+
+        ``feat_size`` is not needed and prefix tokens attend like every other token. ``context``
+        is not supported (talking heads is self-attention): passing one raises.
+        """
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
+        if context is not None:
+            raise ValueError("talking_heads is self-attention: context is not supported")
+        q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
+        layout = token_layout(x.shape[1], feat_size, num_prefix_tokens) if attention_observed() else None
+        x = scaled_dot_product_attention(q, k, v, scale=self.scale, logits_fn=self._mix_logits,
+                                         weights_fn=self._mix_weights, layout=layout,
+                                         dropout_p=self.attn_drop if self.training else 0.0)  # [B, nh, N, hd]
+        x = merge_heads(x)  # [B, N, C]
+        return self.proj_drop(apply_linear(self.proj, x))  # [B, N, C]
+
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
+        """Multiply-adds for one forward on ``input_shape = (B, N, C)``: ``4·N·C² + 2·N²·C + 2·N²·nh²``."""
+        B, N, C = input_shape
+        return B * (4 * N * C * C + 2 * N * N * C + 2 * N * N * self.num_heads ** 2)
