@@ -114,13 +114,6 @@ def check_output_path(path: str | Path, *, option: str = "path") -> Path:
     return path
 
 
-def _readable(tmp: str) -> None:
-    """Give the temp file (``mkstemp``: 0600) the permissions of a file opened normally (0666 less the umask)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(tmp, 0o666 & ~mask)
-
-
 @contextlib.contextmanager
 def _eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     """The model in eval mode, no gradients; restores the previous mode afterwards."""
@@ -185,7 +178,6 @@ def to_onnx(model: nn.Module, path: str | Path, *, dynamic_batch: bool = True, o
         onnx.save(proto, tmp)
         if check:
             onnx.checker.check_model(tmp, full_check=True)
-        _readable(tmp)
 
     return atomic_write(path, write)
 
@@ -251,7 +243,6 @@ def to_torchscript(model: nn.Module, path: str | Path, *, example_input: Tensor 
             warnings.simplefilter("ignore", DeprecationWarning)
             traced = torch.jit.trace(model, (x,), check_trace=False)
             torch.jit.save(traced, tmp)
-        _readable(tmp)
 
     return atomic_write(path, write)
 
@@ -280,7 +271,6 @@ def to_exported_program(model: nn.Module, path: str | Path, *, dynamic_batch: bo
         buf = io.BytesIO()  # torch.export.save wants a .pt2 name or a buffer; the temp file is neither
         torch.export.save(program, buf)
         Path(tmp).write_bytes(buf.getvalue())
-        _readable(tmp)
 
     return atomic_write(path, write)
 

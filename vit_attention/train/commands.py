@@ -327,18 +327,14 @@ def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 def _check_writable_png(path: Path, option: str) -> Path:
     """``path`` if a PNG can be written there (its folder is created); else ``ValueError`` naming ``option``."""
-    import os
-    import tempfile
+    from ..weights.io import probe_writable
 
     if path.suffix.lower() != ".png":
         raise ValueError(f"{option} {path}: expected a path ending in .png")
     if path.is_dir():
         raise ValueError(f"{option} {path} is a folder; expected a .png file path")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
-        os.close(fd)
-        os.unlink(probe)
+        probe_writable(path.parent)
     except OSError as e:
         raise ValueError(f"{option} {path}: cannot write there ({e.strerror or e}); give a writable .png "
                          "path") from None

@@ -36,7 +36,6 @@ import math
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 import types
@@ -52,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..models.registry import create_model, get_model_entry
-from ..weights.io import atomic_write, save_weights
+from ..weights.io import atomic_write, probe_writable, save_weights
 from . import presets  # noqa: F401  (registers the digits presets)
 from .checkpoint import (
     CHECKPOINT_NAME,
@@ -392,10 +391,7 @@ def check_output_folder(output: str | Path) -> None:
 def _make_output(path: Path) -> Path:
     """Create ``path`` (and parents) and check a file can be written in it; ``ValueError`` naming --output."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".write-test.", dir=path)
-        os.close(fd)
-        os.unlink(tmp)
+        probe_writable(path)
     except OSError as e:
         raise ValueError(f"--output {path}: cannot create or write the run folder ({e.strerror or e}); "
                          "expected a writable folder") from None

@@ -71,6 +71,18 @@ def atomic_write(path: str | Path, write: Any) -> Path:
     return path
 
 
+def probe_writable(folder: str | Path) -> None:
+    """Create ``folder`` (and parents) and prove a file can be written in it; ``OSError`` otherwise.
+
+    Commands call it before long work, so a bad output path fails in a second, not after training.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=folder)
+    os.close(fd)
+    os.unlink(probe)
+
+
 def model_metadata(model: nn.Module) -> dict[str, str]:
     """What :func:`save_weights` records about ``model``: format, registered name, config and data config (JSON)."""
     meta: dict[str, str] = {"format": "vit_attention"}
