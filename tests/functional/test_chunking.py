@@ -10,7 +10,7 @@ from vit_attention.functional.chunking import (
     run_in_batch_chunks,
     set_chunk_elements,
 )
-from vit_attention.models.swin import SwinBlock
+from vit_attention.layers import Block
 
 
 @pytest.fixture
@@ -59,13 +59,13 @@ def test_swin_stage_chunks_at_inference_with_same_result(name, small_chunks, mon
             nn.init.normal_(m.weight, 1.0, 0.2)
     x = torch.randn(6, 3, 64, 64)
     seen: list[int] = []
-    orig = SwinBlock.forward
+    orig = Block.forward
 
     def spy(self, t):
         seen.append(t.shape[0])
         return orig(self, t)
 
-    monkeypatch.setattr(SwinBlock, "forward", spy)
+    monkeypatch.setattr(Block, "forward", spy)
     with torch.inference_mode():
         chunked = model(x)
         assert max(seen) < 6  # stage 1 (16x16x16 = 4096 elements per image) ran in pieces

@@ -1,7 +1,7 @@
 """Reusable building blocks: patch embedding, MLP, drop path, layer scale, position layers, the block,
 the stage scaffolding, downsampling and heads."""
 
-from .adapter import apply_attention, apply_token_attention
+from .adapter import apply_attention
 from .block import BLOCK_STYLES, Block, accepted_kwargs
 from .downsample import PatchMerging
 from .drop_path import DropPath, drop_path
@@ -30,7 +30,6 @@ __all__ = [
     "Stage",
     "accepted_kwargs",
     "apply_attention",
-    "apply_token_attention",
     "drop_path",
     "drop_path_schedule",
     "plug",

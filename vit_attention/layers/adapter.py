@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from ..attention import get_attention_spec
 from ..functional.linear import hookless
 
-__all__ = ["apply_attention", "apply_token_attention"]
+__all__ = ["apply_attention"]
 
 
 def _call(attn: nn.Module, x: Tensor, residual: Tensor | None, **contract: Any) -> Tensor:
@@ -83,9 +83,3 @@ def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | 
         return grid
     prefix = residual[:, :P] if residual is not None else x.new_zeros(B, P, C)  # unchanged: a zero update
     return torch.cat([prefix, grid], dim=1)  # [B, P + H·W, C]
-
-
-def apply_token_attention(attn: nn.Module, x: Tensor, feat_size: tuple[int, int] | None = None,
-                          num_prefix_tokens: int = 0) -> Tensor:
-    """The blocks' former helper (positional grid arguments): :func:`apply_attention` without a residual."""
-    return apply_attention(attn, x, feat_size=feat_size, num_prefix_tokens=num_prefix_tokens)

@@ -55,10 +55,7 @@ from ._config import (
 )
 from .registry import register_family
 
-__all__ = ["SwinTransformerConfig", "SwinTransformer", "SwinBlock", "SwinStage", "PatchMerging", "ClassifierHead"]
-
-SwinBlock = Block  # re-exports of the shared layers under their former names here
-SwinStage = Stage
+__all__ = ["SwinTransformerConfig", "SwinTransformer", "PatchMerging", "ClassifierHead"]
 
 
 @dataclass
