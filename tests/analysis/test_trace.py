@@ -82,7 +82,8 @@ def test_shape_hook_sees_every_call_without_forcing_the_explicit_path(monkeypatc
 
     monkeypatch.setattr(core, "_explicit", no_explicit)
     seen = []
-    handle = core.register_attention_shape_hook(lambda q, k, v, info: seen.append((q.shape, k.shape, info)))
+    handle = core.register_attention_hook(lambda q, k, v, info: seen.append((q.shape, k.shape, info)),
+                                          weights=False)
     try:
         for device in ("cpu", "meta"):
             q, k = torch.randn(2, 3, 5, 8, device=device), torch.randn(2, 3, 7, 8, device=device)

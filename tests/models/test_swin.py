@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vit_attention.functional.attention import register_attention_shape_hook
+from vit_attention.functional.attention import register_attention_hook
 from vit_attention.models import create_model, get_model_entry, list_models
 from vit_attention.models.swin import SwinTransformer, SwinTransformerConfig
 from vit_attention.models.swinv2 import SwinTransformerV2, SwinTransformerV2Config
@@ -59,8 +59,8 @@ def test_worked_shape_example_on_meta():
     model.patch_embed.register_forward_hook(lambda m, i, o: seen.update(patch=tuple(o.shape)))
     model.layers[0].blocks[0].attn.qkv.register_forward_hook(lambda m, i, o: seen.update(windows=tuple(i[0].shape)))
     logits = []
-    handle = register_attention_shape_hook(
-        lambda q, k, v, info: logits.append((*q.shape[:-1], k.shape[-2])))
+    handle = register_attention_hook(lambda q, k, v, info: logits.append((*q.shape[:-1], k.shape[-2])),
+                                     weights=False)
     try:
         with torch.no_grad():
             final, stages = model.forward_intermediates(x)

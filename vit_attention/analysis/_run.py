@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..functional.attention import register_attention_shape_hook
+from ..functional.attention import register_attention_hook
 
 __all__ = ["ModuleCall", "AttentionCall", "Recording", "record_forward", "as_input", "meta_state", "module_device"]
 
@@ -155,7 +155,7 @@ def record_forward(model: nn.Module, input_shape: Sequence[int] | Tensor, *, dev
     for mod in model.modules():
         handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(mod.register_forward_hook(post, with_kwargs=True))
-    handles.append(register_attention_shape_hook(on_attention))
+    handles.append(register_attention_hook(on_attention, weights=False))
     x = as_input(input_shape, dev)
     try:
         with torch.no_grad():

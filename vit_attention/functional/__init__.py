@@ -5,7 +5,6 @@ from .attention import (
     fused_attention,
     fused_attention_enabled,
     register_attention_hook,
-    register_attention_shape_hook,
     scaled_dot_product_attention,
     set_fused_attention,
 )
@@ -23,7 +22,6 @@ __all__ = [
     "fused_attention_enabled",
     "merge_heads",
     "register_attention_hook",
-    "register_attention_shape_hook",
     "resample_abs_pos_embed",
     "scaled_dot_product_attention",
     "set_fused_attention",

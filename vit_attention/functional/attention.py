@@ -30,7 +30,6 @@ __all__ = [
     "set_fused_attention",
     "fused_attention",
     "register_attention_hook",
-    "register_attention_shape_hook",
     "attention_context",
     "attention_observed",
 ]
@@ -79,11 +78,6 @@ def register_attention_hook(fn: WeightsHook | ShapeHook, *, weights: bool = True
     registry: dict[int, Any] = _WEIGHT_HOOKS if weights else _SHAPE_HOOKS
     registry[_NEXT_HOOK_ID] = fn
     return _HookHandle(_NEXT_HOOK_ID, registry)
-
-
-def register_attention_shape_hook(fn: ShapeHook) -> _HookHandle:
-    """``register_attention_hook(fn, weights=False)``: ``fn(q, k, v, info)``, shapes only."""
-    return register_attention_hook(fn, weights=False)
 
 
 @contextlib.contextmanager
