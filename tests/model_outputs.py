@@ -5,13 +5,15 @@ norms, QK-norm, LayerScale, conv stem, block style, attention mechanism, padding
 is small: 2 heads, width 32 (Swin: 16 doubling per stage), depth 2 per stage, windows of 2, a
 few tokens. Every parameter is filled from a generator seeded by its state-dict key (never by
 creation order, which a refactor may change); buffers stay as the model computes them. The
-input is a seeded ``[2, C, H, W]`` tensor. ``tests/fixtures/model_outputs.safetensors`` holds,
-per model, ``<name>.logits`` and ``<name>.features`` (``forward_features``), and the overrides
-used in its metadata.
+input is a seeded ``[2, C, H, W]`` tensor. ``tests/fixtures/model_outputs/<family>.safetensors``
+holds, per model of the family, ``<name>.logits`` and ``<name>.features`` (``forward_features``),
+and the overrides used in its metadata. How a family is reduced is its entry of :data:`REDUCERS`
+(a new family adds one; the export, ONNX and features tests build their small models with it too).
 
-Add the models registered since (existing entries are kept as they are)::
+Add the models registered since (existing entries are kept as they are; ``--family`` limits it to
+one family's file, so parallel work on two families never rewrites the other's)::
 
-    .venv/bin/python tests/model_outputs.py
+    .venv/bin/python tests/model_outputs.py [--family NAME]
 
 Rewrite every entry (only when numbers are meant to change; say why in the commit)::
 
@@ -24,6 +26,7 @@ import argparse
 import json
 import math
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,27 +37,50 @@ from torch import nn
 
 from vit_attention.models import create_model, get_model_entry, list_models, model_config
 
-PATH = Path(__file__).resolve().parent / "fixtures" / "model_outputs.safetensors"
+FOLDER = Path(__file__).resolve().parent / "fixtures" / "model_outputs"
 WIDTH = 32
+
+
+def _reduce_vit(cfg: Any) -> dict[str, Any]:
+    p = cfg.patch_size if isinstance(cfg.patch_size, int) else cfg.patch_size[0]
+    over: dict[str, Any] = dict(embed_dim=WIDTH, num_heads=2, depth=2,
+                                img_size=min(p * 3, 48) if p < 16 else p * 2, mlp_dim=None)
+    if cfg.in_chans != 3:
+        over.pop("img_size")
+    return over
+
+
+def _reduce_swin(cfg: Any) -> dict[str, Any]:
+    """Swin, SwinV2: 4x4 grid per window at stage 1 down to a 2x2 map."""
+    stages = len(cfg.depths)
+    over: dict[str, Any] = dict(embed_dim=16, depths=(2,) * stages, num_heads=(2,) * stages, window_size=2,
+                                img_size=cfg.patch_size * 2 ** stages * (1 if stages > 2 else 2))
+    if getattr(cfg, "pretrained_window_sizes", None) and any(cfg.pretrained_window_sizes):
+        over["pretrained_window_sizes"] = tuple(2 if w else 0 for w in cfg.pretrained_window_sizes)
+    return over
+
+
+def _reduce_digits(cfg: Any) -> dict[str, Any]:
+    return _reduce_vit(cfg) if hasattr(cfg, "depth") else _reduce_swin(cfg)
+
+
+# family -> (preset config -> overrides that shrink it while keeping its code paths). Keys a config
+# does not have are dropped, so one reducer may serve configs of several classes.
+REDUCERS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "vit": _reduce_vit,
+    "swin": _reduce_swin,
+    "swinv2": _reduce_swin,
+    "digits": _reduce_digits,
+}
 
 
 def small_overrides(name: str) -> dict[str, Any]:
     """Config overrides that shrink preset ``name`` while keeping its code paths."""
     entry = get_model_entry(name)
     cfg = model_config(name)
-    over: dict[str, Any] = {"num_classes": 10, "drop_path_rate": 0.0}
-    if entry.family == "vit":
-        p = cfg.patch_size if isinstance(cfg.patch_size, int) else cfg.patch_size[0]
-        over.update(embed_dim=WIDTH, num_heads=2, depth=2, img_size=min(p * 3, 48) if p < 16 else p * 2,
-                    mlp_dim=None)
-        if cfg.in_chans != 3:
-            over.pop("img_size")
-    else:  # swin, swinv2: 4x4 grid per window at stage 1 down to a 2x2 map
-        stages = len(cfg.depths)
-        over.update(embed_dim=16, depths=(2,) * stages, num_heads=(2,) * stages, window_size=2,
-                    img_size=cfg.patch_size * 2 ** stages * (1 if stages > 2 else 2))
-        if getattr(cfg, "pretrained_window_sizes", None) and any(cfg.pretrained_window_sizes):
-            over["pretrained_window_sizes"] = tuple(2 if w else 0 for w in cfg.pretrained_window_sizes)
+    if entry.family not in REDUCERS:
+        raise KeyError(f"family {entry.family!r} has no reducer: add one to REDUCERS in tests/model_outputs.py")
+    over: dict[str, Any] = {"num_classes": 10, "drop_path_rate": 0.0, **REDUCERS[entry.family](cfg)}
     fields = {f for f in type(cfg).__dataclass_fields__}
     return {k: v for k, v in over.items() if k in fields}
 
@@ -93,33 +119,48 @@ def compute(name: str, overrides: dict[str, Any]) -> dict[str, torch.Tensor]:
         return {"logits": model(x), "features": model.forward_features(x)}
 
 
+def _load_file(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, json.loads(f.metadata()["overrides"])
+
+
 def load() -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
-    """The saved outputs and the overrides each model was built with."""
-    with safe_open(str(PATH), framework="pt") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-        overrides = json.loads(f.metadata()["overrides"])
+    """The saved outputs of every family and the overrides each model was built with."""
+    tensors: dict[str, torch.Tensor] = {}
+    overrides: dict[str, dict[str, Any]] = {}
+    for path in sorted(FOLDER.glob("*.safetensors")):
+        t, o = _load_file(path)
+        tensors.update(t)
+        overrides.update(o)
     return tensors, overrides
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--all", action="store_true", help="recompute every model, not only the missing ones")
+    ap.add_argument("--family", help="only this family's file (default: every family)")
     args = ap.parse_args(argv)
-    tensors: dict[str, torch.Tensor] = {}
-    overrides: dict[str, dict[str, Any]] = {}
-    if PATH.exists() and not args.all:
-        tensors, overrides = load()
-    for name in list_models():
-        if name in overrides:
+    families = sorted({get_model_entry(n).family for n in list_models()})
+    if args.family is not None and args.family not in families:
+        ap.error(f"--family: expected one of {families}, got {args.family!r}")
+    FOLDER.mkdir(exist_ok=True)
+    for family in [args.family] if args.family else families:
+        path = FOLDER / f"{family}.safetensors"
+        tensors, overrides = _load_file(path) if path.exists() and not args.all else ({}, {})
+        names = list_models(family=family)
+        if set(names) <= set(overrides) and path.exists():
             continue
-        over = small_overrides(name)
-        out = compute(name, over)
-        overrides[name] = over
-        for k, v in out.items():
-            tensors[f"{name}.{k}"] = v.contiguous()
-        print(f"{name:48s} logits {tuple(out['logits'].shape)} features {tuple(out['features'].shape)}")
-    save_file(tensors, str(PATH), metadata={"overrides": json.dumps(overrides), "torch": torch.__version__})
-    print(f"wrote {PATH} ({PATH.stat().st_size / 1e3:.0f} kB, {len(overrides)} models)")
+        for name in names:
+            if name in overrides:
+                continue
+            over = small_overrides(name)
+            out = compute(name, over)
+            overrides[name] = over
+            for k, v in out.items():
+                tensors[f"{name}.{k}"] = v.contiguous()
+            print(f"{name:48s} logits {tuple(out['logits'].shape)} features {tuple(out['features'].shape)}")
+        save_file(tensors, str(path), metadata={"overrides": json.dumps(overrides), "torch": torch.__version__})
+        print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB, {len(overrides)} models)")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Every registered model computes what it computed when ``tests/fixtures/model_outputs.safetensors``
+"""Every registered model computes what it computed when ``tests/fixtures/model_outputs/<family>.safetensors``
 was written (see ``tests/model_outputs.py``): refactors of the core, the blocks and the stages must
 not change a number.
 

@@ -2,14 +2,16 @@
 
 The papers' "FLOPs" are multiply-adds, the unit timm's tables call GMACs. Figures are given with
 one decimal, so a check allows 2 % or the rounding of the last digit, whichever is larger.
-Convention of every figure: patch embedding, all blocks, final norm and classifier counted; softmax,
+New families declare their figures in the model registry instead (``meta={"published_gmacs": 1.2,
+"published_gmacs_source": "..."}`` per preset, next to ``published_params_m``); :func:`published_gmacs`
+merges both. Convention of every figure: patch embedding, all blocks, final norm and classifier counted; softmax,
 activations, biases and residual adds not (our :func:`vit_attention.analysis.flops` does the same
 and adds normalisation layers as fvcore does, < 0.2 % of any total here).
 """
 
 from __future__ import annotations
 
-__all__ = ["PUBLISHED_GMACS", "PUBLISHED_SOURCES", "matches_published"]
+__all__ = ["PUBLISHED_GMACS", "PUBLISHED_SOURCES", "matches_published", "published_gmacs"]
 
 PUBLISHED_GMACS: dict[str, float] = {
     "vit_small_patch16_224": 4.6,
@@ -37,3 +39,15 @@ PUBLISHED_SOURCES: dict[str, str] = {
 def matches_published(gmacs: float, published: float) -> bool:
     """Within 2 % of ``published``, or within the rounding of a one-decimal figure (0.05)."""
     return abs(gmacs - published) <= max(0.02 * published, 0.05)
+
+
+def published_gmacs() -> dict[str, tuple[float, str]]:
+    """``{model name: (GMACs, source)}``: the table above plus every preset's ``published_gmacs`` meta."""
+    from ..models.registry import get_model_entry, list_models
+
+    out = {name: (g, PUBLISHED_SOURCES[name]) for name, g in PUBLISHED_GMACS.items()}
+    for name in list_models():
+        meta = get_model_entry(name).meta
+        if "published_gmacs" in meta:
+            out[name] = (float(meta["published_gmacs"]), str(meta.get("published_gmacs_source", "")))
+    return out

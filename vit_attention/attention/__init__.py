@@ -1,24 +1,22 @@
 """Attention mechanisms: one file per idea, each a thin nn.Module over ``functional``.
 
-Importing this package registers every mechanism; see :func:`list_attention`.
+Importing this package imports every mechanism module here (each registers itself with
+:func:`register_attention`) and re-exports what each module lists in ``__all__``; see
+:func:`list_attention`. A new mechanism is a new file in this folder; nothing else lists it.
 """
 
-from .class_attn import ClassAttention
-from .cosine_window import CosineWindowAttention  # noqa: F401
-from .mha import MultiHeadAttention
-from .mhsa import MultiHeadSelfAttention
-from .registry import AttentionSpec, create_attention, get_attention_spec, list_attention, register_attention
-from .talking_heads import TalkingHeadsAttention
-from .window import WindowAttention  # noqa: F401
+import importlib as _importlib
+import pkgutil as _pkgutil
 
-__all__ = [
-    "AttentionSpec",
-    "ClassAttention",
-    "MultiHeadAttention",
-    "MultiHeadSelfAttention",
-    "TalkingHeadsAttention",
-    "create_attention",
-    "get_attention_spec",
-    "list_attention",
-    "register_attention",
-]
+from .registry import AttentionSpec, create_attention, get_attention_spec, list_attention, register_attention
+
+__all__ = ["AttentionSpec", "create_attention", "get_attention_spec", "list_attention", "register_attention"]
+
+for _info in sorted(_pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    if _info.name.startswith("_") or _info.name == "registry":
+        continue
+    _module = _importlib.import_module(f"{__name__}.{_info.name}")
+    for _name in getattr(_module, "__all__", ()):
+        globals()[_name] = getattr(_module, _name)
+        __all__.append(_name)
+del _info, _module, _name

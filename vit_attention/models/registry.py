@@ -2,8 +2,10 @@
 
 Each family registers its presets as data (a dict of config overrides per registered name)
 with :func:`register_family`; torchvision-style names are aliases of the timm-style names.
-Every look-up first imports the built-in family modules (:data:`BUILTIN_FAMILIES`), so what
-``list_models()`` / ``create_model()`` know never depends on what was imported before.
+Every look-up first imports the built-in family modules (:func:`builtin_families`: every module of
+this package that is not infrastructure, one file per family), so what ``list_models()`` /
+``create_model()`` know never depends on what was imported before. A new family is a new file
+here that calls :func:`register_family` at import; nothing else lists it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["ModelEntry", "register_family", "register_model", "create_model", "list_models",
+__all__ = ["ModelEntry", "builtin_families", "register_family", "register_model", "create_model", "list_models",
            "get_model_entry", "resolve_model_name", "model_config"]
 
 
@@ -48,9 +50,18 @@ class ModelEntry:
 _MODELS: dict[str, ModelEntry] = {}
 _ALIASES: dict[str, str] = {}
 
-# Modules of this package that register presets when imported (one per family file).
-BUILTIN_FAMILIES = ("vit", "swin", "swinv2", "digits")
+# Modules of this package that are not families (every other module registers presets when imported).
+_INFRASTRUCTURE = frozenset({"registry", "features", "pretrained"})
 _builtins_loaded = False
+
+
+def builtin_families() -> tuple[str, ...]:
+    """Names of the family modules of this package (every public module but the infrastructure), sorted."""
+    import pkgutil
+
+    package = importlib.import_module(__package__)
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(package.__path__)
+                        if not m.name.startswith("_") and m.name not in _INFRASTRUCTURE))
 
 
 def _ensure_builtin_families() -> None:
@@ -60,7 +71,7 @@ def _ensure_builtin_families() -> None:
         return
     _builtins_loaded = True  # set first: the family modules call register_model while importing
     try:
-        for module in BUILTIN_FAMILIES:
+        for module in builtin_families():
             importlib.import_module(f"{__package__}.{module}")
     except BaseException:
         _builtins_loaded = False
