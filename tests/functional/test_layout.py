@@ -123,3 +123,18 @@ def test_core_builds_a_callable_layout_only_for_observers():
     finally:
         handle.remove()
     assert built == [1] and seen == [layout]
+
+
+def test_token_layout_with_a_coarser_key_grid() -> None:
+    """Spatial reduction (PVT / Twins sra, CvT's strided k / v): prefix keys first, then the coarse map;
+    a query's map spreads each coarse key over the 2x2 cells it covers and sums to its grid weight."""
+    layout = token_layout(1 + 16, (4, 4), 1, key_grid=(2, 2))
+    assert layout.key_grid == (2, 2) and layout.key_pos.tolist() == [[-2, 0, 1, 2, 3]]
+    assert not layout.is_global
+    w = torch.softmax(torch.randn(2, 3, 17, 5, generator=torch.Generator().manual_seed(0)), dim=-1)
+    m = layout.query_map(w, (1, 2))
+    assert m.shape == (2, 4, 4)
+    row = w[:, :, 1 + 1 * 4 + 2].mean(dim=1)  # [B, 5]: mean over heads
+    torch.testing.assert_close(m.sum(dim=(1, 2)), row[:, 1:].sum(dim=-1))
+    # the top-right coarse key (index 1) covers cells (0..1, 2..3), a quarter each
+    torch.testing.assert_close(m[:, 0, 3], row[:, 2] / 4)

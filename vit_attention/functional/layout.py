@@ -231,7 +231,13 @@ def _token_pos(n: int, cells: int) -> Tensor:
 
 
 @_cached(maxsize=128)
-def _token_layout(n: int, m: int | None, grid: tuple[int, int] | None, P: int) -> AttentionLayout:
+def _token_layout(n: int, m: int | None, grid: tuple[int, int] | None, P: int,
+                  key_grid: tuple[int, int] | None = None) -> AttentionLayout:
+    if key_grid is not None and grid is not None and n == P + grid[0] * grid[1]:
+        # keys: the same prefix tokens, then a coarser (reduced) map of the grid
+        return AttentionLayout(grid, _token_pos(n, grid[0] * grid[1]),
+                               _token_pos(P + key_grid[0] * key_grid[1], key_grid[0] * key_grid[1]),
+                               key_grid=key_grid)
     if grid is None:  # rows are sequence positions, placed by an observer that knows the grid (on_grid)
         q = torch.arange(n, device=_CPU)
         return AttentionLayout(None, q, q if m is None else None)
@@ -243,16 +249,19 @@ def _token_layout(n: int, m: int | None, grid: tuple[int, int] | None, P: int) -
 
 
 def token_layout(num_tokens: int, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0, *,
-                 num_context: int | None = None) -> AttentionLayout:
+                 num_context: int | None = None, key_grid: tuple[int, int] | None = None) -> AttentionLayout:
     """Global attention over tokens ``[B, P + H·W, C]``: one group, prefix tokens first.
 
     Without ``feat_size`` the rows are sequence positions (grid unknown, see
     :meth:`AttentionLayout.on_grid`). ``num_context``: keys come from a context of that many tokens
-    (not on the image). Cached per sizes.
+    (not on the image). ``key_grid (h, w)``: the keys are the same prefix tokens followed by a
+    coarser ``h x w`` map of the grid (spatial reduction: PVT / Twins ``sra``, CvT's strided k / v);
+    each coarse key's weight is spread over the cells it covers when placed. Cached per sizes.
     """
     grid = None if feat_size is None else (int(feat_size[0]), int(feat_size[1]))
+    kg = None if key_grid is None else (int(key_grid[0]), int(key_grid[1]))
     return _token_layout(int(num_tokens), None if num_context is None else int(num_context), grid,
-                         int(num_prefix_tokens))
+                         int(num_prefix_tokens), kg)
 
 
 @_cached(maxsize=128)
