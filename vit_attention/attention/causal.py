@@ -1,0 +1,173 @@
+"""Causal (autoregressive) multi-head self-attention (GPT-2; iGPT, Chen et al. 2020) on tokens ``[B, N, C]``.
+
+Token ``i`` attends to tokens ``j <= i`` of the sequence: in raster order over an image, a pixel
+sees the rows above it and the pixels to its left in its own row. The mask is the core's
+``is_causal`` flag (torch's fused kernel; the explicit path builds the lower-triangular mask).
+
+For generation a :class:`KVCache` holds the keys and values of the tokens seen so far: each call
+with a cache projects only the new tokens, writes their k / v after the cached ones and attends
+over all of them, so one new token costs ``O(M·C)`` attention (``M`` cached tokens), not
+``O(M²·C)``. Key names follow GPT-2 / timm: ``qkv`` (packed ``[q | k | v]``), ``proj``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
+from ..functional.attention import attention_observed
+from ..functional.layout import token_layout
+from ..functional.linear import apply_linear
+from ._common import check_heads, check_prob
+from .registry import register_attention
+
+__all__ = ["CausalSelfAttention", "KVCache", "causal_mask"]
+
+
+def causal_mask(num_queries: int, num_keys: int, *, device: torch.device | str | None = None) -> Tensor:
+    """Bool ``[N, M]``, True = may attend, for the LAST ``N`` of ``M`` positions (bottom-right aligned).
+
+    Query ``i`` is position ``M - N + i`` and may attend to keys ``j <= M - N + i``. With ``N == M``
+    this is the lower triangle (``is_causal``); with a cache (``N < M``) the new queries see every
+    cached key. (torch's ``is_causal`` aligns top-left, which is wrong once ``N < M``.)
+    """
+    if not 0 < num_queries <= num_keys:
+        raise ValueError(f"causal_mask needs 0 < num_queries <= num_keys, got {num_queries} and {num_keys}")
+    return torch.ones(num_queries, num_keys, dtype=torch.bool, device=device).tril(num_keys - num_queries)
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, one entry per attention layer.
+
+    ``KVCache(num_layers)`` starts empty; layer ``i``'s mechanism calls :meth:`update` with its new
+    ``k, v [B, nh, N, hd]`` and gets back all keys and values ``[B, nh, M, hd]`` (``M`` = cached +
+    new). Storage is preallocated in chunks of ``capacity`` positions and grows by doubling, so
+    appending one token copies only that token (no ``O(M)`` concatenation per step).
+    """
+
+    def __init__(self, num_layers: int, capacity: int = 256) -> None:
+        if not isinstance(num_layers, int) or num_layers <= 0:
+            raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+        self.capacity = max(1, int(capacity))
+        self._k: list[Tensor | None] = [None] * num_layers
+        self._v: list[Tensor | None] = [None] * num_layers
+        self._len = [0] * num_layers
+
+    def __len__(self) -> int:
+        """Tokens cached in layer 0 (every layer holds the same number after a full forward)."""
+        return self._len[0]
+
+    def length(self, layer: int) -> int:
+        """Tokens cached in ``layer``."""
+        return self._len[layer]
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append ``k [B, nh, N, hd]``, ``v [B, nh, N, hdv]`` to ``layer``; all of them ``[B, nh, M, ·]``."""
+        L, N = self._len[layer], k.shape[-2]
+        buf_k, buf_v = self._k[layer], self._v[layer]
+        if buf_k is None or buf_v is None or L + N > buf_k.shape[-2] or buf_k.shape[:2] != k.shape[:2]:
+            if buf_k is not None and buf_k.shape[:2] != k.shape[:2]:
+                raise ValueError(f"KVCache layer {layer} holds [B, nh] = {list(buf_k.shape[:2])}, "
+                                 f"got k {tuple(k.shape)}")
+            size = max(self.capacity, 2 * (L + N))
+            new_k = k.new_empty(*k.shape[:-2], size, k.shape[-1])  # [B, nh, size, hd]
+            new_v = v.new_empty(*v.shape[:-2], size, v.shape[-1])
+            if buf_k is not None and buf_v is not None and L:
+                new_k[..., :L, :] = buf_k[..., :L, :]
+                new_v[..., :L, :] = buf_v[..., :L, :]
+            self._k[layer], self._v[layer] = buf_k, buf_v = new_k, new_v
+        buf_k[..., L:L + N, :] = k
+        buf_v[..., L:L + N, :] = v
+        self._len[layer] = L + N
+        return buf_k[..., :L + N, :], buf_v[..., :L + N, :]  # [B, nh, M, hd]
+
+
+@register_attention(
+    "causal", layout="tokens", description="causal multi-head self-attention (GPT-2 / iGPT) with a key/value cache",
+    paper="https://cdn.openai.com/papers/Generative_Pretraining_from_Pixels_V2.pdf",
+    formula=(
+        "Autoregressive self-attention over the sequence, e.g. the pixels of an image in raster order "
+        "(GPT-2, Radford et al. 2019; iGPT, Chen et al. 2020):\n\n"
+        "    q, k, v = split_heads(x W_qkv)                 # each [B, nh, N, hd]\n"
+        "    A = softmax(q kᵀ · hd^-1/2 + M_causal)          # [B, nh, N, N], M_causal[i, j] = -inf for j > i\n"
+        "    out = merge_heads(A v) W_proj                  # [B, N, C]\n\n"
+        "Token `i` sees tokens `0..i` only: on an image flattened row by row, a pixel sees every row above "
+        "and the pixels to its left. Training computes all `N` outputs at once (the dense `N²` product, "
+        "masked). Generation keeps a key/value cache (`KVCache`): each new token projects only itself and "
+        "attends to the `M` cached keys, `4·C² + 2·M·C` multiply-adds per token instead of a full forward."),
+    cost="4·N·C² + 2·N²·C multiply-adds (dense masked product); with the cache, 4·C² + 2·M·C per new token",
+    example_shape=(2, 11, 32), doc_example=({}, (1, 64, 96)))
+class CausalSelfAttention(nn.Module):
+    """Causal self-attention, ``[B, N, C] -> [B, N, C]``; optional key/value cache for generation.
+
+    ``qkv`` is one packed ``Linear(C, 3C)``, ``proj`` a ``Linear(C, C)`` (GPT-2's ``c_attn`` /
+    ``c_proj``, stored as ``nn.Linear``). Cost: ``4·N·C² + 2·N²·C`` multiply-adds.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        qkv_bias: bool = True,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.head_dim = check_heads(dim, num_heads)
+        self.dim, self.num_heads = dim, num_heads
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = check_prob(attn_drop, "attn_drop")
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
+
+    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
+
+    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
+                context: Tensor | None = None, residual: Tensor | None = None, cache: KVCache | None = None,
+                layer: int = 0) -> Tensor:
+        """``x [B, N, C] -> [B, N, C]``, token ``i`` attending to tokens ``<= i``.
+
+        ``feat_size`` only places recorded maps on the grid; prefix tokens are ordinary positions of
+        the sequence. ``context`` is refused (a causal order needs one sequence).
+        ``cache``: a :class:`KVCache`; ``x`` is then the next ``N`` tokens after the ``M - N`` cached
+        ones, their k / v are appended to the cache's ``layer`` and they attend to all ``M``.
+        ``residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
+        """
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
+        if context is not None:
+            raise ValueError("causal attention takes no context: keys and values come from the sequence itself "
+                             "(pass context=None)")
+        q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
+        dropout_p = self.attn_drop if self.training else 0.0
+        if cache is None or cache.length(layer) == 0:
+            if cache is not None:
+                k, v = cache.update(layer, k, v)  # [B, nh, N, hd]
+            layout = token_layout(x.shape[1], feat_size, num_prefix_tokens) \
+                if attention_observed() else None  # where the rows sit on the grid (observers only)
+            out = scaled_dot_product_attention(q, k, v, is_causal=True, layout=layout,
+                                               dropout_p=dropout_p)  # [B, nh, N, hd]
+        else:
+            k, v = cache.update(layer, k, v)  # [B, nh, M, hd]: cached keys, then the new ones
+            N, M = q.shape[-2], k.shape[-2]
+            mask = None if N == 1 else causal_mask(N, M, device=q.device)  # one new token sees every key
+            out = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p)  # [B, nh, N, hd]
+        out = merge_heads(out)  # [B, N, C]
+        if not self.training:  # proj_drop is the identity
+            return apply_linear(self.proj, out, residual=residual)  # [B, N, C]
+        out = self.proj_drop(apply_linear(self.proj, out))  # [B, N, C]
+        return out if residual is None else residual + out
+
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None,
+              num_cached: int = 0) -> int:
+        """Multiply-adds for one forward on ``input_shape = (B, N, C)``.
+
+        ``4·N·C² + 2·N·M·C`` with ``M = num_cached + N`` keys: ``4·N·C² + 2·N²·C`` without a cache
+        (the dense masked product, as the fused kernel computes it), ``4·C² + 2·M·C`` for one new token.
+        """
+        B, N, C = input_shape
+        M = num_cached + N
+        return B * (4 * N * C * C + 2 * N * M * C)
