@@ -79,8 +79,8 @@ class WindowAttentionBase(nn.Module):
         """Windows ``[B·nW, N, C]`` or map tokens ``[B, T, C]`` (:func:`window_tokens`) -> packed ``[..., 3C]``."""
         raise NotImplementedError
 
-    def compute_position_bias(self) -> Tensor:
-        """Per-head additive bias ``[nh, N, N]`` (uncached)."""
+    def compute_position_bias(self) -> Tensor | None:
+        """Per-head additive bias ``[nh, N, N]`` (uncached); None = no position bias."""
         raise NotImplementedError
 
     def bias_parameters(self) -> list[Tensor]:
@@ -88,6 +88,7 @@ class WindowAttentionBase(nn.Module):
         raise NotImplementedError
 
     scale: float | None = None  # dot-product logit scale (W-MSA); None with a logit temperature
+    pad_mask: bool = False  # mask padded keys (True) or let the zero-input padded tokens attend (timm)
 
     def logit_temperature(self) -> Tensor | None:
         """SwinV2 cosine attention's per-head temperature ``[nh, 1, 1]``; None for dot-product attention."""
@@ -143,7 +144,8 @@ class WindowAttentionBase(nn.Module):
                                scale=self.scale, logit_scale=self.logit_temperature(),
                                attn_drop=self.attn_drop, training=self.training,
                                bias_cache=self._mask_cache if cached else None,
-                               mechanism=getattr(self, "attention_name", "window"))  # [B, H·W, C]
+                               mechanism=getattr(self, "attention_name", "window"),
+                               mask_padding=self.pad_mask)  # [B, H·W, C]
         res = None if residual is None else residual.reshape(B, H * W, C)
         if res is not None and not (self.training and self.proj_drop.p > 0):
             return apply_linear(self.proj, out, residual=res).view(B, H, W, C)  # proj + residual, one kernel

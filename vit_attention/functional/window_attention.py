@@ -30,7 +30,7 @@ from torch import Tensor
 from .attention import attention_context, attention_observed, scaled_dot_product_attention
 from .heads import split_qkv
 from .layout import window_layout
-from .window import shift_window_mask, to_pair, window_head_gather_index, window_partition
+from .window import shift_window_mask, to_pair, window_gather_index, window_head_gather_index, window_partition
 
 __all__ = ["window_geometry", "window_tokens", "window_bias", "window_attention"]
 
@@ -73,18 +73,19 @@ def window_bias(position_bias: Tensor, padded_size: tuple[int, int], window_size
     return bias.view(1, -1, *bias.shape[-2:])  # [1, nW·nh, N, N]
 
 
-def window_attention(qkv: Tensor, position_bias: Tensor, *, feat_size: tuple[int, int], num_heads: int,
+def window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_size: tuple[int, int], num_heads: int,
                      window_size: int | Sequence[int], shift_size: int | Sequence[int] = 0, pad_first: bool = True,
                      scale: float | None = None, logit_scale: Tensor | None = None, attn_drop: float = 0.0,
                      training: bool = False, bias_cache: dict[Any, Tensor] | None = None,
-                     mechanism: str = "window") -> Tensor:
+                     mechanism: str = "window", mask_padding: bool = False) -> Tensor:
     """Attention inside (shifted) windows of an ``H x W`` map: packed q|k|v -> ``[B, H·W, C]``.
 
     Args:
         qkv: the packed projection of :func:`window_tokens`: windows ``[B·nW, N, 3C]``, or the
             map's tokens ``[B, T, 3C]`` (``T = H·W``, plus one last token, the projection of a zero
             input, when the map is padded: every padded slot shares it).
-        position_bias: per-head additive bias inside a window, ``[nh, N, N]``, ``N = Wh·Ww``.
+        position_bias: per-head additive bias inside a window, ``[nh, N, N]``, ``N = Wh·Ww``; None =
+            no position bias (Twins LSA).
         feat_size: the map ``(H, W)``.
         num_heads, window_size, shift_size: ``nh``, the window ``(Wh, Ww)``, the cyclic shift.
         pad_first: pad then roll (torchvision); else roll then pad (timm, the original repository).
@@ -95,6 +96,8 @@ def window_attention(qkv: Tensor, position_bias: Tensor, *, feat_size: tuple[int
         bias_cache: a dict the caller owns, for the ``[1, nW·nh, N, N]`` bias + shift mask per
             size, kept while ``position_bias`` is the same (the caller clears it when it changes).
         mechanism: the name given to attention observers.
+        mask_padding: padded keys are masked out (no query attends to them); default False, the
+            padded slots take part in the softmax as zero-input tokens (timm, the original repositories).
 
     Returns:
         ``[B, H·W, C]``: heads merged, windows reversed, shift undone, padding cropped.
@@ -118,10 +121,14 @@ def window_attention(qkv: Tensor, position_bias: Tensor, *, feat_size: tuple[int
         temp = logit_scale.to(q.dtype)  # [nh, 1, 1]
         q = F.normalize(q.unflatten(-3, (-1, nh)), dim=-1) * temp  # [B, nW, nh, N, hd] | [B·nW, 1, nh, N, hd]
         q, k, scale = q.flatten(-4, -3), F.normalize(k, dim=-1), 1.0
-    if folded:
+    if position_bias is None and shift == (0, 0):  # no bias at all (Twins LSA)
+        bias = None
+    elif folded:
         key = (Hp, Wp, shift, qkv.device)
         bias = None if bias_cache is None else bias_cache.get(key)
         if bias is None:
+            if position_bias is None:
+                position_bias = qkv.new_zeros(nh, N, N)
             bias = window_bias(position_bias, (Hp, Wp), (wh, ww), shift)  # [1, nW·nh, N, N]
             if bias_cache is not None:
                 if len(bias_cache) > 8:
@@ -129,12 +136,23 @@ def window_attention(qkv: Tensor, position_bias: Tensor, *, feat_size: tuple[int
                 bias_cache[key] = bias
     else:
         bias = position_bias.unsqueeze(0)  # [1, nh, N, N]
+    mask = None
+    if mask_padding and (Hp, Wp) != (H, W):  # padded keys may not be attended to
+        key = ("pad", Hp, Wp, shift, nh, qkv.device)
+        mask = None if bias_cache is None else bias_cache.get(key)
+        if mask is None:
+            fwd, _ = window_gather_index(H, W, (wh, ww), shift, pad_first=pad_first, device=qkv.device)
+            valid = (fwd != H * W).view(nW, 1, 1, N)  # [nW, 1, 1, N]: slot holds a map token
+            mask = valid.expand(nW, nh, 1, N).reshape(1, nW * nh, 1, N)  # [1, nW·nh, 1, N]
+            if bias_cache is not None:
+                bias_cache[key] = mask
     # where each row sits on the map, for observers (cached per size; built only while one is registered)
     layout = window_layout(H, W, (wh, ww), shift, pad_first=pad_first, fold="heads" if folded else "batch") \
         if attention_observed() else None
     with attention_context(mechanism=mechanism, window_size=(wh, ww), shift_size=shift, num_windows=nW,
                            heads_layout="windows*heads" if folded else "heads"):
-        out = scaled_dot_product_attention(q, k, v, bias=bias, scale=scale, dropout_p=attn_drop if training else 0.0,
+        out = scaled_dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
+                                           dropout_p=attn_drop if training else 0.0,
                                            layout=layout)  # [B, nW·nh | nh, N, hd]
     # [B, nW·nh, N, hd] and [B·nW, nh, N, hd] are the same memory: one row gather merges the heads,
     # reverses the windows, undoes the shift and crops the padding
