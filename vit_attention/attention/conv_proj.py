@@ -1,0 +1,229 @@
+"""CvT's convolutional projection attention (Wu et al., 2021) on tokens ``[B, P + H·W, C]``.
+
+Before the usual linear projections, q, k and v each get a depthwise ``k x k`` convolution and a
+BatchNorm over the token map (the original's ``dw_bn``): stride 1 for q, ``stride_kv`` (2) for k
+and v, so the keys live on a coarser ``h x w`` grid and attention costs ``N · (N / s²)``. Prefix
+(class) tokens skip the convolutions and join q, k and v in front. The logit scale is
+``dim^-1/2`` (the full width, not the head dim), as in microsoft/CvT and Hugging Face's
+``CvtSelfAttention``.
+
+State-dict keys are the original repository's: ``conv_proj_{q,k,v}.conv`` / ``.bn``,
+``proj_{q,k,v}``, ``proj``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..functional import merge_heads, scaled_dot_product_attention, split_heads
+from ..functional.attention import attention_observed
+from ..functional.layout import token_layout
+from ..functional.linear import apply_linear
+from ._common import check_heads, check_prob
+from .registry import register_attention
+
+__all__ = ["ConvProjection", "ConvProjectionAttention", "CONV_PROJ_METHODS"]
+
+CONV_PROJ_METHODS: tuple[str, ...] = ("dw_bn", "avg", "linear")
+
+
+def _conv_out(n: int, kernel: int, stride: int) -> int:
+    """Output length of a ``kernel`` / ``stride`` convolution with ``kernel // 2`` padding (floor)."""
+    return (n + 2 * (kernel // 2) - kernel) // stride + 1
+
+
+def _pool_out(n: int, kernel: int, stride: int) -> int:
+    """Output length of ``AvgPool`` with ``kernel // 2`` padding and ``ceil_mode=True`` (torch's rule)."""
+    pad = kernel // 2
+    out = -(-(n + 2 * pad - kernel) // stride) + 1
+    return out - 1 if (out - 1) * stride >= n + pad else out
+
+
+def infer_grid(num_grid_tokens: int, feat_size: tuple[int, int] | None) -> tuple[int, int]:
+    """``feat_size``, or without it a square ``s x s`` grid when the tokens fill one, else one row ``1 x n``."""
+    if feat_size is not None:
+        H, W = int(feat_size[0]), int(feat_size[1])
+        if H * W != num_grid_tokens:
+            raise ValueError(f"feat_size {tuple(feat_size)} holds {H * W} tokens, but x has {num_grid_tokens} grid "
+                             f"tokens (after the prefix tokens)")
+        return H, W
+    s = math.isqrt(num_grid_tokens)
+    return (s, s) if s * s == num_grid_tokens else (1, num_grid_tokens)
+
+
+class ConvProjection(nn.Module):
+    """Depthwise ``k x k`` conv (no bias, padding ``k // 2``) + BatchNorm: map ``[B, C, H, W] -> [B, h·w, C]``.
+
+    Keys ``conv.weight [C, 1, k, k]`` and ``bn.*`` (the original's ``conv_proj_*``).
+    """
+
+    def __init__(self, dim: int, kernel_size: int, stride: int, *, bn_eps: float = 1e-5) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(dim, dim, kernel_size, stride=stride, padding=kernel_size // 2, groups=dim, bias=False)
+        self.bn = nn.BatchNorm2d(dim, eps=bn_eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, C, H, W] -> [B, h·w, C]`` (``h = ⌊(H - 1) / s⌋ + 1``)."""
+        return self.bn(self.conv(x)).flatten(2).transpose(1, 2)  # [B, h·w, C]
+
+
+class _AvgProjection(nn.AvgPool2d):
+    """The original's ``avg`` k / v: ``AvgPool(k, s, k // 2, ceil_mode)``, ``[B, C, H, W] -> [B, h·w, C]``."""
+
+    def __init__(self, kernel_size: int, stride: int) -> None:
+        super().__init__(kernel_size, stride=stride, padding=kernel_size // 2, ceil_mode=True)
+
+    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
+        return super().forward(x).flatten(2).transpose(1, 2)  # [B, h·w, C]
+
+
+@register_attention(
+    "conv_proj", layout="tokens", description="convolutional projection attention (CvT)",
+    paper="https://arxiv.org/abs/2103.15808", needs_feat_size=True, prefix_tokens="attend",
+    formula=(
+        "CvT's convolutional projection (Wu et al. 2021): the tokens are laid out on their `H x W` map and each of "
+        "q, k, v gets its own depthwise `k x k` convolution + BatchNorm before its linear projection; k and v use "
+        "stride `s` (2), so the keys sit on a coarser `h x w = ⌈H/s⌉ x ⌈W/s⌉` grid:\n\n"
+        "    m = tokens → map [B, C, H, W]\n"
+        "    q = split_heads(BN(DWConv_q(m)) W_q)              # [B, nh, N, hd]   (stride 1)\n"
+        "    k = split_heads(BN(DWConv_k(m)) W_k)              # [B, nh, M, hd]   (stride s, M = h·w)\n"
+        "    v = split_heads(BN(DWConv_v(m)) W_v)              # [B, nh, M, hd]\n"
+        "    out = merge_heads(softmax(q kᵀ · C^-1/2) v) W_proj  # [B, N, C]\n\n"
+        "The scale is `C^-1/2` (the full width, as in both references), not `hd^-1/2`. Class tokens skip the "
+        "convolutions and are prepended to q, k and v (they attend and are attended to). `method='avg'` "
+        "(average-pooled k, v; plain q) and `'linear'` (no convolutions) are the original's other two options."),
+    cost="k²·C·(N + 2M) + 5·C·(N + 2M) (convs, BatchNorm) + 2·N·C² + 2·M·C² (linears) + 2·N·M·C (attention), "
+         "M = N / s²: with s = 2, 2.5·N·C² + 0.5·N²·C",
+    example_shape=(2, 16, 32), doc_example=({}, (1, 196, 96)))
+class ConvProjectionAttention(nn.Module):
+    """Convolutional projection attention, tokens ``[B, P + H·W, C] -> [B, P + H·W, C]``.
+
+    Args:
+        dim: channels ``C``; num_heads: ``nh``.
+        kernel_size: the depthwise kernel ``k`` (odd; padding ``k // 2``).
+        stride_kv: stride of the k / v projections (q always uses stride 1, so the output keeps the grid).
+        method: ``"dw_bn"`` (depthwise conv + BatchNorm, CvT's), ``"avg"`` (k / v average-pooled
+            with ``ceil_mode``, q plain) or ``"linear"`` (no convolution: ordinary attention with
+            separate q / k / v projections).
+        qkv_bias: biases of ``proj_q/k/v``; qk_scale: logit scale (default ``dim^-1/2``).
+        bn_eps: BatchNorm eps; attn_drop, proj_drop: dropouts.
+
+    Cost: see :meth:`flops`.
+    """
+
+    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        kernel_size: int = 3,
+        stride_kv: int = 2,
+        method: str = "dw_bn",
+        qkv_bias: bool = True,
+        qk_scale: float | None = None,
+        bn_eps: float = 1e-5,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.head_dim = check_heads(dim, num_heads)
+        if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size must be an odd positive int (padding k // 2 keeps the grid), "
+                             f"got {kernel_size!r}")
+        if not isinstance(stride_kv, int) or stride_kv < 1:
+            raise ValueError(f"stride_kv must be a positive int, got {stride_kv!r}")
+        if method not in CONV_PROJ_METHODS:
+            raise ValueError(f"method must be one of {', '.join(map(repr, CONV_PROJ_METHODS))}; got {method!r}")
+        self.dim, self.num_heads = dim, num_heads
+        self.kernel_size, self.stride_kv, self.method = kernel_size, stride_kv, method
+        self.scale = qk_scale if qk_scale is not None else dim ** -0.5  # the full width, as in CvT
+        self.conv_proj_q: nn.Module | None = None
+        self.conv_proj_k: nn.Module | None = None
+        self.conv_proj_v: nn.Module | None = None
+        if method == "dw_bn":
+            self.conv_proj_q = ConvProjection(dim, kernel_size, 1, bn_eps=bn_eps)
+            self.conv_proj_k = ConvProjection(dim, kernel_size, stride_kv, bn_eps=bn_eps)
+            self.conv_proj_v = ConvProjection(dim, kernel_size, stride_kv, bn_eps=bn_eps)
+        elif method == "avg":
+            self.conv_proj_k = _AvgProjection(kernel_size, stride_kv)
+            self.conv_proj_v = _AvgProjection(kernel_size, stride_kv)
+        self.proj_q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.proj_k = nn.Linear(dim, dim, bias=qkv_bias)
+        self.proj_v = nn.Linear(dim, dim, bias=qkv_bias)
+        self.attn_drop = check_prob(attn_drop, "attn_drop")
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
+
+    def key_grid(self, H: int, W: int) -> tuple[int, int]:
+        """The keys' grid ``(h, w)`` for a query grid ``(H, W)``."""
+        if self.method == "dw_bn":
+            return _conv_out(H, self.kernel_size, self.stride_kv), _conv_out(W, self.kernel_size, self.stride_kv)
+        if self.method == "avg":
+            return _pool_out(H, self.kernel_size, self.stride_kv), _pool_out(W, self.kernel_size, self.stride_kv)
+        return H, W
+
+    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
+                context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+        """``x [B, P + H·W, C] -> [B, P + H·W, C]``.
+
+        ``feat_size=(H, W)``: the grid of the tokens after the ``P = num_prefix_tokens`` prefix
+        tokens. Blocks and the adapter always pass it (and the adapter refuses to call without it);
+        called directly without it, the grid is taken as a square when the tokens fill one, else
+        as one row ``1 x (N - P)``. ``context`` is not supported (keys come from ``x``'s own map).
+        ``residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
+        """
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
+        if context is not None:
+            raise ValueError("conv_proj takes no context: its keys are convolved from x's own token map")
+        B, N, C = x.shape
+        P = int(num_prefix_tokens)
+        if not 0 <= P < N:
+            raise ValueError(f"num_prefix_tokens={num_prefix_tokens!r} must be in 0..{N - 1} for {N} tokens")
+        H, W = infer_grid(N - P, feat_size)
+        prefix, grid = x[:, :P], x[:, P:]  # [B, P, C], [B, H·W, C]
+        fmap = grid.reshape(B, H, W, C).permute(0, 3, 1, 2)  # [B, C, H, W] (channels-last memory)
+        q_t, k_t, v_t = (grid if proj is None else proj(fmap)  # [B, H·W | h·w, C]
+                         for proj in (self.conv_proj_q, self.conv_proj_k, self.conv_proj_v))
+        if P:  # prefix tokens skip the convolutions and join q, k and v in front
+            q_t, k_t, v_t = (torch.cat([prefix, t], dim=1) for t in (q_t, k_t, v_t))  # [B, P + n, C]
+        q = split_heads(apply_linear(self.proj_q, q_t), self.num_heads)  # [B, nh, N, hd]
+        k = split_heads(apply_linear(self.proj_k, k_t), self.num_heads)  # [B, nh, M, hd]
+        v = split_heads(apply_linear(self.proj_v, v_t), self.num_heads)  # [B, nh, M, hd]
+        layout = token_layout(N, (H, W), P, key_grid=self.key_grid(H, W)) \
+            if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
+        out = scaled_dot_product_attention(q, k, v, scale=self.scale, layout=layout,
+                                           dropout_p=self.attn_drop if self.training else 0.0)  # [B, nh, N, hd]
+        out = merge_heads(out)  # [B, N, C]
+        if not self.training:  # proj_drop is the identity
+            return apply_linear(self.proj, out, residual=residual)  # [B, N, C]
+        out = self.proj_drop(apply_linear(self.proj, out))  # [B, N, C]
+        return out if residual is None else residual + out
+
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
+        """Multiply-adds for one forward on ``input_shape = (B, N, C)`` with grid ``feat_size``.
+
+        With ``P = N - H·W`` prefix tokens, ``M = P + h·w`` keys: depthwise convs ``k²·C`` per
+        output position and BatchNorm ``5·C`` (fvcore's rule, as ``vit_attention.analysis.flops``
+        counts every norm) on ``H·W + 2·h·w`` positions (``dw_bn`` only), linears
+        ``(2N + 2M)·C²``, attention ``2·N·M·C``. Average pooling and biases are not counted.
+        """
+        B, N, C = input_shape
+        Ng = N if feat_size is None else int(feat_size[0]) * int(feat_size[1])
+        H, W = infer_grid(Ng, feat_size)
+        P = N - H * W
+        h, w = self.key_grid(H, W)
+        M = P + h * w
+        convs = 0
+        if self.method == "dw_bn":
+            convs = (self.kernel_size ** 2 + 5) * C * (H * W + 2 * h * w)
+        return B * (convs + (2 * N + 2 * M) * C * C + 2 * N * M * C)
+
+    def extra_repr(self) -> str:
+        return f"method={self.method!r}, kernel_size={self.kernel_size}, stride_kv={self.stride_kv}"
+
