@@ -114,6 +114,25 @@ def test_pre_norm_fast_path_equals_the_plain_formula():
             torch.testing.assert_close(blk(x), h + blk.mlp(blk.norm2(h)), rtol=1e-5, atol=1e-5)
 
 
+def test_block_with_context_is_the_class_attention_block():
+    """``blk(x_cls, context=x)``: queries x_cls, keys / values norm1([x_cls; x]); the MLP updates x_cls alone."""
+    blk = Block(16, 2, attn_layer="class_attn", init_values=0.3).eval()
+    cls, x = torch.randn(2, 1, 16), torch.randn(2, 6, 16)
+    x0 = x.clone()
+    with torch.no_grad():
+        u = blk.norm1(torch.cat([cls, x], dim=1))
+        h = cls + blk.ls1(blk.attn(u[:, :1], context=u))
+        want = h + blk.ls2(blk.mlp(blk.norm2(h)))
+        out = blk(cls, context=x)
+    assert out.shape == (2, 1, 16)
+    torch.testing.assert_close(out, want)
+    assert torch.equal(x, x0)  # the context is read, never written
+    with pytest.raises(ValueError, match="pre-norm"):
+        Block(16, 2, style="post", attn_layer="class_attn")(cls, context=x)
+    with pytest.raises(ValueError, match="context must be tokens"):
+        blk(cls, context=torch.randn(3, 6, 16))
+
+
 def test_block_takes_tokens_or_maps_for_any_mechanism_layout():
     tok = Block(16, 2).eval()  # token mechanism on a map: flattened and back
     x = torch.randn(2, 3, 4, 16)

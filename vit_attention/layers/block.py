@@ -8,7 +8,12 @@
 * ``"parallel"`` (ViT-22B): ``x + attn(norm1(x)) + mlp(norm1(x))`` (one norm; no ``norm2``).
 
 Each branch may carry LayerScale (``init_values``) and drop path. An optional position layer
-(PEG / CPE, :class:`~vit_attention.layers.pos_embed.PosConv`) runs first, on the block input.
+(PEG / CPE, :class:`~vit_attention.layers.pos_embed.PosConv`) runs first, on the block input;
+a second one (``pos_mlp_layer``, DaViT's ``cpe2``) may run between the two branches.
+
+With ``context`` (``"pre"`` style only) the block is CaiT's class-attention block: ``x [B, Nq, C]``
+queries, keys and values come from ``u = norm1([x; context])`` (``attn(u[:, :Nq], context=u)``),
+the MLP updates ``x`` alone and ``context`` is not returned (it passes on unchanged).
 
 Input is tokens ``[B, P + H·W, C]`` (with the grid ``feat_size`` and ``P`` prefix tokens) or a
 channels-last map ``[B, H, W, C]`` (hierarchical stages). Any registered mechanism can be the
@@ -28,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+import torch
 from torch import Tensor, nn
 
 from ..attention import create_attention, get_attention_spec
@@ -78,6 +84,9 @@ class Block(nn.Module):
         mlp_layer: ``mlp_layer(C, hidden, act_layer=, bias=, drop=)`` (default :class:`Mlp`).
         pos_layer: ``pos_layer(C)``, a position layer called ``pos(x, feat_size, num_prefix_tokens)``
             on the block input (it adds its own residual).
+        pos_mlp_layer: ``pos_mlp_layer(C)``, a position layer called like ``pos`` on the attention
+            branch's output, before the MLP branch (DaViT's ``cpe2``; styles ``"pre"``, ``"post"``,
+            ``"res_post"``). Key: ``pos2``.
     """
 
     def __init__(self, dim: int, num_heads: int, *, style: BlockStyle = "pre", mlp_ratio: float = 4.0,
@@ -86,7 +95,8 @@ class Block(nn.Module):
                  init_values: float | None = None, norm_layer: Callable[[int], nn.Module] = nn.LayerNorm,
                  act_layer: Callable[[], nn.Module] = nn.GELU, attn_layer: str = "mhsa",
                  attn_kwargs: Mapping[str, Any] | None = None, mlp_layer: Callable[..., nn.Module] = Mlp,
-                 pos_layer: Callable[[int], nn.Module] | None = None) -> None:
+                 pos_layer: Callable[[int], nn.Module] | None = None,
+                 pos_mlp_layer: Callable[[int], nn.Module] | None = None) -> None:
         super().__init__()
         if style not in BLOCK_STYLES:
             raise ValueError(f"style must be one of {', '.join(map(repr, BLOCK_STYLES))}; got {style!r}")
@@ -95,6 +105,9 @@ class Block(nn.Module):
         neutral = dict(qkv_bias=True, qk_norm=False, proj_bias=True, attn_drop=0.0, proj_drop=0.0)
         kw = {**accepted_kwargs(attn_layer, offered, neutral), **(attn_kwargs or {})}
         self.pos = pos_layer(dim) if pos_layer is not None else None
+        if pos_mlp_layer is not None and style == "parallel":
+            raise ValueError("pos_mlp_layer runs between the attention and MLP branches: not with style='parallel'")
+        self.pos2 = pos_mlp_layer(dim) if pos_mlp_layer is not None else None
         self.norm1 = norm_layer(dim)
         self.attn = create_attention(attn_layer, dim, num_heads, **kw)
         self.layout = get_attention_spec(attn_layer).layout
@@ -108,16 +121,40 @@ class Block(nn.Module):
     def _attn(self, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int) -> Tensor:
         return apply_attention(self.attn, x, feat_size=feat_size, num_prefix_tokens=num_prefix_tokens)
 
+    def _pos_mlp(self, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int) -> Tensor:
+        """The position layer between the branches (``pos2``), when there is one."""
+        return x if self.pos2 is None else self.pos2(x, feat_size, num_prefix_tokens)
+
     def _fused_pre(self, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int) -> Tensor:
         """Pre-norm at inference: the residual adds fused into the attention ``proj`` and ``fc2`` (same math)."""
         x = apply_attention(self.attn, self.norm1(x), feat_size=feat_size, num_prefix_tokens=num_prefix_tokens,
                             residual=x)  # the adapter fuses where the mechanism can and no hook could tell
+        x = self._pos_mlp(x, feat_size, num_prefix_tokens)
         if getattr(self.mlp, "accepts_residual", False) and hookless(self.mlp):
             return self.mlp(self.norm2(x), residual=x)
         return x + self.mlp(self.norm2(x))
 
-    def forward(self, x: Tensor, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0) -> Tensor:
-        """``[B, P + H·W, C]`` (grid ``feat_size``, ``P`` prefix tokens) or ``[B, H, W, C]`` -> same shape."""
+    def _forward_context(self, x: Tensor, context: Tensor) -> Tensor:
+        """Class-attention flow: ``x [B, Nq, C]`` queries ``norm1([x; context])``; ``[B, Nq, C]`` out."""
+        if self.style != "pre" or self.pos is not None:
+            raise ValueError(f"context needs a pre-norm block without a position layer (style={self.style!r})")
+        if context.dim() != 3 or x.dim() != 3 or context.shape[0] != x.shape[0] or context.shape[-1] != x.shape[-1]:
+            raise ValueError(f"context must be tokens [B, M, C] matching x {tuple(x.shape)}, "
+                             f"got {tuple(context.shape)}")
+        Nq = x.shape[1]
+        u = self.norm1(torch.cat([x, context], dim=1))  # [B, Nq + M, C]
+        a = apply_attention(self.attn, u[:, :Nq], context=u)  # [B, Nq, C]: keys / values from all of u
+        x = x + self.drop_path1(self.ls1(a))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+    def forward(self, x: Tensor, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0, *,
+                context: Tensor | None = None) -> Tensor:
+        """``[B, P + H·W, C]`` (grid ``feat_size``, ``P`` prefix tokens) or ``[B, H, W, C]`` -> same shape.
+
+        ``context [B, M, C]``: class-attention flow (module docstring), ``x [B, Nq, C] -> [B, Nq, C]``.
+        """
+        if context is not None:
+            return self._forward_context(x, context)
         if self.pos is not None:
             x = self.pos(x, feat_size, num_prefix_tokens)
         style = self.style
@@ -125,12 +162,15 @@ class Block(nn.Module):
             if not self.training and isinstance(self.ls1, nn.Identity) and isinstance(self.ls2, nn.Identity):
                 return self._fused_pre(x, feat_size, num_prefix_tokens)
             x = x + self.drop_path1(self.ls1(self._attn(self.norm1(x), feat_size, num_prefix_tokens)))
+            x = self._pos_mlp(x, feat_size, num_prefix_tokens)
             return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         if style == "res_post":
             x = x + self.drop_path1(self.ls1(self.norm1(self._attn(x, feat_size, num_prefix_tokens))))
+            x = self._pos_mlp(x, feat_size, num_prefix_tokens)
             return x + self.drop_path2(self.ls2(self.norm2(self.mlp(x))))
         if style == "post":
             x = self.norm1(x + self.drop_path1(self.ls1(self._attn(x, feat_size, num_prefix_tokens))))
+            x = self._pos_mlp(x, feat_size, num_prefix_tokens)
             return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
         y = self.norm1(x)  # parallel
         return (x + self.drop_path1(self.ls1(self._attn(y, feat_size, num_prefix_tokens)))

@@ -1,0 +1,292 @@
+"""CaiT (Touvron et al., 2021, "Going deeper with Image Transformers"): class-attention image transformers.
+
+Config dataclass -> :class:`Cait` -> presets registered as data (timm's names).
+
+* Patch embedding plus a learned position embedding over the patches only (no class slot);
+  another grid resamples it (``dynamic_img_size=True`` at run time; ``load_weights`` for a model
+  built at another ``img_size``).
+* Self-attention stage: ``depth`` pre-norm :class:`~vit_attention.layers.Block` s with
+  ``attn_layer="talking_heads"`` and LayerScale (``init_values``: 1e-5 for XXS / XS / S24, 1e-6
+  for S36 / M36 / M48) over the patch tokens alone.
+* Class-attention stage: ``depth_token_only`` (2) blocks, the same :class:`Block` called with a
+  ``context``: ``u = norm1([x_cls; x])``, ``x_cls += γ1 · class_attn(u[:, :1], context=u)``,
+  ``x_cls += γ2 · mlp(norm2(x_cls))``; the patch tokens pass unchanged.
+* Final norm over ``[x_cls; x]``, the head on the class token (or the patch mean, ``global_pool="avg"``).
+
+State-dict keys are timm's except LayerScale: ours are ``blocks.N.ls1.gamma`` / ``ls2.gamma`` (the
+one Block's names) where timm and the original facebookresearch/deit code have ``gamma_1`` /
+``gamma_2``; :mod:`vit_attention.weights.cait` renames them (``load_weights``, tested).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Literal
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from ..attention import get_attention_spec, list_attention
+from ..functional import resample_abs_pos_embed
+from ..layers import Block, PatchEmbed, run_blocks, stage_feature_info
+from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_size, resolve_indices
+from .registry import register_family
+
+__all__ = ["CaitConfig", "Cait"]
+
+_POOLS = ("token", "avg", "")
+
+
+@dataclass
+class CaitConfig(ConfigMixin):
+    """Everything a :class:`Cait` is built from (JSON-serialisable)."""
+
+    img_size: int | tuple[int, int] = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    global_pool: Literal["token", "avg", ""] = "token"
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    norm_eps: float = 1e-6
+    init_values: float = 1e-4  # LayerScale init of every block (both stages)
+    depth_token_only: int = 2  # class-attention blocks
+    mlp_ratio_token_only: float = 4.0
+    attn_layer: str = "talking_heads"  # the self-attention stage's mechanism
+    attn_kwargs: dict[str, Any] = field(default_factory=dict)
+    token_attn_layer: str = "class_attn"  # the class-attention stage's mechanism (must take a context)
+    drop_rate: float = 0.0
+    pos_drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    proj_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0  # the same rate in every self-attention block (as in the paper / timm)
+    dynamic_img_size: bool = False  # accept any patch-multiple size, resampling the position embedding
+
+    def validate(self) -> None:
+        """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
+        img = check_size(self.img_size, "img_size")
+        patch = check_size(self.patch_size, "patch_size")
+        check_int(self.in_chans, "in_chans")
+        check_int(self.num_classes, "num_classes", min_value=0)
+        check_choice(self.global_pool, "global_pool", _POOLS)
+        dim = check_int(self.embed_dim, "embed_dim")
+        check_int(self.depth, "depth", min_value=0)
+        heads = check_int(self.num_heads, "num_heads")
+        if dim % heads:
+            raise ValueError(f"embed_dim={dim} must be divisible by num_heads={heads} "
+                             f"(head dim = embed_dim / num_heads)")
+        check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
+        check_float(self.mlp_ratio_token_only, "mlp_ratio_token_only", low_open=True)
+        check_float(self.norm_eps, "norm_eps")
+        check_float(self.init_values, "init_values", low=-math.inf)
+        check_int(self.depth_token_only, "depth_token_only", min_value=0)
+        check_attn_layer(self.attn_layer, self.attn_kwargs)
+        if not isinstance(self.token_attn_layer, str) or self.token_attn_layer not in list_attention() \
+                or not get_attention_spec(self.token_attn_layer).supports_context:
+            takes = [n for n in list_attention() if get_attention_spec(n).supports_context]
+            raise ValueError(f"token_attn_layer must be a registered mechanism that takes a context "
+                             f"(one of {', '.join(map(repr, takes))}); got {self.token_attn_layer!r}")
+        for rate in ("drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"):
+            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
+        if img[0] % patch[0] or img[1] % patch[1]:
+            raise ValueError(f"img_size={self.img_size!r} is not divisible by patch_size={self.patch_size!r}")
+
+
+class Cait(nn.Module):
+    """CaiT backbone with a classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
+
+    ``forward_features`` gives normalised tokens ``[B, 1 + N, C]`` (class token first; ``N`` patches),
+    ``forward_head`` takes the class token (or the patch mean) and classifies.
+    """
+
+    family = "cait"
+
+    def __init__(self, cfg: CaitConfig | None = None, **overrides: Any) -> None:
+        super().__init__()
+        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else CaitConfig(**overrides)
+        cfg.validate()  # again: fields may have been assigned after the config was built
+        self.cfg = cfg
+        C = cfg.embed_dim
+        norm_layer = partial(nn.LayerNorm, eps=cfg.norm_eps)
+        self.num_classes = cfg.num_classes
+        self.global_pool = cfg.global_pool
+        self.embed_dim = self.num_features = C
+        self.num_prefix_tokens = 1
+        self.dynamic_img_size = cfg.dynamic_img_size
+        self.grad_checkpointing = False
+
+        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, C,
+                                      strict_img_size=not cfg.dynamic_img_size,
+                                      size_options=("dynamic_img_size=True", None))
+        assert self.patch_embed.grid_size is not None
+        self.grid_size = self.patch_embed.grid_size
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, C))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches, C))  # patches only
+        self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
+
+        block = partial(Block, C, cfg.num_heads, qkv_bias=cfg.qkv_bias, init_values=cfg.init_values,
+                        norm_layer=norm_layer, act_layer=nn.GELU)
+        self.blocks = nn.Sequential(*[
+            block(mlp_ratio=cfg.mlp_ratio, drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate,
+                  drop_path=cfg.drop_path_rate, attn_layer=cfg.attn_layer, attn_kwargs=cfg.attn_kwargs)
+            for _ in range(cfg.depth)])
+        self.feature_info = stage_feature_info((C,) * cfg.depth, (self.patch_embed.patch_size[0],) * cfg.depth,
+                                               "blocks")
+        self.blocks_token_only = nn.ModuleList([
+            block(mlp_ratio=cfg.mlp_ratio_token_only, attn_layer=cfg.token_attn_layer)
+            for _ in range(cfg.depth_token_only)])
+        self.norm = norm_layer(C)
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = nn.Linear(C, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self._init_weights()
+
+    # ------------------------------------------------------------------ construction
+    def _init_weights(self) -> None:
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    # ------------------------------------------------------------------ API
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
+        num_classes = check_int(num_classes, "num_classes", min_value=0)
+        if global_pool is not None:
+            check_choice(global_pool, "global_pool", _POOLS)
+            self.global_pool = self.cfg.global_pool = global_pool  # type: ignore[assignment]
+        self.num_classes = self.cfg.num_classes = num_classes
+        device = self.norm.weight.device
+        self.head = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute block activations in backward to save memory (training only)."""
+        self.grad_checkpointing = enable
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that should not get weight decay."""
+        return {"pos_embed", "cls_token"}
+
+    def feat_size(self, hw: tuple[int, int]) -> tuple[int, int]:
+        """Token grid for an image of size ``hw``."""
+        return self.patch_embed.dynamic_feat_size(hw) if self.dynamic_img_size else self.grid_size
+
+    def _embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """Images ``[B, Cin, H, W]`` -> patch tokens ``[B, N, C]`` with position embedding, and the grid."""
+        feat_size = self.feat_size(tuple(x.shape[-2:]))
+        x = self.patch_embed(x)  # [B, N, C]
+        pos = self.pos_embed
+        if tuple(feat_size) != self.grid_size:
+            pos = resample_abs_pos_embed(pos, feat_size, self.grid_size, num_prefix_tokens=0)
+        return self.pos_drop(x + pos), feat_size
+
+    def _run_blocks(self, x: Tensor, feat_size: tuple[int, int], indices: set[int] | None = None
+                    ) -> tuple[Tensor, list[Tensor]]:
+        """Patch tokens ``[B, N, C]`` through the self-attention blocks; also the outputs of blocks ``indices``."""
+        checkpoint = self.grad_checkpointing and self.training
+        if indices is None:
+            return run_blocks(self.blocks, x, feat_size, 0, checkpoint=checkpoint), []
+        saved: list[Tensor] = []
+        for i, blk in enumerate(self.blocks):
+            x = run_blocks((blk,), x, feat_size, 0, checkpoint=checkpoint)
+            if i in indices:
+                saved.append(x)
+        return x, saved
+
+    def forward_cls(self, x: Tensor) -> Tensor:
+        """Class-attention stage: patch tokens ``[B, N, C]`` -> ``[B, 1 + N, C]`` (class token first).
+
+        Only the class token changes; the patch tokens are the keys' and values' source, unchanged.
+        """
+        cls = self.cls_token.expand(x.shape[0], -1, -1)  # [B, 1, C]
+        for blk in self.blocks_token_only:
+            cls = blk(cls, context=x)  # [B, 1, C]
+        return torch.cat([cls, x], dim=1)  # [B, 1 + N, C]
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> normalised tokens ``[B, 1 + N, C]``."""
+        x, feat_size = self._embed(x)
+        x, _ = self._run_blocks(x, feat_size)
+        return self.norm(self.forward_cls(x))
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Tokens ``[B, 1 + N, C]`` -> logits ``[B, num_classes]`` (or features ``[B, C]``)."""
+        if self.global_pool == "avg":
+            x = x[:, self.num_prefix_tokens:].mean(dim=1)
+        elif self.global_pool == "token":
+            x = x[:, 0]
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+        self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
+        output_fmt: Literal["NCHW", "NLC"] = "NCHW", intermediates_only: bool = False,
+    ) -> Any:
+        """Final tokens plus the outputs of chosen self-attention blocks (patch tokens; no class token).
+
+        ``indices``: an int ``n`` = the last ``n`` blocks, or explicit block indices (negative
+        allowed); default all. Intermediates are ``[B, C, H', W']`` (``NCHW``) or ``[B, N, C]``
+        (``NLC``), through the final norm when ``norm``. Returns ``(final [B, 1 + N, C],
+        [intermediates])`` or only the list.
+        """
+        take = resolve_indices(indices, len(self.blocks), "block")
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        x, feat_size = self._embed(x)
+        x, saved = self._run_blocks(x, feat_size, set(take))
+        outs = [self.norm(t) if norm else t for t in saved]
+        if output_fmt == "NCHW":
+            outs = [rearrange(t, "b (h w) c -> b c h w", h=feat_size[0], w=feat_size[1]) for t in outs]
+        if intermediates_only:
+            return outs
+        return self.norm(self.forward_cls(x)), outs
+
+
+# ---------------------------------------------------------------------------- presets (data)
+# (embed_dim, depth, num_heads, LayerScale init) per size; the class-attention stage is 2 blocks throughout.
+_SIZES: dict[str, dict[str, Any]] = {
+    "xxs24": dict(embed_dim=192, depth=24, num_heads=4, init_values=1e-5),
+    "xxs36": dict(embed_dim=192, depth=36, num_heads=4, init_values=1e-5),
+    "xs24": dict(embed_dim=288, depth=24, num_heads=6, init_values=1e-5),
+    "s24": dict(embed_dim=384, depth=24, num_heads=8, init_values=1e-5),
+    "s36": dict(embed_dim=384, depth=36, num_heads=8, init_values=1e-6),
+    "m36": dict(embed_dim=768, depth=36, num_heads=16, init_values=1e-6),
+    "m48": dict(embed_dim=768, depth=48, num_heads=16, init_values=1e-6),
+}
+
+# name -> (size, image size, published params M, published GMACs); timm's
+# results/benchmark-infer-amp-nchw-pt240-cu124-rtx4090.csv (param_count, infer_gmacs)
+_MODELS: dict[str, tuple[str, int, float, float]] = {
+    "cait_xxs24_224": ("xxs24", 224, 11.96, 2.53),
+    "cait_xxs24_384": ("xxs24", 384, 12.03, 9.63),
+    "cait_xxs36_224": ("xxs36", 224, 17.30, 3.77),
+    "cait_xxs36_384": ("xxs36", 384, 17.37, 14.35),
+    "cait_xs24_384": ("xs24", 384, 26.67, 19.28),
+    "cait_s24_224": ("s24", 224, 46.92, 9.35),
+    "cait_s24_384": ("s24", 384, 47.06, 32.17),
+    "cait_s36_384": ("s36", 384, 68.37, 47.99),
+    "cait_m36_384": ("m36", 384, 271.22, 173.11),
+    "cait_m48_448": ("m48", 448, 356.46, 329.41),
+}
+_SOURCE = "timm benchmark-infer-amp-nchw-pt240-cu124-rtx4090.csv (infer_gmacs); deit README_cait.md agrees"
+
+_PRESETS: dict[str, dict[str, Any]] = {n: dict(_SIZES[s], img_size=img) for n, (s, img, _, _) in _MODELS.items()}
+_META: dict[str, dict[str, Any]] = {
+    n: {"published_params_m": p, "published_gmacs": g, "published_gmacs_source": _SOURCE}
+    for n, (_, _, p, g) in _MODELS.items()}
+
+register_family("cait", Cait, CaitConfig, _PRESETS, meta=_META)
