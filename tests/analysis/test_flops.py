@@ -24,7 +24,8 @@ def _mechanism(name: str) -> torch.nn.Module:
 @pytest.mark.parametrize("device", ["meta", None])
 def test_mechanism_analytic_equals_measured(name, device):
     spatial = get_attention_spec(name).layout == "spatial"
-    for shape in ([(2, 8, 8, DIM), (1, 7, 9, DIM)] if spatial else [(2, 11, DIM), (1, 64, DIM)]):
+    grid = get_attention_spec(name).needs_feat_size  # token mechanisms that use the grid get square maps
+    for shape in ([(2, 8, 8, DIM), (1, 7, 9, DIM)] if spatial else [(2, 16 if grid else 11, DIM), (1, 64, DIM)]):
         attn = _mechanism(name)
         analytic = flops(attn, shape, device=device)
         measured, _ = measure_flops(attn, shape, device=device)
@@ -126,6 +127,7 @@ def test_mechanisms_called_with_grid_and_residual_keywords_are_costed_by_their_f
     shape = (2, 1 + 4 * 6, DIM)  # a prefix token and a 4x6 grid
     report = flops(_Caller(attn), shape, device=None)
     spatial = get_attention_spec(name).layout == "spatial"
-    own = attn.flops((2, 4, 6, DIM) if spatial else shape)
+    grid = {"feat_size": (4, 6)} if get_attention_spec(name).needs_feat_size and not spatial else {}
+    own = attn.flops((2, 4, 6, DIM) if spatial else shape, **grid)
     assert report.modules == {"attn": own} and report.kinds["attn"] == name
     assert report.total == pytest.approx(measure_flops(_Caller(attn), shape, device=None)[0], rel=0.01)

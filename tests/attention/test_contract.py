@@ -153,7 +153,7 @@ def test_spec_is_complete_and_its_example_runs(name: str) -> None:
     spec = get_attention_spec(name)
     assert spec.formula and spec.cost and spec.description and spec.paper
     assert spec.prefix_tokens in ("attend", "bypass")
-    assert spec.needs_feat_size == (spec.layout == "spatial")  # true of today's four
+    assert spec.needs_feat_size or spec.layout == "tokens"  # every spatial mechanism needs the grid
     assert spec.cls.attention_name == name and spec.cls.layout == spec.layout
     assert {"dim", "num_heads", "qkv_bias", "attn_drop"} <= spec.init_kwargs and not spec.init_accepts_any
     assert ("qk_norm" in spec.init_kwargs) == (name == "mhsa")

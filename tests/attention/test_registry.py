@@ -13,6 +13,8 @@ DIM, HEADS = 32, 4
 def _input(name: str) -> torch.Tensor:
     if get_attention_spec(name).layout == "spatial":
         return torch.randn(2, 7, 9, DIM)  # [B, H, W, C], non-square and not a window multiple
+    if get_attention_spec(name).needs_feat_size:  # a token mechanism that uses the grid: a square map (4x4)
+        return torch.randn(2, 16, DIM)  # [B, N, C]
     return torch.randn(2, 11, DIM)  # [B, N, C]
 
 

@@ -105,7 +105,8 @@ def test_adapter_takes_tokens_or_maps_and_passes_prefix_tokens_around_spatial_me
     else:
         assert out_tok[:, :P].abs().max() > 0  # prefix tokens attend like the others
         with torch.no_grad():
-            torch.testing.assert_close(out_map.reshape(B, H * W, DIM), attn(fmap.reshape(B, H * W, DIM)))
+            grid = {"feat_size": (H, W)} if spec.needs_feat_size else {}  # a token mechanism that uses the grid
+            torch.testing.assert_close(out_map.reshape(B, H * W, DIM), attn(fmap.reshape(B, H * W, DIM), **grid))
 
 
 def test_adapter_plain_modules():
