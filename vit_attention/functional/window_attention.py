@@ -20,7 +20,7 @@ Both end in the same memory order, so one row gather merges the heads and puts e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -77,7 +77,8 @@ def window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_size: tu
                      window_size: int | Sequence[int], shift_size: int | Sequence[int] = 0, pad_first: bool = True,
                      scale: float | None = None, logit_scale: Tensor | None = None, attn_drop: float = 0.0,
                      training: bool = False, bias_cache: dict[Any, Tensor] | None = None,
-                     mechanism: str = "window", mask_padding: bool = False) -> Tensor:
+                     mechanism: str = "window", mask_padding: bool = False,
+                     query_bias: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """Attention inside (shifted) windows of an ``H x W`` map: packed q|k|v -> ``[B, H·W, C]``.
 
     Args:
@@ -98,6 +99,9 @@ def window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_size: tu
         mechanism: the name given to attention observers.
         mask_padding: padded keys are masked out (no query attends to them); default False, the
             padded slots take part in the softmax as zero-input tokens (timm, the original repositories).
+        query_bias: an additive bias computed from each window's unscaled queries, ``q [*b, nh', N, hd]
+            -> [*b, nh', N, N]`` (rows in row-major order inside a window; windows folded into the
+            batch or the heads), added to the position bias (ViTDet's decomposed relative positions).
 
     Returns:
         ``[B, H·W, C]``: heads merged, windows reversed, shift undone, padding cropped.
@@ -117,6 +121,7 @@ def window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_size: tu
         q, k, v = qkv.unbind(1)  # each [B, nW·nh, N, hd]
     else:
         q, k, v = split_qkv(qkv, nh)  # each [B·nW, nh, N, hd]
+    q_bias = None if query_bias is None else query_bias(q)  # [B, nW·nh | nh, N, N] (from the unscaled q)
     if logit_scale is not None:  # cosine attention: unit q, k; the per-head temperature folded into q
         temp = logit_scale.to(q.dtype)  # [nh, 1, 1]
         q = F.normalize(q.unflatten(-3, (-1, nh)), dim=-1) * temp  # [B, nW, nh, N, hd] | [B·nW, 1, nh, N, hd]
@@ -136,6 +141,8 @@ def window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_size: tu
                 bias_cache[key] = bias
     else:
         bias = position_bias.unsqueeze(0)  # [1, nh, N, N]
+    if q_bias is not None:
+        bias = q_bias if bias is None else bias + q_bias
     mask = None
     if mask_padding and (Hp, Wp) != (H, W):  # padded keys may not be attended to
         key = ("pad", Hp, Wp, shift, nh, qkv.device)

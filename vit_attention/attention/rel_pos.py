@@ -1,0 +1,184 @@
+"""Window or global attention with MViTv2's decomposed relative positions (ViTDet; SAM's image encoder).
+
+Channels-last maps ``[B, H, W, C]`` in and out. Two modes, chosen by ``window_size``:
+
+* ``window_size = ws > 0``: the map is zero-padded bottom / right to multiples of ``ws`` and cut
+  into ``ws x ws`` windows, each attending to itself, with no shift and **no mask**: the padded
+  slots (zero inputs after the block's norm, so ``k = b_k``, ``v = b_v``) take part in the softmax,
+  as in detectron2, Hugging Face ``VitDet`` and timm ``samvit``; the output is cropped.
+* ``window_size = 0``: global attention over all ``H·W`` tokens.
+
+Both add the decomposed bias of :func:`~vit_attention.functional.rel_pos.decomposed_rel_pos_bias`
+(``q·R_h[Δrow] + q·R_w[Δcol]``, from the unscaled queries) as the ``bias`` of the one attention
+function; the window mode goes through
+:func:`~vit_attention.functional.window_attention.window_attention` (its ``query_bias``), so
+the partition, the padding, the fused kernel and the attention-map layout are Swin's.
+
+Keys (detectron2 / timm ``samvit`` / Hugging Face ``VitDet``): ``qkv``, ``proj``, ``rel_pos_h``
+``[2·K_h - 1, hd]``, ``rel_pos_w`` ``[2·K_w - 1, hd]`` with ``K = ws`` in window mode and
+``K = input_size`` (the token grid the model is built for) in global mode; a table of another
+length (another image size) is resized linearly at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+import torch
+from torch import Tensor, nn
+
+from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
+from ..functional.attention import attention_observed
+from ..functional.layout import token_layout
+from ..functional.linear import apply_linear
+from ..functional.rel_pos import decomposed_rel_pos_bias
+from ..functional.window import to_pair
+from ..functional.window_attention import window_attention, window_tokens
+from ._common import check_heads, check_prob
+from .registry import register_attention, small_window_kwargs
+
+__all__ = ["RelPosAttention"]
+
+
+@register_attention(
+    "rel_pos", layout="spatial",
+    description="window (unshifted, unmasked padding) or global attention with MViTv2's decomposed "
+                "relative positions (ViTDet)",
+    example_kwargs=dict(window_size=4, rel_pos_zero_init=False), paper="https://arxiv.org/abs/2203.16527",
+    formula=(
+        "Decomposed-position window / global attention (ViTDet, Li et al. 2022; the position term is "
+        "MViTv2's, Li et al. 2021). With `window_size = ws > 0` the map `[B, H, W, C]` is zero-padded to "
+        "multiples of `ws` and cut into `ws x ws` windows (no shift, no mask: padded slots take part in the "
+        "softmax, as in the references); with `window_size = 0` all `H·W` tokens attend to each other. "
+        "Either way the logits get a relative-position term read through the *unscaled* query, one table "
+        "per axis:\n\n"
+        "    q, k, v = split_heads(x W_qkv)                        # [B·nW, nh, N, hd]\n"
+        "    rel[i, j] = q_i · R_h[r_i - r_j + K_h - 1]\n"
+        "              + q_i · R_w[c_i - c_j + K_w - 1]            # [B·nW, nh, N, N]\n"
+        "    A = softmax(q kᵀ · hd^-1/2 + rel)                     # the core's `bias`\n"
+        "    out = crop(window_reverse(A v)) W_proj                # [B, H, W, C]\n\n"
+        "`R_h [2·K_h - 1, hd]`, `R_w [2·K_w - 1, hd]` are shared by the heads (`K` = the window, or the "
+        "token grid of global blocks); a table of another length is resized linearly, and coordinates are "
+        "stretched when the query and key grids differ. ViTDet-B uses `ws = 14` on the 64x64 map of a 1024² "
+        "image (padded to 70x70) and 4 global blocks."),
+    cost="window: 4·hw·C² + 2·ws²·hw_p·C + 2·ws·hw_p·C multiply-adds (hw_p: the map padded to multiples "
+         "of ws); global: 4·hw·C² + 2·(hw)²·C + (H + W)·hw·C",
+    doc_example=(dict(window_size=7, rel_pos_zero_init=False), (1, 16, 16, 96)), grid_kwargs=small_window_kwargs)
+class RelPosAttention(nn.Module):
+    """ViTDet attention, ``[B, H, W, C] -> [B, H, W, C]``: window (``window_size > 0``) or global (``0``).
+
+    ``softmax(q kᵀ / sqrt(hd) + q·R_h[Δrow] + q·R_w[Δcol]) v`` inside unshifted ``ws x ws`` windows
+    of the zero-padded map (padding unmasked, as the references), or over the whole map.
+
+    Args:
+        dim: channels ``C``; num_heads: ``nh`` (must divide ``dim``).
+        window_size: ``ws`` (an int or ``(Wh, Ww)``); 0 = global attention.
+        input_size: the token grid ``(H, W)`` global blocks are built for (sizes their tables
+            ``2·H - 1``, ``2·W - 1``); unused in window mode. Default: the 224-px pre-training grid.
+        use_rel_pos: add the decomposed relative positions (False: plain window / global attention).
+        rel_pos_zero_init: tables start at zero (detectron2's default); else truncated normal, std 0.02.
+        qkv_bias: bias on the qkv projection. qk_scale: logit scale (default ``hd ** -0.5``).
+        attn_drop, proj_drop: dropout on the weights and after ``proj``.
+    """
+
+    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
+
+    def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 0,
+                 input_size: int | Sequence[int] = 14, use_rel_pos: bool = True, rel_pos_zero_init: bool = True,
+                 qkv_bias: bool = True, qk_scale: float | None = None, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0) -> None:
+        super().__init__()
+        self.head_dim = check_heads(dim, num_heads)
+        self.dim, self.num_heads = dim, num_heads
+        self.window_size = to_pair(window_size, "window_size")
+        if min(self.window_size) < 0 or (0 in self.window_size and max(self.window_size) > 0):
+            raise ValueError(f"window_size must be positive, or 0 for global attention, got {window_size!r}")
+        self.input_size = to_pair(input_size, "input_size")
+        if min(self.input_size) <= 0:
+            raise ValueError(f"input_size must be a positive token grid (H, W), got {input_size!r}")
+        self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
+        self.attn_drop = check_prob(attn_drop, "attn_drop")
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
+        self.use_rel_pos = bool(use_rel_pos)
+        if self.use_rel_pos:
+            kh, kw = self.window_size if self.is_windowed else self.input_size
+            self.rel_pos_h = nn.Parameter(torch.zeros(2 * kh - 1, self.head_dim))
+            self.rel_pos_w = nn.Parameter(torch.zeros(2 * kw - 1, self.head_dim))
+            if not rel_pos_zero_init:
+                nn.init.trunc_normal_(self.rel_pos_h, std=0.02)
+                nn.init.trunc_normal_(self.rel_pos_w, std=0.02)
+
+    @property
+    def is_windowed(self) -> bool:
+        """True in window mode (``window_size > 0``), False for global attention."""
+        return self.window_size[0] > 0
+
+    def rel_pos_bias(self, q: Tensor, grid: tuple[int, int]) -> Tensor:
+        """Decomposed bias for queries ``q [*b, nh, N, hd]`` on a ``grid`` (keys on it too): ``[*b, nh, N, N]``."""
+        return decomposed_rel_pos_bias(q, self.rel_pos_h, self.rel_pos_w, grid, grid)
+
+    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
+                context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+        """``[B, H, W, C] -> [B, H, W, C]``; any ``H, W`` (padded to the window in window mode).
+
+        The contract's keywords: ``feat_size`` is the map's own ``(H, W)`` when given; a spatial
+        mechanism never sees prefix tokens (``num_prefix_tokens`` must be 0) nor a ``context``.
+        ``residual [B, H, W, C]`` (private speed keyword of the blocks) is added to the output.
+        """
+        if x.dim() != 4 or x.shape[-1] != self.dim:
+            raise ValueError(f"{type(self).__name__} expects a channels-last map [B, H, W, {self.dim}], "
+                             f"got shape {tuple(x.shape)}")
+        B, H, W, C = x.shape
+        if feat_size is not None and tuple(feat_size) != (H, W):
+            raise ValueError(f"feat_size={tuple(feat_size)} does not match the map's {H}x{W}")
+        if num_prefix_tokens:
+            raise ValueError(f"num_prefix_tokens={num_prefix_tokens}: a spatial mechanism never sees prefix tokens "
+                             "(apply it through vit_attention.layers.adapter.apply_attention)")
+        if context is not None:
+            raise ValueError(f"{type(self).__name__} attends within x; it takes no context")
+        if residual is not None and residual.shape != x.shape:
+            raise ValueError(f"residual must have the input's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+        dropout = self.attn_drop if self.training else 0.0
+        if self.is_windowed:
+            qkv = apply_linear(self.qkv, window_tokens(x, self.window_size))  # [B·nW, N, 3C] | [B, H·W (+1), 3C]
+            query_bias = partial(self.rel_pos_bias, grid=self.window_size) if self.use_rel_pos else None
+            out = window_attention(qkv, None, feat_size=(H, W), num_heads=self.num_heads,
+                                   window_size=self.window_size, scale=self.scale, attn_drop=self.attn_drop,
+                                   training=self.training, mechanism=self.attention_name,  # type: ignore[attr-defined]
+                                   query_bias=query_bias)  # [B, H·W, C]
+        else:
+            q, k, v = split_qkv(apply_linear(self.qkv, x.reshape(B, H * W, C)), self.num_heads)  # [B, nh, N, hd]
+            bias = self.rel_pos_bias(q, (H, W)) if self.use_rel_pos else None  # [B, nh, N, N]
+            layout = token_layout(H * W, (H, W)) if attention_observed() else None
+            out = merge_heads(scaled_dot_product_attention(q, k, v, bias=bias, scale=self.scale, dropout_p=dropout,
+                                                           layout=layout))  # [B, H·W, C]
+        res = None if residual is None else residual.reshape(B, H * W, C)
+        if res is not None and not (self.training and self.proj_drop.p > 0):
+            return apply_linear(self.proj, out, residual=res).view(B, H, W, C)  # proj + residual, one kernel
+        out = self.proj_drop(apply_linear(self.proj, out)).view(B, H, W, C)  # [B, H, W, C]
+        return out if residual is None else residual + out
+
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
+        """Multiply-adds on ``input_shape = (B, H, W, C)``.
+
+        Window mode: ``3·t·C² + hw·C² + 2·Wh·Ww·hw_p·C + (Wh + Ww)·hw_p·C`` per image, where the qkv
+        projection runs on the ``hw`` tokens plus one zero token when the map is padded (every
+        padded slot shares its projection), attention and the position term on the padded map
+        ``hw_p``. Global: ``4·hw·C² + 2·(hw)²·C + (H + W)·hw·C``.
+        """
+        B, H, W, C = input_shape
+        hw = H * W
+        rel = self.use_rel_pos
+        if self.is_windowed:
+            wh, ww = self.window_size
+            hwp = (H + (-H) % wh) * (W + (-W) % ww)
+            t = hw + (hwp != hw)
+            return B * (3 * t * C * C + hw * C * C + 2 * wh * ww * hwp * C + rel * (wh + ww) * hwp * C)
+        return B * (4 * hw * C * C + 2 * hw * hw * C + rel * (H + W) * hw * C)
+
+    def extra_repr(self) -> str:
+        mode = f"window_size={self.window_size}" if self.is_windowed else f"global, input_size={self.input_size}"
+        return f"dim={self.dim}, num_heads={self.num_heads}, {mode}, use_rel_pos={self.use_rel_pos}"

@@ -1,0 +1,92 @@
+"""MViTv2's decomposed relative position bias (Li et al. 2022), used by ViTDet and SAM's image encoder.
+
+The logit of query ``i`` (grid cell ``(qh, qw)``) for key ``j`` (cell ``(kh, kw)``) gets
+
+    q_i · R_h[qh - kh + (K_h - 1)]  +  q_i · R_w[qw - kw + (K_w - 1)]
+
+with ``q`` the *unscaled* query of the head and two learned tables ``R_h [2·K_h - 1, hd]`` and
+``R_w [2·K_w - 1, hd]``. Instead of a ``(2K-1)²``-entry table per head (Swin), one table per axis,
+shared by the heads, read through the query: the bias depends on the query's content.
+
+:func:`decomposed_rel_pos_bias` returns it as the additive ``bias`` of the library's one attention
+function (:func:`~.attention.scaled_dot_product_attention`): ``[*b, nh, N, M]``. It costs
+``N·(K_h + K_w)·hd`` multiply-adds per head (two small products with the gathered tables), and
+the bias itself is the size of the logits.
+
+Tables whose length is not ``2·max(q, k) - 1`` (a model run at another size than it was built for)
+are resized linearly (``align_corners=False``), and the coordinates are scaled when the query and
+key sizes differ: the rule of the references (detectron2 ``get_rel_pos``, Hugging Face VitDet,
+timm ``samvit``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .window import to_pair
+
+__all__ = ["resize_rel_pos", "rel_pos_table", "decomposed_rel_pos_bias"]
+
+
+def resize_rel_pos(rel_pos: Tensor, length: int) -> Tensor:
+    """Linearly resize a table ``[L, hd]`` to ``[length, hd]`` (itself when ``L == length``)."""
+    if rel_pos.dim() != 2:
+        raise ValueError(f"rel_pos must be a table [L, hd], got shape {tuple(rel_pos.shape)}")
+    if rel_pos.shape[0] == length:
+        return rel_pos
+    table = rel_pos.t().unsqueeze(0)  # [1, hd, L]
+    table = F.interpolate(table.float(), size=length, mode="linear", align_corners=False).to(rel_pos.dtype)
+    return table[0].t()  # [length, hd]
+
+
+def rel_pos_table(q_size: int, k_size: int, rel_pos: Tensor) -> Tensor:
+    """The table read at every (query, key) offset along one axis: ``[q_size, k_size, hd]``.
+
+    ``rel_pos [L, hd]`` is resized to ``2·max(q_size, k_size) - 1`` rows when ``L`` differs; with
+    ``q_size != k_size`` the shorter axis' coordinates are stretched to the longer one's.
+    """
+    if q_size <= 0 or k_size <= 0:
+        raise ValueError(f"q_size and k_size must be positive, got {q_size} and {k_size}")
+    table = resize_rel_pos(rel_pos, 2 * max(q_size, k_size) - 1)  # [2·max - 1, hd]
+    q_coords = torch.arange(q_size, device=table.device)[:, None] * max(k_size / q_size, 1.0)  # [q, 1]
+    k_coords = torch.arange(k_size, device=table.device)[None, :] * max(q_size / k_size, 1.0)  # [1, k]
+    index = (q_coords - k_coords) + (k_size - 1) * max(q_size / k_size, 1.0)  # [q, k], >= 0
+    return table[index.long()]  # [q, k, hd]
+
+
+def decomposed_rel_pos_bias(q: Tensor, rel_pos_h: Tensor, rel_pos_w: Tensor, q_size: int | Sequence[int],
+                            k_size: int | Sequence[int] | None = None) -> Tensor:
+    """The decomposed relative-position bias for queries ``q``: ``[*b, nh, N, M]``.
+
+    Args:
+        q: unscaled queries ``[*b, nh, N, hd]``, ``N = qh·qw`` in row-major order of the query grid
+            (windows or heads may be folded into the leading dims in any way).
+        rel_pos_h: height table ``[Lh, hd]``; rel_pos_w: width table ``[Lw, hd]`` (resized when
+            ``L != 2·max(q, k) - 1`` along that axis).
+        q_size: the query grid ``(qh, qw)``; k_size: the key grid ``(kh, kw)`` (default: ``q_size``),
+            ``M = kh·kw`` keys in row-major order.
+
+    Returns:
+        ``bias [*b, nh, N, M]`` with ``bias[..., (qh, qw), (kh, kw)] = q·R_h[qh, kh] + q·R_w[qw, kw]``,
+        in ``q``'s dtype; pass it as ``bias=`` of the attention core.
+    """
+    qh, qw = to_pair(q_size, "q_size")
+    kh, kw = to_pair(k_size if k_size is not None else (qh, qw), "k_size")
+    if q.dim() < 3 or q.shape[-2] != qh * qw:
+        raise ValueError(f"q must be [*b, nh, N, hd] with N = {qh}x{qw} = {qh * qw} (q_size), "
+                         f"got shape {tuple(q.shape)}")
+    hd = q.shape[-1]
+    for name, t in (("rel_pos_h", rel_pos_h), ("rel_pos_w", rel_pos_w)):
+        if t.dim() != 2 or t.shape[-1] != hd:
+            raise ValueError(f"{name} must be a table [L, {hd}] (the head dim of q), got shape {tuple(t.shape)}")
+    Rh = rel_pos_table(qh, kh, rel_pos_h).to(q.dtype)  # [qh, kh, hd]
+    Rw = rel_pos_table(qw, kw, rel_pos_w).to(q.dtype)  # [qw, kw, hd]
+    r_q = q.reshape(*q.shape[:-2], qh, qw, hd)  # [*b, nh, qh, qw, hd]
+    rel_h = torch.einsum("...hwc,hkc->...hwk", r_q, Rh)  # [*b, nh, qh, qw, kh]
+    rel_w = torch.einsum("...hwc,wkc->...hwk", r_q, Rw)  # [*b, nh, qh, qw, kw]
+    bias = rel_h.unsqueeze(-1) + rel_w.unsqueeze(-2)  # [*b, nh, qh, qw, kh, kw]
+    return bias.reshape(*q.shape[:-2], qh * qw, kh * kw)  # [*b, nh, N, M]
