@@ -1,0 +1,148 @@
+"""DaViT channel group attention (Ding et al. 2022) on tokens ``[B, N, C]``.
+
+Attention with the roles of tokens and channels exchanged: the ``C`` channels are cut into
+``nh`` groups (the heads) of ``hd = C / nh`` channels, and inside each group every channel
+attends to every channel, with the dot products taken over the ``N`` tokens. The weights are
+``[B, nh, hd, hd]``: row ``i`` says how much channel ``i``'s output mixes in each channel of the
+group. The cost is linear in ``N`` (``2·N·C·hd`` for the two products), so DaViT pairs it with
+window attention to get a global receptive field at linear cost.
+
+Two published forms, both ONE call of the library's attention function on transposed q, k, v
+(``[B, nh, hd, N]``: channels are the rows, tokens the feature axis):
+
+* ``form="davit"`` (the original repository and timm ``ChannelAttention``):
+  ``A = softmax((k·hd^-1/2)ᵀ v)`` and ``out = (A qᵀ)ᵀ``: keys make the matrix, queries are the
+  values, i.e. ``SDPA(query=kᵀ, key=vᵀ, value=qᵀ, scale=hd^-1/2)ᵀ``;
+* ``form="florence2"`` (Florence-2, timm ``ChannelAttentionV2``, HF ``Florence2VisionChannelAttention``):
+  the usual orientation ``softmax((q·s)ᵀ k) vᵀ`` with ``s = N^-1/2`` (``dynamic_scale``, the
+  default) or ``hd^-1/2``.
+
+Key names: ``qkv`` (one packed ``Linear(C, 3C)``), ``proj`` (timm's).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
+from ..functional.attention import attention_observed
+from ..functional.layout import AttentionLayout
+from ..functional.linear import apply_linear
+from ..functional.window import _CPU, _cached
+from ._common import check_heads, check_prob
+from .registry import register_attention
+
+__all__ = ["ChannelAttention", "channel_layout", "CHANNEL_FORMS"]
+
+ChannelForm = Literal["davit", "florence2"]
+CHANNEL_FORMS: tuple[str, ...] = ("davit", "florence2")
+
+
+@_cached(maxsize=32)
+def _channel_layout(hd: int) -> AttentionLayout:
+    pos = torch.arange(hd, device=_CPU)
+    return AttentionLayout(None, pos, pos, axis="channels")
+
+
+def channel_layout(head_dim: int) -> AttentionLayout:
+    """Layout of channel attention inside groups of ``head_dim`` channels: rows are channels
+    ``0 .. hd-1`` of each group (``axis="channels"``: no place on the image grid). Cached."""
+    return _channel_layout(int(head_dim))
+
+
+@register_attention(
+    "channel", layout="tokens", description="DaViT channel group attention (channels attend to channels)",
+    paper="https://arxiv.org/abs/2204.03645", example_shape=(2, 11, 32),
+    formula=(
+        "Channel group attention (DaViT, Ding et al. 2022): the roles of tokens and channels are exchanged. "
+        "The `C` channels form `nh` groups of `hd` channels; inside a group each channel attends to every "
+        "channel, with dot products taken over all `N` tokens:\n\n"
+        "    q, k, v = split_heads(x W_qkv)                 # each [B, nh, N, hd]\n"
+        "    A = softmax((k · hd^-1/2)ᵀ v)                  # [B, nh, hd, hd]   (form='davit')\n"
+        "    out = merge_heads((A qᵀ)ᵀ) W_proj              # [B, N, C]\n\n"
+        "Florence-2's form (`form='florence2'`, the `davit_*_fl` models) is the usual orientation with "
+        "the scale `N^-1/2`: `A = softmax((q · N^-1/2)ᵀ k)`, `out = (A vᵀ)ᵀ`. Both are one call of the "
+        "attention core on transposed `[B, nh, hd, N]` operands.\n\n"
+        "**What the map means.** There is no spatial map: the recorded weights are `[C/nh, C/nh]` per "
+        "group (head). Row `i` of group `g` says which channels of that group channel `i`'s output is "
+        "made of, the same mixture at every position of the image. Each channel already summarises the "
+        "whole image (its dot products run over all tokens), which is how DaViT gets a global receptive "
+        "field at a cost linear in `N`. `query_map` on such a record raises (no query position exists)."),
+    cost="4·N·C² + 2·N·C·hd multiply-adds (linear in the tokens N; hd = C / nh)",
+    doc_example=(dict(), (1, 196, 96)))
+class ChannelAttention(nn.Module):
+    """Channel group attention, ``[B, N, C] -> [B, N, C]``.
+
+    Args:
+        dim: channels ``C``; num_heads: groups ``nh`` (must divide ``dim``), each of ``hd = C/nh`` channels.
+        form: ``"davit"`` (original: keys x values make the ``hd x hd`` matrix, queries are mixed,
+            scale ``hd^-1/2``) or ``"florence2"`` (``softmax((q·s)ᵀ k) vᵀ``).
+        dynamic_scale: ``form="florence2"`` only: ``s = N^-1/2`` (default, Florence-2) or ``hd^-1/2``.
+        qkv_bias: bias on the packed qkv projection. qk_scale: override the logit scale (a float).
+        attn_drop, proj_drop: dropout on the ``[hd, hd]`` weights and after ``proj``.
+
+    Prefix tokens (and ``feat_size``) change nothing: every token is one coordinate of the channel
+    vectors. Cost: ``4·N·C² + 2·N·C·hd`` multiply-adds.
+    """
+
+    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
+
+    def __init__(self, dim: int, num_heads: int = 8, *, form: ChannelForm = "davit", dynamic_scale: bool = True,
+                 qkv_bias: bool = True, qk_scale: float | None = None, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0) -> None:
+        super().__init__()
+        self.head_dim = check_heads(dim, num_heads)
+        if form not in CHANNEL_FORMS:
+            raise ValueError(f"form must be one of {', '.join(map(repr, CHANNEL_FORMS))}; got {form!r}")
+        if qk_scale is not None and not isinstance(qk_scale, (int, float)):
+            raise ValueError(f"qk_scale must be a float or None, got {qk_scale!r}")
+        self.dim, self.num_heads, self.form = dim, num_heads, form
+        self.dynamic_scale = bool(dynamic_scale)
+        self.qk_scale = qk_scale
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.attn_drop = check_prob(attn_drop, "attn_drop")
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
+
+    def scale_for(self, num_tokens: int) -> float:
+        """The logit scale for ``N = num_tokens``: ``hd^-1/2``, or ``N^-1/2`` (Florence-2, dynamic)."""
+        if self.qk_scale is not None:
+            return float(self.qk_scale)
+        if self.form == "florence2" and self.dynamic_scale:
+            return float(num_tokens) ** -0.5
+        return self.head_dim ** -0.5
+
+    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
+                context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+        """``x [B, N, C] -> [B, N, C]``.
+
+        ``feat_size`` and ``num_prefix_tokens`` are accepted and change nothing (channels attend over
+        all tokens); ``context`` is not supported (raises). ``residual [B, N, C]``, when given, is
+        added to the output (fused into ``proj`` at inference).
+        """
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
+        if context is not None:
+            raise ValueError("channel attention attends among the channels of x: context is not supported")
+        q, k, v = (t.transpose(-2, -1) for t in split_qkv(apply_linear(self.qkv, x), self.num_heads))  # [B, nh, hd, N]
+        if self.form == "davit":  # keys x values make the matrix, the queries are what is mixed
+            q, k, v = k, v, q
+        layout = channel_layout(self.head_dim) if attention_observed() else None
+        out = scaled_dot_product_attention(q, k, v, scale=self.scale_for(x.shape[1]), layout=layout,
+                                           dropout_p=self.attn_drop if self.training else 0.0)  # [B, nh, hd, N]
+        out = merge_heads(out.transpose(-2, -1))  # [B, N, C]
+        if not self.training:  # proj_drop is the identity
+            return apply_linear(self.proj, out, residual=residual)  # [B, N, C]
+        out = self.proj_drop(apply_linear(self.proj, out))  # [B, N, C]
+        return out if residual is None else residual + out
+
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
+        """Multiply-adds on ``input_shape = (B, N, C)``: ``4·N·C² + 2·N·C·hd`` (qkv, proj, two ``hd x hd`` products)."""
+        B, N, C = input_shape
+        return B * (4 * N * C * C + 2 * N * C * self.head_dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, form={self.form!r}, dynamic_scale={self.dynamic_scale}"
