@@ -62,6 +62,10 @@ class AttentionLayout:
         fold: ``"batch"`` (weights ``[B·G, nh, n, m]``) or ``"heads"`` (``[B, G·nh, n, m]``).
         axis: ``"tokens"`` or ``"channels"`` (rows are channels, e.g. DaViT's channel attention:
             no spatial map; the positions are then not grid cells and are not checked).
+        query_cells: optional long ``[G, n, c]``: the grid cells each query row stands for, ``-1``
+            padding (a shared query whose one weight row serves several cells, e.g. MobileViT v2's
+            separable attention: one context query per group of tokens). :meth:`query_map` of a
+            cell then reads the rows that stand for it; None = each row stands for its ``query_pos``.
     """
 
     grid: tuple[int, int] | None
@@ -70,10 +74,17 @@ class AttentionLayout:
     key_grid: tuple[int, int] | None = None
     fold: Fold = "batch"
     axis: Axis = "tokens"
+    query_cells: Tensor | None = None
 
     def __post_init__(self) -> None:
         q = _as_groups(self.query_pos, "query_pos")
         object.__setattr__(self, "query_pos", q)
+        cells = self.query_cells
+        if cells is not None and (not isinstance(cells, Tensor) or cells.dtype != torch.long or cells.dim() != 3
+                                  or tuple(cells.shape[:2]) != tuple(q.shape)):
+            raise ValueError(f"query_cells must be a long tensor [G, n, c] with query_pos's [G, n] = "
+                             f"{list(q.shape)}, got {getattr(cells, 'dtype', type(cells))} "
+                             f"{tuple(getattr(cells, 'shape', ()))}")
         if self.key_pos is not None:
             k = _as_groups(self.key_pos, "key_pos")
             if k.shape[0] not in (1, q.shape[0]):
@@ -176,7 +187,10 @@ class AttentionLayout:
             if not (0 <= r < grid[0] and 0 <= c < grid[1]):
                 raise ValueError(f"query {tuple(query)} is outside the {grid[0]}x{grid[1]} grid")
             code = r * grid[1] + c
-        g, i = (self.query_pos == code).nonzero(as_tuple=True)
+        if self.query_cells is not None and code >= 0:  # shared query rows: the rows standing for the cell
+            g, i = (self.query_cells == code).any(dim=-1).nonzero(as_tuple=True)
+        else:
+            g, i = (self.query_pos == code).nonzero(as_tuple=True)
         if g.numel() == 0:
             what = "no prefix (class) token" if code <= -2 else f"no query row at {query}"
             raise ValueError(f"the layout has {what}; pass query=(row, col)")

@@ -1,0 +1,168 @@
+"""MobileViT v1 global attention across unfolded patches (Mehta & Rastegari 2022), on maps ``[B, H, W, C]``.
+
+The map is cut into ``p x p`` patches; the pixels at the same intra-patch offset (one per patch)
+form one sequence, and each of the ``P = p²`` sequences of ``N = HW/P`` tokens runs ordinary
+multi-head self-attention (:mod:`vit_attention.functional.unfold` has the order, timm's / HF's).
+The unfold is folded into the head split (one copy of q|k|v, as a plain head split costs), and
+the ``P`` offsets are a batch dimension of ONE call of the attention core, so the fused kernel
+runs whenever nothing needs the weights.
+
+Maps that are not patch multiples (``resize``):
+
+* ``"bilinear"`` (default): the references' rule (timm ``MobileVitBlock``, HF ``MobileViTLayer``,
+  ml-cvnets): bilinear ``align_corners=False`` up to the next multiple, attend, bilinear back
+  down. The MobileViT models resize once around the whole transformer instead (as the references
+  do), so inside a model this mechanism always sees multiples.
+* ``"mask"``: zero-pad to a multiple and mask the padded slots out of every softmax: exact
+  attention between the real pixels of each offset, and maps that land on the input grid.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from ..functional import scaled_dot_product_attention
+from ..functional.attention import attention_observed
+from ..functional.linear import apply_linear
+from ..functional.unfold import patch_grid, patch_key_mask, unfold_layout
+from ._common import check_heads, check_prob
+from .registry import register_attention
+
+__all__ = ["UnfoldAttention"]
+
+Resize = Literal["bilinear", "mask"]
+
+
+def _check_map(module: nn.Module, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int,
+               context: Tensor | None, residual: Tensor | None) -> None:
+    """The contract's checks of a spatial mechanism on ``x [B, H, W, C]`` (raises naming the argument)."""
+    dim = module.dim  # type: ignore[attr-defined]
+    if x.dim() != 4 or x.shape[-1] != dim:
+        raise ValueError(f"{type(module).__name__} expects a channels-last map [B, H, W, {dim}], got shape "
+                         f"{tuple(x.shape)}")
+    if feat_size is not None and tuple(feat_size) != tuple(x.shape[1:3]):
+        raise ValueError(f"feat_size={tuple(feat_size)} does not match the map's {x.shape[1]}x{x.shape[2]}")
+    if num_prefix_tokens:
+        raise ValueError(f"num_prefix_tokens={num_prefix_tokens}: a spatial mechanism never sees prefix tokens "
+                         "(apply it through vit_attention.layers.adapter.apply_attention)")
+    if context is not None:
+        raise ValueError(f"{type(module).__name__} attends within the map x; it takes no context")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual must have the input's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+
+
+def check_patch_size(patch_size: int) -> int:
+    """``patch_size`` as a positive int (raises naming it)."""
+    if not isinstance(patch_size, int) or isinstance(patch_size, bool) or patch_size <= 0:
+        raise ValueError(f"patch_size must be a positive int, got {patch_size!r}")
+    return patch_size
+
+
+@register_attention(
+    "unfold", layout="spatial", description="MobileViT v1: global attention across unfolded p x p patches",
+    example_kwargs=dict(patch_size=2, resize="mask"), paper="https://arxiv.org/abs/2110.02178",
+    formula=(
+        "MobileViT v1 (Mehta & Rastegari 2022). The map `[B, H, W, C]` is cut into `p x p` patches; "
+        "the `N = HW/p²` pixels at the same offset inside their patch form one sequence, and each of the "
+        "`P = p²` sequences runs multi-head self-attention:\n\n"
+        "    q, k, v = unfold(x W_qkv)                     # each [B, P·nh, N, hd]\n"
+        "    A = softmax(q kᵀ · hd^-1/2)                   # [B, P·nh, N, N]\n"
+        "    out = fold(A v) W_proj                        # [B, H, W, C]\n\n"
+        "A pixel sees every patch of the image (global receptive field) at `1/P` of ViT's attention cost. "
+        "Maps that are not patch multiples are resized bilinearly up and back (the references' rule, "
+        "`resize='bilinear'`) or padded with the padding masked out (`resize='mask'`)."),
+    cost="4·HW·C² + 2·HW·(HW/p²)·C multiply-adds (quadratic in the tokens, divided by the patch area p²)",
+    doc_example=(dict(patch_size=2), (1, 16, 16, 96)))
+class UnfoldAttention(nn.Module):
+    """Attention across unfolded patches, ``[B, H, W, C] -> [B, H, W, C]``.
+
+    ``softmax(q kᵀ / sqrt(hd)) v`` within each intra-patch offset: pixel ``(y, x)`` attends to the
+    pixels ``(y', x')`` with ``y' ≡ y``, ``x' ≡ x (mod p)``. Keys: ``qkv`` (packed ``Linear(C, 3C)``)
+    and ``proj`` (timm's ``MobileVitBlock`` transformer layout). Cost ``4·HW·C² + 2·HW·N·C``.
+
+    Args:
+        dim: channels ``C``; num_heads: ``nh`` (must divide ``dim``).
+        patch_size: ``p`` (MobileViT: 2).
+        resize: ``"bilinear"`` (reference rule) or ``"mask"`` for maps that are not patch multiples.
+        qkv_bias, qk_scale, attn_drop, proj_drop: as in ViT's attention.
+    """
+
+    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
+
+    def __init__(self, dim: int, num_heads: int = 4, *, patch_size: int = 2, resize: Resize = "bilinear",
+                 qkv_bias: bool = True, qk_scale: float | None = None, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0) -> None:
+        super().__init__()
+        self.head_dim = check_heads(dim, num_heads)
+        self.dim, self.num_heads = dim, num_heads
+        self.patch_size = check_patch_size(patch_size)
+        if resize not in ("bilinear", "mask"):
+            raise ValueError(f"resize must be 'bilinear' or 'mask', got {resize!r}")
+        self.resize = resize
+        self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.attn_drop = check_prob(attn_drop, "attn_drop")
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
+
+    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
+                context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+        """``[B, H, W, C] -> [B, H, W, C]``; any ``H, W`` (see ``resize``).
+
+        Contract keywords: ``feat_size`` is the map's own ``(H, W)`` when given; no prefix tokens,
+        no context. ``residual [B, H, W, C]`` (the blocks' private speed keyword) is added to the
+        output, fused into ``proj`` at inference.
+        """
+        _check_map(self, x, feat_size, num_prefix_tokens, context, residual)
+        B, H, W, C = x.shape
+        p = self.patch_size
+        nh, nw = patch_grid(H, W, p)
+        Hp, Wp = nh * p, nw * p
+        resized = (Hp, Wp) != (H, W) and self.resize == "bilinear"
+        if resized:  # the references' rule: bilinear up to a patch multiple (and back below)
+            x = F.interpolate(x.permute(0, 3, 1, 2), size=(Hp, Wp), mode="bilinear",
+                              align_corners=False).permute(0, 2, 3, 1)  # [B, Hp, Wp, C]
+            res, residual = residual, None
+        qkv = apply_linear(self.qkv, x)  # [B, H', W', 3C]
+        mask = None
+        if not resized and (Hp, Wp) != (H, W):  # zero-pad the projections; padded keys masked below
+            qkv = F.pad(qkv, (0, 0, 0, Wp - W, 0, Hp - H))  # [B, Hp, Wp, 3C]
+            mask = patch_key_mask(H, W, p, self.num_heads, device=x.device)  # [1, P·nh, 1, N]
+        q, k, v = rearrange(qkv, "b (nh ph) (nw pw) (t h d) -> t b (ph pw h) (nh nw) d", ph=p, pw=p, t=3,
+                            h=self.num_heads).unbind(0)  # each [B, P·nh, N, hd]: offsets folded into heads
+        grid = (Hp, Wp) if resized else (H, W)
+        out = scaled_dot_product_attention(
+            q, k, v, mask=mask, scale=self.scale, dropout_p=self.attn_drop if self.training else 0.0,
+            layout=(lambda: unfold_layout(*grid, p)) if attention_observed() else None)  # [B, P·nh, N, hd]
+        out = rearrange(out, "b (ph pw h) (nh nw) d -> b (nh ph) (nw pw) (h d)", ph=p, pw=p, nh=nh)  # [B, Hp, Wp, C]
+        if (Hp, Wp) != (H, W) and not resized:
+            out = out[:, :H, :W]  # [B, H, W, C]
+        if not (self.training and self.proj_drop.p > 0):
+            out = apply_linear(self.proj, out, residual=residual)  # [B, H', W', C] (+ residual, one kernel)
+        else:
+            out = self.proj_drop(apply_linear(self.proj, out))
+            out = out if residual is None else residual + out
+        if resized:
+            out = F.interpolate(out.permute(0, 3, 1, 2), size=(H, W), mode="bilinear",
+                                align_corners=False).permute(0, 2, 3, 1)  # [B, H, W, C]
+            out = out if res is None else res + out
+        return out
+
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
+        """Multiply-adds on ``input_shape = (B, H, W, C)``: ``4·hw·C² + 2·hw_p·N·C``.
+
+        ``hw_p = Hp·Wp`` is the map padded (or resized) to a patch multiple and ``N = hw_p / p²`` the
+        tokens of one sequence; the projections run on ``hw = H·W`` tokens (``hw_p`` when resized).
+        """
+        B, H, W, C = input_shape
+        nh, nw = patch_grid(H, W, self.patch_size)
+        hwp = nh * nw * self.patch_size ** 2
+        hw = hwp if self.resize == "bilinear" else H * W
+        return B * (4 * hw * C * C + 2 * hwp * (nh * nw) * C)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, patch_size={self.patch_size}, resize={self.resize!r}"
