@@ -30,13 +30,13 @@ def _small(name: str) -> dict[str, Any]:
         n = len(cfg.depths)
         over.update(depths=(1,) * n, num_heads=tuple(2 ** i for i in range(n)), embed_dim=8,
                     img_size=cfg.patch_size * 2 ** n)
-    else:
-        over.update(depth=1, num_heads=2, embed_dim=16, img_size=cfg.patch_size * 2)
-        if cfg.mlp_dim is not None:
+    else:  # isotropic (ViT-like); a family without patches (iGPT: a token per pixel) counts as patch 1
+        over.update(depth=1, num_heads=2, embed_dim=16, img_size=getattr(cfg, "patch_size", 1) * 2)
+        if getattr(cfg, "mlp_dim", None) is not None:
             over["mlp_dim"] = 32
-        if cfg.representation_size is not None:
+        if getattr(cfg, "representation_size", None) is not None:
             over["representation_size"] = 8
-        if cfg.conv_stem is not None:
+        if getattr(cfg, "conv_stem", None) is not None:
             over["conv_stem"] = (8,) * len(cfg.conv_stem)
     return over
 

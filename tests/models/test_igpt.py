@@ -1,0 +1,146 @@
+"""Image GPT: palette and tokens, the generative API, cached generation, configuration errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from vit_attention import create_model
+from vit_attention.models.igpt import ImageGPT, dequantize, load_palette, make_palette, quantize
+
+
+def _small(**kw) -> ImageGPT:
+    torch.manual_seed(0)
+    over = dict(embed_dim=32, depth=2, num_heads=2, img_size=4, num_classes=5)
+    return create_model("igpt_small", **{**over, **kw}).eval()  # type: ignore[return-value]
+
+
+def test_uniform_palette_is_an_even_grid_and_quantize_round_trips() -> None:
+    pal = make_palette("uniform", 512, 3)
+    assert pal.shape == (512, 3) and pal.min() > -1 and pal.max() < 1
+    assert len({tuple(c) for c in pal.tolist()}) == 512
+    images = pal[torch.randperm(512)[:32]].T.reshape(1, 3, 4, 8)  # every pixel is a palette colour
+    tokens = quantize(images, pal)
+    assert tokens.shape == (1, 32)
+    torch.testing.assert_close(dequantize(tokens, pal, (4, 8)), images)
+    noisy = images + 0.01 * torch.randn_like(images)  # well inside each bin (width 0.25)
+    assert torch.equal(quantize(noisy, pal), tokens)
+
+
+def test_quantize_is_the_nearest_colour_in_raster_order() -> None:
+    pal = torch.randn(20, 3)
+    images = torch.randn(2, 3, 3, 5)
+    pixels = images.flatten(2).transpose(1, 2)  # [B, N, 3], raster order
+    want = torch.cdist(pixels, pal.expand(2, -1, -1)).argmin(-1)
+    assert torch.equal(quantize(images, pal), want)
+    with pytest.raises(ValueError, match="quantize expects images"):
+        quantize(torch.randn(2, 1, 3, 5), pal)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".json", ".txt", ".safetensors"])
+def test_palette_files(tmp_path, suffix: str) -> None:
+    pal = torch.rand(8, 3) * 2 - 1
+    path = tmp_path / f"clusters{suffix}"
+    if suffix == ".npy":
+        np.save(path, pal.numpy())
+    elif suffix == ".json":  # a Hugging Face preprocessor_config.json
+        path.write_text(json.dumps({"clusters": pal.tolist(), "do_color_quantize": True}))
+    elif suffix == ".txt":
+        path.write_text("\n".join(" ".join(repr(v) for v in row) for row in pal.tolist()))
+    else:
+        from safetensors.torch import save_file
+
+        save_file({"clusters": pal}, str(path))
+    torch.testing.assert_close(load_palette(path), pal)
+    model = _small(vocab_size=8, palette=str(path))
+    torch.testing.assert_close(model.palette, pal)
+    with pytest.raises(ValueError, match="vocab_size"):
+        _small(vocab_size=9, palette=str(path))
+    with pytest.raises(FileNotFoundError, match="palette file"):
+        load_palette(tmp_path / "missing.npy")
+
+
+def test_generative_api_shapes_and_loss() -> None:
+    model = _small()
+    images = torch.rand(2, 3, 4, 4) * 2 - 1
+    targets = model.quantize(images)
+    assert targets.shape == (2, 16) and targets.dtype == torch.long
+    inp = model.shift_right(targets)
+    assert (inp[:, 0] == 512).all() and torch.equal(inp[:, 1:], targets[:, :-1])
+    logits = model.forward_logits(inp)
+    assert logits.shape == (2, 16, 512)
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    torch.testing.assert_close(model.loss(images), nll)
+    torch.testing.assert_close(model.loss(targets), nll)
+    assert model.loss(images, reduction="none").shape == (2,)
+    assert abs(nll.item() - math.log(512)) < 0.5  # near uniform at initialisation
+    assert model(images).shape == (2, 5)
+    assert torch.equal(model.forward_features(images), model.forward_tokens(inp))
+
+
+def test_logits_at_a_position_ignore_later_tokens() -> None:
+    model = _small()
+    ids = torch.randint(0, 512, (1, 16))
+    other = ids.clone()
+    other[0, 9:] = (other[0, 9:] + 1) % 512
+    with torch.no_grad():
+        a, b = model.forward_logits(ids), model.forward_logits(other)
+    torch.testing.assert_close(a[:, :9], b[:, :9])
+    assert not torch.allclose(a[:, 9:], b[:, 9:])
+
+
+@pytest.mark.parametrize("top_k", [None, 5])
+def test_cached_and_uncached_sampling_give_the_same_tokens(top_k: int | None) -> None:
+    model = _small()
+    cached = model.generate(3, seed=7, top_k=top_k, temperature=0.9, use_cache=True)
+    uncached = model.generate(3, seed=7, top_k=top_k, temperature=0.9, use_cache=False)
+    assert cached.shape == (3, 16) and cached.dtype == torch.long and cached.max() < 512
+    assert torch.equal(cached, uncached)
+    assert torch.equal(model.generate(3, seed=7, top_k=top_k, temperature=0.9), cached)  # seeded: repeatable
+    assert not torch.equal(model.generate(3, seed=8, top_k=top_k, temperature=0.9), cached)
+    assert model.dequantize(cached).shape == (3, 3, 4, 4)
+
+
+def test_generate_top_k_1_is_greedy_and_prompt_is_kept() -> None:
+    model = _small()
+    greedy = model.generate(2, top_k=1, seed=0)
+    ids = torch.cat([torch.full((2, 1), 512), greedy[:, :-1]], dim=1)
+    with torch.no_grad():
+        assert torch.equal(model.forward_logits(ids).argmax(-1), greedy)
+    prompt = greedy[:, :5].flip(0)
+    completed = model.generate(2, prompt=prompt, seed=0)
+    assert torch.equal(completed[:, :5], prompt)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(1, temperature=0.0)
+    with pytest.raises(ValueError, match="prompt"):
+        model.generate(2, prompt=torch.zeros(2, 16, dtype=torch.long))
+
+
+def test_intermediates_are_pixel_maps_and_bad_inputs_are_named() -> None:
+    model = _small()
+    x = torch.rand(2, 3, 4, 4) * 2 - 1
+    final, maps = model.forward_intermediates(x, indices=[0, -1])
+    assert [m.shape for m in maps] == [(2, 32, 4, 4)] * 2 and final.shape == (2, 16, 32)
+    torch.testing.assert_close(final, model.forward_features(x))
+    with pytest.raises(ValueError, match="expected images"):
+        model(torch.rand(2, 3, 5, 5))
+    with pytest.raises(ValueError, match="positions"):
+        model.forward_logits(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="palette='uniform'"):
+        create_model("igpt_small", vocab_size=100)
+    with pytest.raises(ValueError, match="tokens"):
+        create_model("igpt_small", attn_layer="window")
+
+
+def test_block_parts_are_ours_with_rms_norm_and_quick_gelu() -> None:
+    model = _small()
+    blk = model.blocks[0]
+    assert blk.attn.attention_name == "causal"
+    x = torch.randn(2, 3, 32)
+    torch.testing.assert_close(blk.norm1(x), x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * blk.norm1.weight)
+    torch.testing.assert_close(blk.mlp.act(x), x * torch.sigmoid(1.702 * x))
+    assert "quantizer.palette" in model.state_dict() and "lm_head.bias" not in model.state_dict()

@@ -1,0 +1,483 @@
+"""Image GPT (iGPT, Chen et al. 2020): a GPT-2 decoder over colour-cluster tokens, pixel by pixel.
+
+An image ``[B, Cin, H, W]`` (normalised to ``[-1, 1]``) becomes ``N = H·W`` tokens: each pixel is the
+index of its nearest palette colour (:func:`quantize`; 512 k-means clusters of RGB in the paper),
+in raster order. The model predicts each token from the ones before it (causal attention, the
+``causal`` mechanism). Blocks are GPT-2's pre-norm blocks with the original's weight-only RMS-style
+"LayerNorm" (``x / √(mean(x²) + ε) · g``, no centring, no bias) and quick-GELU (``x·σ(1.702x)``).
+
+Two ways in, one transformer:
+
+* generative: :meth:`ImageGPT.forward_logits` takes token ids ``[B, n]`` (id ``K`` = the start token
+  SOS, as in Hugging Face's ``ImageGPTForCausalImageModeling``) and returns next-token logits
+  ``[B, n, K]``; :meth:`ImageGPT.loss` is the next-pixel loss; :meth:`ImageGPT.generate` samples
+  images with a key/value cache (each new pixel costs ``O(N)`` attention).
+* the library's model contract (every registered model): ``forward(images) -> [B, num_classes]``.
+  ``forward_features`` quantises the images and feeds ``[SOS, t0 .. t(N-2)]`` (the original's input,
+  shifted right), giving ``[B, N, C]``; ``forward_head`` averages the tokens and applies a linear
+  classifier (Hugging Face's ``ImageGPTForImageClassification``: mean pool, ``score`` without bias).
+  ``forward_intermediates`` gives any block's output as a ``[B, C, H, W]`` map (stride 1) for linear
+  probes (the paper's best features come from the middle blocks).
+
+Palettes (``palette=``): ``"uniform"`` (an even ``L^Cin`` grid of ``[-1, 1]``, e.g. 8x8x8 = 512 RGB
+colours), ``"grey"`` (``K`` grey levels), or a file holding the clusters (``.npy`` such as the
+original's ``kmeans_centers.npy``, a Hugging Face ``preprocessor_config.json`` with ``"clusters"``,
+``.safetensors`` / ``.pt`` with one ``[K, Cin]`` tensor, or text with one colour per line). The
+palette is the buffer ``quantizer.palette`` of the state dict, so a saved model carries it.
+Hugging Face / OpenAI checkpoints do not contain the clusters: load them with ``palette=PATH``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from ..attention.causal import KVCache
+from ..layers import Block, drop_path_schedule, run_blocks, stage_feature_info
+from ._config import ConfigMixin, check_attn_layer, check_float, check_int, check_size, resolve_indices
+from .registry import register_family
+
+__all__ = ["ImageGPTConfig", "ImageGPT", "PaletteQuantizer", "QuickGELU", "RMSNorm", "quantize", "dequantize",
+           "load_palette", "make_palette"]
+
+
+# ---------------------------------------------------------------------------- palette and tokens
+def make_palette(spec: str, num_colors: int, in_chans: int) -> Tensor:
+    """The ``[K, Cin]`` palette named by ``spec`` (``"uniform"``, ``"grey"`` or a file path), values in ``[-1, 1]``."""
+    if spec == "grey":
+        return torch.linspace(-1.0, 1.0, num_colors).unsqueeze(1).expand(num_colors, in_chans).contiguous()
+    if spec == "uniform":
+        levels = round(num_colors ** (1.0 / in_chans))
+        if levels ** in_chans != num_colors:
+            raise ValueError(f"palette='uniform' needs vocab_size = L**in_chans for an integer L; got vocab_size="
+                             f"{num_colors}, in_chans={in_chans} (use palette='grey' or a clusters file)")
+        centres = -1.0 + (2.0 * torch.arange(levels) + 1.0) / levels  # [L], the centre of each bin
+        grids = torch.meshgrid(*([centres] * in_chans), indexing="ij")
+        return torch.stack([g.reshape(-1) for g in grids], dim=1)  # [L**Cin, Cin]
+    clusters = load_palette(spec)
+    if clusters.shape != (num_colors, in_chans):
+        raise ValueError(f"palette file {spec!r} holds {list(clusters.shape)} clusters; the config expects "
+                         f"[vocab_size, in_chans] = [{num_colors}, {in_chans}]")
+    return clusters
+
+
+def load_palette(path: str | Path) -> Tensor:
+    """Colour clusters ``[K, Cin]`` (float32, in ``[-1, 1]``) from a file.
+
+    ``.npy`` (OpenAI's ``kmeans_centers.npy``), ``.json`` (Hugging Face ``preprocessor_config.json``:
+    its ``"clusters"``, or a bare list of colours), ``.safetensors`` / ``.pt`` / ``.pth`` (one tensor),
+    anything else as text: one colour per line, numbers separated by spaces or commas.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"palette file {str(path)!r} does not exist (palette= takes 'uniform', 'grey' or "
+                                "the path of a clusters file: .npy, .json, .safetensors, .pt or text)")
+    suffix = p.suffix.lower()
+    if suffix == ".npy":
+        import numpy as np
+
+        data: Any = np.load(p, allow_pickle=False)
+    elif suffix == ".json":
+        data = json.loads(p.read_text())
+        data = data["clusters"] if isinstance(data, dict) else data
+    elif suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        tensors = list(load_file(str(p)).values())
+        if len(tensors) != 1:
+            raise ValueError(f"palette file {str(path)!r} must hold one tensor, found {len(tensors)}")
+        data = tensors[0]
+    elif suffix in (".pt", ".pth"):
+        data = torch.load(p, map_location="cpu", weights_only=True)
+    else:
+        data = [[float(v) for v in line.replace(",", " ").split()] for line in p.read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#")]
+    clusters = torch.as_tensor(data, dtype=torch.float32)
+    if clusters.dim() != 2 or clusters.shape[0] < 2:
+        raise ValueError(f"palette file {str(path)!r} must hold clusters [K, Cin] with K >= 2, got "
+                         f"{list(clusters.shape)}")
+    return clusters
+
+
+def quantize(images: Tensor, palette: Tensor) -> Tensor:
+    """Images ``[B, Cin, H, W]`` in ``[-1, 1]`` -> tokens ``[B, H·W]`` (raster order): the nearest palette colour.
+
+    Squared Euclidean distance ``|x|² - 2 x·c + |c|²``, argmin over the ``K`` colours of ``palette
+    [K, Cin]`` (Hugging Face ``ImageGPTImageProcessor``'s ``color_quantize``).
+    """
+    if images.dim() != 4 or images.shape[1] != palette.shape[1]:
+        raise ValueError(f"quantize expects images [B, {palette.shape[1]}, H, W] (the palette's channels), "
+                         f"got {tuple(images.shape)}")
+    x = images.flatten(2).transpose(1, 2)  # [B, N, Cin]
+    c = palette.to(x.dtype)
+    d = (c * c).sum(-1) - 2.0 * (x @ c.T)  # [B, N, K]; |x|² is the same for every colour
+    return d.argmin(dim=-1)  # [B, N]
+
+
+def dequantize(tokens: Tensor, palette: Tensor, size: tuple[int, int]) -> Tensor:
+    """Tokens ``[B, H·W]`` -> images ``[B, Cin, H, W]`` (each token's palette colour, in ``[-1, 1]``)."""
+    H, W = size
+    if tokens.dim() != 2 or tokens.shape[1] != H * W:
+        raise ValueError(f"dequantize expects tokens [B, {H * W}] for size {tuple(size)}, got {tuple(tokens.shape)}")
+    return palette[tokens].transpose(1, 2).reshape(tokens.shape[0], palette.shape[1], H, W)  # [B, Cin, H, W]
+
+
+class PaletteQuantizer(nn.Module):
+    """Holds the palette ``[K, Cin]`` (buffer ``palette``); ``forward(images [B, Cin, H, W]) -> tokens [B, H·W]``."""
+
+    def __init__(self, palette: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("palette", palette)
+
+    def forward(self, images: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> tokens ``[B, H·W]`` (see :func:`quantize`)."""
+        return quantize(images, self.palette)
+
+    def flops(self, input_shape: Sequence[int]) -> int:
+        """``B·H·W·K·Cin`` multiply-adds (the pixel-colour products of the distances)."""
+        B, C, H, W = input_shape
+        return B * H * W * self.palette.shape[0] * C
+
+
+class RMSNorm(nn.Module):
+    """iGPT's "LayerNorm": ``x / √(mean(x²) + ε) · g`` over the last dim (no centring, no bias), any ``[..., C]``.
+
+    Written out (not ``nn.RMSNorm``): the same math, and it exports to ONNX at every opset.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class QuickGELU(nn.Module):
+    """``x · σ(1.702 x)`` (GPT-2 / iGPT / CLIP), any shape."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+# ---------------------------------------------------------------------------- config and model
+@dataclass
+class ImageGPTConfig(ConfigMixin):
+    """Everything an :class:`ImageGPT` is built from (JSON-serialisable)."""
+
+    img_size: int | tuple[int, int] = 32
+    in_chans: int = 3
+    num_classes: int = 1000
+    vocab_size: int = 512  # palette colours K; the start token SOS is id K (the embedding has K + 1 rows)
+    palette: str = "uniform"  # "uniform", "grey", or a clusters file (module docstring)
+    embed_dim: int = 512
+    depth: int = 24
+    num_heads: int = 8
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    norm_eps: float = 1e-5
+    attn_layer: str = "causal"
+    attn_kwargs: dict[str, Any] = field(default_factory=dict)
+    drop_rate: float = 0.0  # before the classifier
+    pos_drop_rate: float = 0.0  # on the embeddings (GPT-2's embd_pdrop)
+    attn_drop_rate: float = 0.0
+    proj_drop_rate: float = 0.0  # GPT-2's resid_pdrop
+    drop_path_rate: float = 0.0
+
+    def validate(self) -> None:
+        """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
+        check_size(self.img_size, "img_size")
+        check_int(self.in_chans, "in_chans")
+        check_int(self.num_classes, "num_classes", min_value=0)
+        check_int(self.vocab_size, "vocab_size", min_value=2)
+        if not isinstance(self.palette, str) or not self.palette:
+            raise TypeError(f"palette must be 'uniform', 'grey' or the path of a clusters file, got {self.palette!r}")
+        dim = check_int(self.embed_dim, "embed_dim")
+        check_int(self.depth, "depth", min_value=0)
+        heads = check_int(self.num_heads, "num_heads")
+        if dim % heads:
+            raise ValueError(f"embed_dim={dim} must be divisible by num_heads={heads} "
+                             "(head dim = embed_dim / num_heads)")
+        check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
+        check_float(self.norm_eps, "norm_eps")
+        check_attn_layer(self.attn_layer, self.attn_kwargs, layout="tokens")
+        for rate in ("drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"):
+            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
+
+
+class ImageGPT(nn.Module):
+    """Image GPT, ``[B, Cin, H, W] -> [B, num_classes]``; ``forward_logits(tokens [B, n]) -> [B, n, K]``.
+
+    Keys: ``quantizer.palette``, ``tok_embed`` (``[K + 1, C]``, row ``K`` = SOS), ``pos_embed``
+    (``[1, N, C]``), ``blocks.i.{norm1, attn.qkv, attn.proj, norm2, mlp.fc1, mlp.fc2}``, ``norm``,
+    ``lm_head`` (``[K, C]``, no bias, untied), ``head`` (classifier, no bias).
+    """
+
+    family = "igpt"
+
+    def __init__(self, cfg: ImageGPTConfig | None = None, **overrides: Any) -> None:
+        super().__init__()
+        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else ImageGPTConfig(**overrides)
+        cfg.validate()
+        self.cfg = cfg
+        C, K = cfg.embed_dim, cfg.vocab_size
+        self.grid_size = check_size(cfg.img_size, "img_size")
+        self.num_tokens = self.grid_size[0] * self.grid_size[1]
+        self.num_classes = cfg.num_classes
+        self.embed_dim = self.num_features = C
+        self.sos_token = K
+        self.num_prefix_tokens = 0
+        self.grad_checkpointing = False
+        norm_layer = partial(RMSNorm, eps=cfg.norm_eps)  # weight-only, no centring: ImageGPTLayerNorm
+
+        self.quantizer = PaletteQuantizer(make_palette(cfg.palette, K, cfg.in_chans))
+        self.tok_embed = nn.Embedding(K + 1, C)
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_tokens, C))
+        self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
+        dpr = drop_path_schedule(cfg.drop_path_rate, (cfg.depth,))[0]
+        self.blocks = nn.Sequential(*[
+            Block(C, cfg.num_heads, style="pre", mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
+                  drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dpr[i], norm_layer=norm_layer,
+                  act_layer=QuickGELU, attn_layer=cfg.attn_layer, attn_kwargs=cfg.attn_kwargs)
+            for i in range(cfg.depth)
+        ])
+        self.feature_info = stage_feature_info((C,) * cfg.depth, (1,) * cfg.depth, "blocks")  # a token per pixel
+        self.norm = norm_layer(C)
+        self.lm_head = nn.Linear(C, K, bias=False)
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head: nn.Module = nn.Linear(C, cfg.num_classes, bias=False) if cfg.num_classes > 0 else nn.Identity()
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """GPT-2's: N(0, 0.02) for weights and embeddings, residual projections scaled by 1/√(2·depth)."""
+        nn.init.normal_(self.tok_embed.weight, std=0.02)
+        nn.init.normal_(self.pos_embed, std=0.02)
+        for name, m in self.named_modules():
+            if isinstance(m, nn.Linear):
+                std = 0.02 / math.sqrt(2 * max(len(self.blocks), 1)) if name.endswith(("attn.proj", "mlp.fc2")) \
+                    else 0.02
+                nn.init.normal_(m.weight, std=std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    # ------------------------------------------------------------------ API of every model
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head); pooling is always the mean."""
+        num_classes = check_int(num_classes, "num_classes", min_value=0)
+        if global_pool not in (None, "avg"):
+            raise ValueError(f"ImageGPT pools by the mean over tokens: global_pool must be 'avg' or None, "
+                             f"got {global_pool!r}")
+        self.num_classes = self.cfg.num_classes = num_classes
+        device = self.pos_embed.device
+        self.head = nn.Linear(self.num_features, num_classes, bias=False, device=device) if num_classes > 0 \
+            else nn.Identity()
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute block activations in backward to save memory (training only)."""
+        self.grad_checkpointing = enable
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that should not get weight decay."""
+        return {"pos_embed", "tok_embed.weight"}
+
+    @property
+    def palette(self) -> Tensor:
+        """The colour clusters ``[K, Cin]``."""
+        return self.quantizer.palette
+
+    def set_palette(self, palette: Tensor | str | Path) -> None:
+        """Replace the clusters with ``palette`` (a ``[K, Cin]`` tensor or a file, see :func:`load_palette`)."""
+        clusters = load_palette(palette) if isinstance(palette, (str, Path)) else torch.as_tensor(palette)
+        if tuple(clusters.shape) != tuple(self.palette.shape):
+            raise ValueError(f"palette must be [vocab_size, in_chans] = {list(self.palette.shape)}, "
+                             f"got {list(clusters.shape)}")
+        self.quantizer.palette.copy_(clusters)
+
+    def quantize(self, images: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` in ``[-1, 1]`` -> tokens ``[B, H·W]``."""
+        return self.quantizer(images)
+
+    def dequantize(self, tokens: Tensor) -> Tensor:
+        """Tokens ``[B, H·W]`` -> images ``[B, Cin, H, W]`` in ``[-1, 1]``."""
+        return dequantize(tokens, self.palette, self.grid_size)
+
+    def shift_right(self, tokens: Tensor) -> Tensor:
+        """Model input for targets ``tokens [B, N]``: ``[SOS, t0 .. t(N-2)]`` ``[B, N]``."""
+        sos = torch.full_like(tokens[:, :1], self.sos_token)
+        return torch.cat([sos, tokens[:, :-1]], dim=1)
+
+    def _input_ids(self, x: Tensor) -> Tensor:
+        """Images -> shifted tokens; integer ids ``[B, n]`` pass as they are."""
+        if x.dim() == 2 and not x.is_floating_point():
+            return x
+        if x.dim() != 4 or tuple(x.shape[-2:]) != self.grid_size:
+            raise ValueError(f"expected images [B, {self.cfg.in_chans}, {self.grid_size[0]}, {self.grid_size[1]}] "
+                             f"or token ids [B, n] (integers), got {x.dtype} {tuple(x.shape)}")
+        return self.shift_right(self.quantize(x))
+
+    def _embed(self, ids: Tensor, start: int = 0) -> Tensor:
+        """Token ids ``[B, n]`` at positions ``start .. start + n - 1`` -> embeddings ``[B, n, C]``."""
+        n = ids.shape[1]
+        if start + n > self.num_tokens:
+            raise ValueError(f"{start + n} positions exceed the model's {self.num_tokens} "
+                             f"(img_size {self.grid_size})")
+        return self.pos_drop(self.tok_embed(ids) + self.pos_embed[:, start:start + n])  # [B, n, C]
+
+    def forward_tokens(self, ids: Tensor, *, cache: KVCache | None = None) -> Tensor:
+        """Token ids ``[B, n]`` -> final-norm hidden states ``[B, n, C]`` (Hugging Face ``ImageGPTModel``).
+
+        With a :class:`~vit_attention.attention.causal.KVCache` the ids are the next ``n`` tokens after
+        the ``len(cache)`` already seen; each block's attention appends to the cache.
+        """
+        if cache is None:
+            x = self._embed(ids)
+            x = run_blocks(self.blocks, x, self.grid_size if ids.shape[1] == self.num_tokens else None, 0,
+                           checkpoint=self.grad_checkpointing and self.training)
+            return self.norm(x)
+        x = self._embed(ids, len(cache))
+        for i, blk in enumerate(self.blocks):  # pre-norm GPT-2 block, its attention fed the cache
+            x = x + blk.drop_path1(blk.attn(blk.norm1(x), cache=cache, layer=i))
+            x = x + blk.drop_path2(blk.mlp(blk.norm2(x)))
+        return self.norm(x)
+
+    def forward_logits(self, ids: Tensor, *, cache: KVCache | None = None) -> Tensor:
+        """Token ids ``[B, n]`` -> next-token logits ``[B, n, K]`` (``ImageGPTForCausalImageModeling``)."""
+        return self.lm_head(self.forward_tokens(ids, cache=cache))
+
+    def loss(self, x: Tensor, *, reduction: Literal["mean", "none"] = "mean") -> Tensor:
+        """Next-pixel negative log-likelihood (nats per pixel) of images ``[B, Cin, H, W]`` or targets ``[B, N]``.
+
+        Divide by ``ln 2`` for bits per pixel. ``reduction="none"``: per image ``[B]``.
+        """
+        targets = x if (x.dim() == 2 and not x.is_floating_point()) else self.quantize(x)  # [B, N]
+        logits = self.forward_logits(self.shift_right(targets))  # [B, N, K]
+        nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [B, N]
+        return nll.mean() if reduction == "mean" else nll.mean(dim=1)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` (or token ids ``[B, n]``) -> hidden states ``[B, N, C]``."""
+        return self.forward_tokens(self._input_ids(x))
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Hidden states ``[B, N, C]`` -> logits ``[B, num_classes]`` (token mean; features with ``pre_logits``)."""
+        x = self.head_drop(x.mean(dim=1))  # [B, C]
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> class logits ``[B, num_classes]``."""
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+        self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
+        output_fmt: Literal["NCHW", "NLC"] = "NCHW", intermediates_only: bool = False,
+    ) -> Any:
+        """Final hidden states plus the outputs of chosen blocks (linear probes).
+
+        ``indices``: an int ``n`` = the last ``n`` blocks, or block indices (negative allowed);
+        default all. Intermediates are ``[B, C, H, W]`` (``NCHW``, one cell per pixel) or ``[B, N, C]``
+        (``NLC``); ``norm`` applies the final norm to them. Returns ``(final [B, N, C], [maps])`` or the list.
+        """
+        take = set(resolve_indices(indices, len(self.blocks), "block"))
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        ids = self._input_ids(x)
+        if ids.shape[1] != self.num_tokens:
+            raise ValueError(f"forward_intermediates needs all {self.num_tokens} tokens, got {ids.shape[1]}")
+        h = self._embed(ids)
+        H, W = self.grid_size
+        outs: list[Tensor] = []
+        for i, blk in enumerate(self.blocks):
+            h = run_blocks((blk,), h, self.grid_size, 0, checkpoint=self.grad_checkpointing and self.training)
+            if i in take:
+                t = self.norm(h) if norm else h
+                outs.append(rearrange(t, "b (h w) c -> b c h w", h=H, w=W) if output_fmt == "NCHW" else t)
+        return outs if intermediates_only else (self.norm(h), outs)
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(self, num_images: int, *, temperature: float = 1.0, top_k: int | None = None,
+                 seed: int | None = None, use_cache: bool = True, prompt: Tensor | None = None) -> Tensor:
+        """Sample ``num_images`` images pixel by pixel: tokens ``[num_images, N]`` (see :meth:`dequantize`).
+
+        Args:
+            num_images: how many images.
+            temperature: divides the logits (> 0; lower = more conservative).
+            top_k: sample among the ``top_k`` most likely colours only (None = all).
+            seed: seeds a private generator (same seed, same images); None = torch's global one.
+            use_cache: keep a key/value cache (each new pixel attends to the cached keys: ``O(N)``);
+                without it each step reruns the whole prefix (``O(N²)``). Both give the same tokens.
+            prompt: optional first tokens ``[num_images, P]`` (image completion); generation continues after them.
+        """
+        n = check_int(num_images, "num_images")
+        check_float(temperature, "temperature", low=0.0, low_open=True)
+        K, N = self.cfg.vocab_size, self.num_tokens
+        if top_k is not None:
+            top_k = min(check_int(top_k, "top_k"), K)
+        device = self.pos_embed.device
+        gen = torch.Generator(device=device).manual_seed(int(seed)) if seed is not None else None
+        start = torch.full((n, 1), self.sos_token, dtype=torch.long, device=device)
+        if prompt is not None:
+            if prompt.dim() != 2 or prompt.shape[0] != n or prompt.shape[1] >= N:
+                raise ValueError(f"prompt must be tokens [num_images={n}, P] with P < {N}, got {tuple(prompt.shape)}")
+            start = torch.cat([start, prompt.to(device=device, dtype=torch.long)], dim=1)
+        was_training = self.training
+        self.eval()
+        try:
+            seq = start  # [n, 1 + P]: SOS and the prompt
+            cache = KVCache(len(self.blocks), capacity=N) if use_cache else None
+            step_in = seq
+            while seq.shape[1] <= N:  # N tokens after SOS; the last needs no forward of its own
+                logits = self.forward_logits(step_in, cache=cache)[:, -1] if use_cache \
+                    else self.forward_logits(seq)[:, -1]  # [n, K]
+                nxt = _sample(logits.float(), temperature, top_k, gen)  # [n, 1]
+                seq = torch.cat([seq, nxt], dim=1)
+                step_in = nxt
+        finally:
+            self.train(was_training)
+        return seq[:, 1:]  # [n, N]
+
+
+def _sample(logits: Tensor, temperature: float, top_k: int | None, gen: torch.Generator | None) -> Tensor:
+    """One token per row of ``logits [B, K]``: ``[B, 1]``."""
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # [B, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(dim=-1)  # the sampling distribution (not attention)
+    return torch.multinomial(probs, 1, generator=gen)  # [B, 1]
+
+
+# ---------------------------------------------------------------------------- presets (data)
+# Hugging Face openai/imagegpt-{small,medium,large} configs: n_embd / n_layer / n_head, 32x32, 512 clusters.
+_PRESETS: dict[str, dict[str, Any]] = {
+    "igpt_small": dict(embed_dim=512, depth=24, num_heads=8),
+    "igpt_medium": dict(embed_dim=1024, depth=36, num_heads=8),
+    "igpt_large": dict(embed_dim=1536, depth=48, num_heads=16),
+}
+# Params: the HF configs counted (transformer + untied 512-way LM head; the classifier excluded).
+# GMACs at N = 1024: 12·N·d² + 2·N²·d per block plus the LM head (FAMILIES.md §Sizes, analytic);
+# forward() runs the classifier instead of the LM head (0.27 / 0.54 / 0.81 GMACs fewer, inside the 2 %).
+_META: dict[str, dict[str, Any]] = {
+    name: {"published_params_m": params, "published_params_exclude": ("head.",), "published_gmacs": gmacs,
+           "published_gmacs_source": "HF ImageGPT config, analytic 12·N·d² + 2·N²·d per block + LM head, N = 1024 "
+                                     "(paper: 76M / 455M / 1.4B)"}
+    for name, params, gmacs in (("igpt_small", 76.68, 103.3), ("igpt_medium", 455.49, 541.7),
+                                ("igpt_large", 1362.91, 1547.0))
+}
+
+register_family("igpt", ImageGPT, ImageGPTConfig, _PRESETS, meta=_META)
