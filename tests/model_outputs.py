@@ -64,6 +64,11 @@ def _reduce_digits(cfg: Any) -> dict[str, Any]:
     return _reduce_vit(cfg) if hasattr(cfg, "depth") else _reduce_swin(cfg)
 
 
+def _reduce_igpt(cfg: Any) -> dict[str, Any]:
+    """iGPT: 2 causal blocks on a 4x4 image (16 pixel tokens); the palette and vocabulary stay the preset's."""
+    return dict(embed_dim=WIDTH, num_heads=2, depth=2, img_size=4)
+
+
 # family -> (preset config -> overrides that shrink it while keeping its code paths). Keys a config
 # does not have are dropped, so one reducer may serve configs of several classes.
 REDUCERS: dict[str, Callable[[Any], dict[str, Any]]] = {
@@ -71,6 +76,7 @@ REDUCERS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "swin": _reduce_swin,
     "swinv2": _reduce_swin,
     "digits": _reduce_digits,
+    "igpt": _reduce_igpt,
 }
 
 
