@@ -1,0 +1,107 @@
+"""CvT checkpoints: live parity with Hugging Face ``CvtForImageClassification`` / ``CvtModel``, and the
+original microsoft/CvT layout through ``load_weights``.
+
+HF's ``CvtStage`` indexes its drop-path list by the stage number, so a config needs
+``depth[i] >= i + 1`` (FAMILIES.md §0): the reduced configs use depths ``(1, 2, 3)``. Every BatchNorm
+runs in eval mode with perturbed running statistics (HF initialises them to 0 / 1).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from fixture_utils import assert_parity
+from transformers import CvtConfig as HFCvtConfig
+from transformers import CvtForImageClassification, CvtModel
+
+from vit_attention.models.cvt import Cvt, CvtConfig
+from vit_attention.weights import load_weights
+from vit_attention.weights.hub import hf_config_overrides
+
+_HF_SMALL = dict(embed_dim=[16, 32, 48], num_heads=[1, 2, 3], depth=[1, 2, 3], drop_path_rate=[0.0, 0.0, 0.0])
+_OURS_SMALL = dict(embed_dims=(16, 32, 48), num_heads=(1, 2, 3), depths=(1, 2, 3), drop_path_rate=0.0)
+
+
+def _perturb(model: torch.nn.Module) -> torch.nn.Module:
+    """Random weights and BatchNorm running statistics away from HF's 0 / 1 initialisation; eval mode."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.copy_(0.1 * torch.randn_like(m.running_mean))
+                m.running_var.copy_(0.5 + torch.rand_like(m.running_var))
+    return model.eval()
+
+
+def _ours(**kw) -> Cvt:
+    return Cvt(CvtConfig(**{**_OURS_SMALL, "act_layer": "gelu", "img_size": 64, **kw})).eval()
+
+
+@pytest.mark.parametrize("size", [64, 72])  # 72: odd grids on the way (18 -> 9 -> 5) and odd key grids
+def test_hf_classification_parity(size: int) -> None:
+    ref = _perturb(CvtForImageClassification(HFCvtConfig(**_HF_SMALL, num_labels=10)))
+    model = _ours(num_classes=10)
+    report = load_weights(model, ref.state_dict())
+    assert report.layout == "huggingface" and report.ok, str(report)
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        assert_parity(model(x), ref(pixel_values=x).logits)
+
+
+def test_hf_model_features_and_cls_token() -> None:
+    ref = _perturb(CvtModel(HFCvtConfig(**_HF_SMALL), add_pooling_layer=False))
+    model = _ours(num_classes=0)
+    report = load_weights(model, ref.state_dict(), strict=False)
+    assert report.layout == "huggingface"
+    assert not report.unexpected, str(report)
+    assert {k.split(".")[0] for k in report.missing} <= {"norm"}  # CvtModel has no final norm
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        out = ref(pixel_values=x)
+        final, maps = model.forward_intermediates(x)
+        tokens = model._run(x)[0]  # [B, 1 + H·W, C] before the final norm
+    assert_parity(maps[-1], out.last_hidden_state)  # [B, C, H, W], class token dropped
+    assert_parity(tokens[:, :1], out.cls_token_value)
+
+
+def test_hf_config_reader_builds_the_same_model() -> None:
+    hf_cfg = HFCvtConfig(**_HF_SMALL, num_labels=7, architectures=["CvtForImageClassification"])
+    over = hf_config_overrides(hf_cfg.to_dict(), CvtConfig)
+    assert over["act_layer"] == "gelu" and over["depths"] == (1, 2, 3) and over["num_classes"] == 7
+    assert over["embed_dims"] == (16, 32, 48) and over["cls_token"] is True
+    ref = _perturb(CvtForImageClassification(hf_cfg))
+    model = Cvt(CvtConfig(**over, img_size=64, drop_path_rate=0.0)).eval()
+    assert load_weights(model, ref.state_dict()).ok
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert_parity(model(x), ref(pixel_values=x).logits)
+
+
+def _original_state(model: Cvt) -> dict[str, torch.Tensor]:
+    """Our state dict in the original microsoft/CvT key layout (``stage{i}.`` prefixes)."""
+    return {re.sub(r"^stages\.(\d+)\.", r"stage\1.", k): v.clone() for k, v in model.state_dict().items()}
+
+
+def test_original_layout_round_trip() -> None:
+    src = _perturb(_ours(num_classes=10, act_layer="quick_gelu"))
+    state = _original_state(src)
+    assert "stage2.cls_token" in state and "stage0.blocks.0.attn.conv_proj_q.bn.running_var" in state
+    dst = _ours(num_classes=10, act_layer="quick_gelu")
+    report = load_weights(dst, state)
+    assert report.layout == "original" and report.ok, str(report)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(dst(x), src(x), rtol=0, atol=0)
+
+
+def test_original_checkpoint_with_other_classes_keeps_the_backbone() -> None:
+    src = _perturb(_ours(num_classes=10))
+    dst = _ours(num_classes=5)
+    with pytest.warns(UserWarning, match="classes"):
+        report = load_weights(dst, _original_state(src))
+    assert "head" in report.dropped
+    torch.testing.assert_close(dst.stages[2].cls_token, src.stages[2].cls_token)

@@ -1,0 +1,34 @@
+"""Activations the references use beyond ``torch.nn``: QuickGELU (CLIP, the original CvT)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["QuickGELU", "get_act_layer", "ACT_LAYERS"]
+
+
+class QuickGELU(nn.Module):
+    """``x · sigmoid(1.702 · x)``, a fast approximation of GELU, ``[*] -> [*]`` (no parameters)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+ACT_LAYERS: dict[str, Callable[[], nn.Module]] = {
+    "gelu": nn.GELU,
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "quick_gelu": QuickGELU,
+    "relu": nn.ReLU,
+    "silu": nn.SiLU,
+}
+
+
+def get_act_layer(name: str) -> Callable[[], nn.Module]:
+    """The activation constructor registered under ``name`` (``ACT_LAYERS``); unknown names raise listing them."""
+    try:
+        return ACT_LAYERS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"act_layer must be one of {', '.join(map(repr, ACT_LAYERS))}; got {name!r}") from None

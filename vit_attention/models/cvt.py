@@ -1,0 +1,328 @@
+"""CvT (Wu et al., 2021): convolutional token embeddings + convolutional projection attention.
+
+Config dataclass -> :class:`Cvt` -> presets registered as data. Three stages; each starts with a
+convolutional token embedding (``Conv2d`` with overlap + LayerNorm: kernels 7/3/3, strides
+4/2/2) and runs pre-norm :class:`~vit_attention.layers.Block` s around the ``conv_proj``
+mechanism (depthwise conv + BatchNorm per q / k / v, strided keys; any registered token mechanism
+can replace it through ``attn_layer``). There is no position embedding. A class token joins the
+last stage only (after its embedding); the final LayerNorm and the classifier read it (or, with
+``cls_token=False``, the mean of the normalised tokens).
+
+State-dict keys follow the original microsoft/CvT layout with ``stage{i}`` -> ``stages.{i}``:
+``stages.{i}.patch_embed.{proj,norm}``, ``stages.{i}.cls_token``, ``stages.{i}.blocks.{j}.{norm1,
+attn.conv_proj_{q,k,v}.{conv,bn}, attn.proj_{q,k,v}, attn.proj, norm2, mlp.fc1, mlp.fc2}``, ``norm``,
+``head``. Hugging Face's ``CvtForImageClassification`` and the original checkpoints are converted by
+``vit_attention.weights.cvt``.
+
+Activation: the original trains with QuickGELU (``act_layer="quick_gelu"``, the default here, so
+the original checkpoints reproduce); Hugging Face's port uses exact GELU (``act_layer="gelu"``).
+
+Layout: a stage takes a channels-last map ``[B, H, W, C_in]`` and gives tokens
+``[B, P + H'·W', C]`` with its grid; ``forward_features`` gives the last stage's normalised tokens
+(class token first), ``forward_intermediates`` each stage's map.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Literal
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from ..functional.chunking import batch_chunk_size, run_in_batch_chunks
+from ..layers import Block, HierarchicalMixin, accepted_kwargs, resolve_indices, run_blocks, stage_feature_info
+from ..layers.activation import ACT_LAYERS, get_act_layer
+from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
+from .registry import register_family
+
+__all__ = ["CvtConfig", "Cvt", "ConvEmbed", "CvtStage"]
+
+
+@dataclass
+class CvtConfig(ConfigMixin):
+    """Everything a :class:`Cvt` is built from (JSON-serialisable).
+
+    Per-stage tuples (one entry per stage): ``embed_dims``, ``depths``, ``num_heads`` and the
+    token embedding's ``patch_sizes`` / ``patch_strides`` / ``patch_paddings``. ``kernel_size``,
+    ``stride_kv`` and ``proj_method`` configure ``conv_proj`` (given where ``attn_layer`` takes them).
+    ``drop_path_rate``: the last stage's rate, rising linearly over its blocks (the original's
+    per-stage rule; its configs use 0 for the first two stages).
+    """
+
+    img_size: int | tuple[int, int] = 224
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dims: tuple[int, ...] = (64, 192, 384)
+    depths: tuple[int, ...] = (1, 2, 10)
+    num_heads: tuple[int, ...] = (1, 3, 6)
+    patch_sizes: tuple[int, ...] = (7, 3, 3)
+    patch_strides: tuple[int, ...] = (4, 2, 2)
+    patch_paddings: tuple[int, ...] = (2, 1, 1)
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    kernel_size: int = 3
+    stride_kv: int = 2
+    proj_method: Literal["dw_bn", "avg", "linear"] = "dw_bn"
+    cls_token: bool = True  # a class token in the last stage (False: the head averages the tokens)
+    act_layer: str = "quick_gelu"  # the original's; Hugging Face's port uses "gelu"
+    norm_eps: float = 1e-5
+    bn_eps: float = 1e-5
+    drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.1
+    attn_layer: str = "conv_proj"  # any registered token mechanism
+    attn_kwargs: dict[str, Any] = field(default_factory=dict)  # given to every block's mechanism as they are
+
+    def validate(self) -> None:
+        """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
+        check_size(self.img_size, "img_size")
+        check_int(self.in_chans, "in_chans")
+        check_int(self.num_classes, "num_classes", min_value=0)
+        dims = check_int_seq(self.embed_dims, "embed_dims")
+        n = len(dims)
+        check_int_seq(self.depths, "depths", min_value=1, length=n)
+        heads = check_int_seq(self.num_heads, "num_heads", length=n)
+        for i, (d, h) in enumerate(zip(dims, heads)):
+            if d % h:
+                raise ValueError(f"embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h}")
+        check_int_seq(self.patch_sizes, "patch_sizes", length=n)
+        check_int_seq(self.patch_strides, "patch_strides", length=n)
+        check_int_seq(self.patch_paddings, "patch_paddings", min_value=0, length=n)
+        check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
+        check_int(self.kernel_size, "kernel_size")
+        check_int(self.stride_kv, "stride_kv")
+        check_choice(self.proj_method, "proj_method", ("dw_bn", "avg", "linear"))
+        check_choice(self.act_layer, "act_layer", tuple(ACT_LAYERS))
+        check_float(self.norm_eps, "norm_eps", low_open=True)
+        check_float(self.bn_eps, "bn_eps", low_open=True)
+        for rate in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
+            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
+        check_attn_layer(self.attn_layer, self.attn_kwargs, layout="tokens")
+
+
+class ConvEmbed(nn.Module):
+    """Convolutional token embedding: ``Conv2d(k, s, p)`` + LayerNorm, map ``[B, H, W, Cin] -> [B, H', W', C]``.
+
+    Keys ``proj`` (the conv, with bias) and ``norm``.
+    """
+
+    def __init__(self, in_chans: int, dim: int, patch_size: int, stride: int, padding: int, *,
+                 eps: float = 1e-5) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(in_chans, dim, patch_size, stride=stride, padding=padding)
+        self.norm = nn.LayerNorm(dim, eps=eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, H, W, Cin] -> [B, H', W', C]``, ``H' = ⌊(H + 2p - k) / s⌋ + 1``."""
+        x = self.proj(x.permute(0, 3, 1, 2))  # [B, C, H', W']
+        return self.norm(x.permute(0, 2, 3, 1))  # [B, H', W', C]
+
+
+class CvtStage(nn.Module):
+    """Token embedding, optional class token, blocks: map ``[B, H, W, Cin]`` -> tokens ``[B, P + H'·W', C]``.
+
+    Keys ``patch_embed.*``, ``cls_token`` (``[1, 1, C]``, only with a class token), ``blocks.{j}.*``.
+    """
+
+    def __init__(self, embed: ConvEmbed, blocks: Sequence[nn.Module], dim: int, *, cls_token: bool = False,
+                 drop: float = 0.0) -> None:
+        super().__init__()
+        self.patch_embed = embed
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if cls_token else None
+        self.pos_drop = nn.Dropout(drop)
+        self.blocks = nn.Sequential(*blocks)
+        self.grad_checkpointing = False
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """``P``: 1 with a class token, else 0."""
+        return 0 if self.cls_token is None else 1
+
+    def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """``[B, H, W, Cin]`` -> ``(tokens [B, P + H'·W', C], (H', W'))`` (class token first)."""
+        x = self.patch_embed(x)  # [B, H', W', C]
+        B, H, W, C = x.shape
+        x = x.reshape(B, H * W, C)  # [B, H'·W', C]
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)  # [B, 1 + H'·W', C]
+        x = self.pos_drop(x)
+        P = self.num_prefix_tokens
+
+        def run(t: Tensor) -> Tensor:
+            return run_blocks(self.blocks, t, (H, W), P, checkpoint=self.grad_checkpointing and self.training)
+
+        chunk = batch_chunk_size(x, self.blocks)  # inference on CPU: a few images at a time (cache-sized)
+        return (run_in_batch_chunks(run, x, chunk) if chunk < B else run(x)), (H, W)
+
+
+def _to_map(tokens: Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> Tensor:
+    """Tokens ``[B, P + H·W, C]`` -> the grid's map ``[B, H, W, C]`` (prefix tokens dropped)."""
+    B, _, C = tokens.shape
+    return tokens[:, num_prefix_tokens:].reshape(B, grid[0], grid[1], C)
+
+
+class Cvt(HierarchicalMixin, nn.Module):
+    """CvT backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
+
+    ``forward_features`` gives the last stage's normalised tokens ``[B, P + H'·W', C]`` (class
+    token first), ``forward_head`` classifies the class token (or the mean token),
+    ``forward_intermediates`` gives every stage's map (``NCHW`` by default). Stage ``i`` outputs
+    ``embed_dims[i]`` channels at stride ``prod(patch_strides[:i+1])``.
+    """
+
+    family = "cvt"
+
+    def __init__(self, cfg: CvtConfig | None = None, **overrides: Any) -> None:
+        super().__init__()
+        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else type(self).default_config(**overrides)
+        cfg.validate()  # again: fields may have been assigned after the config was built
+        self.cfg = cfg
+        n = len(cfg.depths)
+        self.num_classes = cfg.num_classes
+        self.num_features = self.embed_dim = cfg.embed_dims[-1]
+        self.num_prefix_tokens = 1 if cfg.cls_token else 0
+        norm_layer = partial(nn.LayerNorm, eps=cfg.norm_eps)
+        act_layer = get_act_layer(cfg.act_layer)
+        conv_kwargs = accepted_kwargs(cfg.attn_layer, dict(kernel_size=cfg.kernel_size, stride_kv=cfg.stride_kv,
+                                                           method=cfg.proj_method, bn_eps=cfg.bn_eps))
+        stages = []
+        in_chans = cfg.in_chans
+        for i in range(n):
+            dim, depth = cfg.embed_dims[i], cfg.depths[i]
+            rate = cfg.drop_path_rate if i == n - 1 else 0.0
+            dpr = [rate * j / max(depth - 1, 1) for j in range(depth)]  # linspace(0, rate, depth) per stage
+            blocks = [Block(dim, cfg.num_heads[i], style="pre", mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
+                            drop=cfg.drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dpr[j],
+                            norm_layer=norm_layer, act_layer=act_layer, attn_layer=cfg.attn_layer,
+                            attn_kwargs={**conv_kwargs, **cfg.attn_kwargs}) for j in range(depth)]
+            embed = ConvEmbed(in_chans, dim, cfg.patch_sizes[i], cfg.patch_strides[i], cfg.patch_paddings[i],
+                              eps=cfg.norm_eps)
+            stages.append(CvtStage(embed, blocks, dim, cls_token=cfg.cls_token and i == n - 1, drop=cfg.drop_rate))
+            in_chans = dim
+        self.stages = nn.ModuleList(stages)
+        reductions = [math.prod(cfg.patch_strides[: i + 1]) for i in range(n)]
+        self.feature_info = stage_feature_info(cfg.embed_dims, reductions, "stages")
+        self.norm = norm_layer(self.num_features)
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self._init_weights()
+
+    @classmethod
+    def default_config(cls, **overrides: Any) -> CvtConfig:
+        """The family's config class with ``overrides``."""
+        return CvtConfig(**overrides)
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        for stage in self.stages:
+            if stage.cls_token is not None:
+                nn.init.trunc_normal_(stage.cls_token, std=0.02)
+
+    # ------------------------------------------------------------------ API
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head); ``global_pool`` is unused."""
+        num_classes = check_int(num_classes, "num_classes", min_value=0)
+        self.num_classes = self.cfg.num_classes = num_classes
+        device = self.norm.weight.device
+        self.head = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that should not get weight decay (the class token)."""
+        return {n for n, _ in self.named_parameters() if n.endswith("cls_token")}
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute block activations in backward to save memory (training only)."""
+        for stage in self.stages:
+            stage.grad_checkpointing = enable
+
+    def _embed(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> the channels-last view ``[B, H, W, Cin]`` (the first stage embeds)."""
+        if x.dim() != 4 or x.shape[1] != self.cfg.in_chans:
+            raise ValueError(f"expected images [B, {self.cfg.in_chans}, H, W], got {tuple(x.shape)}")
+        return x.permute(0, 2, 3, 1)
+
+    def _run(self, x: Tensor, take: set[int] = frozenset()) -> tuple[Tensor, list[tuple[Tensor, tuple[int, int]]]]:
+        """Images -> last stage's tokens ``[B, P + H'·W', C]`` and the chosen stages' ``(tokens, grid)``."""
+        x = self._embed(x)
+        saved = []
+        for i, stage in enumerate(self.stages):
+            tokens, grid = stage(x)  # [B, P_i + H_i·W_i, C_i]
+            if i in take:
+                saved.append((tokens, grid))
+            if i + 1 < len(self.stages):
+                x = _to_map(tokens, grid, stage.num_prefix_tokens)  # [B, H_i, W_i, C_i]
+        return tokens, saved
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> normalised last-stage tokens ``[B, P + H'·W', C]`` (class token first)."""
+        return self.norm(self._run(x)[0])
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Tokens ``[B, P + N, C]`` -> logits ``[B, num_classes]`` (or the pooled ``[B, C]`` with ``pre_logits``)."""
+        x = x[:, 0] if self.num_prefix_tokens else x.mean(dim=1)  # [B, C]
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
+                              output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
+                              ) -> Any:
+        """Final normalised tokens plus each chosen stage's output map.
+
+        ``indices``: an int ``n`` = the last ``n`` stages, or stage indices (negative allowed);
+        default all. Stage ``i`` gives ``[B, C_i, H_i, W_i]`` (``NCHW``) or ``[B, H_i, W_i, C_i]``
+        (``NHWC``), class token dropped; ``norm`` applies the final norm to the last stage's map.
+        Returns ``(final [B, P + H'·W', C], [maps])`` or only the list.
+        """
+        n = len(self.stages)
+        take = resolve_indices(indices, n, "stage")
+        if output_fmt not in ("NCHW", "NHWC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        tokens, saved = self._run(x, set(take))
+        outs: list[Tensor] = []
+        for i, (t, grid) in zip(take, saved):
+            t = self.norm(t) if norm and i == n - 1 else t
+            y = _to_map(t, grid, self.stages[i].num_prefix_tokens)  # [B, H_i, W_i, C_i]
+            outs.append(rearrange(y, "b h w c -> b c h w") if output_fmt == "NCHW" else y)
+        if intermediates_only:
+            return outs
+        return self.norm(tokens), outs
+
+
+# ---------------------------------------------------------------------------- presets (data)
+_SIZES: dict[str, dict[str, Any]] = {
+    "13": dict(embed_dims=(64, 192, 384), depths=(1, 2, 10), num_heads=(1, 3, 6)),
+    "21": dict(embed_dims=(64, 192, 384), depths=(1, 4, 16), num_heads=(1, 3, 6)),
+    "w24": dict(embed_dims=(192, 768, 1024), depths=(2, 2, 20), num_heads=(3, 12, 16), drop_path_rate=0.3),
+}
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "cvt_13_224": dict(_SIZES["13"], img_size=224),
+    "cvt_21_224": dict(_SIZES["21"], img_size=224),
+    "cvt_13_384": dict(_SIZES["13"], img_size=384),
+    "cvt_21_384": dict(_SIZES["21"], img_size=384),
+    "cvt_w24_384": dict(_SIZES["w24"], img_size=384),
+}
+
+# Params: the README's 20 / 32 / 277M; to two decimals the Hugging Face port's counts (FAMILIES.md "Sizes").
+_README = "microsoft/CvT README (ImageNet results table)"
+_META: dict[str, dict[str, Any]] = {
+    # README 4.5; its own counter skips the norms. 4.57 = FlopCounterMode on HF's CvT-13 (FAMILIES.md "Sizes")
+    "cvt_13_224": dict(published_params_m=20.0, published_gmacs=4.57,
+                       published_gmacs_source="HF CvtForImageClassification measured (FlopCounterMode); README 4.5"),
+    "cvt_21_224": dict(published_params_m=31.6, published_gmacs=7.1, published_gmacs_source=_README),
+    "cvt_13_384": dict(published_params_m=20.0, published_gmacs=16.3, published_gmacs_source=_README),
+    "cvt_21_384": dict(published_params_m=31.6, published_gmacs=24.9, published_gmacs_source=_README),
+    "cvt_w24_384": dict(published_params_m=277.2, published_gmacs=193.2, published_gmacs_source=_README),
+}
+
+register_family("cvt", Cvt, CvtConfig, _PRESETS, meta=_META)
