@@ -17,6 +17,7 @@ _COMMAND_MODULES = (
     "vit_attention.commands",
     "vit_attention.train.commands",
     "vit_attention.analysis.commands",
+    "vit_attention.analysis.generate",
     "vit_attention.bench.commands",
     "vit_attention.export.commands",
 )

@@ -144,3 +144,27 @@ def test_block_parts_are_ours_with_rms_norm_and_quick_gelu() -> None:
     torch.testing.assert_close(blk.norm1(x), x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * blk.norm1.weight)
     torch.testing.assert_close(blk.mlp.act(x), x * torch.sigmoid(1.702 * x))
     assert "quantizer.palette" in model.state_dict() and "lm_head.bias" not in model.state_dict()
+
+
+def test_generate_cli_writes_a_grid_and_benches(tmp_path, capsys) -> None:
+    from PIL import Image
+
+    import vit_attention as va
+    from vit_attention.cli import main
+
+    model = _small(in_chans=1, vocab_size=8, palette="grey", num_classes=0)
+    path = va.save_weights(model, tmp_path / "run" / "model.safetensors")
+    out = tmp_path / "grid.png"
+    assert main(["generate", str(path.parent), "--num", "5", "--seed", "3", "--output", str(out), "--bench"]) == 0
+    text = capsys.readouterr().out
+    assert "wrote" in text and "tokens/s with the key/value cache" in text
+    img = Image.open(out)
+    assert img.mode == "L" and img.size == (3 * (4 * 16 + 2) + 2, 2 * (4 * 16 + 2) + 2)  # 3 per row, 2 rows
+    expected = model.dequantize(model.generate(5, seed=3))  # the same seed draws the same images
+    cell = np.asarray(img)[2:2 + 64:16, 2:2 + 64:16] / 255.0 * 2 - 1  # first image, one pixel per cell
+    np.testing.assert_allclose(cell, expected[0, 0].numpy(), atol=1 / 255 * 2 + 1e-6)
+    va.save_weights(va.create_model("vit_digits_patch2_8", depth=1), tmp_path / "vit.safetensors")
+    assert main(["generate", str(tmp_path / "vit.safetensors"), "--output", str(out)]) == 2
+    assert "not a generative model" in capsys.readouterr().err
+    assert main(["generate", "igpt_small", "--num", "0"]) == 2
+    assert "--num" in capsys.readouterr().err
