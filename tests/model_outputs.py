@@ -100,13 +100,6 @@ def _reduce_pvt(cfg: Any) -> dict[str, Any]:
     return dict(embed_dims=(16,) + (WIDTH,) * (n - 1), depths=(2,) * n, num_heads=(2,) * n, img_size=64)
 
 
-def _reduce_cvt(cfg: Any) -> dict[str, Any]:
-    """CvT: three stages of 16/32/32 channels (1, 1, 2 blocks; class token in the last) on 64 px (224 presets:
-    grids 16, 8, 4) or 80 px (384 presets: grids 20, 10, 5, the last with an odd stride-2 key grid 3x3)."""
-    size = cfg.img_size if isinstance(cfg.img_size, int) else cfg.img_size[0]
-    return dict(embed_dims=(16, 32, 32), num_heads=(1, 2, 2), depths=(1, 1, 2), img_size=64 if size < 384 else 80)
-
-
 # family -> (preset config -> overrides that shrink it while keeping its code paths). Keys a config
 # does not have are dropped, so one reducer may serve configs of several classes.
 REDUCERS: dict[str, Callable[[Any], dict[str, Any]]] = {
@@ -114,7 +107,6 @@ REDUCERS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "swin": _reduce_swin,
     "swinv2": _reduce_swin,
     "digits": _reduce_digits,
-    "cvt": _reduce_cvt,
     "cvt": _reduce_cvt,
     "cait": _reduce_cait,
     "igpt": _reduce_igpt,
