@@ -84,7 +84,8 @@ class ShapeSpec(NamedTuple):
 class ViTDetConfig(ConfigMixin):
     """Everything a :class:`ViTDet` is built from (JSON-serialisable).
 
-    ``global_block_indices``: blocks that attend globally; every other block uses windows of
+    ``global_block_indices``: blocks that attend globally (indices past the last block are
+    ignored, so a preset keeps working at a smaller ``depth``); every other block uses windows of
     ``window_size`` (0 = every block global). ``pretrain_img_size`` / ``pretrain_use_cls_token``:
     the grid (and class row) of the stored absolute position embedding, resized to the map at run
     time. ``pyramid``: build the simple feature pyramid (``pyramid_channels``, ``scale_factors``
@@ -127,7 +128,7 @@ class ViTDetConfig(ConfigMixin):
         check_int(self.num_classes, "num_classes", min_value=0)
         check_choice(self.global_pool, "global_pool", ("avg", ""))
         dim = check_int(self.embed_dim, "embed_dim")
-        depth = check_int(self.depth, "depth", min_value=0)
+        check_int(self.depth, "depth", min_value=0)
         heads = check_int(self.num_heads, "num_heads")
         if dim % heads:
             raise ValueError(f"embed_dim={dim} must be divisible by num_heads={heads} "
@@ -135,11 +136,8 @@ class ViTDetConfig(ConfigMixin):
         check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
         check_float(self.norm_eps, "norm_eps")
         check_int(self.window_size, "window_size", min_value=0)
-        for i in check_int_seq(self.global_block_indices, "global_block_indices", min_value=0) \
-                if self.global_block_indices else ():
-            if i >= depth:
-                raise ValueError(f"global_block_indices {tuple(self.global_block_indices)}: {i} is not a block "
-                                 f"of a depth-{depth} model (0..{depth - 1})")
+        if self.global_block_indices:  # indices past the last block are ignored (a preset at a smaller depth)
+            check_int_seq(self.global_block_indices, "global_block_indices", min_value=0)
         check_int(self.pretrain_img_size, "pretrain_img_size")
         for rate in ("drop_rate", "drop_path_rate"):
             check_float(getattr(self, rate), rate, low=0.0, high=1.0)

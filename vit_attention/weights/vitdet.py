@@ -3,7 +3,8 @@
 * **detectron2** (``projects/ViTDet`` ``model_final_*.pkl``, its ``"model"`` dict): the backbone is
   ``backbone.net.{pos_embed, patch_embed.proj, blocks.N.*}`` and ``backbone.simfp_{2,3,4,5}.*``;
   both lose their prefix, everything else (proposal generator, ROI heads, ``pixel_mean``) is
-  dropped. Numpy arrays (detectron2 pickles hold them) become tensors.
+  dropped. The model zoo's ``.pkl`` files hold numpy arrays: pass
+  ``{k: torch.as_tensor(v) for k, v in pickle.load(f)["model"].items()}`` (a trusted file only).
 * **Hugging Face** ``VitDetModel`` / ``VitDetBackbone`` (optionally under ``vitdet.`` /
   ``backbone.``): ``embeddings.position_embeddings`` -> ``pos_embed``, ``embeddings.projection``
   -> ``patch_embed.proj``, ``encoder.layer.N.attention.*`` -> ``blocks.N.attn.*``, norms and MLP
@@ -47,11 +48,6 @@ HF_RULES: list[tuple[str, str]] = [
 _MAE_DROP = re.compile(r"^(?:cls_token$|mask_token$|decoder_|norm\.|fc_norm\.|head\.)")
 
 
-def _tensors(state: Mapping[str, Any]) -> State:
-    """Numpy arrays (detectron2 pickles) -> tensors; tensors pass through."""
-    return {k: v if isinstance(v, Tensor) else torch.as_tensor(v) for k, v in state.items()}
-
-
 def _is_detectron2(state: Mapping[str, Any]) -> bool:
     return any(k.startswith("backbone.net.blocks.") for k in state)
 
@@ -59,7 +55,7 @@ def _is_detectron2(state: Mapping[str, Any]) -> bool:
 def from_detectron2(state: Mapping[str, Any], model: nn.Module | None = None) -> State:
     """detectron2 ViTDet (detector or backbone) -> ours: ``backbone.net.`` / ``backbone.`` cut, the rest dropped."""
     out: State = {}
-    for k, v in _tensors(state).items():
+    for k, v in state.items():
         if k.startswith("backbone.net."):
             out[k[len("backbone.net."):]] = v
         elif k.startswith("backbone.simfp_"):
