@@ -1,0 +1,266 @@
+"""PVT v1 (Wang et al. 2021): pyramid of spatial-reduction attention stages with learned position embeddings.
+
+Config dataclass -> :class:`PyramidVisionTransformer` -> presets registered as data. timm has no
+PVT v1, so the layout is ours, PVTv2's (timm) plus what v1 adds: ``patch_embed.{proj,norm,pos_embed}``
+(stem: conv 4x4 stride 4 + LN), ``stages.{i}.downsample.{proj,norm,pos_embed}`` (conv 2x2 stride 2 +
+LN, i > 0), ``stages.3.downsample.cls_token`` (the class token joins in stage 4),
+``stages.{i}.blocks.{j}.{norm1, attn.{q,kv,sr,norm,proj}, norm2, mlp.{fc1,fc2}}``, the final
+``norm`` and ``head.fc``. ``vit_attention.weights.pvt`` converts the original whai362/PVT and the
+Hugging Face ``Pvt*`` layouts.
+
+Each stage embeds its input (:class:`PvtEmbed`: conv + LN + its own position table, resampled
+bilinearly for other input sizes), then runs plain-MLP pre-norm blocks of the ``sra`` mechanism
+(any registered mechanism can replace it). The last stage prepends the class token: it attends and
+is attended (``sr_ratio`` is 1 there), and the head reads it after the final norm.
+
+LayerNorm eps: ``norm_eps`` (blocks, final norm: 1e-6 in the original) and ``embed_norm_eps``
+(patch embeddings and the SRA reduction norm: 1e-5 in the original; Hugging Face uses 1e-6 for all).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from ..functional import resample_abs_pos_embed
+from ..layers import (
+    ClassifierHead,
+    HierarchicalMixin,
+    Stage,
+    drop_path_schedule,
+    resolve_indices,
+    run_blocks,
+    stage_feature_info,
+)
+from ..layers.conv_embed import ConvEmbed
+from ._config import ConfigMixin, check_choice, check_int, check_size
+from .pvt_v2 import check_pyramid, init_pyramid_weights, pyramid_blocks, reset_pyramid_classifier
+from .registry import register_family
+
+__all__ = ["PvtConfig", "PyramidVisionTransformer", "PvtEmbed"]
+
+
+class PvtEmbed(ConvEmbed):
+    """Patch embedding with a learned position table: ``[B, Cin, H, W]`` / ``[B, H, W, Cin]`` -> ``[B, H', W', C]``.
+
+    ``conv (kernel = stride = patch) -> LN -> + pos_embed -> dropout``. ``grid``: the table's size
+    (``img_size / stride`` of the stage); other sizes resample it bilinearly (``align_corners=False``,
+    no antialias, as the original). ``class_token``: a learned token is prepended by
+    :meth:`forward_tokens` and the table has its row first. Keys: ``proj``, ``norm``, ``pos_embed``,
+    ``cls_token``.
+    """
+
+    def __init__(self, in_chans: int, embed_dim: int, *, patch_size: int, grid: tuple[int, int],
+                 class_token: bool = False, norm_eps: float = 1e-5, drop: float = 0.0,
+                 channels_last_input: bool = False) -> None:
+        super().__init__(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, norm_eps=norm_eps,
+                         channels_last_input=channels_last_input)
+        self.grid = (int(grid[0]), int(grid[1]))
+        self.num_prefix_tokens = int(class_token)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + self.grid[0] * self.grid[1], embed_dim))
+        self.pos_drop = nn.Dropout(drop)
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+
+    def _pos(self, grid: tuple[int, int]) -> Tensor:
+        """The table for ``grid``: ``[1, P + H·W, C]``."""
+        return resample_abs_pos_embed(self.pos_embed, grid, self.grid, num_prefix_tokens=self.num_prefix_tokens,
+                                      interpolation="bilinear", antialias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``-> [B, H', W', C]`` with the position table added (the class token, if any, is not included)."""
+        if self.cls_token is not None:
+            raise RuntimeError("this embedding prepends a class token: call forward_tokens")
+        x = super().forward(x)  # [B, H', W', C]
+        B, H, W, C = x.shape
+        return self.pos_drop(x + self._pos((H, W)).view(1, H, W, C))
+
+    def forward_tokens(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """``-> ([B, P + H'·W', C], (H', W'))``: the class token first, the position table added."""
+        x = super().forward(x)  # [B, H', W', C]
+        B, H, W, C = x.shape
+        x = x.reshape(B, H * W, C)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)  # [B, 1 + H·W, C]
+        return self.pos_drop(x + self._pos((H, W))), (H, W)
+
+
+@dataclass
+class PvtConfig(ConfigMixin):
+    """Everything a :class:`PyramidVisionTransformer` is built from (JSON-serialisable).
+
+    ``img_size`` sizes the position tables (other sizes resample them). ``global_pool``: ``"token"``
+    (the class token, default), ``"avg"`` (mean of the last map) or ``""`` (no pooling).
+    ``attn_layer``: any registered mechanism (``sra`` gets ``sr_ratio`` and ``norm_eps =
+    embed_norm_eps`` per stage where it takes them).
+    """
+
+    img_size: int | tuple[int, int] = 224
+    patch_size: int = 4
+    in_chans: int = 3
+    num_classes: int = 1000
+    global_pool: Literal["token", "avg", ""] = "token"
+    class_token: bool = True
+    embed_dims: tuple[int, ...] = (64, 128, 320, 512)
+    depths: tuple[int, ...] = (2, 2, 2, 2)
+    num_heads: tuple[int, ...] = (1, 2, 5, 8)
+    mlp_ratios: tuple[float, ...] = (8.0, 8.0, 4.0, 4.0)
+    sr_ratios: tuple[int, ...] = (8, 4, 2, 1)
+    qkv_bias: bool = True
+    norm_eps: float = 1e-6
+    embed_norm_eps: float = 1e-5
+    drop_rate: float = 0.0  # after the position embeddings, the attention projection and in the MLP
+    proj_drop_rate: float = 0.0  # before the classifier
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    attn_layer: str = "sra"
+    attn_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise ``TypeError`` / ``ValueError`` naming the first bad field."""
+        n = check_pyramid(self)
+        img = check_size(self.img_size, "img_size")
+        patch = check_int(self.patch_size, "patch_size")
+        stride = patch * 2 ** (n - 1)
+        if img[0] % stride or img[1] % stride:
+            raise ValueError(f"img_size={self.img_size!r} must be divisible by patch_size * 2^{n - 1} = {stride} "
+                             "(the position tables of every stage)")
+        check_choice(self.global_pool, "global_pool", ("token", "avg", ""))
+        if self.global_pool == "token" and not self.class_token:
+            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
+
+
+class PyramidVisionTransformer(HierarchicalMixin, nn.Module):
+    """PVT v1 backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
+
+    ``forward_features`` gives the normalised last-stage tokens ``[B, 1 + H/32·W/32, C4]`` (class
+    token first; the map ``[B, H/32, W/32, C4]`` without a class token), ``forward_intermediates``
+    every stage's map (``NCHW`` by default, stride ``patch·2^i``), ``forward_head`` the class token's
+    (or the mean map's) logits.
+    """
+
+    family = "pvt"
+    stages_attr = "stages"
+
+    def __init__(self, cfg: PvtConfig | None = None, **overrides: Any) -> None:
+        super().__init__()
+        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else type(self).default_config(**overrides)
+        cfg.validate()
+        self.cfg = cfg
+        dims, n = cfg.embed_dims, len(cfg.embed_dims)
+        img = check_size(cfg.img_size, "img_size")
+        self.num_classes = cfg.num_classes
+        self.global_pool = cfg.global_pool
+        self.num_features = dims[-1]
+        self.num_prefix_tokens = int(cfg.class_token)
+        strides = [cfg.patch_size * 2 ** i for i in range(n)]
+
+        def embed(i: int) -> PvtEmbed:
+            return PvtEmbed(cfg.in_chans if i == 0 else dims[i - 1], dims[i], patch_size=cfg.patch_size if i == 0
+                            else 2, grid=(img[0] // strides[i], img[1] // strides[i]),
+                            class_token=cfg.class_token and i == n - 1, norm_eps=cfg.embed_norm_eps,
+                            drop=cfg.drop_rate, channels_last_input=i > 0)
+
+        self.patch_embed = embed(0)
+        self.stages = nn.Sequential(*[Stage(pyramid_blocks(cfg, i, dpr), embed(i) if i > 0 else None)
+                                      for i, dpr in enumerate(drop_path_schedule(cfg.drop_path_rate, cfg.depths))])
+        self.feature_info = stage_feature_info(dims, strides, "stages")
+        self.norm = nn.LayerNorm(dims[-1], eps=cfg.norm_eps)
+        self.head = ClassifierHead(dims[-1], cfg.num_classes, global_pool="", drop=cfg.proj_drop_rate)
+        init_pyramid_weights(self)
+        for m in self.modules():  # the position tables and the class token: trunc-normal(0.02) as the original
+            if isinstance(m, PvtEmbed):
+                nn.init.trunc_normal_(m.pos_embed, std=0.02)
+                if m.cls_token is not None:
+                    nn.init.trunc_normal_(m.cls_token, std=0.02)
+
+    @classmethod
+    def default_config(cls, **overrides: Any) -> PvtConfig:
+        """The family's config class with ``overrides``."""
+        return PvtConfig(**overrides)
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
+        if global_pool == "token" and not self.num_prefix_tokens:
+            raise ValueError("global_pool='token' needs a class token; this model has none")
+        reset_pyramid_classifier(self, num_classes, global_pool, ("token", "avg", ""))
+        self.head.global_pool = ""  # pooling happens in forward_head
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that should not get weight decay (the class token, as the original)."""
+        return {n for n, _ in self.named_parameters() if n.endswith("cls_token")}
+
+    def _embed(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> ``[B, H/p, W/p, C1]`` (conv + LN + position table)."""
+        return self.patch_embed(x)
+
+    def _run(self, x: Tensor, take: Sequence[int] = ()) -> tuple[Tensor, list[Tensor]]:
+        """Images -> last-stage output (tokens with the class token, else the map) and the maps of ``take``."""
+        x = self._embed(x)  # [B, H, W, C]
+        maps: list[Tensor] = []
+        n, P = len(self.stages), self.num_prefix_tokens
+        for i, stage in enumerate(self.stages):
+            if i == n - 1 and P:  # the class token joins: tokens [B, P + H·W, C] through the blocks
+                tokens, grid = stage.downsample.forward_tokens(x)
+                x = stage.norm(run_blocks(stage.blocks, tokens, grid, P,
+                                          checkpoint=stage.grad_checkpointing and self.training))
+                fmap = x[:, P:].unflatten(1, grid)  # [B, H, W, C]
+            else:
+                x = fmap = stage(x)  # [B, H_i, W_i, C_i]
+            if i in take:
+                maps.append(fmap)
+        return x, maps
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images -> normalised ``[B, 1 + H'·W', C]`` tokens (class token first), or ``[B, H', W', C]`` without."""
+        return self.norm(self._run(x)[0])
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Tokens ``[B, 1 + N, C]`` or a map ``[B, H, W, C]`` -> logits (pooled ``[B, C]`` with ``pre_logits``)."""
+        if self.global_pool == "token":
+            x = x[:, 0]  # [B, C]
+        elif self.global_pool == "avg":
+            x = x[:, self.num_prefix_tokens:].mean(1) if x.dim() == 3 else x.mean(dim=(1, 2))  # [B, C]
+        return self.head(x, pre_logits=pre_logits)
+
+    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
+                              output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
+                              ) -> Any:
+        """Final normalised output (as :meth:`forward_features`) plus each chosen stage's map.
+
+        ``indices``: an int ``n`` = the last ``n`` stages, or stage indices (negative allowed);
+        default all. Stage ``i`` gives ``[B, C_i, H_i, W_i]`` (``NCHW``) or ``[B, H_i, W_i, C_i]``
+        (``NHWC``), the class token left out; ``norm`` applies the final norm to the last stage's map.
+        """
+        take = resolve_indices(indices, len(self.stages), "stage")
+        if output_fmt not in ("NCHW", "NHWC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        x, maps = self._run(x, take)
+        if norm and take and take[-1] == len(self.stages) - 1:
+            maps[-1] = self.norm(maps[-1])
+        outs = [rearrange(m, "b h w c -> b c h w") if output_fmt == "NCHW" else m for m in maps]
+        return outs if intermediates_only else (self.norm(x), outs)
+
+
+# ---------------------------------------------------------------------------- presets (data)
+_DEPTHS = {"tiny": (2, 2, 2, 2), "small": (3, 4, 6, 3), "medium": (3, 4, 18, 3), "large": (3, 8, 27, 3)}
+_PRESETS: dict[str, dict[str, Any]] = {f"pvt_{k}": dict(depths=d) for k, d in _DEPTHS.items()}
+
+# Published sizes at 224: params from the PVT README, GMACs measured on HF PvtModel (FAMILIES.md, Sizes).
+_PUBLISHED: dict[str, tuple[float, float]] = {
+    "pvt_tiny": (13.23, 1.93), "pvt_small": (24.49, 3.82), "pvt_medium": (44.21, 6.66), "pvt_large": (61.37, 9.81),
+}
+
+register_family("pvt", PyramidVisionTransformer, PvtConfig, _PRESETS,
+                meta={k: {"published_params_m": p, "published_gmacs": g,
+                          "published_gmacs_source": "PVT README (params); HF PvtModel on the meta device with "
+                                                    "FlopCounterMode (GMACs), FAMILIES.md sizes table"}
+                      for k, (p, g) in _PUBLISHED.items()})

@@ -1,0 +1,222 @@
+"""PVTv2 (Wang et al. 2022): pyramid of spatial-reduction attention stages with overlapping patch embeddings.
+
+Config dataclass -> :class:`PyramidVisionTransformerV2` -> presets registered as data. The state-dict
+layout is timm's ``pvt_v2``: ``patch_embed.{proj,norm}`` (stem: conv 7x7 stride 4 + LN),
+``stages.{i}.downsample.{proj,norm}`` (conv 3x3 stride 2 + LN, i > 0),
+``stages.{i}.blocks.{j}.{norm1, attn.{q,kv,sr,norm,proj}, norm2, mlp.{fc1,dwconv,fc2}}``,
+``stages.{i}.norm``; the classifier is ``head.fc`` (timm: ``head``; ``vit_attention.weights.pvt``
+renames it, and converts the original whai362/PVT and Hugging Face ``PvtV2*`` layouts).
+
+What is PVTv2's own here: the overlapping embeddings (:class:`~vit_attention.layers.ConvEmbed`),
+the depthwise-conv MLP (:class:`~vit_attention.layers.mlp_dwconv.MlpDWConv`, ReLU after fc1 in the
+linear ``-Li`` variant) and the ``sra`` mechanism per stage (``sr_ratio``, ``linear``). The stages are
+the shared scaffold (:class:`~vit_attention.layers.Stage` with a per-stage LayerNorm) and the one
+:class:`~vit_attention.layers.Block`; any registered mechanism can replace ``sra``. There is no
+position embedding: any input size works (maps are channels-last ``[B, H, W, C]`` throughout).
+
+LayerNorm eps: ``norm_eps`` (blocks, stage norms: 1e-6 in timm / the original) and ``embed_norm_eps``
+(patch embeddings and the SRA reduction norm: the ``nn.LayerNorm`` default 1e-5 there; Hugging Face
+uses 1e-6 for all).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Literal
+
+from torch import Tensor, nn
+
+from ..layers import (
+    Block,
+    ClassifierHead,
+    HierarchicalMixin,
+    Stage,
+    accepted_kwargs,
+    drop_path_schedule,
+    stage_feature_info,
+)
+from ..layers.conv_embed import ConvEmbed
+from ..layers.mlp_dwconv import MlpDWConv
+from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
+from .registry import register_family
+
+__all__ = ["PvtV2Config", "PyramidVisionTransformerV2", "check_pyramid"]
+
+
+def check_pyramid(cfg: Any) -> int:
+    """Validate the per-stage fields shared by PVT v1 and PVTv2 configs; returns the number of stages."""
+    check_size(cfg.img_size, "img_size")
+    check_int(cfg.in_chans, "in_chans")
+    check_int(cfg.num_classes, "num_classes", min_value=0)
+    depths = check_int_seq(cfg.depths, "depths", min_value=0)
+    n = len(depths)
+    dims = check_int_seq(cfg.embed_dims, "embed_dims", length=n)
+    heads = check_int_seq(cfg.num_heads, "num_heads", length=n)
+    check_int_seq(cfg.sr_ratios, "sr_ratios", length=n)
+    if len(cfg.mlp_ratios) != n:
+        raise ValueError(f"mlp_ratios must have one entry per stage ({n}), got {cfg.mlp_ratios!r}")
+    for i, r in enumerate(cfg.mlp_ratios):
+        check_float(r, f"mlp_ratios[{i}]", low_open=True)
+    for i, (d, h) in enumerate(zip(dims, heads)):
+        if d % h:
+            raise ValueError(f"stage {i} width embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h}")
+    for name in ("norm_eps", "embed_norm_eps"):
+        check_float(getattr(cfg, name), name, low_open=True)
+    for rate in ("drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate"):
+        check_float(getattr(cfg, rate), rate, low=0.0, high=1.0)
+    check_attn_layer(cfg.attn_layer, cfg.attn_kwargs)
+    return n
+
+
+@dataclass
+class PvtV2Config(ConfigMixin):
+    """Everything a :class:`PyramidVisionTransformerV2` is built from (JSON-serialisable).
+
+    ``img_size`` is the default input (data config, FLOPs); any size runs. ``linear``: PVTv2-Li
+    (pooled 7x7 keys, ReLU in the MLP). ``attn_layer``: any registered mechanism (``sra`` gets
+    ``sr_ratio``, ``linear`` and ``norm_eps = embed_norm_eps`` per stage where it takes them).
+    """
+
+    img_size: int | tuple[int, int] = 224
+    in_chans: int = 3
+    num_classes: int = 1000
+    global_pool: Literal["avg", ""] = "avg"
+    embed_dims: tuple[int, ...] = (64, 128, 320, 512)
+    depths: tuple[int, ...] = (3, 4, 6, 3)
+    num_heads: tuple[int, ...] = (1, 2, 5, 8)
+    mlp_ratios: tuple[float, ...] = (8.0, 8.0, 4.0, 4.0)
+    sr_ratios: tuple[int, ...] = (8, 4, 2, 1)
+    linear: bool = False
+    qkv_bias: bool = True
+    norm_eps: float = 1e-6
+    embed_norm_eps: float = 1e-5
+    drop_rate: float = 0.0
+    proj_drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    attn_layer: str = "sra"
+    attn_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise ``TypeError`` / ``ValueError`` naming the first bad field."""
+        check_pyramid(self)
+        check_choice(self.global_pool, "global_pool", ("avg", ""))
+
+
+def pyramid_blocks(cfg: Any, i: int, drop_path: list[float], mlp_layer: Any = None) -> list[Block]:
+    """The pre-norm blocks of stage ``i`` of a PVT-style config (``sra`` keywords given where taken)."""
+    sra = dict(sr_ratio=cfg.sr_ratios[i], linear=getattr(cfg, "linear", False), norm_eps=cfg.embed_norm_eps)
+    kw = {**accepted_kwargs(cfg.attn_layer, sra), **cfg.attn_kwargs}
+    return [Block(cfg.embed_dims[i], cfg.num_heads[i], mlp_ratio=cfg.mlp_ratios[i], qkv_bias=cfg.qkv_bias,
+                  drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dp,
+                  norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), attn_layer=cfg.attn_layer, attn_kwargs=kw,
+                  **({} if mlp_layer is None else {"mlp_layer": mlp_layer}))
+            for dp in drop_path]
+
+
+class PyramidVisionTransformerV2(HierarchicalMixin, nn.Module):
+    """PVTv2 backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]`` (any input size).
+
+    ``forward_features`` gives the last stage's normalised map ``[B, H/32, W/32, C4]`` (channels-last;
+    timm returns it NCHW), ``forward_intermediates`` every stage's map (``NCHW`` by default, stride
+    ``4·2^i``), ``forward_head`` average-pools and classifies.
+    """
+
+    family = "pvt_v2"
+    stages_attr = "stages"
+
+    def __init__(self, cfg: PvtV2Config | None = None, **overrides: Any) -> None:
+        super().__init__()
+        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else type(self).default_config(**overrides)
+        cfg.validate()
+        self.cfg = cfg
+        dims = cfg.embed_dims
+        self.num_classes = cfg.num_classes
+        self.global_pool = cfg.global_pool
+        self.num_features = dims[-1]
+        self.patch_embed = ConvEmbed(cfg.in_chans, dims[0], kernel_size=7, stride=4, padding=3,
+                                     norm_eps=cfg.embed_norm_eps)
+        mlp = partial(MlpDWConv, extra_relu=cfg.linear)
+        stages = []
+        for i, dpr in enumerate(drop_path_schedule(cfg.drop_path_rate, cfg.depths)):
+            down = None if i == 0 else ConvEmbed(dims[i - 1], dims[i], kernel_size=3, stride=2, padding=1,
+                                                 norm_eps=cfg.embed_norm_eps, channels_last_input=True)
+            stages.append(Stage(pyramid_blocks(cfg, i, dpr, mlp), down, nn.LayerNorm(dims[i], eps=cfg.norm_eps)))
+        self.stages = nn.Sequential(*stages)
+        self.feature_info = stage_feature_info(dims, [4 * 2 ** i for i in range(len(dims))], "stages")
+        self.norm = nn.Identity()  # every stage ends with its own norm
+        self.head = ClassifierHead(dims[-1], cfg.num_classes, global_pool=cfg.global_pool, drop=cfg.drop_rate)
+        init_pyramid_weights(self)
+
+    @classmethod
+    def default_config(cls, **overrides: Any) -> PvtV2Config:
+        """The family's config class with ``overrides``."""
+        return PvtV2Config(**overrides)
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
+        reset_pyramid_classifier(self, num_classes, global_pool, ("avg", ""))
+        self.head.global_pool = self.global_pool
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that should not get weight decay (none: PVTv2 has no position embeddings)."""
+        return set()
+
+    def _embed(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> ``[B, H/4, W/4, C1]`` (overlapping 7x7 stride-4 conv + LN)."""
+        return self.patch_embed(x)
+
+
+def init_pyramid_weights(model: nn.Module) -> None:
+    """timm / the original's init: Linear trunc-normal(0.02), zero bias; conv normal(0, sqrt(2 / fan_out))."""
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Conv2d):
+            fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels // m.groups
+            nn.init.normal_(m.weight, 0.0, (2.0 / fan_out) ** 0.5)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+def reset_pyramid_classifier(model: Any, num_classes: int, global_pool: str | None, pools: tuple[str, ...]) -> None:
+    """A fresh ``head.fc`` for ``num_classes`` (0 = none) on ``model.num_features``.
+
+    ``global_pool`` (one of ``pools``, None = keep) is recorded on the model and its config.
+    """
+    num_classes = check_int(num_classes, "num_classes", min_value=0)
+    if global_pool is not None:
+        check_choice(global_pool, "global_pool", pools)
+        model.global_pool = model.cfg.global_pool = global_pool
+    model.num_classes = model.cfg.num_classes = num_classes
+    device = next(model.parameters()).device
+    model.head.fc = nn.Linear(model.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+
+
+# ---------------------------------------------------------------------------- presets (data)
+_B1 = dict(embed_dims=(64, 128, 320, 512))
+_PRESETS: dict[str, dict[str, Any]] = {
+    "pvt_v2_b0": dict(embed_dims=(32, 64, 160, 256), depths=(2, 2, 2, 2)),
+    "pvt_v2_b1": dict(_B1, depths=(2, 2, 2, 2)),
+    "pvt_v2_b2": dict(_B1, depths=(3, 4, 6, 3)),
+    "pvt_v2_b3": dict(_B1, depths=(3, 4, 18, 3)),
+    "pvt_v2_b4": dict(_B1, depths=(3, 8, 27, 3)),
+    "pvt_v2_b5": dict(_B1, depths=(3, 6, 40, 3), mlp_ratios=(4.0, 4.0, 4.0, 4.0)),
+    "pvt_v2_b2_li": dict(_B1, depths=(3, 4, 6, 3), linear=True),
+}
+
+# Published sizes at 224 (PVT repository README / timm's benchmark table: FAMILIES.md, Sizes).
+_PUBLISHED: dict[str, tuple[float, float]] = {
+    "pvt_v2_b0": (3.67, 0.57), "pvt_v2_b1": (14.01, 2.12), "pvt_v2_b2": (25.36, 4.05), "pvt_v2_b3": (45.24, 6.92),
+    "pvt_v2_b4": (62.56, 10.14), "pvt_v2_b5": (81.96, 11.76), "pvt_v2_b2_li": (22.55, 3.91),
+}
+
+register_family("pvt_v2", PyramidVisionTransformerV2, PvtV2Config, _PRESETS,
+                meta={k: {"published_params_m": p, "published_gmacs": g,
+                          "published_gmacs_source": "timm benchmark-infer-amp-nchw-pt240-cu124-rtx4090.csv "
+                                                    "(infer_gmacs); params: PVT README / timm"}
+                      for k, (p, g) in _PUBLISHED.items()})
