@@ -26,7 +26,11 @@ def _small(name: str) -> dict[str, Any]:
     cfg = get_model_entry(name).config()
     fields = {f.name for f in dataclasses.fields(cfg)}
     over: dict[str, Any] = {"num_classes": 7}
-    if "depths" in fields:  # Swin / SwinV2: keep the stages and windows, one block each, 8-wide heads
+    if "embed_dims" in fields:  # pyramids with a width per stage (PVT, PVTv2, ...): one block each, 8 wide
+        n = len(cfg.depths)
+        over.update(depths=(1,) * n, num_heads=(1,) * n, embed_dims=(8,) * n,
+                    img_size=getattr(cfg, "patch_size", 4) * 2 ** n)
+    elif "depths" in fields:  # Swin / SwinV2: keep the stages and windows, one block each, 8-wide heads
         n = len(cfg.depths)
         over.update(depths=(1,) * n, num_heads=tuple(2 ** i for i in range(n)), embed_dim=8,
                     img_size=cfg.patch_size * 2 ** n)
