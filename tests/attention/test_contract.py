@@ -30,7 +30,8 @@ def _example(name: str) -> tuple[torch.nn.Module, Tensor]:
 
 
 def _core_inputs(name: str) -> tuple[Tensor, Tensor, Tensor]:
-    """The q, k, v the mechanism gives the core on its example: ``[B', nh', N, hd]`` each."""
+    """The q, k, v the mechanism gives the core on its example, leading dims folded: ``[B', nh', N, hd]`` each
+    (a mechanism may hand the core more leading dims, e.g. neighbourhood tiles ``[B, nT, nh, T², hd]``)."""
     attn, x = _example(name)
     seen: list[tuple[Tensor, Tensor, Tensor]] = []
     handle = register_attention_hook(lambda q, k, v, info: seen.append((q, k, v)), weights=False)
@@ -40,7 +41,8 @@ def _core_inputs(name: str) -> tuple[Tensor, Tensor, Tensor]:
     finally:
         handle.remove()
     assert seen, f"{name} made no call of the attention core"
-    return seen[0]
+    q, k, v = seen[0]
+    return tuple(t.flatten(0, t.dim() - 4) if t.dim() > 4 else t for t in (q, k, v))  # type: ignore[return-value]
 
 
 def _reference(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, mask: Tensor | None = None) -> Tensor:

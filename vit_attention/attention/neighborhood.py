@@ -1,0 +1,134 @@
+"""Neighbourhood attention (NAT, Hassani et al. 2023) with dilation (DiNAT, Hassani & Shi 2022), in pure PyTorch.
+
+Channels-last maps ``[B, H, W, C]`` in and out. Each query attends to its ``K x K`` neighbourhood
+(dilation ``d``: every ``d``-th token), the window clamped inside the map at borders (NATTEN's
+rule, see :mod:`vit_attention.functional.neighborhood`), with a learned relative-position bias
+``rpb [nh, 2K-1, 2K-1]``. Maps with a side smaller than ``K·d`` are zero-padded bottom / right to
+``K·d`` before the projection and cropped after, unmasked, as the original module and Hugging
+Face do.
+
+No ``N x N`` matrix is ever built: queries are processed in tiles that share a key region (the
+tile plan), each tile one small dense problem for the library's single attention function (the
+fused kernel when no weights are asked for). Memory is linear in the map size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..functional.linear import apply_linear
+from ..functional.neighborhood import default_tile_size, neighborhood_attention, neighborhood_plan
+from ..functional.window import to_pair
+from ._common import check_heads, check_prob
+from .registry import register_attention
+
+__all__ = ["NeighborhoodAttention"]
+
+
+def _grid_kernel(grid: tuple[int, int]) -> dict[str, Any]:
+    """The largest odd kernel <= 7 that fits the grid (``compare`` on small maps)."""
+    k = max(1, min(7, min(grid)))
+    return {"kernel_size": k if k % 2 else k - 1}
+
+
+@register_attention(
+    "neighborhood", layout="spatial",
+    description="NAT / DiNAT neighbourhood attention: each token attends to its K x K (dilated) neighbourhood",
+    example_kwargs=dict(kernel_size=3), paper="https://arxiv.org/abs/2204.07143",
+    formula=(
+        "Neighbourhood attention (NAT, Hassani et al. 2023; dilated: DiNAT, Hassani & Shi 2022). Query "
+        "`(i, j)` attends to the `K x K` keys of its neighbourhood ρ(i, j), every `d`-th token with "
+        "dilation `d`, the window centred and clamped inside the map at borders (NATTEN's rule):\n\n"
+        "    A_ij = softmax_{(k, l) ∈ ρ(i, j)}( q_ij · k_kl · hd^-1/2 + rpb[h, (k-i)/d + K-1, (l-j)/d + K-1] )\n"
+        "    out_ij = Σ A_ij,kl v_kl\n\n"
+        "Computed in tiles of `T x T` queries that share a key region of at most `(T + K - 1)²` keys "
+        "(a mask keeps each query to its window): small dense problems for the fused kernel, never an "
+        "`N x N` matrix."),
+    cost="4·N·C² + 2·N·K²·C multiply-adds for the mechanism (linear in N); the tiles compute "
+         "2·nT·T²·R²·C for the logits and values (R ≤ T + K − 1), about (T + K − 1)²/K² of that",
+    doc_example=(dict(kernel_size=7, dilation=1), (1, 14, 14, 96)), grid_kwargs=_grid_kernel)
+class NeighborhoodAttention(nn.Module):
+    """Neighbourhood attention, ``[B, H, W, C] -> [B, H, W, C]`` (any ``H, W``).
+
+    Keys as the original NAT module: ``qkv`` (Linear C -> 3C), ``rpb`` ``[nh, 2K-1, 2K-1]``, ``proj``.
+    q is scaled by ``hd^-1/2`` before the bias is added.
+
+    Args:
+        dim: channels ``C``; num_heads: ``nh`` (must divide ``dim``).
+        kernel_size: ``K`` (odd) or ``(Kh, Kw)``. dilation: ``d`` or ``(dh, dw)``.
+        qkv_bias: bias on the qkv projection. qk_scale: logit scale (default ``hd ** -0.5``).
+        rel_pos_bias: learn ``rpb`` (NAT / DiNAT); False for none.
+        tile_size: query tile side ``T`` (default :func:`~vit_attention.functional.neighborhood.default_tile_size`):
+            a speed knob, the output does not depend on it.
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, kernel_size: int | tuple[int, int] = 7,
+                 dilation: int | tuple[int, int] = 1, qkv_bias: bool = True, qk_scale: float | None = None,
+                 rel_pos_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
+                 tile_size: int | None = None) -> None:
+        super().__init__()
+        self.head_dim = check_heads(dim, num_heads)
+        self.dim, self.num_heads = dim, num_heads
+        self.kernel_size = to_pair(kernel_size, "kernel_size")
+        self.dilation = to_pair(dilation, "dilation")
+        if any(k < 1 or k % 2 == 0 for k in self.kernel_size):
+            raise ValueError(f"kernel_size must be odd and positive (the window is centred), got {kernel_size!r}")
+        if min(self.dilation) < 1:
+            raise ValueError(f"dilation must be >= 1, got {dilation!r}")
+        if tile_size is not None and (not isinstance(tile_size, int) or tile_size < 1):
+            raise ValueError(f"tile_size must be a positive int or None, got {tile_size!r}")
+        self.tile_size = tile_size if tile_size is not None else default_tile_size(max(self.kernel_size))
+        self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
+        self.attn_drop = check_prob(attn_drop, "attn_drop")
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        kh, kw = self.kernel_size
+        self.rpb = nn.Parameter(torch.zeros(num_heads, 2 * kh - 1, 2 * kw - 1)) if rel_pos_bias else None
+        if self.rpb is not None:
+            nn.init.trunc_normal_(self.rpb, std=0.02)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
+
+    def padded_size(self, H: int, W: int) -> tuple[int, int]:
+        """The map size attention runs on: each side at least ``K·d`` (zero padding bottom / right)."""
+        return max(H, self.kernel_size[0] * self.dilation[0]), max(W, self.kernel_size[1] * self.dilation[1])
+
+    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
+                context: Tensor | None = None) -> Tensor:
+        """``[B, H, W, C] -> [B, H, W, C]``; the contract's ``feat_size`` must match the map when given."""
+        if x.dim() != 4 or x.shape[-1] != self.dim:
+            raise ValueError(f"NeighborhoodAttention expects a channels-last map [B, H, W, {self.dim}], "
+                             f"got shape {tuple(x.shape)}")
+        B, H, W, C = x.shape
+        if feat_size is not None and tuple(feat_size) != (H, W):
+            raise ValueError(f"feat_size={tuple(feat_size)} does not match the map's {H}x{W}")
+        if num_prefix_tokens:
+            raise ValueError(f"num_prefix_tokens={num_prefix_tokens}: a spatial mechanism never sees prefix tokens")
+        if context is not None:
+            raise ValueError("NeighborhoodAttention attends within the map; it takes no context")
+        Hp, Wp = self.padded_size(H, W)
+        if (Hp, Wp) != (H, W):
+            x = F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H))  # zeros bottom / right, unmasked (the references)
+        out = self.attend(apply_linear(self.qkv, x), grid=(H, W))[:, :H, :W]  # [B, H, W, C]
+        return self.proj_drop(apply_linear(self.proj, out))
+
+    def attend(self, qkv: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+        """The attention between the projections: packed ``[B, Hp, Wp, 3C] -> [B, Hp, Wp, C]``."""
+        return neighborhood_attention(qkv, self.num_heads, self.kernel_size, self.dilation, rpb=self.rpb,
+                                      scale=self.scale, tile_size=self.tile_size,
+                                      dropout_p=self.attn_drop if self.training else 0.0, grid=grid)
+
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
+        """Multiply-adds on ``(B, H, W, C)``: qkv on the (padded) map, the tiles' ``2·nT·T²·R²·C``, proj on ``H·W``."""
+        B, H, W, C = input_shape
+        Hp, Wp = self.padded_size(H, W)
+        plan = neighborhood_plan(Hp, Wp, self.kernel_size, self.dilation, self.tile_size)
+        nT, T2, R2 = plan.mask.shape
+        return B * (3 * Hp * Wp * C * C + 2 * nT * T2 * R2 * C + H * W * C * C)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, kernel_size={self.kernel_size}, "
+                f"dilation={self.dilation}, tile_size={self.tile_size}")

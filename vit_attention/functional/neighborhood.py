@@ -1,0 +1,192 @@
+"""Neighbourhood attention index plans (NAT, Hassani et al. 2023; DiNAT, Hassani & Shi 2022).
+
+Each query ``(i, j)`` of an ``H x W`` map attends to a ``K x K`` neighbourhood of keys with
+dilation ``d``. The window rule is NATTEN's (the reference library): along each axis the positions
+split into ``d`` interleaved groups (``p mod d``); inside a group of length ``L_g`` a query at
+group index ``s`` sees group indices ``[start, start + K)`` with ``start = clamp(s - K // 2, 0,
+L_g - K)``, i.e. the window is centred and *clamped inside the map* at borders (it shifts, it is
+never padded). The relative-position-bias index of a key is ``(key - query) / d + K - 1`` per axis
+(in ``[0, 2K - 2]``), flattened as ``row · (2K - 1) + col``.
+
+The plan here computes attention in **tiles** without ever building an ``N x N`` matrix: the
+queries of a ``T x T`` tile (of one dilation group) share the union of their windows, an
+``R x R`` key region with ``R <= T + K - 1``; a boolean mask keeps each query to its own ``K x K``
+window. Every tile then is a small dense attention problem the fused kernel runs at full speed
+(``[B, nT, nh, T², hd]`` queries against ``[B, nT, nh, R², hd]`` keys), and memory grows linearly
+with the number of tokens (``nT · R²`` gathered keys, about ``N · (T + K - 1)² / T²``). ``T = 1``
+is the exact per-query gather; larger tiles trade redundant logits (``R² / K²`` per query) for
+fewer, larger kernels.
+
+Plans depend only on sizes and are cached (read-only tensors, built on the CPU).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .attention import attention_observed, scaled_dot_product_attention
+from .layout import PAD, AttentionLayout
+from .window import _CPU, _cached
+
+__all__ = ["window_start", "neighborhood_plan", "NeighborhoodPlan", "default_tile_size", "neighborhood_attention",
+           "neighborhood_layout"]
+
+
+def window_start(index: Tensor, length: int, kernel_size: int) -> Tensor:
+    """NATTEN's clamped window start of group positions ``index`` in a group of ``length``: ``[...] -> [...]``."""
+    return (index - kernel_size // 2).clamp(0, length - kernel_size)
+
+
+def default_tile_size(kernel_size: int, dilation: int = 1) -> int:
+    """Query tile side used when none is given: 4 for ``K <= 7`` (2x redundant logits at ``K = 7``), else ``K // 2``."""
+    return 4 if kernel_size <= 7 else max(1, kernel_size // 2)
+
+
+class NeighborhoodPlan:
+    """Index plan of one map size (see the module docstring). All tensors live on the CPU, long / bool.
+
+    Attributes:
+        query_index ``[nT, T²]``: flat map index ``r·W + c`` of each tile's query slot, ``-1`` = empty slot.
+        key_index ``[nT, R²]``: flat map index of each tile's key slot, ``-1`` = empty slot.
+        mask ``[nT, T², R²]``: True where the slot's query may attend to the slot's key.
+        bias_index ``[nT, T², R²]``: index into the flattened ``[(2K-1)²]`` relative-position table (0 where masked).
+        tile, region: ``T`` and ``R``.
+    """
+
+    def __init__(self, query_index: Tensor, key_index: Tensor, mask: Tensor, bias_index: Tensor,
+                 tile: int, region: int) -> None:
+        self.query_index, self.key_index, self.mask, self.bias_index = query_index, key_index, mask, bias_index
+        self.tile, self.region = tile, region
+
+    @property
+    def num_tiles(self) -> int:
+        """``nT``: tiles over all dilation groups."""
+        return self.query_index.shape[0]
+
+
+def _axis_plan(length: int, K: int, d: int, T: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """1-D plan: query ``[t, T]``, key ``[t, R]`` (full indices, -1 empty), mask ``[t, T, R]``, rel ``[t, T, R]``."""
+    group_lengths = [math.ceil((length - g) / d) for g in range(d)]
+    R = min(T + K - 1, max(group_lengths))
+    qs, ks, ms, rs = [], [], [], []
+    for g, Lg in enumerate(group_lengths):
+        if Lg < K:
+            raise ValueError(f"a map side of {length} is smaller than kernel_size * dilation = {K * d}; pad it first")
+        for t0 in range(0, Lg, T):
+            s = torch.arange(t0, t0 + T, device=_CPU)  # group indices of the tile's query slots
+            valid_q = s < Lg
+            s = s.clamp_max(Lg - 1)
+            start = window_start(s, Lg, K)  # [T]
+            Rt = min(T + K - 1, Lg)
+            a = min(int(start[0]), Lg - Rt)  # region start: holds every window of the tile
+            u = torch.arange(a, a + R, device=_CPU)  # group indices of the key slots
+            valid_k = u < a + Rt
+            inside = (u[None, :] >= start[:, None]) & (u[None, :] < start[:, None] + K) & valid_k[None, :]
+            # an empty query slot copies slot 0's window: it computes something harmless and is dropped
+            inside = torch.where(valid_q[:, None], inside, inside[:1])
+            rel = torch.where(inside, u[None, :] - s[:, None] + K - 1, 0)
+            qs.append(torch.where(valid_q, g + d * s, -1))
+            ks.append(torch.where(valid_k, g + d * u, -1))
+            ms.append(inside)
+            rs.append(rel)
+    return torch.stack(qs), torch.stack(ks), torch.stack(ms), torch.stack(rs)
+
+
+@_cached(maxsize=64)
+def _plan(H: int, W: int, kh: int, kw: int, dh: int, dw: int, T: int) -> NeighborhoodPlan:
+    qr, kr, mr, rr = _axis_plan(H, kh, dh, T)  # rows: [a, T], [a, R1], [a, T, R1]
+    qc, kc, mc, rc = _axis_plan(W, kw, dw, T)  # cols: [b, T], [b, R2], [b, T, R2]
+    a, b = qr.shape[0], qc.shape[0]
+    R1, R2 = kr.shape[1], kc.shape[1]
+
+    def outer_index(ir: Tensor, ic: Tensor) -> Tensor:  # [a, n], [b, m] -> [a·b, n·m] flat map indices
+        flat = ir[:, None, :, None] * W + ic[None, :, None, :]
+        flat = torch.where((ir[:, None, :, None] < 0) | (ic[None, :, None, :] < 0), -1, flat)
+        return flat.reshape(a * b, -1)
+
+    query_index = outer_index(qr, qc)  # [nT, T²]
+    key_index = outer_index(kr, kc)  # [nT, R1·R2]
+    # [a, b, T(r), T(c), R1, R2]: both axes inside their window
+    mask = (mr[:, None, :, None, :, None] & mc[None, :, None, :, None, :]).reshape(a * b, T * T, R1 * R2)
+    bias_index = (rr[:, None, :, None, :, None] * (2 * kw - 1) + rc[None, :, None, :, None, :])
+    bias_index = torch.where(mask, bias_index.reshape(a * b, T * T, R1 * R2), 0)
+    return NeighborhoodPlan(query_index, key_index, mask, bias_index, T, max(R1, R2))
+
+
+def neighborhood_plan(H: int, W: int, kernel_size: int | tuple[int, int], dilation: int | tuple[int, int] = 1,
+                      tile_size: int | None = None) -> NeighborhoodPlan:
+    """The tiled plan of a ``H x W`` map (each side at least ``K · d``): see :class:`NeighborhoodPlan`. Cached."""
+    kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
+    dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
+    if kh % 2 == 0 or kw % 2 == 0 or kh < 1 or kw < 1:
+        raise ValueError(f"kernel_size must be odd and positive (the window is centred), got {kernel_size!r}")
+    if dh < 1 or dw < 1:
+        raise ValueError(f"dilation must be >= 1, got {dilation!r}")
+    T = default_tile_size(max(kh, kw)) if tile_size is None else int(tile_size)
+    if T < 1:
+        raise ValueError(f"tile_size must be >= 1, got {tile_size!r}")
+    return _plan(int(H), int(W), int(kh), int(kw), int(dh), int(dw), T)
+
+
+@_cached(maxsize=64)
+def _device_plan(Hp: int, Wp: int, kernel_size: tuple[int, int], dilation: tuple[int, int], tile: int,
+                 device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Plan tensors on ``device``: query / key gather indices (empty slots -> row ``N``), mask ``[nT, 1, T², R²]``,
+    bias index."""
+    plan = neighborhood_plan(Hp, Wp, kernel_size, dilation, tile)
+    N = Hp * Wp
+    qi = torch.where(plan.query_index < 0, N, plan.query_index)
+    ki = torch.where(plan.key_index < 0, N, plan.key_index)
+    return qi.to(device), ki.to(device), plan.mask[:, None].to(device), plan.bias_index.to(device)
+
+
+def neighborhood_layout(H: int, W: int, Hp: int, Wp: int, kernel_size: int | tuple[int, int],
+                        dilation: int | tuple[int, int] = 1, tile_size: int | None = None) -> AttentionLayout:
+    """Where the tiles' rows sit: groups = tiles, rows placed on the ``H x W`` grid of a map padded to
+    ``Hp x Wp`` (padding and empty slots are PAD)."""
+    plan = neighborhood_plan(Hp, Wp, kernel_size, dilation, tile_size)
+
+    def on_grid(index: Tensor) -> Tensor:
+        r, c = index // Wp, index % Wp
+        return torch.where((index >= 0) & (r < H) & (c < W), r * W + c, PAD)
+
+    return AttentionLayout((H, W), on_grid(plan.query_index), on_grid(plan.key_index))
+
+
+def neighborhood_attention(qkv: Tensor, num_heads: int, kernel_size: int | tuple[int, int],
+                           dilation: int | tuple[int, int] = 1, *, rpb: Tensor | None = None,
+                           scale: float | None = None, tile_size: int | None = None, dropout_p: float = 0.0,
+                           grid: tuple[int, int] | None = None) -> Tensor:
+    """Neighbourhood attention of a packed map ``qkv [B, Hp, Wp, 3C]`` (each side >= ``K·d``) -> ``[B, Hp, Wp, C]``.
+
+    ``rpb [nh, 2Kh-1, 2Kw-1]``: relative-position bias; ``scale``: logit scale (default ``hd^-1/2``);
+    ``grid``: the unpadded ``(H, W)`` for recorded maps (default the whole map). One call of the
+    library's attention function on all tiles at once: ``[B, nT, nh, T², hd]`` queries against
+    ``[B, nT, nh, R², hd]`` keys, with the tiles' window mask and the gathered bias.
+    """
+    B, Hp, Wp, C3 = qkv.shape
+    C = C3 // 3
+    if C3 != 3 * C or C % num_heads:
+        raise ValueError(f"qkv must be [B, H, W, 3C] with C divisible by num_heads={num_heads}, got {tuple(qkv.shape)}")
+    kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+    dh, dw = (dilation, dilation) if isinstance(dilation, int) else tuple(dilation)
+    T = default_tile_size(max(kh, kw)) if tile_size is None else int(tile_size)
+    neighborhood_plan(Hp, Wp, (kh, kw), (dh, dw), T)  # validates sizes (cached)
+    qi, ki, mask, bias_index = _device_plan(Hp, Wp, (kh, kw), (dh, dw), T, qkv.device)
+    nT, _, T2, R2 = mask.shape
+    N, nh, hd = Hp * Wp, num_heads, C // num_heads
+    flat = torch.cat([qkv.reshape(B, N, C3), qkv.new_zeros(B, 1, C3)], dim=1)  # [B, N + 1, 3C]: row N = empty slot
+    q = flat[:, qi, :C].view(B, nT, T2, nh, hd).transpose(2, 3)  # [B, nT, nh, T², hd]
+    kv = flat[:, ki, C:].view(B, nT, R2, 2, nh, hd).permute(3, 0, 1, 4, 2, 5)  # [2, B, nT, nh, R², hd]
+    bias = None if rpb is None else rpb.flatten(1)[:, bias_index].transpose(0, 1)  # [nT, nh, T², R²]
+    layout = None
+    if attention_observed():
+        layout = neighborhood_layout(*(grid or (Hp, Wp)), Hp, Wp, (kh, kw), (dh, dw), T)
+    out = scaled_dot_product_attention(q, kv[0], kv[1], bias=bias, mask=mask, scale=scale, dropout_p=dropout_p,
+                                       layout=layout)  # [B, nT, nh, T², hd]
+    out = out.transpose(2, 3).reshape(B, nT * T2, C)  # [B, nT·T², C]
+    full = out.new_empty(B, N + 1, C).index_copy_(1, qi.reshape(-1), out)  # back to map order
+    return full[:, :N].view(B, Hp, Wp, C)
