@@ -78,24 +78,40 @@ class Stage(nn.Module):
         blocks: the stage's blocks (each ``[B, H', W', C'] -> [B, H', W', C']``).
         downsample: ``[B, H, W, C] -> [B, H', W', C']`` at the start of the stage (None = identity).
         norm: applied to the stage output (PVTv2's per-stage norm; None = identity).
+        pos: a position layer on the map (PEG, :class:`~.pos_embed.PosConv`) run on the output of
+            block ``pos_index`` (Twins: after the first block of every stage). Key: ``pos.*``.
     """
 
     def __init__(self, blocks: Sequence[nn.Module], downsample: nn.Module | None = None,
-                 norm: nn.Module | None = None) -> None:
+                 norm: nn.Module | None = None, *, pos: nn.Module | None = None, pos_index: int = 0) -> None:
         super().__init__()
         self.downsample = downsample if downsample is not None else nn.Identity()
         self.blocks = nn.Sequential(*blocks)
+        if pos is not None and not 0 <= pos_index < len(self.blocks):
+            raise ValueError(f"pos_index={pos_index} must name one of the stage's {len(self.blocks)} blocks")
+        self.pos = pos
+        self.pos_index = pos_index
         self.norm = norm if norm is not None else nn.Identity()
         self.grad_checkpointing = False
+
+    def _run(self, x: Tensor) -> Tensor:
+        """The blocks, with the position layer after block ``pos_index``: ``[B, H', W', C'] -> same``."""
+        checkpoint = self.grad_checkpointing and self.training
+        if self.pos is None:
+            return run_blocks(self.blocks, x, checkpoint=checkpoint)
+        k = self.pos_index + 1
+        x = self.pos(run_blocks(self.blocks[:k], x, checkpoint=checkpoint))
+        return run_blocks(self.blocks[k:], x, checkpoint=checkpoint)
 
     def forward(self, x: Tensor) -> Tensor:
         """``[B, H, W, C] -> [B, H', W', C']``."""
         x = self.downsample(x)
-        chunk = batch_chunk_size(x, self.blocks)  # inference on CPU: a few images at a time (cache-sized)
+        # inference on CPU: a few images at a time (cache-sized)
+        chunk = batch_chunk_size(x, self.blocks if self.pos is None else (self.blocks, self.pos))
         if chunk < x.shape[0]:
-            x = run_in_batch_chunks(self.blocks, x, chunk)
+            x = run_in_batch_chunks(self.blocks if self.pos is None else self._run, x, chunk)
         else:
-            x = run_blocks(self.blocks, x, checkpoint=self.grad_checkpointing and self.training)
+            x = self._run(x)
         return self.norm(x)
 
 

@@ -26,6 +26,7 @@ from ..layers import (
     Block,
     ConvStemPatchEmbed,
     PatchEmbed,
+    PosConv,
     drop_path_schedule,
     run_blocks,
     stage_feature_info,
@@ -73,6 +74,7 @@ class VisionTransformerConfig(ConfigMixin):
     distilled: bool = False  # DeiT distillation token + second head
     no_embed_class: bool = False  # prefix tokens carry no position embedding (DeiT III)
     pos_embed: Literal["learn", "sincos", "none"] = "learn"
+    peg_after: tuple[int, ...] = ()  # blocks whose output passes a PEG (PosConv, key pos_block.N); CPVT: (0,)
     block: Literal["pre", "post", "res_post", "parallel"] = "pre"  # the Block style
     pre_norm: bool = False  # LayerNorm after the embeddings (CLIP)
     final_norm: bool = True
@@ -111,6 +113,11 @@ class VisionTransformerConfig(ConfigMixin):
             check_float(self.init_values, "init_values", low=-math.inf)
         check_choice(self.pos_embed, "pos_embed", ("learn", "sincos", "none"))
         check_choice(self.block, "block", BLOCK_STYLES)
+        if self.peg_after:
+            for i in check_int_seq(self.peg_after, "peg_after", min_value=0):
+                if i >= self.depth:
+                    raise ValueError(f"peg_after={tuple(self.peg_after)} names block {i}; depth={self.depth} "
+                                     f"has blocks 0..{self.depth - 1}")
         if self.representation_size is not None:
             check_int(self.representation_size, "representation_size", min_value=0)
         if self.conv_stem is not None:
@@ -188,6 +195,9 @@ class VisionTransformer(nn.Module):
                       attn_kwargs=cfg.attn_kwargs)
             for i in range(cfg.depth)
         ])
+        # conditional position encodings (CPVT's PEG) on the output of blocks cfg.peg_after
+        self.pos_block = nn.ModuleDict({str(i): PosConv(C) for i in sorted(set(cfg.peg_after))}) \
+            if cfg.peg_after else None
         use_fc_norm = cfg.global_pool == "avg" if cfg.fc_norm is None else cfg.fc_norm
         self.norm = norm_layer(C) if cfg.final_norm and not use_fc_norm else nn.Identity()
         self.attn_pool = (AttentionPoolHead(C, cfg.num_heads, int(C * mlp_ratio), norm_layer=norm_layer,
@@ -273,12 +283,14 @@ class VisionTransformer(nn.Module):
                     ) -> tuple[Tensor, list[Tensor]]:
         """Tokens ``[B, P + N, C]`` through the blocks; also the outputs of blocks ``indices``."""
         checkpoint = self.grad_checkpointing and self.training
-        if indices is None:
+        if indices is None and self.pos_block is None:
             return run_blocks(self.blocks, x, feat_size, self.num_prefix_tokens, checkpoint=checkpoint), []
         saved: list[Tensor] = []
         for i, blk in enumerate(self.blocks):
             x = run_blocks((blk,), x, feat_size, self.num_prefix_tokens, checkpoint=checkpoint)
-            if i in indices:
+            if self.pos_block is not None and str(i) in self.pos_block:  # PEG after block i
+                x = self.pos_block[str(i)](x, feat_size, self.num_prefix_tokens)
+            if indices is not None and i in indices:
                 saved.append(x)
         return x, saved
 

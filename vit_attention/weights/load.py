@@ -62,7 +62,9 @@ def convert_state_dict(state: Mapping[str, Tensor], model: nn.Module, *, format:
     except TypeError:
         family = None
     converters = converters_for(family) if family else []
-    if format in ("vit_attention", "timm", "ours"):
+    own_layout = ("vit_attention", "ours") if any(c.layout == "timm" for c in converters) else (
+        "vit_attention", "timm", "ours")  # a family whose keys differ from timm's registers a "timm" converter
+    if format in own_layout:
         report.layout = format
     elif format == "auto":
         for conv in converters:
