@@ -87,7 +87,14 @@ def mechanism_page(name: str, image: str | None = None) -> str:
              "window (W-MSA) attention. The analytic count equals `torch.utils.flop_counter` (tested).", "",
              "| feature map h×w×C | heads | this mechanism | Ω(MSA) | Ω(W-MSA), M=7 |",
              "|---|---:|---:|---:|---:|", *_cost_rows(name), ""]
-    if image:
+    if image and _records_channels(name):  # attention over channels: its matrices, not a map
+        lines += ["## Attention pattern", "",
+                  f"![attention pattern of {name}]({image})", "",
+                  "The recorded `[C/nh, C/nh]` weights of three channel groups (rows: the output channel of "
+                  "the group, columns: the channels it mixes; random weights, random input on a 14×14 map, "
+                  "seed 0), recorded with `vit_attention.analysis.record_attention`. There is no image-space "
+                  "map: `query_map` raises for these records.", ""]
+    elif image:
         lines += ["## Attention pattern", "",
                   f"![attention pattern of {name}]({image})", "",
                   f"Where three query tokens (red crosses) look on a {_picture_size(name)[0]}×{_picture_size(name)[1]} "
@@ -111,10 +118,24 @@ def mechanism_picture(name: str, path: Path) -> Path:
     with record_attention(attn, grid=(H, W)) as rec, torch.no_grad():
         attn(x if spec.layout == "spatial" else x.reshape(1, H * W, 48))
     r = rec.records[0]
+    if r.layout.axis == "channels":  # [B, nh, hd, hd]: one channel-by-channel matrix per group
+        groups = list(range(min(3, r.weights.shape[1])))
+        return save_grid([r.weights[0, g] for g in groups], [f"group {g}: channel -> channels" for g in groups],
+                         path, suptitle=f"{name}: attention among the channels of three groups")
     queries = [(2, 2), (H // 2, W // 2 - 1), (H - 2, W - 2)]
     maps = [r.query_map(q)[0] for q in queries]
     return save_grid(maps, [f"query {q}" for q in queries], path, marks=queries,
                      suptitle=f"{name}: attention of three query tokens over a {H}×{W} map")
+
+
+def _records_channels(name: str) -> bool:
+    """Whether the mechanism's example records attention over channels (``AttentionLayout.axis``)."""
+    from .attention_maps import record_attention
+
+    attn, shape, _ = _example(name)
+    with record_attention(attn) as rec, torch.no_grad():
+        attn.eval()(torch.zeros(shape))
+    return any(r.layout.axis == "channels" for r in rec.records)
 
 
 def _picture_size(name: str) -> tuple[int, int]:
