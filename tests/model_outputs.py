@@ -64,10 +64,40 @@ def _reduce_digits(cfg: Any) -> dict[str, Any]:
     return _reduce_vit(cfg) if hasattr(cfg, "depth") else _reduce_swin(cfg)
 
 
+def _reduce_cait(cfg: Any) -> dict[str, Any]:
+    """CaiT: 2 talking-heads blocks, both class-attention blocks, a 3x3 patch grid."""
+    return dict(embed_dim=WIDTH, num_heads=2, depth=2, depth_token_only=2, img_size=cfg.patch_size * 3)
+
+
+def _reduce_igpt(cfg: Any) -> dict[str, Any]:
+    """iGPT: 2 causal blocks on a 4x4 image (16 pixel tokens); the palette and vocabulary stay the preset's."""
+    return dict(embed_dim=WIDTH, num_heads=2, depth=2, img_size=4)
+
+
+def _reduce_vitdet(cfg: Any) -> dict[str, Any]:
+    """ViTDet: 3 blocks (windows of 3 on a 4x4 map, padded to 6x6; block 1 global), a 3x3 pre-training
+    position grid resized to 4x4, a 16-channel pyramid (64 px: every level a whole stride, p6 1x1)."""
+    return dict(embed_dim=WIDTH, num_heads=2, depth=3, global_block_indices=(1,), window_size=3,
+                img_size=cfg.patch_size * 4, pretrain_img_size=cfg.patch_size * 3, pyramid_channels=16)
+
+
+def _reduce_cvt(cfg: Any) -> dict[str, Any]:
+    """CvT: three stages of 16/32/32 channels (1, 1, 2 blocks; class token in the last) on 64 px (224 presets:
+    grids 16, 8, 4) or 80 px (384 presets: grids 20, 10, 5, the last with an odd stride-2 key grid 3x3)."""
+    size = cfg.img_size if isinstance(cfg.img_size, int) else cfg.img_size[0]
+    return dict(embed_dims=(16, 32, 32), num_heads=(1, 2, 2), depths=(1, 1, 2), img_size=64 if size < 384 else 80)
+
+
 def _reduce_davit(cfg: Any) -> dict[str, Any]:
     """DaViT: 2 stages of 16/32 channels, one spatial + channel pair each, window 3 on 40 px (10x10 and
     5x5 maps: both padded to windows); the preset's downsample kernel and channel form are kept."""
     return dict(embed_dims=(16, 32), num_heads=(2, 2), depths=(1, 1), window_size=3, img_size=40)
+
+
+def _reduce_pvt(cfg: Any) -> dict[str, Any]:
+    """PVT v1 / PVTv2: 4 stages of width 16-32, 2 blocks each, 2 heads; 64 px (maps 16 -> 2: every sr_ratio reduces)."""
+    n = len(cfg.depths)
+    return dict(embed_dims=(16,) + (WIDTH,) * (n - 1), depths=(2,) * n, num_heads=(2,) * n, img_size=64)
 
 
 # family -> (preset config -> overrides that shrink it while keeping its code paths). Keys a config
@@ -77,7 +107,13 @@ REDUCERS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "swin": _reduce_swin,
     "swinv2": _reduce_swin,
     "digits": _reduce_digits,
+    "cvt": _reduce_cvt,
+    "cait": _reduce_cait,
+    "igpt": _reduce_igpt,
+    "vitdet": _reduce_vitdet,
     "davit": _reduce_davit,
+    "pvt": _reduce_pvt,
+    "pvt_v2": _reduce_pvt,
 }
 
 
@@ -123,7 +159,10 @@ def compute(name: str, overrides: dict[str, Any]) -> dict[str, torch.Tensor]:
     """``{"logits", "features"}`` of the reduced ``name``."""
     model, x = build(name, overrides)
     with torch.no_grad():
-        return {"logits": model(x), "features": model.forward_features(x)}
+        out = {"logits": model(x), "features": model.forward_features(x)}
+        if hasattr(model, "forward_pyramid"):  # detection backbones (ViTDet): every pyramid level too
+            out.update({f"pyramid.{k}": v for k, v in model.forward_pyramid(x).items()})
+        return out
 
 
 def _load_file(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
