@@ -168,3 +168,33 @@ def test_generate_cli_writes_a_grid_and_benches(tmp_path, capsys) -> None:
     assert "not a generative model" in capsys.readouterr().err
     assert main(["generate", "igpt_small", "--num", "0"]) == 2
     assert "--num" in capsys.readouterr().err
+
+
+def test_generative_training_on_the_digits(tmp_path, capsys) -> None:
+    """`train --model igpt_digits`: next-pixel loss, bits/dim per epoch, a linear probe at the end."""
+    import vit_attention as va
+    from vit_attention.train.engine import TrainConfig, train
+    from vit_attention.train.generative import NextPixelObjective
+
+    tiny = {"depth": 2, "embed_dim": 16, "num_heads": 2, "drop_path_rate": 0.0}
+    cfg = TrainConfig(model="igpt_digits", model_kwargs=tiny, epochs=2, batch_size=128, lr=3e-3, warmup_epochs=0,
+                      output=str(tmp_path / "run"), plot=False, progress=False)
+    result = train(cfg)
+    text = capsys.readouterr().out
+    assert "bits/dim" in text and "linear probe of block 1" in text
+    assert text.strip().splitlines()[-1] == f"test accuracy: {result['test_acc']:.4f}"
+    hist = result["history"]
+    assert [h["test_bpd"] for h in hist] == [pytest.approx(h["test_loss"] / math.log(2)) for h in hist]
+    assert hist[-1]["test_bpd"] < math.log2(17)  # better than a uniform guess over the 17 grey levels
+    assert hist[-1]["test_loss"] < hist[0]["test_loss"]
+    assert 0.0 <= result["test_acc"] <= 1.0 and result["probe_layer"] == 1
+    assert 0.2 < result["probe_acc"] <= 1.0  # 10 classes: well above chance from 2 epochs of pixels
+    model = va.load_model(tmp_path / "run" / "model.safetensors")
+    assert model.cfg.in_chans == 1 and model.cfg.vocab_size == 17
+    x = torch.rand(4, 1, 8, 8) * 2 - 1
+    objective = NextPixelObjective(model)
+    with torch.no_grad():
+        torch.testing.assert_close(objective(x, model(x, objective="generative")), model.loss(x, reduction="none"))
+    assert model.generate(2, seed=0).shape == (2, 64)
+    with pytest.raises(ValueError, match="mixup"):
+        train(TrainConfig(model="igpt_digits", model_kwargs=tiny, epochs=1, mixup=0.2, output=str(tmp_path / "m")))

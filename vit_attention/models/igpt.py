@@ -229,6 +229,7 @@ class ImageGPT(nn.Module):
     """
 
     family = "igpt"
+    generative = True  # trained on its own pixels: the training loop uses the next-pixel objective
 
     def __init__(self, cfg: ImageGPTConfig | None = None, **overrides: Any) -> None:
         super().__init__()
@@ -378,8 +379,16 @@ class ImageGPT(nn.Module):
         x = self.head_drop(x.mean(dim=1))  # [B, C]
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> class logits ``[B, num_classes]``."""
+    def forward(self, x: Tensor, objective: Literal["classify", "generative"] = "classify") -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> class logits ``[B, num_classes]``.
+
+        ``objective="generative"``: next-pixel logits ``[B, N, K]`` of the shifted input instead (targets:
+        :meth:`quantize`; what the training loop calls for generative models, see ``generative``).
+        """
+        if objective == "generative":
+            return self.lm_head(self.forward_features(x))
+        if objective != "classify":
+            raise ValueError(f"objective must be 'classify' or 'generative', got {objective!r}")
         return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(
@@ -468,6 +477,10 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "igpt_small": dict(embed_dim=512, depth=24, num_heads=8),
     "igpt_medium": dict(embed_dim=1024, depth=36, num_heads=8),
     "igpt_large": dict(embed_dim=1536, depth=48, num_heads=16),
+    # The embedded digits (8x8 = 64 pixels, 17 grey levels 0..16): a grey palette that holds every level exactly;
+    # `vit-attention train --model igpt_digits` trains it on the next-pixel loss (vit_attention/train/generative.py).
+    "igpt_digits": dict(img_size=8, vocab_size=17, palette="grey", embed_dim=64, depth=4, num_heads=4,
+                        drop_path_rate=0.1),
 }
 # Params: the HF configs counted (transformer + untied 512-way LM head; the classifier excluded).
 # GMACs at N = 1024: 12·N·d² + 2·N²·d per block plus the LM head (FAMILIES.md §Sizes, analytic);

@@ -87,6 +87,7 @@ from .distributed import (
     unwrap_model,
     wrap_model,
 )
+from .generative import NextPixelObjective, evaluate_dataset, is_generative, probe_datasets
 
 __all__ = ["TrainConfig", "ModelEma", "lr_at", "param_groups", "evaluate", "train", "plot_curves", "seed_step",
            "TrainingDiverged", "TrainingInterrupted", "create_run_folder", "check_model_kwargs",
@@ -244,6 +245,8 @@ def evaluate(model: nn.Module, dataset: Any, transform: nn.Module, *, batch_size
     rank's share with ``return_predictions``).
     """
     info = info or DistInfo()
+    if is_generative(model) and not return_predictions:  # next-pixel loss, bits/dim, pixel accuracy (no labels)
+        return evaluate_dataset(model, dataset, transform, info.device, batch_size)
     was_training = model.training
     sharded = is_fsdp(model)
     net = model if sharded else unwrap_model(model)  # a DDP wrapper would sync buffers in every forward
@@ -642,7 +645,7 @@ class _Run:
     optimizer: torch.optim.Optimizer
     ema: ModelEma | None
     transform: BatchTransform
-    criterion: DistillationLoss
+    criterion: DistillationLoss | NextPixelObjective
     out: Path
     total_steps: int
     warmup_steps: int
@@ -651,6 +654,7 @@ class _Run:
     n_params: int = 0
     show: bool = False  # progress bars (else one line per epoch)
     config_text: str = ""  # config.json, written with the first checkpoint
+    forward_kwargs: dict[str, Any] = field(default_factory=dict)  # generative models: {"objective": "generative"}
 
     def lr(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` in this run's schedule."""
@@ -728,6 +732,13 @@ def _setup(cfg: TrainConfig, info: DistInfo, data: DataBundle, tqdm: Any,
     Returns the run and where its training starts (epoch 0, or the checkpoint's position, RNG restored).
     """
     model = build_model_for_data(cfg, data)
+    generative = is_generative(model)
+    if generative:  # trained on its own pixels (train/generative.py): images in [-1, 1], no labels, no teacher
+        for name, bad in (("teacher", cfg.teacher), ("mixup", cfg.mixup), ("cutmix", cfg.cutmix)):
+            if bad:
+                raise ValueError(f"{cfg.model} trains generatively (next-pixel loss): --{name} does not apply")
+        m = NextPixelObjective.normalization
+        data = DataBundle(**{**data.__dict__, "mean": (m,) * data.in_chans, "std": (m,) * data.in_chans})
     _set_threads(cfg, info, model)
     model_cfg = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else {}
     out = Path(cfg.output) if cfg.output else Path("runs") / f"{cfg.model}-<time>"  # created by _open_run_folder
@@ -752,14 +763,16 @@ def _setup(cfg: TrainConfig, info: DistInfo, data: DataBundle, tqdm: Any,
     transform = _make_transform(cfg, data).to(info.device)
     criterion = DistillationLoss(soft_target_cross_entropy, teacher,
                                  distill_type=cfg.distill_type if teacher else "none",
-                                 alpha=cfg.distill_alpha, tau=cfg.distill_tau)
+                                 alpha=cfg.distill_alpha, tau=cfg.distill_tau) if not generative \
+        else NextPixelObjective(model)
 
     steps_per_epoch = len(data.train) // cfg.batch_size
     total_steps = steps_per_epoch * cfg.epochs
     run = _Run(cfg=cfg, info=info, progress=progress, tqdm=tqdm, data=data, model=model, model_cfg=model_cfg,
                net=net, optimizer=optimizer, ema=ema, transform=transform, criterion=criterion, out=out,
                total_steps=total_steps,
-               warmup_steps=min(int(round(cfg.warmup_epochs * steps_per_epoch)), total_steps))
+               warmup_steps=min(int(round(cfg.warmup_epochs * steps_per_epoch)), total_steps),
+               forward_kwargs=dict(NextPixelObjective.forward_kwargs) if generative else {})
     start = _Start()
     if ckpt is not None:
         st = ckpt.state
@@ -854,7 +867,8 @@ def _train_epochs(run: _Run, start: _Start) -> dict[str, Any] | None:
             if not run.show:
                 _say(info, f"epoch {epoch + 1}/{cfg.epochs}: train loss {row['train_loss']:.4f} acc "
                            f"{row['train_acc']:.4f} | test loss {row['test_loss']:.4f} acc {row['test_acc']:.4f} | "
-                           f"{row['train_img_s']:.0f} img/s")
+                           f"{row['train_img_s']:.0f} img/s"
+                           + (f" | test {row['test_bpd']:.3f} bits/dim" if "test_bpd" in row else ""))
             stopped = cfg.stop_after is not None and run.step >= cfg.stop_after and epoch + 1 < cfg.epochs
         if stopped:
             epoch_bar.close()
@@ -917,14 +931,16 @@ def _train_step(run: _Run, batch: list[int], epoch: int, sums: Tensor) -> float:
         x, target = mix_batch(x, y, run.data.num_classes, mixup=cfg.mixup, cutmix=cfg.cutmix,
                               label_smoothing=cfg.label_smoothing)
         with no_sync(run.net, skip=mi < cfg.accum_steps - 1), _autocast(info.device, cfg.amp):
-            outputs = run.net(x)
+            outputs = run.net(x, **run.forward_kwargs)
             per_sample = run.criterion(x, outputs, target)  # [b]
             loss = per_sample.sum() * (info.world_size / len(batch))
             loss.backward()
         step_loss += per_sample.detach().sum().double()
         with torch.no_grad():
             logits = outputs[0] if isinstance(outputs, tuple) else outputs
-            sums += torch.stack([per_sample.detach().sum().double(), (logits.argmax(-1) == y).sum().double(),
+            hits = run.criterion.correct(x, logits) if isinstance(run.criterion, NextPixelObjective) \
+                else (logits.argmax(-1) == y).sum()  # generative: the fraction of pixels right, per image
+            sums += torch.stack([per_sample.detach().sum().double(), hits.double(),
                                  torch.tensor(float(len(y)), dtype=torch.float64, device=info.device)])
     # a non-finite loss stops the run before the step: the weights on disk stay the last good ones
     # (one scalar summed over ranks, so every rank stops at the same step)
@@ -955,6 +971,8 @@ def _end_epoch(run: _Run, epoch: int, sums: Tensor, train_time: float) -> dict[s
                            "train_loss": g[0].item() / count, "train_acc": g[1].item() / count,
                            "test_loss": ev["loss"], "test_acc": ev["top1"], "test_top5": ev["top5"],
                            "train_img_s": count / max(train_time, 1e-9)}
+    if "bpd" in ev:  # generative models: the test next-pixel loss in bits per dimension
+        row["test_bpd"] = ev["bpd"]
     if run.ema is not None:
         row["test_acc_ema"] = evaluate(run.ema.module, data.test, run.transform, info=info, amp=cfg.amp,
                                        workers=cfg.workers)["top1"]
@@ -981,6 +999,10 @@ def _finish(run: _Run) -> dict[str, Any]:
     if ema is not None:
         result["test_acc_ema"] = evaluate(ema.module, data.test, run.transform, info=info, amp=cfg.amp,
                                           workers=cfg.workers)["top1"]
+    if "bpd" in final:  # generative: bits/dim, and a linear probe of the middle block's features on the labels
+        result["test_bpd"] = final["bpd"]
+        result["probe_acc"], result["probe_layer"] = probe_datasets(
+            bare, data.train, data.test, run.transform, info.device, num_classes=data.num_classes)
     if not info.is_main:
         return result
     _check_finite_state(msd, run.progress, cfg)
@@ -1001,5 +1023,8 @@ def _finish(run: _Run) -> dict[str, Any]:
     print(f"test top-5 accuracy: {final['top5']:.4f}", flush=True)
     if ema is not None:
         print(f"test accuracy (EMA weights): {result['test_acc_ema']:.4f}", flush=True)
+    if "bpd" in final:
+        print(f"test next-pixel loss: {final['bpd']:.4f} bits/dim (pixel accuracy {final['top1']:.4f}); linear probe "
+              f"of block {result['probe_layer']} on the labels: test accuracy {result['probe_acc']:.4f}", flush=True)
     print(f"test accuracy: {final['top1']:.4f}", flush=True)
     return result
