@@ -102,7 +102,24 @@ def _reduce_pvt(cfg: Any) -> dict[str, Any]:
 
 # family -> (preset config -> overrides that shrink it while keeping its code paths). Keys a config
 # does not have are dropped, so one reducer may serve configs of several classes.
+def _reduce_cpvt(cfg: Any) -> dict[str, Any]:
+    """CPVT: the ViT reduction on a 3x3 patch grid (the PEG after block 0 sees borders and a centre)."""
+    return dict(_reduce_vit(cfg), img_size=cfg.patch_size * 3)
+
+
+def _reduce_twins(cfg: Any) -> dict[str, Any]:
+    """Twins: 4 stages of width 16-32, 2 blocks each (SVT: one LSA + one GSA), 64 px (maps 16, 8, 4, 2:
+    every sr_ratio reduces to 2x2; SVT's groups of 3 pad in every stage)."""
+    over: dict[str, Any] = dict(embed_dims=(16, WIDTH, WIDTH, WIDTH), num_heads=(2,) * 4, depths=(2,) * 4,
+                                img_size=64)
+    if cfg.wss is not None:
+        over["wss"] = (3,) * 4
+    return over
+
+
 REDUCERS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "cpvt": _reduce_cpvt,
+    "twins": _reduce_twins,
     "vit": _reduce_vit,
     "swin": _reduce_swin,
     "swinv2": _reduce_swin,
