@@ -103,3 +103,25 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="num_prefix_tokens"):
         attn(torch.randn(1, 4, 4, DIM), num_prefix_tokens=1)
     assert "window_size=(2, 2)" in repr(attn) and "global" in repr(RelPosAttention(DIM, HEADS))
+
+
+@pytest.mark.parametrize("hw", [(6, 6), (5, 8)])
+def test_augment_impl_equals_the_bias(hw):
+    """rel_pos_impl='augment' (global): the same outputs and gradients, FLOPs counted for the longer q / k rows."""
+    ours, _ = _pair(0, (6, 6))
+    aug = RelPosAttention(DIM, HEADS, window_size=0, input_size=(6, 6), rel_pos_impl="augment")
+    aug.load_state_dict(ours.state_dict())
+    x = torch.randn(2, *hw, DIM)
+    with torch.no_grad():
+        torch.testing.assert_close(aug.eval()(x), ours(x), rtol=1e-5, atol=1e-5)
+        with fused_attention(False):
+            torch.testing.assert_close(aug(x), ours(x), rtol=1e-5, atol=1e-5)
+    aug.train()(x).sum().backward()
+    ours.train()(x).sum().backward()
+    torch.testing.assert_close(aug.rel_pos_h.grad, ours.rel_pos_h.grad, rtol=1e-4, atol=1e-5)
+    shape = (2, *hw, DIM)
+    measured, _ = measure_flops(aug, shape, device=None)
+    assert aug.flops(shape) == pytest.approx(measured, rel=0.01)
+    assert aug.flops(shape) - ours.flops(shape) == 2 * HEADS * sum(hw) * (hw[0] * hw[1]) ** 2
+    with pytest.raises(ValueError, match="rel_pos_impl"):
+        RelPosAttention(DIM, HEADS, rel_pos_impl="fast")

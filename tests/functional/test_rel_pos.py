@@ -9,7 +9,12 @@ import torch
 import torch.nn.functional as F
 from transformers.models.vitdet.modeling_vitdet import add_decomposed_relative_positions
 
-from vit_attention.functional.rel_pos import decomposed_rel_pos_bias, rel_pos_table, resize_rel_pos
+from vit_attention.functional.rel_pos import (
+    decomposed_rel_pos_bias,
+    decomposed_rel_pos_qk,
+    rel_pos_table,
+    resize_rel_pos,
+)
 from vit_attention.functional.window_attention import window_attention, window_tokens
 
 
@@ -101,3 +106,18 @@ def test_window_attention_query_bias_is_added_per_window(hw):
             ref[:, i:i + ws, j:j + ws] = (a @ v).transpose(1, 2).reshape(1, ws, ws, nh * hd)
     torch.testing.assert_close(out.view(1, H, W, -1), ref[:, :H, :W], rtol=1e-5, atol=1e-6)
     assert (out - plain).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("q_size,k_size", [((4, 5), (4, 5)), ((3, 3), (6, 2))])
+def test_augmented_q_k_give_the_same_logits(q_size, k_size):
+    """decomposed_rel_pos_qk: (q'·k'ᵀ) == (q·scale)·kᵀ + bias, for equal and unequal grids (resized tables)."""
+    g = torch.Generator().manual_seed(3)
+    N, M = q_size[0] * q_size[1], k_size[0] * k_size[1]
+    q, k = torch.randn(2, 3, N, 8, generator=g), torch.randn(2, 3, M, 8, generator=g)
+    rh, rw = torch.randn(9, 8, generator=g), torch.randn(5, 8, generator=g)
+    qa, ka = decomposed_rel_pos_qk(q, k, rh, rw, q_size, k_size, scale=0.35)
+    assert qa.shape == (2, 3, N, 8 + k_size[0] + k_size[1]) and ka.shape == (2, 3, M, qa.shape[-1])
+    ref = (q * 0.35) @ k.transpose(-2, -1) + decomposed_rel_pos_bias(q, rh, rw, q_size, k_size)
+    torch.testing.assert_close(qa @ ka.transpose(-2, -1), ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="k_size"):
+        decomposed_rel_pos_qk(q, k[..., :-1, :], rh, rw, q_size, k_size, scale=1.0)

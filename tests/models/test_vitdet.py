@@ -166,3 +166,16 @@ def test_classifier_api_and_weight_decay_names():
 def test_bad_config_is_named(bad, match):
     with pytest.raises((ValueError, TypeError), match=match):
         create_model(B, **{**SMALL, **bad})
+
+
+def test_augment_impl_model_equals_the_bias_model():
+    model = create_model(B, **SMALL).eval()
+    aug = create_model(B, **SMALL, rel_pos_impl="augment").eval()
+    aug.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for p in model.parameters():  # non-zero tables
+            p.add_(0.05 * torch.randn_like(p))
+        aug.load_state_dict(model.state_dict())
+        x = torch.randn(1, 3, 128, 96)
+        torch.testing.assert_close(aug.forward_features(x), model.forward_features(x), rtol=1e-5, atol=1e-5)
+    assert aug.blocks[1].attn.rel_pos_impl == "augment" and aug.blocks[0].attn.is_windowed

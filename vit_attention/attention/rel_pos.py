@@ -18,6 +18,13 @@ Keys (detectron2 / timm ``samvit`` / Hugging Face ``VitDet``): ``qkv``, ``proj``
 ``[2·K_h - 1, hd]``, ``rel_pos_w`` ``[2·K_w - 1, hd]`` with ``K = ws`` in window mode and
 ``K = input_size`` (the token grid the model is built for) in global mode; a table of another
 length (another image size) is resized linearly at run time.
+
+``rel_pos_impl="augment"`` (global mode) computes the same logits without materialising the
+``[B, nh, N, N]`` bias (:func:`~vit_attention.functional.rel_pos.decomposed_rel_pos_qk`: the
+position term appended to q and k as one-hot key coordinates), so the fused kernel runs in O(N)
+memory, for ``nh·(H + W)·N²`` more multiply-adds. Measured on an H100, ViTDet-B's 64x64 global
+attention: 3x faster in bf16 and a tenth of the memory. Window blocks always use the bias
+(there the augmented form measured slower).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
 from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
-from ..functional.rel_pos import decomposed_rel_pos_bias
+from ..functional.rel_pos import decomposed_rel_pos_bias, decomposed_rel_pos_qk
 from ..functional.window import to_pair
 from ..functional.window_attention import window_attention, window_tokens
 from ._common import check_heads, check_prob
@@ -78,6 +85,8 @@ class RelPosAttention(nn.Module):
             ``2·H - 1``, ``2·W - 1``); unused in window mode. Default: the 224-px pre-training grid.
         use_rel_pos: add the decomposed relative positions (False: plain window / global attention).
         rel_pos_zero_init: tables start at zero (detectron2's default); else truncated normal, std 0.02.
+        rel_pos_impl: ``"bias"`` (the references' materialised bias) or ``"augment"`` (global mode:
+            the same logits through augmented q / k, O(N) memory in the fused kernel; module docstring).
         qkv_bias: bias on the qkv projection. qk_scale: logit scale (default ``hd ** -0.5``).
         attn_drop, proj_drop: dropout on the weights and after ``proj``.
     """
@@ -86,8 +95,8 @@ class RelPosAttention(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 0,
                  input_size: int | Sequence[int] = 14, use_rel_pos: bool = True, rel_pos_zero_init: bool = True,
-                 qkv_bias: bool = True, qk_scale: float | None = None, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0) -> None:
+                 rel_pos_impl: str = "bias", qkv_bias: bool = True, qk_scale: float | None = None,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
         super().__init__()
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
@@ -103,6 +112,9 @@ class RelPosAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
         self.use_rel_pos = bool(use_rel_pos)
+        if rel_pos_impl not in ("bias", "augment"):
+            raise ValueError(f"rel_pos_impl must be 'bias' or 'augment', got {rel_pos_impl!r}")
+        self.rel_pos_impl = rel_pos_impl
         if self.use_rel_pos:
             kh, kw = self.window_size if self.is_windowed else self.input_size
             self.rel_pos_h = nn.Parameter(torch.zeros(2 * kh - 1, self.head_dim))
@@ -151,9 +163,14 @@ class RelPosAttention(nn.Module):
                                    query_bias=query_bias)  # [B, H·W, C]
         else:
             q, k, v = split_qkv(apply_linear(self.qkv, x.reshape(B, H * W, C)), self.num_heads)  # [B, nh, N, hd]
-            bias = self.rel_pos_bias(q, (H, W)) if self.use_rel_pos else None  # [B, nh, N, N]
+            bias, scale = None, self.scale
+            if self.use_rel_pos and self.rel_pos_impl == "augment":  # same logits, no [N, N] bias: fused kernel
+                q, k = decomposed_rel_pos_qk(q, k, self.rel_pos_h, self.rel_pos_w, (H, W), scale=scale)
+                scale = 1.0  # [B, nh, N, hd + H + W] each
+            elif self.use_rel_pos:
+                bias = self.rel_pos_bias(q, (H, W))  # [B, nh, N, N]
             layout = token_layout(H * W, (H, W)) if attention_observed() else None
-            out = merge_heads(scaled_dot_product_attention(q, k, v, bias=bias, scale=self.scale, dropout_p=dropout,
+            out = merge_heads(scaled_dot_product_attention(q, k, v, bias=bias, scale=scale, dropout_p=dropout,
                                                            layout=layout))  # [B, H·W, C]
         res = None if residual is None else residual.reshape(B, H * W, C)
         if res is not None and not (self.training and self.proj_drop.p > 0):
@@ -167,7 +184,8 @@ class RelPosAttention(nn.Module):
         Window mode: ``3·t·C² + hw·C² + 2·Wh·Ww·hw_p·C + (Wh + Ww)·hw_p·C`` per image, where the qkv
         projection runs on the ``hw`` tokens plus one zero token when the map is padded (every
         padded slot shares its projection), attention and the position term on the padded map
-        ``hw_p``. Global: ``4·hw·C² + 2·(hw)²·C + (H + W)·hw·C``.
+        ``hw_p``. Global: ``4·hw·C² + 2·(hw)²·C + (H + W)·hw·C``, plus ``nh·(H + W)·(hw)²`` with
+        ``rel_pos_impl="augment"`` (the longer q / k rows).
         """
         B, H, W, C = input_shape
         hw = H * W
@@ -177,8 +195,11 @@ class RelPosAttention(nn.Module):
             hwp = (H + (-H) % wh) * (W + (-W) % ww)
             t = hw + (hwp != hw)
             return B * (3 * t * C * C + hw * C * C + 2 * wh * ww * hwp * C + rel * (wh + ww) * hwp * C)
-        return B * (4 * hw * C * C + 2 * hw * hw * C + rel * (H + W) * hw * C)
+        augment = rel and self.rel_pos_impl == "augment"
+        return B * (4 * hw * C * C + 2 * hw * hw * C + rel * (H + W) * hw * C
+                    + augment * self.num_heads * (H + W) * hw * hw)
 
     def extra_repr(self) -> str:
         mode = f"window_size={self.window_size}" if self.is_windowed else f"global, input_size={self.input_size}"
-        return f"dim={self.dim}, num_heads={self.num_heads}, {mode}, use_rel_pos={self.use_rel_pos}"
+        impl = f", rel_pos_impl={self.rel_pos_impl!r}" if self.rel_pos_impl != "bias" else ""
+        return f"dim={self.dim}, num_heads={self.num_heads}, {mode}, use_rel_pos={self.use_rel_pos}{impl}"

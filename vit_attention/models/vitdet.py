@@ -86,7 +86,10 @@ class ViTDetConfig(ConfigMixin):
 
     ``global_block_indices``: blocks that attend globally (indices past the last block are
     ignored, so a preset keeps working at a smaller ``depth``); every other block uses windows of
-    ``window_size`` (0 = every block global). ``pretrain_img_size`` / ``pretrain_use_cls_token``:
+    ``window_size`` (0 = every block global). ``rel_pos_impl="augment"``: global blocks compute the
+    decomposed position term through augmented q / k instead of a materialised ``[B, nh, N, N]``
+    bias (the same numbers; O(N) memory with the fused kernel, more multiply-adds; see
+    :mod:`vit_attention.attention.rel_pos`). ``pretrain_img_size`` / ``pretrain_use_cls_token``:
     the grid (and class row) of the stored absolute position embedding, resized to the map at run
     time. ``pyramid``: build the simple feature pyramid (``pyramid_channels``, ``scale_factors``
     from {4, 2, 1, 0.5}, ``top_block`` adds ``p6``); False gives the plain backbone (Hugging Face
@@ -107,6 +110,7 @@ class ViTDetConfig(ConfigMixin):
     window_size: int = 14
     global_block_indices: tuple[int, ...] = (2, 5, 8, 11)
     use_rel_pos: bool = True
+    rel_pos_impl: Literal["bias", "augment"] = "bias"  # "augment": global blocks without the [N, N] bias
     use_abs_pos: bool = True
     pretrain_img_size: int = 224
     pretrain_use_cls_token: bool = True
@@ -138,6 +142,7 @@ class ViTDetConfig(ConfigMixin):
         check_int(self.window_size, "window_size", min_value=0)
         if self.global_block_indices:  # indices past the last block are ignored (a preset at a smaller depth)
             check_int_seq(self.global_block_indices, "global_block_indices", min_value=0)
+        check_choice(self.rel_pos_impl, "rel_pos_impl", ("bias", "augment"))
         check_int(self.pretrain_img_size, "pretrain_img_size")
         for rate in ("drop_rate", "drop_path_rate"):
             check_float(getattr(self, rate), rate, low=0.0, high=1.0)
@@ -229,7 +234,8 @@ class ViTDet(nn.Module):
         blocks = []
         for i in range(cfg.depth):
             ws = 0 if i in cfg.global_block_indices else cfg.window_size
-            own = dict(window_size=ws, input_size=self.grid_size, use_rel_pos=cfg.use_rel_pos)
+            own = dict(window_size=ws, input_size=self.grid_size, use_rel_pos=cfg.use_rel_pos,
+                       rel_pos_impl=cfg.rel_pos_impl)
             blocks.append(Block(C, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop_path=dpr[i],
                                 norm_layer=norm_layer, attn_layer=cfg.attn_layer,
                                 attn_kwargs={**accepted_kwargs(cfg.attn_layer, own), **cfg.attn_kwargs}))
