@@ -134,6 +134,8 @@ def test_intermediates_are_pixel_maps_and_bad_inputs_are_named() -> None:
         create_model("igpt_small", vocab_size=100)
     with pytest.raises(ValueError, match="tokens"):
         create_model("igpt_small", attn_layer="window")
+    with pytest.raises(ValueError, match="not causal"):
+        create_model("igpt_small", attn_layer="mhsa")
 
 
 def test_block_parts_are_ours_with_rms_norm_and_quick_gelu() -> None:

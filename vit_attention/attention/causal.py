@@ -124,6 +124,7 @@ class CausalSelfAttention(nn.Module):
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
 
     accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
+    causal = True  # token i sees tokens <= i, and forward takes a KVCache (what autoregressive models require)
 
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
                 context: Tensor | None = None, residual: Tensor | None = None, cache: KVCache | None = None,

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from ..attention import get_attention_spec, list_attention
 from ..attention.causal import KVCache
 from ..layers import Block, drop_path_schedule, run_blocks, stage_feature_info
 from ._config import ConfigMixin, check_attn_layer, check_float, check_int, check_size, resolve_indices
@@ -216,6 +217,10 @@ class ImageGPTConfig(ConfigMixin):
         check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
         check_float(self.norm_eps, "norm_eps")
         check_attn_layer(self.attn_layer, self.attn_kwargs, layout="tokens")
+        if not getattr(get_attention_spec(self.attn_layer).cls, "causal", False):
+            causal = [n for n in list_attention() if getattr(get_attention_spec(n).cls, "causal", False)]
+            raise ValueError(f"attn_layer={self.attn_layer!r} is not causal: Image GPT predicts each pixel from the "
+                             f"ones before it, so a token must not see later tokens (use one of {causal})")
         for rate in ("drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"):
             check_float(getattr(self, rate), rate, low=0.0, high=1.0)
 
