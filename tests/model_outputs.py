@@ -102,6 +102,15 @@ def _reduce_pvt(cfg: Any) -> dict[str, Any]:
 
 # family -> (preset config -> overrides that shrink it while keeping its code paths). Keys a config
 # does not have are dropped, so one reducer may serve configs of several classes.
+def _reduce_nat(cfg: Any) -> dict[str, Any]:
+    """NAT / DiNAT: 4 levels of width 16-128, 2 blocks each, kernel 3 (DiNAT: dilations 1, 2) on 64 px
+    (maps 16 -> 2: levels 2-3 are smaller than K·d and get padded)."""
+    over: dict[str, Any] = dict(embed_dim=16, depths=(2, 2, 2, 2), num_heads=(2, 2, 2, 2), kernel_size=3, img_size=64)
+    if cfg.dilations is not None:
+        over["dilations"] = ((1, 2),) * 4  # alternating 1, 2 in every level
+    return over
+
+
 def _reduce_cpvt(cfg: Any) -> dict[str, Any]:
     """CPVT: the ViT reduction on a 3x3 patch grid (the PEG after block 0 sees borders and a centre)."""
     return dict(_reduce_vit(cfg), img_size=cfg.patch_size * 3)
@@ -117,9 +126,20 @@ def _reduce_twins(cfg: Any) -> dict[str, Any]:
     return over
 
 
+def _reduce_mobilevit(cfg: Any) -> dict[str, Any]:
+    """MobileViT v1 / v2: 5 stages of 8 ... 24 channels, MobileViT blocks of 2 / 1 / 1 transformer blocks; v1 on a
+    96 px image (the stride-32 map is 3x3: v1's resize up and back), v2 on 64 px (v2 resizes without coming back,
+    which changes the strides: its resize is covered by the timm fixture)."""
+    return dict(stem_chs=8, channels=(8, 16, 16, 24, 24), depths=(1, 2, 1, 1, 1), transformer_dims=(0, 0, 16, 24, 24),
+                transformer_depths=(0, 0, 2, 1, 1), num_features=32 if cfg.num_features else 0,
+                img_size=96 if cfg.block_type == "v1" else 64)
+
+
 REDUCERS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "mobilevit": _reduce_mobilevit,
     "cpvt": _reduce_cpvt,
     "twins": _reduce_twins,
+    "nat": _reduce_nat,
     "vit": _reduce_vit,
     "swin": _reduce_swin,
     "swinv2": _reduce_swin,

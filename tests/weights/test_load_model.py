@@ -26,6 +26,10 @@ def _small(name: str) -> dict[str, Any]:
     cfg = get_model_entry(name).config()
     fields = {f.name for f in dataclasses.fields(cfg)}
     over: dict[str, Any] = {"num_classes": 7}
+    if not {"embed_dims", "embed_dim"} & fields:  # no token width to shrink (MobileViT: conv widths): its reducer
+        from model_outputs import small_overrides
+
+        return {**small_overrides(name), **over}
     if "embed_dims" in fields:  # pyramids with a width per stage (PVT, PVTv2, ...): one block each, 8 wide
         n = len(cfg.depths)
         over.update(depths=(1,) * n, num_heads=(1,) * n, embed_dims=(8,) * n,
@@ -33,7 +37,7 @@ def _small(name: str) -> dict[str, Any]:
     elif "depths" in fields:  # Swin / SwinV2: keep the stages and windows, one block each, 8-wide heads
         n = len(cfg.depths)
         over.update(depths=(1,) * n, num_heads=tuple(2 ** i for i in range(n)), embed_dim=8,
-                    img_size=cfg.patch_size * 2 ** n)
+                    img_size=getattr(cfg, "patch_size", 4) * 2 ** n)
     else:  # isotropic (ViT-like); a family without patches (iGPT: a token per pixel) counts as patch 1
         over.update(depth=1, num_heads=2, embed_dim=16, img_size=getattr(cfg, "patch_size", 1) * 2)
         if getattr(cfg, "mlp_dim", None) is not None:
