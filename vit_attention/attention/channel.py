@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
 from ..functional.attention import attention_observed
 from ..functional.layout import AttentionLayout
-from ..functional.linear import apply_linear
+from ..functional.linear import apply_linear, hookless
 from ..functional.window import _CPU, _cached
 from ._common import check_heads, check_prob
 from .registry import register_attention
@@ -127,17 +127,40 @@ class ChannelAttention(nn.Module):
             raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
         if context is not None:
             raise ValueError("channel attention attends among the channels of x: context is not supported")
-        q, k, v = (t.transpose(-2, -1) for t in split_qkv(apply_linear(self.qkv, x), self.num_heads))  # [B, nh, hd, N]
+        B, N, C = x.shape
+        plain = type(self.qkv) is nn.Linear and type(self.proj) is nn.Linear and hookless(self.qkv, self.proj)
+        if plain:  # project straight into the channels-major layout: contiguous [B, 3C, N], no transpose copies
+            w = self.qkv.weight.expand(B, -1, -1)  # [B, 3C, C]
+            xt = x.transpose(1, 2)  # [B, C, N]
+            qkv_t = torch.bmm(w, xt) if self.qkv.bias is None else torch.baddbmm(self.qkv.bias[:, None], w, xt)
+            q, k, v = qkv_t.view(B, 3, self.num_heads, self.head_dim, N).unbind(1)  # each [B, nh, hd, N]
+        else:  # a wrapped / hooked projection runs as a module
+            q, k, v = (t.transpose(-2, -1) for t in split_qkv(apply_linear(self.qkv, x), self.num_heads))
         if self.form == "davit":  # keys x values make the matrix, the queries are what is mixed
             q, k, v = k, v, q
         layout = channel_layout(self.head_dim) if attention_observed() else None
-        out = scaled_dot_product_attention(q, k, v, scale=self.scale_for(x.shape[1]), layout=layout,
+        out = scaled_dot_product_attention(q, k, v, scale=self.scale_for(N), layout=layout,
                                            dropout_p=self.attn_drop if self.training else 0.0)  # [B, nh, hd, N]
+        if plain and not (self.training and self.proj_drop.p > 0):
+            return self._project_channels_major(out.reshape(B, C, N), residual)  # [B, N, C]
         out = merge_heads(out.transpose(-2, -1))  # [B, N, C]
         if not self.training:  # proj_drop is the identity
             return apply_linear(self.proj, out, residual=residual)  # [B, N, C]
         out = self.proj_drop(apply_linear(self.proj, out))  # [B, N, C]
         return out if residual is None else residual + out
+
+    def _project_channels_major(self, out: Tensor, residual: Tensor | None) -> Tensor:
+        """``proj`` of the attention output held channels-major ``[B, C, N]``: ``[B, N, C]`` (+ residual).
+
+        One batched GEMM reads the transposed operand in place (no transpose copy); the residual,
+        when given, is its accumulator.
+        """
+        B = out.shape[0]
+        ot, w, b = out.transpose(1, 2), self.proj.weight.t().expand(B, -1, -1), self.proj.bias  # [B, N, C], [B, C, C]
+        if residual is not None:
+            y = torch.baddbmm(residual, ot, w)  # [B, N, C]
+            return y if b is None else y + b
+        return torch.bmm(ot, w) if b is None else torch.baddbmm(b, ot, w)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``input_shape = (B, N, C)``: ``4·N·C² + 2·N·C·hd`` (qkv, proj, two ``hd x hd`` products)."""
