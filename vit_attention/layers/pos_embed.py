@@ -19,6 +19,12 @@ class PosConv(nn.Module):
 
     ``[B, P + H·W, C]`` (with ``feat_size=(H, W)``) or ``[B, H, W, C]`` -> same shape. A block's
     ``pos_layer``: ``Block(..., pos_layer=PosConv)``. Keys: ``proj.{weight,bias}``.
+
+    The conv is depthwise, stride 1, zero padding ``k // 2``, with bias, as timm's Twins ``PosConv``
+    and the original ``PosCNN`` (tests/layers/test_peg.py checks it against timm). Placements:
+    before a block (``Block(pos_layer=)``), after block ``i`` of a stage (``Stage(pos=, pos_index=i)``,
+    Twins), after blocks of a ViT (``VisionTransformerConfig(peg_after=(0,))``, CPVT). Cost ``9·H·W·C``
+    multiply-adds, ``10·C`` parameters.
     """
 
     def __init__(self, dim: int, kernel_size: int = 3) -> None:
