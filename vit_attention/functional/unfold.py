@@ -30,7 +30,8 @@ def patch_grid(H: int, W: int, patch_size: int) -> tuple[int, int]:
     """Patches ``(nh, nw)`` covering an ``H x W`` map (the last row / column padded when needed)."""
     if patch_size <= 0:
         raise ValueError(f"patch_size must be a positive int, got {patch_size!r}")
-    return -(-H // patch_size), -(-W // patch_size)
+    p = patch_size  # positive operands only: ONNX divides by truncation, Python by floor
+    return (H + p - 1) // p, (W + p - 1) // p
 
 
 def unfold_patches(x: Tensor, patch_size: int) -> Tensor:

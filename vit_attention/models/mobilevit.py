@@ -1,0 +1,354 @@
+"""MobileViT v1 (Mehta & Rastegari 2022) and v2 (separable attention, 2022b): mobile CNN + transformer hybrids.
+
+Config dataclass -> :class:`MobileViT` -> presets registered as data (timm's names). A MobileNetV2
+backbone (stem, inverted residuals with BatchNorm) whose last three stages end in a MobileViT
+block: a local ``kxk`` conv and a ``1x1`` projection to ``d`` channels, a stack of the one
+:class:`~vit_attention.layers.Block` on the channels-last map with a global mechanism (v1: ``unfold``,
+attention across unfolded ``p x p`` patches; v2: ``separable``, linear-cost separable attention),
+a norm, and a ``1x1`` projection back (v1 then fuses the block input in with a ``kxk`` conv).
+Any registered mechanism can replace the block's (``attn_layer``).
+
+Resizing at sizes that are not patch multiples (done once per MobileViT block, as the references):
+v1 bilinear ``align_corners=False`` up before the transformer and back down after it (timm, HF,
+ml-cvnets); v2 bilinear ``align_corners=True`` up before the local conv, never back (timm,
+ml-cvnets; HF v2 instead silently zeroes the border rows: not copied).
+
+Layout: NCHW maps ``[B, C, H, W]`` through the convolutions, channels-last ``[B, H, W, d]`` inside
+the transformer. State-dict keys are timm's (``stem``, ``stages.{i}.{j}``, ``conv_kxk``, ``conv_1x1``,
+``transformer.{k}``, ``norm``, ``conv_proj``, ``conv_fusion``, ``final_conv``, ``head.fc``) except that
+v2's 1x1 convolutions inside the transformer are ``Linear`` layers (the timm converter reshapes them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..layers import Block, ClassifierHead, accepted_kwargs, resolve_indices, run_blocks
+from ..layers.group_norm import GroupNorm1
+from ..layers.mbconv import ConvNormAct, InvertedResidual, make_divisible
+from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
+from .registry import register_family
+
+__all__ = ["MobileViTConfig", "MobileViT", "MobileViTBlock", "MobileViTV2Block"]
+
+BlockType = Literal["v1", "v2"]
+
+
+@dataclass
+class MobileViTConfig(ConfigMixin):
+    """Everything a :class:`MobileViT` is built from (JSON-serialisable).
+
+    Stage ``i`` (stride ``2^(i+1)``) holds ``depths[i]`` inverted residuals to ``channels[i]``
+    (the first one strided when ``i > 0``), then, when ``transformer_dims[i] > 0``, one MobileViT
+    block with ``transformer_depths[i]`` transformer blocks of width ``transformer_dims[i]``.
+    ``num_features > 0`` adds timm's final ``1x1`` conv-BN-SiLU (v1). ``attn_layer``: the
+    transformer's mechanism (default: ``unfold`` for v1, ``separable`` for v2).
+    """
+
+    img_size: int | tuple[int, int] = 256
+    in_chans: int = 3
+    num_classes: int = 1000
+    global_pool: Literal["avg", ""] = "avg"
+    block_type: BlockType = "v1"
+    stem_chs: int = 16
+    channels: tuple[int, ...] = (32, 64, 96, 128, 160)
+    depths: tuple[int, ...] = (1, 3, 1, 1, 1)
+    expand_ratio: float = 4.0
+    transformer_dims: tuple[int, ...] = (0, 0, 144, 192, 240)
+    transformer_depths: tuple[int, ...] = (0, 0, 2, 4, 3)
+    num_heads: int = 4
+    mlp_ratio: float = 2.0
+    patch_size: int = 2
+    kernel_size: int = 3
+    num_features: int = 640
+    norm_eps: float = 1e-5
+    bn_eps: float = 1e-5
+    drop_rate: float = 0.0
+    proj_drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    attn_layer: str = ""  # "" = the block type's own: "unfold" (v1) / "separable" (v2)
+    attn_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def mechanism(self) -> str:
+        """The transformer's registered mechanism."""
+        return self.attn_layer or ("unfold" if self.block_type == "v1" else "separable")
+
+    def validate(self) -> None:
+        """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
+        check_size(self.img_size, "img_size")
+        check_int(self.in_chans, "in_chans")
+        check_int(self.num_classes, "num_classes", min_value=0)
+        check_choice(self.global_pool, "global_pool", ("avg", ""))
+        check_choice(self.block_type, "block_type", ("v1", "v2"))
+        check_int(self.stem_chs, "stem_chs")
+        n = len(check_int_seq(self.channels, "channels"))
+        check_int_seq(self.depths, "depths", length=n, min_value=1)
+        check_int_seq(self.transformer_dims, "transformer_dims", length=n, min_value=0)
+        depths = check_int_seq(self.transformer_depths, "transformer_depths", length=n, min_value=0)
+        for i, (d, k) in enumerate(zip(self.transformer_dims, depths)):
+            if (d > 0) != (k > 0):
+                raise ValueError(f"stage {i}: transformer_dims[{i}]={d} and transformer_depths[{i}]={k} must both be "
+                                 "0 (no MobileViT block) or both positive")
+            if d and d % check_int(self.num_heads, "num_heads"):
+                raise ValueError(f"transformer_dims[{i}]={d} is not divisible by num_heads={self.num_heads}")
+        check_float(self.expand_ratio, "expand_ratio", low_open=True)
+        check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
+        check_int(self.patch_size, "patch_size")
+        if check_int(self.kernel_size, "kernel_size") % 2 == 0:
+            raise ValueError(f"kernel_size must be odd (same padding), got {self.kernel_size}")
+        check_int(self.num_features, "num_features", min_value=0)
+        check_float(self.norm_eps, "norm_eps", low_open=True)
+        check_float(self.bn_eps, "bn_eps", low_open=True)
+        for rate in ("drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate"):
+            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
+        check_attn_layer(self.mechanism(), self.attn_kwargs)
+
+
+def _transformer(cfg: MobileViTConfig, dim: int, depth: int, drop_path: Sequence[float]) -> nn.Sequential:
+    """``depth`` pre-norm :class:`Block` s on a channels-last ``[B, H, W, dim]`` map (MLP ratio, SiLU)."""
+    v1 = cfg.block_type == "v1"
+    name = cfg.mechanism()
+    own = accepted_kwargs(name, dict(patch_size=cfg.patch_size))  # given where the mechanism takes them
+    norm = partial(nn.LayerNorm, eps=cfg.norm_eps) if v1 else partial(GroupNorm1, eps=cfg.norm_eps)
+    return nn.Sequential(*[
+        Block(dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate,
+              drop_path=drop_path[k], norm_layer=norm, act_layer=nn.SiLU, attn_layer=name,
+              attn_kwargs={**own, **cfg.attn_kwargs})
+        for k in range(depth)])
+
+
+def _resize(x: Tensor, size: tuple[int, int], align_corners: bool) -> Tensor:
+    """Bilinear resize of ``[B, C, H, W]`` to ``size`` (a no-op at that size)."""
+    if tuple(x.shape[-2:]) == size:
+        return x
+    return F.interpolate(x, size=size, mode="bilinear", align_corners=align_corners)
+
+
+def _patch_multiple(x: Tensor, p: int) -> tuple[int, int]:
+    H, W = x.shape[-2:]
+    return (H + p - 1) // p * p, (W + p - 1) // p * p  # positive operands: ONNX divides by truncation
+
+
+class MobileViTBlock(nn.Module):
+    """MobileViT v1 block, ``[B, C, H, W] -> [B, C, H, W]``.
+
+    ``conv_kxk`` (conv-BN-SiLU) -> ``conv_1x1`` (to ``d``) -> [resize to a patch multiple] ->
+    ``transformer`` (channels-last) -> ``norm`` -> [resize back] -> ``conv_proj`` (1x1 conv-BN-SiLU, to ``C``)
+    -> ``conv_fusion`` (kxk conv-BN-SiLU on ``cat(input, x)``).
+    """
+
+    def __init__(self, cfg: MobileViTConfig, chs: int, dim: int, depth: int, drop_path: Sequence[float]) -> None:
+        super().__init__()
+        k, eps = cfg.kernel_size, cfg.bn_eps
+        self.patch_size = cfg.patch_size
+        self.conv_kxk = ConvNormAct(chs, chs, k, eps=eps)
+        self.conv_1x1 = nn.Conv2d(chs, dim, 1, bias=False)
+        self.transformer = _transformer(cfg, dim, depth, drop_path)
+        self.norm = nn.LayerNorm(dim, eps=cfg.norm_eps)
+        self.conv_proj = ConvNormAct(dim, chs, 1, eps=eps)
+        self.conv_fusion = ConvNormAct(2 * chs, chs, k, eps=eps)
+        self.grad_checkpointing = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, C, H, W] -> [B, C, H, W]``."""
+        shortcut = x
+        x = self.conv_1x1(self.conv_kxk(x))  # [B, d, H, W]
+        size = tuple(x.shape[-2:])
+        x = _resize(x, _patch_multiple(x, self.patch_size), align_corners=False)  # [B, d, Hp, Wp]
+        x = run_blocks(self.transformer, x.permute(0, 2, 3, 1),
+                       checkpoint=self.grad_checkpointing and self.training)  # [B, Hp, Wp, d]
+        x = _resize(self.norm(x).permute(0, 3, 1, 2), size, align_corners=False)  # [B, d, H, W]
+        return self.conv_fusion(torch.cat((shortcut, self.conv_proj(x)), dim=1))  # [B, C, H, W]
+
+
+class MobileViTV2Block(nn.Module):
+    """MobileViT v2 block, ``[B, C, H, W] -> [B, C, Hp, Wp]`` (``Hp, Wp``: ``H, W`` up to patch multiples).
+
+    [resize, ``align_corners=True``] -> ``conv_kxk`` (depthwise conv-BN-SiLU) -> ``conv_1x1`` (to ``d``)
+    -> ``transformer`` (GroupNorm(1) pre-norm blocks) -> ``norm`` -> ``conv_proj`` (1x1 conv-BN, to ``C``).
+    """
+
+    def __init__(self, cfg: MobileViTConfig, chs: int, dim: int, depth: int, drop_path: Sequence[float]) -> None:
+        super().__init__()
+        k, eps = cfg.kernel_size, cfg.bn_eps
+        self.patch_size = cfg.patch_size
+        self.conv_kxk = ConvNormAct(chs, chs, k, groups=chs, eps=eps)
+        self.conv_1x1 = nn.Conv2d(chs, dim, 1, bias=False)
+        self.transformer = _transformer(cfg, dim, depth, drop_path)
+        self.norm = GroupNorm1(dim, eps=cfg.norm_eps)
+        self.conv_proj = ConvNormAct(dim, chs, 1, act_layer=None, eps=eps)
+        self.grad_checkpointing = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, C, H, W] -> [B, C, Hp, Wp]``."""
+        x = _resize(x, _patch_multiple(x, self.patch_size), align_corners=True)  # [B, C, Hp, Wp]
+        x = self.conv_1x1(self.conv_kxk(x))  # [B, d, Hp, Wp]
+        x = run_blocks(self.transformer, x.permute(0, 2, 3, 1),
+                       checkpoint=self.grad_checkpointing and self.training)  # [B, Hp, Wp, d]
+        return self.conv_proj(self.norm(x).permute(0, 3, 1, 2))  # [B, C, Hp, Wp]
+
+
+class MobileViT(nn.Module):
+    """MobileViT v1 / v2 backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
+
+    ``forward_features`` gives the last map ``[B, num_features, H/32, W/32]`` (NCHW, after
+    ``final_conv``), ``forward_intermediates`` the maps of the five strides 2 ... 32 (``feature_info``),
+    ``forward_head`` pools and classifies.
+    """
+
+    family = "mobilevit"
+
+    def __init__(self, cfg: MobileViTConfig | None = None, **overrides: Any) -> None:
+        super().__init__()
+        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else type(self).default_config(**overrides)
+        cfg.validate()
+        self.cfg = cfg
+        self.num_classes, self.global_pool = cfg.num_classes, cfg.global_pool
+        self.stem = ConvNormAct(cfg.in_chans, cfg.stem_chs, 3, stride=2, eps=cfg.bn_eps)
+        counts = [d + (1 if t else 0) for d, t in zip(cfg.depths, cfg.transformer_depths)]
+        total = sum(counts)
+        rates = [cfg.drop_path_rate * i / max(total - 1, 1) for i in range(total)]
+        block_cls = MobileViTBlock if cfg.block_type == "v1" else MobileViTV2Block
+        stages, prev, start = [], cfg.stem_chs, 0
+        for i, chs in enumerate(cfg.channels):
+            blocks: list[nn.Module] = []
+            for j in range(cfg.depths[i]):
+                blocks.append(InvertedResidual(prev, chs, stride=2 if i > 0 and j == 0 else 1,
+                                               expand_ratio=cfg.expand_ratio, drop_path=rates[start + j],
+                                               eps=cfg.bn_eps))
+                prev = chs
+            if cfg.transformer_dims[i]:
+                rate = rates[start + cfg.depths[i]]
+                blocks.append(block_cls(cfg, chs, cfg.transformer_dims[i], cfg.transformer_depths[i],
+                                        [rate] * cfg.transformer_depths[i]))
+            start += counts[i]
+            stages.append(nn.Sequential(*blocks))
+        self.stages = nn.Sequential(*stages)
+        self.final_conv = ConvNormAct(prev, cfg.num_features, 1, eps=cfg.bn_eps) if cfg.num_features else nn.Identity()
+        self.num_features = cfg.num_features or prev
+        n = len(cfg.channels)
+        self.feature_info = [dict(num_chs=c, reduction=2 ** (i + 1), module=f"stages.{i}")
+                             for i, c in enumerate(cfg.channels)]
+        self.feature_info[-1] = dict(num_chs=self.num_features, reduction=2 ** n,
+                                     module="final_conv" if cfg.num_features else f"stages.{n - 1}")
+        self.head = ClassifierHead(self.num_features, cfg.num_classes, global_pool=cfg.global_pool, drop=cfg.drop_rate)
+        self._init_weights()
+
+    @classmethod
+    def default_config(cls, **overrides: Any) -> MobileViTConfig:
+        """The family's config class with ``overrides``."""
+        return MobileViTConfig(**overrides)
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    # ------------------------------------------------------------------ API
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> last map ``[B, num_features, H/32, W/32]``."""
+        return self.final_conv(self.stages(self.stem(x)))
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Map ``[B, C, H', W']`` -> logits ``[B, num_classes]`` (pooled ``[B, C]`` with ``pre_logits``)."""
+        return self.head(x.permute(0, 2, 3, 1), pre_logits=pre_logits)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
+                              output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
+                              ) -> Any:
+        """Final map plus the map of each chosen feature level (``feature_info``: strides 2 ... 32).
+
+        ``indices``: an int ``n`` = the last ``n`` levels, or level indices (negative allowed); default
+        all. Level ``i < 4`` is stage ``i``'s output, the last is ``final_conv``'s (v1) or the last
+        stage's (v2). ``norm`` has no effect (no final norm). ``[B, C_i, H_i, W_i]`` (``NCHW``) or
+        channels-last (``NHWC``). Returns ``(final [B, C, H', W'], [maps])`` or only the list.
+        """
+        if output_fmt not in ("NCHW", "NHWC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        n = len(self.stages)
+        take = resolve_indices(indices, n, "stage")
+        x = self.stem(x)  # [B, C0, H/2, W/2]
+        outs: list[Tensor] = []
+        for i, stage in enumerate(self.stages):
+            x = stage(x)  # [B, C_i, H_i, W_i]
+            if i == n - 1:
+                x = self.final_conv(x)
+            if i in take:
+                outs.append(x if output_fmt == "NCHW" else x.permute(0, 2, 3, 1))
+        if intermediates_only:
+            return outs
+        return x, outs
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute the transformer blocks' activations in backward to save memory (training only)."""
+        for m in self.modules():
+            if isinstance(m, (MobileViTBlock, MobileViTV2Block)):
+                m.grad_checkpointing = enable
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
+        num_classes = check_int(num_classes, "num_classes", min_value=0)
+        if global_pool is not None:
+            check_choice(global_pool, "global_pool", ("avg", ""))
+            self.global_pool = self.head.global_pool = self.cfg.global_pool = global_pool  # type: ignore[assignment]
+        self.num_classes = self.cfg.num_classes = num_classes
+        device = self.stem.conv.weight.device
+        self.head.fc = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that should not get weight decay (none: no position embeddings)."""
+        return set()
+
+
+# ---------------------------------------------------------------------------- presets (data)
+def _v1(stem: int, chs: tuple[int, ...], dims: tuple[int, int, int], expand: float, features: int) -> dict[str, Any]:
+    return dict(block_type="v1", stem_chs=stem, channels=chs, expand_ratio=expand, transformer_dims=(0, 0, *dims),
+                num_features=features)
+
+
+def _v2(multiplier: float) -> dict[str, Any]:
+    """timm ``_mobilevitv2_cfg``: widths ``int(c · m)``, transformer width ``make_divisible(C / 2)``."""
+    chs = tuple(int(c * multiplier) for c in (64, 128, 256, 384, 512))
+    return dict(block_type="v2", stem_chs=int(32 * multiplier), channels=chs, depths=(1, 2, 1, 1, 1),
+                expand_ratio=2.0, transformer_dims=(0, 0, *(make_divisible(c * 0.5) for c in chs[2:])),
+                num_heads=1, num_features=0)
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "mobilevit_xxs": _v1(16, (16, 24, 48, 64, 80), (64, 80, 96), 2.0, 320),
+    "mobilevit_xs": _v1(16, (32, 48, 64, 80, 96), (96, 120, 144), 4.0, 384),
+    "mobilevit_s": _v1(16, (32, 64, 96, 128, 160), (144, 192, 240), 4.0, 640),
+}
+_V2_SIZES = {"050": 0.5, "075": 0.75, "100": 1.0, "125": 1.25, "150": 1.5, "175": 1.75, "200": 2.0}
+for _tag, _m in _V2_SIZES.items():
+    _PRESETS[f"mobilevitv2_{_tag}"] = _v2(_m)
+
+# Published sizes at 256 px (timm benchmark table: param_count, infer_gmacs; FAMILIES.md "Sizes").
+_PUBLISHED: dict[str, tuple[float, float]] = {
+    "mobilevit_xxs": (1.27, 0.42), "mobilevit_xs": (2.32, 1.05), "mobilevit_s": (5.58, 2.03),
+    "mobilevitv2_050": (1.37, 0.48), "mobilevitv2_075": (2.87, 1.05), "mobilevitv2_100": (4.90, 1.84),
+    "mobilevitv2_125": (7.48, 2.86), "mobilevitv2_150": (10.59, 4.09), "mobilevitv2_175": (14.25, 5.54),
+    "mobilevitv2_200": (18.45, 7.22),
+}
+_META = {name: {"published_params_m": p, "published_gmacs": g,
+                "published_gmacs_source": "timm benchmark-infer-amp-nchw-pt240 (param_count, infer_gmacs) at 256 px"}
+         for name, (p, g) in _PUBLISHED.items()}
+
+register_family("mobilevit", MobileViT, MobileViTConfig, _PRESETS, meta=_META)
