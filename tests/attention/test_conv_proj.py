@@ -169,3 +169,18 @@ def test_bad_calls_are_named() -> None:
         attn(x, num_prefix_tokens=13)
     with pytest.raises(ValueError, match="feat_size"):
         apply_attention(attn, x, num_prefix_tokens=1)  # the adapter asks for the grid (spec.needs_feat_size)
+
+
+def test_batchnorm_folded_at_inference_equals_conv_then_bn() -> None:
+    attn = _module()
+    x = torch.randn(2, 1 + 5 * 7, DIM)
+    with torch.no_grad():
+        folded = attn(x, feat_size=(5, 7), num_prefix_tokens=1)
+        seen = []
+        handle = attn.conv_proj_k.bn.register_forward_hook(lambda m, i, o: seen.append(o.shape))  # forces conv, bn
+        try:
+            plain = attn(x, feat_size=(5, 7), num_prefix_tokens=1)
+        finally:
+            handle.remove()
+    assert seen == [(2, DIM, 3, 4)]
+    torch.testing.assert_close(folded, plain, atol=1e-5, rtol=1e-5)

@@ -108,3 +108,20 @@ def test_reset_classifier_and_no_weight_decay() -> None:
 def test_bad_config_is_named(kw: dict, match: str) -> None:
     with pytest.raises((ValueError, TypeError), match=match):
         CvtConfig(**{**SMALL, **kw})
+
+
+def test_quick_gelu_mlp_fused_at_inference_equals_eager() -> None:
+    """layers.Mlp with QuickGELU: silu on a·fc1, fc2 / a (one oneDNN kernel each) == fc2(x·σ(1.702·fc1(x)))."""
+    from vit_attention.layers import Mlp
+    from vit_attention.layers.activation import QuickGELU, get_act_layer
+
+    torch.manual_seed(0)
+    mlp = Mlp(32, 128, act_layer=QuickGELU).eval()
+    x, r = torch.randn(2, 10, 32), torch.randn(2, 10, 32)
+    with torch.no_grad():
+        eager = r + mlp.fc2(QuickGELU()(mlp.fc1(x)))
+        torch.testing.assert_close(mlp(x, residual=r), eager, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(mlp.train()(x), eager - r, atol=1e-5, rtol=1e-5)  # the eager path itself
+    assert get_act_layer("quick_gelu") is QuickGELU
+    with pytest.raises(ValueError, match="act_layer"):
+        get_act_layer("swish")

@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads
 from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
-from ..functional.linear import apply_linear
+from ..functional.linear import apply_linear, hookless
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
@@ -66,8 +67,23 @@ class ConvProjection(nn.Module):
         self.bn = nn.BatchNorm2d(dim, eps=bn_eps)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``[B, C, H, W] -> [B, h·w, C]`` (``h = ⌊(H - 1) / s⌋ + 1``)."""
-        return self.bn(self.conv(x)).flatten(2).transpose(1, 2)  # [B, h·w, C]
+        """``[B, C, H, W] -> [B, h·w, C]`` (``h = ⌊(H - 1) / s⌋ + 1``).
+
+        At inference (eval mode, no hook on ``conv`` / ``bn``) the BatchNorm is folded into the
+        convolution's weight and bias: one pass over the map instead of two, the same numbers.
+        """
+        conv, bn = self.conv, self.bn
+        if not self.training and not bn.training and bn.track_running_stats and hookless(conv, bn):
+            assert bn.running_var is not None and bn.running_mean is not None
+            scale = bn.running_var.add(bn.eps).rsqrt()  # [C]
+            if bn.weight is not None:
+                scale = scale * bn.weight
+            shift = -bn.running_mean * scale if bn.bias is None else bn.bias - bn.running_mean * scale  # [C]
+            y = F.conv2d(x, conv.weight * scale.view(-1, 1, 1, 1), shift, conv.stride, conv.padding,
+                         conv.dilation, conv.groups)  # [B, C, h, w]
+        else:
+            y = bn(conv(x))  # [B, C, h, w]
+        return y.flatten(2).transpose(1, 2)  # [B, h·w, C]
 
 
 class _AvgProjection(nn.AvgPool2d):
@@ -187,6 +203,8 @@ class ConvProjectionAttention(nn.Module):
             raise ValueError(f"num_prefix_tokens={num_prefix_tokens!r} must be in 0..{N - 1} for {N} tokens")
         H, W = infer_grid(N - P, feat_size)
         prefix, grid = x[:, :P], x[:, P:]  # [B, P, C], [B, H·W, C]
+        if P and self.conv_proj_q is not None:
+            grid = grid.contiguous()  # one copy, so the three convolutions read a dense channels-last map
         fmap = grid.reshape(B, H, W, C).permute(0, 3, 1, 2)  # [B, C, H, W] (channels-last memory)
         q_t, k_t, v_t = (grid if proj is None else proj(fmap)  # [B, H·W | h·w, C]
                          for proj in (self.conv_proj_q, self.conv_proj_k, self.conv_proj_v))

@@ -13,8 +13,10 @@ __all__ = ["QuickGELU", "get_act_layer", "ACT_LAYERS"]
 class QuickGELU(nn.Module):
     """``x · sigmoid(1.702 · x)``, a fast approximation of GELU, ``[*] -> [*]`` (no parameters)."""
 
+    alpha: float = 1.702
+
     def forward(self, x: Tensor) -> Tensor:
-        return x * torch.sigmoid(1.702 * x)
+        return x * torch.sigmoid(self.alpha * x)
 
 
 ACT_LAYERS: dict[str, Callable[[], nn.Module]] = {

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from torch import Tensor, nn
 
 from ..functional.linear import apply_linear, can_fuse, fusable_activation, hookless, linear
+from .activation import QuickGELU
 
 __all__ = ["Mlp"]
 
@@ -39,5 +40,13 @@ class Mlp(nn.Module):
                 and hookless(self.fc1, self.act, self.fc2) and can_fuse(x, self.fc1.weight)):
             h = linear(x, self.fc1.weight, self.fc1.bias, act=act)  # fc1 + bias + act in one kernel
             return linear(h, self.fc2.weight, self.fc2.bias, residual=residual)
+        if (type(self.act) is QuickGELU and not self.training and type(self.fc1) is nn.Linear
+                and type(self.fc2) is nn.Linear and hookless(self.fc1, self.act, self.fc2)
+                and can_fuse(x, self.fc1.weight)):
+            # x·σ(a·x) = silu(a·x) / a: fc1 scaled by a fuses with silu, fc2 takes the 1/a (same math)
+            a = QuickGELU.alpha
+            b1 = None if self.fc1.bias is None else self.fc1.bias * a
+            h = linear(x, self.fc1.weight * a, b1, act="silu")  # a · quick_gelu(fc1(x)) in one kernel
+            return linear(h, self.fc2.weight / a, self.fc2.bias, residual=residual)
         out = self.drop2(apply_linear(self.fc2, self.drop1(self.act(apply_linear(self.fc1, x)))))
         return out if residual is None else residual + out
