@@ -31,7 +31,7 @@ from ..functional.linear import apply_linear
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
-__all__ = ["SpatialReductionAttention", "infer_grid"]
+__all__ = ["SpatialReductionAttention", "infer_grid", "sra_macs"]
 
 
 def infer_grid(num_tokens: int, num_prefix_tokens: int = 0) -> tuple[int, int]:
@@ -44,6 +44,30 @@ def infer_grid(num_tokens: int, num_prefix_tokens: int = 0) -> tuple[int, int]:
     if n <= 0 or s * s != n:
         raise ValueError(f"{n} grid tokens are not a square map: pass feat_size=(H, W)")
     return s, s
+
+
+def sra_macs(N: int, C: int, key_grid: tuple[int, int] | None, num_prefix_tokens: int = 0, kernel: int = 1) -> int:
+    """Multiply-adds of one image: ``N`` queries of width ``C``; keys from a ``key_grid`` map reduced by a
+    ``kernel x kernel`` conv (plus the LayerNorm, fvcore's 5 per element) and the prefix tokens, or from
+    all ``N`` tokens when ``key_grid`` is None (global attention: ``4·N·C² + 2·N²·C``)."""
+    if key_grid is None:
+        return 4 * N * C * C + 2 * N * N * C
+    hw = key_grid[0] * key_grid[1]
+    M = num_prefix_tokens + hw
+    return 2 * N * C * C + hw * kernel * kernel * C * C + 5 * hw * C + 2 * M * C * C + 2 * N * M * C
+
+
+def _pvt_stage_table() -> str:
+    """Markdown: SRA vs global attention on PVT-Small's four stages at 224 (MMACs per layer, batch 1)."""
+    rows = ["| stage map H×W×C | R | keys h×w | SRA (MMACs) | global (MMACs) | saving |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for side, C, R in ((56, 64, 8), (28, 128, 4), (14, 320, 2), (7, 512, 1)):
+        N = side * side
+        g = side // R
+        sra = sra_macs(N, C, (g, g) if R > 1 else None, kernel=R)
+        full = sra_macs(N, C, None)
+        rows.append(f"| {side}×{side}×{C} | {R} | {g}×{g} | {sra / 1e6:,.1f} | {full / 1e6:,.1f} | {full / sra:.1f}× |")
+    return "\n".join(rows)
 
 
 @register_attention(
@@ -59,7 +83,9 @@ def infer_grid(num_tokens: int, num_prefix_tokens: int = 0) -> tuple[int, int]:
         "    k, v = split_heads([x_prefix; r] W_kv)                   # each [B, nh, P + h·w, hd]\n"
         "    out = merge_heads(softmax(q kᵀ · hd^-1/2) v) W_proj      # [B, N, C]\n\n"
         "`linear=True` (PVTv2-Li) reduces with `GELU(LN(Conv_1x1(AdaptiveAvgPool_7(x_grid))))`: 49 keys at any "
-        "input size. `sr_ratio=1` is global attention. Prefix (class) tokens join the keys unreduced."),
+        "input size. `sr_ratio=1` is global attention. Prefix (class) tokens join the keys unreduced.\n\n"
+        "Against global attention on PVT's pyramid (PVT-Small at 224, `sr_ratios = (8, 4, 2, 1)`; from "
+        "`SpatialReductionAttention.flops`' formula):\n\n" + _pvt_stage_table()),
     cost=("N·C² (q) + h·w·R²·C² (sr conv) + 2·M·C² (kv) + N·C² (proj) + 2·N·M·C (attention), M = P + h·w keys: "
           "3·N·C² + 2·N·C²/R² + 2·N²·C/R² for a map of N tokens; linear: 2·N·C² + 147·C² + 98·N·C"),
     doc_example=(dict(sr_ratio=2), (1, 196, 96)))
@@ -210,17 +236,13 @@ class SpatialReductionAttention(nn.Module):
         B, N, C = input_shape
         if feat_size is None:
             if not self.reduces:
-                return B * (4 * N * C * C + 2 * N * N * C)
+                return B * sra_macs(N, C, None)
             feat_size = infer_grid(N)
         H, W = int(feat_size[0]), int(feat_size[1])
         P = N - H * W
         if not self.reduces:
-            return B * (4 * N * C * C + 2 * N * N * C)
-        h, w = self.key_grid((H, W))
-        k = 1 if self.linear else self.sr_ratio
-        M = P + h * w
-        reduce = h * w * k * k * C * C + 5 * h * w * C
-        return B * (2 * N * C * C + reduce + 2 * M * C * C + 2 * N * M * C)
+            return B * sra_macs(N, C, None)
+        return B * sra_macs(N, C, self.key_grid((H, W)), P, 1 if self.linear else self.sr_ratio)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, sr_ratio={self.sr_ratio}, linear={self.linear}"
