@@ -97,3 +97,19 @@ def test_analytic_cost_equals_measured_with_and_without_a_cache(cached: int) -> 
     assert counter.get_total_flops() // 2 == attn.flops(shape, num_cached=cached)
     if cached:  # one new token: linear in the cached length, not quadratic
         assert attn.flops(shape, num_cached=cached) == 2 * (4 * 32 * 32 + 2 * (cached + 1) * 32)
+
+
+def test_step_takes_past_keys_and_values_and_returns_the_new_ones() -> None:
+    attn, x = _attn(), torch.randn(2, 9, 32)
+    with torch.no_grad():
+        full = attn(x)
+        out0, past = attn.step(x[:, :4])
+        assert past[0].shape == past[1].shape == (2, 4, 4, 8)
+        outs = [out0]
+        for i in range(4, 9):
+            out, past = attn.step(x[:, i:i + 1], past)
+            outs.append(out)
+    assert past[0].shape == (2, 4, 9, 8)
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, **TOL)
+    with pytest.raises(ValueError, match="empty"):
+        KVCache(1).get(0)

@@ -62,6 +62,13 @@ class KVCache:
         """Tokens cached in ``layer``."""
         return self._len[layer]
 
+    def get(self, layer: int) -> tuple[Tensor, Tensor]:
+        """The cached keys and values of ``layer``, ``[B, nh, M, hd]`` each (views of the storage)."""
+        k, v, L = self._k[layer], self._v[layer], self._len[layer]
+        if k is None or v is None:
+            raise ValueError(f"KVCache layer {layer} is empty")
+        return k[..., :L, :], v[..., :L, :]
+
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append ``k [B, nh, N, hd]``, ``v [B, nh, N, hdv]`` to ``layer``; all of them ``[B, nh, M, ·]``."""
         L, N = self._len[layer], k.shape[-2]
@@ -161,6 +168,20 @@ class CausalSelfAttention(nn.Module):
             return apply_linear(self.proj, out, residual=residual)  # [B, N, C]
         out = self.proj_drop(apply_linear(self.proj, out))  # [B, N, C]
         return out if residual is None else residual + out
+
+    def step(self, x: Tensor, past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Past keys / values in, new ones out (the functional form of the cache).
+
+        ``x [B, N, C]``: the next ``N`` tokens; ``past``: ``(k, v)`` ``[B, nh, M0, hd]`` of the tokens before
+        them (None at the start). Returns ``(out [B, N, C], (k, v) [B, nh, M0 + N, hd])``, the ``past`` of the
+        next call. Each call copies ``past`` once (``O(M·C)``): a :class:`KVCache` passed to ``forward``
+        avoids even that.
+        """
+        cache = KVCache(1, capacity=(0 if past is None else past[0].shape[-2]) + x.shape[1])
+        if past is not None:
+            cache.update(0, *past)
+        out = self(x, cache=cache)
+        return out, cache.get(0)
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None,
               num_cached: int = 0) -> int:
