@@ -1,5 +1,6 @@
 """CvT checkpoints: live parity with Hugging Face ``CvtForImageClassification`` / ``CvtModel``, and the
-original microsoft/CvT layout through ``load_weights``.
+original microsoft/CvT layout through ``load_weights`` (a fixture recorded from the original code by
+``tests/fixtures/make_fixtures_cvt.py``).
 
 HF's ``CvtStage`` indexes its drop-path list by the stage number, so a config needs
 ``depth[i] >= i + 1`` (FAMILIES.md §0): the reduced configs use depths ``(1, 2, 3)``. Every BatchNorm
@@ -12,7 +13,7 @@ import re
 
 import pytest
 import torch
-from fixture_utils import assert_parity
+from fixture_utils import assert_parity, load_fixture
 from transformers import CvtConfig as HFCvtConfig
 from transformers import CvtForImageClassification, CvtModel
 
@@ -105,3 +106,17 @@ def test_original_checkpoint_with_other_classes_keeps_the_backbone() -> None:
         report = load_weights(dst, _original_state(src))
     assert "head" in report.dropped
     torch.testing.assert_close(dst.stages[2].cls_token, src.stages[2].cls_token)
+
+
+def test_original_repository_fixture() -> None:
+    """The original code (QuickGELU, its own keys, perturbed BN statistics) through load_weights: same outputs."""
+    state, t, cfg = load_fixture("original_cvt")
+    assert "stage2.cls_token" in state and "stage0.blocks.0.attn.conv_proj_k.bn.running_mean" in state
+    model = Cvt(CvtConfig(embed_dims=tuple(cfg["dims"]), num_heads=tuple(cfg["heads"]), depths=tuple(cfg["depths"]),
+                          num_classes=cfg["num_classes"], img_size=72, drop_path_rate=0.0)).eval()  # QuickGELU
+    report = load_weights(model, state)
+    assert report.layout == "original" and report.ok, str(report)
+    with torch.no_grad():
+        assert_parity(model(t["input"]), t["output"])
+        feats = model.forward_features(t["input"])
+        assert_parity(model.forward_head(feats, pre_logits=True), t["features"])
