@@ -110,10 +110,10 @@ def test_training_uses_batch_statistics() -> None:
 
 
 @pytest.mark.parametrize("method", ["dw_bn", "avg", "linear"])
-@pytest.mark.parametrize(("shape", "grid"), [((2, 1 + 35, DIM), (5, 7)), ((1, 64, DIM), (8, 8)), ((1, 11, DIM), None)])
+@pytest.mark.parametrize(("shape", "grid"), [((2, 1 + 35, DIM), (5, 7)), ((1, 64, DIM), (8, 8)), ((1, 16, DIM), None)])
 def test_analytic_flops_equal_measured(method: str, shape: tuple[int, ...], grid: tuple[int, int] | None) -> None:
     attn = _module(method=method)
-    if grid is None:  # called without the grid: one row of 11 tokens
+    if grid is None:  # called without the grid: a square 4x4 map
         assert flops(attn, shape).total == measure_flops(attn, shape)[0] == attn.flops(shape)
         return
     P = shape[1] - grid[0] * grid[1]
@@ -133,6 +133,10 @@ def test_without_the_grid_a_square_is_assumed() -> None:
     x = torch.randn(1, 1 + 36, DIM)
     with torch.no_grad():
         torch.testing.assert_close(attn(x, num_prefix_tokens=1), attn(x, feat_size=(6, 6), num_prefix_tokens=1))
+    with pytest.raises(ValueError, match="feat_size"):
+        attn(torch.randn(1, 11, DIM))  # no square: the grid must be given
+    with pytest.raises(ValueError, match="feat_size"):
+        attn.flops((1, 11, DIM))
 
 
 def test_recorded_maps_sum_to_one_on_the_image() -> None:

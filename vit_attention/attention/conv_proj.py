@@ -44,7 +44,7 @@ def _pool_out(n: int, kernel: int, stride: int) -> int:
 
 
 def infer_grid(num_grid_tokens: int, feat_size: tuple[int, int] | None) -> tuple[int, int]:
-    """``feat_size``, or without it a square ``s x s`` grid when the tokens fill one, else one row ``1 x n``."""
+    """``feat_size``, or without it the square ``s x s`` grid the tokens fill; else raises naming ``feat_size``."""
     if feat_size is not None:
         H, W = int(feat_size[0]), int(feat_size[1])
         if H * W != num_grid_tokens:
@@ -52,7 +52,9 @@ def infer_grid(num_grid_tokens: int, feat_size: tuple[int, int] | None) -> tuple
                              f"tokens (after the prefix tokens)")
         return H, W
     s = math.isqrt(num_grid_tokens)
-    return (s, s) if s * s == num_grid_tokens else (1, num_grid_tokens)
+    if s * s != num_grid_tokens:
+        raise ValueError(f"{num_grid_tokens} grid tokens are no square map: pass feat_size=(H, W)")
+    return s, s
 
 
 class ConvProjection(nn.Module):
@@ -189,8 +191,8 @@ class ConvProjectionAttention(nn.Module):
 
         ``feat_size=(H, W)``: the grid of the tokens after the ``P = num_prefix_tokens`` prefix
         tokens. Blocks and the adapter always pass it (and the adapter refuses to call without it);
-        called directly without it, the grid is taken as a square when the tokens fill one, else
-        as one row ``1 x (N - P)``. ``context`` is not supported (keys come from ``x``'s own map).
+        called directly without it, the tokens must fill a square map (else ``ValueError`` naming
+        ``feat_size``). ``context`` is not supported (keys come from ``x``'s own map).
         ``residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
