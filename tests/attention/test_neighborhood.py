@@ -118,3 +118,20 @@ def test_natten_na2d_agrees_without_bias() -> None:
         with torch.no_grad():
             out = m.attend(qkv)  # the attention between the projections
         torch.testing.assert_close(out, ref.reshape(2, H, W, 16), atol=1e-5, rtol=1e-5)
+
+
+def test_bias_cache_follows_the_table_and_training_gets_its_gradient() -> None:
+    torch.manual_seed(0)
+    m = create_attention("neighborhood", 16, 2, kernel_size=3).eval()
+    x = torch.randn(1, 8, 9, 16)
+    with torch.no_grad():
+        a = m(x)
+        assert m(x).equal(a)  # served from the cache
+        m.rpb.add_(1.0 * torch.randn_like(m.rpb))  # an in-place update (optimizer, load_state_dict)
+        b = m(x)
+    assert not torch.allclose(a, b)
+    with torch.no_grad():
+        torch.testing.assert_close(b, oracle(m, x), atol=1e-5, rtol=1e-5)
+    m.train()
+    m(x).square().sum().backward()
+    assert m.rpb.grad is not None and m.rpb.grad.abs().sum() > 0

@@ -21,10 +21,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.linear import apply_linear
-from ..functional.neighborhood import default_tile_size, neighborhood_attention, neighborhood_plan
+from ..functional.neighborhood import default_tile_size, neighborhood_attention, neighborhood_bias, neighborhood_plan
+from ..functional.runtime import capturing
 from ..functional.window import to_pair
 from ._common import check_heads, check_prob
 from .registry import register_attention
+from .window import _param_key
 
 __all__ = ["NeighborhoodAttention"]
 
@@ -91,6 +93,7 @@ class NeighborhoodAttention(nn.Module):
             nn.init.trunc_normal_(self.rpb, std=0.02)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
+        self._bias_cache: tuple[tuple[Any, ...], Tensor] | None = None
 
     def padded_size(self, H: int, W: int) -> tuple[int, int]:
         """The map size attention runs on: each side at least ``K·d`` (zero padding bottom / right)."""
@@ -117,9 +120,26 @@ class NeighborhoodAttention(nn.Module):
 
     def attend(self, qkv: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
         """The attention between the projections: packed ``[B, Hp, Wp, 3C] -> [B, Hp, Wp, C]``."""
-        return neighborhood_attention(qkv, self.num_heads, self.kernel_size, self.dilation, rpb=self.rpb,
+        return neighborhood_attention(qkv, self.num_heads, self.kernel_size, self.dilation,
+                                      bias=self._bias(qkv.shape[1], qkv.shape[2], qkv.device),
                                       scale=self.scale, tile_size=self.tile_size,
                                       dropout_p=self.attn_drop if self.training else 0.0, grid=grid)
+
+    def _bias(self, Hp: int, Wp: int, device: torch.device) -> Tensor:
+        """Window mask + gathered ``rpb`` of every tile ``[nT, nh|1, T², R²]``; cached while no gradient is
+        recorded (keyed by the table's version, the map size and the tile size), recomputed otherwise."""
+        def compute() -> Tensor:
+            return neighborhood_bias(self.rpb, Hp, Wp, self.kernel_size, self.dilation, self.tile_size, device=device)
+
+        if self.rpb is None:
+            return compute()  # the cached window mask
+        if capturing() or (torch.is_grad_enabled() and self.rpb.requires_grad):
+            self._bias_cache = None
+            return compute()
+        key = (_param_key([self.rpb]), Hp, Wp, self.tile_size, torch.is_inference_mode_enabled())
+        if self._bias_cache is None or self._bias_cache[0] != key:
+            self._bias_cache = (key, compute())
+        return self._bias_cache[1]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``(B, H, W, C)``: qkv on the (padded) map, the tiles' ``2·nT·T²·R²·C``, proj on ``H·W``."""

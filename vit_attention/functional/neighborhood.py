@@ -32,12 +32,13 @@ from .layout import PAD, AttentionLayout
 from .window import _CPU, _cached
 
 __all__ = ["window_start", "neighborhood_plan", "NeighborhoodPlan", "default_tile_size", "neighborhood_attention",
-           "neighborhood_layout"]
+           "neighborhood_bias", "neighborhood_layout", "MASKED"]
 
 
-def window_start(index: Tensor, length: int, kernel_size: int) -> Tensor:
-    """NATTEN's clamped window start of group positions ``index`` in a group of ``length``: ``[...] -> [...]``."""
-    return (index - kernel_size // 2).clamp(0, length - kernel_size)
+def window_start(index: Tensor, length: int | Tensor, kernel_size: int) -> Tensor:
+    """NATTEN's clamped window start of group positions ``index`` in a group of ``length`` (an int or per
+    position): ``[...] -> [...]``."""
+    return torch.minimum((index - kernel_size // 2).clamp_min(0), torch.as_tensor(length) - kernel_size)
 
 
 def default_tile_size(kernel_size: int, dilation: int = 1) -> int:
@@ -50,6 +51,8 @@ class NeighborhoodPlan:
 
     Attributes:
         query_index ``[nT, T²]``: flat map index ``r·W + c`` of each tile's query slot, ``-1`` = empty slot.
+        query_gather ``[nT, T²]``: the same with every empty slot replaced by a query of its tile whose
+            mask and bias row it repeats (so gathering and scattering back need no padding row).
         key_index ``[nT, R²]``: flat map index of each tile's key slot, ``-1`` = empty slot.
         mask ``[nT, T², R²]``: True where the slot's query may attend to the slot's key.
         bias_index ``[nT, T², R²]``: index into the flattened ``[(2K-1)²]`` relative-position table (0 where masked).
@@ -57,9 +60,10 @@ class NeighborhoodPlan:
     """
 
     def __init__(self, query_index: Tensor, key_index: Tensor, mask: Tensor, bias_index: Tensor,
-                 tile: int, region: int) -> None:
+                 tile: int, region: int, query_gather: Tensor | None = None) -> None:
         self.query_index, self.key_index, self.mask, self.bias_index = query_index, key_index, mask, bias_index
         self.tile, self.region = tile, region
+        self.query_gather = query_index if query_gather is None else query_gather
 
     @property
     def num_tiles(self) -> int:
@@ -67,38 +71,39 @@ class NeighborhoodPlan:
         return self.query_index.shape[0]
 
 
-def _axis_plan(length: int, K: int, d: int, T: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """1-D plan: query ``[t, T]``, key ``[t, R]`` (full indices, -1 empty), mask ``[t, T, R]``, rel ``[t, T, R]``."""
+def _axis_plan(length: int, K: int, d: int, T: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """1-D plan: query ``[t, T]`` (full indices, -1 empty), the same with each empty slot replaced by the
+    tile's first query (it then computes exactly that query's row), key ``[t, R]`` (-1 empty), mask
+    ``[t, T, R]``, rel ``[t, T, R]``."""
     group_lengths = [math.ceil((length - g) / d) for g in range(d)]
     R = min(T + K - 1, max(group_lengths))
-    qs, ks, ms, rs = [], [], [], []
+    qs, dups, ks, ms, rs = [], [], [], [], []
     for g, Lg in enumerate(group_lengths):
         if Lg < K:
             raise ValueError(f"a map side of {length} is smaller than kernel_size * dilation = {K * d}; pad it first")
         for t0 in range(0, Lg, T):
             s = torch.arange(t0, t0 + T, device=_CPU)  # group indices of the tile's query slots
             valid_q = s < Lg
-            s = s.clamp_max(Lg - 1)
+            s = torch.where(valid_q, s, t0)  # an empty slot repeats the tile's first query (same row, same output)
             start = window_start(s, Lg, K)  # [T]
             Rt = min(T + K - 1, Lg)
             a = min(int(start[0]), Lg - Rt)  # region start: holds every window of the tile
             u = torch.arange(a, a + R, device=_CPU)  # group indices of the key slots
             valid_k = u < a + Rt
             inside = (u[None, :] >= start[:, None]) & (u[None, :] < start[:, None] + K) & valid_k[None, :]
-            # an empty query slot copies slot 0's window: it computes something harmless and is dropped
-            inside = torch.where(valid_q[:, None], inside, inside[:1])
             rel = torch.where(inside, u[None, :] - s[:, None] + K - 1, 0)
             qs.append(torch.where(valid_q, g + d * s, -1))
+            dups.append(g + d * s)
             ks.append(torch.where(valid_k, g + d * u, -1))
             ms.append(inside)
             rs.append(rel)
-    return torch.stack(qs), torch.stack(ks), torch.stack(ms), torch.stack(rs)
+    return torch.stack(qs), torch.stack(dups), torch.stack(ks), torch.stack(ms), torch.stack(rs)
 
 
 @_cached(maxsize=64)
 def _plan(H: int, W: int, kh: int, kw: int, dh: int, dw: int, T: int) -> NeighborhoodPlan:
-    qr, kr, mr, rr = _axis_plan(H, kh, dh, T)  # rows: [a, T], [a, R1], [a, T, R1]
-    qc, kc, mc, rc = _axis_plan(W, kw, dw, T)  # cols: [b, T], [b, R2], [b, T, R2]
+    qr, dr, kr, mr, rr = _axis_plan(H, kh, dh, T)  # rows: [a, T], [a, T], [a, R1], [a, T, R1], [a, T, R1]
+    qc, dc, kc, mc, rc = _axis_plan(W, kw, dw, T)  # cols: [b, T], [b, T], [b, R2], [b, T, R2], [b, T, R2]
     a, b = qr.shape[0], qc.shape[0]
     R1, R2 = kr.shape[1], kc.shape[1]
 
@@ -108,12 +113,13 @@ def _plan(H: int, W: int, kh: int, kw: int, dh: int, dw: int, T: int) -> Neighbo
         return flat.reshape(a * b, -1)
 
     query_index = outer_index(qr, qc)  # [nT, T²]
+    query_gather = outer_index(dr, dc)  # [nT, T²]: no empty slot (each repeats a query of its tile)
     key_index = outer_index(kr, kc)  # [nT, R1·R2]
     # [a, b, T(r), T(c), R1, R2]: both axes inside their window
     mask = (mr[:, None, :, None, :, None] & mc[None, :, None, :, None, :]).reshape(a * b, T * T, R1 * R2)
     bias_index = (rr[:, None, :, None, :, None] * (2 * kw - 1) + rc[None, :, None, :, None, :])
     bias_index = torch.where(mask, bias_index.reshape(a * b, T * T, R1 * R2), 0)
-    return NeighborhoodPlan(query_index, key_index, mask, bias_index, T, max(R1, R2))
+    return NeighborhoodPlan(query_index, key_index, mask, bias_index, T, max(R1, R2), query_gather)
 
 
 def neighborhood_plan(H: int, W: int, kernel_size: int | tuple[int, int], dilation: int | tuple[int, int] = 1,
@@ -131,16 +137,35 @@ def neighborhood_plan(H: int, W: int, kernel_size: int | tuple[int, int], dilati
     return _plan(int(H), int(W), int(kh), int(kw), int(dh), int(dw), T)
 
 
+MASKED = -1e4  # additive logit of a key outside the window: exp(-1e4 + logit) is exactly 0 in fp32 and bf16
+
+
 @_cached(maxsize=64)
 def _device_plan(Hp: int, Wp: int, kernel_size: tuple[int, int], dilation: tuple[int, int], tile: int,
                  device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Plan tensors on ``device``: query / key gather indices (empty slots -> row ``N``), mask ``[nT, 1, T², R²]``,
-    bias index."""
+    """Plan tensors on ``device``: query gather ``[nT·T²]``, key gather ``[nT·R²]`` (empty key slots -> 0, masked),
+    the window as an additive mask ``[nT, 1, T², R²]`` (0 / :data:`MASKED`), bias index ``[nT, T², R²]``."""
     plan = neighborhood_plan(Hp, Wp, kernel_size, dilation, tile)
-    N = Hp * Wp
-    qi = torch.where(plan.query_index < 0, N, plan.query_index)
-    ki = torch.where(plan.key_index < 0, N, plan.key_index)
-    return qi.to(device), ki.to(device), plan.mask[:, None].to(device), plan.bias_index.to(device)
+    ki = plan.key_index.clamp_min(0)
+    window = torch.zeros(plan.mask.shape, device=_CPU).masked_fill_(~plan.mask, MASKED)[:, None]
+    return (plan.query_gather.reshape(-1).to(device), ki.reshape(-1).to(device), window.to(device),
+            plan.bias_index.to(device))
+
+
+def neighborhood_bias(rpb: Tensor | None, Hp: int, Wp: int, kernel_size: int | tuple[int, int],
+                      dilation: int | tuple[int, int] = 1, tile_size: int | None = None, *,
+                      device: torch.device | str | None = None) -> Tensor:
+    """The additive bias of every tile: the relative-position bias ``rpb [nh, 2Kh-1, 2Kw-1]`` gathered by
+    offset, plus the window mask: ``[nT, nh, T², R²]`` (``[nT, 1, T², R²]`` without ``rpb``, on ``device``)."""
+    kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+    dh, dw = (dilation, dilation) if isinstance(dilation, int) else tuple(dilation)
+    T = default_tile_size(max(kh, kw)) if tile_size is None else int(tile_size)
+    neighborhood_plan(Hp, Wp, (kh, kw), (dh, dw), T)  # validates sizes (cached)
+    device = rpb.device if rpb is not None else torch.device(device or "cpu")
+    _, _, window, bias_index = _device_plan(Hp, Wp, (kh, kw), (dh, dw), T, device)
+    if rpb is None:
+        return window
+    return rpb.flatten(1)[:, bias_index].transpose(0, 1) + window  # [nT, nh, T², R²]
 
 
 def neighborhood_layout(H: int, W: int, Hp: int, Wp: int, kernel_size: int | tuple[int, int],
@@ -158,14 +183,15 @@ def neighborhood_layout(H: int, W: int, Hp: int, Wp: int, kernel_size: int | tup
 
 def neighborhood_attention(qkv: Tensor, num_heads: int, kernel_size: int | tuple[int, int],
                            dilation: int | tuple[int, int] = 1, *, rpb: Tensor | None = None,
-                           scale: float | None = None, tile_size: int | None = None, dropout_p: float = 0.0,
-                           grid: tuple[int, int] | None = None) -> Tensor:
+                           bias: Tensor | None = None, scale: float | None = None, tile_size: int | None = None,
+                           dropout_p: float = 0.0, grid: tuple[int, int] | None = None) -> Tensor:
     """Neighbourhood attention of a packed map ``qkv [B, Hp, Wp, 3C]`` (each side >= ``K·d``) -> ``[B, Hp, Wp, C]``.
 
-    ``rpb [nh, 2Kh-1, 2Kw-1]``: relative-position bias; ``scale``: logit scale (default ``hd^-1/2``);
+    ``rpb [nh, 2Kh-1, 2Kw-1]``: relative-position bias, or ``bias``: :func:`neighborhood_bias` computed
+    beforehand (a module caches it at inference); ``scale``: logit scale (default ``hd^-1/2``);
     ``grid``: the unpadded ``(H, W)`` for recorded maps (default the whole map). One call of the
     library's attention function on all tiles at once: ``[B, nT, nh, T², hd]`` queries against
-    ``[B, nT, nh, R², hd]`` keys, with the tiles' window mask and the gathered bias.
+    ``[B, nT, nh, R², hd]`` keys, with the window mask and the relative-position bias as one additive bias.
     """
     B, Hp, Wp, C3 = qkv.shape
     C = C3 // 3
@@ -175,18 +201,19 @@ def neighborhood_attention(qkv: Tensor, num_heads: int, kernel_size: int | tuple
     dh, dw = (dilation, dilation) if isinstance(dilation, int) else tuple(dilation)
     T = default_tile_size(max(kh, kw)) if tile_size is None else int(tile_size)
     neighborhood_plan(Hp, Wp, (kh, kw), (dh, dw), T)  # validates sizes (cached)
-    qi, ki, mask, bias_index = _device_plan(Hp, Wp, (kh, kw), (dh, dw), T, qkv.device)
-    nT, _, T2, R2 = mask.shape
+    qi, ki, window, _ = _device_plan(Hp, Wp, (kh, kw), (dh, dw), T, qkv.device)
+    nT, _, T2, R2 = window.shape
     N, nh, hd = Hp * Wp, num_heads, C // num_heads
-    flat = torch.cat([qkv.reshape(B, N, C3), qkv.new_zeros(B, 1, C3)], dim=1)  # [B, N + 1, 3C]: row N = empty slot
+    if bias is None:
+        bias = window if rpb is None else neighborhood_bias(rpb, Hp, Wp, (kh, kw), (dh, dw), T)
+    flat = qkv.reshape(B, N, C3)  # [B, N, 3C]
     q = flat[:, qi, :C].view(B, nT, T2, nh, hd).transpose(2, 3)  # [B, nT, nh, T², hd]
     kv = flat[:, ki, C:].view(B, nT, R2, 2, nh, hd).permute(3, 0, 1, 4, 2, 5)  # [2, B, nT, nh, R², hd]
-    bias = None if rpb is None else rpb.flatten(1)[:, bias_index].transpose(0, 1)  # [nT, nh, T², R²]
     layout = None
     if attention_observed():
         layout = neighborhood_layout(*(grid or (Hp, Wp)), Hp, Wp, (kh, kw), (dh, dw), T)
-    out = scaled_dot_product_attention(q, kv[0], kv[1], bias=bias, mask=mask, scale=scale, dropout_p=dropout_p,
+    out = scaled_dot_product_attention(q, kv[0], kv[1], bias=bias, scale=scale, dropout_p=dropout_p,
                                        layout=layout)  # [B, nT, nh, T², hd]
     out = out.transpose(2, 3).reshape(B, nT * T2, C)  # [B, nT·T², C]
-    full = out.new_empty(B, N + 1, C).index_copy_(1, qi.reshape(-1), out)  # back to map order
-    return full[:, :N].view(B, Hp, Wp, C)
+    # back to map order; a repeated query writes the same row twice (identical values)
+    return out.new_empty(B, N, C).index_copy_(1, qi, out).view(B, Hp, Wp, C)
