@@ -258,7 +258,7 @@ class DaVit(HierarchicalMixin, nn.Module):
 
 
 # ---------------------------------------------------------------------------- presets (data)
-_FL = dict(window_size=12, down_kernel_size=3, channel_form="florence2")
+_FL = dict(window_size=12, down_kernel_size=3, channel_form="florence2", img_size=768)  # Florence-2 runs at 768
 _PRESETS: dict[str, dict[str, Any]] = {
     "davit_tiny": dict(depths=(1, 1, 3, 1), embed_dims=(96, 192, 384, 768), num_heads=(3, 6, 12, 24)),
     "davit_small": dict(depths=(1, 1, 9, 1), embed_dims=(96, 192, 384, 768), num_heads=(3, 6, 12, 24)),
@@ -278,6 +278,9 @@ _META: dict[str, dict[str, Any]] = {
     "davit_large": dict(published_params_m=196.81, published_gmacs=34.60, published_gmacs_source=_TIMM),
     "davit_huge": dict(published_params_m=348.92, published_gmacs=61.23, published_gmacs_source=_TIMM),
     "davit_giant": dict(published_params_m=1406.47, published_gmacs=192.92, published_gmacs_source=_TIMM),
+    # no published row for the Florence-2 towers: timm's davit_*_fl built with a 1000-class head (timm 1.0.31)
+    "davit_base_fl": dict(published_params_m=91.40),
+    "davit_huge_fl": dict(published_params_m=362.69),
 }
 
 register_family("davit", DaVit, DaVitConfig, _PRESETS, meta=_META)
