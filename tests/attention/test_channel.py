@@ -114,3 +114,21 @@ def test_analytic_flops_equal_measured(form):
     shape = (2, 56 * 56, 96)
     measured, _ = measure_flops(m, shape)
     assert m.flops(shape) == measured == 2 * (4 * 3136 * 96 * 96 + 2 * 3136 * 96 * 32)
+
+
+@pytest.mark.parametrize("qkv_bias", [True, False])
+def test_a_hooked_projection_takes_the_module_path_with_the_same_result(qkv_bias):
+    """Plain Linears run as batched GEMMs into the channels-major layout; a hooked one runs as a module."""
+    torch.manual_seed(5)
+    m = create_attention("channel", C, NH, qkv_bias=qkv_bias).eval()
+    x, r = torch.randn(B, N, C), torch.randn(B, N, C)
+    with torch.no_grad():
+        plain, plain_res = m(x), m(x, residual=r)
+        seen = []
+        handle = m.qkv.register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
+        hooked, hooked_res = m(x), m(x, residual=r)
+        handle.remove()
+    assert seen == [(B, N, 3 * C)] * 2  # the hook saw the module run
+    torch.testing.assert_close(hooked, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(hooked_res, plain_res, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(plain_res, plain + r, atol=1e-5, rtol=1e-5)
