@@ -153,3 +153,22 @@ def test_conv_embed_takes_images_or_maps() -> None:
         down(x)
     with pytest.raises(ValueError, match="kernel_size"):
         ConvEmbed(3, 8, kernel_size=0, stride=1)
+
+
+@pytest.mark.parametrize("act", [None, "gelu", "relu"])
+def test_conv2d_act_equals_conv_then_activation(act: str | None) -> None:
+    from vit_attention.functional.conv_act import conv2d_act
+
+    torch.manual_seed(0)
+    w, b = torch.randn(24, 1, 3, 3), torch.randn(24)
+    x = torch.randn(2, 5, 7, 24).permute(0, 3, 1, 2)  # channels-last memory: the fused oneDNN path
+    ref = F.conv2d(x, w, b, padding=1, groups=24)
+    ref = ref if act is None else F.gelu(ref) if act == "gelu" else F.relu(ref)
+    with torch.no_grad():
+        torch.testing.assert_close(conv2d_act(x, w, b, padding=1, groups=24, act=act), ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(conv2d_act(x.contiguous(), w, b, padding=1, groups=24, act=act), ref)  # eager
+    xg = x.detach().requires_grad_()
+    conv2d_act(xg, w, b, padding=1, groups=24, act=act).sum().backward()  # autograd: the eager ops
+    assert xg.grad is not None and torch.isfinite(xg.grad).all()
+    with pytest.raises(ValueError, match="act"):
+        conv2d_act(x, w, b, act="tanh")

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
+from ..functional.conv_act import conv2d_act
 from ..functional.linear import apply_linear, can_fuse, fusable_activation, hookless, linear
 
 __all__ = ["MlpDWConv"]
@@ -50,8 +51,13 @@ class MlpDWConv(nn.Module):
             h = linear(x, self.fc1.weight, self.fc1.bias, act=relu)  # [B, H, W, hidden] (ReLU fused)
         else:
             h = self.relu(apply_linear(self.fc1, x))  # [B, H, W, hidden]
-        h = self.dwconv(h.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)  # [B, H, W, hidden] (channels-last conv)
-        h = self.drop1(self.act(h))
+        act = fusable_activation(self.act)
+        if fast and act is not None and type(self.dwconv) is nn.Conv2d and hookless(self.dwconv, self.act):
+            d = self.dwconv  # dwconv + act in one oneDNN kernel (channels-last in and out)
+            h = conv2d_act(h.permute(0, 3, 1, 2), d.weight, d.bias, padding=d.padding[0], groups=d.groups, act=act)
+            h = h.permute(0, 2, 3, 1)  # [B, H, W, hidden]
+        else:
+            h = self.drop1(self.act(self.dwconv(h.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)))  # [B, H, W, hidden]
         if fast:
             return linear(h, self.fc2.weight, self.fc2.bias, residual=residual)  # [B, H, W, out]
         out = self.drop2(apply_linear(self.fc2, h))
