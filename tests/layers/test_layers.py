@@ -114,6 +114,20 @@ def test_pre_norm_fast_path_equals_the_plain_formula():
             torch.testing.assert_close(blk(x), h + blk.mlp(blk.norm2(h)), rtol=1e-5, atol=1e-5)
 
 
+def test_layer_scale_block_at_inference_equals_the_training_formula():
+    """Eval folds ``x + gamma * branch`` into one addcmul: the same numbers as the train-mode ops."""
+    torch.manual_seed(0)
+    blk = Block(16, 2, init_values=0.5)
+    with torch.no_grad():
+        blk.ls1.gamma.uniform_(-1, 1)
+        blk.ls2.gamma.uniform_(-1, 1)
+        x = torch.randn(2, 5, 16)
+        train = blk.train()(x)
+        h = x + blk.ls1(blk.attn(blk.norm1(x)))
+        torch.testing.assert_close(train, h + blk.ls2(blk.mlp(blk.norm2(h))))
+        torch.testing.assert_close(blk.eval()(x), train, rtol=1e-6, atol=1e-6)
+
+
 def test_block_with_context_is_the_class_attention_block():
     """``blk(x_cls, context=x)``: queries x_cls, keys / values norm1([x_cls; x]); the MLP updates x_cls alone."""
     blk = Block(16, 2, attn_layer="class_attn", init_values=0.3).eval()

@@ -9,21 +9,41 @@ force the explicit path (the fused kernel never sees the weights). Key names fol
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
 from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
-from ..functional.linear import apply_linear
+from ..functional.linear import apply_linear, hookless
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
 __all__ = ["TalkingHeadsAttention", "mix_heads"]
 
 
-def mix_heads(a: Tensor, mix: nn.Linear) -> Tensor:
-    """Mix the heads of ``a [*b, nh, N, M]`` with ``mix`` (``Linear(nh, nh)``): ``[*b, nh, N, M]``."""
+def mix_heads(a: Tensor, mix: nn.Linear, *, scale: float = 1.0, before_softmax: bool = False) -> Tensor:
+    """Mix the heads of ``scale · a [*b, nh, N, M]`` with ``mix`` (``Linear(nh, nh)``): ``[*b, nh, N, M]``.
+
+    ``before_softmax``: the result only feeds a softmax over its last axis, which ignores a
+    constant per head and row, so the fast path leaves out ``mix``'s bias at inference (the same
+    weights, one pass fewer; with autograd it stays, so the bias gets its (zero) gradient).
+    ``scale`` is folded into the ``nh x nh`` weight (no pass over ``a``).
+
+    A plain hookless ``nn.Linear`` runs as one batched ``W @ a + b`` over ``a``'s own layout
+    ``[B', nh, N·M]`` (contiguous in, contiguous out: no transposed copies, and the softmax that
+    follows reads contiguous rows); any other module (a subclass, one with hooks) is called on
+    the heads-last view, as timm does. Same values either way.
+    """
     h, last = a.dim() - 3, a.dim() - 1  # non-negative axes: ONNX's Transpose takes no negative perm
+    if type(mix) is nn.Linear and mix.bias is not None and hookless(mix):
+        nh, N, M = a.shape[-3:]
+        a3 = a.reshape(-1, nh, N * M)  # [B', nh, N·M]
+        w = (mix.weight if scale == 1.0 else mix.weight * scale).expand(a3.shape[0], nh, nh)  # [B', nh, nh]
+        if before_softmax and not (torch.is_grad_enabled() and mix.bias.requires_grad):  # keep the bias's grad
+            return torch.bmm(w, a3).view(a.shape)  # [*b, nh, N, M]
+        return torch.baddbmm(mix.bias.view(1, nh, 1), w, a3).view(a.shape)  # [*b, nh, N, M]
+    a = a if scale == 1.0 else a * scale
     return mix(a.movedim(h, last)).movedim(last, h)  # [*b, N, M, nh] -> [*b, nh, N, M]
 
 
@@ -71,7 +91,8 @@ class TalkingHeadsAttention(nn.Module):
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
 
     def _mix_logits(self, a: Tensor) -> Tensor:
-        return mix_heads(a, self.proj_l)  # [B, nh, N, N]
+        """``proj_l`` over the heads of the unscaled ``q kᵀ``; the ``hd^-1/2`` scale rides on its weight."""
+        return mix_heads(a, self.proj_l, scale=self.scale, before_softmax=True)  # [B, nh, N, N]
 
     def _mix_weights(self, a: Tensor) -> Tensor:
         return mix_heads(a, self.proj_w)  # [B, nh, N, N]
@@ -89,7 +110,7 @@ class TalkingHeadsAttention(nn.Module):
             raise ValueError("talking_heads is self-attention: context is not supported")
         q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
         layout = token_layout(x.shape[1], feat_size, num_prefix_tokens) if attention_observed() else None
-        x = scaled_dot_product_attention(q, k, v, scale=self.scale, logits_fn=self._mix_logits,
+        x = scaled_dot_product_attention(q, k, v, scale=1.0, logits_fn=self._mix_logits,  # scale: in _mix_logits
                                          weights_fn=self._mix_weights, layout=layout,
                                          dropout_p=self.attn_drop if self.training else 0.0)  # [B, nh, N, hd]
         x = merge_heads(x)  # [B, N, C]

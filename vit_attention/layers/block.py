@@ -134,6 +134,12 @@ class Block(nn.Module):
             return self.mlp(self.norm2(x), residual=x)
         return x + self.mlp(self.norm2(x))
 
+    def _residual(self, x: Tensor, branch: Tensor, ls: nn.Module, drop_path: nn.Module) -> Tensor:
+        """``x + drop_path(ls(branch))``; LayerScale at inference as one ``addcmul`` pass (same math)."""
+        if not self.training and type(ls) is LayerScale and hookless(ls):
+            return torch.addcmul(x, branch, ls.gamma)  # [..., C]
+        return x + drop_path(ls(branch))
+
     def _forward_context(self, x: Tensor, context: Tensor) -> Tensor:
         """Class-attention flow: ``x [B, Nq, C]`` queries ``norm1([x; context])``; ``[B, Nq, C]`` out."""
         if self.style != "pre" or self.pos is not None:
@@ -144,8 +150,8 @@ class Block(nn.Module):
         Nq = x.shape[1]
         u = self.norm1(torch.cat([x, context], dim=1))  # [B, Nq + M, C]
         a = apply_attention(self.attn, u[:, :Nq], context=u)  # [B, Nq, C]: keys / values from all of u
-        x = x + self.drop_path1(self.ls1(a))
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        x = self._residual(x, a, self.ls1, self.drop_path1)
+        return self._residual(x, self.mlp(self.norm2(x)), self.ls2, self.drop_path2)
 
     def forward(self, x: Tensor, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0, *,
                 context: Tensor | None = None) -> Tensor:
@@ -161,9 +167,9 @@ class Block(nn.Module):
         if style == "pre":
             if not self.training and isinstance(self.ls1, nn.Identity) and isinstance(self.ls2, nn.Identity):
                 return self._fused_pre(x, feat_size, num_prefix_tokens)
-            x = x + self.drop_path1(self.ls1(self._attn(self.norm1(x), feat_size, num_prefix_tokens)))
+            x = self._residual(x, self._attn(self.norm1(x), feat_size, num_prefix_tokens), self.ls1, self.drop_path1)
             x = self._pos_mlp(x, feat_size, num_prefix_tokens)
-            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+            return self._residual(x, self.mlp(self.norm2(x)), self.ls2, self.drop_path2)
         if style == "res_post":
             x = x + self.drop_path1(self.ls1(self.norm1(self._attn(x, feat_size, num_prefix_tokens))))
             x = self._pos_mlp(x, feat_size, num_prefix_tokens)
