@@ -125,3 +125,20 @@ def test_quick_gelu_mlp_fused_at_inference_equals_eager() -> None:
     assert get_act_layer("quick_gelu") is QuickGELU
     with pytest.raises(ValueError, match="act_layer"):
         get_act_layer("swish")
+
+
+def test_training_mode_never_splits_the_batch() -> None:
+    """BatchNorm in training normalises over the whole batch: no CPU batch chunking then, even without autograd."""
+    from vit_attention.functional.chunking import CHUNK_ELEMENTS
+
+    model = _small().train()
+    x = torch.randn(4, 3, 64, 64)
+    with torch.no_grad():
+        whole = model.stages[0](x.permute(0, 2, 3, 1))[0]
+        with CHUNK_ELEMENTS.override(1):  # would split every batch into single images at inference
+            chunked = model.stages[0](x.permute(0, 2, 3, 1))[0]
+            model.eval()
+            eval_chunked = model.stages[0](x.permute(0, 2, 3, 1))[0]
+        eval_whole = model.stages[0](x.permute(0, 2, 3, 1))[0]
+    torch.testing.assert_close(chunked, whole)
+    torch.testing.assert_close(eval_chunked, eval_whole, atol=1e-5, rtol=1e-5)

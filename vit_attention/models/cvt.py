@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
@@ -157,7 +157,8 @@ class CvtStage(nn.Module):
         def run(t: Tensor) -> Tensor:
             return run_blocks(self.blocks, t, (H, W), P, checkpoint=self.grad_checkpointing and self.training)
 
-        chunk = batch_chunk_size(x, self.blocks)  # inference on CPU: a few images at a time (cache-sized)
+        # inference on CPU: a few images at a time (cache-sized); never in training, where BatchNorm uses the batch
+        chunk = B if self.training else batch_chunk_size(x, self.blocks)
         return (run_in_batch_chunks(run, x, chunk) if chunk < B else run(x)), (H, W)
 
 
@@ -251,7 +252,7 @@ class Cvt(HierarchicalMixin, nn.Module):
             raise ValueError(f"expected images [B, {self.cfg.in_chans}, H, W], got {tuple(x.shape)}")
         return x.permute(0, 2, 3, 1)
 
-    def _run(self, x: Tensor, take: set[int] = frozenset()) -> tuple[Tensor, list[tuple[Tensor, tuple[int, int]]]]:
+    def _run(self, x: Tensor, take: Collection[int] = ()) -> tuple[Tensor, list[tuple[Tensor, tuple[int, int]]]]:
         """Images -> last stage's tokens ``[B, P + H'·W', C]`` and the chosen stages' ``(tokens, grid)``."""
         x = self._embed(x)
         saved = []
