@@ -86,6 +86,19 @@ def test_hf_pvt_v2_classification(linear: bool, size: tuple[int, int]) -> None:
         assert_parity(model.forward_features(x).permute(0, 3, 1, 2), ref.pvt_v2(pixel_values=x).last_hidden_state)
 
 
+def test_hf_pvt_v2_linear_folder_with_config(tmp_path) -> None:
+    """A saved ``PvtV2ForImageClassification`` folder (linear attention): config.json builds the -Li model."""
+    stages = {k: v for k, v in _STAGES.items() if k != "sr_ratios"}
+    ref = _perturb(PvtV2ForImageClassification(PvtV2Config(num_labels=4, linear_attention=True, **stages)))
+    ref.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match="another architecture"):
+        model = create_model("pvt_v2_b2_li", pretrained=str(tmp_path)).eval()
+    assert model.cfg.linear and model.num_classes == 4 and model.cfg.norm_eps == model.cfg.embed_norm_eps == 1e-6
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert_parity(model(x), ref(pixel_values=x).logits)
+
+
 # ---------------------------------------------------------------- the original layout (whai362/PVT)
 def _to_original(state: dict[str, torch.Tensor], v1: bool) -> dict[str, torch.Tensor]:
     """Our keys -> whai362/PVT's (written here independently of the converter, from the repository's names)."""
