@@ -1,0 +1,425 @@
+"""HaloNet (Vaswani et al. 2021, "Scaling Local Self-Attention for Parameter Efficient Visual Backbones")
+as timm builds it: ResNet-style ByobNet backbones whose self-attention blocks hold the ``halo`` mechanism.
+
+Config dataclass -> :class:`HaloNet` -> presets registered as data (timm's names: ``halonet_h1``,
+``halonet26t``, ``sehalonet33ts``, ``halonet50ts``, ``haloregnetz_b``). A stem (``tiered``: three
+3x3 convs, ``7x7`` or ``3x3``; with or without a 3x3 max pool), then stages of blocks, each block
+one letter of the stage's pattern in ``block_types``:
+
+* ``b``: bottleneck ``conv1_1x1 -> conv2_kxk (3x3, stride, groups) -> [SE] -> conv3_1x1`` + shortcut;
+* ``a``: self-attention bottleneck ``conv1_1x1 -> self_attn -> post_attn (BN + act) -> conv3_1x1`` + shortcut,
+  the mechanism strided itself (``halo``: strided queries) or followed by a 2x2 average pool.
+
+Any registered mechanism can replace ``halo`` (``attn_layer``). Layout: NCHW maps ``[B, C, H, W]``
+through the convolutions, channels-last ``[B, H, W, C]`` inside the mechanism. State-dict keys are
+timm's ``ByobNet`` (``stem.conv1.conv`` / ``stem.conv``, ``stages.{i}.{j}.{shortcut, conv1_1x1,
+conv2_kxk, attn.fc1, self_attn.{q, kv, pos_embed.height_rel, pos_embed.width_rel}, post_attn,
+conv3_1x1}``, ``final_conv``, ``head.fc``): timm checkpoints load as they are.
+
+``halo`` needs each attention map to be a multiple of its block size in timm (an assert); here
+other sizes are zero-padded (see :class:`~vit_attention.attention.halo.HaloAttention`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from torch import Tensor, nn
+
+from ..attention import create_attention
+from ..layers import ClassifierHead, accepted_kwargs, resolve_indices
+from ..layers.activation import get_act_layer
+from ..layers.adapter import apply_attention
+from ..layers.drop_path import DropPath
+from ..layers.mbconv import ConvNormAct, make_divisible
+from ..layers.stage import drop_path_schedule
+from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
+from .registry import register_family
+
+__all__ = ["HaloNetConfig", "HaloNet", "BottleneckBlock", "SelfAttnBlock", "SqueezeExcite"]
+
+
+@dataclass
+class HaloNetConfig(ConfigMixin):
+    """Everything a :class:`HaloNet` is built from (JSON-serialisable).
+
+    Stage ``i`` has one block per letter of ``block_types[i]`` (``"b"`` bottleneck, ``"a"``
+    self-attention), ``channels[i]`` out, the first block strided by ``strides[i]``, hidden width
+    ``make_divisible(channels[i] · bottle_ratios[i])`` (of the input width with ``bottle_in``),
+    3x3 convs in groups of ``group_sizes[i]`` channels (0 = one group), ``num_heads[i]`` heads.
+    ``se_ratio > 0`` adds squeeze-excitation to the bottlenecks; ``downsample=""`` drops the
+    projection shortcut where the shape changes (no residual there); ``linear_out`` drops the
+    activation after the residual; ``num_features > 0`` adds a final 1x1 conv-BN-act.
+    """
+
+    img_size: int | tuple[int, int] = 256
+    in_chans: int = 3
+    num_classes: int = 1000
+    global_pool: Literal["avg", ""] = "avg"
+    stem_type: Literal["tiered", "7x7", "3x3"] = "tiered"
+    stem_chs: int = 64
+    stem_pool: bool = True
+    block_types: tuple[str, ...] = ("bb", "bb", "ba", "aa")
+    channels: tuple[int, ...] = (256, 512, 1024, 2048)
+    strides: tuple[int, ...] = (1, 2, 2, 2)
+    bottle_ratios: tuple[float, ...] = (0.25, 0.25, 0.25, 0.25)
+    group_sizes: tuple[int, ...] = (0, 0, 0, 0)
+    num_heads: tuple[int, ...] = (8, 8, 8, 8)
+    act_layer: Literal["relu", "silu"] = "relu"
+    se_ratio: float = 0.0
+    downsample: Literal["conv1x1", ""] = "conv1x1"
+    bottle_in: bool = False
+    linear_out: bool = False
+    num_features: int = 0
+    drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    attn_layer: str = "halo"
+    attn_kwargs: dict[str, Any] = field(default_factory=lambda: {"block_size": 8, "halo_size": 2})
+
+    def validate(self) -> None:
+        """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
+        check_size(self.img_size, "img_size")
+        check_int(self.in_chans, "in_chans")
+        check_int(self.num_classes, "num_classes", min_value=0)
+        check_choice(self.global_pool, "global_pool", ("avg", ""))
+        check_choice(self.stem_type, "stem_type", ("tiered", "7x7", "3x3"))
+        check_int(self.stem_chs, "stem_chs")
+        check_choice(self.stem_pool, "stem_pool", (True, False))
+        if not isinstance(self.block_types, (tuple, list)) or not self.block_types or not all(
+                isinstance(t, str) and t and set(t) <= {"a", "b"} for t in self.block_types):
+            raise ValueError(f"block_types must be a non-empty sequence of non-empty strings of 'a' (self-attention) "
+                             f"and 'b' (bottleneck), one per stage; got {self.block_types!r}")
+        n = len(self.block_types)
+        check_int_seq(self.channels, "channels", length=n)
+        for s in check_int_seq(self.strides, "strides", length=n):
+            check_choice(s, "strides", (1, 2))
+        if not isinstance(self.bottle_ratios, (tuple, list)) or len(self.bottle_ratios) != n:
+            raise ValueError(f"bottle_ratios must hold {n} positive floats, got {self.bottle_ratios!r}")
+        for r in self.bottle_ratios:
+            check_float(r, "bottle_ratios", low_open=True)
+        check_int_seq(self.group_sizes, "group_sizes", length=n, min_value=0)
+        check_int_seq(self.num_heads, "num_heads", length=n)
+        check_choice(self.act_layer, "act_layer", ("relu", "silu"))
+        check_float(self.se_ratio, "se_ratio", high=1.0)
+        check_choice(self.downsample, "downsample", ("conv1x1", ""))
+        check_choice(self.bottle_in, "bottle_in", (True, False))
+        check_choice(self.linear_out, "linear_out", (True, False))
+        check_int(self.num_features, "num_features", min_value=0)
+        for rate in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
+            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
+        check_attn_layer(self.attn_layer, self.attn_kwargs)
+
+
+class SqueezeExcite(nn.Module):
+    """timm's ``SEModule``: ``x · sigmoid(fc2(relu(fc1(mean_HW x))))``, ``[B, C, H, W] -> [B, C, H, W]``.
+
+    Hidden width ``make_divisible(C · rd_ratio, 8, round_limit=0)``; keys ``fc1``, ``fc2`` (1x1 convs).
+    """
+
+    def __init__(self, channels: int, rd_ratio: float = 1 / 16) -> None:
+        super().__init__()
+        rd = make_divisible(channels * rd_ratio, 8, round_limit=0.0)
+        self.fc1 = nn.Conv2d(channels, rd, 1)
+        self.act = nn.ReLU(inplace=True)
+        self.fc2 = nn.Conv2d(rd, channels, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, C, H, W] -> [B, C, H, W]``."""
+        return x * self.fc2(self.act(self.fc1(x.mean((2, 3), keepdim=True)))).sigmoid()
+
+
+def _shortcut(cfg: HaloNetConfig, in_chs: int, out_chs: int, stride: int) -> nn.Module | None:
+    """timm's ``create_shortcut``: identity, a 1x1 strided conv-BN, or none (``downsample=""``)."""
+    if in_chs == out_chs and stride == 1:
+        return nn.Identity()
+    if not cfg.downsample:
+        return None
+    return ConvNormAct(in_chs, out_chs, 1, stride=stride, act_layer=None)
+
+
+class _ResidualBlock(nn.Module):
+    """Shared tail of both block kinds: ``drop_path(x) + shortcut(input)``, then the activation."""
+
+    shortcut: nn.Module | None
+    drop_path: nn.Module
+    act: nn.Module
+
+    def _residual(self, x: Tensor, shortcut: Tensor) -> Tensor:
+        x = self.drop_path(x)
+        if self.shortcut is not None:
+            x = x + self.shortcut(shortcut)
+        return self.act(x)
+
+
+class BottleneckBlock(_ResidualBlock):
+    """ResNet bottleneck ``1x1 -> 3x3 (stride, groups) -> [SE] -> 1x1`` + shortcut,
+    ``[B, Cin, H, W] -> [B, Cout, H/s, W/s]``."""
+
+    def __init__(self, cfg: HaloNetConfig, in_chs: int, out_chs: int, *, stride: int, bottle_ratio: float,
+                 group_size: int, drop_path: float) -> None:
+        super().__init__()
+        act = get_act_layer(cfg.act_layer)
+        mid = make_divisible((in_chs if cfg.bottle_in else out_chs) * bottle_ratio)
+        groups = mid // group_size if group_size else 1
+        self.shortcut = _shortcut(cfg, in_chs, out_chs, stride)
+        self.conv1_1x1 = ConvNormAct(in_chs, mid, 1, act_layer=act)
+        self.conv2_kxk = ConvNormAct(mid, mid, 3, stride=stride, groups=groups, act_layer=act)
+        self.attn = SqueezeExcite(mid, cfg.se_ratio) if cfg.se_ratio else nn.Identity()
+        self.conv3_1x1 = ConvNormAct(mid, out_chs, 1, act_layer=None)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.act = nn.Identity() if cfg.linear_out else act()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, Cin, H, W] -> [B, Cout, H/s, W/s]``."""
+        return self._residual(self.conv3_1x1(self.attn(self.conv2_kxk(self.conv1_1x1(x)))), x)
+
+
+class SelfAttnBlock(_ResidualBlock):
+    """Self-attention bottleneck ``1x1 -> mechanism (stride) -> BN + act -> 1x1`` + shortcut,
+    ``[B, Cin, H, W] -> [B, Cout, H/s, W/s]``.
+
+    The mechanism runs on the channels-last map; ``halo`` strides its queries itself (timm), any other
+    mechanism is followed by a 2x2 average pool when ``stride = 2``.
+    """
+
+    def __init__(self, cfg: HaloNetConfig, in_chs: int, out_chs: int, *, stride: int, bottle_ratio: float,
+                 num_heads: int, drop_path: float) -> None:
+        super().__init__()
+        act = get_act_layer(cfg.act_layer)
+        mid = make_divisible((in_chs if cfg.bottle_in else out_chs) * bottle_ratio)
+        self.shortcut = _shortcut(cfg, in_chs, out_chs, stride)
+        self.conv1_1x1 = ConvNormAct(in_chs, mid, 1, act_layer=act)
+        offered = dict(cfg.attn_kwargs, attn_drop=cfg.attn_drop_rate)
+        if stride > 1:
+            offered["stride"] = stride
+        kwargs = accepted_kwargs(cfg.attn_layer, offered, neutral={"attn_drop": 0.0})
+        self.self_attn = create_attention(cfg.attn_layer, mid, num_heads, **kwargs)
+        self.pool = nn.AvgPool2d(2, 2) if stride > 1 and "stride" not in kwargs else nn.Identity()
+        self.post_attn = nn.BatchNorm2d(mid)
+        self.post_act = act()
+        self.conv3_1x1 = ConvNormAct(mid, out_chs, 1, act_layer=None)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.act = nn.Identity() if cfg.linear_out else act()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, Cin, H, W] -> [B, Cout, H/s, W/s]``."""
+        y = self.conv1_1x1(x).permute(0, 2, 3, 1)  # [B, H, W, mid]
+        y = apply_attention(self.self_attn, y).permute(0, 3, 1, 2)  # [B, mid, H/s, W/s]
+        y = self.post_act(self.post_attn(self.pool(y)))
+        return self._residual(self.conv3_1x1(y), x)
+
+
+class _Stem(nn.Module):
+    """timm's ``Stem`` / stem conv: ``[B, Cin, H, W] -> [B, C, H/r, W/r]`` (``r`` = 4, or 2 for ``3x3`` without pool).
+
+    ``tiered``: 3x3 convs to ``3C/8, C/2, C`` (stride 2, 1, 1, the last strided instead when there is no pool);
+    ``7x7``: one 7x7 stride-2 conv; ``3x3`` without pool: one 3x3 stride-2 conv named ``conv`` (timm's
+    ``ConvNormAct`` stem). Then an optional 3x3 stride-2 max pool.
+    """
+
+    def __init__(self, cfg: HaloNetConfig) -> None:
+        super().__init__()
+        act = get_act_layer(cfg.act_layer)
+        c = cfg.stem_chs
+        self.single = cfg.stem_type == "3x3" and not cfg.stem_pool
+        if self.single:  # timm's stem is then a ConvNormAct itself: keys stem.conv, stem.bn
+            cna = ConvNormAct(cfg.in_chans, c, 3, stride=2, act_layer=act)
+            self.conv, self.bn, self.act = cna.conv, cna.bn, cna.act
+            self.convs: list[str] = []
+        else:
+            if cfg.stem_type == "tiered":
+                chs, k = (3 * c // 8, c // 2, c), 3
+            else:
+                chs, k = (c,), (7 if cfg.stem_type == "7x7" else 3)
+            strides = [2] + [1] * (len(chs) - 1)
+            if not cfg.stem_pool:
+                strides[-1] = 2
+            prev, self.convs = cfg.in_chans, []
+            for i, (ch, s) in enumerate(zip(chs, strides)):
+                self.add_module(f"conv{i + 1}", ConvNormAct(prev, ch, k, stride=s, act_layer=act))
+                self.convs.append(f"conv{i + 1}")
+                prev = ch
+        self.pool = nn.MaxPool2d(3, 2, 1) if cfg.stem_pool else nn.Identity()
+        # the stride-2 tap timm reports as its first feature: the map before the second stride
+        if cfg.stem_pool:
+            self.tap = self.convs[-1]
+        elif len(self.convs) > 1:
+            self.tap = self.convs[-2]
+        else:
+            self.tap = ""
+        self.reduction = 2 if self.single else 4
+
+    def forward_tap(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``[B, Cin, H, W] -> ([B, C, H/r, W/r], the stride-2 map or None)``."""
+        if self.single:
+            return self.act(self.bn(self.conv(x))), None
+        tap = None
+        for name in self.convs:
+            x = getattr(self, name)(x)
+            if name == self.tap:
+                tap = x
+        return self.pool(x), tap
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, Cin, H, W] -> [B, C, H/r, W/r]``."""
+        return self.forward_tap(x)[0]
+
+
+class HaloNet(nn.Module):
+    """HaloNet / ByobNet backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
+
+    ``forward_features`` gives the last map ``[B, num_features, H/32, W/32]`` (NCHW, after
+    ``final_conv``), ``forward_intermediates`` the maps of ``feature_info`` (timm's: the stride-2 stem
+    map, then each stage's output before a stride, the last one after ``final_conv``).
+    """
+
+    family = "halonet"
+
+    def __init__(self, cfg: HaloNetConfig | None = None, **overrides: Any) -> None:
+        super().__init__()
+        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else type(self).default_config(**overrides)
+        cfg.validate()
+        self.cfg = cfg
+        self.num_classes, self.global_pool = cfg.num_classes, cfg.global_pool
+        self.stem = _Stem(cfg)
+        depths = [len(t) for t in cfg.block_types]
+        rates = drop_path_schedule(cfg.drop_path_rate, depths)
+        stages, prev = [], cfg.stem_chs
+        reduction = self.stem.reduction
+        info: list[dict[str, Any]] = []
+        if self.stem.tap:
+            info.append(dict(num_chs=getattr(self.stem, self.stem.tap).conv.out_channels, reduction=2,
+                             module=f"stem.{self.stem.tap}"))
+        prev_info = dict(num_chs=prev, reduction=reduction, module="stem")
+        for i, types in enumerate(cfg.block_types):
+            if cfg.strides[i] > 1:  # timm: the map before each stride is a feature level
+                info.append(prev_info)
+            reduction *= cfg.strides[i]
+            blocks: list[nn.Module] = []
+            for j, kind in enumerate(types):
+                common = dict(stride=cfg.strides[i] if j == 0 else 1, bottle_ratio=cfg.bottle_ratios[i],
+                              drop_path=rates[i][j])
+                if kind == "b":
+                    blocks.append(BottleneckBlock(cfg, prev, cfg.channels[i], group_size=cfg.group_sizes[i], **common))
+                else:
+                    blocks.append(SelfAttnBlock(cfg, prev, cfg.channels[i], num_heads=cfg.num_heads[i], **common))
+                prev = cfg.channels[i]
+            stages.append(nn.Sequential(*blocks))
+            prev_info = dict(num_chs=prev, reduction=reduction, module=f"stages.{i}")
+        self.stages = nn.Sequential(*stages)
+        act = get_act_layer(cfg.act_layer)
+        self.final_conv = ConvNormAct(prev, cfg.num_features, 1, act_layer=act) if cfg.num_features else nn.Identity()
+        self.num_features = cfg.num_features or prev
+        info.append(dict(num_chs=self.num_features, reduction=reduction, module="final_conv"))
+        self.feature_info = info
+        self._taps = [d["module"] for d in info]
+        self.head = ClassifierHead(self.num_features, cfg.num_classes, global_pool=cfg.global_pool, drop=cfg.drop_rate)
+        self._init_weights()
+
+    @classmethod
+    def default_config(cls, **overrides: Any) -> HaloNetConfig:
+        """The family's config class with ``overrides``."""
+        return HaloNetConfig(**overrides)
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.01)
+                nn.init.zeros_(m.bias)
+        for m in self.modules():
+            if hasattr(m, "reset_parameters") and getattr(m, "attention_name", None) is not None:
+                m.reset_parameters()  # the mechanism's own init (halo: timm's)
+
+    # ------------------------------------------------------------------ API
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> last map ``[B, num_features, H/32, W/32]``."""
+        return self.final_conv(self.stages(self.stem(x)))
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Map ``[B, C, H', W']`` -> logits ``[B, num_classes]`` (pooled ``[B, C]`` with ``pre_logits``)."""
+        return self.head(x.permute(0, 2, 3, 1), pre_logits=pre_logits)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
+                              output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
+                              ) -> Any:
+        """Final map plus the map of each chosen ``feature_info`` level.
+
+        ``indices``: an int ``n`` = the last ``n`` levels, or level indices (negative allowed); default
+        all. ``norm`` has no effect (no final norm). ``[B, C_i, H_i, W_i]`` (``NCHW``) or channels-last
+        (``NHWC``). Returns ``(final [B, C, H', W'], [maps])`` or only the list.
+        """
+        if output_fmt not in ("NCHW", "NHWC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        take = {self._taps[i] for i in resolve_indices(indices, len(self._taps), "feature level")}
+        maps: dict[str, Tensor] = {}
+        x, tap = self.stem.forward_tap(x)
+        if tap is not None:
+            maps[f"stem.{self.stem.tap}"] = tap
+        maps["stem"] = x
+        for i, stage in enumerate(self.stages):
+            x = maps[f"stages.{i}"] = stage(x)
+        x = maps["final_conv"] = self.final_conv(x)
+        outs = [maps[m] if output_fmt == "NCHW" else maps[m].permute(0, 2, 3, 1) for m in self._taps if m in take]
+        if intermediates_only:
+            return outs
+        return x, outs
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Not supported beyond a no-op flag (CNN blocks; kept for API compatibility)."""
+        self.grad_checkpointing = enable
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
+        num_classes = check_int(num_classes, "num_classes", min_value=0)
+        if global_pool is not None:
+            check_choice(global_pool, "global_pool", ("avg", ""))
+            self.global_pool = self.head.global_pool = self.cfg.global_pool = global_pool  # type: ignore[assignment]
+        self.num_classes = self.cfg.num_classes = num_classes
+        device = next(self.parameters()).device
+        self.head.fc = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that should not get weight decay: the relative-position tables."""
+        return {n for n, _ in self.named_parameters() if n.endswith(("height_rel", "width_rel"))}
+
+
+# ---------------------------------------------------------------------------- presets (data, timm byoanet.py)
+_PRESETS: dict[str, dict[str, Any]] = {
+    "halonet_h1": dict(stem_type="7x7", block_types=("aaa", "aaa", "a" * 10, "aaa"), channels=(64, 128, 256, 512),
+                       bottle_ratios=(1.0, 1.0, 1.0, 1.0), attn_kwargs={"block_size": 8, "halo_size": 3}),
+    "halonet26t": dict(attn_kwargs={"block_size": 8, "halo_size": 2}),
+    "sehalonet33ts": dict(stem_pool=False, block_types=("bb", "bba", "bba", "aa"), channels=(256, 512, 1024, 1536),
+                          bottle_ratios=(0.25, 0.25, 0.25, 0.333), act_layer="silu", num_features=1280,
+                          se_ratio=1 / 16, attn_kwargs={"block_size": 8, "halo_size": 3}),
+    "halonet50ts": dict(block_types=("bbb", "bbba", "bababa", "bab"), num_heads=(8, 4, 8, 8), act_layer="silu",
+                        attn_kwargs={"block_size": 8, "halo_size": 3}),
+    "haloregnetz_b": dict(img_size=224, stem_type="3x3", stem_chs=32, stem_pool=False,
+                          block_types=("bb", "b" * 6, "bbba" * 3, "aa"), channels=(48, 96, 192, 288),
+                          strides=(2, 2, 2, 2), bottle_ratios=(3.0, 3.0, 3.0, 3.0), group_sizes=(16, 16, 16, 16),
+                          act_layer="silu", se_ratio=0.25, downsample="", bottle_in=True, linear_out=True,
+                          num_features=1536, attn_kwargs={"block_size": 7, "halo_size": 2, "qk_ratio": 0.33}),
+}
+
+# Published sizes (timm benchmark table: param_count, infer_gmacs; FAMILIES.md "Sizes").
+_PUBLISHED: dict[str, tuple[float, float]] = {
+    "halonet_h1": (8.10, 3.00), "halonet26t": (12.48, 3.19), "sehalonet33ts": (13.69, 3.55),
+    "halonet50ts": (22.73, 5.30), "haloregnetz_b": (11.68, 1.97),
+}
+_META = {name: {"published_params_m": p, "published_gmacs": g,
+                "published_gmacs_source": "timm benchmark-infer-amp-nchw-pt240 (param_count, infer_gmacs) at "
+                                          f"{_PRESETS[name].get('img_size', 256)} px"}
+         for name, (p, g) in _PUBLISHED.items()}
+
+register_family("halonet", HaloNet, HaloNetConfig, _PRESETS, meta=_META)
