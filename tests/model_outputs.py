@@ -132,10 +132,23 @@ def _reduce_mobilevit(cfg: Any) -> dict[str, Any]:
     which changes the strides: its resize is covered by the timm fixture)."""
     return dict(stem_chs=8, channels=(8, 16, 16, 24, 24), depths=(1, 2, 1, 1, 1), transformer_dims=(0, 0, 16, 24, 24),
                 transformer_depths=(0, 0, 2, 1, 1), num_features=32 if cfg.num_features else 0,
-                img_size=96 if cfg.block_type == "v1" else 64)
+                img_size=96 if cfg.block_type in ("v1", "v3_v1") else 64)
+
+
+def _reduce_halonet(cfg: Any) -> dict[str, Any]:
+    """HaloNet: each stage's block pattern cut to one block of each kind it has ("b", "a", "ba"), widths
+    16-32, 2 heads, 64 px; halo blocks of 2 (odd presets: 3, the strided-pool path) with a halo of 1, so the
+    stride-16 / 32 maps (4, 2) are padded to block multiples and the strided queries are covered."""
+    odd = cfg.attn_kwargs.get("block_size", 8) % 2
+    n = len(cfg.block_types)
+    return dict(stem_chs=16, block_types=tuple("".join(k for k in "ba" if k in t) for t in cfg.block_types),
+                channels=(16,) + (WIDTH,) * (n - 1), num_heads=(2,) * n,
+                group_sizes=tuple(min(g, 8) for g in cfg.group_sizes), num_features=WIDTH if cfg.num_features else 0,
+                attn_kwargs=dict(cfg.attn_kwargs, block_size=3 if odd else 2, halo_size=1), img_size=64)
 
 
 REDUCERS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "halonet": _reduce_halonet,
     "mobilevit": _reduce_mobilevit,
     "cpvt": _reduce_cpvt,
     "twins": _reduce_twins,
