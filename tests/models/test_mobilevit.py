@@ -97,3 +97,50 @@ def test_reset_classifier() -> None:
 def test_bad_config_names_the_field(override: dict, match: str) -> None:
     with pytest.raises((ValueError, TypeError, KeyError), match=match):
         MobileViTConfig(**{**SMALL, **override})
+
+
+@pytest.mark.parametrize(("name", "published"), [
+    ("mobilevitv3_xxs", 1.2), ("mobilevitv3_xs", 2.5), ("mobilevitv3_s", 5.8),
+    ("mobilevitv3_050", 1.4), ("mobilevitv3_075", 3.0), ("mobilevitv3_100", 5.1)])
+def test_v3_parameter_counts_round_to_the_readme(name: str, published: float) -> None:
+    """micronDLA/MobileViTv3 README figures (one decimal): our counts round to them."""
+    with torch.device("meta"):
+        model = create_model(name)
+    assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == published
+
+
+def test_v3_v1_block_fuses_local_and_global_with_a_1x1_conv_and_adds_the_input() -> None:
+    model = _small("mobilevitv3_xxs")
+    blk = model.stages[2][1]
+    d, c = blk.conv_1x1.out_channels, blk.conv_1x1.in_channels
+    assert blk.conv_kxk.conv.groups == c  # depthwise local conv
+    assert blk.conv_fusion.conv.kernel_size == (1, 1) and blk.conv_fusion.conv.in_channels == d + c
+    x = torch.randn(2, c, 6, 5)  # odd width: the v1 resize path
+    with torch.no_grad():
+        blk.conv_fusion.bn.weight.zero_()
+        blk.conv_fusion.bn.bias.zero_()  # fusion -> SiLU(0) = 0: the block is the identity
+        torch.testing.assert_close(blk(x), x)
+        local = blk.conv_1x1(blk.conv_kxk(x))
+        blk.conv_fusion.bn.weight.fill_(1.0)
+        blk.conv_fusion.conv.weight[:, d:].zero_()  # only the local features left in the fusion
+        fused = blk.conv_fusion(torch.cat((local, torch.zeros(2, c, 6, 5)), dim=1))
+        torch.testing.assert_close(blk(x), x + fused)
+
+
+def test_v3_v2_block_projects_global_then_local_and_adds_the_resized_input() -> None:
+    model = _small("mobilevitv3_050")
+    blk = model.stages[3][1]
+    d = blk.conv_1x1.out_channels
+    assert blk.conv_proj.conv.in_channels == 2 * d and isinstance(blk.conv_proj.act, torch.nn.Identity)
+    x = torch.randn(1, blk.conv_1x1.in_channels, 3, 4)
+    with torch.no_grad():
+        blk.conv_proj.bn.weight.zero_()
+        blk.conv_proj.bn.bias.zero_()
+        out = blk(x)
+        up = torch.nn.functional.interpolate(x, size=(4, 4), mode="bilinear", align_corners=True)
+        torch.testing.assert_close(out, up)  # only the (resized) input is left
+        blk.conv_proj.bn.weight.fill_(1.0)
+        blk.conv_proj.conv.weight[:, :d].zero_()  # only the local half (second) left
+        local = blk.conv_1x1(blk.conv_kxk(up))
+        expect = up + blk.conv_proj(torch.cat((torch.zeros_like(local), local), dim=1))
+        torch.testing.assert_close(blk(x), expect)

@@ -24,7 +24,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..layers.mbconv import make_divisible
+from ..models.mobilevit import cvnets_v2_widths
 from .hub import register_hf_config_reader
 from .layouts import concat_qkv, register_adapter, register_converter, rename
 from .vit import drop_mismatched_heads, hf_num_classes
@@ -142,23 +142,12 @@ def _hf_mobilevit_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def hf_mobilevitv2_widths(width_multiplier: float, base_attn_unit_dims: tuple[int, ...] = (128, 192, 256)
-                          ) -> dict[str, Any]:
-    """Hugging Face MobileViTV2's widths for a ``width_multiplier`` (its rounding; timm's ``int(c·m)`` agrees for
-    the published multipliers 0.5 ... 2.0)."""
-    m = width_multiplier
-    stem = make_divisible(min(max(32 * m, 16), 64), 8, min_value=16)
-    chs = (make_divisible(64 * m, 16), *(make_divisible(c * m, 8) for c in (128, 256, 384, 512)))
-    dims = tuple(make_divisible(d * m, 8) for d in base_attn_unit_dims)
-    return dict(stem_chs=stem, channels=chs, transformer_dims=(0, 0, *dims))
-
-
 def _hf_mobilevitv2_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """MobileViTConfig fields a transformers MobileViTV2 ``config.json`` defines."""
     out = _hf_common(config)
     out.update(block_type="v2", depths=(1, 2, 1, 1, 1), num_heads=1, num_features=0)
-    out.update(hf_mobilevitv2_widths(float(config.get("width_multiplier", 1.0)),
-                                     tuple(config.get("base_attn_unit_dims", (128, 192, 256)))))
+    out.update(cvnets_v2_widths(float(config.get("width_multiplier", 1.0)),
+                                tuple(config.get("base_attn_unit_dims", (128, 192, 256)))))
     out["transformer_depths"] = (0, 0, *config.get("n_attn_blocks", (2, 4, 3)))
     if "ffn_multiplier" in config:
         out["mlp_ratio"] = float(config["ffn_multiplier"])
