@@ -71,7 +71,7 @@ class WindowAttentionBase(nn.Module):
         self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
-        self._bias_cache: tuple[tuple[Any, ...], Tensor] | None = None
+        self._bias_cache: tuple[tuple[Any, ...], Tensor | None] | None = None
         self._mask_cache: dict[tuple[Any, ...], Tensor] = {}
 
     # ---------------------------------------------------------------- subclass hooks
@@ -95,8 +95,9 @@ class WindowAttentionBase(nn.Module):
         return None
 
     # ---------------------------------------------------------------- bias and masks
-    def position_bias(self) -> Tensor:
-        """Per-head bias ``[nh, N, N]``; cached while no gradient is recorded, keyed by parameter versions."""
+    def position_bias(self) -> Tensor | None:
+        """Per-head bias ``[nh, N, N]`` (None: none, Twins LSA); cached while no gradient is recorded, keyed by
+        parameter versions."""
         if capturing():  # in-graph: no cache key to compare, and a cached tensor would become a constant
             return self.compute_position_bias()
         params = self.bias_parameters()
