@@ -1,4 +1,4 @@
-"""MobileViT v1 / v2 checkpoint layouts onto ours (timm's keys): timm, Hugging Face, apple/ml-cvnets.
+"""MobileViT v1 / v2 / v3 checkpoint layouts onto ours (timm's keys): timm, Hugging Face, apple/ml-cvnets.
 
 * timm ``mobilevit_*`` (v1): our keys exactly. timm ``mobilevitv2_*``: the same keys, but the
   transformer's ``attn.qkv_proj`` / ``attn.out_proj`` / ``mlp.fc1`` / ``mlp.fc2`` are 1x1
@@ -7,10 +7,11 @@
   ``encoder.layer.{i}`` (MobileNet stages ``layer.{j}``, MobileViT stages ``downsampling_layer`` +
   block), ``{convolution, normalization}`` pairs, v1 separate ``query / key / value`` (packed here),
   ``conv_1x1_exp`` (final conv), ``classifier``; both ``config.json`` readers.
-* apple/ml-cvnets (the original repository, v1 and v2 checkpoints): ``conv_1``, ``layer_{1..5}``
+* apple/ml-cvnets (the original repository, v1 and v2 checkpoints; MobileViTv3's too): ``conv_1``, ``layer_{1..5}``
   (``block.{exp_1x1, conv_3x3, red_1x1}``, MobileViT blocks ``local_rep`` / ``global_rep`` /
-  ``conv_proj`` / ``fusion``), ``conv_1x1_exp``, ``classifier.fc``; ``block.conv`` / ``block.norm``
-  pairs; v1 transformer ``pre_norm_mha.{0, 1.qkv_proj, 1.out_proj}`` / ``pre_norm_ffn.{0, 1, 4}`` (linear),
+  ``conv_proj`` / ``fusion``), ``conv_1x1_exp``, ``classifier.fc`` (v2 era: ``classifier.1``);
+  ``block.conv`` / ``block.norm`` pairs; v1 transformer ``pre_norm_mha.{0, 1.qkv_proj, 1.out_proj}`` /
+  ``pre_norm_ffn.{0, 1, 4}`` (linear),
   v2 ``pre_norm_attn.{0, 1.qkv_proj, 1.out_proj}`` / ``pre_norm_ffn.{0, 1, 3}`` (1x1 convs), ``local_rep.{0, 1}``.
 
 An adapter drops a classifier for a different number of classes.
@@ -180,7 +181,8 @@ def _is_cvnets(state: Mapping[str, Tensor]) -> bool:
 
 def _from_cvnets(state: State, model: nn.Module) -> State:
     state = rename(state, [
-        (r"^conv_1\.block\.", "stem."), (r"^conv_1x1_exp\.block\.", "final_conv."), (r"^classifier\.fc\.", "head.fc."),
+        (r"^conv_1\.block\.", "stem."), (r"^conv_1x1_exp\.block\.", "final_conv."),
+        (r"^classifier\.(fc|\d+)\.", "head.fc."),  # ``fc`` (v1 era) or the Sequential index of the linear layer
         (r"^layer_(\d)\.(\d+)\.block\.(exp_1x1|conv_3x3|red_1x1)\.block\.", r"stage\1.\2.\3."),
     ])
     out: State = {}
