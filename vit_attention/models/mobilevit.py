@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layers import Block, ClassifierHead, accepted_kwargs, resolve_indices, run_blocks
+from ..layers import Block, ClassifierHead, accepted_kwargs, run_blocks
+from ..layers.convnet import ConvStagesMixin
 from ..layers.group_norm import GroupNorm1
 from ..layers.mbconv import ConvNormAct, InvertedResidual, make_divisible
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
@@ -213,7 +214,7 @@ class MobileViTV2Block(nn.Module):
         return self.conv_proj(y)  # [B, C, Hp, Wp]
 
 
-class MobileViT(nn.Module):
+class MobileViT(ConvStagesMixin, nn.Module):
     """MobileViT v1 / v2 backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the last map ``[B, num_features, H/32, W/32]`` (NCHW, after
@@ -273,60 +274,14 @@ class MobileViT(nn.Module):
             elif isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
-    # ------------------------------------------------------------------ API
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> last map ``[B, num_features, H/32, W/32]``."""
-        return self.final_conv(self.stages(self.stem(x)))
-
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Map ``[B, C, H', W']`` -> logits ``[B, num_classes]`` (pooled ``[B, C]`` with ``pre_logits``)."""
-        return self.head(x.permute(0, 2, 3, 1), pre_logits=pre_logits)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
-        return self.forward_head(self.forward_features(x))
-
-    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
-                              output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
-                              ) -> Any:
-        """Final map plus the map of each chosen feature level (``feature_info``: strides 2 ... 32).
-
-        ``indices``: an int ``n`` = the last ``n`` levels, or level indices (negative allowed); default
-        all. Level ``i < 4`` is stage ``i``'s output, the last is ``final_conv``'s (v1) or the last
-        stage's (v2). ``norm`` has no effect (no final norm). ``[B, C_i, H_i, W_i]`` (``NCHW``) or
-        channels-last (``NHWC``). Returns ``(final [B, C, H', W'], [maps])`` or only the list.
-        """
-        if output_fmt not in ("NCHW", "NHWC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
-        n = len(self.stages)
-        take = resolve_indices(indices, n, "stage")
-        x = self.stem(x)  # [B, C0, H/2, W/2]
-        outs: list[Tensor] = []
-        for i, stage in enumerate(self.stages):
-            x = stage(x)  # [B, C_i, H_i, W_i]
-            if i == n - 1:
-                x = self.final_conv(x)
-            if i in take:
-                outs.append(x if output_fmt == "NCHW" else x.permute(0, 2, 3, 1))
-        if intermediates_only:
-            return outs
-        return x, outs
-
+    # ------------------------------------------------------------------ API (forward_features / head /
+    # intermediates and reset_classifier: ConvStagesMixin; feature levels: strides 2 ... 32, the last one
+    # after final_conv in v1, the last stage's output in v2)
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute the transformer blocks' activations in backward to save memory (training only)."""
         for m in self.modules():
             if isinstance(m, (MobileViTBlock, MobileViTV2Block)):
                 m.grad_checkpointing = enable
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        num_classes = check_int(num_classes, "num_classes", min_value=0)
-        if global_pool is not None:
-            check_choice(global_pool, "global_pool", ("avg", ""))
-            self.global_pool = self.head.global_pool = self.cfg.global_pool = global_pool  # type: ignore[assignment]
-        self.num_classes = self.cfg.num_classes = num_classes
-        device = self.stem.conv.weight.device
-        self.head.fc = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that should not get weight decay (none: no position embeddings)."""
@@ -396,8 +351,9 @@ _META = {name: {"published_params_m": p, "published_gmacs": g,
 
 for _name, (_p, _g) in _PUBLISHED_V3.items():
     # The README rounds to one decimal: ours (xxs 1.249M, 050 1.430M) round to its 1.2 / 1.4 but sit 4 % / 2 %
-    # away, so those two keep the figure beside the 1 % check. Its MACs come from ml-cvnets' profiler, which
-    # counts differently from timm's table (ours: 0.356 / 1.029 / 1.908 / 0.515 / 1.115 / 1.944 G, the same
+    # away, so those two keep the figure beside the 1 % check (the original repository's xxs model has exactly our
+    # 1,249,448). Its MACs come from ml-cvnets' profiler (on the original xxs it gives the README's 288.5 M), which
+    # counts differently from timm's table (ours: 0.356 / 1.029 / 1.908 / 0.515 / 1.115 / 1.944 G, the
     # convention that matches timm's v1 / v2 figures): recorded, not asserted.
     _META[_name] = {("published_params_m" if _name not in ("mobilevitv3_xxs", "mobilevitv3_050")
                      else "readme_params_m"): _p,
