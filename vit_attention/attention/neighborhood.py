@@ -24,7 +24,7 @@ from ..functional.linear import apply_linear
 from ..functional.neighborhood import default_tile_size, neighborhood_attention, neighborhood_bias, neighborhood_plan
 from ..functional.runtime import capturing
 from ..functional.window import to_pair
-from ._common import check_heads, check_prob
+from ._common import check_heads, check_prob, check_spatial_call
 from .registry import register_attention
 from .window import _param_key
 
@@ -102,16 +102,7 @@ class NeighborhoodAttention(nn.Module):
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
                 context: Tensor | None = None) -> Tensor:
         """``[B, H, W, C] -> [B, H, W, C]``; the contract's ``feat_size`` must match the map when given."""
-        if x.dim() != 4 or x.shape[-1] != self.dim:
-            raise ValueError(f"NeighborhoodAttention expects a channels-last map [B, H, W, {self.dim}], "
-                             f"got shape {tuple(x.shape)}")
-        B, H, W, C = x.shape
-        if feat_size is not None and tuple(feat_size) != (H, W):
-            raise ValueError(f"feat_size={tuple(feat_size)} does not match the map's {H}x{W}")
-        if num_prefix_tokens:
-            raise ValueError(f"num_prefix_tokens={num_prefix_tokens}: a spatial mechanism never sees prefix tokens")
-        if context is not None:
-            raise ValueError("NeighborhoodAttention attends within the map; it takes no context")
+        B, H, W, C = check_spatial_call(self, x, feat_size, num_prefix_tokens, context)
         Hp, Wp = self.padded_size(H, W)
         if (Hp, Wp) != (H, W):
             x = F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H))  # zeros bottom / right, unmasked (the references)

@@ -42,7 +42,7 @@ from ..functional.linear import apply_linear
 from ..functional.rel_pos import decomposed_rel_pos_bias, decomposed_rel_pos_qk
 from ..functional.window import to_pair
 from ..functional.window_attention import window_attention, window_tokens
-from ._common import check_heads, check_prob
+from ._common import check_heads, check_prob, check_spatial_call
 from .registry import register_attention, small_window_kwargs
 
 __all__ = ["RelPosAttention"]
@@ -140,19 +140,7 @@ class RelPosAttention(nn.Module):
         mechanism never sees prefix tokens (``num_prefix_tokens`` must be 0) nor a ``context``.
         ``residual [B, H, W, C]`` (private speed keyword of the blocks) is added to the output.
         """
-        if x.dim() != 4 or x.shape[-1] != self.dim:
-            raise ValueError(f"{type(self).__name__} expects a channels-last map [B, H, W, {self.dim}], "
-                             f"got shape {tuple(x.shape)}")
-        B, H, W, C = x.shape
-        if feat_size is not None and tuple(feat_size) != (H, W):
-            raise ValueError(f"feat_size={tuple(feat_size)} does not match the map's {H}x{W}")
-        if num_prefix_tokens:
-            raise ValueError(f"num_prefix_tokens={num_prefix_tokens}: a spatial mechanism never sees prefix tokens "
-                             "(apply it through vit_attention.layers.adapter.apply_attention)")
-        if context is not None:
-            raise ValueError(f"{type(self).__name__} attends within x; it takes no context")
-        if residual is not None and residual.shape != x.shape:
-            raise ValueError(f"residual must have the input's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+        B, H, W, C = check_spatial_call(self, x, feat_size, num_prefix_tokens, context, residual)
         dropout = self.attn_drop if self.training else 0.0
         if self.is_windowed:
             qkv = apply_linear(self.qkv, window_tokens(x, self.window_size))  # [B·nW, N, 3C] | [B, H·W (+1), 3C]

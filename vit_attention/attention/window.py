@@ -29,7 +29,7 @@ from ..functional.linear import apply_linear
 from ..functional.runtime import capturing
 from ..functional.window import relative_position_index, to_pair
 from ..functional.window_attention import window_attention, window_tokens
-from ._common import check_heads, check_prob
+from ._common import check_heads, check_prob, check_spatial_call
 from .registry import register_attention, small_window_kwargs
 
 __all__ = ["WindowAttentionBase", "WindowAttention"]
@@ -120,19 +120,7 @@ class WindowAttentionBase(nn.Module):
         ``residual [B, H, W, C]`` (private speed keyword of the blocks) is added to the output,
         fused into ``proj`` at inference.
         """
-        if x.dim() != 4 or x.shape[-1] != self.dim:
-            raise ValueError(f"{type(self).__name__} expects a channels-last map [B, H, W, {self.dim}], "
-                             f"got shape {tuple(x.shape)}")
-        B, H, W, C = x.shape
-        if feat_size is not None and tuple(feat_size) != (H, W):
-            raise ValueError(f"feat_size={tuple(feat_size)} does not match the map's {H}x{W}")
-        if num_prefix_tokens:
-            raise ValueError(f"num_prefix_tokens={num_prefix_tokens}: a spatial mechanism never sees prefix tokens "
-                             "(apply it through vit_attention.layers.adapter.apply_attention)")
-        if context is not None:
-            raise ValueError(f"{type(self).__name__} attends within windows of x; it takes no context")
-        if residual is not None and residual.shape != x.shape:
-            raise ValueError(f"residual must have the input's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+        B, H, W, C = check_spatial_call(self, x, feat_size, num_prefix_tokens, context, residual)
         wh, ww = self.window_size
         if (H % wh or W % ww) and not self.allow_padding:
             raise ValueError(f"window_size={self.window_size} does not tile the {H}x{W} map and "
