@@ -194,8 +194,12 @@ def test_a_checkpoint_for_other_classes_drops_the_head() -> None:
     assert report.dropped == ["head.fc"] and report.ok
 
 
-# the original MobileViTv3 fixtures' reduced get_configuration, in our fields
+# the original-repository fixtures' reduced get_configuration, in our fields (v1 / v3_v1 and v2 / v3_v2 share one)
 _V3_FIXTURE_CFG = {
+    "original_mobilevit": dict(block_type="v1", channels=(8, 16, 16, 24, 24), transformer_dims=(0, 0, 16, 24, 16),
+                               num_features=96, num_heads=4),
+    "original_mobilevitv2": dict(block_type="v2", channels=(16, 16, 24, 24, 32), transformer_dims=(0, 0, 16, 16, 24),
+                                 num_features=0, num_heads=1),
     "original_mobilevitv3": dict(block_type="v3_v1", channels=(8, 16, 16, 24, 24), transformer_dims=(0, 0, 16, 24, 16),
                                  num_features=96, num_heads=4),
     "original_mobilevitv3_v2": dict(block_type="v3_v2", channels=(16, 16, 24, 24, 32),
@@ -205,8 +209,9 @@ _V3_FIXTURE_CFG = {
 
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("name", sorted(_V3_FIXTURE_CFG))
-def test_original_mobilevitv3_parity(name: str, fused: bool) -> None:
-    """micronDLA/MobileViTv3 (both kinds) in the ml-cvnets layout, through the ``cvnets`` converter."""
+def test_original_repository_parity(name: str, fused: bool) -> None:
+    """apple/ml-cvnets' MobileViT / MobileViTv2 and micronDLA/MobileViTv3 (both kinds) in the ml-cvnets layout,
+    through the ``cvnets`` converter."""
     state, t, _ = load_fixture(name)
     model = MobileViT(MobileViTConfig(stem_chs=16, depths=(1, 2, 1, 1, 1), expand_ratio=2.0,
                                       transformer_depths=(0, 0, 2, 1, 1), num_classes=10, img_size=(56, 40),
