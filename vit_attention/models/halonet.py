@@ -33,6 +33,7 @@ from ..attention import create_attention
 from ..layers import ClassifierHead, accepted_kwargs, resolve_indices
 from ..layers.activation import get_act_layer
 from ..layers.adapter import apply_attention
+from ..layers.convnet import ConvStagesMixin
 from ..layers.drop_path import DropPath
 from ..layers.mbconv import ConvNormAct, make_divisible
 from ..layers.stage import drop_path_schedule
@@ -269,7 +270,7 @@ class _Stem(nn.Module):
         return self.forward_tap(x)[0]
 
 
-class HaloNet(nn.Module):
+class HaloNet(ConvStagesMixin, nn.Module):
     """HaloNet / ByobNet backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the last map ``[B, num_features, H/32, W/32]`` (NCHW, after
@@ -339,18 +340,7 @@ class HaloNet(nn.Module):
                 m.reset_parameters()  # the mechanism's own init (halo: timm's)
 
     # ------------------------------------------------------------------ API
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> last map ``[B, num_features, H/32, W/32]``."""
-        return self.final_conv(self.stages(self.stem(x)))
-
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Map ``[B, C, H', W']`` -> logits ``[B, num_classes]`` (pooled ``[B, C]`` with ``pre_logits``)."""
-        return self.head(x.permute(0, 2, 3, 1), pre_logits=pre_logits)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
-        return self.forward_head(self.forward_features(x))
-
+    # forward_features / forward_head / forward / reset_classifier: ConvStagesMixin
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
                               ) -> Any:
@@ -379,16 +369,6 @@ class HaloNet(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Not supported beyond a no-op flag (CNN blocks; kept for API compatibility)."""
         self.grad_checkpointing = enable
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        num_classes = check_int(num_classes, "num_classes", min_value=0)
-        if global_pool is not None:
-            check_choice(global_pool, "global_pool", ("avg", ""))
-            self.global_pool = self.head.global_pool = self.cfg.global_pool = global_pool  # type: ignore[assignment]
-        self.num_classes = self.cfg.num_classes = num_classes
-        device = next(self.parameters()).device
-        self.head.fc = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that should not get weight decay: the relative-position tables."""
