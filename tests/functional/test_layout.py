@@ -94,6 +94,16 @@ def test_cross_attention_keys_are_not_on_the_grid():
         layout.query_map(_softmax_weights(1, 2, 16, 5), (0, 0))
 
 
+def test_prefix_queries_over_a_prefix_and_grid_context_are_placed():
+    """CaiT's class attention: 1 class-token query, keys = [class; 3x4 grid] context; the map is the grid part."""
+    layout = token_layout(1, (3, 4), 1, num_context=13)
+    assert layout.grid == (3, 4) and layout.key_pos is not None
+    assert layout.query_pos.tolist() == [[-2]] and layout.key_pos.tolist() == [[-2] + list(range(12))]
+    w = _softmax_weights(2, 2, 1, 13)
+    torch.testing.assert_close(layout.query_map(w, "cls", 0).flatten(1), w[:, 0, 0, 1:])
+    assert token_layout(1, (3, 4), 0, num_context=13).key_pos is None  # a grid query row: still a context
+
+
 def test_invalid_layouts_raise():
     with pytest.raises(ValueError, match="outside the 2x2 grid"):
         AttentionLayout((2, 2), torch.arange(5))

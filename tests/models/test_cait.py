@@ -136,3 +136,25 @@ def test_grad_checkpointing_matches():
 def test_config_errors_name_the_field(field, value, match):
     with pytest.raises((ValueError, TypeError, KeyError), match=match):
         CaitConfig(**{**SMALL, field: value})
+
+
+def test_attention_maps_land_on_the_patch_grid():
+    """Talking-heads maps are patch x patch on the 4x4 grid; class attention: the class token over the grid."""
+    from vit_attention.analysis.attention_maps import record_attention
+
+    m = _small()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(), record_attention(m) as rec:
+        out = m(x)
+    torch.testing.assert_close(out, m(x))  # recording changes no number
+    sa = [r for r in rec.records if r.module.startswith("blocks.")]
+    ca = [r for r in rec.records if r.module.startswith("blocks_token_only.")]
+    assert len(sa) == 3 and len(ca) == 2
+    assert sa[0].grid == (4, 4) and sa[0].weights.shape == (2, 4, 16, 16) and sa[0].is_self_attention
+    r = ca[1]
+    assert r.grid == (4, 4) and r.weights.shape == (2, 4, 1, 17)
+    cls_map = r.query_map("cls")  # [B, H, W]: where the class token looks, mean over heads
+    assert cls_map.shape == (2, 4, 4)
+    w = r.weights.mean(1)[:, 0]  # [B, 17]: key 0 is the class token itself, then the 16 patches
+    torch.testing.assert_close(cls_map.flatten(1), w[:, 1:])
+    torch.testing.assert_close(cls_map.flatten(1).sum(1) + w[:, 0], torch.ones(2))

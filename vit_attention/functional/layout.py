@@ -256,6 +256,8 @@ def _token_layout(n: int, m: int | None, grid: tuple[int, int] | None, P: int,
         q = torch.arange(n, device=_CPU)
         return AttentionLayout(None, q, q if m is None else None)
     H, W = grid
+    if m is not None and n == P and m >= H * W:  # prefix queries over a context [m - H·W prefix; grid] (CaiT)
+        return AttentionLayout((H, W), _token_pos(n, 0), _token_pos(m, H * W))
     if n != P + H * W:  # not the grid's tokens (e.g. a pooling query): rows stay sequence positions
         return _token_layout(n, m, None, 0)
     q = _token_pos(n, H * W)
@@ -268,7 +270,9 @@ def token_layout(num_tokens: int, feat_size: tuple[int, int] | None = None, num_
 
     Without ``feat_size`` the rows are sequence positions (grid unknown, see
     :meth:`AttentionLayout.on_grid`). ``num_context``: keys come from a context of that many tokens
-    (not on the image). ``key_grid (h, w)``: the keys are the same prefix tokens followed by a
+    (not on the image), except when every query is a prefix token (``num_tokens ==
+    num_prefix_tokens``, CaiT's class attention): then the context is ``[prefix; H·W grid]`` tokens
+    and its keys are placed on the grid. ``key_grid (h, w)``: the keys are the same prefix tokens followed by a
     coarser ``h x w`` map of the grid (spatial reduction: PVT / Twins ``sra``, CvT's strided k / v);
     each coarse key's weight is spread over the cells it covers when placed. Cached per sizes.
     """

@@ -140,8 +140,11 @@ class Block(nn.Module):
             return torch.addcmul(x, branch, ls.gamma)  # [..., C]
         return x + drop_path(ls(branch))
 
-    def _forward_context(self, x: Tensor, context: Tensor) -> Tensor:
-        """Class-attention flow: ``x [B, Nq, C]`` queries ``norm1([x; context])``; ``[B, Nq, C]`` out."""
+    def _forward_context(self, x: Tensor, context: Tensor, feat_size: tuple[int, int] | None) -> Tensor:
+        """Class-attention flow: ``x [B, Nq, C]`` queries ``norm1([x; context])``; ``[B, Nq, C]`` out.
+
+        ``feat_size``: the grid of ``context``'s last ``H·W`` tokens, so recorded maps land on it.
+        """
         if self.style != "pre" or self.pos is not None:
             raise ValueError(f"context needs a pre-norm block without a position layer (style={self.style!r})")
         if context.dim() != 3 or x.dim() != 3 or context.shape[0] != x.shape[0] or context.shape[-1] != x.shape[-1]:
@@ -149,7 +152,8 @@ class Block(nn.Module):
                              f"got {tuple(context.shape)}")
         Nq = x.shape[1]
         u = self.norm1(torch.cat([x, context], dim=1))  # [B, Nq + M, C]
-        a = apply_attention(self.attn, u[:, :Nq], context=u)  # [B, Nq, C]: keys / values from all of u
+        a = apply_attention(self.attn, u[:, :Nq], feat_size=feat_size, num_prefix_tokens=Nq,
+                            context=u)  # [B, Nq, C]: keys / values from all of u
         x = self._residual(x, a, self.ls1, self.drop_path1)
         return self._residual(x, self.mlp(self.norm2(x)), self.ls2, self.drop_path2)
 
@@ -160,7 +164,7 @@ class Block(nn.Module):
         ``context [B, M, C]``: class-attention flow (module docstring), ``x [B, Nq, C] -> [B, Nq, C]``.
         """
         if context is not None:
-            return self._forward_context(x, context)
+            return self._forward_context(x, context, feat_size)
         if self.pos is not None:
             x = self.pos(x, feat_size, num_prefix_tokens)
         style = self.style

@@ -203,21 +203,22 @@ class Cait(nn.Module):
                 saved.append(x)
         return x, saved
 
-    def forward_cls(self, x: Tensor) -> Tensor:
+    def forward_cls(self, x: Tensor, feat_size: tuple[int, int] | None = None) -> Tensor:
         """Class-attention stage: patch tokens ``[B, N, C]`` -> ``[B, 1 + N, C]`` (class token first).
 
         Only the class token changes; the patch tokens are the keys' and values' source, unchanged.
+        ``feat_size``: their grid (recorded class-attention maps are placed on it).
         """
         cls = self.cls_token.expand(x.shape[0], -1, -1)  # [B, 1, C]
         for blk in self.blocks_token_only:
-            cls = blk(cls, context=x)  # [B, 1, C]
+            cls = blk(cls, feat_size, context=x)  # [B, 1, C]
         return torch.cat([cls, x], dim=1)  # [B, 1 + N, C]
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> normalised tokens ``[B, 1 + N, C]``."""
         x, feat_size = self._embed(x)
         x, _ = self._run_blocks(x, feat_size)
-        return self.norm(self.forward_cls(x))
+        return self.norm(self.forward_cls(x, feat_size))
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens ``[B, 1 + N, C]`` -> logits ``[B, num_classes]`` (or features ``[B, C]``)."""
@@ -253,7 +254,7 @@ class Cait(nn.Module):
             outs = [rearrange(t, "b (h w) c -> b c h w", h=feat_size[0], w=feat_size[1]) for t in outs]
         if intermediates_only:
             return outs
-        return self.norm(self.forward_cls(x)), outs
+        return self.norm(self.forward_cls(x, feat_size)), outs
 
 
 # ---------------------------------------------------------------------------- presets (data)
