@@ -39,7 +39,7 @@ def _conv_out(n: int, kernel: int, stride: int) -> int:
 def _pool_out(n: int, kernel: int, stride: int) -> int:
     """Output length of ``AvgPool`` with ``kernel // 2`` padding and ``ceil_mode=True`` (torch's rule)."""
     pad = kernel // 2
-    out = -(-(n + 2 * pad - kernel) // stride) + 1
+    out = (n + 2 * pad - kernel + stride - 1) // stride + 1  # ceil (ONNX-safe form)
     return out - 1 if (out - 1) * stride >= n + pad else out
 
 

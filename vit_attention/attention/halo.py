@@ -123,7 +123,7 @@ class HaloAttention(nn.Module):
     def padded_size(self, H: int, W: int) -> tuple[int, int]:
         """The map size attention runs on: each side rounded up to a multiple of ``block_size``."""
         b = self.block_size
-        return -(-H // b) * b, -(-W // b) * b
+        return (H + b - 1) // b * b, (W + b - 1) // b * b
 
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
                 context: Tensor | None = None) -> Tensor:
@@ -149,7 +149,7 @@ class HaloAttention(nn.Module):
                              height_rel=self.pos_embed.height_rel, width_rel=self.pos_embed.width_rel,
                              scale=self.scale, scale_pos_embed=self.scale_pos_embed, pad_mask=self.pad_mask,
                              dropout_p=self.attn_drop if self.training else 0.0, grid=(H, W))
-        out = out[:, :-(-H // s), :-(-W // s)]  # [B, ceil(H/s), ceil(W/s), dim_out]
+        out = out[:, :(H + s - 1) // s, :(W + s - 1) // s]  # [B, ceil(H/s), ceil(W/s), dim_out]
         if not isinstance(self.pool, nn.Identity):
             out = self.pool(out.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
         return out
@@ -161,7 +161,8 @@ class HaloAttention(nn.Module):
         Hp, Wp = self.padded_size(H, W)
         Nq = (Hp // s) * (Wp // s)  # padded query positions: every block is computed
         win = self.win_size
-        proj = -(-H // s) * -(-W // s) * C * self.dim_out_qk + H * W * C * (self.dim_out_qk + self.dim_out_v)
+        Hq, Wq = (H + s - 1) // s, (W + s - 1) // s  # strided queries (ceil)
+        proj = Hq * Wq * C * self.dim_out_qk + H * W * C * (self.dim_out_qk + self.dim_out_v)
         return B * (proj + Nq * win * win * (self.dim_out_qk + self.dim_out_v) + 2 * Nq * win * self.dim_out_qk)
 
     def extra_repr(self) -> str:

@@ -100,7 +100,7 @@ def halo_layout(H: int, W: int, Hp: int, Wp: int, block_size: int, halo_size: in
     _check_sizes(Hp, Wp, block_size, halo_size, block_stride)
     b, s = block_size, block_stride
     bq = b // s
-    Hq, Wq, Wqp = -(-H // s), -(-W // s), Wp // s
+    Hq, Wq, Wqp = (H + s - 1) // s, (W + s - 1) // s, Wp // s  # ceil (ONNX-safe form)
     rows = torch.arange(0, Hp // s, bq)[:, None] + torch.arange(bq)  # [nbh, bq]
     cols = torch.arange(0, Wqp, bq)[:, None] + torch.arange(bq)  # [nbw, bq]
     r, c = rows[:, None, :, None], cols[None, :, None, :]

@@ -38,7 +38,8 @@ __all__ = ["window_start", "neighborhood_plan", "NeighborhoodPlan", "default_til
 def window_start(index: Tensor, length: int | Tensor, kernel_size: int) -> Tensor:
     """NATTEN's clamped window start of group positions ``index`` in a group of ``length`` (an int or per
     position): ``[...] -> [...]``."""
-    return torch.minimum((index - kernel_size // 2).clamp_min(0), torch.as_tensor(length, device=index.device) - kernel_size)
+    last = torch.as_tensor(length, device=index.device) - kernel_size  # the last start inside the group
+    return torch.minimum((index - kernel_size // 2).clamp_min(0), last)
 
 
 def default_tile_size(kernel_size: int, dilation: int = 1) -> int:

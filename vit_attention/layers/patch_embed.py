@@ -63,8 +63,9 @@ class PatchEmbed(nn.Module):
             for s, p in zip(self.img_size, self.patch_size):
                 if s % p and not dynamic_img_pad:
                     raise ValueError(f"img_size {self.img_size} is not divisible by patch_size {self.patch_size}")
-            self.grid_size: tuple[int, int] | None = (-(-self.img_size[0] // self.patch_size[0]),
-                                                      -(-self.img_size[1] // self.patch_size[1]))
+            ph, pw = self.patch_size
+            self.grid_size: tuple[int, int] | None = ((self.img_size[0] + ph - 1) // ph,
+                                                      (self.img_size[1] + pw - 1) // pw)
             self.num_patches = self.grid_size[0] * self.grid_size[1]
         else:
             self.grid_size, self.num_patches = None, 0
@@ -108,7 +109,8 @@ class PatchEmbed(nn.Module):
 
     def dynamic_feat_size(self, hw: tuple[int, int]) -> tuple[int, int]:
         """Token grid ``(H', W')`` for an image of size ``hw``."""
-        return (-(-hw[0] // self.patch_size[0]), -(-hw[1] // self.patch_size[1]))
+        ph, pw = self.patch_size
+        return ((hw[0] + ph - 1) // ph, (hw[1] + pw - 1) // pw)  # ceil (ONNX-safe form)
 
     def forward(self, x: Tensor) -> Tensor:
         """``[B, Cin, H, W]`` -> ``[B, H'·W', C]`` (``flatten``) or ``[B, H', W', C]``."""
