@@ -145,7 +145,7 @@ class Block(nn.Module):
 
         ``feat_size``: the grid of ``context``'s last ``H·W`` tokens, so recorded maps land on it.
         """
-        if self.style != "pre" or self.pos is not None:
+        if self.style != "pre" or self.pos is not None or self.pos2 is not None:
             raise ValueError(f"context needs a pre-norm block without a position layer (style={self.style!r})")
         if context.dim() != 3 or x.dim() != 3 or context.shape[0] != x.shape[0] or context.shape[-1] != x.shape[-1]:
             raise ValueError(f"context must be tokens [B, M, C] matching x {tuple(x.shape)}, "
