@@ -25,7 +25,7 @@ from ..attention import create_attention, get_attention_spec, list_attention
 from ..models import create_model, list_models
 from ..models.registry import aliases_of, get_model_entry
 from .flops import attention_complexity, complexity_table, flops
-from .published import PUBLISHED_GMACS
+from .published import published_gmacs
 from .trace import trace
 
 __all__ = ["generate_docs", "check_docs", "mechanism_page", "models_page"]
@@ -155,9 +155,12 @@ def models_page() -> str:
              "", "Parameters and multiply-adds (GMACs, batch 1, at the preset's input size) of every registered "
              "model, computed by `vit_attention.analysis.flops` on the meta device; the analytic count is "
              "checked against `torch.utils.flop_counter` in the tests. *Published* gives the paper / timm "
-             "figure where the tests check ours against it (within 2 % or the published rounding).", "",
+             "figure where the tests check ours against it (within 2 % or the published rounding); NAT / DiNAT's "
+             "*K² count* is checked with exact neighbourhoods (`tile_size=1`), the default tiles compute some "
+             "logits twice.", "",
              "| model | family | input | params (M) | GMACs | published | aliases |",
              "|---|---|---|---:|---:|---:|---|"]
+    published = published_gmacs()
     for name in list_models():
         entry = get_model_entry(name)
         cfg = entry.config()
@@ -165,7 +168,9 @@ def models_page() -> str:
         with torch.device("meta"):
             model = create_model(name).eval()
         report = flops(model, (1, cfg.in_chans, *size))
-        pub = PUBLISHED_GMACS.get(name)
+        pub: Any = published[name][0] if name in published else None
+        if pub is None and "published_gmacs_tile1" in entry.meta:  # NAT / DiNAT: the papers count K² keys per query
+            pub = f"{entry.meta['published_gmacs_tile1']} (K² count)"
         lines.append(f"| `{name}` | {entry.family} | {size[0]}×{size[1]} | {_num(report.params / 1e6, 1)} | "
                      f"{_num(report.gmacs, 2)} | {pub if pub is not None else ''} | "
                      f"{', '.join(f'`{a}`' for a in aliases_of(name))} |")
