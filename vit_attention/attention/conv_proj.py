@@ -16,13 +16,13 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads
 from ..functional.attention import attention_observed
+from ..functional.batch_norm import conv_bn
 from ..functional.layout import token_layout
-from ..functional.linear import apply_linear, hookless
+from ..functional.linear import apply_linear
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
@@ -74,17 +74,7 @@ class ConvProjection(nn.Module):
         At inference (eval mode, no hook on ``conv`` / ``bn``) the BatchNorm is folded into the
         convolution's weight and bias: one pass over the map instead of two, the same numbers.
         """
-        conv, bn = self.conv, self.bn
-        if not self.training and not bn.training and bn.track_running_stats and hookless(conv, bn):
-            assert bn.running_var is not None and bn.running_mean is not None
-            scale = bn.running_var.add(bn.eps).rsqrt()  # [C]
-            if bn.weight is not None:
-                scale = scale * bn.weight
-            shift = -bn.running_mean * scale if bn.bias is None else bn.bias - bn.running_mean * scale  # [C]
-            y = F.conv2d(x, conv.weight * scale.view(-1, 1, 1, 1), shift, conv.stride, conv.padding,
-                         conv.dilation, conv.groups)  # [B, C, h, w]
-        else:
-            y = bn(conv(x))  # [B, C, h, w]
+        y = conv_bn(self.conv, self.bn, x)  # [B, C, h, w]
         return y.flatten(2).transpose(1, 2)  # [B, h·w, C]
 
 

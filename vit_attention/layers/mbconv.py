@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor, nn
 
+from ..functional.batch_norm import conv_bn
 from .drop_path import DropPath
 
-__all__ = ["ConvNormAct", "InvertedResidual", "make_divisible"]
+__all__ = ["ConvNormAct", "InvertedResidual", "act_fresh", "make_divisible"]
 
 
 def make_divisible(v: float, divisor: int = 8, min_value: int | None = None, round_limit: float = 0.9) -> int:
@@ -24,6 +26,17 @@ def make_divisible(v: float, divisor: int = 8, min_value: int | None = None, rou
     if new_v < round_limit * v:
         new_v += divisor
     return new_v
+
+
+_INPLACE: dict[type, Callable[[Tensor], Tensor]] = {nn.SiLU: lambda t: torch.nn.functional.silu(t, inplace=True),
+                                                 nn.ReLU: torch.relu_}
+
+
+def act_fresh(act: nn.Module, y: Tensor) -> Tensor:
+    """``act(y)`` for a ``y`` nobody else holds: in place when no gradient is recorded (SiLU / ReLU, no hooks)."""
+    if not torch.is_grad_enabled() and type(act) in _INPLACE and not act._forward_hooks:
+        return _INPLACE[type(act)](y)
+    return act(y)
 
 
 class ConvNormAct(nn.Module):
@@ -43,8 +56,12 @@ class ConvNormAct(nn.Module):
         self.act = act_layer() if act_layer is not None else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
-        """``[B, Cin, H, W] -> [B, Cout, H / stride, W / stride]``."""
-        return self.act(self.bn(self.conv(x)))
+        """``[B, Cin, H, W] -> [B, Cout, H / stride, W / stride]``.
+
+        At inference (eval mode, no hooks) the BatchNorm is folded into the convolution and a SiLU /
+        ReLU activation runs in place on the fresh output: the same numbers, one pass less over the map.
+        """
+        return act_fresh(self.act, conv_bn(self.conv, self.bn, x))  # [B, Cout, H', W']
 
 
 class InvertedResidual(nn.Module):

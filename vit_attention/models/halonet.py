@@ -35,7 +35,7 @@ from ..layers.activation import get_act_layer
 from ..layers.adapter import apply_attention
 from ..layers.convnet import ConvStagesMixin
 from ..layers.drop_path import DropPath
-from ..layers.mbconv import ConvNormAct, make_divisible
+from ..layers.mbconv import ConvNormAct, act_fresh, make_divisible
 from ..layers.stage import drop_path_schedule
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
 from .registry import register_family
@@ -153,7 +153,7 @@ class _ResidualBlock(nn.Module):
         x = self.drop_path(x)
         if self.shortcut is not None:
             x = x + self.shortcut(shortcut)
-        return self.act(x)
+        return act_fresh(self.act, x)  # in place at inference: x is this block's own tensor
 
 
 class BottleneckBlock(_ResidualBlock):
@@ -209,8 +209,8 @@ class SelfAttnBlock(_ResidualBlock):
     def forward(self, x: Tensor) -> Tensor:
         """``[B, Cin, H, W] -> [B, Cout, H/s, W/s]``."""
         y = self.conv1_1x1(x).permute(0, 2, 3, 1)  # [B, H, W, mid]
-        y = apply_attention(self.self_attn, y).permute(0, 3, 1, 2)  # [B, mid, H/s, W/s]
-        y = self.post_act(self.post_attn(self.pool(y)))
+        y = apply_attention(self.self_attn, y).permute(0, 3, 1, 2).contiguous()  # [B, mid, H/s, W/s], NCHW memory
+        y = act_fresh(self.post_act, self.post_attn(self.pool(y)))
         return self._residual(self.conv3_1x1(y), x)
 
 
