@@ -1,0 +1,209 @@
+"""ViL's 2-D Longformer attention (Zhang et al. 2021) on tokens ``[B, G + H·W, C]``.
+
+The ``G`` global tokens come first (the contract's prefix tokens), then an ``H x W`` map. A map
+query attends to the ``3 x 3`` block of ``w x w`` chunks around its own chunk (chunks on a fixed
+grid, ``w = window_size``) and to every global token; a global query attends to every token. Keys
+outside the map or in the bottom / right padding are masked (the original's ``exact=0``, see
+:mod:`vit_attention.functional.longformer2d`).
+
+Key names as ``microsoft/vision-longformer``'s ``Long2DSCSelfAttention``: ``query`` (C -> C),
+``kv`` (C -> 2C, packed ``[k | v]``), ``proj``; the global tokens' ``query_global``, ``kv_global``,
+``proj_global`` are the same modules with ``share_weights=True`` (the original's ``sharew``, ViL's
+default) and their own otherwise. Optional relative-position bias (the original's ``rpe``):
+``local_relative_position_bias_table [(4w-1)², nh]``, ``g2l_relative_position_bias [2, nh, G]``,
+``g2g_relative_position_bias [nh, G, G]``. Training-time chunk sampling (``mode > 0``) is not
+implemented: the module always computes the original's evaluation mode 0 (all nine chunks).
+
+No ``N x N`` matrix for the map queries: each chunk's ``w²`` queries against its gathered ``G + 9w²``
+keys, all chunks in one call of the library's attention function (the fused kernel when no weights
+are observed); the ``G`` global queries in a second call against all ``N`` keys.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..functional import merge_heads, scaled_dot_product_attention, split_heads
+from ..functional.attention import attention_observed
+from ..functional.heads import split_packed
+from ..functional.linear import apply_linear
+from ..functional.longformer2d import longformer2d_device_plan, longformer2d_layouts, longformer2d_rel_index
+from ._common import check_heads, check_prob
+from .registry import register_attention
+from .sra import infer_grid
+
+__all__ = ["Longformer2DAttention", "longformer2d_macs"]
+
+
+def longformer2d_macs(H: int, W: int, G: int, C: int, window_size: int, shared: bool = True) -> int:
+    """Multiply-adds of one image: ``4·N·C²`` projections (``+ 2·N·C²`` for separate global
+    projections when ``G > 0``), ``2·nc·w²·(G + 9w²)·C`` for the chunks and ``2·G·N·C`` for the
+    global queries (``N = G + H·W``, ``nc = ceil(H / w)·ceil(W / w)`` chunks)."""
+    N, w = G + H * W, window_size
+    nc = math.ceil(H / w) * math.ceil(W / w)
+    proj = 4 * N * C * C + (0 if shared or not G else 2 * N * C * C)
+    return proj + 2 * nc * w * w * (G + 9 * w * w) * C + 2 * G * N * C
+
+
+def _vil_stage_table() -> str:
+    """Markdown: 2-D Longformer vs global attention on ViL-Small's two Longformer stages at 224."""
+    rows = ["| stage map H×W×C | w | keys per query | longformer2d (MMACs) | global (MMACs) | saving |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for side, C in ((56, 96), (28, 192)):
+        lf = longformer2d_macs(side, side, 1, C, 7)
+        N = 1 + side * side
+        full = 4 * N * C * C + 2 * N * N * C
+        rows.append(f"| {side}×{side}×{C} | 7 | 1 + 441 | {lf / 1e6:,.1f} | {full / 1e6:,.1f} | {full / lf:.1f}× |")
+    return "\n".join(rows)
+
+
+@register_attention(
+    "longformer2d", layout="tokens", needs_feat_size=True, prefix_tokens="attend",
+    description="ViL's 2-D Longformer: each token attends to the 3x3 chunks of w x w tokens around its own "
+                "plus global tokens; global tokens attend to all",
+    paper="https://arxiv.org/abs/2103.15358", example_kwargs=dict(window_size=3),
+    formula=(
+        "2-D Longformer attention (Vision Longformer, Zhang et al. 2021). Tokens are `[g_1..g_G; x_1..x_HW]`; the "
+        "`H x W` map is cut into `w x w` chunks on a fixed grid (padded bottom / right). A map query in chunk "
+        "`(m, n)` attends to the global tokens and to the keys of the 3x3 chunks `(m+a, n+b)`, `a, b ∈ {-1, 0, 1}`; "
+        "keys outside the map are masked. Global queries attend to everything:\n\n"
+        "    q, [k | v] = x W_query, x W_kv                          # [B, nh, N, hd] each\n"
+        "    out_i = softmax_{j ∈ globals ∪ 3x3 chunks(i)}(q_i · k_j · hd^-1/2 (+ rpe)) v     # map token i\n"
+        "    out_g = softmax_{j ∈ all N}(q_g · k_j · hd^-1/2 (+ rpe)) v                       # global token g\n"
+        "    y = [out_g W_proj_global; out W_proj]\n\n"
+        "Computed per chunk (`w²` queries against `G + 9w²` gathered keys, one batched call), never an "
+        "`N x N` matrix. Against global attention on ViL-Small's Longformer stages at 224 (batch 1):\n\n"
+        + _vil_stage_table()),
+    cost="4·N·C² + 2·nc·w²·(G + 9w²)·C + 2·G·N·C multiply-adds (nc = ceil(H/w)·ceil(W/w) chunks): linear in N, "
+         "about 2·N·9w²·C for the attention",
+    example_shape=(2, 16, 32), doc_example=(dict(window_size=7), (1, 28 * 28, 96)))
+class Longformer2DAttention(nn.Module):
+    """2-D Longformer attention, ``[B, G + H·W, C] -> [B, G + H·W, C]`` (grid ``feat_size = (H, W)``).
+
+    Args:
+        dim: channels ``C``; num_heads: ``nh`` (must divide ``dim``).
+        window_size: chunk side ``w`` (the original's ``w``; ViL: 7).
+        share_weights: global tokens use ``query`` / ``kv`` / ``proj`` too (the original's ``sharew``).
+        rel_pos_bias: the original's ``rpe`` tables (then ``num_global_tokens`` fixes ``G``).
+        num_global_tokens: ``G`` of the RPE tables (the call's ``num_prefix_tokens`` must match it).
+        qkv_bias: biases of ``query`` / ``kv``; qk_scale: logit scale (default ``hd ** -0.5``).
+        attn_drop, proj_drop: dropout on the weights / after the projection.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, *, window_size: int = 7, share_weights: bool = True,
+                 rel_pos_bias: bool = False, num_global_tokens: int = 1, qkv_bias: bool = True,
+                 qk_scale: float | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
+        super().__init__()
+        self.head_dim = check_heads(dim, num_heads)
+        if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size < 1:
+            raise ValueError(f"window_size must be a positive int, got {window_size!r}")
+        if not isinstance(num_global_tokens, int) or num_global_tokens < 0:
+            raise ValueError(f"num_global_tokens must be an int >= 0, got {num_global_tokens!r}")
+        self.dim, self.num_heads, self.window_size = dim, num_heads, window_size
+        self.share_weights, self.num_global_tokens = bool(share_weights), num_global_tokens
+        self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
+        self.attn_drop = check_prob(attn_drop, "attn_drop")
+        self.query = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        if self.share_weights:
+            self.query_global, self.kv_global, self.proj_global = self.query, self.kv, self.proj
+        else:
+            self.query_global = nn.Linear(dim, dim, bias=qkv_bias)
+            self.kv_global = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+            self.proj_global = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
+        self.rel_pos_bias = bool(rel_pos_bias)
+        if self.rel_pos_bias:
+            w = window_size
+            self.local_relative_position_bias_table = nn.Parameter(torch.zeros((4 * w - 1) ** 2, num_heads))
+            nn.init.trunc_normal_(self.local_relative_position_bias_table, std=0.02)
+            if num_global_tokens:
+                self.g2l_relative_position_bias = nn.Parameter(torch.zeros(2, num_heads, num_global_tokens))
+                self.g2g_relative_position_bias = nn.Parameter(
+                    torch.zeros(num_heads, num_global_tokens, num_global_tokens))
+                nn.init.trunc_normal_(self.g2l_relative_position_bias, std=0.02)
+                nn.init.trunc_normal_(self.g2g_relative_position_bias, std=0.02)
+            self.register_buffer("relative_position_index", longformer2d_rel_index(w).clone(), persistent=False)
+
+    def _grid(self, N: int, feat_size: tuple[int, int] | None, G: int) -> tuple[int, int]:
+        if feat_size is None:
+            return infer_grid(N, G)  # a square map (raises naming feat_size)
+        H, W = int(feat_size[0]), int(feat_size[1])
+        if H < 1 or W < 1 or N != G + H * W:
+            raise ValueError(f"feat_size {tuple(feat_size)} and num_prefix_tokens={G} do not match the {N} tokens "
+                             f"(expected N = G + H·W = {G + H * W})")
+        return H, W
+
+    def _local_bias(self, G: int) -> Tensor | None:
+        """RPE of the map queries ``[nh, w², G + 9w²]`` (None without ``rel_pos_bias``)."""
+        if not self.rel_pos_bias:
+            return None
+        w2 = self.window_size ** 2
+        local = self.local_relative_position_bias_table[self.relative_position_index.reshape(-1)]  # [w²·9w², nh]
+        local = local.view(w2, 9 * w2, -1).permute(2, 0, 1)  # [nh, w², 9w²]
+        if not G:
+            return local
+        g2l = self.g2l_relative_position_bias[1][:, None, :].expand(-1, w2, -1)  # [nh, w², G]
+        return torch.cat([g2l, local], dim=-1)
+
+    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
+                context: Tensor | None = None) -> Tensor:
+        """``x [B, G + H·W, C] -> [B, G + H·W, C]``; ``num_prefix_tokens = G`` global tokens in front,
+        ``feat_size = (H, W)`` the map of the rest (default: a square map). No ``context``."""
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
+        if context is not None:
+            raise ValueError("longformer2d attends within x: context is not supported")
+        B, N, C = x.shape
+        G = int(num_prefix_tokens)
+        if not 0 <= G < N:
+            raise ValueError(f"num_prefix_tokens must be in 0..{N - 1}, got {num_prefix_tokens!r}")
+        if self.rel_pos_bias and G != self.num_global_tokens:
+            raise ValueError(f"num_prefix_tokens={G} does not match num_global_tokens={self.num_global_tokens} "
+                             "of the relative-position tables")
+        H, W = self._grid(N, feat_size, G)
+        nh, hd, w = self.num_heads, self.head_dim, self.window_size
+        shared = self.share_weights
+        q = apply_linear(self.query, x if shared else x[:, G:])  # [B, N | H·W, C]
+        kv = apply_linear(self.kv, x)  # [B, N, 2C]
+        dropout_p = self.attn_drop if self.training else 0.0
+        layouts = longformer2d_layouts(H, W, w, G) if attention_observed() else (None, None)
+
+        # map queries: each chunk's w² queries against its G + 9w² gathered keys
+        qi, ki, mask, back = longformer2d_device_plan(H, W, w, G, x.device)
+        nc, K, w2 = mask.shape[0], mask.shape[-1], w * w
+        ql = (q[:, G:] if shared else q)[:, qi].view(B, nc, w2, nh, hd).transpose(2, 3)  # [B, nc, nh, w², hd]
+        kvl = kv[:, ki].view(B, nc, K, 2, nh, hd).permute(3, 0, 1, 4, 2, 5)  # [2, B, nc, nh, K, hd]
+        out = scaled_dot_product_attention(ql, kvl[0], kvl[1], mask=mask, bias=self._local_bias(G), scale=self.scale,
+                                           dropout_p=dropout_p, layout=layouts[0])  # [B, nc, nh, w², hd]
+        out = out.transpose(2, 3).reshape(B, nc * w2, C)[:, back]  # [B, H·W, C] in map order
+        if not G:
+            return self.proj_drop(apply_linear(self.proj, out))
+
+        # global queries: against all N keys
+        qg = split_heads(q[:, :G] if shared else apply_linear(self.query_global, x[:, :G]), nh)  # [B, nh, G, hd]
+        k, v = split_packed(kv if shared else apply_linear(self.kv_global, x), nh, 2, "packed kv")  # [B, nh, N, hd]
+        bias = None
+        if self.rel_pos_bias:
+            g2l = self.g2l_relative_position_bias[0][:, :, None].expand(-1, -1, H * W)  # [nh, G, H·W]
+            bias = torch.cat([self.g2g_relative_position_bias, g2l], dim=-1)  # [nh, G, N]
+        og = merge_heads(scaled_dot_product_attention(qg, k, v, bias=bias, scale=self.scale, dropout_p=dropout_p,
+                                                      layout=layouts[1]))  # [B, G, C]
+        if shared:
+            return self.proj_drop(apply_linear(self.proj, torch.cat([og, out], dim=1)))  # [B, N, C]
+        return self.proj_drop(torch.cat([apply_linear(self.proj_global, og), apply_linear(self.proj, out)], dim=1))
+
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
+        """Multiply-adds on ``(B, N, C)`` with grid ``feat_size`` (``G = N - H·W``; default a square map, no
+        globals): :func:`longformer2d_macs`."""
+        B, N, C = input_shape
+        H, W = infer_grid(N) if feat_size is None else (int(feat_size[0]), int(feat_size[1]))
+        return B * longformer2d_macs(H, W, N - H * W, C, self.window_size, self.share_weights)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, "
+                f"share_weights={self.share_weights}, rel_pos_bias={self.rel_pos_bias}")
