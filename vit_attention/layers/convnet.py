@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from torch import Tensor, nn
 
+from .head import reset_head
 from .stage import resolve_indices
 
 __all__ = ["ConvStagesMixin"]
@@ -71,12 +72,4 @@ class ConvStagesMixin:
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """A fresh classifier for ``num_classes`` (0 = no head); ``global_pool``: ``"avg"`` or ``""``."""
-        if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 0:
-            raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
-        if global_pool is not None:
-            if global_pool not in ("avg", ""):
-                raise ValueError(f"global_pool must be one of 'avg', ''; got {global_pool!r}")
-            self.global_pool = self.head.global_pool = self.cfg.global_pool = global_pool
-        self.num_classes = self.cfg.num_classes = num_classes
-        device = next(self.stem.parameters()).device
-        self.head.fc = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+        reset_head(self, num_classes, global_pool)

@@ -10,7 +10,49 @@ from torch import Tensor, nn
 from ..attention import MultiHeadAttention
 from .mlp import Mlp
 
-__all__ = ["ClassifierHead", "AttentionPoolHead"]
+__all__ = ["ClassifierHead", "AttentionPoolHead", "reset_head", "init_linear_weights"]
+
+
+def reset_head(model: nn.Module, num_classes: int, global_pool: str | None = None, *,
+               pools: tuple[str, ...] = ("avg", ""), fc_attr: str | None = "fc") -> None:
+    """``model.reset_classifier``: a fresh classifier for ``num_classes`` (0 = none) on ``model.num_features``.
+
+    ``global_pool`` (one of ``pools``; None = keep) is recorded on the model, its config and its
+    head. The new layer is ``model.head.<fc_attr>`` (``ClassifierHead``'s ``fc``), or ``model.head``
+    itself with ``fc_attr=None`` (a bare ``Linear`` head); it is created on the model's device.
+    """
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool):
+        raise TypeError(f"num_classes must be an int >= 0, got {num_classes!r} ({type(num_classes).__name__})")
+    if num_classes < 0:
+        raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
+    cfg = getattr(model, "cfg", None)
+    if global_pool is not None:
+        if global_pool not in pools:
+            raise ValueError(f"global_pool must be one of {', '.join(repr(p) for p in pools)}; got {global_pool!r}")
+        model.global_pool = global_pool
+        if cfg is not None and hasattr(cfg, "global_pool"):
+            cfg.global_pool = global_pool
+        if hasattr(model.head, "global_pool"):
+            model.head.global_pool = global_pool
+    model.num_classes = num_classes
+    if cfg is not None and hasattr(cfg, "num_classes"):
+        cfg.num_classes = num_classes
+    device = next(model.parameters()).device
+    fc = nn.Linear(model.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+    if fc_attr is None:
+        model.head = fc
+    else:
+        setattr(model.head, fc_attr, fc)
+
+
+@torch.no_grad()
+def init_linear_weights(module: nn.Module, std: float = 0.02) -> None:
+    """Every ``Linear`` below ``module``: weights ~ truncated N(0, ``std``), biases 0 (the ViT-family init)."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
 
 
 class ClassifierHead(nn.Module):

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from ..attention import get_attention_spec, list_attention
 from ..functional import resample_abs_pos_embed
 from ..layers import Block, PatchEmbed, run_blocks, stage_feature_info
+from ..layers.head import init_linear_weights, reset_head
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_size, resolve_indices
 from .registry import register_family
 
@@ -152,22 +153,12 @@ class Cait(nn.Module):
     def _init_weights(self) -> None:
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+        init_linear_weights(self)
 
     # ------------------------------------------------------------------ API
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        num_classes = check_int(num_classes, "num_classes", min_value=0)
-        if global_pool is not None:
-            check_choice(global_pool, "global_pool", _POOLS)
-            self.global_pool = self.cfg.global_pool = global_pool  # type: ignore[assignment]
-        self.num_classes = self.cfg.num_classes = num_classes
-        device = self.norm.weight.device
-        self.head = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+        reset_head(self, num_classes, global_pool, pools=_POOLS, fc_attr=None)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute block activations in backward to save memory (training only)."""

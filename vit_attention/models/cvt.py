@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from ..functional.chunking import batch_chunk_size, run_in_batch_chunks
 from ..layers import Block, HierarchicalMixin, accepted_kwargs, resolve_indices, run_blocks, stage_feature_info
 from ..layers.activation import ACT_LAYERS, get_act_layer
+from ..layers.head import init_linear_weights, reset_head
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
 from .registry import register_family
 
@@ -220,11 +221,7 @@ class Cvt(HierarchicalMixin, nn.Module):
         return CvtConfig(**overrides)
 
     def _init_weights(self) -> None:
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+        init_linear_weights(self)
         for stage in self.stages:
             if stage.cls_token is not None:
                 nn.init.trunc_normal_(stage.cls_token, std=0.02)
@@ -232,10 +229,7 @@ class Cvt(HierarchicalMixin, nn.Module):
     # ------------------------------------------------------------------ API
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the classifier with a fresh one for ``num_classes`` (0 = no head); ``global_pool`` is unused."""
-        num_classes = check_int(num_classes, "num_classes", min_value=0)
-        self.num_classes = self.cfg.num_classes = num_classes
-        device = self.norm.weight.device
-        self.head = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+        reset_head(self, num_classes, None, fc_attr=None)
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that should not get weight decay (the class token)."""

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from ..attention.channel import CHANNEL_FORMS
 from ..layers import Block, HierarchicalMixin, PosConv, Stage, accepted_kwargs, drop_path_schedule, stage_feature_info
+from ..layers.head import init_linear_weights, reset_head
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
 from .registry import register_family
 
@@ -232,11 +233,7 @@ class DaVit(HierarchicalMixin, nn.Module):
         return DaVitConfig(**overrides)
 
     def _init_weights(self) -> None:
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+        init_linear_weights(self)
 
     def _embed(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> the first stage's map ``[B, ceil(H/4), ceil(W/4), C_0]``."""
@@ -244,13 +241,7 @@ class DaVit(HierarchicalMixin, nn.Module):
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        num_classes = check_int(num_classes, "num_classes", min_value=0)
-        if global_pool is not None:
-            check_choice(global_pool, "global_pool", ("avg", ""))
-            self.global_pool = self.head.global_pool = self.cfg.global_pool = global_pool  # type: ignore[assignment]
-        self.num_classes = self.cfg.num_classes = num_classes
-        device = self.head.norm.weight.device
-        self.head.fc = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+        reset_head(self, num_classes, global_pool)
 
     def no_weight_decay(self) -> set[str]:
         """DaViT has no position tables or temperatures: empty."""

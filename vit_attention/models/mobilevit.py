@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from ..layers import Block, ClassifierHead, accepted_kwargs, run_blocks
 from ..layers.convnet import ConvStagesMixin
 from ..layers.group_norm import GroupNorm1
+from ..layers.head import init_linear_weights
 from ..layers.mbconv import ConvNormAct, InvertedResidual, make_divisible
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
 from .registry import register_family
@@ -266,12 +267,9 @@ class MobileViT(ConvStagesMixin, nn.Module):
         return MobileViTConfig(**overrides)
 
     def _init_weights(self) -> None:
+        init_linear_weights(self)
         for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Conv2d):
+            if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     # ------------------------------------------------------------------ API (forward_features / head /

@@ -28,6 +28,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..layers import Block, ClassifierHead, HierarchicalMixin, Stage, accepted_kwargs, drop_path_schedule
+from ..layers.head import init_linear_weights, reset_head
 from ..layers.stage import stage_feature_info
 from ._config import ConfigMixin, check_attn_layer, check_float, check_int, check_int_seq, check_size
 from .registry import register_family
@@ -177,11 +178,7 @@ class NAT(HierarchicalMixin, nn.Module):
         return NATConfig(**overrides)
 
     def _init_weights(self) -> None:
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+        init_linear_weights(self)
 
     def _embed(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> ``[B, H/4, W/4, C]``."""
@@ -191,10 +188,7 @@ class NAT(HierarchicalMixin, nn.Module):
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        num_classes = check_int(num_classes, "num_classes", min_value=0)
-        self.num_classes = self.cfg.num_classes = num_classes
-        device = self.norm.weight.device
-        self.head.fc = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+        reset_head(self, num_classes, global_pool, pools=("avg",))
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names without weight decay: the relative-position biases."""

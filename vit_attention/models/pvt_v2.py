@@ -38,6 +38,7 @@ from ..layers import (
     stage_feature_info,
 )
 from ..layers.conv_embed import ConvEmbed
+from ..layers.head import reset_head
 from ..layers.mlp_dwconv import MlpDWConv
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
 from .registry import register_family
@@ -184,17 +185,9 @@ def init_pyramid_weights(model: nn.Module) -> None:
 
 
 def reset_pyramid_classifier(model: Any, num_classes: int, global_pool: str | None, pools: tuple[str, ...]) -> None:
-    """A fresh ``head.fc`` for ``num_classes`` (0 = none) on ``model.num_features``.
-
-    ``global_pool`` (one of ``pools``, None = keep) is recorded on the model and its config.
-    """
-    num_classes = check_int(num_classes, "num_classes", min_value=0)
-    if global_pool is not None:
-        check_choice(global_pool, "global_pool", pools)
-        model.global_pool = model.cfg.global_pool = global_pool
-    model.num_classes = model.cfg.num_classes = num_classes
-    device = next(model.parameters()).device
-    model.head.fc = nn.Linear(model.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+    """A fresh ``head.fc`` for ``num_classes`` (0 = none) on ``model.num_features``; ``global_pool`` (one of
+    ``pools``, None = keep) is recorded on the model and its config (:func:`~vit_attention.layers.head.reset_head`)."""
+    reset_head(model, num_classes, global_pool, pools=pools)
 
 
 # ---------------------------------------------------------------------------- presets (data)

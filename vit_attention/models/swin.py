@@ -44,6 +44,7 @@ from ..layers import (
     drop_path_schedule,
     stage_feature_info,
 )
+from ..layers.head import init_linear_weights, reset_head
 from ._config import (
     ConfigMixin,
     check_attn_layer,
@@ -221,11 +222,7 @@ class SwinTransformer(HierarchicalMixin, nn.Module):
     def _init_weights(self) -> None:
         if self.absolute_pos_embed is not None:
             nn.init.trunc_normal_(self.absolute_pos_embed, std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+        init_linear_weights(self)
         if self.cfg.res_post_norm:  # SwinV2: residual branches start at zero
             for stage in self.layers:
                 for blk in stage.blocks:
@@ -236,13 +233,7 @@ class SwinTransformer(HierarchicalMixin, nn.Module):
     # ------------------------------------------------------------------ API
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        num_classes = check_int(num_classes, "num_classes", min_value=0)
-        if global_pool is not None:
-            check_choice(global_pool, "global_pool", ("avg", ""))
-            self.global_pool = self.head.global_pool = self.cfg.global_pool = global_pool  # type: ignore[assignment]
-        self.num_classes = self.cfg.num_classes = num_classes
-        device = self.norm.weight.device
-        self.head.fc = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+        reset_head(self, num_classes, global_pool)
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that should not get weight decay (position embeddings, bias tables, temperatures)."""

@@ -46,6 +46,7 @@ from ..layers import (
     drop_path_schedule,
     stage_feature_info,
 )
+from ..layers.head import init_linear_weights, reset_head
 from ._config import ConfigMixin, check_choice, check_float, check_int, check_int_seq, check_size
 from .registry import register_family
 
@@ -189,12 +190,9 @@ class Twins(HierarchicalMixin, nn.Module):
         self._init_weights()
 
     def _init_weights(self) -> None:
+        init_linear_weights(self)
         for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Conv2d):  # timm / the original: normal(0, sqrt(2 / fan_out))
+            if isinstance(m, nn.Conv2d):  # timm / the original: normal(0, sqrt(2 / fan_out))
                 fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels // m.groups
                 nn.init.normal_(m.weight, 0.0, (2.0 / fan_out) ** 0.5)
                 if m.bias is not None:
@@ -208,13 +206,7 @@ class Twins(HierarchicalMixin, nn.Module):
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        num_classes = check_int(num_classes, "num_classes", min_value=0)
-        if global_pool is not None:
-            check_choice(global_pool, "global_pool", ("avg", ""))
-            self.global_pool = self.head.global_pool = self.cfg.global_pool = global_pool  # type: ignore[assignment]
-        self.num_classes = self.cfg.num_classes = num_classes
-        device = self.norm.weight.device
-        self.head.fc = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+        reset_head(self, num_classes, global_pool)
 
     def no_weight_decay(self) -> set[str]:
         """The PEG parameters (timm's and the original's choice)."""

@@ -55,6 +55,7 @@ from torch import Tensor, nn
 
 from ..functional import resample_abs_pos_embed
 from ..layers import Block, ClassifierHead, PatchEmbed, accepted_kwargs, drop_path_schedule, run_blocks
+from ..layers.head import init_linear_weights, reset_head
 from ..layers.norm import LayerNorm2d
 from ._config import (
     ConfigMixin,
@@ -268,22 +269,12 @@ class ViTDet(nn.Module):
     def _init_weights(self) -> None:
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+        init_linear_weights(self)
 
     # ------------------------------------------------------------------ API
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the probe with a fresh one for ``num_classes`` (0 = no head)."""
-        num_classes = check_int(num_classes, "num_classes", min_value=0)
-        if global_pool is not None:
-            check_choice(global_pool, "global_pool", ("avg", ""))
-            self.global_pool = self.head.global_pool = self.cfg.global_pool = global_pool  # type: ignore[assignment]
-        self.num_classes = self.cfg.num_classes = num_classes
-        device = self.patch_embed.proj.weight.device
-        self.head.fc = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
+        reset_head(self, num_classes, global_pool)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute block activations in backward to save memory (training only)."""
