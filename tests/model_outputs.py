@@ -147,7 +147,16 @@ def _reduce_halonet(cfg: Any) -> dict[str, Any]:
                 attn_kwargs=dict(cfg.attn_kwargs, block_size=3 if odd else 2, halo_size=1), img_size=64)
 
 
+def _reduce_vil(cfg: Any) -> dict[str, Any]:
+    """ViL: 4 stages of width 16-32, depths 1-2, 2 heads, 64 px (maps 16 -> 2); windows 3 so the Longformer
+    stages (16x16, 8x8) have chunks beyond the 3x3 block and bottom / right padding; globals kept per stage."""
+    n = len(cfg.depths)
+    return dict(embed_dims=(16,) + (WIDTH,) * (n - 1), depths=(1, 2) + (1,) * (n - 2), num_heads=(2,) * n,
+                window_sizes=(3,) * n, img_size=64)
+
+
 REDUCERS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "vil": _reduce_vil,
     "halonet": _reduce_halonet,
     "mobilevit": _reduce_mobilevit,
     "cpvt": _reduce_cpvt,

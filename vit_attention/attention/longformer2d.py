@@ -26,9 +26,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..functional import merge_heads, scaled_dot_product_attention, split_heads
+from ..functional import scaled_dot_product_attention
 from ..functional.attention import attention_observed
-from ..functional.heads import split_packed
 from ..functional.linear import apply_linear
 from ..functional.longformer2d import longformer2d_device_plan, longformer2d_layouts, longformer2d_rel_index
 from ._common import check_heads, check_prob
@@ -176,23 +175,31 @@ class Longformer2DAttention(nn.Module):
         # map queries: each chunk's w² queries against its G + 9w² gathered keys
         qi, ki, mask, back = longformer2d_device_plan(H, W, w, G, x.device)
         nc, K, w2 = mask.shape[0], mask.shape[-1], w * w
-        ql = (q[:, G:] if shared else q)[:, qi].view(B, nc, w2, nh, hd).transpose(2, 3)  # [B, nc, nh, w², hd]
-        kvl = kv[:, ki].view(B, nc, K, 2, nh, hd).permute(3, 0, 1, 4, 2, 5)  # [2, B, nc, nh, K, hd]
-        out = scaled_dot_product_attention(ql, kvl[0], kvl[1], mask=mask, bias=self._local_bias(G), scale=self.scale,
-                                           dropout_p=dropout_p, layout=layouts[0])  # [B, nc, nh, w², hd]
-        out = out.transpose(2, 3).reshape(B, nc * w2, C)[:, back]  # [B, H·W, C] in map order
+        ql = (q[:, G:] if shared else q)[:, qi].unflatten(1, (nc, w2)).unflatten(-1, (nh, hd)).transpose(2, 3)
+        kvl = kv[:, ki].unflatten(1, (nc, K)).unflatten(-1, (2, nh, hd)).permute(3, 0, 1, 4, 2, 5)
+        # ql [B, nc, nh, w², hd]; kvl [2, B, nc, nh, K, hd]
+        rpe = self._local_bias(G)  # [nh, w², K] or None
+        bias = mask.expand(-1, nh, -1, -1) if rpe is None else mask + rpe  # [nc, nh, 1 | w², K]: window mask (+ RPE)
+        # chunks folded into the heads: 4-D for the fused kernel, the bias broadcast over the batch only
+        out = scaled_dot_product_attention(ql.flatten(1, 2), kvl[0].flatten(1, 2), kvl[1].flatten(1, 2),
+                                           bias=bias.flatten(0, 1), scale=self.scale, dropout_p=dropout_p,
+                                           layout=layouts[0])  # [B, nc·nh, w², hd]
+        out = out.unflatten(1, (nc, nh)).transpose(2, 3).flatten(3).flatten(1, 2)[:, back]  # [B, H·W, C] map order
         if not G:
             return self.proj_drop(apply_linear(self.proj, out))
 
         # global queries: against all N keys
-        qg = split_heads(q[:, :G] if shared else apply_linear(self.query_global, x[:, :G]), nh)  # [B, nh, G, hd]
-        k, v = split_packed(kv if shared else apply_linear(self.kv_global, x), nh, 2, "packed kv")  # [B, nh, N, hd]
+        # heads split with unflatten (no batch size read from a shape: the ONNX batch stays symbolic)
+        qg = (q[:, :G] if shared else apply_linear(self.query_global, x[:, :G]))
+        qg = qg.unflatten(-1, (nh, hd)).transpose(1, 2)  # [B, nh, G, hd]
+        kvg = (kv if shared else apply_linear(self.kv_global, x)).unflatten(-1, (2, nh, hd)).permute(2, 0, 3, 1, 4)
+        k, v = kvg[0], kvg[1]  # each [B, nh, N, hd]
         bias = None
         if self.rel_pos_bias:
             g2l = self.g2l_relative_position_bias[0][:, :, None].expand(-1, -1, H * W)  # [nh, G, H·W]
             bias = torch.cat([self.g2g_relative_position_bias, g2l], dim=-1)  # [nh, G, N]
-        og = merge_heads(scaled_dot_product_attention(qg, k, v, bias=bias, scale=self.scale, dropout_p=dropout_p,
-                                                      layout=layouts[1]))  # [B, G, C]
+        og = scaled_dot_product_attention(qg, k, v, bias=bias, scale=self.scale, dropout_p=dropout_p,
+                                          layout=layouts[1]).transpose(1, 2).flatten(2)  # [B, G, C]
         if shared:
             return self.proj_drop(apply_linear(self.proj, torch.cat([og, out], dim=1)))  # [B, N, C]
         return self.proj_drop(torch.cat([apply_linear(self.proj_global, og), apply_linear(self.proj, out)], dim=1))

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from .layout import PAD, AttentionLayout, prefix_code
+from .neighborhood import MASKED
 from .window import _CPU, _cached
 
 __all__ = ["Longformer2DPlan", "longformer2d_plan", "longformer2d_rel_index", "longformer2d_layouts",
@@ -115,12 +116,13 @@ def longformer2d_device_plan(H: int, W: int, w: int, num_global: int, device: to
                              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Plan tensors on ``device``: query gather ``[nc·w²]`` (map indices) and key gather
     ``[nc·(G + 9w²)]`` (token indices into ``[G + H·W]``; keys outside the map point at token 0 and are masked), the
-    mask ``[nc, 1, 1, G + 9w²]`` (True = may attend), the read-back index ``[H·W]``."""
+    mask as an additive bias ``[nc, 1, 1, G + 9w²]`` (0 / :data:`MASKED`), the read-back index ``[H·W]``."""
     plan = longformer2d_plan(H, W, w)
     G, nc = num_global, plan.num_chunks
     glob = torch.arange(G, device=_CPU).expand(nc, G)
     keys = torch.cat([glob, torch.where(plan.valid, plan.key_index + G, 0)], dim=1)  # [nc, G + 9w²]
-    mask = torch.cat([torch.ones(nc, G, dtype=torch.bool, device=_CPU), plan.valid], dim=1)[:, None, None]
+    allowed = torch.cat([torch.ones(nc, G, dtype=torch.bool, device=_CPU), plan.valid], dim=1)[:, None, None]
+    mask = torch.zeros(allowed.shape, device=_CPU).masked_fill_(~allowed, MASKED)
     return (plan.query_gather.reshape(-1).to(device), keys.reshape(-1).to(device), mask.to(device),
             plan.slot_of.to(device))
 
@@ -131,7 +133,7 @@ def _layouts(H: int, W: int, w: int, G: int) -> tuple[AttentionLayout, Attention
     nc = plan.num_chunks
     prefix = torch.tensor([prefix_code(p) for p in range(G)], dtype=torch.long, device=_CPU)
     keys = torch.cat([prefix.expand(nc, G), torch.where(plan.valid, plan.key_index, PAD)], dim=1)
-    local = AttentionLayout((H, W), torch.where(plan.query_index >= 0, plan.query_index, PAD), keys)
+    local = AttentionLayout((H, W), torch.where(plan.query_index >= 0, plan.query_index, PAD), keys, fold="heads")
     if not G:
         return local, None
     all_keys = torch.cat([prefix, torch.arange(H * W, device=_CPU)])
@@ -140,6 +142,7 @@ def _layouts(H: int, W: int, w: int, G: int) -> tuple[AttentionLayout, Attention
 
 def longformer2d_layouts(H: int, W: int, window_size: int, num_global: int
                          ) -> tuple[AttentionLayout, AttentionLayout | None]:
-    """Where the rows sit: the local call (groups = chunks, ``[w²]`` queries x ``[G + 9w²]`` keys) and the
+    """Where the rows sit: the local call (groups = chunks folded into the heads, ``[B, nc·nh, w², G + 9w²]``
+    weights) and the
     global call (one group: the ``G`` global queries x all ``G + H·W`` keys; None without globals)."""
     return _layouts(int(H), int(W), int(window_size), int(num_global))
