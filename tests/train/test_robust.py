@@ -123,9 +123,12 @@ def test_default_output_of_two_runs_in_one_second(tmp_path: Path, monkeypatch: p
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_prints_how_to_resume_and_leaves_no_temporary_files(tmp_path: Path, sig: int) -> None:
     out = tmp_path / "run"
+    # SIGINT at its default disposition in the child, as in an interactive shell: a suite started in the
+    # background of a non-interactive shell inherits SIGINT ignored, and Python then installs no handler
     proc = subprocess.Popen([sys.executable, "-m", "vit_attention.cli", "train", *TINY, "--epochs", "50",
                              "--batch-size", "32", "--ckpt-every", "1", "--no-plot", "--output", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None and not (out / "checkpoint.json").exists():
         time.sleep(0.05)
