@@ -127,8 +127,10 @@ def test_plan_masks_out_of_image_keys_and_pads_queries():
 def test_state_dict_keys_follow_the_original():
     shared = create_attention("longformer2d", 16, 2, window_size=2)
     keys = set(shared.state_dict())
-    assert {"query.weight", "kv.weight", "proj.weight", "query_global.weight", "kv_global.bias"} <= keys
-    assert shared.query_global is shared.query  # sharew: the same modules under both names
+    assert {"query.weight", "kv.weight", "proj.weight"} <= keys and not any("_global" in k for k in keys)
+    assert shared.query_global is shared.query and shared.proj_global is shared.proj  # sharew: the same modules
+    separate = create_attention("longformer2d", 16, 2, window_size=2, share_weights=False)
+    assert {"query_global.weight", "kv_global.bias", "proj_global.weight"} <= set(separate.state_dict())
     rpe = create_attention("longformer2d", 16, 2, window_size=2, rel_pos_bias=True, num_global_tokens=1)
     assert rpe.local_relative_position_bias_table.shape == (49, 2)
     assert rpe.g2l_relative_position_bias.shape == (2, 2, 1) and rpe.g2g_relative_position_bias.shape == (2, 1, 1)

@@ -9,7 +9,8 @@ outside the map or in the bottom / right padding are masked (the original's ``ex
 Key names as ``microsoft/vision-longformer``'s ``Long2DSCSelfAttention``: ``query`` (C -> C),
 ``kv`` (C -> 2C, packed ``[k | v]``), ``proj``; the global tokens' ``query_global``, ``kv_global``,
 ``proj_global`` are the same modules with ``share_weights=True`` (the original's ``sharew``, ViL's
-default) and their own otherwise. Optional relative-position bias (the original's ``rpe``):
+default; then stored once, under the local names) and their own otherwise. Optional relative-position
+bias (the original's ``rpe``):
 ``local_relative_position_bias_table [(4w-1)², nh]``, ``g2l_relative_position_bias [2, nh, G]``,
 ``g2g_relative_position_bias [nh, G, G]``. Training-time chunk sampling (``mode > 0``) is not
 implemented: the module always computes the original's evaluation mode 0 (all nine chunks).
@@ -22,6 +23,7 @@ are observed); the ``G`` global queries in a second call against all ``N`` keys.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +37,8 @@ from .registry import register_attention
 from .sra import infer_grid
 
 __all__ = ["Longformer2DAttention", "longformer2d_macs"]
+
+_GLOBAL_ALIASES = {"query_global": "query", "kv_global": "kv", "proj_global": "proj"}
 
 
 def longformer2d_macs(H: int, W: int, G: int, C: int, window_size: int, shared: bool = True) -> int:
@@ -78,7 +82,7 @@ def _vil_stage_table() -> str:
         + _vil_stage_table()),
     cost="4·N·C² + 2·nc·w²·(G + 9w²)·C + 2·G·N·C multiply-adds (nc = ceil(H/w)·ceil(W/w) chunks): linear in N, "
          "about 2·N·9w²·C for the attention",
-    example_shape=(2, 16, 32), doc_example=(dict(window_size=7), (1, 28 * 28, 96)))
+    example_shape=(2, 16, 32), doc_example=(dict(window_size=3), (1, 14 * 14, 96)))
 class Longformer2DAttention(nn.Module):
     """2-D Longformer attention, ``[B, G + H·W, C] -> [B, G + H·W, C]`` (grid ``feat_size = (H, W)``).
 
@@ -108,9 +112,7 @@ class Longformer2DAttention(nn.Module):
         self.query = nn.Linear(dim, dim, bias=qkv_bias)
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
-        if self.share_weights:
-            self.query_global, self.kv_global, self.proj_global = self.query, self.kv, self.proj
-        else:
+        if not self.share_weights:  # shared: the *_global properties below are query / kv / proj
             self.query_global = nn.Linear(dim, dim, bias=qkv_bias)
             self.kv_global = nn.Linear(dim, 2 * dim, bias=qkv_bias)
             self.proj_global = nn.Linear(dim, dim)
@@ -127,6 +129,13 @@ class Longformer2DAttention(nn.Module):
                 nn.init.trunc_normal_(self.g2l_relative_position_bias, std=0.02)
                 nn.init.trunc_normal_(self.g2g_relative_position_bias, std=0.02)
             self.register_buffer("relative_position_index", longformer2d_rel_index(w).clone(), persistent=False)
+
+    def __getattr__(self, name: str) -> Any:
+        """With ``share_weights`` the global tokens' ``query_global`` / ``kv_global`` / ``proj_global`` are
+        ``query`` / ``kv`` / ``proj`` (one set of keys in the state dict; the original lists both names)."""
+        if name in _GLOBAL_ALIASES and self.__dict__.get("share_weights"):
+            return super().__getattr__(_GLOBAL_ALIASES[name])
+        return super().__getattr__(name)
 
     def _grid(self, N: int, feat_size: tuple[int, int] | None, G: int) -> tuple[int, int]:
         if feat_size is None:
@@ -205,8 +214,9 @@ class Longformer2DAttention(nn.Module):
         return self.proj_drop(torch.cat([apply_linear(self.proj_global, og), apply_linear(self.proj, out)], dim=1))
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
-        """Multiply-adds on ``(B, N, C)`` with grid ``feat_size`` (``G = N - H·W``; default a square map, no
-        globals): :func:`longformer2d_macs`."""
+        """Multiply-adds on ``(B, N, C)``: :func:`longformer2d_macs` with ``G = N - H·W`` globals.
+
+        ``feat_size = (H, W)``; default a square map and no globals."""
         B, N, C = input_shape
         H, W = infer_grid(N) if feat_size is None else (int(feat_size[0]), int(feat_size[1]))
         return B * longformer2d_macs(H, W, N - H * W, C, self.window_size, self.share_weights)

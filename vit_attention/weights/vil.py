@@ -5,8 +5,10 @@ The original stage ``i`` is one ``nn.Sequential`` ``layer{i+1}``: index 0 the pa
 alternating ``AttnBlock`` (odd index ``2j+1``: ``norm``, ``attn.*``) and ``MlpBlock`` (even index
 ``2j+2``: ``norm``, ``mlp.fc1``, ``mlp.fc2``) of block ``j``; then ``norm`` and ``head``. The
 attention keys (``query``, ``kv``, ``proj`` and, shared or not, their ``*_global`` names; ``qkv`` /
-``proj`` in the full-attention stages) are ours already. ``relative_position_index`` buffers (RPE
-variants) are rebuilt here and dropped; so is an empty ``cls_pos_embed`` (a stage without globals).
+``proj`` in the full-attention stages) are ours already; with ``sharew`` the ``*_global`` copies
+(equal to the local tensors) are dropped, as our module stores shared projections once.
+``relative_position_index`` buffers (RPE variants) are rebuilt here and dropped; so is an empty
+``cls_pos_embed`` (a stage without globals).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from .layouts import register_adapter, register_converter
@@ -25,6 +28,7 @@ __all__: list[str] = ["from_original_vil"]
 State = dict[str, Tensor]
 
 _BLOCK = re.compile(r"^layer(\d+)\.(\d+)\.(.*)$")
+_SHARED = re.compile(r"\.attn\.(query|kv|proj)_global\.")
 
 
 def _is_original(state: Mapping[str, Tensor]) -> bool:
@@ -58,6 +62,10 @@ def from_original_vil(state: Mapping[str, Tensor], model: nn.Module | None = Non
         if new is None or (new.endswith("cls_pos_embed") and v.numel() == 0):
             continue
         out[new] = v
+    for k in [k for k in out if _SHARED.search(k)]:  # sharew: the global names repeat the local tensors
+        local = _SHARED.sub(r".attn.\1.", k)
+        if local in out and torch.equal(out[local], out[k]):
+            del out[k]
     return out
 
 
