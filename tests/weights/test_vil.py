@@ -4,9 +4,12 @@ windows 3 on 16x16 / 8x8 maps, one global token per stage but the last)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from fixture_utils import assert_parity, load_fixture
 
+from vit_attention import create_attention
+from vit_attention.functional import fused_attention
 from vit_attention.models.vil import VilConfig, VisionLongformer
 from vit_attention.weights import load_weights
 from vit_attention.weights.vil import from_original_vil
@@ -59,3 +62,26 @@ def test_relative_position_index_buffers_are_dropped() -> None:
     out = from_original_vil({"layer1.1.attn.relative_position_index": torch.zeros(4, 36, dtype=torch.long),
                              "layer1.1.norm.weight": torch.ones(2), "layer1.2.norm.bias": torch.zeros(2)})
     assert list(out) == ["stages.0.blocks.0.norm1.weight", "stages.0.blocks.0.norm2.bias"]
+
+
+@pytest.mark.parametrize("name", ["original_vil_attn_rpe", "original_vil_attn"])
+def test_original_attention_module_parity(name: str) -> None:
+    """``longformer2d`` with the original ``Long2DSCSelfAttention``'s weights (RPE tables, separate or shared
+    global projections) on the probe's tokens: per-pixel Linear 3 -> C, learned globals in front."""
+    state, t, cfg = load_fixture(name)
+    attn = create_attention("longformer2d", cfg["dim"], cfg["num_heads"], window_size=cfg["w"],
+                            share_weights=cfg["sharew"], rel_pos_bias=cfg["rpe"], num_global_tokens=cfg["nglo"]).eval()
+    own = from_original_vil({k[len("attn."):]: v for k, v in state.items() if k.startswith("attn.")})
+    if cfg["sharew"]:  # the converter's sharew rule applies to block keys; here the module's own names
+        own = {k: v for k, v in own.items() if "_global." not in k}
+    attn.load_state_dict(own, strict=True)
+    x = t["input"]  # [B, 3, H, W]
+    B, _, H, W = x.shape
+    tokens = torch.nn.functional.linear(x.flatten(2).transpose(1, 2), state["embed.weight"], state["embed.bias"])
+    tokens = torch.cat([state["glob"].expand(B, -1, -1), tokens], dim=1)
+    with torch.no_grad():
+        out = attn(tokens, feat_size=(H, W), num_prefix_tokens=cfg["nglo"])
+        with fused_attention(False):
+            explicit = attn(tokens, feat_size=(H, W), num_prefix_tokens=cfg["nglo"])
+    assert_parity(out, t["output"])
+    assert_parity(explicit, t["output"])
