@@ -184,14 +184,16 @@ class Longformer2DAttention(nn.Module):
         # map queries: each chunk's w² queries against its G + 9w² gathered keys
         qi, ki, mask, back = longformer2d_device_plan(H, W, w, G, x.device)
         nc, K, w2 = mask.shape[0], mask.shape[-1], w * w
-        ql = (q[:, G:] if shared else q)[:, qi].unflatten(1, (nc, w2)).unflatten(-1, (nh, hd)).transpose(2, 3)
-        kvl = kv[:, ki].unflatten(1, (nc, K)).unflatten(-1, (2, nh, hd)).permute(3, 0, 1, 4, 2, 5)
-        # ql [B, nc, nh, w², hd]; kvl [2, B, nc, nh, K, hd]
+        def chunked(t: Tensor, index: Tensor, n: int) -> Tensor:  # [B, *, C] gathered -> [B, nc·nh, n, hd]
+            return t[:, index].unflatten(1, (nc, n)).unflatten(-1, (nh, hd)).transpose(2, 3).flatten(1, 2)
+
+        # k and v gathered apart: the largest tensor is [B, nc·K, C] (about 9·N·C), never 2C wide
+        ql = chunked(q[:, G:] if shared else q, qi, w2)  # [B, nc·nh, w², hd]
+        kl, vl = chunked(kv[..., :C], ki, K), chunked(kv[..., C:], ki, K)  # each [B, nc·nh, K, hd]
         rpe = self._local_bias(G)  # [nh, w², K] or None
         bias = mask.expand(-1, nh, -1, -1) if rpe is None else mask + rpe  # [nc, nh, 1 | w², K]: window mask (+ RPE)
         # chunks folded into the heads: 4-D for the fused kernel, the bias broadcast over the batch only
-        out = scaled_dot_product_attention(ql.flatten(1, 2), kvl[0].flatten(1, 2), kvl[1].flatten(1, 2),
-                                           bias=bias.flatten(0, 1), scale=self.scale, dropout_p=dropout_p,
+        out = scaled_dot_product_attention(ql, kl, vl, bias=bias.flatten(0, 1), scale=self.scale, dropout_p=dropout_p,
                                            layout=layouts[0])  # [B, nc·nh, w², hd]
         out = out.unflatten(1, (nc, nh)).transpose(2, 3).flatten(3).flatten(1, 2)[:, back]  # [B, H·W, C] map order
         if not G:
