@@ -28,8 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..functional import scaled_dot_product_attention
+from ..functional import merge_heads, scaled_dot_product_attention, split_heads
 from ..functional.attention import attention_observed
+from ..functional.heads import split_packed
 from ..functional.linear import apply_linear
 from ..functional.longformer2d import longformer2d_device_plan, longformer2d_layouts, longformer2d_rel_index
 from ._common import check_heads, check_prob
@@ -200,17 +201,15 @@ class Longformer2DAttention(nn.Module):
             return self.proj_drop(apply_linear(self.proj, out))
 
         # global queries: against all N keys
-        # heads split with unflatten (no batch size read from a shape: the ONNX batch stays symbolic)
-        qg = (q[:, :G] if shared else apply_linear(self.query_global, x[:, :G]))
-        qg = qg.unflatten(-1, (nh, hd)).transpose(1, 2)  # [B, nh, G, hd]
-        kvg = (kv if shared else apply_linear(self.kv_global, x)).unflatten(-1, (2, nh, hd)).permute(2, 0, 3, 1, 4)
-        k, v = kvg[0], kvg[1]  # each [B, nh, N, hd]
+        qg = split_heads(q[:, :G] if shared else apply_linear(self.query_global, x[:, :G]), nh)  # [B, nh, G, hd]
+        k, v = split_packed(kv if shared else apply_linear(self.kv_global, x), nh, 2, "kv")  # each [B, nh, N, hd]
         bias = None
         if self.rel_pos_bias:
             g2l = self.g2l_relative_position_bias[0][:, :, None].expand(-1, -1, H * W)  # [nh, G, H·W]
             bias = torch.cat([self.g2g_relative_position_bias, g2l], dim=-1)  # [nh, G, N]
         og = scaled_dot_product_attention(qg, k, v, bias=bias, scale=self.scale, dropout_p=dropout_p,
-                                          layout=layouts[1]).transpose(1, 2).flatten(2)  # [B, G, C]
+                                          layout=layouts[1])  # [B, nh, G, hd]
+        og = merge_heads(og)  # [B, G, C]
         if shared:
             return self.proj_drop(apply_linear(self.proj, torch.cat([og, out], dim=1)))  # [B, N, C]
         return self.proj_drop(torch.cat([apply_linear(self.proj_global, og), apply_linear(self.proj, out)], dim=1))
