@@ -122,6 +122,16 @@ def check_int_seq(value: Any, name: str, *, min_value: int = 1, length: int | No
     return tuple(int(v) for v in value)
 
 
+def check_width_heads(cfg: Any) -> tuple[int, int]:
+    """``(embed_dim, num_heads)`` of a single-width config, each a positive int and the width divisible by the
+    heads; else raises naming them."""
+    dim = check_int(cfg.embed_dim, "embed_dim")
+    heads = check_int(cfg.num_heads, "num_heads")
+    if dim % heads:
+        raise ValueError(f"embed_dim={dim} must be divisible by num_heads={heads} (head dim = embed_dim / num_heads)")
+    return dim, heads
+
+
 def check_choice(value: Any, name: str, choices: Sequence[Any]) -> Any:
     """``value`` if it is one of ``choices``; else raises naming ``name`` and listing them."""
     if isinstance(value, (list, dict, set)) or value not in choices:

@@ -35,7 +35,16 @@ from ..attention import get_attention_spec, list_attention
 from ..functional import resample_abs_pos_embed
 from ..layers import Block, PatchEmbed, run_blocks, stage_feature_info
 from ..layers.head import init_linear_weights, reset_head
-from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_size, resolve_indices
+from ._config import (
+    ConfigMixin,
+    check_attn_layer,
+    check_choice,
+    check_float,
+    check_int,
+    check_size,
+    check_width_heads,
+    resolve_indices,
+)
 from .registry import register_family
 
 __all__ = ["CaitConfig", "Cait"]
@@ -78,12 +87,8 @@ class CaitConfig(ConfigMixin):
         check_int(self.in_chans, "in_chans")
         check_int(self.num_classes, "num_classes", min_value=0)
         check_choice(self.global_pool, "global_pool", _POOLS)
-        dim = check_int(self.embed_dim, "embed_dim")
+        dim, heads = check_width_heads(self)
         check_int(self.depth, "depth", min_value=0)
-        heads = check_int(self.num_heads, "num_heads")
-        if dim % heads:
-            raise ValueError(f"embed_dim={dim} must be divisible by num_heads={heads} "
-                             f"(head dim = embed_dim / num_heads)")
         check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
         check_float(self.mlp_ratio_token_only, "mlp_ratio_token_only", low_open=True)
         check_float(self.norm_eps, "norm_eps")

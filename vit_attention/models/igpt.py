@@ -46,7 +46,15 @@ from torch import Tensor, nn
 from ..attention import get_attention_spec, list_attention
 from ..attention.causal import KVCache
 from ..layers import Block, drop_path_schedule, run_blocks, stage_feature_info
-from ._config import ConfigMixin, check_attn_layer, check_float, check_int, check_size, resolve_indices
+from ._config import (
+    ConfigMixin,
+    check_attn_layer,
+    check_float,
+    check_int,
+    check_size,
+    check_width_heads,
+    resolve_indices,
+)
 from .registry import register_family
 
 __all__ = ["ImageGPTConfig", "ImageGPT", "PaletteQuantizer", "QuickGELU", "RMSNorm", "quantize", "dequantize",
@@ -208,12 +216,8 @@ class ImageGPTConfig(ConfigMixin):
         check_int(self.vocab_size, "vocab_size", min_value=2)
         if not isinstance(self.palette, str) or not self.palette:
             raise TypeError(f"palette must be 'uniform', 'grey' or the path of a clusters file, got {self.palette!r}")
-        dim = check_int(self.embed_dim, "embed_dim")
+        dim, heads = check_width_heads(self)
         check_int(self.depth, "depth", min_value=0)
-        heads = check_int(self.num_heads, "num_heads")
-        if dim % heads:
-            raise ValueError(f"embed_dim={dim} must be divisible by num_heads={heads} "
-                             "(head dim = embed_dim / num_heads)")
         check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
         check_float(self.norm_eps, "norm_eps")
         check_attn_layer(self.attn_layer, self.attn_kwargs, layout="tokens")

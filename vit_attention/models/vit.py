@@ -39,6 +39,7 @@ from ._config import (
     check_int,
     check_int_seq,
     check_size,
+    check_width_heads,
     resolve_indices,
 )
 from .registry import register_family
@@ -98,12 +99,8 @@ class VisionTransformerConfig(ConfigMixin):
         check_int(self.in_chans, "in_chans")
         check_int(self.num_classes, "num_classes", min_value=0)
         check_choice(self.global_pool, "global_pool", ("token", "avg", "map", ""))
-        dim = check_int(self.embed_dim, "embed_dim")
+        dim, heads = check_width_heads(self)
         check_int(self.depth, "depth", min_value=0)
-        heads = check_int(self.num_heads, "num_heads")
-        if dim % heads:
-            raise ValueError(f"embed_dim={dim} must be divisible by num_heads={heads} "
-                             f"(head dim = embed_dim / num_heads)")
         check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
         if self.mlp_dim is not None:
             check_int(self.mlp_dim, "mlp_dim")

@@ -65,6 +65,7 @@ from ._config import (
     check_int,
     check_int_seq,
     check_size,
+    check_width_heads,
     resolve_indices,
 )
 from .registry import register_family
@@ -132,12 +133,8 @@ class ViTDetConfig(ConfigMixin):
         check_int(self.in_chans, "in_chans")
         check_int(self.num_classes, "num_classes", min_value=0)
         check_choice(self.global_pool, "global_pool", ("avg", ""))
-        dim = check_int(self.embed_dim, "embed_dim")
+        dim, heads = check_width_heads(self)
         check_int(self.depth, "depth", min_value=0)
-        heads = check_int(self.num_heads, "num_heads")
-        if dim % heads:
-            raise ValueError(f"embed_dim={dim} must be divisible by num_heads={heads} "
-                             "(head dim = embed_dim / num_heads)")
         check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
         check_float(self.norm_eps, "norm_eps")
         check_int(self.window_size, "window_size", min_value=0)
