@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -45,3 +46,37 @@ def check_spatial_call(module: Any, x: Any, feat_size: Any, num_prefix_tokens: i
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"residual must have the input's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
     return B, H, W, C
+
+
+def grid_of(num_grid_tokens: int, feat_size: Any = None) -> tuple[int, int]:
+    """``feat_size`` as ``(H, W)``, or without it the square ``s x s`` map the grid tokens fill; a mismatch or a
+    count that is not a square raises naming ``feat_size``."""
+    if feat_size is not None:
+        H, W = int(feat_size[0]), int(feat_size[1])
+        if H < 1 or W < 1 or H * W != num_grid_tokens:
+            raise ValueError(f"feat_size {tuple(feat_size)} holds {H * W} tokens, but x has {num_grid_tokens} grid "
+                             "tokens (after the prefix tokens)")
+        return H, W
+    s = math.isqrt(max(num_grid_tokens, 0))
+    if num_grid_tokens <= 0 or s * s != num_grid_tokens:
+        raise ValueError(f"{num_grid_tokens} grid tokens are not a square map: pass feat_size=(H, W)")
+    return s, s
+
+
+def check_map_tokens_call(module: Any, x: Any, num_prefix_tokens: int, context: Any) -> tuple[int, int, int, int]:
+    """The contract checks of a token mechanism that works on the map of ``x [B, P + H·W, C]``: ``(B, N, C, P)``.
+
+    ``x`` must be tokens of the module's width, ``context`` is refused (keys come from ``x``'s own
+    map) and ``0 <= num_prefix_tokens < N``; each refusal names its argument. The grid itself is
+    :func:`grid_of` ``(N - P, feat_size)`` where the mechanism needs it.
+    """
+    name = getattr(module, "attention_name", type(module).__name__)
+    if x.dim() != 3 or x.shape[-1] != module.dim:
+        raise ValueError(f"expected tokens [B, N, {module.dim}], got {tuple(x.shape)}")
+    if context is not None:
+        raise ValueError(f"{name} takes keys and values from x's own map: context is not supported")
+    B, N, C = x.shape
+    P = int(num_prefix_tokens)
+    if not 0 <= P < N:
+        raise ValueError(f"num_prefix_tokens={num_prefix_tokens!r} must be in 0..{N - 1} for {N} tokens")
+    return B, N, C, P

@@ -13,8 +13,6 @@ State-dict keys are the original repository's: ``conv_proj_{q,k,v}.conv`` / ``.b
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
@@ -23,7 +21,7 @@ from ..functional.attention import attention_observed
 from ..functional.batch_norm import conv_bn
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
-from ._common import check_heads, check_prob
+from ._common import check_heads, check_map_tokens_call, check_prob, grid_of
 from .registry import register_attention
 
 __all__ = ["ConvProjection", "ConvProjectionAttention", "CONV_PROJ_METHODS"]
@@ -41,20 +39,6 @@ def _pool_out(n: int, kernel: int, stride: int) -> int:
     pad = kernel // 2
     out = (n + 2 * pad - kernel + stride - 1) // stride + 1  # ceil (ONNX-safe form)
     return out - 1 if (out - 1) * stride >= n + pad else out
-
-
-def infer_grid(num_grid_tokens: int, feat_size: tuple[int, int] | None) -> tuple[int, int]:
-    """``feat_size``, or without it the square ``s x s`` grid the tokens fill; else raises naming ``feat_size``."""
-    if feat_size is not None:
-        H, W = int(feat_size[0]), int(feat_size[1])
-        if H * W != num_grid_tokens:
-            raise ValueError(f"feat_size {tuple(feat_size)} holds {H * W} tokens, but x has {num_grid_tokens} grid "
-                             f"tokens (after the prefix tokens)")
-        return H, W
-    s = math.isqrt(num_grid_tokens)
-    if s * s != num_grid_tokens:
-        raise ValueError(f"{num_grid_tokens} grid tokens are no square map: pass feat_size=(H, W)")
-    return s, s
 
 
 class ConvProjection(nn.Module):
@@ -185,15 +169,8 @@ class ConvProjectionAttention(nn.Module):
         ``feat_size``). ``context`` is not supported (keys come from ``x``'s own map).
         ``residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
         """
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
-        if context is not None:
-            raise ValueError("conv_proj takes no context: its keys are convolved from x's own token map")
-        B, N, C = x.shape
-        P = int(num_prefix_tokens)
-        if not 0 <= P < N:
-            raise ValueError(f"num_prefix_tokens={num_prefix_tokens!r} must be in 0..{N - 1} for {N} tokens")
-        H, W = infer_grid(N - P, feat_size)
+        B, N, C, P = check_map_tokens_call(self, x, num_prefix_tokens, context)
+        H, W = grid_of(N - P, feat_size)
         prefix, grid = x[:, :P], x[:, P:]  # [B, P, C], [B, H·W, C]
         if P and self.conv_proj_q is not None:
             grid = grid.contiguous()  # one copy, so the three convolutions read a dense channels-last map
@@ -225,7 +202,7 @@ class ConvProjectionAttention(nn.Module):
         """
         B, N, C = input_shape
         Ng = N if feat_size is None else int(feat_size[0]) * int(feat_size[1])
-        H, W = infer_grid(Ng, feat_size)
+        H, W = grid_of(Ng, feat_size)
         P = N - H * W
         h, w = self.key_grid(H, W)
         M = P + h * w

@@ -33,9 +33,8 @@ from ..functional.attention import attention_observed
 from ..functional.heads import split_packed
 from ..functional.linear import apply_linear
 from ..functional.longformer2d import longformer2d_device_plan, longformer2d_layouts, longformer2d_rel_index
-from ._common import check_heads, check_prob
+from ._common import check_heads, check_map_tokens_call, check_prob, grid_of
 from .registry import register_attention
-from .sra import infer_grid
 
 __all__ = ["Longformer2DAttention", "longformer2d_macs"]
 
@@ -138,15 +137,6 @@ class Longformer2DAttention(nn.Module):
             return super().__getattr__(_GLOBAL_ALIASES[name])
         return super().__getattr__(name)
 
-    def _grid(self, N: int, feat_size: tuple[int, int] | None, G: int) -> tuple[int, int]:
-        if feat_size is None:
-            return infer_grid(N, G)  # a square map (raises naming feat_size)
-        H, W = int(feat_size[0]), int(feat_size[1])
-        if H < 1 or W < 1 or N != G + H * W:
-            raise ValueError(f"feat_size {tuple(feat_size)} and num_prefix_tokens={G} do not match the {N} tokens "
-                             f"(expected N = G + H·W = {G + H * W})")
-        return H, W
-
     def _local_bias(self, G: int) -> Tensor | None:
         """RPE of the map queries ``[nh, w², G + 9w²]`` (None without ``rel_pos_bias``)."""
         if not self.rel_pos_bias:
@@ -163,18 +153,11 @@ class Longformer2DAttention(nn.Module):
                 context: Tensor | None = None) -> Tensor:
         """``x [B, G + H·W, C] -> [B, G + H·W, C]``; ``num_prefix_tokens = G`` global tokens in front,
         ``feat_size = (H, W)`` the map of the rest (default: a square map). No ``context``."""
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
-        if context is not None:
-            raise ValueError("longformer2d attends within x: context is not supported")
-        B, N, C = x.shape
-        G = int(num_prefix_tokens)
-        if not 0 <= G < N:
-            raise ValueError(f"num_prefix_tokens must be in 0..{N - 1}, got {num_prefix_tokens!r}")
+        B, N, C, G = check_map_tokens_call(self, x, num_prefix_tokens, context)
         if self.rel_pos_bias and G != self.num_global_tokens:
             raise ValueError(f"num_prefix_tokens={G} does not match num_global_tokens={self.num_global_tokens} "
                              "of the relative-position tables")
-        H, W = self._grid(N, feat_size, G)
+        H, W = grid_of(N - G, feat_size)  # feat_size, or a square map of the N - G map tokens
         nh, hd, w = self.num_heads, self.head_dim, self.window_size
         shared = self.share_weights
         q = apply_linear(self.query, x if shared else x[:, G:])  # [B, N | H·W, C]
@@ -219,7 +202,7 @@ class Longformer2DAttention(nn.Module):
 
         ``feat_size = (H, W)``; default a square map and no globals."""
         B, N, C = input_shape
-        H, W = infer_grid(N) if feat_size is None else (int(feat_size[0]), int(feat_size[1]))
+        H, W = grid_of(N) if feat_size is None else (int(feat_size[0]), int(feat_size[1]))
         return B * longformer2d_macs(H, W, N - H * W, C, self.window_size, self.share_weights)
 
     def extra_repr(self) -> str:

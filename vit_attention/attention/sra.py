@@ -18,8 +18,6 @@ unreduced, in front of the reduced map (no conv, no norm). Key names follow timm
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
@@ -28,22 +26,10 @@ from ..functional.attention import attention_observed
 from ..functional.heads import split_packed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
-from ._common import check_heads, check_prob
+from ._common import check_heads, check_map_tokens_call, check_prob, grid_of
 from .registry import register_attention
 
-__all__ = ["SpatialReductionAttention", "infer_grid", "sra_macs"]
-
-
-def infer_grid(num_tokens: int, num_prefix_tokens: int = 0) -> tuple[int, int]:
-    """The square grid ``(S, S)`` of ``num_tokens - num_prefix_tokens`` tokens.
-
-    Raises ``ValueError`` naming ``feat_size`` when the count is not a square.
-    """
-    n = num_tokens - num_prefix_tokens
-    s = math.isqrt(max(n, 0))
-    if n <= 0 or s * s != n:
-        raise ValueError(f"{n} grid tokens are not a square map: pass feat_size=(H, W)")
-    return s, s
+__all__ = ["SpatialReductionAttention", "sra_macs"]
 
 
 def sra_macs(N: int, C: int, key_grid: tuple[int, int] | None, num_prefix_tokens: int = 0, kernel: int = 1) -> int:
@@ -163,13 +149,8 @@ class SpatialReductionAttention(nn.Module):
         return H // self.sr_ratio, W // self.sr_ratio
 
     def _grid(self, N: int, feat_size: tuple[int, int] | None, P: int) -> tuple[int, int]:
-        if feat_size is None:
-            return infer_grid(N, P)  # a square map of the N - P grid tokens (raises naming feat_size)
-        H, W = int(feat_size[0]), int(feat_size[1])
-        if N != P + H * W:
-            raise ValueError(f"feat_size {tuple(feat_size)} and num_prefix_tokens={P} do not match the "
-                             f"{N} tokens (expected N = P + H·W = {P + H * W})")
-        if not self.linear and (H < self.sr_ratio or W < self.sr_ratio):
+        H, W = grid_of(N - P, feat_size)  # feat_size, or a square map of the N - P grid tokens
+        if feat_size is not None and not self.linear and (H < self.sr_ratio or W < self.sr_ratio):
             raise ValueError(f"feat_size {(H, W)} is smaller than sr_ratio={self.sr_ratio} on a side: "
                              "no key would remain")
         return H, W
@@ -196,14 +177,7 @@ class SpatialReductionAttention(nn.Module):
         query every key and are keys themselves, unreduced. ``context`` is not supported.
         ``residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
         """
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
-        if context is not None:
-            raise ValueError("sra takes keys and values from x's own map: context is not supported")
-        B, N, C = x.shape
-        P = int(num_prefix_tokens)
-        if not 0 <= P < N:
-            raise ValueError(f"num_prefix_tokens must be in 0..{N - 1}, got {num_prefix_tokens!r}")
+        B, N, C, P = check_map_tokens_call(self, x, num_prefix_tokens, context)
         q = split_heads(apply_linear(self.q, x), self.num_heads)  # [B, nh, N, hd]
         key_grid = None
         if self.reduces:
@@ -237,7 +211,7 @@ class SpatialReductionAttention(nn.Module):
         if feat_size is None:
             if not self.reduces:
                 return B * sra_macs(N, C, None)
-            feat_size = infer_grid(N)
+            feat_size = grid_of(N)
         H, W = int(feat_size[0]), int(feat_size[1])
         P = N - H * W
         if not self.reduces:
