@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.halo import halo_attention
-from ._common import check_heads, check_prob
+from ._common import check_heads, check_prob, check_spatial_call
 from .registry import register_attention
 
 __all__ = ["HaloAttention"]
@@ -128,16 +128,7 @@ class HaloAttention(nn.Module):
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
                 context: Tensor | None = None) -> Tensor:
         """``[B, H, W, C] -> [B, ceil(H/s), ceil(W/s), dim_out]``; the contract's ``feat_size`` must match the map."""
-        if x.dim() != 4 or x.shape[-1] != self.dim:
-            raise ValueError(f"HaloAttention expects a channels-last map [B, H, W, {self.dim}], "
-                             f"got shape {tuple(x.shape)}")
-        B, H, W, C = x.shape
-        if feat_size is not None and tuple(feat_size) != (H, W):
-            raise ValueError(f"feat_size={tuple(feat_size)} does not match the map's {H}x{W}")
-        if num_prefix_tokens:
-            raise ValueError(f"num_prefix_tokens={num_prefix_tokens}: a spatial mechanism never sees prefix tokens")
-        if context is not None:
-            raise ValueError("HaloAttention attends within the map; it takes no context")
+        B, H, W, C = check_spatial_call(self, x, feat_size, num_prefix_tokens, context)
         s = self.block_stride
         Hp, Wp = self.padded_size(H, W)
         q = _conv1x1(x[:, ::s, ::s] if s > 1 else x, self.q)  # [B, ceil(H/s), ceil(W/s), nh·hd_qk]

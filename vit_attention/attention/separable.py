@@ -26,9 +26,9 @@ from ..functional import scaled_dot_product_attention
 from ..functional.attention import attention_observed
 from ..functional.linear import apply_linear
 from ..functional.unfold import patch_grid, patch_key_mask, separable_layout
-from ._common import check_heads, check_prob
+from ._common import check_heads, check_prob, check_spatial_call
 from .registry import register_attention
-from .unfold import _check_map, check_patch_size
+from .unfold import check_patch_size
 
 __all__ = ["SeparableAttention"]
 
@@ -83,7 +83,7 @@ class SeparableAttention(nn.Module):
         Contract keywords: ``feat_size`` is the map's own ``(H, W)`` when given; no prefix tokens,
         no context. ``residual [B, H, W, C]`` is added to the output (fused into ``out_proj`` at inference).
         """
-        _check_map(self, x, feat_size, num_prefix_tokens, context, residual)
+        check_spatial_call(self, x, feat_size, num_prefix_tokens, context, residual)
         B, H, W, C = x.shape
         p, nh = self.patch_size, self.num_heads
         gh, gw = patch_grid(H, W, p)

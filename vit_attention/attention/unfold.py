@@ -29,30 +29,12 @@ from ..functional import scaled_dot_product_attention
 from ..functional.attention import attention_observed
 from ..functional.linear import apply_linear
 from ..functional.unfold import patch_grid, patch_key_mask, unfold_layout
-from ._common import check_heads, check_prob
+from ._common import check_heads, check_prob, check_spatial_call
 from .registry import register_attention
 
 __all__ = ["UnfoldAttention"]
 
 Resize = Literal["bilinear", "mask"]
-
-
-def _check_map(module: nn.Module, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int,
-               context: Tensor | None, residual: Tensor | None) -> None:
-    """The contract's checks of a spatial mechanism on ``x [B, H, W, C]`` (raises naming the argument)."""
-    dim = module.dim  # type: ignore[attr-defined]
-    if x.dim() != 4 or x.shape[-1] != dim:
-        raise ValueError(f"{type(module).__name__} expects a channels-last map [B, H, W, {dim}], got shape "
-                         f"{tuple(x.shape)}")
-    if feat_size is not None and tuple(feat_size) != tuple(x.shape[1:3]):
-        raise ValueError(f"feat_size={tuple(feat_size)} does not match the map's {x.shape[1]}x{x.shape[2]}")
-    if num_prefix_tokens:
-        raise ValueError(f"num_prefix_tokens={num_prefix_tokens}: a spatial mechanism never sees prefix tokens "
-                         "(apply it through vit_attention.layers.adapter.apply_attention)")
-    if context is not None:
-        raise ValueError(f"{type(module).__name__} attends within the map x; it takes no context")
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"residual must have the input's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
 
 
 def check_patch_size(patch_size: int) -> int:
@@ -117,8 +99,7 @@ class UnfoldAttention(nn.Module):
         no context. ``residual [B, H, W, C]`` (the blocks' private speed keyword) is added to the
         output, fused into ``proj`` at inference.
         """
-        _check_map(self, x, feat_size, num_prefix_tokens, context, residual)
-        B, H, W, C = x.shape
+        B, H, W, C = check_spatial_call(self, x, feat_size, num_prefix_tokens, context, residual)
         p = self.patch_size
         nh, nw = patch_grid(H, W, p)
         Hp, Wp = nh * p, nw * p
