@@ -39,8 +39,9 @@ from ..layers import (
     stage_feature_info,
 )
 from ..layers.conv_embed import ConvEmbed
+from ..layers.head import reset_head
 from ._config import ConfigMixin, check_choice, check_int, check_size
-from .pvt_v2 import check_pyramid, init_pyramid_weights, pyramid_blocks, reset_pyramid_classifier
+from .pvt_v2 import check_pyramid, init_pyramid_weights, pyramid_blocks
 from .registry import register_family
 
 __all__ = ["PvtConfig", "PyramidVisionTransformer", "PvtEmbed"]
@@ -191,7 +192,7 @@ class PyramidVisionTransformer(HierarchicalMixin, nn.Module):
         """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
         if global_pool == "token" and not self.num_prefix_tokens:
             raise ValueError("global_pool='token' needs a class token; this model has none")
-        reset_pyramid_classifier(self, num_classes, global_pool, ("token", "avg", ""))
+        reset_head(self, num_classes, global_pool, pools=("token", "avg", ""))
         self.head.global_pool = ""  # pooling happens in forward_head
 
     def no_weight_decay(self) -> set[str]:

@@ -158,7 +158,7 @@ class PyramidVisionTransformerV2(HierarchicalMixin, nn.Module):
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        reset_pyramid_classifier(self, num_classes, global_pool, ("avg", ""))
+        reset_head(self, num_classes, global_pool, pools=("avg", ""))
         self.head.global_pool = self.global_pool
 
     def no_weight_decay(self) -> set[str]:
@@ -182,12 +182,6 @@ def init_pyramid_weights(model: nn.Module) -> None:
             nn.init.normal_(m.weight, 0.0, (2.0 / fan_out) ** 0.5)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
-
-
-def reset_pyramid_classifier(model: Any, num_classes: int, global_pool: str | None, pools: tuple[str, ...]) -> None:
-    """A fresh ``head.fc`` for ``num_classes`` (0 = none) on ``model.num_features``; ``global_pool`` (one of
-    ``pools``, None = keep) is recorded on the model and its config (:func:`~vit_attention.layers.head.reset_head`)."""
-    reset_head(model, num_classes, global_pool, pools=pools)
 
 
 # ---------------------------------------------------------------------------- presets (data)

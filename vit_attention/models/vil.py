@@ -33,8 +33,9 @@ from torch import Tensor, nn
 from ..layers import Block, ClassifierHead, Stage, drop_path_schedule, resolve_indices, run_blocks, stage_feature_info
 from ..layers.block import accepted_kwargs
 from ..layers.conv_embed import ConvEmbed
+from ..layers.head import reset_head
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int_seq, check_size
-from .pvt_v2 import init_pyramid_weights, reset_pyramid_classifier
+from .pvt_v2 import init_pyramid_weights
 from .registry import register_family
 
 __all__ = ["VilConfig", "VisionLongformer", "VilEmbed"]
@@ -213,7 +214,7 @@ class VisionLongformer(nn.Module):
         """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
         if global_pool == "token" and not self.num_prefix_tokens:
             raise ValueError("global_pool='token' needs a global token in the last stage; this model has none")
-        reset_pyramid_classifier(self, num_classes, global_pool, ("avg", "token", ""))
+        reset_head(self, num_classes, global_pool, pools=("avg", "token", ""))
         self.head.global_pool = ""  # pooling happens in forward_head
 
     def no_weight_decay(self) -> set[str]:
