@@ -60,16 +60,21 @@ def _stage_order(info: ModelInfo) -> Any:
 
 def activation_bytes(model: nn.Module, input_shape: tuple[int, ...], *, bytes_per_element: int = 4) -> int:
     """Estimate of the activations a training step keeps: every leaf module's output plus every
-    attention weight matrix ``[B, nh, N, M]`` (explicit path), at ``bytes_per_element``."""
+    attention weight matrix ``[*b, N, M]`` (explicit path), at ``bytes_per_element``.
+
+    ``input_shape`` is the model input (e.g. ``[B, Cin, H, W]``); the attention core may take any
+    number of leading batch dims (``[B, nh, N, hd]`` queries, gathered neighbourhoods and halos
+    ``[B, N, nh, 1, hd]`` with ``K²`` keys each), so the weights count as ``prod(q[:-1]) · M``.
+    Returns bytes.
+    """
     rec = record_forward(model, input_shape)
     total = 0
     for call in rec.calls:
         if any(True for _ in call.module.children()) or isinstance(call.module, (nn.Identity, nn.Dropout)):
             continue
         total += sum(math.prod(s) for s in call.out_shapes)
-    for att in rec.attention:
-        B, nh, N, _ = att.q
-        total += B * nh * N * att.k[-2]
+    for att in rec.attention:  # weights [*b, N, M]: any leading dims (gathered neighbourhoods: [B, N, nh, 1, K²])
+        total += math.prod(att.q[:-1]) * att.k[-2]
     return total * bytes_per_element
 
 
