@@ -40,6 +40,20 @@ def test_block_pairs_keys_and_mechanisms():
     assert fl.stages[1].downsample.conv.kernel_size == (3, 3) and fl.stages[0].blocks[0][1].attn.form == "florence2"
 
 
+@pytest.mark.parametrize("name", ["davit_base_fl", "davit_huge_fl"])
+def test_florence2_towers_are_headless_by_default_like_timm(name):
+    """timm builds davit_*_fl with its default tag's (msft_florence2) num_classes=0; a num_classes given still wins."""
+    with torch.device("meta"):
+        model = create_model(name)
+        assert model.num_classes == 0 and model_config(name).num_classes == 0
+        keys = model.state_dict()
+        assert not any(k.startswith("head.fc.") for k in keys) and "head.norm.weight" in keys
+        y = model(torch.empty(1, 3, 64, 64))
+        assert y.shape == (1, model.num_features)
+        assert create_model(name, num_classes=7).num_classes == 7
+        assert create_model("davit_base").num_classes == 1000  # the ImageNet presets keep their classifier
+
+
 def test_block_pos_mlp_layer_runs_between_the_branches():
     torch.manual_seed(0)
     blk = Block(16, 2, attn_layer="channel", pos_layer=PosConv, pos_mlp_layer=PosConv)

@@ -189,3 +189,46 @@ def test_load_weights_into_a_features_model_ignores_the_head_strictly(tmp_path) 
     partial = {k: v for k, v in full.state_dict().items() if not k.startswith("blocks.0.")}
     with pytest.raises(CheckpointMismatchError, match="blocks.0"):
         load_weights(feats, partial)
+
+
+def _one_preset_per_family() -> list[str]:
+    from vit_attention.models import get_model_entry
+
+    first: dict[str, str] = {}
+    for name in list_models():
+        first.setdefault(get_model_entry(name).family, name)
+    return sorted(first.values())
+
+
+@pytest.mark.parametrize("name", _one_preset_per_family())
+def test_saved_features_model_loads_back_by_both_routes(name: str, tmp_path) -> None:
+    """``save_weights`` of a features model: ``load_model`` and ``create_model(features_only=True, pretrained=)``
+    both give it back (its out_indices, output_fmt and norm; the same maps, bit for bit); a plain model's file
+    loads into a features model too (its head ignored), and into a plain model the features file does not."""
+    import copy
+
+    from model_outputs import build
+
+    from vit_attention import load_model, save_weights
+    from vit_attention.models.features import FeaturesMixin
+    from vit_attention.weights import CheckpointMismatchError, read_checkpoint
+
+    over = small_overrides(name)
+    full, x = build(name, over)
+    plain_path = save_weights(full, tmp_path / "plain.safetensors")
+    plain = as_features_model(copy.deepcopy(full), (-1, 0))
+    feats = as_features_model(full, (-1, 0), norm=True)
+    path = save_weights(feats, tmp_path / "features.safetensors")
+    state, _ = read_checkpoint(path)
+    assert state.keys() == feats.state_dict().keys() and not [k for k in state if k.startswith(HEAD_PREFIXES)]
+    with torch.no_grad():
+        ref, ref_plain = feats(x), plain(x)
+        for loaded in (load_model(path), create_model(name, features_only=True, pretrained=path, **over).eval()):
+            assert isinstance(loaded, FeaturesMixin) and loaded.feature_norm and loaded.out_indices == feats.out_indices
+            assert loaded.output_fmt == "NCHW" and loaded.feature_info.channels() == feats.feature_info.channels()
+            maps = loaded(x)
+            assert len(maps) == 2 and all(torch.equal(a, b) for a, b in zip(maps, ref, strict=True))
+        from_plain = create_model(name, features_only=True, pretrained=plain_path, out_indices=(-1, 0), **over).eval()
+        assert all(torch.equal(a, b) for a, b in zip(from_plain(x), ref_plain, strict=True))
+    with pytest.raises(CheckpointMismatchError, match="features_only=True"):
+        create_model(name, pretrained=path, **over)

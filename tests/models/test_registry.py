@@ -18,7 +18,9 @@ def test_every_model_builds_and_runs_on_meta(name):
         cfg = model.cfg
         size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
         y = model(torch.empty(2, cfg.in_chans, *size))
-    assert y.shape == (2, 1000 if "in21k" not in name else 21843)
+    classes = get_model_entry(name).default_num_classes()  # the preset's, else its default tag's head (timm)
+    classes = 1000 if classes is None else classes
+    assert y.shape == (2, classes or model.num_features)
     feats = model.forward_head(model.forward_features(torch.empty(2, cfg.in_chans, *size, device="meta")),
                                pre_logits=True)
     assert feats.shape == (2, model.num_features)
@@ -45,6 +47,8 @@ def test_aliases_and_unknown_names():
     assert m.registry_name == "vit_base_patch16_224" and m.num_classes == 3
     with pytest.raises(KeyError, match="Did you mean: vit_base_patch16_224"):
         create_model("vit_base_patch16_22")
+    with pytest.raises(KeyError, match=r"`vit-attention models` on the command line.*list_models\(\)"):
+        create_model("no_such_model_at_all")
     with pytest.raises(TypeError, match="did you mean 'embed_dim'"):
         create_model("vit_tiny_patch16_224", embed_dims=3)
     with pytest.raises(ValueError, match="num_classes"):
@@ -54,3 +58,16 @@ def test_aliases_and_unknown_names():
 def test_model_config_applies_overrides():
     cfg = model_config("deit_small_patch16_224", depth=3)
     assert cfg.depth == 3 and cfg.embed_dim == 384
+
+
+def test_default_num_classes_follow_the_default_tag_like_timm():
+    """timm builds a preset with its default pretrained cfg's num_classes; here the same (0: no classifier)."""
+    expected = {"davit_base_fl": 0, "davit_huge_fl": 0, "vit_huge_patch14_224": 0, "vit_large_patch32_224": 0,
+                "swinv2_base_window12_192": 21841, "swinv2_large_window12_192": 21841}
+    changed = {n: get_model_entry(n).default_num_classes() for n in list_models()
+               if "num_classes" not in get_model_entry(n).preset and get_model_entry(n).default_num_classes()
+               not in (None, 1000)}
+    assert changed == expected  # a new preset whose default tag has another head must be added here knowingly
+    for name, classes in expected.items():
+        assert model_config(name).num_classes == classes and model_config(name, num_classes=3).num_classes == 3
+    assert model_config("vit_base_patch16_224_in21k").num_classes == 21843  # the preset's own value wins

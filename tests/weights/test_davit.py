@@ -156,3 +156,19 @@ def test_florence2_remote_code_names():
     assert load_weights(ours, state).ok and load_weights(direct, sd).ok
     for (k, a), (_, b) in zip(sorted(ours.state_dict().items()), sorted(direct.state_dict().items())):
         assert torch.equal(a, b), k
+
+
+def test_headless_florence2_tower_loads_into_the_preset_by_default(tmp_path):
+    """timm's davit_base_fl defaults to num_classes=0 (msft_florence2 has no classifier): its checkpoint, without
+    head.fc, loads into create_model("davit_base_fl", pretrained=path) strictly, with no num_classes given."""
+    from safetensors.torch import save_file
+
+    state, t, cfg = load_fixture("timm_davit_fl")
+    headless = {k: v.contiguous() for k, v in state.items() if not k.startswith("head.fc.")}
+    save_file(headless, str(tmp_path / "model.safetensors"))
+    model = create_model("davit_base_fl", pretrained=tmp_path / "model.safetensors", depths=tuple(cfg["depths"]),
+                         embed_dims=tuple(cfg["embed_dims"]), num_heads=tuple(cfg["num_heads"]),
+                         window_size=cfg["window_size"]).eval()
+    assert model.num_classes == 0 and not any(k.startswith("head.fc.") for k in model.state_dict())
+    with torch.no_grad():
+        assert_parity(model(t["input"]), t["pre_logits"])  # no classifier: the pooled, normed features

@@ -269,9 +269,10 @@ _META: dict[str, dict[str, Any]] = {
     "davit_large": dict(published_params_m=196.81, published_gmacs=34.60, published_gmacs_source=_TIMM),
     "davit_huge": dict(published_params_m=348.92, published_gmacs=61.23, published_gmacs_source=_TIMM),
     "davit_giant": dict(published_params_m=1406.47, published_gmacs=192.92, published_gmacs_source=_TIMM),
-    # no published row for the Florence-2 towers: timm's davit_*_fl built with a 1000-class head (timm 1.0.31)
-    "davit_base_fl": dict(published_params_m=91.40),
-    "davit_huge_fl": dict(published_params_m=362.69),
+    # no published row for the Florence-2 towers: timm's davit_*_fl at its default num_classes=0 (the default
+    # tag msft_florence2 has no classifier; 91.40 / 362.69 with a 1000-class head, timm 1.0.31)
+    "davit_base_fl": dict(published_params_m=90.37),
+    "davit_huge_fl": dict(published_params_m=360.64),
 }
 
 register_family("davit", DaVit, DaVitConfig, _PRESETS, meta=_META)

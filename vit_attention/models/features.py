@@ -201,7 +201,8 @@ def as_features_model(model: nn.Module, out_indices: int | Sequence[int] | None 
     declares (:func:`supported_output_formats`); another raises here, naming ``output_fmt``.
     ``norm``: apply the final norm to the last stage's map (hierarchical) or to every map (ViT),
     as ``forward_intermediates(norm=True)`` does.
-    Load weights before (``create_model(pretrained=...)`` does), or after with ``load_state_dict``.
+    Load weights before or after (``create_model(pretrained=...)`` loads after: a full model's head
+    keys are ignored by ``load_state_dict`` / ``load_weights``, a features model's file has none).
     """
     for need in ("feature_info", "forward_intermediates"):
         if not hasattr(model, need):

@@ -37,14 +37,39 @@ class ModelEntry:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def config(self, **overrides: Any) -> Any:
-        """The config dataclass for this preset with ``overrides`` applied (unknown keys raise)."""
+        """The config dataclass for this preset with ``overrides`` applied (unknown keys raise).
+
+        ``num_classes``, when neither ``overrides`` nor the preset set it, is :meth:`default_num_classes`.
+        """
         fields = {f.name for f in dataclasses.fields(self.config_cls)}
         unknown = sorted(set(overrides) - fields)
         if unknown:
             close = {k: difflib.get_close_matches(k, fields, n=1) for k in unknown}
             hints = ", ".join(f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items())
             raise TypeError(f"{self.name}: unknown config option(s) {hints}; valid options: {sorted(fields)}")
-        return self.config_cls(**{**self.preset, **overrides})
+        values = {**self.preset, **overrides}
+        if "num_classes" not in values and "num_classes" in fields:
+            default = self.default_num_classes()
+            if default is not None:
+                values["num_classes"] = default
+        return self.config_cls(**values)
+
+    def default_num_classes(self) -> int | None:
+        """The classes this preset is built with when nobody says: its default pretrained tag's head.
+
+        timm builds a model with the ``num_classes`` of its default pretrained config, so a tower
+        published without a classifier (``davit_base_fl``: Florence-2's vision tower; ``vit_huge_patch14_224``:
+        ``orig_in21k``) has ``num_classes=0`` and ``swinv2_base_window12_192`` (``ms_in22k``) has 21841;
+        here the same. A preset that sets ``num_classes`` itself keeps it; ``None``: no tag says (the
+        config's default, 1000, applies).
+        """
+        if "num_classes" in self.preset:
+            return int(self.preset["num_classes"])
+        from .pretrained import DEFAULT_TAGS, PRETRAINED_CFGS  # data only; imported at the first look-up
+
+        tag = DEFAULT_TAGS.get(self.name)
+        classes = PRETRAINED_CFGS.get(f"{self.name}.{tag}", {}).get("num_classes") if tag else None
+        return classes if isinstance(classes, int) and classes >= 0 else None
 
 
 _MODELS: dict[str, ModelEntry] = {}
@@ -116,7 +141,8 @@ def resolve_model_name(name: str) -> str:
         return _ALIASES[name]
     close = difflib.get_close_matches(name, list(_MODELS) + list(_ALIASES), n=5, cutoff=0.6)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
-    raise KeyError(f"unknown model {name!r}.{hint} (list_models() shows all {len(_MODELS)} names)")
+    raise KeyError(f"unknown model {name!r}.{hint} All {len(_MODELS)} names: `vit-attention models` on the command "
+                   "line (a glob narrows it: `vit-attention models 'swin*'`) or vit_attention.list_models()")
 
 
 def get_model_entry(name: str) -> ModelEntry:
@@ -151,8 +177,9 @@ def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any]
                  **overrides: Any) -> nn.Module:
     """Build registered model ``name`` (or alias, optionally ``NAME.TAG``) with config ``overrides``.
 
-    ``num_classes`` defaults to the preset's (1000), or the tag's / the weights' when those are
-    given; ``img_size`` overrides the preset's input size. ``pretrained``: ``True`` fetches the
+    ``num_classes`` defaults to the preset's (its default tag's head, as in timm: 0 for towers published
+    without a classifier such as ``davit_base_fl``; else 1000), or the tag's / the weights' when those
+    are given; ``img_size`` overrides the preset's input size. ``pretrained``: ``True`` fetches the
     preset's default weights (or ``NAME.TAG``'s) from the Hugging Face hub into the HF cache;
     ``"hf-hub:ORG/REPO"`` any repository (timm layout or a transformers model folder, whose
     ``config.json`` configures the model: eps, activation, image size, labels ...); a checkpoint
@@ -161,8 +188,10 @@ def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any]
     win over what the weights say. The model's ``pretrained_cfg`` (a dict: data config, hub id,
     license, tag) is what :func:`vit_attention.data.resolve_data_config` reads. Build on the meta
     device with ``with torch.device("meta"): create_model(...)``.
-    ``features_only``: return the backbone as a features model (weights loaded first; see
-    :mod:`vit_attention.models.features`): ``forward`` gives one map ``[B, C_k, H_k, W_k]`` per
+    ``features_only``: return the backbone as a features model (see :mod:`vit_attention.models.features`;
+    ``pretrained`` may be a full model's weights, whose head is ignored, or a features model's file
+    saved with :func:`~vit_attention.save_weights`, whose ``out_indices`` / ``output_fmt`` / ``norm``
+    apply unless given here): ``forward`` gives one map ``[B, C_k, H_k, W_k]`` per
     ``out_indices`` entry (an int ``k`` = the last ``k``, negative indices allowed; default: every
     stage, or the last 3 blocks of ViT), ``model.feature_info.channels()`` / ``.reduction()`` in
     that order; ``output_fmt`` ``"NCHW"`` (default), ``"NHWC"`` (hierarchical) or ``"NLC"`` (ViT).
@@ -184,12 +213,15 @@ def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any]
     model = entry.model_cls(entry.config(**{**source.config_overrides, **overrides}))
     model.registry_name = entry.name  # type: ignore[assignment]
     model.pretrained_cfg = source.pretrained_cfg  # type: ignore[assignment]
+    if features_only:  # before loading: the head is gone, so a features model's file (no head) loads strictly
+        from .features import as_features_model
+
+        saved = source.features or {}  # what a features model's file of ours records, unless given here
+        model = as_features_model(model, saved.get("out_indices") if out_indices is None else out_indices,
+                                  output_fmt=output_fmt or saved.get("output_fmt", "NCHW"),
+                                  norm=saved.get("norm", False))
     if source.weights is not None:
         from ..weights import load_weights
 
         load_weights(model, source.weights, format=checkpoint_format, strict=strict)
-    if features_only:
-        from .features import as_features_model
-
-        return as_features_model(model, out_indices, output_fmt=output_fmt or "NCHW")
     return model

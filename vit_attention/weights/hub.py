@@ -63,12 +63,15 @@ class PretrainedSource:
     ``weights``: a local file / folder or a state dict for :func:`~vit_attention.weights.load_weights`
     (``None``: build only, e.g. ``name.tag`` without ``pretrained``); ``pretrained_cfg``: the data
     config and provenance (``hf_hub_id``, ``license``, ``tag``, ``label_names`` ...);
-    ``config_overrides``: model config fields the source defines (classes, eps, image size ...).
+    ``config_overrides``: model config fields the source defines (classes, eps, image size ...);
+    ``features``: the ``out_indices`` / ``output_fmt`` / ``norm`` a features model's file of ours
+    records (:func:`~vit_attention.weights.io.features_metadata`), else ``None``.
     """
 
     weights: str | Path | Mapping[str, Any] | None
     pretrained_cfg: dict[str, Any]
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    features: dict[str, Any] | None = None
 
 
 # ---------------------------------------------------------------------------- the table
@@ -400,7 +403,10 @@ def resolve_pretrained(name: str, tag: str | None, pretrained: Any) -> Pretraine
             more, pcfg = _from_config_json(config, entry, base_cfg, str(path))
             _hf_pooler_overrides(config, _weights_file(path), more, entry)
             return PretrainedSource(path, pcfg, {**overrides, **more})
-        return PretrainedSource(path, base_cfg, overrides)
+        from .io import features_metadata, read_metadata
+
+        features = features_metadata(read_metadata(path), path) if path.is_file() else None
+        return PretrainedSource(path, base_cfg, overrides, features)
     if isinstance(pretrained, Mapping):
         return PretrainedSource(pretrained, base_cfg, overrides)
     raise TypeError(f"pretrained must be True/False, a path, 'hf-hub:ORG/REPO' or a state dict, got "

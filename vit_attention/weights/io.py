@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 __all__ = ["UnsafeCheckpointError", "read_checkpoint", "unwrap_state_dict", "save_weights", "atomic_write",
-           "read_metadata", "model_metadata", "TRAIN_STATE_FORMAT"]
+           "read_metadata", "model_metadata", "features_metadata", "TRAIN_STATE_FORMAT"]
 
 # The ``format`` metadata of a training checkpoint (vit_attention.train.checkpoint writes it); its model
 # tensors are stored under the ``model.`` prefix, next to ``ema.``, ``optim.`` and ``rng.``.
@@ -84,7 +84,13 @@ def probe_writable(folder: str | Path) -> None:
 
 
 def model_metadata(model: nn.Module) -> dict[str, str]:
-    """What :func:`save_weights` records about ``model``: format, registered name, config and data config (JSON)."""
+    """What :func:`save_weights` records about ``model``: format, registered name, config and data config (JSON).
+
+    A features model (``create_model(..., features_only=True)``) also records ``features``: its
+    ``out_indices``, ``output_fmt`` and ``norm`` (see :func:`features_metadata`).
+    """
+    from ..models.features import FeaturesMixin  # weights sits above models
+
     meta: dict[str, str] = {"format": "vit_attention"}
     cfg = getattr(model, "cfg", None)
     if cfg is not None and hasattr(cfg, "to_json"):
@@ -95,7 +101,33 @@ def model_metadata(model: nn.Module) -> dict[str, str]:
     if isinstance(pcfg, Mapping):  # the data config and provenance of its weights (vit_attention.data reads it)
         meta["data_config"] = json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in pcfg.items()},
                                          sort_keys=True)
+    if isinstance(model, FeaturesMixin):
+        meta["features"] = json.dumps({"out_indices": list(model.out_indices), "output_fmt": model.output_fmt,
+                                       "norm": bool(model.feature_norm)})
     return meta
+
+
+def features_metadata(meta: Mapping[str, Any], where: str | Path = "checkpoint") -> dict[str, Any] | None:
+    """The features-model settings a file's metadata records (``out_indices``, ``output_fmt``, ``norm``), or ``None``.
+
+    ``meta``: the raw string metadata (:func:`read_metadata`) or JSON-decoded values. A record that
+    is not what :func:`model_metadata` writes raises ``ValueError`` naming ``where``.
+    """
+    raw = meta.get("features")
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError:
+        value = None
+    ok = isinstance(value, Mapping) and isinstance(value.get("out_indices"), list) and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in value["out_indices"]) and value["out_indices"] \
+        and isinstance(value.get("output_fmt"), str) and isinstance(value.get("norm", False), bool)
+    if not ok:
+        raise ValueError(f"{where}: its 'features' metadata is not a features-model record "
+                         f"(out_indices, output_fmt, norm): {str(raw)[:80]!r}")
+    return {"out_indices": tuple(value["out_indices"]), "output_fmt": value["output_fmt"],
+            "norm": bool(value.get("norm", False))}
 
 
 def save_weights(model_or_state: nn.Module | Mapping[str, Tensor], path: str | Path,
@@ -105,7 +137,8 @@ def save_weights(model_or_state: nn.Module | Mapping[str, Tensor], path: str | P
     ``path`` must end in ``.safetensors``. ``metadata`` values are JSON-encoded unless already
     strings; a model's ``cfg``, registered name and data config (``pretrained_cfg``: input size,
     mean / std, crop, interpolation, the weights' hub id and license) are recorded so the file says
-    what it is and :func:`vit_attention.load_model` can rebuild it as it was.
+    what it is and :func:`vit_attention.load_model` can rebuild it as it was (a features model as a
+    features model: its ``out_indices``, ``output_fmt`` and ``norm`` are recorded too).
     """
     path = Path(path)
     if path.suffix != ".safetensors":

@@ -119,7 +119,13 @@ def load_weights(model: nn.Module, source: str | Path | Mapping[str, Any], *, fo
     report.missing = [k for k in own if k not in state and not k.startswith(dropped_prefixes)]
     if strict and not report.ok:
         hint = ""
-        if meta.get("format") == TRAIN_STATE_FORMAT or ("model" in meta and "config" in meta):
+        from ..models.features import FeaturesMixin  # weights sits above models
+
+        if "features" in meta and not isinstance(model, FeaturesMixin):
+            hint = (f"\nhint: {source} holds a features model (saved with features_only=True: no classifier): "
+                    "create_model(NAME, features_only=True, pretrained=path) or vit_attention.load_model(path) "
+                    "rebuilds it")
+        elif meta.get("format") == TRAIN_STATE_FORMAT or ("model" in meta and "config" in meta):
             hint = (f"\nhint: {source} records the model it holds and its config (classes, channels, size ...): "
                     "vit_attention.load_model(path) rebuilds it as it was saved")
         raise CheckpointMismatchError(f"checkpoint does not fit {type(model).__name__}:\n{report}{hint}")

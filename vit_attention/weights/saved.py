@@ -3,8 +3,8 @@
 Files that describe their model:
 
 * ``model.safetensors`` written by :func:`vit_attention.save_weights` (metadata ``model`` = the
-  registered name, ``config`` = the config as JSON; training runs add ``classes``, ``mean``,
-  ``std``, ``data``, ``crop_pct`` ...);
+  registered name, ``config`` = the config as JSON, ``features`` for a features model; training
+  runs add ``classes``, ``mean``, ``std``, ``data``, ``crop_pct`` ...);
 * a training ``checkpoint.safetensors`` (format ``vit_attention.train_state``: the JSON ``state``
   names ``model_name`` and ``model_config``; the model tensors are stored under ``model.``);
 * a run folder ``runs/<run>/`` holding either (``model.safetensors`` preferred).
@@ -25,7 +25,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
-from .io import TRAIN_STATE_FORMAT, read_checkpoint, read_metadata
+from .io import TRAIN_STATE_FORMAT, features_metadata, read_checkpoint, read_metadata
 
 __all__ = ["SavedModel", "resolve_model_file", "describe_checkpoint", "load_model", "check_model_name",
            "saved_data_config", "RUN_FILES"]
@@ -156,13 +156,15 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, mo
     ``checkpoint.safetensors``, or a run folder holding one. The registered name and the config
     (``num_classes``, ``in_chans``, ``img_size``, depth ...) come from the file, so
     ``load_model(save_weights(m, p))`` gives back ``m`` exactly (same outputs, bit for bit, same
-    dtype). ``model``: a name the file must describe (aliases allowed; a different one raises
-    ``ValueError`` saying which model the file holds). ``overrides``: config fields to change
+    dtype), a features model (``create_model(..., features_only=True)``) as a features model with
+    its ``out_indices``, ``output_fmt`` and ``norm``. ``model``: a name the file must describe
+    (aliases allowed; a different one raises ``ValueError`` saying which model the file holds).
+    ``overrides``: config fields to change
     (e.g. ``img_size`` resamples position embeddings; ``num_classes`` re-makes the head with a
     warning). The data config the file records (``save_weights`` of a pretrained model, or a
     training run's mean / std / crop / classes) becomes ``model.pretrained_cfg``, which
     :func:`vit_attention.data.resolve_data_config` reads. Returns the model (images
-    ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``).
+    ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``; a features model -> its list of maps).
     """
     from .load import CheckpointMismatchError, load_weights
 
@@ -173,6 +175,16 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, mo
                          "first: create_model(NAME, pretrained=path)")
     check_model_name(saved, model)
     net = _build(saved, overrides, device)
+    features = features_metadata(saved.metadata, saved.path)
+    if features is not None:  # saved with features_only=True: the same features model, its head left out
+        from ..models.features import as_features_model
+
+        try:
+            net = as_features_model(net, features["out_indices"], output_fmt=features["output_fmt"],
+                                    norm=features["norm"])
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{saved.path} holds a features model of {saved.model_name} that does not build: {e}"
+                             ) from None
     state = _model_tensors(saved)
     dtypes = {v.dtype for k, v in state.items() if v.is_floating_point()}
     if len(dtypes) == 1:
