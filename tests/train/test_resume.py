@@ -60,3 +60,25 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(tmp_path: Path)
             assert g[k] == pytest.approx(w[k], rel=1e-6, abs=1e-7), (g["epoch"], k)
     a, b = load_file(str(killed / "model.safetensors")), load_file(str(tmp_path / "ref" / "model.safetensors"))
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
+def test_resume_keeps_the_metrics_csv_column_order(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The checkpoint stores the history as sorted JSON; a resumed run must still write the first run's header."""
+    import csv
+
+    from vit_attention.cli import main
+
+    args = ["train", *TINY, "--batch-size", "128", "--warmup-epochs", "0.5", "--no-progress", "--no-plot",
+            "--ema", "0.9", "--output", str(tmp_path / "run")]
+    assert main([*args, "--epochs", "1"]) == 0
+    first = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    header = first[0].split(",")
+    assert header[:4] == ["epoch", "step", "lr", "train_loss"] and header[-1] == "test_acc_ema"
+    assert main([*args, "--epochs", "2", "--resume"]) == 0
+    assert "resuming" in capsys.readouterr().out
+    with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == header  # the same columns in the same order
+    assert rows[1] == first[1].split(",")  # the first epoch's row unchanged, aligned with the header
+    assert [r[0] for r in rows[1:]] == ["1", "2"] and all(len(r) == len(header) for r in rows)
+    assert list(json.loads((tmp_path / "run" / "metrics.json").read_text())[1]) == header

@@ -324,10 +324,17 @@ def plot_curves(history: Sequence[dict[str, Any]], path: str | Path, title: str 
     return Path(path)
 
 
+# metrics.csv's columns, in this order whatever order a (resumed, JSON-sorted) history row has; others follow.
+METRIC_COLUMNS = ("epoch", "step", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "test_top5",
+                  "train_img_s", "test_bpd", "test_acc_ema")
+
+
 def _write_metrics(out: Path, history: list[dict[str, Any]]) -> None:
-    keys: list[str] = []
+    """``metrics.csv`` / ``metrics.json``: one row per epoch, columns in :data:`METRIC_COLUMNS` order."""
+    keys = [k for k in METRIC_COLUMNS if any(k in h for h in history)]
     for h in history:
         keys += [k for k in h if k not in keys]
+    history = [{k: h[k] for k in keys if k in h} for h in history]
 
     def write_csv(tmp: str) -> None:
         with open(tmp, "w", newline="") as f:
