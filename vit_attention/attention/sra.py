@@ -164,7 +164,7 @@ class SpatialReductionAttention(nn.Module):
         if self.pool is not None:
             m = self.pool(m)  # [B, C, 7, 7]
         m = self.sr(m)  # [B, C, h, w]
-        r = m.permute(0, 2, 3, 1).reshape(B, -1, C)  # [B, h·w, C]
+        r = m.permute(0, 2, 3, 1).reshape(B, m.shape[2] * m.shape[3], C)  # [B, h·w, C] (no -1: B may be 0)
         r = self.norm(r)
         return self.act(r) if self.act is not None else r
 

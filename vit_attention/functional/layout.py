@@ -195,7 +195,7 @@ class AttentionLayout:
             what = "no prefix (class) token" if code <= -2 else f"no query row at {query}"
             raise ValueError(f"the layout has {what}; pass query=(row, col)")
         rows = w[:, g, i]  # [B, R, m]
-        maps = self._to_grid(rows.reshape(rows.shape[0], -1), key_pos[g].reshape(-1))  # sum over the R rows
+        maps = self._to_grid(rows.flatten(1), key_pos[g].reshape(-1))  # sum over the R rows (no -1: B may be 0)
         return maps / g.numel()  # [B, H, W]
 
     def received(self, weights: Tensor, head: int | None = None) -> Tensor:
@@ -204,7 +204,7 @@ class AttentionLayout:
         _, _, key_pos = self._check_spatial("received")
         w = _heads(self.canonical(weights), head).sum(dim=2)  # [B, G, m]: summed over the queries
         flat = key_pos.reshape(-1)
-        totals = self._to_grid(w.reshape(w.shape[0], -1), flat)  # [B, H, W]
+        totals = self._to_grid(w.flatten(1), flat)  # [B, H, W]
         rows = torch.full((1, flat.numel()), float(self.query_pos.shape[1]), dtype=w.dtype)
         count = self._to_grid(rows, flat)  # [1, H, W]: queries that see each cell
         return totals / count.clamp_min(1e-12)

@@ -233,7 +233,7 @@ class VisionLongformer(nn.Module):
             G = self.num_global[i]
             tokens, grid = stage.downsample(x)  # [B, G + H·W, C], (H, W)
             tokens = run_blocks(stage.blocks, tokens, grid, G, checkpoint=stage.grad_checkpointing and self.training)
-            x = tokens[:, G:].reshape(tokens.shape[0], grid[0], grid[1], -1)  # [B, H, W, C]: globals dropped
+            x = tokens[:, G:].unflatten(1, grid)  # [B, H, W, C]: globals dropped (no -1: B may be 0)
             if i in take:
                 maps.append(x)
         return tokens, maps
