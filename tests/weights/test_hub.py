@@ -120,6 +120,48 @@ def test_offline_missing_file_says_what_and_how(hub):
     assert "HF_HUB_OFFLINE" in msg and "refs/main" in msg and "snapshots" in msg and str(hub) in msg
 
 
+@pytest.fixture
+def unreachable_hub(hub, monkeypatch) -> Path:
+    """The cache of ``hub`` with HF_HUB_OFFLINE unset and the hub at a closed local port (nothing listens on 9)."""
+    from huggingface_hub import constants
+
+    from vit_attention.weights import hub as hub_module
+
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(hub_module, "_PROBES", {})  # no answer remembered from another test
+    return hub
+
+
+def test_unreachable_hub_fails_fast_with_the_not_cached_error(unreachable_hub):
+    """No network and HF_HUB_OFFLINE unset: the error comes in seconds (huggingface_hub alone retries ~25 s)."""
+    import time
+
+    from vit_attention.weights.hub import hub_reachable
+
+    start = time.monotonic()
+    with pytest.raises(PretrainedNotAvailableError) as e:
+        create_model("vit_base_patch16_224.augreg_in1k", pretrained=True, **SMALL)
+    elapsed = time.monotonic() - start
+    assert elapsed < 10, f"took {elapsed:.1f} s"
+    msg = str(e.value)
+    assert e.value.reason == "not_cached" and "the hub cannot be reached (http://127.0.0.1:9)" in msg
+    assert "timm/vit_base_patch16_224.augreg_in1k" in msg and "model.safetensors" in msg and "refs/main" in msg
+    assert not hub_reachable()  # remembered: a second call does not probe again
+    with pytest.raises(PretrainedNotAvailableError, match="cannot be reached"):
+        create_model("vit_base_patch16_224", pretrained="hf-hub:someone/not-cached", **SMALL)
+    assert time.monotonic() - start < 10
+
+
+def test_unreachable_hub_still_serves_the_cache(unreachable_hub, tmp_path):
+    src, file = _small_weights(tmp_path)
+    place(unreachable_hub, "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", {"model.safetensors": file})
+    model = create_model("vit_base_patch16_224", pretrained=True, **SMALL)
+    _same_weights(model, src)
+
+
 def test_unknown_tag_and_no_weights_are_clear(hub):
     with pytest.raises(ValueError, match="unknown tag 'nope'.*augreg2_in21k_ft_in1k"):
         create_model("vit_base_patch16_224.nope", **SMALL)

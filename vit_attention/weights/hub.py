@@ -32,7 +32,7 @@ from typing import Any
 
 __all__ = ["HF_HUB_PREFIX", "PretrainedNotAvailableError", "PretrainedSource", "split_model_tag",
            "pretrained_cfg_for", "list_pretrained", "list_pretrained_tags", "hub_download", "hub_cache_dir",
-           "resolve_pretrained", "register_hf_config_reader", "hf_config_overrides"]
+           "resolve_pretrained", "register_hf_config_reader", "hf_config_overrides", "hub_endpoint", "hub_reachable"]
 
 HF_HUB_PREFIX = "hf-hub:"
 DEFAULT_FILENAME = "model.safetensors"
@@ -156,6 +156,53 @@ def _offline() -> bool:
     return _env_flag("HF_HUB_OFFLINE") or _env_flag("TRANSFORMERS_OFFLINE") or bool(constants.HF_HUB_OFFLINE)
 
 
+def hub_endpoint() -> str:
+    """The Hugging Face hub address, read from the environment now: ``HF_ENDPOINT``, else huggingface_hub's."""
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+_PROBE_TIMEOUT_S = 5.0  # connect / read limit of the reachability probe (a refused connection answers at once)
+_PROBE_TTL_S = 60.0  # how long a probe's answer is reused in this process
+_PROBES: dict[str, tuple[float, bool]] = {}
+
+
+def hub_reachable(endpoint: str | None = None) -> bool:
+    """Whether the hub at ``endpoint`` (default :func:`hub_endpoint`) answers at all, asked once a minute per process.
+
+    One ``HEAD`` of the endpoint through huggingface_hub's own HTTP client (its proxies and
+    certificates), no retries, at most ``_PROBE_TIMEOUT_S`` seconds; any HTTP answer counts as
+    reachable but a gateway's 502 / 503 / 504 (a proxy that cannot reach the hub). Without it,
+    ``hf_hub_download`` retries an unreachable hub for about 25 s before falling back to the cache.
+    """
+    import time
+
+    import httpx2
+    from huggingface_hub.utils import get_session
+
+    endpoint = (endpoint or hub_endpoint()).rstrip("/")
+    hit = _PROBES.get(endpoint)
+    if hit is not None and time.monotonic() - hit[0] < _PROBE_TTL_S:
+        return hit[1]
+    try:
+        status = get_session().head(endpoint, timeout=_PROBE_TIMEOUT_S, follow_redirects=False).status_code
+        reachable = status not in (502, 503, 504)
+    except httpx2.TransportError:  # refused, no route, DNS, proxy, timeout ...
+        reachable = False
+    _PROBES[endpoint] = (time.monotonic(), reachable)
+    return reachable
+
+
+def _cache_only() -> tuple[bool, str]:
+    """(whether to read the cache only, why): offline mode, or a hub that does not answer (:func:`hub_reachable`)."""
+    if _offline():
+        return True, "offline (HF_HUB_OFFLINE is set)"
+    if not hub_reachable():
+        return True, f"the hub cannot be reached ({hub_endpoint()})"
+    return False, ""
+
+
 def _how_to_place(repo_id: str, filename: str, cache: Path) -> str:
     folder = cache / f"models--{repo_id.replace('/', '--')}"
     return (f"On a machine with network: `hf download {repo_id} {filename}` (or huggingface_hub.hf_hub_download) "
@@ -169,17 +216,19 @@ def hub_download(repo_id: str, filename: str = DEFAULT_FILENAME, *, revision: st
 
     Offline (``HF_HUB_OFFLINE=1``) or without network, only the cache is used; a file that is not
     there raises :class:`PretrainedNotAvailableError` naming the repository, the file and how to
-    place it by hand. A repository or file the hub does not have raises it too.
+    place it by hand. A hub that does not answer is found out in seconds (:func:`hub_reachable`),
+    not after huggingface_hub's retries. A repository or file the hub does not have raises it too.
     """
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     cache = hub_cache_dir()
-    offline = _offline()
+    cache_only, why = _cache_only()
     try:
-        return Path(hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache, local_files_only=offline))
+        return Path(hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache,
+                                    local_files_only=cache_only, endpoint=hub_endpoint()))
     except LocalEntryNotFoundError:
-        why = "offline (HF_HUB_OFFLINE is set)" if offline else "the hub cannot be reached"
+        why = why or "the hub cannot be reached"
         raise PretrainedNotAvailableError(
             f"pretrained weights not available: {why} and {filename!r} of Hugging Face repository {repo_id!r} is "
             f"not in the cache {cache}. {_how_to_place(repo_id, filename, cache)}", "not_cached") from None
@@ -195,7 +244,7 @@ def _cached_or_missing(repo_id: str, filename: str, revision: str | None) -> Pat
     """``filename`` of ``repo_id`` if the hub (or, offline, the cache) has it; ``None`` when it does not."""
     from huggingface_hub import try_to_load_from_cache
 
-    if _offline():
+    if _cache_only()[0]:
         hit = try_to_load_from_cache(repo_id, filename, cache_dir=hub_cache_dir(), revision=revision)
         return Path(hit) if isinstance(hit, str) else None
     try:
