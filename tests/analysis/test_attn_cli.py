@@ -53,7 +53,7 @@ def test_attn_on_a_run_folder_writes_under_it(run: Path, image: Path, capsys: py
 def test_attn_refuses_a_model_that_contradicts_the_checkpoint(run: Path, image: Path, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture) -> None:
     assert main(["attn", "swin_digits_patch2_window2_8", str(image), "--checkpoint", str(run),
-                 "--out", str(tmp_path)]) == 2
+                 "--output", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "contradicts the checkpoint" in err and "describes model 'vit_digits_patch2_8'" in err
     assert "Traceback" not in err and not list(tmp_path.glob("*.png"))
@@ -63,7 +63,7 @@ def test_attn_on_a_non_image_file_names_it(run: Path, tmp_path: Path, capsys: py
     notes = tmp_path / "notes.txt"
     notes.write_text("not an image")
     for bad in (notes, run / "model.safetensors"):
-        assert main(["attn", "vit_digits_patch2_8", str(bad), "--checkpoint", str(run), "--out", str(tmp_path)]) == 2
+        assert main(["attn", "vit_digits_patch2_8", str(bad), "--checkpoint", str(run), "--output", str(tmp_path)]) == 2
         err = capsys.readouterr().err
         assert f"{bad} is not an image file" in err and "Traceback" not in err
     assert main(["attn", "vit_digits_patch2_8", str(tmp_path / "missing.png")]) == 2
@@ -108,7 +108,7 @@ def test_titles_name_layer_heads_and_prediction(run: Path, image: Path, tmp_path
     model = build_model(None, checkpoint=run)
     from vit_attention.analysis.commands import load_image
 
-    x, _ = load_image(image, 1, (8, 8), model.normalization)
+    x, _ = load_image(image, model.data_config)
     _, _, _, logits = _heatmap_and_logits(model, x, layer=0, head=1, method="auto")
     k = int(logits.argmax())
     title, what = seen[-1]["title"], seen[-1]["description"]

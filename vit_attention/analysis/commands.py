@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from ..models import create_model
 from ..models.registry import get_model_entry
 
-__all__ = ["add_commands", "build_model", "load_image", "attention_heatmap", "save_attention_png"]
+__all__ = ["add_commands", "build_model", "eval_data_config", "load_image", "attention_heatmap", "save_attention_png"]
 
 _IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
@@ -37,11 +37,11 @@ def build_model(name: str | None, *, checkpoint: str | Path | None = None, img_s
     ``ValueError``). Other checkpoints (timm, torchvision, Hugging Face ...) are loaded into
     ``name`` built with the given options (``checkpoint`` may also be ``hf-hub:ORG/REPO``);
     ``pretrained=True`` loads ``name``'s published weights (``NAME.TAG`` picks a tag). Sets
-    ``model.normalization`` (mean, std: what training recorded, else the model's data config) and
-    ``model.class_names`` (recorded or the weights' names; ImageNet-1k's for a 1000-class model
-    with weights; else ``None``).
+    ``model.data_config`` (:func:`eval_data_config`: how ``attn`` and ``predict`` read images for
+    it), ``model.normalization`` (its mean, std) and ``model.class_names`` (recorded or the
+    weights' names; ImageNet-1k's for a 1000-class model with weights; else ``None``).
     """
-    from ..data import imagenet_class_names, resolve_data_config
+    from ..data import imagenet_class_names
     from ..weights import CheckpointMismatchError, describe_checkpoint, load_model
     from ..weights.saved import check_model_name
 
@@ -70,11 +70,9 @@ def build_model(name: str | None, *, checkpoint: str | Path | None = None, img_s
                                      pretrained=True if pretrained else checkpoint)
         except CheckpointMismatchError as e:
             raise ValueError(f"checkpoint {checkpoint} does not fit model {name}: {e}") from None
-    data_config = resolve_data_config(model)
-    if any(k in meta for k in ("normalize", "normalization", "mean")):
-        model.normalization = _normalization(meta, model.cfg.in_chans)  # type: ignore[assignment]
-    else:
-        model.normalization = (data_config.mean, data_config.std)  # type: ignore[assignment]
+    data_config = eval_data_config(model, saved)
+    model.data_config = data_config  # type: ignore[assignment]
+    model.normalization = (data_config.mean, data_config.std)  # type: ignore[assignment]
     classes = meta.get("classes")
     if not isinstance(classes, list):
         classes = list(data_config.label_names) if data_config.label_names else None
@@ -103,40 +101,41 @@ def _normalization(meta: Mapping[str, Any], in_chans: int) -> tuple[tuple[float,
     return (0.5,) * in_chans, (0.5,) * in_chans
 
 
-def _open_image(path: Path) -> Any:
-    """A decoded Pillow image; a file that is not one raises ``ValueError`` naming it."""
-    from PIL import Image
+def eval_data_config(model: nn.Module, saved: Any = None, **overrides: Any) -> Any:
+    """The eval data config images are read with for ``model`` (``attn`` and ``predict`` both) -> ``DataConfig``.
 
-    if not path.is_file():
-        raise FileNotFoundError(f"image file not found: {path}" + (" (it is a folder)" if path.is_dir() else ""))
-    try:
-        im = Image.open(path)
-        im.load()  # full decode: truncated files fail here, not later
-    except Exception as e:  # noqa: BLE001 - Pillow raises many types for bad files
-        raise ValueError(f"{path} is not an image file Pillow can read (PNG, JPEG, BMP, ...): "
-                         f"{type(e).__name__}: {e}") from None
-    return im
-
-
-def load_image(path: str | Path, in_chans: int, size: tuple[int, int],
-               normalization: tuple[tuple[float, ...], tuple[float, ...]]) -> tuple[Tensor, Tensor]:
-    """Read an image file -> ``(normalised input [1, Cin, H, W], display image [Cin, H, W] in [0, 1])``.
-
-    A missing file raises ``FileNotFoundError``, a file that is not an image ``ValueError``, both naming it.
+    :func:`vit_attention.data.resolve_data_config` of the model (what its file records:
+    ``load_model`` sets it), plus what ``saved`` (the :class:`~vit_attention.weights.SavedModel`
+    it came from, if any) says beyond that: the normalisation of older files (``normalize`` /
+    ``normalization`` keys) and the whole-image crop of training checkpoints of the digits.
+    ``overrides``: fields to replace (``crop_pct=1.0``).
     """
-    from PIL import Image
+    from ..data import resolve_data_config
 
-    path = Path(path)
-    with _open_image(path) as im:
-        im = im.convert("L" if in_chans == 1 else "RGB").resize((size[1], size[0]), Image.BILINEAR)
-        arr = np.asarray(im, dtype=np.float32) / 255.0
-    img = torch.from_numpy(arr)
-    img = img[None] if img.dim() == 2 else img.permute(2, 0, 1)  # [Cin, H, W]
-    if img.shape[0] != in_chans:
-        raise ValueError(f"the model takes {in_chans} channels; cannot convert {path.name}")
-    mean = torch.tensor(normalization[0]).view(-1, 1, 1)
-    std = torch.tensor(normalization[1]).view(-1, 1, 1)
-    return ((img - mean) / std)[None], img
+    meta: Mapping[str, Any] = saved.metadata if saved is not None else {}
+    fields: dict[str, Any] = {}
+    if any(k in meta for k in ("normalize", "normalization")) or ("mean" in meta and "std" in meta):
+        fields["mean"], fields["std"] = _normalization(meta, model.cfg.in_chans)
+    if saved is not None and saved.kind == "train_state" and "crop_pct" not in meta:
+        config = meta.get("config") if isinstance(meta.get("config"), Mapping) else {}
+        if (config.get("data") or "digits") == "digits":  # the digits train and test uncropped
+            fields["crop_pct"] = 1.0
+    return resolve_data_config(model, **{**fields, **overrides})
+
+
+def load_image(path: str | Path, config: Any) -> tuple[Tensor, Tensor]:
+    """Read an image file with the eval transform of ``config`` (a ``DataConfig``, e.g. ``model.data_config``).
+
+    Returns ``(normalised input [1, Cin, H, W], display image [Cin, H, W] in [0, 1])``: the same
+    pixels ``predict`` feeds the model (:func:`vit_attention.data.create_transform`). A missing
+    file raises ``FileNotFoundError``, a file that is not an image ``ValueError``, both naming it.
+    """
+    from ..data import create_transform, read_image
+
+    tf = create_transform(config)
+    image = read_image(Path(path), channels=config.input_size[0])
+    shown = tf.to_tensor(tf.resize_crop(image))  # [Cin, H, W] in [0, 1]
+    return tf(image)[None], shown
 
 
 def attention_heatmap(model: nn.Module, x: Tensor, *, layer: int | None = None, head: int | None = None,
@@ -238,7 +237,7 @@ def _is_checkpoint_path(text: str) -> bool:
 
 
 def _output_folder(out: str | None, checkpoint: str | None) -> Path:
-    """``--out``, else ``attention_maps/`` in the run folder (or beside the checkpoint file), else in the cwd."""
+    """``--output``, else ``attention_maps/`` in the run folder (or beside the checkpoint file), else in the cwd."""
     if out is not None:
         return Path(out)
     if checkpoint is None:
@@ -289,7 +288,7 @@ def save_attention_png(image: Tensor, heat: Tensor, path: str | Path, *, title: 
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format="png", metadata={"Software": None})
     except OSError as e:
-        raise ValueError(f"--out {path.parent}: cannot write {path.name} there ({e.strerror or e})") from None
+        raise ValueError(f"--output {path.parent}: cannot write {path.name} there ({e.strerror or e})") from None
     return path
 
 
@@ -305,15 +304,15 @@ def _attn(args: argparse.Namespace) -> int:
             raise ValueError(f"model {args.model!r} is a path and --checkpoint {checkpoint} is given too; give the "
                              "registered model name (or only the run folder / checkpoint)")
         name, checkpoint = None, args.model
-    _open_image(Path(args.image)).close()  # a missing or non-image file fails before the model is built
+    from ..data import read_image
+
+    read_image(Path(args.image))  # a missing, non-image or unreadable-mode file fails before the model is built
     if checkpoint is None and not args.pretrained:
         print(f"warning: no --checkpoint: these maps show {name} with random (untrained) weights; give "
               "--checkpoint (a run folder or weights file) or --pretrained for a trained model's attention",
               file=sys.stderr)
     model = build_model(name, checkpoint=checkpoint, img_size=args.img_size, pretrained=args.pretrained)
-    cfg = model.cfg
-    size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
-    x, img = load_image(args.image, cfg.in_chans, tuple(size), model.normalization)  # type: ignore[arg-type]
+    x, img = load_image(args.image, model.data_config)  # the model's eval preprocessing, as `predict`
     heat, what, tag, logits = _heatmap_and_logits(model, x, layer=args.layer, head=args.head, method=args.method)
     model_name = getattr(model, "registry_name", name)
     prob = logits.float().softmax(-1)[0]
@@ -331,7 +330,7 @@ def _attn(args: argparse.Namespace) -> int:
     title = f"{model_name}, {weights}; predicted: {label} ({float(p):.1%})"
     stem = Path(args.image).stem
     fname = f"{stem}_{model_name}_{tag}" + ("" if args.head is None else f"_head{args.head}")
-    out = save_attention_png(img, heat, _output_folder(args.out, checkpoint) / f"{fname}.png", title=title,
+    out = save_attention_png(img, heat, _output_folder(args.output, checkpoint) / f"{fname}.png", title=title,
                              description=what, colorbar_label=_COLORBAR.get(tag, "attention weight"))
     if args.save_map:
         np.save(out.with_suffix(".npy"), heat.numpy())
@@ -343,15 +342,35 @@ def _docs(args: argparse.Namespace) -> int:
     from .docs import check_docs, generate_docs
 
     if args.check:
-        stale = check_docs(Path(args.out))
+        stale = check_docs(Path(args.output))
         for path in stale:
             print(f"stale: {path}")
         print("docs are up to date" if not stale else f"{len(stale)} generated file(s) are stale; "
               "run `vit-attention docs` to regenerate")
         return 1 if stale else 0
-    for path in generate_docs(Path(args.out), images=not args.no_images):
+    for path in generate_docs(Path(args.output), images=not args.no_images):
         print(path)
     return 0
+
+
+class _DeprecatedAlias(argparse.Action):
+    """A hidden old spelling of an option: stores into the new option's dest and says it is deprecated."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"{parser.prog}: warning: {option_string} is deprecated; use {self.new} (the same option)",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def _add_output(p: argparse.ArgumentParser, *, default: str | None, help: str) -> None:
+    """``--output`` (the name every command uses) and the hidden, deprecated ``--out`` that still works."""
+    p.add_argument("--output", default=default, help=help)
+    p.add_argument("--out", dest="output", action=_DeprecatedAlias, new="--output", help=argparse.SUPPRESS)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -359,7 +378,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trace", help="print the shape at every module (meta device, instant)")
     p.add_argument("model", help="registered model name or alias")
     p.add_argument("--img-size", type=int, default=None, help="input size (default: the preset's)")
-    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=1, help="batch size of the traced input (default: 1)")
     p.add_argument("--depth", type=int, default=None, help="show modules nested at most this deep")
     p.add_argument("--all", action="store_true", help="also list shape-preserving Identity / Dropout")
     p.add_argument("--flow", action="store_true", help="one-line arrow summary instead of the table")
@@ -367,8 +386,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("info", help="params and GMACs per stage, shapes, activation memory, aliases, layouts")
     p.add_argument("model", help="registered model name or alias")
-    p.add_argument("--img-size", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=1, help="batch for FLOPs and activation memory")
+    p.add_argument("--img-size", type=int, default=None, help="input size (default: the preset's)")
+    p.add_argument("--batch-size", type=int, default=1, help="batch for FLOPs and activation memory (default: 1)")
     p.set_defaults(func=_info)
 
     p = sub.add_parser("attn", help="write attention heat maps over an image as PNG",
@@ -376,7 +395,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                    "with a colour bar, the layers / heads shown and the predicted class. "
                                    "MODEL may be a run folder or checkpoint of ours (it says which model it holds).")
     p.add_argument("model", help="registered model name or alias, or a run folder / checkpoint of ours")
-    p.add_argument("image", help="image file (PNG, JPEG, ...)")
+    p.add_argument("image", help="image file (PNG, JPEG, ...; any Pillow mode), read with the model's eval "
+                                 "preprocessing (resize, crop, normalisation), as predict reads it")
     p.add_argument("--checkpoint", default=None,
                    help="weights: a run folder, model.safetensors / checkpoint.safetensors (which name their "
                         "model: MODEL must agree), or timm / torchvision / Hugging Face files loaded into MODEL. "
@@ -386,16 +406,20 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "HF_HUB_OFFLINE=1: cache only")
     p.add_argument("--layer", type=int, default=None, help="one attention layer (negative from the end)")
     p.add_argument("--head", type=int, default=None, help="one head (default: mean over heads)")
-    p.add_argument("--method", default="auto", choices=["auto", "rollout", "mean", "layer"])
-    p.add_argument("--img-size", type=int, default=None)
-    p.add_argument("--out", default=None,
-                   help="output folder (default: attention_maps/ in the run folder, or beside the checkpoint "
-                        "file; ./attention_maps without a checkpoint)")
+    p.add_argument("--method", default="auto", choices=["auto", "rollout", "mean", "layer"],
+                   help="rollout: through all layers from the class token; mean: every layer's map averaged; "
+                        "layer: one layer (--layer); auto: layer with --layer, else rollout where the model has a "
+                        "class token and global attention, else mean (default: auto)")
+    p.add_argument("--img-size", type=int, default=None,
+                   help="input size; position embeddings are resampled (default: the model's or checkpoint's)")
+    _add_output(p, default=None,
+                help="output folder (default: attention_maps/ in the run folder, or beside the checkpoint file; "
+                     "./attention_maps without a checkpoint)")
     p.add_argument("--save-map", action="store_true", help="also save the raw token-grid map as .npy")
     p.set_defaults(func=_attn)
 
     p = sub.add_parser("docs", help="regenerate docs/attention/*.md and docs/models.md from the library")
-    p.add_argument("--out", default="docs", help="docs folder")
+    _add_output(p, default="docs", help="docs folder to write (default: docs)")
     p.add_argument("--check", action="store_true", help="only check the generated text is up to date")
     p.add_argument("--no-images", action="store_true", help="skip the PNG pictures")
     p.set_defaults(func=_docs)

@@ -12,23 +12,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
-__all__ = ["DataConfig", "resolve_data_config", "IMAGENET_MEAN", "IMAGENET_STD", "INTERPOLATIONS", "CROP_MODES"]
+__all__ = ["DataConfig", "resolve_data_config", "IMAGENET_MEAN", "IMAGENET_STD", "INTERPOLATIONS", "CROP_MODES",
+           "TRANSFORM_KEYS"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos", "box", "hamming")
 CROP_MODES = ("center", "squash", "border")
+# The keys of a DataConfig read as a mapping: the eval-transform fields, the keys of timm's
+# resolve_data_config dict, so `create_transform(**config)` works as in timm.
+TRANSFORM_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
 
 
 @dataclass(frozen=True)
-class DataConfig:
-    """The eval data config of a model and where its weights come from (JSON-serialisable).
+class DataConfig(Mapping[str, Any]):
+    """The eval data config of a model and where its weights come from (JSON-serialisable, read-only).
 
     ``input_size``: ``(C, H, W)``; ``crop_pct``: the share of the resized image kept (the image is
     resized to ``size / crop_pct``, then cropped to ``size``); ``crop_mode``: ``"center"`` (shorter
@@ -37,6 +41,12 @@ class DataConfig:
     ``mean`` / ``std``: per channel, on ``[0, 1]`` pixels. ``num_classes``, ``hf_hub_id``,
     ``license``, ``tag`` and ``label_names`` (class names, when the weights carry them) describe
     the weights.
+
+    It is also a read-only mapping of the transform fields (:data:`TRANSFORM_KEYS`, the keys of
+    timm's ``resolve_data_config`` dict): ``config["input_size"]``, ``dict(config)`` and
+    ``create_transform(**config)`` work as with timm; the fields describing the weights stay
+    attributes. Assignment (``config.crop_pct = 1`` or ``config["crop_pct"] = 1``) raises; use
+    ``dataclasses.replace(config, crop_pct=1.0)`` or ``resolve_data_config(model, crop_pct=1.0)``.
     """
 
     input_size: tuple[int, int, int] = (3, 224, 224)
@@ -76,6 +86,20 @@ class DataConfig:
             raise ValueError(f"std must be positive, got {self.std!r}")
         if self.label_names is not None:
             object.__setattr__(self, "label_names", tuple(str(n) for n in self.label_names))
+
+    def __getitem__(self, key: str) -> Any:
+        """``config["input_size"]`` ...: one of :data:`TRANSFORM_KEYS` (``KeyError`` for others)."""
+        if key in TRANSFORM_KEYS:
+            return getattr(self, key)
+        hint = f"; {key} is an attribute: config.{key}" if key in {f.name for f in dataclasses.fields(self)} else ""
+        raise KeyError(f"DataConfig has no key {key!r} (its keys: {', '.join(TRANSFORM_KEYS)}){hint}")
+
+    def __iter__(self) -> Iterator[str]:
+        """The transform keys, in :data:`TRANSFORM_KEYS` order."""
+        return iter(TRANSFORM_KEYS)
+
+    def __len__(self) -> int:
+        return len(TRANSFORM_KEYS)
 
     @property
     def img_size(self) -> tuple[int, int]:
@@ -127,13 +151,16 @@ def resolve_data_config(model: nn.Module | str | Mapping[str, Any] | None = None
     ``model``: a model (its ``pretrained_cfg`` from ``create_model`` / ``load_model``, else its
     registered name's default tag; ``input_size`` is the model's own ``in_chans`` and
     ``img_size``, so a model built at another size gets that size), a registered name
-    (``"vit_base_patch16_224"`` or ``"NAME.TAG"``), a ``pretrained_cfg`` dict, or ``None`` (the
-    generic ImageNet config). ``overrides``: fields to replace (``crop_pct=1.0``, ...).
+    (``"vit_base_patch16_224"`` or ``"NAME.TAG"``), a ``pretrained_cfg`` dict, a
+    :class:`DataConfig`, or ``None`` (the generic ImageNet config). ``overrides``: fields to
+    replace (``crop_pct=1.0``, ...).
     """
     from ..weights.hub import pretrained_cfg_for, split_model_tag
 
     if model is None:
         cfg: dict[str, Any] = {}
+    elif isinstance(model, DataConfig):  # (a mapping too, of its transform keys only: take every field)
+        cfg = model.to_dict()
     elif isinstance(model, str):
         from ..models.registry import resolve_model_name
 

@@ -8,14 +8,14 @@ and ``(x - mean) / std`` in float32. Both resize with Pillow, so on Pillow image
 are equal bit for bit (tests/data/test_transforms.py checks a ViT, a DeiT and a Swin config and
 a bilinear one against timm's output). Tensors are not resized here: timm would resize them
 with torchvision's tensor kernels, which differ from Pillow's by up to a few grey levels; give
-images (or paths) instead.
+images (or paths) instead. Images of every Pillow mode (16-bit, float, transparent, CMYK ...) are
+read by :func:`~vit_attention.data.read_image` first (its rules keep their values; never clipped).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from .config import DataConfig
+from .image import read_image
 
 __all__ = ["ImageTransform", "create_transform", "resize_size"]
 
@@ -93,21 +94,13 @@ class ImageTransform:
                 f"crop_mode={c.crop_mode!r}, mean={c.mean}, std={c.std}, training={self.training})")
 
     def _open(self, image: Any) -> Any:
-        from PIL import Image
-
-        if isinstance(image, (str, Path)):
-            with Image.open(image) as im:
-                im.load()
-                image = im.copy()
+        """A path or Pillow image of any mode -> 8-bit ``L`` / ``RGB`` (:func:`~vit_attention.data.read_image`)."""
         if isinstance(image, Tensor):
             raise TypeError("ImageTransform takes Pillow images or paths, not tensors (resizing tensors would "
                             "differ from the reference transforms); Image.fromarray(...) first")
-        if not isinstance(image, Image.Image):
-            raise TypeError(f"image must be a Pillow image or a path, got {type(image).__name__}")
-        mode = "L" if self.config.input_size[0] == 1 else "RGB"
         if self.config.input_size[0] not in (1, 3):
             raise ValueError(f"input_size has {self.config.input_size[0]} channels; images have 1 (grey) or 3 (RGB)")
-        return image if image.mode == mode else image.convert(mode)
+        return read_image(image, channels=self.config.input_size[0])
 
     def resize_crop(self, image: Any) -> Any:
         """The eval geometry only: a Pillow image -> the resized and cropped Pillow image ``size`` ``(W, H)``."""
@@ -158,15 +151,31 @@ class ImageTransform:
         return (self.to_tensor(img) - self._mean) / self._std
 
 
-def create_transform(config: DataConfig | Sequence[Any] | Any, *, training: bool = False,
-                     generator: torch.Generator | None = None) -> ImageTransform:
-    """The transform of ``config`` (a :class:`DataConfig`; a model or name is resolved first).
+def create_transform(config: DataConfig | Mapping[str, Any] | Any = None, *, training: bool = False,
+                     generator: torch.Generator | None = None, input_size: Sequence[int] | None = None,
+                     interpolation: str | None = None, mean: Sequence[float] | None = None,
+                     std: Sequence[float] | None = None, crop_pct: float | None = None, crop_mode: str | None = None,
+                     is_training: bool | None = None) -> ImageTransform:
+    """The transform of ``config``: a callable image (path or Pillow image) -> ``[C, H, W]`` float32.
 
-    ``training=False``: the eval transform (resize, crop, normalise); ``training=True``: random
-    resized crop and flip (see :class:`ImageTransform`). Returns a callable image -> ``[C, H, W]``.
+    ``config``: a :class:`DataConfig`, a model, a registered name or a ``pretrained_cfg`` dict
+    (resolved with :func:`~vit_attention.data.resolve_data_config`), or ``None`` (the generic
+    ImageNet config). The transform fields may also be given as keywords, alone or on top of
+    ``config``, so timm's habit works: ``create_transform(**resolve_data_config(model))``
+    (``input_size``, ``interpolation``, ``mean``, ``std``, ``crop_pct``, ``crop_mode``).
+    ``training=False`` (timm's ``is_training``): the eval transform (resize, crop, normalise);
+    ``True``: random resized crop and flip (see :class:`ImageTransform`).
     """
+    if is_training is not None:
+        if training and not is_training:
+            raise ValueError("training=True and is_training=False contradict each other; give one of them")
+        training = bool(is_training) or training
     if not isinstance(config, DataConfig):
         from .config import resolve_data_config
 
         config = resolve_data_config(config)
+    fields = {k: v for k, v in (("input_size", input_size), ("interpolation", interpolation), ("mean", mean),
+                                ("std", std), ("crop_pct", crop_pct), ("crop_mode", crop_mode)) if v is not None}
+    if fields:
+        config = DataConfig.from_dict({**config.to_dict(), **fields})
     return ImageTransform(config, training=training, generator=generator)

@@ -53,6 +53,7 @@ class DataBundle:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     skipped: list[str] = field(default_factory=list)  # corrupt files left out
+    median_side: float | None = None  # median shorter side (px) of an image folder's train images; None for tensors
 
     @property
     def num_classes(self) -> int:
@@ -100,45 +101,74 @@ def load_digits_split(img_size: int | None = None) -> DataBundle:
                       (size, size), (mean,), (std,))
 
 
-def load_image(path: str | Path, img_size: int | tuple[int, int], *, in_chans: int = 3,
-               crop_pct: float = 0.875) -> Tensor:
-    """Read an image with Pillow: shorter side to ``img_size / crop_pct``, centre crop -> ``[C, H, W]`` in [0, 1]."""
-    from PIL import Image
+def _geometry(img_size: int | tuple[int, int], in_chans: int, crop_pct: float) -> Any:
+    """The eval geometry (resize, centre crop) of a run's images, as an :class:`~vit_attention.data.ImageTransform`."""
+    from ..data import DataConfig, ImageTransform
 
     h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
     if in_chans not in (1, 3):
         raise ValueError(f"in_chans must be 1 (grayscale) or 3 (RGB) for image files, got {in_chans}")
     if not 0 < crop_pct <= 1:
         raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
-    with Image.open(path) as im:
-        im = im.convert("L" if in_chans == 1 else "RGB")
-        scale = max(h, w) / crop_pct / min(im.size)
-        size = (max(w, round(im.size[0] * scale)), max(h, round(im.size[1] * scale)))
-        im = im.resize(size, Image.Resampling.BICUBIC)
-        left, top = (size[0] - w) // 2, (size[1] - h) // 2
-        im = im.crop((left, top, left + w, top + h))
-        arr = np.asarray(im, dtype=np.uint8)
-    t = torch.from_numpy(arr.copy()).float() / 255.0
-    return t[None] if t.ndim == 2 else t.permute(2, 0, 1)  # [C, H, W]
+    return ImageTransform(DataConfig(input_size=(in_chans, h, w), interpolation="bicubic", crop_pct=crop_pct,
+                                     crop_mode="center", mean=(0.0,) * in_chans, std=(1.0,) * in_chans))
 
 
-def _is_readable(path: Path) -> bool:
+def load_image(path: str | Path, img_size: int | tuple[int, int], *, in_chans: int = 3,
+               crop_pct: float = 0.875) -> Tensor:
+    """Read an image (any Pillow mode, :func:`~vit_attention.data.read_image`) -> ``[C, H, W]`` in [0, 1].
+
+    Shorter side to ``img_size / crop_pct`` (bicubic), centre crop to ``img_size`` (an int or
+    ``(H, W)``): the eval geometry of :func:`vit_attention.data.create_transform` for the same
+    size and crop, so ``predict`` and ``attn`` see what training saw.
+    """
+    tf = _geometry(img_size, in_chans, crop_pct)
+    return tf.to_tensor(tf.resize_crop(path))
+
+
+_WIDE_MODES = ("I", "F", "I;16", "I;16L", "I;16B", "I;16N")
+
+
+def _probe(path: Path) -> tuple[int, int] | None:
+    """``(W, H)`` of a decodable image, ``None`` for a corrupt file.
+
+    Raises :class:`~vit_attention.data.UnsupportedImageError` (a ``ValueError`` naming the file,
+    its mode and values) for a 32-bit integer or float image whose values have no 8-bit reading.
+    """
     from PIL import Image
+
+    from ..data import UnsupportedImageError, read_image
 
     try:
         with Image.open(path) as im:
             im.load()  # full decode: truncated / garbage files fail here
-        return True
+            size = im.size
+            wide = im.mode in _WIDE_MODES
     except Exception:  # noqa: BLE001 - Pillow raises many types for bad files
-        return False
+        return None
+    if wide:
+        try:
+            read_image(path)  # refuses values it cannot map, naming the file
+        except UnsupportedImageError:
+            raise
+        except Exception:  # noqa: BLE001
+            return None
+    return size
 
 
 def scan_image_folder(root: str | Path) -> tuple[list[str], list[tuple[Path, int]], list[str]]:
     """Classes (sorted sub-folder names), ``(file, class index)`` samples, and skipped corrupt files.
 
     Raises ``FileNotFoundError`` for a missing folder and ``ValueError`` for a folder without class
-    sub-folders or with a class folder that holds no readable image.
+    sub-folders, with a class folder that holds no readable image, or with an image that has no
+    safe 8-bit reading (:class:`~vit_attention.data.UnsupportedImageError`, naming the file and its mode).
     """
+    classes, samples, skipped, _ = _scan(root)
+    return classes, samples, skipped
+
+
+def _scan(root: str | Path) -> tuple[list[str], list[tuple[Path, int]], list[str], list[int]]:
+    """:func:`scan_image_folder` plus the shorter side (pixels) of every readable image."""
     root = Path(root)
     if not root.exists():
         raise FileNotFoundError(f"data folder not found: {root}")
@@ -149,20 +179,23 @@ def scan_image_folder(root: str | Path) -> tuple[list[str], list[tuple[Path, int
         raise ValueError(f"data folder {root} has no class sub-folders (expected {root}/<class>/<image>)")
     samples: list[tuple[Path, int]] = []
     skipped: list[str] = []
+    sides: list[int] = []
     for ci, c in enumerate(classes):
         files = sorted(p for p in (root / c).rglob("*") if p.suffix.lower() in IMG_EXTENSIONS and p.is_file())
         good = []
         for f in files:
-            if _is_readable(f):
-                good.append((f, ci))
-            else:
+            size = _probe(f)
+            if size is None:
                 skipped.append(str(f))
-                warnings.warn(f"skipping corrupt image {f}", CorruptImageWarning, stacklevel=2)
+                warnings.warn(f"skipping corrupt image {f}", CorruptImageWarning, stacklevel=3)
+                continue
+            good.append((f, ci))
+            sides.append(min(size))
         if not good:
             what = "only corrupt images" if files else f"no images ({', '.join(IMG_EXTENSIONS[:4])}, ...)"
             raise ValueError(f"class folder {root / c} holds {what}; every class needs at least one image")
         samples += good
-    return classes, samples, skipped
+    return classes, samples, skipped, sides
 
 
 class ImageFolderDataset(Dataset):
@@ -171,13 +204,14 @@ class ImageFolderDataset(Dataset):
     def __init__(self, samples: Sequence[tuple[Path, int]], img_size: tuple[int, int], *, in_chans: int = 3,
                  crop_pct: float = 0.875) -> None:
         self.samples, self.img_size, self.in_chans, self.crop_pct = list(samples), img_size, in_chans, crop_pct
+        self._geometry = _geometry(img_size, in_chans, crop_pct)
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
         path, label = self.samples[i]
-        return load_image(path, self.img_size, in_chans=self.in_chans, crop_pct=self.crop_pct), torch.tensor(label)
+        return self._geometry.to_tensor(self._geometry.resize_crop(path)), torch.tensor(label)
 
 
 def build_data(data: str | Path | None = None, *, img_size: int | None = None, in_chans: int = 3,
@@ -191,14 +225,14 @@ def build_data(data: str | Path | None = None, *, img_size: int | None = None, i
     size = img_size or 224
     hw = (size, size)
     if (root / "train").is_dir() and ((root / "val").is_dir() or (root / "test").is_dir()):
-        classes, train_s, skipped = scan_image_folder(root / "train")
+        classes, train_s, skipped, sides = _scan(root / "train")
         val_root = root / "val" if (root / "val").is_dir() else root / "test"
-        val_classes, val_s, skipped_val = scan_image_folder(val_root)
+        val_classes, val_s, skipped_val, _ = _scan(val_root)
         if val_classes != classes:
             raise ValueError(f"{val_root} has classes {val_classes}, but {root / 'train'} has {classes}")
         skipped += skipped_val
     else:
-        classes, samples, skipped = scan_image_folder(root)
+        classes, samples, skipped, sides = _scan(root)
         rng = np.random.default_rng(seed)
         train_s, val_s = [], []
         for ci in range(len(classes)):
@@ -213,7 +247,7 @@ def build_data(data: str | Path | None = None, *, img_size: int | None = None, i
     mean, std = (IMAGENET_MEAN, IMAGENET_STD) if in_chans == 3 else ((0.5,), (0.5,))
     return DataBundle(root.name, ImageFolderDataset(train_s, hw, in_chans=in_chans, crop_pct=crop_pct),
                       ImageFolderDataset(val_s, hw, in_chans=in_chans, crop_pct=crop_pct), classes, in_chans, hw,
-                      mean, std, skipped)
+                      mean, std, skipped, float(np.median(sides)) if sides else None)
 
 
 def check_classifiable(data: DataBundle, *, val_fraction: float | None = None) -> list[str]:
