@@ -73,3 +73,35 @@ def test_pretrained_and_checkpoint_are_exclusive(command, tmp_path, capsys):
     assert main([command, image, "--model", "deit_tiny_patch16_224", "--pretrained", "--checkpoint",
                  str(tmp_path)]) == 2
     assert "give one of them" in capsys.readouterr().err
+
+
+def test_data_config_is_a_read_only_mapping_of_timms_keys():
+    """``create_transform(**resolve_data_config(model))`` (timm's habit) is the transform of the config itself."""
+    import dataclasses
+
+    import numpy as np
+    from PIL import Image
+
+    from vit_attention.data import TRANSFORM_KEYS, create_transform
+
+    model = create_model("vit_tiny_patch16_224", **SMALL)
+    # every transform key away from the generic ImageNet default, so a key lost on the way shows
+    cfg = resolve_data_config(model, interpolation="bilinear", crop_mode="squash")
+    assert dict(cfg) == {"input_size": (3, 32, 32), "interpolation": "bilinear", "mean": (0.5, 0.5, 0.5),
+                         "std": (0.5, 0.5, 0.5), "crop_pct": 0.9, "crop_mode": "squash"}
+    assert tuple(cfg) == TRANSFORM_KEYS and len(cfg) == 6 and cfg["crop_pct"] == cfg.crop_pct
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (37, 50, 3), dtype=np.uint8))  # not square
+    want = create_transform(cfg)(image)
+    assert want.shape == (3, 32, 32)
+    assert torch.equal(create_transform(**cfg)(image), want)
+    for key in TRANSFORM_KEYS:  # each key is honoured: without it the generic default gives another tensor
+        other = create_transform(**{k: v for k, v in cfg.items() if k != key})(image)
+        assert other.shape != want.shape or not torch.equal(other, want), key
+    assert create_transform(**cfg, is_training=True).training
+    with pytest.raises(TypeError):
+        cfg["crop_pct"] = 1.0  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.crop_pct = 1.0  # type: ignore[misc]
+    with pytest.raises(KeyError, match="num_classes is an attribute"):
+        cfg["num_classes"]
+    assert resolve_data_config(cfg) == cfg  # a DataConfig resolves to itself (every field, not only the keys)
