@@ -200,3 +200,50 @@ def test_generative_training_on_the_digits(tmp_path, capsys) -> None:
     assert model.generate(2, seed=0).shape == (2, 64)
     with pytest.raises(ValueError, match="mixup"):
         train(TrainConfig(model="igpt_digits", model_kwargs=tiny, epochs=1, mixup=0.2, output=str(tmp_path / "m")))
+
+
+def test_token_ids_outside_the_vocabulary_are_named_up_front() -> None:
+    """Ids outside the vocabulary raise ``ValueError`` naming the argument and the valid range, not
+    torch's bare ``IndexError`` (embedding) or a late failure in the cross-entropy (targets)."""
+    model = _small()  # 512 colours; 512 is the start token
+    good = torch.randint(0, 512, (2, 16))
+    for bad in (600, -1):
+        ids = good.clone()
+        ids[1, 3] = bad
+        for call in (model, model.forward_features, model.forward_tokens, model.forward_logits,
+                     model.forward_intermediates):
+            with pytest.raises(ValueError, match=r"must lie in 0\.\.512 .*512 = the start-of-image token.*got " +
+                               str(bad)):
+                call(ids)
+        with pytest.raises(ValueError, match=r"x \(target ids\) must lie in 0\.\.511.*got " + str(bad)):
+            model.loss(ids)
+        with pytest.raises(ValueError, match=r"prompt must lie in 0\.\.511"):
+            model.generate(2, prompt=ids[:, :4])
+        with pytest.raises(ValueError, match=r"tokens must lie in 0\.\.511"):
+            model.dequantize(ids)
+    sos = good.clone()
+    sos[:, 0] = 512  # the start token is a valid input id, but not a target
+    assert model.forward_logits(sos).shape == (2, 16, 512)
+    with pytest.raises(ValueError, match=r"x \(target ids\) must lie in 0\.\.511 .*, got 512"):
+        model.loss(sos)
+    with pytest.raises(ValueError, match="integer token ids"):
+        model.forward_tokens(good.float())
+    assert model.loss(good).isfinite()  # the valid range passes
+
+
+def test_token_id_check_stays_out_of_exported_graphs() -> None:
+    """The check is data-dependent (a host sync on the ids): while torch records a graph (``torch.export``,
+    compile, ONNX) it is skipped, so the ids path still exports and the program replays on any ids."""
+
+    class Logits(torch.nn.Module):
+        def __init__(self, model: ImageGPT) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.model.forward_logits(ids)
+
+    model = _small()
+    ids = torch.randint(0, 512, (1, 16))
+    program = torch.export.export(Logits(model), (ids,))
+    torch.testing.assert_close(program.module()(ids), model.forward_logits(ids))

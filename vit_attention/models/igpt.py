@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 from ..attention import get_attention_spec, list_attention
 from ..attention.causal import KVCache
+from ..functional.runtime import capturing
 from ..layers import Block, drop_path_schedule, run_blocks, stage_feature_info
 from ._config import (
     ConfigMixin,
@@ -135,11 +136,31 @@ def quantize(images: Tensor, palette: Tensor) -> Tensor:
 
 
 def dequantize(tokens: Tensor, palette: Tensor, size: tuple[int, int]) -> Tensor:
-    """Tokens ``[B, H·W]`` -> images ``[B, Cin, H, W]`` (each token's palette colour, in ``[-1, 1]``)."""
+    """Tokens ``[B, H·W]`` -> images ``[B, Cin, H, W]`` (each token's palette colour, in ``[-1, 1]``).
+
+    Tokens outside ``0..K-1`` (``K`` colours in ``palette [K, Cin]``) raise ``ValueError``.
+    """
     H, W = size
     if tokens.dim() != 2 or tokens.shape[1] != H * W:
         raise ValueError(f"dequantize expects tokens [B, {H * W}] for size {tuple(size)}, got {tuple(tokens.shape)}")
+    _check_ids(tokens, "tokens", palette.shape[0])
     return palette[tokens].transpose(1, 2).reshape(tokens.shape[0], palette.shape[1], H, W)  # [B, Cin, H, W]
+
+
+def _check_ids(ids: Tensor, name: str, num_ids: int, note: str = "") -> None:
+    """Raise ``ValueError`` naming ``name`` unless every id of ``ids [*]`` lies in ``0..num_ids-1``.
+
+    One ``aminmax`` (a single host sync); skipped on an empty or meta tensor and while torch records a
+    graph (compile, export, trace: the check is data-dependent). ``note`` says what the range holds.
+    """
+    if ids.numel() == 0 or ids.device.type == "meta" or capturing():
+        return
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must be integer token ids, got {ids.dtype}")
+    lo, hi = torch.stack(torch.aminmax(ids)).tolist()
+    if lo < 0 or hi >= num_ids:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{name} must lie in 0..{num_ids - 1}{note}, got {bad} (min {lo}, max {hi})")
 
 
 class PaletteQuantizer(nn.Module):
@@ -331,9 +352,15 @@ class ImageGPT(nn.Module):
         sos = torch.full_like(tokens[:, :1], self.sos_token)
         return torch.cat([sos, tokens[:, :-1]], dim=1)
 
+    def _check_input_ids(self, ids: Tensor, name: str) -> None:
+        """Input ids ``[B, n]`` must be colours ``0..K-1`` or the start token ``K`` (``ValueError`` naming ``name``)."""
+        K = self.cfg.vocab_size
+        _check_ids(ids, name, K + 1, f" (colours 0..{K - 1}, {K} = the start-of-image token)")
+
     def _input_ids(self, x: Tensor) -> Tensor:
-        """Images -> shifted tokens; integer ids ``[B, n]`` pass as they are."""
+        """Images -> shifted tokens; integer ids ``[B, n]`` pass as they are (checked: ``0..K``)."""
         if x.dim() == 2 and not x.is_floating_point():
+            self._check_input_ids(x, "x (token ids)")
             return x
         if x.dim() != 4 or tuple(x.shape[-2:]) != self.grid_size:
             raise ValueError(f"expected images [B, {self.cfg.in_chans}, {self.grid_size[0]}, {self.grid_size[1]}] "
@@ -352,8 +379,14 @@ class ImageGPT(nn.Module):
         """Token ids ``[B, n]`` -> final-norm hidden states ``[B, n, C]`` (Hugging Face ``ImageGPTModel``).
 
         With a :class:`~vit_attention.attention.causal.KVCache` the ids are the next ``n`` tokens after
-        the ``len(cache)`` already seen; each block's attention appends to the cache.
+        the ``len(cache)`` already seen; each block's attention appends to the cache. Ids outside
+        ``0..K`` (colours ``0..K-1``, ``K`` the start token) raise ``ValueError``.
         """
+        self._check_input_ids(ids, "ids")
+        return self._tokens(ids, cache)
+
+    def _tokens(self, ids: Tensor, cache: KVCache | None = None) -> Tensor:
+        """:meth:`forward_tokens` without the id check: ``[B, n]`` -> ``[B, n, C]``."""
         if cache is None:
             x = self._embed(ids)
             x = run_blocks(self.blocks, x, self.grid_size if ids.shape[1] == self.num_tokens else None, 0,
@@ -372,16 +405,21 @@ class ImageGPT(nn.Module):
     def loss(self, x: Tensor, *, reduction: Literal["mean", "none"] = "mean") -> Tensor:
         """Next-pixel negative log-likelihood (nats per pixel) of images ``[B, Cin, H, W]`` or targets ``[B, N]``.
 
-        Divide by ``ln 2`` for bits per pixel. ``reduction="none"``: per image ``[B]``.
+        Divide by ``ln 2`` for bits per pixel. ``reduction="none"``: per image ``[B]``. Target ids
+        outside ``0..K-1`` raise ``ValueError``.
         """
-        targets = x if (x.dim() == 2 and not x.is_floating_point()) else self.quantize(x)  # [B, N]
-        logits = self.forward_logits(self.shift_right(targets))  # [B, N, K]
+        if x.dim() == 2 and not x.is_floating_point():
+            targets = x  # [B, N]
+            _check_ids(targets, "x (target ids)", self.cfg.vocab_size, " (the palette's colours)")
+        else:
+            targets = self.quantize(x)  # [B, N]
+        logits = self.lm_head(self._tokens(self.shift_right(targets)))  # [B, N, K]
         nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [B, N]
         return nll.mean() if reduction == "mean" else nll.mean(dim=1)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` (or token ids ``[B, n]``) -> hidden states ``[B, N, C]``."""
-        return self.forward_tokens(self._input_ids(x))
+        return self._tokens(self._input_ids(x))
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Hidden states ``[B, N, C]`` -> logits ``[B, num_classes]`` (token mean; features with ``pre_logits``)."""
@@ -452,6 +490,7 @@ class ImageGPT(nn.Module):
         if prompt is not None:
             if prompt.dim() != 2 or prompt.shape[0] != n or prompt.shape[1] >= N:
                 raise ValueError(f"prompt must be tokens [num_images={n}, P] with P < {N}, got {tuple(prompt.shape)}")
+            _check_ids(prompt, "prompt", K, " (the palette's colours)")
             start = torch.cat([start, prompt.to(device=device, dtype=torch.long)], dim=1)
         was_training = self.training
         self.eval()
@@ -460,8 +499,8 @@ class ImageGPT(nn.Module):
             cache = KVCache(len(self.blocks), capacity=N) if use_cache else None
             step_in = seq
             while seq.shape[1] <= N:  # N tokens after SOS; the last needs no forward of its own
-                logits = self.forward_logits(step_in, cache=cache)[:, -1] if use_cache \
-                    else self.forward_logits(seq)[:, -1]  # [n, K]
+                hidden = self._tokens(step_in, cache) if use_cache else self._tokens(seq)  # sampled ids: unchecked
+                logits = self.lm_head(hidden)[:, -1]  # [n, K]
                 nxt = _sample(logits.float(), temperature, top_k, gen)  # [n, 1]
                 seq = torch.cat([seq, nxt], dim=1)
                 step_in = nxt
