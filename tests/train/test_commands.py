@@ -25,7 +25,9 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_train_prints_accuracy_last(trained_run: Path, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     assert main(["train", *QUICK, "--output", str(tmp_path / "again")]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "input 8x8 px (the digits' default; --img-size to change)"  # where the size comes from
+    last = lines[-1]
     assert re.fullmatch(r"test accuracy: \d\.\d{4}", last)
     want = json.loads((trained_run / "metrics.json").read_text())[-1]["test_acc"]
     assert last == f"test accuracy: {want:.4f}"
@@ -106,7 +108,8 @@ def test_image_folder_train_eval_predict(image_folder: Path, capsys: pytest.Capt
     assert main(["train", *QUICK, "--model-arg", "patch_size=4", "--img-size", "16", "--batch-size", "9",
                  "--data", str(image_folder), "--val-fraction", "0.25", "--seed", "3", "--output", str(out)]) == 0
     want = json.loads((out / "metrics.json").read_text())[-1]["test_acc"]
-    capsys.readouterr()
+    text = capsys.readouterr().out
+    assert text.startswith("input 16x16 px (--img-size)\n") and "much larger" not in text  # 12 px images
     # eval finds the folder, the split (fraction and seed) and the preprocessing in the model's metadata
     assert main(["eval", "--checkpoint", str(out), "--confusion", str(tmp_path / "c.png")]) == 0
     text = capsys.readouterr().out
@@ -114,3 +117,16 @@ def test_image_folder_train_eval_predict(image_folder: Path, capsys: pytest.Capt
     assert main(["predict", str(image_folder / "dog" / "0.png"), "--checkpoint", str(out), "--topk", "2"]) == 0
     line = capsys.readouterr().out.strip()
     assert len(re.findall(r"(cat|dog|fox) \(\d\.\d{3}\)", line)) == 2
+
+
+def test_folder_of_large_images_says_the_input_size_and_warns(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`train --data DIR` without --img-size: the default model's 8x8 input is named, 48 px images warned of."""
+    from ._utils import make_image_folder
+
+    data = make_image_folder(tmp_path / "photos", {"a": 6, "b": 6}, size=48)
+    assert main(["train", *QUICK, "--batch-size", "8", "--data", str(data), "--val-fraction", "0.25",
+                 "--output", str(tmp_path / "run")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "input 8x8 px (the model's default, vit_digits_patch2_8; --img-size to change)"
+    assert lines[1].startswith("warning: the images are much larger than the model's input: their median shorter "
+                               "side is 48 px, the input 8x8 px") and lines[1].endswith("(e.g. --img-size 32)")

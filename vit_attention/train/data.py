@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 __all__ = ["IMG_EXTENSIONS", "DataBundle", "TensorImageDataset", "ImageFolderDataset", "load_digits_split",
            "scan_image_folder", "build_data", "load_image", "BatchTransform", "mix_batch", "batch_indices",
-           "shard_indices", "iterate_batches", "CorruptImageWarning", "check_classifiable"]
+           "shard_indices", "iterate_batches", "CorruptImageWarning", "check_classifiable", "describe_input_size"]
 
 IMG_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -248,6 +248,27 @@ def build_data(data: str | Path | None = None, *, img_size: int | None = None, i
     return DataBundle(root.name, ImageFolderDataset(train_s, hw, in_chans=in_chans, crop_pct=crop_pct),
                       ImageFolderDataset(val_s, hw, in_chans=in_chans, crop_pct=crop_pct), classes, in_chans, hw,
                       mean, std, skipped, float(np.median(sides)) if sides else None)
+
+
+def describe_input_size(data: DataBundle, source: str) -> list[str]:
+    """The run's input-size line, plus a warning when the images are much larger than that input.
+
+    ``source``: where the size came from (``"--img-size"``, ``"the digits' default"``, ...).
+    Returns ``["input 8x8 px (SOURCE)", ...]``; the warning (a line starting ``warning:``) comes
+    when an image folder's median shorter side is over 4x the input's side and a larger input
+    (up to 224 px, a power of two) would keep more of it.
+    """
+    h, w = data.img_size
+    lines = [f"input {w}x{h} px ({source})"]
+    side, median = max(h, w), data.median_side
+    if median is None or median <= 4 * side:
+        return lines
+    suggest = min(224, 2 ** int(math.log2(median)))
+    if suggest > side:
+        lines.append(f"warning: the images are much larger than the model's input: their median shorter side is "
+                     f"{median:.0f} px, the input {w}x{h} px, so each is shrunk about {median / side:.0f}x and its "
+                     f"detail is lost; train at a larger size with --img-size (e.g. --img-size {suggest})")
+    return lines
 
 
 def check_classifiable(data: DataBundle, *, val_fraction: float | None = None) -> list[str]:

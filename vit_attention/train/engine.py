@@ -68,6 +68,7 @@ from .data import (
     batch_indices,
     build_data,
     check_classifiable,
+    describe_input_size,
     iterate_batches,
     mix_batch,
     shard_indices,
@@ -690,16 +691,23 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any, progress: _Progress) -> 
 
 
 def _load_data(cfg: TrainConfig, info: DistInfo) -> DataBundle:
-    """The data of ``cfg`` (image folders at the model's input size); warns about skipped images and thin splits.
+    """The data of ``cfg`` (image folders at the model's input size); prints the input size and where it comes from.
+
+    Warns about images much larger than the input, skipped images and thin splits.
 
     Raises ``ValueError`` when the batch does not fit the training set or the processes x accumulation steps.
     """
-    img_size = cfg.img_size
+    img_size, source = cfg.img_size, "--img-size"
     if img_size is None and cfg.data not in (None, "digits"):  # image folders: the model's input size
         size = get_model_entry(cfg.model).config(**cfg.model_kwargs).img_size
         img_size = size if isinstance(size, int) else int(size[0])
+        source = f"the model's default, {cfg.model}; --img-size to change"
+    elif img_size is None:
+        source = "the digits' default; --img-size to change"
     data = build_data(cfg.data, img_size=img_size, in_chans=cfg.in_chans, val_fraction=cfg.val_fraction,
                       crop_pct=cfg.crop_pct, seed=cfg.seed)
+    for line in describe_input_size(data, source):
+        _say(info, line)
     if data.skipped:
         _say(info, f"warning: skipped {len(data.skipped)} corrupt image(s), e.g. {data.skipped[0]}")
     for warning in check_classifiable(data, val_fraction=cfg.val_fraction):
