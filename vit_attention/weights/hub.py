@@ -337,7 +337,7 @@ def _from_config_json(config: dict[str, Any], entry: Any, base_cfg: dict[str, An
                           + ", ".join(f"{k}={overrides[k]!r} vs {getattr(preset, k)!r}" for k in differ)
                           + "); the model is built as the folder says", stacklevel=4)
         names = _label_names(config)
-        if names is not None:
+        if names is not None and len(names) == overrides.get("num_classes", len(names)):  # names of these classes
             pcfg["label_names"] = names
         if "num_classes" in overrides:
             pcfg["num_classes"] = overrides["num_classes"]

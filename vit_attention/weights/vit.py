@@ -122,10 +122,18 @@ def hf_activation(config: Mapping[str, Any], choices: Mapping[str, str] = HF_ACT
 
 
 def hf_num_classes(config: Mapping[str, Any]) -> int | None:
-    """Classes of a transformers ``*ForImageClassification`` head (``None`` for a bare model)."""
+    """Classes of a transformers ``*ForImageClassification`` head (``None`` for a bare model).
+
+    A ``num_labels`` the file states wins (a config class that declares it as its own field, such
+    as ``PvtConfig``, builds the classifier from it whatever ``id2label`` holds); else the size
+    of ``id2label`` (transformers' ``num_labels``), else 2.
+    """
     archs = config.get("architectures") or []
     if not any("Classification" in a for a in archs):
         return None
+    stated = config.get("num_labels")
+    if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0:
+        return stated
     id2label = config.get("id2label")
     return len(id2label) if isinstance(id2label, Mapping) and id2label else int(config.get("num_labels", 2))
 

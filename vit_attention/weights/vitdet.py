@@ -8,7 +8,10 @@
 * **Hugging Face** ``VitDetModel`` / ``VitDetBackbone`` (optionally under ``vitdet.`` /
   ``backbone.``): ``embeddings.position_embeddings`` -> ``pos_embed``, ``embeddings.projection``
   -> ``patch_embed.proj``, ``encoder.layer.N.attention.*`` -> ``blocks.N.attn.*``, norms and MLP
-  as they are. It has no pyramid: load into ``pyramid=False`` or with ``strict=False``.
+  as they are. It has no pyramid: load into ``pyramid=False`` or with ``strict=False``. A model
+  folder (``save_pretrained``: ``config.json`` with ``model_type: vitdet``) configures the model
+  through its ``config.json`` (width, depth, heads, windows, eps, sizes; ``pyramid=False``,
+  no classifier), so ``create_model("vitdet_base_patch16_1024", pretrained=folder)`` rebuilds it.
 * **MAE pre-training** (``mae_pretrain_vit_*.pth``, timm ViT names): ``pos_embed [1, 197, C]``,
   ``patch_embed.proj``, ``blocks.N.*`` are ours already; ``cls_token``, the final ``norm`` /
   ``fc_norm``, a classifier ``head`` and the MAE decoder (``decoder_*``, ``mask_token``) are
@@ -30,8 +33,9 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.rel_pos import resize_rel_pos
+from .hub import register_hf_config_reader
 from .layouts import register_adapter, register_converter, rename
-from .vit import drop_mismatched_heads
+from .vit import _size, drop_mismatched_heads
 
 __all__ = ["HF_RULES", "from_detectron2", "from_huggingface", "from_mae", "to_huggingface"]
 
@@ -119,6 +123,43 @@ def _adapt_vitdet(state: State, model: nn.Module, report: Any) -> State:
     return drop_mismatched_heads(state, own, ("head.fc.",), report)
 
 
+# ---------------------------------------------------------------- transformers config.json -> our config
+def _hf_vitdet_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """ViTDetConfig fields a transformers VitDet ``config.json`` defines: the plain backbone (no pyramid, no head).
+
+    ``window_block_indices`` become their complement, ``global_block_indices``; a ``hidden_act``
+    other than GELU or residual bottleneck blocks raise ``ValueError`` naming the field.
+    """
+    out: dict[str, Any] = {"pyramid": False, "num_classes": 0}
+    for theirs, ours in (("hidden_size", "embed_dim"), ("num_hidden_layers", "depth"),
+                         ("num_attention_heads", "num_heads"), ("mlp_ratio", "mlp_ratio"), ("qkv_bias", "qkv_bias"),
+                         ("layer_norm_eps", "norm_eps"), ("num_channels", "in_chans"), ("window_size", "window_size"),
+                         ("use_relative_position_embeddings", "use_rel_pos"),
+                         ("use_absolute_position_embeddings", "use_abs_pos"), ("drop_path_rate", "drop_path_rate"),
+                         ("dropout_prob", "drop_rate")):
+        if theirs in config:
+            out[ours] = config[theirs]
+    for theirs, ours in (("image_size", "img_size"), ("patch_size", "patch_size"),
+                         ("pretrain_image_size", "pretrain_img_size")):
+        if theirs in config:
+            v = _size(config[theirs])
+            if ours != "img_size" and isinstance(v, tuple):
+                if len(set(v)) != 1:
+                    raise ValueError(f"config.json {theirs}={list(v)}: this ViTDet takes one (square) value")
+                v = v[0]
+            out[ours] = v
+    if config.get("hidden_act", "gelu") != "gelu":
+        raise ValueError(f"config.json hidden_act={config['hidden_act']!r}: ViTDet here uses GELU only")
+    if config.get("residual_block_indices"):
+        raise ValueError(f"config.json residual_block_indices={list(config['residual_block_indices'])}: residual "
+                         "bottleneck blocks are not built by this library")
+    if "num_hidden_layers" in config and "window_block_indices" in config:
+        windowed = set(config["window_block_indices"] or ())
+        out["global_block_indices"] = tuple(i for i in range(int(config["num_hidden_layers"])) if i not in windowed)
+    return out
+
+
+register_hf_config_reader("vitdet", _hf_vitdet_config, family="vitdet")
 register_converter("vitdet", "detectron2", _is_detectron2, from_detectron2)
 register_converter("vitdet", "huggingface", _is_huggingface, from_huggingface)
 register_converter("vitdet", "mae", _is_mae, from_mae)
