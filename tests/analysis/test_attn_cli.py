@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -123,3 +124,59 @@ def test_titles_name_layer_heads_and_prediction(run: Path, image: Path, tmp_path
     assert "mean over all 4 attention layers" in seen[-1]["description"]
     with Image.open(tmp_path / "swin" / "attention_maps" / "digit_swin_digits_patch2_window2_8_mean.png") as im:
         assert im.size[0] > 600  # input, overlay and colour bar side by side
+
+
+@pytest.fixture(scope="module")
+def folder_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ViT trained 1 epoch on a 3-class RGB image folder at 16x16 (crop_pct 0.875, its own mean / std)."""
+    from train._utils import TINY, make_image_folder  # (tests/ is on the path)
+
+    root = tmp_path_factory.mktemp("folder_run")
+    data = make_image_folder(root / "images", {"cat": 6, "dog": 6, "fox": 6})
+    out = root / "run"
+    assert main(["train", *TINY, "--model-arg", "patch_size=4", "--img-size", "16", "--epochs", "1",
+                 "--batch-size", "9", "--lr", "0.05", "--data", str(data), "--val-fraction", "0.34", "--no-progress",
+                 "--no-plot", "--output", str(out)]) == 0
+    return out
+
+
+def test_attn_and_predict_give_the_same_probabilities(folder_run: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    """One preprocessing for both: the model's eval data config (resize, centre crop, the run's mean / std)."""
+    from vit_attention.analysis.commands import load_image
+
+    rng = np.random.default_rng(1)
+    pixels = rng.integers(0, 256, (23, 40, 3), dtype=np.uint8)  # wide: cropping and squashing differ
+    pixels[:, :8] = 255
+    path = tmp_path / "wide.png"
+    Image.fromarray(pixels).save(path)
+    capsys.readouterr()
+    for weights in (folder_run, folder_run / "checkpoint.safetensors"):
+        assert main(["predict", str(path), "--checkpoint", str(weights), "--topk", "3"]) == 0
+        shown = dict(re.findall(r"(cat|dog|fox) \((\d\.\d{3})\)", capsys.readouterr().out))
+        assert len(shown) == 3
+        assert main(["attn", str(weights), str(path), "--output", str(tmp_path / "maps")]) == 0
+        label, p = re.search(r"predicted (cat|dog|fox) (\d\.\d{3})\)", capsys.readouterr().out).groups()  # type: ignore[union-attr]
+        assert shown[label] == p and float(p) == max(float(v) for v in shown.values())
+        # attn's reading at full precision against predict's printed probabilities
+        model = build_model(None, checkpoint=weights)
+        x, img = load_image(path, model.data_config)
+        assert x.shape == (1, 3, 16, 16) and img.shape == (3, 16, 16)
+        _, _, _, logits = _heatmap_and_logits(model, x, layer=None, head=None, method="auto")
+        prob = logits.float().softmax(-1)[0]
+        for i, name in enumerate(["cat", "dog", "fox"]):
+            assert abs(prob[i].item() - float(shown[name])) <= 5e-4, (weights.name, name)
+
+
+def test_attn_output_and_its_deprecated_out_alias(run: Path, image: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    png = "digit_vit_digits_patch2_8_rollout.png"
+    assert main(["attn", str(run), str(image), "--output", str(tmp_path / "new")]) == 0
+    assert (tmp_path / "new" / png).is_file() and "deprecated" not in capsys.readouterr().err
+    assert main(["attn", str(run), str(image), "--out", str(tmp_path / "old")]) == 0
+    assert (tmp_path / "old" / png).is_file()
+    assert "--out is deprecated; use --output" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["attn", "--help"])
+    text = capsys.readouterr().out
+    assert "--output" in text and "--out " not in text  # the old name is hidden
