@@ -58,3 +58,70 @@ def test_a_reader_that_leaves_early_is_not_an_error():
 def test_summary_negative_batch_is_a_clear_error(capsys):
     assert main(["summary", "deit_tiny_patch16_224", "--img-size", "32", "--batch-size", "-1"]) == 2
     assert "--batch-size must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_version_prints_the_package_version(capsys):
+    import re
+    from pathlib import Path
+
+    import pytest
+
+    import vit_attention
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"vit-attention {vit_attention.__version__}\n"
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()  # (no tomllib on 3.10)
+    assert re.search(r'^version = "(.+)"$', pyproject, re.M).group(1) == vit_attention.__version__  # one version
+
+
+def test_every_command_and_option_has_help_without_markup():
+    """Walk the whole parser: every sub-command has a help line, every argument (but -h) a plain help text."""
+    import argparse
+    import re
+
+    from vit_attention.cli import build_parser
+
+    markup = re.compile(r"``|:(func|class|mod|meth|data|attr|ref):`")
+    problems: list[str] = []
+
+    def walk(parser: argparse.ArgumentParser, where: str) -> None:
+        if parser.description and markup.search(parser.description):
+            problems.append(f"{where}: description has markup: {parser.description!r}")
+        parser.format_help()  # renders (a stray % in a help text raises here)
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            if isinstance(action, argparse._SubParsersAction):
+                helps = {a.dest: a.help for a in action._choices_actions}
+                for name, sub in action.choices.items():
+                    if not (helps.get(name) or "").strip():
+                        problems.append(f"{where} {name}: no help line in the command list")
+                    walk(sub, f"{where} {name}")
+                continue
+            if action.help == argparse.SUPPRESS:  # hidden on purpose (deprecated aliases)
+                continue
+            name = "/".join(action.option_strings) or action.dest
+            if not (action.help or "").strip():
+                problems.append(f"{where} {name}: no help")
+            elif markup.search(action.help):
+                problems.append(f"{where} {name}: help has markup: {action.help!r}")
+
+    parser = build_parser()
+    walk(parser, "vit-attention")
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert {"train", "eval", "predict", "attn", "generate", "export", "bench", "summary"} <= set(commands)
+    assert not problems, "\n".join(problems)
+
+
+def test_generate_without_checkpoint_warns_like_export(tmp_path, capsys):
+    import vit_attention as va
+
+    assert main(["generate", "igpt_digits", "--num", "1", "--output", str(tmp_path / "noise.png")]) == 0
+    out = capsys.readouterr()
+    assert "warning: no --checkpoint: igpt_digits samples from its initial (random) weights" in out.err
+    assert (tmp_path / "noise.png").is_file() and "wrote" in out.out
+    va.save_weights(va.create_model("igpt_digits"), tmp_path / "run" / "model.safetensors")
+    assert main(["generate", str(tmp_path / "run"), "--num", "1", "--output", str(tmp_path / "grid.png")]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -12,6 +12,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from . import __version__
+
 # Modules that contribute sub-commands, in help order. Each defines add_commands(subparsers).
 _COMMAND_MODULES = (
     "vit_attention.commands",
@@ -29,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vit-attention",
         description="Vision-transformer attention mechanisms and backbones: build, inspect, train, compare.",
     )
+    parser.add_argument("--version", action="version", version=f"vit-attention {__version__}",
+                        help="print the package version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
         try:

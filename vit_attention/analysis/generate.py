@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,10 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     output = Path(args.output)
     probe_writable(output.parent if str(output.parent) else Path("."))
+    if checkpoint is None:
+        print(f"vit-attention generate: warning: no --checkpoint: {name} samples from its initial (random) weights, "
+              f"so the images are noise; give --checkpoint (a run folder of `vit-attention train --model {name}`, "
+              "or Hugging Face ImageGPT weights) for a trained model's samples", file=sys.stderr)
     model: Any = build_model(name, checkpoint=checkpoint, device=args.device)
     if not callable(getattr(model, "generate", None)) or not callable(getattr(model, "dequantize", None)):
         raise ValueError(f"{getattr(model, 'registry_name', type(model).__name__)} is not a generative model "
@@ -105,7 +110,8 @@ def _run(args: argparse.Namespace) -> int:
 def add_commands(sub: Any) -> None:
     """Register ``generate`` on the ``vit-attention`` sub-command parser."""
     p = sub.add_parser("generate", help="sample images from a generative model (Image GPT) into a grid PNG",
-                       description=__doc__.split("\n\n")[0],
+                       description="Sample images from a generative model (Image GPT: igpt_digits trained here, "
+                                   "or Hugging Face ImageGPT / openai image-gpt weights) into one grid PNG.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("model", help="registered model name (e.g. igpt_digits), or a run folder / checkpoint of ours")
     p.add_argument("--checkpoint", default=None, help="weights: ours, Hugging Face ImageGPT or openai/image-gpt")

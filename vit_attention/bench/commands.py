@@ -68,14 +68,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark models (images/s, latency, memory, %% of matmul peak), "
                        "optionally side by side with timm / torchvision")
     p.add_argument("models", nargs="+", metavar="MODEL", help="registered model names, aliases or globs")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8, help="images per step (default: 8)")
     p.add_argument("--img-size", type=int, default=None, help="input size (default: each preset's)")
     p.add_argument("--mode", choices=("infer", "train", "both"), default="infer",
                    help="inference forward, or forward + backward + AdamW step")
     p.add_argument("--compare", default="", help="comma-separated references: timm,torchvision "
                    "(same architecture, our weights loaded into both through our converters)")
     p.add_argument("--compile", action="store_true", help="also time torch.compile(ours); report graph breaks")
-    p.add_argument("--compile-backend", default="inductor")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend for --compile "
+                                                                 "(default: inductor)")
     p.add_argument("--runtime", action="append", choices=RUNTIMES, default=None,
                    help="also time ours exported to this runtime (onnxruntime: ONNX, dynamic batch, CPU, fp32, "
                    "as many threads as torch), interleaved with eager; repeatable (default: none)")
@@ -83,7 +84,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "one block per stage) and list graph breaks; MODEL may be a glob like 'swin*'")
     p.add_argument("--channels-last", action="store_true", help="channels_last inputs and weights")
     p.add_argument("--amp", choices=("bf16",), default=None, help="torch.autocast in bf16 (default fp32)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds; each times every participant twice, ABBA order")
     p.add_argument("--iters", type=int, default=1, help="steps per participant per round")

@@ -502,7 +502,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                            ("predict", "top-k classes of image files")):
         p = sub.add_parser(name, help=helptext)
         if name == "predict":
-            p.add_argument("images", nargs="+", metavar="IMAGE")
+            p.add_argument("images", nargs="+", metavar="IMAGE",
+                           help="image files (PNG, JPEG, TIFF ...; any Pillow mode, 16-bit included), read with "
+                                "the model's eval preprocessing: resize, centre crop, normalisation")
             p.add_argument("--topk", type=int, default=5, help="classes shown per image, >= 1 (default 5; at "
                                                                "most the model's number of classes)")
             p.add_argument("--crop-pct", type=float, default=None,
@@ -526,11 +528,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         if name == "eval":
             p.add_argument("--data", default=None, help="image folder with the training classes (default: the "
                                                         "data the model was trained on)")
-            p.add_argument("--split", default="test", choices=("test", "train"))
-            p.add_argument("--val-fraction", type=float, default=None, help="(default: as in training)")
+            p.add_argument("--split", default="test", choices=("test", "train"),
+                           help="which split of the data to score: the held-out test / val images, or the "
+                                "training images (default: test)")
+            p.add_argument("--val-fraction", type=float, default=None,
+                           help="held-out share of an image folder without val/ (default: as in training)")
             p.add_argument("--confusion", default=None, metavar="PNG",
                            help="where to write the confusion matrix (default: confusion.png beside the checkpoint)")
-            p.add_argument("--device", default=None)
+            p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
             p.set_defaults(func=_eval)
         else:
             p.set_defaults(func=_predict)
