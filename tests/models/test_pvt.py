@@ -172,3 +172,49 @@ def test_conv2d_act_equals_conv_then_activation(act: str | None) -> None:
     assert xg.grad is not None and torch.isfinite(xg.grad).all()
     with pytest.raises(ValueError, match="act"):
         conv2d_act(x, w, b, act="tanh")
+
+
+@pytest.mark.parametrize(("name", "side"), [("pvt_tiny", 32), ("pvt_v2_b0", 29), ("pvt_v2_b2_li", 1),
+                                            ("twins_pcpvt_small", 32), ("twins_svt_small", 32)])
+def test_minimum_input_size_is_exact_and_named(name: str, side: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PVT v1 floors (kernel = stride convs): 4·2^i·sr_ratio; PVTv2 pads (ceil): 4·2^i·(sr_ratio - 1) + 1, so
+    29 px; the linear variant pools its keys: any size. At the minimum the model runs; one pixel less on
+    one side raises ``ValueError`` naming the minimum and the options, before SRA's bare error."""
+    from vit_attention.models.pvt_v2 import MinInputSize
+
+    model = _model(name, **({} if name.startswith("pvt") else dict(embed_dims=(16, 32, 32, 32), num_heads=(1,) * 4,
+                                                                      depths=(2,) * 4)))
+    assert model.min_input_size == (side, side)
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, side, side)).shape == (1, 7)
+        if side == 1:
+            return
+        small = torch.randn(1, 3, side - 1, side + 8)
+        with pytest.raises(ValueError, match=rf"input {side - 1}x{side + 8} px is below the minimum input size of "
+                                             rf"this model, {side}x{side} px: stage 0 .* sr_ratio=8 .*img_size=.*"
+                                             r"--img-size"):
+            model(small)
+        monkeypatch.setattr(model, "_min_input", MinInputSize((1,) * 4, (1,) * 4))  # without the check ...
+        with pytest.raises(ValueError, match="smaller than sr_ratio=8"):  # ... SRA's own error: the minimum is tight
+            model(small)
+
+
+def test_img_size_below_the_minimum_fails_at_construction() -> None:
+    with pytest.raises(ValueError, match=r"img_size=16 is below the minimum input size of this model, 29x29 px.*"
+                                         r"create_model\(\.\.\., img_size=29\); --img-size 29"):
+        create_model("pvt_v2_b0", img_size=16)
+    with pytest.raises(ValueError, match=r"img_size=32 .* 64x64 px: stage 0 would see a 8x8 map, smaller than its "
+                                         r"sr_ratio=16"):
+        create_model("pvt_tiny", img_size=32, sr_ratios=(16, 4, 2, 1))
+    with pytest.raises(ValueError, match=r"img_size=\(64, 16\) .* 32x32 px"):
+        create_model("twins_pcpvt_small", img_size=(64, 16))
+    assert _model("pvt_v2_b0", sr_ratios=(4, 2, 1, 1), img_size=13).min_input_size == (13, 13)  # 4·3 + 1
+    assert _model("pvt_v2_b0", attn_layer="mhsa", img_size=8).min_input_size == (1, 1)  # nothing reduces
+
+
+def test_cli_names_the_minimum_input_size(capsys: pytest.CaptureFixture[str]) -> None:
+    from vit_attention.cli import main
+
+    assert main(["info", "pvt_v2_b0", "--img-size", "16"]) != 0
+    err = capsys.readouterr().err
+    assert "minimum input size of this model, 29x29 px" in err and "--img-size 29" in err

@@ -9,7 +9,8 @@ LN, i > 0), ``stages.3.downsample.cls_token`` (the class token joins in stage 4)
 Hugging Face ``Pvt*`` layouts.
 
 Each stage embeds its input (:class:`PvtEmbed`: conv + LN + its own position table, resampled
-bilinearly for other input sizes), then runs plain-MLP pre-norm blocks of the ``sra`` mechanism
+bilinearly for other input sizes, from 32 px up with the default ``sr_ratios``: ``model.min_input_size``),
+then runs plain-MLP pre-norm blocks of the ``sra`` mechanism
 (any registered mechanism can replace it). The last stage prepends the class token: it attends and
 is attended (``sr_ratio`` is 1 there), and the head reads it after the final norm.
 
@@ -41,7 +42,7 @@ from ..layers import (
 from ..layers.conv_embed import ConvEmbed
 from ..layers.head import reset_head
 from ._config import ConfigMixin, check_choice, check_int, check_size
-from .pvt_v2 import check_pyramid, init_pyramid_weights, pyramid_blocks
+from .pvt_v2 import MinInputSize, check_pyramid, init_pyramid_weights, pyramid_blocks
 from .registry import register_family
 
 __all__ = ["PvtConfig", "PyramidVisionTransformer", "PvtEmbed"]
@@ -182,6 +183,13 @@ class PyramidVisionTransformer(HierarchicalMixin, nn.Module):
                 nn.init.trunc_normal_(m.pos_embed, std=0.02)
                 if m.cls_token is not None:
                     nn.init.trunc_normal_(m.cls_token, std=0.02)
+        self._min_input = MinInputSize.of(self.stages, strides)
+        self._min_input.check(img, option=True)
+
+    @property
+    def min_input_size(self) -> tuple[int, int]:
+        """The smallest input ``(H, W)`` every stage's spatial reduction takes (32 x 32 with sr_ratios 8, 4, 2, 1)."""
+        return self._min_input.side, self._min_input.side
 
     @classmethod
     def default_config(cls, **overrides: Any) -> PvtConfig:
@@ -200,7 +208,11 @@ class PyramidVisionTransformer(HierarchicalMixin, nn.Module):
         return {n for n, _ in self.named_parameters() if n.endswith("cls_token")}
 
     def _embed(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> ``[B, H/p, W/p, C1]`` (conv + LN + position table)."""
+        """Images ``[B, Cin, H, W]`` -> ``[B, H/p, W/p, C1]`` (conv + LN + position table).
+
+        An input below :attr:`min_input_size` raises ``ValueError`` saying the minimum.
+        """
+        self._min_input.check(tuple(x.shape[-2:]))
         return self.patch_embed(x)
 
     def _run(self, x: Tensor, take: Sequence[int] = ()) -> tuple[Tensor, list[Tensor]]:

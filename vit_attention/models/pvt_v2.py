@@ -12,7 +12,9 @@ the depthwise-conv MLP (:class:`~vit_attention.layers.mlp_dwconv.MlpDWConv`, ReL
 linear ``-Li`` variant) and the ``sra`` mechanism per stage (``sr_ratio``, ``linear``). The stages are
 the shared scaffold (:class:`~vit_attention.layers.Stage` with a per-stage LayerNorm) and the one
 :class:`~vit_attention.layers.Block`; any registered mechanism can replace ``sra``. There is no
-position embedding: any input size works (maps are channels-last ``[B, H, W, C]`` throughout).
+position embedding: any input size from 29 px up works (maps are channels-last ``[B, H, W, C]``
+throughout); below it the first stage's map is smaller than its ``sr_ratio`` of 8 (:class:`MinInputSize`:
+``model.min_input_size``; the linear ``-Li`` variant pools its keys and takes any size).
 
 LayerNorm eps: ``norm_eps`` (blocks, stage norms: 1e-6 in timm / the original) and ``embed_norm_eps``
 (patch embeddings and the SRA reduction norm: the ``nn.LayerNorm`` default 1e-5 there; Hugging Face
@@ -22,12 +24,14 @@ uses 1e-6 for all).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
 from torch import Tensor, nn
 
+from ..attention.sra import SpatialReductionAttention
 from ..layers import (
     Block,
     ClassifierHead,
@@ -43,7 +47,7 @@ from ..layers.mlp_dwconv import MlpDWConv
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
 from .registry import register_family
 
-__all__ = ["PvtV2Config", "PyramidVisionTransformerV2", "check_pyramid"]
+__all__ = ["PvtV2Config", "PyramidVisionTransformerV2", "check_pyramid", "MinInputSize"]
 
 
 def check_pyramid(cfg: Any) -> int:
@@ -71,11 +75,66 @@ def check_pyramid(cfg: Any) -> int:
     return n
 
 
+@dataclass(frozen=True)
+class MinInputSize:
+    """The smallest input a pyramid of spatial-reduction stages takes (PVT v1, PVTv2, Twins).
+
+    Stage ``i`` sees a map of side ``⌊S / strides[i]⌋`` for an image side ``S`` (convs with kernel =
+    stride, PVT v1 and Twins) or ``⌈S / strides[i]⌉`` (``padded``: PVTv2's overlapping padded convs).
+    A spatial-reduction attention with ``sr_ratio = r`` (conv reduction, not the pooled ``linear``
+    one) needs a map of at least ``r x r``: its ``r x r`` stride-``r`` conv must leave a key. ``needs``:
+    that smallest map side per stage (1 where nothing reduces).
+    """
+
+    strides: tuple[int, ...]
+    needs: tuple[int, ...]
+    padded: bool = False
+
+    @classmethod
+    def of(cls, stages: Sequence[nn.Module], strides: Sequence[int], *, padded: bool = False) -> MinInputSize:
+        """Read each stage's ``blocks``' attention (``sr_ratio`` of a reducing SRA) -> the rule."""
+        needs = tuple(max((int(b.attn.sr_ratio) for b in stage.blocks
+                           if isinstance(b.attn, SpatialReductionAttention) and b.attn.reduces and not b.attn.linear),
+                          default=1) for stage in stages)
+        return cls(tuple(int(s) for s in strides), needs, padded)
+
+    @property
+    def side(self) -> int:
+        """The smallest image side (px) every stage takes."""
+        return max(s * (n - 1) + 1 if self.padded else s * n for s, n in zip(self.strides, self.needs))
+
+    def map_side(self, stage: int, side: int) -> int:
+        """The side of stage ``stage``'s map for an image side ``side``."""
+        return -(-side // self.strides[stage]) if self.padded else side // self.strides[stage]
+
+    def check(self, size: tuple[int, int], *, option: bool = False) -> None:
+        """Raise ``ValueError`` when an image ``size = (H, W)`` is below :attr:`side` on a side.
+
+        ``option``: ``size`` is the ``img_size`` the model is built with (else the input of a forward).
+        The message names the minimum, the stage and ``sr_ratio`` that set it, and ``img_size`` /
+        ``--img-size``.
+        """
+        H, W = int(size[0]), int(size[1])
+        m = self.side
+        if H >= m and W >= m:
+            return
+        i = next(i for i, n in enumerate(self.needs) if min(self.map_side(i, H), self.map_side(i, W)) < n)
+        what = (f"img_size={H if H == W else (H, W)}" if option else f"input {H}x{W} px")
+        why = (f"smaller than its sr_ratio={self.needs[i]} (spatial reduction would leave no key)"
+               if self.needs[i] > 1 else "an empty map")
+        fix = (f"build it with img_size >= {m} (create_model(..., img_size={m}); --img-size {m} on the command "
+               "line)") if option else (f"feed images of at least {m}x{m} px (img_size= in create_model / "
+                                        "--img-size on the command line sets the size images are read at)")
+        raise ValueError(f"{what} is below the minimum input size of this model, {m}x{m} px: stage {i} would "
+                         f"see a {self.map_side(i, H)}x{self.map_side(i, W)} map, {why}; {fix}")
+
+
 @dataclass
 class PvtV2Config(ConfigMixin):
     """Everything a :class:`PyramidVisionTransformerV2` is built from (JSON-serialisable).
 
-    ``img_size`` is the default input (data config, FLOPs); any size runs. ``linear``: PVTv2-Li
+    ``img_size`` is the default input (data config, FLOPs); any size from ``model.min_input_size``
+    up runs (29 px with the default ``sr_ratios``, any with ``linear``). ``linear``: PVTv2-Li
     (pooled 7x7 keys, ReLU in the MLP). ``attn_layer``: any registered mechanism (``sra`` gets
     ``sr_ratio``, ``linear`` and ``norm_eps = embed_norm_eps`` per stage where it takes them).
     """
@@ -118,7 +177,7 @@ def pyramid_blocks(cfg: Any, i: int, drop_path: list[float], mlp_layer: Any = No
 
 
 class PyramidVisionTransformerV2(HierarchicalMixin, nn.Module):
-    """PVTv2 backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]`` (any input size).
+    """PVTv2 backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]`` (inputs of ``min_input_size`` or more).
 
     ``forward_features`` gives the last stage's normalised map ``[B, H/32, W/32, C4]`` (channels-last;
     timm returns it NCHW), ``forward_intermediates`` every stage's map (``NCHW`` by default, stride
@@ -150,6 +209,13 @@ class PyramidVisionTransformerV2(HierarchicalMixin, nn.Module):
         self.norm = nn.Identity()  # every stage ends with its own norm
         self.head = ClassifierHead(dims[-1], cfg.num_classes, global_pool=cfg.global_pool, drop=cfg.drop_rate)
         init_pyramid_weights(self)
+        self._min_input = MinInputSize.of(self.stages, [4 * 2 ** i for i in range(len(dims))], padded=True)
+        self._min_input.check(check_size(cfg.img_size, "img_size"), option=True)
+
+    @property
+    def min_input_size(self) -> tuple[int, int]:
+        """The smallest input ``(H, W)`` every stage's spatial reduction takes (29 x 29 with sr_ratios 8, 4, 2, 1)."""
+        return self._min_input.side, self._min_input.side
 
     @classmethod
     def default_config(cls, **overrides: Any) -> PvtV2Config:
@@ -166,7 +232,11 @@ class PyramidVisionTransformerV2(HierarchicalMixin, nn.Module):
         return set()
 
     def _embed(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> ``[B, H/4, W/4, C1]`` (overlapping 7x7 stride-4 conv + LN)."""
+        """Images ``[B, Cin, H, W]`` -> ``[B, H/4, W/4, C1]`` (overlapping 7x7 stride-4 conv + LN).
+
+        An input below :attr:`min_input_size` raises ``ValueError`` saying the minimum.
+        """
+        self._min_input.check(tuple(x.shape[-2:]))
         return self.patch_embed(x)
 
 

@@ -48,6 +48,7 @@ from ..layers import (
 )
 from ..layers.head import init_linear_weights, reset_head
 from ._config import ConfigMixin, check_choice, check_float, check_int, check_int_seq, check_size
+from .pvt_v2 import MinInputSize
 from .registry import register_family
 
 __all__ = ["TwinsConfig", "Twins", "TwinsPatchEmbed", "TwinsPosConv"]
@@ -188,6 +189,13 @@ class Twins(HierarchicalMixin, nn.Module):
         self.norm = norm_layer(self.num_features)
         self.head = ClassifierHead(self.num_features, cfg.num_classes, global_pool=cfg.global_pool, drop=cfg.drop_rate)
         self._init_weights()
+        self._min_input = MinInputSize.of(self.stages, [cfg.patch_size * 2 ** i for i in range(len(dims))])
+        self._min_input.check(check_size(cfg.img_size, "img_size"), option=True)
+
+    @property
+    def min_input_size(self) -> tuple[int, int]:
+        """The smallest input ``(H, W)`` every GSA's spatial reduction takes (32 x 32 with sr_ratios 8, 4, 2, 1)."""
+        return self._min_input.side, self._min_input.side
 
     def _init_weights(self) -> None:
         init_linear_weights(self)
@@ -202,6 +210,7 @@ class Twins(HierarchicalMixin, nn.Module):
         """Images ``[B, Cin, H, W]`` -> channels-last ``[B, H, W, Cin]`` (stage 0's patch embedding takes it)."""
         if x.dim() != 4 or x.shape[1] != self.in_chans:
             raise ValueError(f"expected images [B, {self.in_chans}, H, W], got {tuple(x.shape)}")
+        self._min_input.check(tuple(x.shape[-2:]))  # below min_input_size: ValueError saying the minimum
         return x.permute(0, 2, 3, 1)
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
