@@ -352,7 +352,9 @@ class ViTDet(nn.Module):
         (``NHWC``). ``norm`` is accepted for the contract and changes nothing (ViTDet has no final
         norm). Returns ``(last map [B, H', W', C], [maps])`` or only the list.
         """
-        take = resolve_indices(indices, len(self.feature_info), "feature level")
+        # counted from the model's own levels / blocks: a features model narrows feature_info to its picks
+        levels_total = len(self.pyramid_levels) if self.pyramid_levels else len(self.blocks)
+        take = resolve_indices(indices, levels_total, "feature level")
         if output_fmt not in ("NCHW", "NHWC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
         if self.pyramid_levels:
