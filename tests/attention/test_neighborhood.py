@@ -3,6 +3,7 @@ as a boolean mask and the bias gathered by the formula), for random sizes, kerne
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from vit_attention.analysis.attention_maps import record_attention
 from vit_attention.attention import create_attention
+from vit_attention.attention.neighborhood import SmallMapWarning
 from vit_attention.functional.neighborhood import neighborhood_plan
 
 
@@ -135,3 +137,39 @@ def test_bias_cache_follows_the_table_and_training_gets_its_gradient() -> None:
     m.train()
     m(x).square().sum().backward()
     assert m.rpb.grad is not None and m.rpb.grad.abs().sum() > 0
+
+
+def test_small_map_warns_once_per_module_naming_what_happens() -> None:
+    """A map smaller than K·d is zero-padded and the padding attended (the original's behaviour): the first
+    call of each module on such a map warns, naming the map, the kernel, the dilation and the padded share."""
+    import warnings
+
+    m = create_attention("neighborhood", 8, 2, kernel_size=7).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a map of K·d or more: no warning
+        m(torch.randn(1, 7, 9, 8))
+    with pytest.warns(SmallMapWarning) as rec:
+        m(torch.randn(1, 3, 3, 8))
+        m(torch.randn(1, 3, 3, 8))
+        m(torch.randn(1, 2, 5, 8))  # another small map: still once per module
+    assert len(rec) == 1 and issubclass(SmallMapWarning, UserWarning)
+    msg = str(rec[0].message)
+    for words in ("kernel_size=(7, 7)", "dilation=(1, 1)", "3x3 map", "7x7", "zero-padded", "82%"):
+        assert words in msg, (words, msg)
+    with pytest.warns(SmallMapWarning, match=r"dilation=\(2, 2\) runs on a 4x4 map.*6x6.*56%"):
+        create_attention("neighborhood", 8, 2, kernel_size=3, dilation=2)(torch.randn(1, 4, 4, 8))  # a new module
+
+
+def test_padding_share_is_the_share_of_zero_keys() -> None:
+    """With uniform weights (q = k = 0, no bias) and v = 1 on the map, a query's output is its share of real keys."""
+    for K, d, H, W in [(7, 1, 3, 3), (3, 2, 4, 4), (3, 2, 5, 6), (5, 3, 7, 20), (3, 1, 5, 5)]:
+        m = create_attention("neighborhood", 4, 1, kernel_size=K, dilation=d, rel_pos_bias=False).eval()
+        with torch.no_grad():
+            m.qkv.weight.zero_()
+            m.qkv.bias.zero_()
+            m.qkv.weight[8:12] = torch.eye(4)  # v = x
+            m.proj.weight.copy_(torch.eye(4))
+            m.proj.bias.zero_()
+            with pytest.warns(SmallMapWarning) if m.padding_share(H, W) else contextlib.nullcontext():
+                y = m(torch.ones(1, H, W, 4))
+        assert math.isclose(1 - y[..., 0].mean().item(), m.padding_share(H, W), abs_tol=1e-5), (K, d, H, W)

@@ -5,7 +5,8 @@ Channels-last maps ``[B, H, W, C]`` in and out. Each query attends to its ``K x 
 rule, see :mod:`vit_attention.functional.neighborhood`), with a learned relative-position bias
 ``rpb [nh, 2K-1, 2K-1]``. Maps with a side smaller than ``K·d`` are zero-padded bottom / right to
 ``K·d`` before the projection and cropped after, unmasked, as the original module and Hugging
-Face do.
+Face do: there a query's window holds zero-padding keys (most of them on a map much smaller than
+``K·d``), and the module warns once (:class:`SmallMapWarning`, the first call on such a map).
 
 No ``N x N`` matrix is ever built: queries are processed in tiles that share a key region (the
 tile plan), each tile one small dense problem for the library's single attention function (the
@@ -14,6 +15,7 @@ fused kernel when no weights are asked for). Memory is linear in the map size.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -28,7 +30,11 @@ from ._common import check_heads, check_prob, check_spatial_call
 from .registry import register_attention
 from .window import _param_key
 
-__all__ = ["NeighborhoodAttention"]
+__all__ = ["NeighborhoodAttention", "SmallMapWarning"]
+
+
+class SmallMapWarning(UserWarning):
+    """Neighbourhood attention ran on a map smaller than ``kernel_size · dilation``: it attends to zero padding."""
 
 
 def _grid_kernel(grid: tuple[int, int]) -> dict[str, Any]:
@@ -49,7 +55,14 @@ def _grid_kernel(grid: tuple[int, int]) -> dict[str, Any]:
         "    out_ij = Σ A_ij,kl v_kl\n\n"
         "Computed in tiles of `T x T` queries that share a key region of at most `(T + K - 1)²` keys "
         "(a mask keeps each query to its window): small dense problems for the fused kernel, never an "
-        "`N x N` matrix."),
+        "`N x N` matrix.\n\n"
+        "**Maps smaller than `K·d`.** A side shorter than `kernel_size · dilation` is zero-padded "
+        "bottom / right to `K·d` and the padding is attended, unmasked (the original NAT / DiNAT module "
+        "and Hugging Face do the same): part of every window, most of it on a map much smaller than "
+        "`K·d`, is zero keys (e.g. `K = 7` on a 3×3 map: on average 82 % of a query's 49 keys). Each module "
+        "warns the first time it runs on such a map (`SmallMapWarning`, a `UserWarning`, once per module instance; "
+        "not while torch compiles or exports), naming the map, the kernel, the dilation and the padded "
+        "share of the keys; a larger input or a smaller `kernel_size` / `dilation` for that stage avoids it."),
     cost="4·N·C² + 2·N·K²·C multiply-adds for the mechanism (linear in N); the tiles compute "
          "2·nT·T²·R²·C for the logits and values (R ≤ T + K − 1), about (T + K − 1)²/K² of that",
     doc_example=(dict(kernel_size=7, dilation=1), (1, 14, 14, 96)), grid_kwargs=_grid_kernel)
@@ -66,6 +79,9 @@ class NeighborhoodAttention(nn.Module):
         rel_pos_bias: learn ``rpb`` (NAT / DiNAT); False for none.
         tile_size: query tile side ``T`` (default :func:`~vit_attention.functional.neighborhood.default_tile_size`):
             a speed knob, the output does not depend on it.
+
+    A map with a side below ``K·d`` is zero-padded to ``K·d`` and the padding attended (the
+    original's behaviour); the first such call of each instance warns (:class:`SmallMapWarning`).
     """
 
     def __init__(self, dim: int, num_heads: int, *, kernel_size: int | tuple[int, int] = 7,
@@ -94,10 +110,38 @@ class NeighborhoodAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
         self._bias_cache: tuple[tuple[Any, ...], Tensor] | None = None
+        self._warned_small_map = False  # SmallMapWarning: once per instance
 
     def padded_size(self, H: int, W: int) -> tuple[int, int]:
         """The map size attention runs on: each side at least ``K·d`` (zero padding bottom / right)."""
         return max(H, self.kernel_size[0] * self.dilation[0]), max(W, self.kernel_size[1] * self.dilation[1])
+
+    def padding_share(self, H: int, W: int) -> float:
+        """The share of a query's ``Kh·Kw`` keys that are zero padding on an ``H x W`` map, averaged over the queries.
+
+        0 when both sides are at least ``K·d``. A padded side is exactly ``K·d`` long, so query row ``i``'s
+        window holds every row ``≡ i (mod d)``: ``|{r < H: r ≡ i}|`` real ones of its ``K``.
+        """
+        real = 1.0
+        for side, k, d in ((H, self.kernel_size[0], self.dilation[0]), (W, self.kernel_size[1], self.dilation[1])):
+            if side < k * d:
+                real *= sum(len(range(i % d, side, d)) for i in range(side)) / (side * k)
+        return 1.0 - real
+
+    def _warn_small_map(self, H: int, W: int) -> None:
+        """:class:`SmallMapWarning` for an ``H x W`` map, once per instance (never while torch records a graph)."""
+        if self._warned_small_map or capturing():
+            return
+        self._warned_small_map = True
+        (kh, kw), (dh, dw) = self.kernel_size, self.dilation
+        Hp, Wp = self.padded_size(H, W)
+        warnings.warn(
+            f"neighbourhood attention with kernel_size={(kh, kw)} and dilation={(dh, dw)} runs on a {H}x{W} map, "
+            f"smaller than kernel_size·dilation = {kh * dh}x{kw * dw}: the map is zero-padded to {Hp}x{Wp} and "
+            f"the padding is attended, unmasked (as the original NAT / DiNAT module): "
+            f"{self.padding_share(H, W):.0%} of each query's keys are zeros on average. A larger input or a "
+            "smaller kernel_size / dilation for this stage avoids it (warned once per module)",
+            SmallMapWarning, stacklevel=2)
 
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
                 context: Tensor | None = None) -> Tensor:
@@ -105,6 +149,7 @@ class NeighborhoodAttention(nn.Module):
         B, H, W, C = check_spatial_call(self, x, feat_size, num_prefix_tokens, context)
         Hp, Wp = self.padded_size(H, W)
         if (Hp, Wp) != (H, W):
+            self._warn_small_map(H, W)
             x = F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H))  # zeros bottom / right, unmasked (the references)
         out = self.attend(apply_linear(self.qkv, x), grid=(H, W))[:, :H, :W]  # [B, H, W, C]
         return self.proj_drop(apply_linear(self.proj, out))
