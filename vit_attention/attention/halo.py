@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.halo import halo_attention
+from ..functional.sizes import make_divisible
 from ._common import check_heads, check_prob, check_spatial_call
 from .registry import register_attention
 
@@ -82,8 +83,6 @@ class HaloAttention(nn.Module):
                  qkv_bias: bool = False, avg_down: bool = False, scale_pos_embed: bool = False,
                  pad_mask: bool = False, attn_drop: float = 0.0) -> None:
         super().__init__()
-        from ..layers.mbconv import make_divisible  # here: layers imports the attention package
-
         dim_out = dim_out or dim
         check_heads(dim_out, num_heads, "dim_out")
         if stride not in (1, 2):

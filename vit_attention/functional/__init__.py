@@ -12,6 +12,7 @@ from .heads import merge_heads, split_heads, split_packed, split_qkv
 from .layout import AttentionLayout, token_layout, window_layout
 from .pos_embed import resample_abs_pos_embed, sincos_2d_pos_embed
 from .runtime import Switch, switches
+from .sizes import make_divisible
 from .window import pad_to_window, shift_window_mask, window_partition, window_reverse  # noqa: F401
 from .window_attention import window_attention
 
@@ -20,6 +21,7 @@ __all__ = [
     "attention_context",
     "fused_attention",
     "fused_attention_enabled",
+    "make_divisible",
     "merge_heads",
     "register_attention_hook",
     "resample_abs_pos_embed",

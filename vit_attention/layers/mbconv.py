@@ -13,20 +13,10 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.batch_norm import conv_bn
+from ..functional.sizes import make_divisible  # re-exported: its home was here
 from .drop_path import DropPath
 
 __all__ = ["ConvNormAct", "InvertedResidual", "act_fresh", "make_divisible"]
-
-
-def make_divisible(v: float, divisor: int = 8, min_value: int | None = None, round_limit: float = 0.9) -> int:
-    """``v`` rounded to the nearest multiple of ``divisor`` (at least ``min_value``, default ``divisor``),
-    one step up when rounding lost more than ``1 - round_limit`` of it (MobileNet / timm / ml-cvnets rule)."""
-    min_value = min_value or divisor
-    new_v = max(min_value, int(v + divisor / 2) // divisor * divisor)
-    if new_v < round_limit * v:
-        new_v += divisor
-    return new_v
-
 
 _INPLACE: dict[type, Callable[[Tensor], Tensor]] = {nn.SiLU: lambda t: torch.nn.functional.silu(t, inplace=True),
                                                  nn.ReLU: torch.relu_}
