@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from vit_attention.cli import main
-from vit_attention.train import engine
+from vit_attention.train import engine, run_folder
 from vit_attention.train.checkpoint import load_training_state
 from vit_attention.weights.io import read_metadata
 
@@ -182,8 +182,8 @@ def test_unwritable_or_invalid_output_is_named(tmp_path: Path, capsys: pytest.Ca
     assert "--output" in capsys.readouterr().err
     ro = tmp_path / "readonly"
     ro.mkdir()
-    real_access = engine.os.access
-    monkeypatch.setattr(engine.os, "access", lambda p, mode: False if Path(p) == ro else real_access(p, mode))
+    real_access = run_folder.os.access
+    monkeypatch.setattr(run_folder.os, "access", lambda p, mode: False if Path(p) == ro else real_access(p, mode))
     with pytest.raises(ValueError, match=r"--output .*readonly/run: .*readonly is not writable"):
         engine.check_output_folder(ro / "run")
     assert main(["train", *QUICK, "--output", str(ro / "run")]) == 2

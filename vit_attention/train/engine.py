@@ -25,33 +25,28 @@ One run is a few named steps sharing a ``_Run`` (options, data, model, optimizer
 (evaluation, metrics row, epoch checkpoint) per epoch; and ``_finish`` (final score, weights, curves).
 ``train`` around them checks the options, sets up the processes and turns signals into
 :class:`TrainingInterrupted`.
+
+This module is the loop; its pieces live beside it (and are re-exported here): the options in
+``config.py``, the schedule / AdamW groups / EMA / seeding in ``optim.py``, evaluation and the
+metrics files in ``metrics.py``, the failure types and their messages in ``errors.py``, run folders
+in ``run_folder.py`` and the curves in ``plots.py``.
 """
 
 from __future__ import annotations
 
-import copy
-import csv
 import json
 import math
-import os
-import signal
 import sys
-import threading
 import time
-import types
-import typing
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..models.registry import create_model, get_model_entry
-from ..weights.io import atomic_write, probe_writable, save_weights
+from ..weights.io import atomic_write, save_weights
 from . import presets  # noqa: F401  (registers the digits presets)
 from .checkpoint import (
     CHECKPOINT_NAME,
@@ -62,6 +57,7 @@ from .checkpoint import (
     restore_rng_state,
     save_training_state,
 )
+from .config import TrainConfig, check_model_kwargs
 from .data import (
     BatchTransform,
     DataBundle,
@@ -82,406 +78,28 @@ from .distributed import (
     full_optimizer_state,
     full_state_dict,
     init_distributed,
-    is_fsdp,
     load_optimizer_state,
     no_sync,
     unwrap_model,
     wrap_model,
 )
-from .generative import NextPixelObjective, evaluate_dataset, is_generative, probe_datasets
+from .errors import (
+    TrainingDiverged,
+    TrainingInterrupted,
+    _check_finite_state,
+    _Progress,
+    _sigterm_as_interrupt,
+    _Terminated,
+)
+from .generative import NextPixelObjective, is_generative, probe_datasets
+from .metrics import METRIC_COLUMNS, _write_metrics, evaluate  # noqa: F401  (METRIC_COLUMNS: re-exported)
+from .optim import ModelEma, _autocast, lr_at, param_groups, seed_step
+from .plots import plot_curves
+from .run_folder import _make_output, check_output_folder, create_run_folder
 
 __all__ = ["TrainConfig", "ModelEma", "lr_at", "param_groups", "evaluate", "train", "plot_curves", "seed_step",
            "TrainingDiverged", "TrainingInterrupted", "create_run_folder", "check_model_kwargs",
            "check_output_folder"]
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss (or the weights) became non-finite; nothing non-finite was written."""
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM stopped the run; ``str(e)`` says how to resume, ``e.exit_code`` is 130 or 143."""
-
-    def __init__(self, message: str, exit_code: int = 130) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-@dataclass
-class TrainConfig:
-    """Every choice of a training run (JSON-serialisable; stored in checkpoints)."""
-
-    model: str = presets.DEFAULT_MODEL
-    model_kwargs: dict[str, Any] = field(default_factory=dict)  # config overrides, e.g. {"attn_layer": "window"}
-    data: str | None = None  # None / "digits": the embedded set; else an image folder
-    img_size: int | None = None  # None: 8 for digits, the model's for folders
-    in_chans: int = 3  # image folders: 1 (grayscale) or 3 (RGB)
-    val_fraction: float = 0.1
-    crop_pct: float = 0.875
-    output: str | None = None  # run folder; None: runs/<model>-<time>
-    epochs: int = 60
-    batch_size: int = 64  # global batch per optimizer step
-    lr: float = 2e-3
-    min_lr: float = 1e-5
-    warmup_epochs: float = 3.0
-    weight_decay: float = 0.05
-    clip_grad: float | None = 1.0
-    accum_steps: int = 1
-    label_smoothing: float = 0.1
-    mixup: float = 0.0
-    cutmix: float = 0.0
-    randaugment: tuple[int, int] | None = None  # (num ops, magnitude), e.g. (2, 9)
-    hflip: float | None = None  # None: 0.5 for image folders, 0 for digits
-    crop_scale: tuple[float, float] | None = None  # random resized crop; None: (0.35, 1) folders, off for digits
-    affine: float | None = None  # probability of a small random affine; None: 0.5 for digits, off for folders
-    drop_rate: float | None = None  # model overrides when set
-    drop_path_rate: float | None = None
-    attn_drop_rate: float | None = None
-    grad_checkpointing: bool = False
-    amp: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU), bf16, none
-    ema_decay: float | None = None
-    seed: int = 0
-    device: str | None = None
-    threads: int | None = None  # CPU intra-op threads; None: 1 for models under 2M parameters, else torch's
-    fsdp: bool = False
-    workers: int = 0
-    ckpt_every: int = 0  # also checkpoint every N optimizer steps (0: at epoch ends only)
-    resume: bool = False
-    stop_after: int | None = None  # save a checkpoint and stop at this global step (continue with resume)
-    teacher: str | None = None  # a registered model name or a .safetensors checkpoint
-    teacher_checkpoint: str | None = None
-    distill_type: str = "hard"
-    distill_alpha: float = 0.5
-    distill_tau: float = 1.0
-    progress: bool | None = None  # progress bars; None: only when stderr is a terminal (else one line per epoch)
-    plot: bool = True
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict of the fields."""
-        return json.loads(json.dumps(asdict(self)))
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` naming the first bad option."""
-        checks = [
-            (self.epochs > 0, f"epochs must be positive, got {self.epochs}"),
-            (self.batch_size > 0, f"batch_size must be positive, got {self.batch_size}"),
-            (self.accum_steps > 0, f"accum_steps must be positive, got {self.accum_steps}"),
-            (self.lr > 0, f"lr must be positive, got {self.lr}"),
-            (self.warmup_epochs >= 0, f"warmup_epochs must be >= 0, got {self.warmup_epochs}"),
-            (0 <= self.label_smoothing < 1, f"label_smoothing must be in [0, 1), got {self.label_smoothing}"),
-            (self.mixup >= 0 and self.cutmix >= 0, "mixup and cutmix must be >= 0 (0 = off)"),
-            (self.amp in ("auto", "bf16", "none"), f"amp must be 'auto', 'bf16' or 'none', got {self.amp!r}"),
-            (self.ema_decay is None or 0 < self.ema_decay < 1, f"ema_decay must be in (0, 1), got {self.ema_decay}"),
-            (self.distill_type in ("soft", "hard"), f"distill_type must be soft or hard, got {self.distill_type!r}"),
-            (self.ckpt_every >= 0, f"ckpt_every must be >= 0, got {self.ckpt_every}"),
-            (not (self.fsdp and self.ema_decay), "ema_decay is not supported together with fsdp"),
-            (not (self.resume and not self.output),
-             "resume needs output (--output): the folder of the run to continue"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise ValueError(msg)
-
-
-# ---------------------------------------------------------------------------- pieces
-def lr_at(step: int, *, total_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:
-    """Learning rate of optimizer step ``step`` (0-based): linear warm-up, then cosine decay to ``min_lr``."""
-    if step < warmup_steps:
-        return lr * (step + 1) / warmup_steps
-    t = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, t)))
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: decay for weight matrices, none for biases, norms, position embeddings and tokens."""
-    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        bare = name.removeprefix("module.").removeprefix("_fsdp_wrapped_module.")
-        (no_decay if p.ndim <= 1 or bare in skip or name.endswith(".bias") else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-class ModelEma(nn.Module):
-    """Exponential moving average of a model's weights: ``ema = decay · ema + (1 - decay) · w`` per step."""
-
-    def __init__(self, model: nn.Module, decay: float) -> None:
-        super().__init__()
-        self.module = copy.deepcopy(unwrap_model(model)).eval()
-        self.decay = decay
-        for p in self.module.parameters():
-            p.requires_grad_(False)
-
-    @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
-        """Move the average one step towards ``model``'s current weights."""
-        own = self.module.state_dict()
-        for k, v in unwrap_model(model).state_dict().items():
-            if own[k].is_floating_point():
-                own[k].lerp_(v.to(own[k].dtype), 1.0 - self.decay)
-            else:
-                own[k].copy_(v)
-
-
-def seed_step(seed: int, step: int, rank: int) -> None:
-    """Seed torch's generators for optimizer step ``step`` on ``rank`` (a resumed run draws the same numbers)."""
-    torch.manual_seed((seed * 1_000_003 + step) * 4096 + rank)
-
-
-def _autocast(device: torch.device, amp: str) -> Any:
-    if amp == "none" or (amp == "auto" and device.type != "cuda"):
-        return nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, dataset: Any, transform: nn.Module, *, batch_size: int = 256,
-             info: DistInfo | None = None, amp: str = "auto", workers: int = 0,
-             return_predictions: bool = False) -> dict[str, Any]:
-    """Loss, top-1 and top-5 accuracy of ``model`` on ``dataset`` (each rank scores its share, then summed).
-
-    Returns ``{"loss", "top1", "top5", "n"}`` (plus ``"pred"`` / ``"target"`` ``[n]`` tensors of this
-    rank's share with ``return_predictions``).
-    """
-    info = info or DistInfo()
-    if is_generative(model) and not return_predictions:  # next-pixel loss, bits/dim, pixel accuracy (no labels)
-        return evaluate_dataset(model, dataset, transform, info.device, batch_size)
-    was_training = model.training
-    sharded = is_fsdp(model)
-    net = model if sharded else unwrap_model(model)  # a DDP wrapper would sync buffers in every forward
-    net.eval()
-    transform.eval()
-    n = len(dataset)
-    idx = shard_indices(list(range(n)), info.rank, info.world_size)
-    # FSDP gathers parameters in every forward: all ranks run the same number of batches (a spare
-    # rank scores one image and throws it away)
-    per_rank = math.ceil(n / info.world_size) if sharded else len(idx)
-    n_batches = math.ceil(per_rank / batch_size)
-    batches = [idx[i * batch_size:(i + 1) * batch_size] for i in range(n_batches)]
-    real = [bool(b) for b in batches]
-    batches = [b if b else [0] for b in batches]
-    sums = torch.zeros(4, dtype=torch.float64, device=info.device)  # loss, top1, top5, n
-    preds, targets = [], []
-    for keep, (x, y) in zip(real, iterate_batches(dataset, batches, workers=workers)):
-        x, y = transform(x.to(info.device, non_blocking=True)), y.to(info.device)
-        with _autocast(info.device, amp):
-            logits = net(x)
-        if not keep:
-            continue
-        logits = (logits[0] if isinstance(logits, tuple) else logits).float()
-        k = min(5, logits.shape[-1])
-        top = logits.topk(k, dim=-1).indices  # [b, k]
-        sums += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
-                             (top[:, 0] == y).sum().double(), (top == y[:, None]).any(-1).sum().double(),
-                             torch.tensor(float(len(y)), dtype=torch.float64, device=info.device)])
-        if return_predictions:
-            preds.append(top[:, 0].cpu())
-            targets.append(y.cpu())
-    all_reduce_sum(sums)
-    net.train(was_training)
-    count = max(sums[3].item(), 1.0)
-    out: dict[str, Any] = {"loss": sums[0].item() / count, "top1": sums[1].item() / count,
-                           "top5": sums[2].item() / count, "n": int(sums[3].item())}
-    if return_predictions:
-        out["pred"] = torch.cat(preds) if preds else torch.empty(0, dtype=torch.long)
-        out["target"] = torch.cat(targets) if targets else torch.empty(0, dtype=torch.long)
-    return out
-
-
-def plot_curves(history: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
-    """PNG of loss and accuracy per epoch (train and test) from the metrics ``history``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    ep = [h["epoch"] for h in history]
-    mark = {"marker": "o", "markersize": 4 if len(ep) > 1 else 6}  # a single epoch is a point, not a line
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot(ep, [h["train_loss"] for h in history], label="train", **mark)
-    a.plot(ep, [h["test_loss"] for h in history], label="test", **mark)
-    a.set_xlabel("epoch")
-    a.set_ylabel("loss")
-    a.legend()
-    b.plot(ep, [h["train_acc"] for h in history], label="train", **mark)
-    b.plot(ep, [h["test_acc"] for h in history], label="test top-1", **mark)
-    if any("test_acc_ema" in h for h in history):
-        b.plot(ep, [h.get("test_acc_ema", float("nan")) for h in history], label="test top-1 (EMA)", **mark)
-    b.set_xlabel("epoch")
-    b.set_ylabel("accuracy")
-    b.legend()
-    for axis in (a, b):
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
-        if len(set(ep)) == 1:
-            axis.set_xlim(ep[0] - 0.5, ep[0] + 0.5)
-            axis.set_xticks(ep)
-    fig.suptitle(title)
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
-    plt.close(fig)
-    return Path(path)
-
-
-# metrics.csv's columns, in this order whatever order a (resumed, JSON-sorted) history row has; others follow.
-METRIC_COLUMNS = ("epoch", "step", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "test_top5",
-                  "train_img_s", "test_bpd", "test_acc_ema")
-
-
-def _write_metrics(out: Path, history: list[dict[str, Any]]) -> None:
-    """``metrics.csv`` / ``metrics.json``: one row per epoch, columns in :data:`METRIC_COLUMNS` order."""
-    keys = [k for k in METRIC_COLUMNS if any(k in h for h in history)]
-    for h in history:
-        keys += [k for k in h if k not in keys]
-    history = [{k: h[k] for k in keys if k in h} for h in history]
-
-    def write_csv(tmp: str) -> None:
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys)
-            w.writeheader()
-            w.writerows(history)
-
-    atomic_write(out / "metrics.csv", write_csv)
-    atomic_write(out / "metrics.json", lambda tmp: Path(tmp).write_text(json.dumps(history, indent=1)))
-
-
-def create_run_folder(model: str, root: str | Path = "runs") -> Path:
-    """Create and return a new run folder ``root/<model>-<time>`` (``-1``, ``-2``, ... when taken).
-
-    The folder is created exclusively (``mkdir`` without ``exist_ok``), so concurrent runs started
-    in the same second each get their own. Raises ``ValueError`` naming ``--output`` when ``root``
-    cannot be created or written.
-    """
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    root = Path(root)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"cannot create the run folder {root}/ ({e.strerror or e}); choose a writable "
-                         "folder with --output") from None
-    for i in range(10_000):
-        out = root / (f"{model}-{stamp}" + (f"-{i}" if i else ""))
-        try:
-            out.mkdir()
-            return out
-        except FileExistsError:
-            continue
-        except OSError as e:
-            raise ValueError(f"cannot create the run folder {out} ({e.strerror or e}); choose a writable "
-                             "folder with --output") from None
-    raise ValueError(f"no free run folder name for {root}/{model}-{stamp}; choose one with --output")
-
-
-def check_output_folder(output: str | Path) -> None:
-    """Raise ``ValueError`` naming ``--output`` when ``output`` cannot become a writable run folder.
-
-    Creates nothing: the nearest existing ancestor must be a folder the process may write in.
-    """
-    path = Path(output)
-    try:
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"--output {output} is a file; expected a folder for the run")
-        probe = path
-        while not probe.exists():
-            if probe.parent == probe:
-                break
-            probe = probe.parent
-        if probe.exists() and not probe.is_dir():
-            raise ValueError(f"--output {output}: {probe} is a file, so the run folder cannot be created there")
-        if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-            raise ValueError(f"--output {output}: {probe} is not writable; choose a folder you may write in")
-    except (OSError, ValueError) as e:  # a name too long, a NUL byte, ...
-        if isinstance(e, ValueError) and str(e).startswith("--output"):
-            raise
-        raise ValueError(f"--output {output!r} is not a usable folder name ({e}); expected a writable "
-                         "folder path") from None
-
-
-def _make_output(path: Path) -> Path:
-    """Create ``path`` (and parents) and check a file can be written in it; ``ValueError`` naming --output."""
-    try:
-        probe_writable(path)
-    except OSError as e:
-        raise ValueError(f"--output {path}: cannot create or write the run folder ({e.strerror or e}); "
-                         "expected a writable folder") from None
-    return path
-
-
-def _type_name(tp: Any) -> str:
-    """A short readable name of a config annotation: ``int``, ``float``, ``list of int``, ``one of 'a', 'b'``."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is type(None):
-        return "null"
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in args)
-    if origin is typing.Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
-    if origin in (tuple, list):
-        if len(args) == 2 and args[1] is Ellipsis:
-            return f"a list of {_type_name(args[0])}"
-        return f"a list of {len(args)} ({', '.join(_type_name(a) for a in args)})" if args else "a list"
-    if origin is dict or tp is dict:
-        return "a JSON object"
-    if tp is float:
-        return "a number (float)"
-    if tp is bool:
-        return "true or false (bool)"
-    if tp is int:
-        return "an integer (int)"
-    if tp is str:
-        return "a string (str)"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _matches(value: Any, tp: Any) -> bool:
-    """Whether the JSON ``value`` fits the annotation ``tp`` (unknown annotations accept anything)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return True
-    if tp is type(None):
-        return value is None
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, a) for a in args)
-    if origin is typing.Literal:
-        return value in args
-    if origin in (tuple, list):
-        if not isinstance(value, (list, tuple)):
-            return False
-        if len(args) == 2 and args[1] is Ellipsis:
-            return all(_matches(v, args[0]) for v in value)
-        return not args or (len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args)))
-    if origin is dict or tp is dict:
-        return isinstance(value, dict)
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is str:
-        return isinstance(value, str)
-    return not isinstance(tp, type) or isinstance(value, tp)
-
-
-def check_model_kwargs(model: str, kwargs: dict[str, Any]) -> None:
-    """Raise ``ValueError`` naming the option and its expected type when a ``--model-arg`` value has the wrong type.
-
-    Unknown model names raise ``KeyError`` (with suggestions), unknown options ``TypeError`` (with the
-    valid ones), both from the registry.
-    """
-    entry = get_model_entry(model)
-    try:
-        hints = typing.get_type_hints(entry.config_cls)
-    except Exception:  # noqa: BLE001 - an annotation we cannot resolve: the config checks its own values
-        hints = {}
-    for key, value in kwargs.items():
-        if key in hints and not _matches(value, hints[key]):
-            example = json.dumps(getattr(entry.config(), key, None), default=list)
-            raise ValueError(f"--model-arg {key}={json.dumps(value)}: {key} expects {_type_name(hints[key])} "
-                             f"(the preset has {key}={example})")
-    entry.config(**kwargs)  # unknown option names (and values the config refuses) raise, naming the option
 
 
 def _model_overrides(cfg: TrainConfig, data: DataBundle) -> dict[str, Any]:
@@ -542,58 +160,6 @@ def _warn_changed_options(info: DistInfo, cfg: TrainConfig, saved: dict[str, Any
 def _say(info: DistInfo, *args: Any) -> None:
     if info.is_main:
         print(*args, flush=True)
-
-
-class _Progress:
-    """What the interrupt and divergence messages need to know about the run so far."""
-
-    def __init__(self) -> None:
-        self.out: Path | None = None
-        self.step = 0
-        self.ckpt: tuple[int, int] | None = None  # (full epochs done, global step) of the last checkpoint
-        self.config_written = False  # config.json of this invocation written (with its first checkpoint)
-
-    def where(self) -> str:
-        """Where the run can continue from, as a sentence."""
-        if self.out is None:
-            return "the run had not started; nothing was written"
-        if self.ckpt is None:
-            return (f"no checkpoint was written yet, so there is nothing to resume in {self.out} (start again; "
-                    "--ckpt-every N checkpoints every N steps)")
-        epochs, step = self.ckpt
-        return (f"the last good checkpoint (step {step}, {epochs} full epoch(s) done) is in {self.out}; continue "
-                f"with: vit-attention train --resume --output {self.out}")
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread so that ``finally`` blocks (temporary files) run."""
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise _Terminated()
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into an exception for the duration (main thread only; elsewhere a no-op)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _check_finite_state(state: dict[str, Tensor], progress: _Progress, cfg: TrainConfig) -> None:
-    """Raise :class:`TrainingDiverged` when a floating tensor of ``state`` holds NaN or infinity."""
-    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
-    if bad:
-        raise TrainingDiverged(f"training diverged: the weights ({bad[0]}"
-                               + (f" and {len(bad) - 1} more" if len(bad) > 1 else "")
-                               + f") are not finite after step {progress.step}; nothing was saved. Try a lower "
-                               f"--lr (now {cfg.lr:g}); {progress.where()}")
 
 
 # ---------------------------------------------------------------------------- the loop

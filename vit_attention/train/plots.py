@@ -1,4 +1,5 @@
-"""PNG figures of the training commands: confusion matrix and accuracy vs FLOPs (matplotlib, Agg backend)."""
+"""PNG figures of training: the loss / accuracy curves of a run, the confusion matrix and accuracy vs FLOPs
+(matplotlib, Agg backend)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from torch import Tensor
 
 from ..weights.io import atomic_write
 
-__all__ = ["plot_confusion", "plot_accuracy_vs_flops", "place_labels"]
+__all__ = ["plot_curves", "plot_confusion", "plot_accuracy_vs_flops", "place_labels"]
 
 
 def _plt() -> Any:
@@ -124,6 +125,41 @@ def plot_accuracy_vs_flops(rows: Sequence[dict[str, Any]], path: str | Path, tit
     ax.grid(alpha=0.3)
     fig.tight_layout()
     place_labels(ax, points, [str(r["name"]) for r in rows])
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_curves(history: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
+    """PNG of loss and accuracy per epoch (train and test) from the metrics ``history``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    ep = [h["epoch"] for h in history]
+    mark = {"marker": "o", "markersize": 4 if len(ep) > 1 else 6}  # a single epoch is a point, not a line
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot(ep, [h["train_loss"] for h in history], label="train", **mark)
+    a.plot(ep, [h["test_loss"] for h in history], label="test", **mark)
+    a.set_xlabel("epoch")
+    a.set_ylabel("loss")
+    a.legend()
+    b.plot(ep, [h["train_acc"] for h in history], label="train", **mark)
+    b.plot(ep, [h["test_acc"] for h in history], label="test top-1", **mark)
+    if any("test_acc_ema" in h for h in history):
+        b.plot(ep, [h.get("test_acc_ema", float("nan")) for h in history], label="test top-1 (EMA)", **mark)
+    b.set_xlabel("epoch")
+    b.set_ylabel("accuracy")
+    b.legend()
+    for axis in (a, b):
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
+        if len(set(ep)) == 1:
+            axis.set_xlim(ep[0] - 0.5, ep[0] + 0.5)
+            axis.set_xticks(ep)
+    fig.suptitle(title)
+    fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     plt.close(fig)
     return Path(path)

@@ -1,0 +1,167 @@
+"""Training options: :class:`TrainConfig` (every choice of a run; validated, JSON-serialisable, stored
+in checkpoints) and :func:`check_model_kwargs`, which checks ``--model-arg`` values against the
+annotations of the model's config class and names the expected type."""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..models.registry import get_model_entry
+from . import presets
+
+__all__ = ["TrainConfig", "check_model_kwargs"]
+
+
+@dataclass
+class TrainConfig:
+    """Every choice of a training run (JSON-serialisable; stored in checkpoints)."""
+
+    model: str = presets.DEFAULT_MODEL
+    model_kwargs: dict[str, Any] = field(default_factory=dict)  # config overrides, e.g. {"attn_layer": "window"}
+    data: str | None = None  # None / "digits": the embedded set; else an image folder
+    img_size: int | None = None  # None: 8 for digits, the model's for folders
+    in_chans: int = 3  # image folders: 1 (grayscale) or 3 (RGB)
+    val_fraction: float = 0.1
+    crop_pct: float = 0.875
+    output: str | None = None  # run folder; None: runs/<model>-<time>
+    epochs: int = 60
+    batch_size: int = 64  # global batch per optimizer step
+    lr: float = 2e-3
+    min_lr: float = 1e-5
+    warmup_epochs: float = 3.0
+    weight_decay: float = 0.05
+    clip_grad: float | None = 1.0
+    accum_steps: int = 1
+    label_smoothing: float = 0.1
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    randaugment: tuple[int, int] | None = None  # (num ops, magnitude), e.g. (2, 9)
+    hflip: float | None = None  # None: 0.5 for image folders, 0 for digits
+    crop_scale: tuple[float, float] | None = None  # random resized crop; None: (0.35, 1) folders, off for digits
+    affine: float | None = None  # probability of a small random affine; None: 0.5 for digits, off for folders
+    drop_rate: float | None = None  # model overrides when set
+    drop_path_rate: float | None = None
+    attn_drop_rate: float | None = None
+    grad_checkpointing: bool = False
+    amp: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU), bf16, none
+    ema_decay: float | None = None
+    seed: int = 0
+    device: str | None = None
+    threads: int | None = None  # CPU intra-op threads; None: 1 for models under 2M parameters, else torch's
+    fsdp: bool = False
+    workers: int = 0
+    ckpt_every: int = 0  # also checkpoint every N optimizer steps (0: at epoch ends only)
+    resume: bool = False
+    stop_after: int | None = None  # save a checkpoint and stop at this global step (continue with resume)
+    teacher: str | None = None  # a registered model name or a .safetensors checkpoint
+    teacher_checkpoint: str | None = None
+    distill_type: str = "hard"
+    distill_alpha: float = 0.5
+    distill_tau: float = 1.0
+    progress: bool | None = None  # progress bars; None: only when stderr is a terminal (else one line per epoch)
+    plot: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of the fields."""
+        return json.loads(json.dumps(asdict(self)))
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first bad option."""
+        checks = [
+            (self.epochs > 0, f"epochs must be positive, got {self.epochs}"),
+            (self.batch_size > 0, f"batch_size must be positive, got {self.batch_size}"),
+            (self.accum_steps > 0, f"accum_steps must be positive, got {self.accum_steps}"),
+            (self.lr > 0, f"lr must be positive, got {self.lr}"),
+            (self.warmup_epochs >= 0, f"warmup_epochs must be >= 0, got {self.warmup_epochs}"),
+            (0 <= self.label_smoothing < 1, f"label_smoothing must be in [0, 1), got {self.label_smoothing}"),
+            (self.mixup >= 0 and self.cutmix >= 0, "mixup and cutmix must be >= 0 (0 = off)"),
+            (self.amp in ("auto", "bf16", "none"), f"amp must be 'auto', 'bf16' or 'none', got {self.amp!r}"),
+            (self.ema_decay is None or 0 < self.ema_decay < 1, f"ema_decay must be in (0, 1), got {self.ema_decay}"),
+            (self.distill_type in ("soft", "hard"), f"distill_type must be soft or hard, got {self.distill_type!r}"),
+            (self.ckpt_every >= 0, f"ckpt_every must be >= 0, got {self.ckpt_every}"),
+            (not (self.fsdp and self.ema_decay), "ema_decay is not supported together with fsdp"),
+            (not (self.resume and not self.output),
+             "resume needs output (--output): the folder of the run to continue"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(msg)
+
+
+def _type_name(tp: Any) -> str:
+    """A short readable name of a config annotation: ``int``, ``float``, ``list of int``, ``one of 'a', 'b'``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is type(None):
+        return "null"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (tuple, list):
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of {_type_name(args[0])}"
+        return f"a list of {len(args)} ({', '.join(_type_name(a) for a in args)})" if args else "a list"
+    if origin is dict or tp is dict:
+        return "a JSON object"
+    if tp is float:
+        return "a number (float)"
+    if tp is bool:
+        return "true or false (bool)"
+    if tp is int:
+        return "an integer (int)"
+    if tp is str:
+        return "a string (str)"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    """Whether the JSON ``value`` fits the annotation ``tp`` (unknown annotations accept anything)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return True
+    if tp is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_matches(v, args[0]) for v in value)
+        return not args or (len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args)))
+    if origin is dict or tp is dict:
+        return isinstance(value, dict)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    return not isinstance(tp, type) or isinstance(value, tp)
+
+
+def check_model_kwargs(model: str, kwargs: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the option and its expected type when a ``--model-arg`` value has the wrong type.
+
+    Unknown model names raise ``KeyError`` (with suggestions), unknown options ``TypeError`` (with the
+    valid ones), both from the registry.
+    """
+    entry = get_model_entry(model)
+    try:
+        hints = typing.get_type_hints(entry.config_cls)
+    except Exception:  # noqa: BLE001 - an annotation we cannot resolve: the config checks its own values
+        hints = {}
+    for key, value in kwargs.items():
+        if key in hints and not _matches(value, hints[key]):
+            example = json.dumps(getattr(entry.config(), key, None), default=list)
+            raise ValueError(f"--model-arg {key}={json.dumps(value)}: {key} expects {_type_name(hints[key])} "
+                             f"(the preset has {key}={example})")
+    entry.config(**kwargs)  # unknown option names (and values the config refuses) raise, naming the option
