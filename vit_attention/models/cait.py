@@ -45,6 +45,7 @@ from ._config import (
     check_width_heads,
     resolve_indices,
 )
+from ._pretrained import data_cfg, pretrained_tags
 from .registry import register_family
 
 __all__ = ["CaitConfig", "Cait"]
@@ -287,3 +288,22 @@ _META: dict[str, dict[str, Any]] = {
     for n, (_, _, p, g) in _MODELS.items()}
 
 register_family("cait", Cait, CaitConfig, _PRESETS, meta=_META)
+
+# ---------------------------------------------------------------------------- pretrained tags (data)
+# timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
+# default; hf_hub_id: timm/<name>.<tag> unless given; num_classes: 1000 unless given.
+_224 = data_cfg(224, 1.0)
+_384 = data_cfg(384, 1.0)
+_448 = data_cfg(448, 1.0)
+PRETRAINED = pretrained_tags({
+    "cait_m36_384.fb_dist_in1k": _384,
+    "cait_m48_448.fb_dist_in1k": _448,
+    "cait_s24_224.fb_dist_in1k": _224,
+    "cait_s24_384.fb_dist_in1k": _384,
+    "cait_s36_384.fb_dist_in1k": _384,
+    "cait_xs24_384.fb_dist_in1k": _384,
+    "cait_xxs24_224.fb_dist_in1k": _224,
+    "cait_xxs24_384.fb_dist_in1k": _384,
+    "cait_xxs36_224.fb_dist_in1k": _224,
+    "cait_xxs36_384.fb_dist_in1k": _384,
+}, license="apache-2.0")

@@ -41,6 +41,7 @@ from ..attention.channel import CHANNEL_FORMS
 from ..layers import Block, HierarchicalMixin, PosConv, Stage, accepted_kwargs, drop_path_schedule, stage_feature_info
 from ..layers.head import init_linear_weights, reset_head
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
+from ._pretrained import data_cfg, pretrained_tags
 from .registry import register_family
 
 __all__ = ["DaVitConfig", "DaVit", "DaVitStem", "DaVitDownsample", "NormClassifierHead"]
@@ -276,3 +277,19 @@ _META: dict[str, dict[str, Any]] = {
 }
 
 register_family("davit", DaVit, DaVitConfig, _PRESETS, meta=_META)
+
+# ---------------------------------------------------------------------------- pretrained tags (data)
+# timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
+# default; hf_hub_id: timm/<name>.<tag> unless given; num_classes: 1000 unless given.
+_224 = data_cfg(224, 0.95)
+_768 = data_cfg(768, 0.95)
+PRETRAINED = pretrained_tags({
+    "davit_base.msft_in1k": _224,
+    "davit_base_fl.msft_florence2": dict(_768, hf_hub_id="microsoft/Florence-2-base", num_classes=0),
+    "davit_giant.untrained": dict(_224, hf_hub_id=None),
+    "davit_huge.untrained": dict(_224, hf_hub_id=None),
+    "davit_huge_fl.msft_florence2": dict(_768, hf_hub_id="microsoft/Florence-2-large", num_classes=0),
+    "davit_large.untrained": dict(_224, hf_hub_id=None),
+    "davit_small.msft_in1k": _224,
+    "davit_tiny.msft_in1k": _224,
+}, license="apache-2.0")

@@ -38,6 +38,7 @@ from ..layers.drop_path import DropPath
 from ..layers.mbconv import ConvNormAct, act_fresh, make_divisible
 from ..layers.stage import drop_path_schedule
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
+from ._pretrained import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
 from .registry import register_family
 
 __all__ = ["HaloNetConfig", "HaloNet", "BottleneckBlock", "SelfAttnBlock", "SqueezeExcite"]
@@ -403,3 +404,17 @@ _META = {name: {"published_params_m": p, "published_gmacs": g,
          for name, (p, g) in _PUBLISHED.items()}
 
 register_family("halonet", HaloNet, HaloNetConfig, _PRESETS, meta=_META)
+
+# ---------------------------------------------------------------------------- pretrained tags (data)
+# timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
+# default; hf_hub_id: timm/<name>.<tag> unless given; num_classes: 1000 unless given.
+_224 = data_cfg(224, 0.94, mean=INCEPTION_MEAN, std=INCEPTION_STD)
+_256_C95 = data_cfg(256, 0.95)
+_256_C94 = data_cfg(256, 0.94)
+PRETRAINED = pretrained_tags({
+    "halonet26t.a1h_in1k": _256_C95,
+    "halonet50ts.a1h_in1k": _256_C94,
+    "halonet_h1.untrained": dict(_256_C95, hf_hub_id=None),
+    "haloregnetz_b.ra3_in1k": _224,
+    "sehalonet33ts.ra2_in1k": _256_C94,
+}, license="apache-2.0")

@@ -37,6 +37,7 @@ from ..layers.group_norm import GroupNorm1
 from ..layers.head import init_linear_weights
 from ..layers.mbconv import ConvNormAct, InvertedResidual, make_divisible
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
+from ._pretrained import data_cfg, pretrained_tags
 from .registry import register_family
 
 __all__ = ["MobileViTConfig", "MobileViT", "MobileViTBlock", "MobileViTV2Block"]
@@ -358,3 +359,28 @@ for _name, (_p, _g) in _PUBLISHED_V3.items():
                     "readme_gmacs": _g, "readme_source": "micronDLA/MobileViTv3 README (params M, FLOPs = MACs)"}
 
 register_family("mobilevit", MobileViT, MobileViTConfig, _PRESETS, meta=_META)
+
+# ---------------------------------------------------------------------------- pretrained tags (data)
+# timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
+# default; hf_hub_id: timm/<name>.<tag> unless given; num_classes: 1000 unless given.
+_256_C90 = data_cfg(256, 0.9, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+_256_C88_8 = data_cfg(256, 0.888, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+_384 = data_cfg(384, 1.0, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+PRETRAINED = pretrained_tags({
+    "mobilevit_s.cvnets_in1k": _256_C90,
+    "mobilevit_xs.cvnets_in1k": _256_C90,
+    "mobilevit_xxs.cvnets_in1k": _256_C90,
+    "mobilevitv2_050.cvnets_in1k": _256_C88_8,
+    "mobilevitv2_075.cvnets_in1k": _256_C88_8,
+    "mobilevitv2_100.cvnets_in1k": _256_C88_8,
+    "mobilevitv2_125.cvnets_in1k": _256_C88_8,
+    "mobilevitv2_150.cvnets_in1k": _256_C88_8,
+    "mobilevitv2_150.cvnets_in22k_ft_in1k": _256_C88_8,
+    "mobilevitv2_150.cvnets_in22k_ft_in1k_384": _384,
+    "mobilevitv2_175.cvnets_in1k": _256_C88_8,
+    "mobilevitv2_175.cvnets_in22k_ft_in1k": _256_C88_8,
+    "mobilevitv2_175.cvnets_in22k_ft_in1k_384": _384,
+    "mobilevitv2_200.cvnets_in1k": _256_C88_8,
+    "mobilevitv2_200.cvnets_in22k_ft_in1k": _256_C88_8,
+    "mobilevitv2_200.cvnets_in22k_ft_in1k_384": _384,
+}, license="cvnets-license")

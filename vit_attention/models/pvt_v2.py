@@ -45,6 +45,7 @@ from ..layers.conv_embed import ConvEmbed
 from ..layers.head import reset_head
 from ..layers.mlp_dwconv import MlpDWConv
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
+from ._pretrained import data_cfg, pretrained_tags
 from .registry import register_family
 
 __all__ = ["PvtV2Config", "PyramidVisionTransformerV2", "check_pyramid", "MinInputSize"]
@@ -277,3 +278,17 @@ register_family("pvt_v2", PyramidVisionTransformerV2, PvtV2Config, _PRESETS,
                           "published_gmacs_source": "timm benchmark-infer-amp-nchw-pt240-cu124-rtx4090.csv "
                                                     "(infer_gmacs); params: PVT README / timm"}
                       for k, (p, g) in _PUBLISHED.items()})
+
+# ---------------------------------------------------------------------------- pretrained tags (data)
+# timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
+# default; hf_hub_id: timm/<name>.<tag> unless given; num_classes: 1000 unless given.
+_224 = data_cfg(224, 0.9)
+PRETRAINED = pretrained_tags({
+    "pvt_v2_b0.in1k": _224,
+    "pvt_v2_b1.in1k": _224,
+    "pvt_v2_b2.in1k": _224,
+    "pvt_v2_b2_li.in1k": _224,
+    "pvt_v2_b3.in1k": _224,
+    "pvt_v2_b4.in1k": _224,
+    "pvt_v2_b5.in1k": _224,
+}, license="apache-2.0")

@@ -54,6 +54,7 @@ from ._config import (
     check_int_seq,
     check_size,
 )
+from ._pretrained import data_cfg, pretrained_tags
 from .registry import register_family
 
 __all__ = ["SwinTransformerConfig", "SwinTransformer", "PatchMerging", "ClassifierHead"]
@@ -289,3 +290,27 @@ _ALIASES = {"swin_t": "swin_tiny_patch4_window7_224", "swin_s": "swin_small_patc
 
 register_family("swin", SwinTransformer, SwinTransformerConfig, _PRESETS, aliases=_ALIASES,
                 meta={k: {"published_params_m": v} for k, v in PUBLISHED_PARAMS_M.items()})
+
+# ---------------------------------------------------------------------------- pretrained tags (data)
+# timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
+# default; hf_hub_id: timm/<name>.<tag> unless given; num_classes: 1000 unless given.
+_224 = data_cfg(224, 0.9)
+_384 = data_cfg(384, 1.0)
+PRETRAINED = pretrained_tags({
+    "swin_base_patch4_window12_384.ms_in22k_ft_in1k": _384,
+    "swin_base_patch4_window12_384.ms_in1k": _384,
+    "swin_base_patch4_window12_384.ms_in22k": dict(_384, num_classes=21841),
+    "swin_base_patch4_window7_224.ms_in22k_ft_in1k": _224,
+    "swin_base_patch4_window7_224.ms_in1k": _224,
+    "swin_base_patch4_window7_224.ms_in22k": dict(_224, num_classes=21841),
+    "swin_large_patch4_window12_384.ms_in22k_ft_in1k": _384,
+    "swin_large_patch4_window12_384.ms_in22k": dict(_384, num_classes=21841),
+    "swin_large_patch4_window7_224.ms_in22k_ft_in1k": _224,
+    "swin_large_patch4_window7_224.ms_in22k": dict(_224, num_classes=21841),
+    "swin_small_patch4_window7_224.ms_in22k_ft_in1k": _224,
+    "swin_small_patch4_window7_224.ms_in1k": _224,
+    "swin_small_patch4_window7_224.ms_in22k": dict(_224, num_classes=21841),
+    "swin_tiny_patch4_window7_224.ms_in1k": _224,
+    "swin_tiny_patch4_window7_224.ms_in22k": dict(_224, num_classes=21841),
+    "swin_tiny_patch4_window7_224.ms_in22k_ft_in1k": _224,
+}, license="mit")

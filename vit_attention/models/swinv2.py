@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ._pretrained import data_cfg, pretrained_tags
 from .registry import register_family
 from .swin import SwinTransformer, SwinTransformerConfig
 
@@ -79,3 +80,24 @@ _ALIASES = {"swin_v2_t": "swinv2_tiny_window8_256", "swin_v2_s": "swinv2_small_w
 
 register_family("swinv2", SwinTransformerV2, SwinTransformerV2Config, _PRESETS, aliases=_ALIASES,
                 meta={k: {"published_params_m": v} for k, v in PUBLISHED_PARAMS_M.items()})
+
+# ---------------------------------------------------------------------------- pretrained tags (data)
+# timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
+# default; hf_hub_id: timm/<name>.<tag> unless given; num_classes: 1000 unless given.
+_192 = data_cfg(192, 0.9)
+_256 = data_cfg(256, 0.9)
+_384 = data_cfg(384, 1.0)
+PRETRAINED = pretrained_tags({
+    "swinv2_base_window12_192.ms_in22k": dict(_192, num_classes=21841),
+    "swinv2_base_window12to16_192to256.ms_in22k_ft_in1k": _256,
+    "swinv2_base_window12to24_192to384.ms_in22k_ft_in1k": _384,
+    "swinv2_base_window16_256.ms_in1k": _256,
+    "swinv2_base_window8_256.ms_in1k": _256,
+    "swinv2_large_window12_192.ms_in22k": dict(_192, num_classes=21841),
+    "swinv2_large_window12to16_192to256.ms_in22k_ft_in1k": _256,
+    "swinv2_large_window12to24_192to384.ms_in22k_ft_in1k": _384,
+    "swinv2_small_window16_256.ms_in1k": _256,
+    "swinv2_small_window8_256.ms_in1k": _256,
+    "swinv2_tiny_window16_256.ms_in1k": _256,
+    "swinv2_tiny_window8_256.ms_in1k": _256,
+}, license="mit")

@@ -48,6 +48,7 @@ from ..layers import (
 )
 from ..layers.head import init_linear_weights, reset_head
 from ._config import ConfigMixin, check_choice, check_float, check_int, check_int_seq, check_size
+from ._pretrained import data_cfg, pretrained_tags
 from .pvt_v2 import MinInputSize
 from .registry import register_family
 
@@ -245,3 +246,16 @@ register_family("twins", Twins, TwinsConfig, _PRESETS,
                 meta={k: {"published_params_m": p, "published_gmacs": g,
                           "published_gmacs_source": "timm benchmark table (infer_gmacs, 224), FAMILIES.md sizes"}
                       for k, (p, g) in _PUBLISHED.items()})
+
+# ---------------------------------------------------------------------------- pretrained tags (data)
+# timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
+# default; hf_hub_id: timm/<name>.<tag> unless given; num_classes: 1000 unless given.
+_224 = data_cfg(224, 0.9)
+PRETRAINED = pretrained_tags({
+    "twins_pcpvt_base.in1k": _224,
+    "twins_pcpvt_large.in1k": _224,
+    "twins_pcpvt_small.in1k": _224,
+    "twins_svt_base.in1k": _224,
+    "twins_svt_large.in1k": _224,
+    "twins_svt_small.in1k": _224,
+}, license="apache-2.0")

@@ -42,6 +42,7 @@ from ._config import (
     check_width_heads,
     resolve_indices,
 )
+from ._pretrained import INCEPTION_MEAN, INCEPTION_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, data_cfg, pretrained_tags
 from .registry import register_family
 
 __all__ = ["VisionTransformerConfig", "VisionTransformer", "AttentionPoolHead"]
@@ -454,3 +455,94 @@ register_family("vit", VisionTransformer, VisionTransformerConfig, _PRESETS, ali
                 meta={k: {"published_params_m": v, "published_params_exclude": PUBLISHED_PARAMS_EXCLUDE.get(k, ())}
                       for k, v in PUBLISHED_PARAMS_M.items()})
 
+# ---------------------------------------------------------------------------- pretrained tags (data)
+# timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
+# default; hf_hub_id: timm/<name>.<tag> unless given; num_classes: 1000 unless given.
+_224_IMAGENET_C100 = data_cfg(224, 1.0)
+_224_CLIP = data_cfg(224, 1.0, mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD)
+_224_SQUASH_BILINEAR = data_cfg(224, 1.0, mean=INCEPTION_MEAN, std=INCEPTION_STD, interpolation="bilinear",
+                                crop_mode="squash")
+_224_IMAGENET_C90 = data_cfg(224, 0.9)
+_224_INCEPTION = data_cfg(224, 0.9, mean=INCEPTION_MEAN, std=INCEPTION_STD)
+_384_IMAGENET = data_cfg(384, 1.0)
+_384_INCEPTION = data_cfg(384, 1.0, mean=INCEPTION_MEAN, std=INCEPTION_STD)
+PRETRAINED = pretrained_tags({
+    "deit3_base_patch16_224.fb_in1k": _224_IMAGENET_C90,
+    "deit3_base_patch16_224.fb_in22k_ft_in1k": _224_IMAGENET_C100,
+    "deit3_base_patch16_384.fb_in1k": _384_IMAGENET,
+    "deit3_base_patch16_384.fb_in22k_ft_in1k": _384_IMAGENET,
+    "deit3_huge_patch14_224.fb_in1k": _224_IMAGENET_C90,
+    "deit3_huge_patch14_224.fb_in22k_ft_in1k": _224_IMAGENET_C100,
+    "deit3_large_patch16_224.fb_in1k": _224_IMAGENET_C90,
+    "deit3_large_patch16_224.fb_in22k_ft_in1k": _224_IMAGENET_C100,
+    "deit3_large_patch16_384.fb_in1k": _384_IMAGENET,
+    "deit3_large_patch16_384.fb_in22k_ft_in1k": _384_IMAGENET,
+    "deit3_medium_patch16_224.fb_in1k": _224_IMAGENET_C90,
+    "deit3_medium_patch16_224.fb_in22k_ft_in1k": _224_IMAGENET_C100,
+    "deit3_small_patch16_224.fb_in1k": _224_IMAGENET_C90,
+    "deit3_small_patch16_224.fb_in22k_ft_in1k": _224_IMAGENET_C100,
+    "deit3_small_patch16_384.fb_in1k": _384_IMAGENET,
+    "deit3_small_patch16_384.fb_in22k_ft_in1k": _384_IMAGENET,
+    "deit_base_distilled_patch16_224.fb_in1k": _224_IMAGENET_C90,
+    "deit_base_distilled_patch16_384.fb_in1k": _384_IMAGENET,
+    "deit_base_patch16_224.fb_in1k": _224_IMAGENET_C90,
+    "deit_base_patch16_384.fb_in1k": _384_IMAGENET,
+    "deit_small_distilled_patch16_224.fb_in1k": _224_IMAGENET_C90,
+    "deit_small_patch16_224.fb_in1k": _224_IMAGENET_C90,
+    "deit_tiny_distilled_patch16_224.fb_in1k": _224_IMAGENET_C90,
+    "deit_tiny_patch16_224.fb_in1k": _224_IMAGENET_C90,
+    "vit_base_patch16_224.augreg2_in21k_ft_in1k": _224_INCEPTION,
+    "vit_base_patch16_224.augreg_in1k": _224_INCEPTION,
+    "vit_base_patch16_224.augreg_in21k": dict(_224_INCEPTION, num_classes=21843),
+    "vit_base_patch16_224.augreg_in21k_ft_in1k": _224_INCEPTION,
+    "vit_base_patch16_224.bamboo": dict(_224_CLIP, num_classes=115217, license=None),
+    "vit_base_patch16_224.dino": dict(_224_IMAGENET_C90, num_classes=0),
+    "vit_base_patch16_224.mae": dict(_224_IMAGENET_C90, num_classes=0, license="cc-by-nc-4.0"),
+    "vit_base_patch16_224.orig_in21k": dict(_224_INCEPTION, num_classes=0),
+    "vit_base_patch16_224.orig_in21k_ft_in1k": _224_INCEPTION,
+    "vit_base_patch16_224.sam_in1k": _224_INCEPTION,
+    "vit_base_patch16_224_in21k.orig_in21k": dict(_224_SQUASH_BILINEAR, hf_hub_id="google/vit-base-patch16-224-in21k",
+                                                  num_classes=0),
+    "vit_base_patch16_384.augreg_in21k_ft_in1k": _384_INCEPTION,
+    "vit_base_patch16_384.augreg_in1k": _384_INCEPTION,
+    "vit_base_patch16_384.orig_in21k_ft_in1k": _384_INCEPTION,
+    "vit_base_patch32_224.augreg_in21k_ft_in1k": _224_INCEPTION,
+    "vit_base_patch32_224.augreg_in1k": _224_INCEPTION,
+    "vit_base_patch32_224.augreg_in21k": dict(_224_INCEPTION, num_classes=21843),
+    "vit_base_patch32_224.orig_in21k": dict(_224_INCEPTION, num_classes=0),
+    "vit_base_patch32_224.sam_in1k": _224_INCEPTION,
+    "vit_base_patch32_224_in21k.orig_in21k": dict(_224_SQUASH_BILINEAR, hf_hub_id="google/vit-base-patch32-224-in21k",
+                                                  num_classes=0),
+    "vit_base_patch32_384.augreg_in21k_ft_in1k": _384_INCEPTION,
+    "vit_base_patch32_384.augreg_in1k": _384_INCEPTION,
+    "vit_giant_patch14_224.untrained": dict(_224_INCEPTION, hf_hub_id=None),
+    "vit_gigantic_patch14_224.untrained": dict(_224_INCEPTION, hf_hub_id=None),
+    "vit_huge_patch14_224.orig_in21k": dict(_224_INCEPTION, num_classes=0),
+    "vit_huge_patch14_224.mae": dict(_224_IMAGENET_C90, num_classes=0, license="cc-by-nc-4.0"),
+    "vit_huge_patch14_224_in21k.orig_in21k": dict(_224_SQUASH_BILINEAR, hf_hub_id="google/vit-huge-patch14-224-in21k",
+                                                  num_classes=0),
+    "vit_large_patch14_224.untrained": dict(_224_INCEPTION, hf_hub_id=None),
+    "vit_large_patch16_224.augreg_in21k_ft_in1k": _224_INCEPTION,
+    "vit_large_patch16_224.augreg_in21k": dict(_224_INCEPTION, num_classes=21843),
+    "vit_large_patch16_224.mae": dict(_224_IMAGENET_C90, num_classes=0, license="cc-by-nc-4.0"),
+    "vit_large_patch16_224.orig_in21k": dict(_224_INCEPTION, num_classes=0),
+    "vit_large_patch16_224_in21k.orig_in21k": dict(_224_SQUASH_BILINEAR, hf_hub_id="google/vit-large-patch16-224-in21k",
+                                                   num_classes=0),
+    "vit_large_patch16_384.augreg_in21k_ft_in1k": _384_INCEPTION,
+    "vit_large_patch32_224.orig_in21k": dict(_224_INCEPTION, num_classes=0),
+    "vit_large_patch32_224_in21k.orig_in21k": dict(_224_SQUASH_BILINEAR, hf_hub_id="google/vit-large-patch32-224-in21k",
+                                                   num_classes=0),
+    "vit_large_patch32_384.orig_in21k_ft_in1k": _384_INCEPTION,
+    "vit_small_patch16_224.augreg_in21k_ft_in1k": _224_INCEPTION,
+    "vit_small_patch16_224.augreg_in1k": _224_INCEPTION,
+    "vit_small_patch16_224.augreg_in21k": dict(_224_INCEPTION, num_classes=21843),
+    "vit_small_patch16_224.dino": dict(_224_IMAGENET_C90, num_classes=0),
+    "vit_small_patch16_384.augreg_in21k_ft_in1k": _384_INCEPTION,
+    "vit_small_patch16_384.augreg_in1k": _384_INCEPTION,
+    "vit_small_patch32_224.augreg_in21k_ft_in1k": _224_INCEPTION,
+    "vit_small_patch32_224.augreg_in21k": dict(_224_INCEPTION, num_classes=21843),
+    "vit_small_patch32_384.augreg_in21k_ft_in1k": _384_INCEPTION,
+    "vit_tiny_patch16_224.augreg_in21k_ft_in1k": _224_INCEPTION,
+    "vit_tiny_patch16_224.augreg_in21k": dict(_224_INCEPTION, num_classes=21843),
+    "vit_tiny_patch16_384.augreg_in21k_ft_in1k": _384_INCEPTION,
+}, license="apache-2.0")
