@@ -101,7 +101,7 @@ def test_attn_command_writes_png_from_a_checkpoint(trained, tmp_path, capsys):
     img_path = tmp_path / "digit.png"
     Image.fromarray((x[1500, 0].numpy() * 255).round().astype(np.uint8), mode="L").save(img_path)
     out = tmp_path / "maps"
-    assert main(["attn", "vit_tiny_patch16_224", str(img_path), "--checkpoint", str(ckpt), "--out", str(out),
+    assert main(["attn", "vit_tiny_patch16_224", str(img_path), "--checkpoint", str(ckpt), "--output", str(out),
                  "--save-map"]) == 0
     pngs = sorted(out.glob("*.png"))
     assert len(pngs) == 1 and "rollout" in pngs[0].name
@@ -109,15 +109,15 @@ def test_attn_command_writes_png_from_a_checkpoint(trained, tmp_path, capsys):
         assert im.size[0] > 100 and im.size[1] > 100
     saved = np.load(pngs[0].with_suffix(".npy"))
     rebuilt = build_model("vit_tiny_patch16_224", checkpoint=ckpt)
-    x_png, _ = load_image(img_path, 1, (16, 16), NORM)  # the PNG quantises to 1/255
+    x_png, _ = load_image(img_path, rebuilt.data_config)  # what attn reads: the model's eval data config
     expected, *_ = attention_heatmap(rebuilt, x_png)
     np.testing.assert_allclose(saved, expected.numpy(), rtol=1e-5, atol=1e-6)
     # one layer and one head
-    assert main(["attn", "vit_tiny_patch16_224", str(img_path), "--checkpoint", str(ckpt), "--out", str(out),
+    assert main(["attn", "vit_tiny_patch16_224", str(img_path), "--checkpoint", str(ckpt), "--output", str(out),
                  "--layer", "-1", "--head", "1"]) == 0
     assert (out / "digit_vit_tiny_patch16_224_layer-1_head1.png").is_file()
     assert main(["attn", "vit_tiny_patch16_224", str(img_path), "--checkpoint", str(ckpt), "--layer", "7",
-                 "--out", str(out)]) == 2
+                 "--output", str(out)]) == 2
     assert "out of range" in capsys.readouterr().err
 
 
@@ -137,7 +137,7 @@ def test_attn_on_a_checkpoint_from_the_training_engine(tmp_path, capsys):
     img_path = tmp_path / "seven.png"
     Image.fromarray((x[7, 0, ::2, ::2].numpy() * 255).round().astype(np.uint8), mode="L").save(img_path)  # 8x8
     capsys.readouterr()
-    assert main(["attn", "vit_digits_patch2_8", str(img_path), "--checkpoint", str(ckpt), "--out",
+    assert main(["attn", "vit_digits_patch2_8", str(img_path), "--checkpoint", str(ckpt), "--output",
                  str(tmp_path / "maps"), "--save-map"]) == 0
     (png,) = (tmp_path / "maps").glob("*.png")
     heat = np.load(png.with_suffix(".npy"))
@@ -145,7 +145,7 @@ def test_attn_on_a_checkpoint_from_the_training_engine(tmp_path, capsys):
     assert tuple(model.cfg.img_size) == (8, 8) and model.cfg.in_chans == 1  # rebuilt from the checkpoint's config
     mean, std = model.normalization
     assert mean != (0.5,)  # the data set's statistics, stored by the engine
-    x_png, _ = load_image(img_path, 1, (8, 8), model.normalization)
+    x_png, _ = load_image(img_path, model.data_config)
     expected, _, method = attention_heatmap(model, x_png)
     assert method == "rollout" and heat.shape == (4, 4)
     np.testing.assert_allclose(heat, expected.numpy(), rtol=1e-5, atol=1e-7)
