@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..models.registry import get_model_entry, list_models
+from .io import features_metadata, read_metadata
+
 __all__ = ["HF_HUB_PREFIX", "PretrainedNotAvailableError", "PretrainedSource", "split_model_tag",
            "pretrained_cfg_for", "list_pretrained", "list_pretrained_tags", "hub_download", "hub_cache_dir",
            "resolve_pretrained", "register_hf_config_reader", "hf_config_overrides", "hub_endpoint", "hub_reachable"]
@@ -86,7 +89,7 @@ def split_model_tag(name: str) -> tuple[str, str | None]:
 
 def list_pretrained_tags(name: str, *, with_weights: bool = True) -> list[str]:
     """Tags known for registered preset ``name`` (the default first); ``with_weights``: only downloadable ones."""
-    from ..models.pretrained import DEFAULT_TAGS, PRETRAINED_CFGS
+    from ..models.pretrained import DEFAULT_TAGS, PRETRAINED_CFGS  # a 2,000-line table: read at the first look-up
 
     tags = [key.split(".", 1)[1] for key, cfg in PRETRAINED_CFGS.items()
             if key.split(".", 1)[0] == name and (cfg["hf_hub_id"] or not with_weights)]
@@ -98,7 +101,7 @@ def list_pretrained(pattern: str = "*") -> list[str]:
     """``NAME.TAG`` of every preset and tag with published weights whose name matches the glob ``pattern``, sorted."""
     import fnmatch
 
-    from ..models.pretrained import PRETRAINED_CFGS
+    from ..models.pretrained import PRETRAINED_CFGS  # a 2,000-line table: read at the first look-up
 
     return sorted(k for k, cfg in PRETRAINED_CFGS.items() if cfg["hf_hub_id"] and fnmatch.fnmatch(k, pattern))
 
@@ -110,7 +113,7 @@ def pretrained_cfg_for(name: str, tag: str | None = None) -> dict[str, Any]:
     std) sized from the preset's ``img_size`` / ``in_chans`` and no weights. An unknown ``tag``
     raises ``ValueError`` listing the known ones.
     """
-    from ..models.pretrained import DEFAULT_TAGS, PRETRAINED_CFGS
+    from ..models.pretrained import DEFAULT_TAGS, PRETRAINED_CFGS  # a 2,000-line table: read at the first look-up
 
     if tag is None:
         tag = DEFAULT_TAGS.get(name)
@@ -125,8 +128,6 @@ def pretrained_cfg_for(name: str, tag: str | None = None) -> dict[str, Any]:
 
 
 def _generic_cfg(name: str) -> dict[str, Any]:
-    from ..models.registry import get_model_entry
-
     entry = get_model_entry(name)
     cfg = entry.config()
     size = cfg.img_size if not isinstance(cfg.img_size, int) else (cfg.img_size, cfg.img_size)
@@ -365,8 +366,6 @@ def _from_config_json(config: dict[str, Any], entry: Any, base_cfg: dict[str, An
 
 
 def _registered(family: str) -> list[str]:
-    from ..models.registry import list_models
-
     return list_models(family=family)
 
 
@@ -416,8 +415,6 @@ def resolve_pretrained(name: str, tag: str | None, pretrained: Any) -> Pretraine
     weights from the hub), ``"hf-hub:ORG/REPO"`` (any repository, timm or transformers layout;
     ``@REVISION`` may follow), a local file / folder, or a state dict.
     """
-    from ..models.registry import get_model_entry
-
     entry = get_model_entry(name)
     base_cfg = pretrained_cfg_for(entry.name, tag)
     overrides: dict[str, Any] = {}
@@ -452,8 +449,6 @@ def resolve_pretrained(name: str, tag: str | None, pretrained: Any) -> Pretraine
             more, pcfg = _from_config_json(config, entry, base_cfg, str(path))
             _hf_pooler_overrides(config, _weights_file(path), more, entry)
             return PretrainedSource(path, pcfg, {**overrides, **more})
-        from .io import features_metadata, read_metadata
-
         features = features_metadata(read_metadata(path), path) if path.is_file() else None
         return PretrainedSource(path, base_cfg, overrides, features)
     if isinstance(pretrained, Mapping):

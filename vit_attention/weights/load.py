@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..models.features import FeaturesMixin
 from .io import TRAIN_STATE_FORMAT, read_checkpoint, unwrap_state_dict
 from .layouts import adapters_for, converters_for, model_family
 
@@ -119,8 +120,6 @@ def load_weights(model: nn.Module, source: str | Path | Mapping[str, Any], *, fo
     report.missing = [k for k in own if k not in state and not k.startswith(dropped_prefixes)]
     if strict and not report.ok:
         hint = ""
-        from ..models.features import FeaturesMixin  # weights sits above models
-
         if "features" in meta and not isinstance(model, FeaturesMixin):
             hint = (f"\nhint: {source} holds a features model (saved with features_only=True: no classifier): "
                     "create_model(NAME, features_only=True, pretrained=path) or vit_attention.load_model(path) "

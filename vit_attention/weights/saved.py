@@ -25,7 +25,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
+from ..models.features import as_features_model
+from ..models.registry import get_model_entry, resolve_model_name
 from .io import TRAIN_STATE_FORMAT, features_metadata, read_checkpoint, read_metadata
+from .load import CheckpointMismatchError, load_weights
 
 __all__ = ["SavedModel", "resolve_model_file", "describe_checkpoint", "load_model", "check_model_name",
            "saved_data_config", "RUN_FILES"]
@@ -107,8 +110,6 @@ def check_model_name(saved: SavedModel, name: str | None, *, option: str = "mode
     """
     if name is None:
         return
-    from ..models.registry import resolve_model_name
-
     if resolve_model_name(name) != resolve_model_name(saved.model_name):
         advice = hint or f"leave {option} out (the file says what it is) or give {saved.model_name!r}"
         raise ValueError(f"{option} {name!r} contradicts the checkpoint: {saved.path} describes model "
@@ -116,8 +117,6 @@ def check_model_name(saved: SavedModel, name: str | None, *, option: str = "mode
 
 
 def _build(saved: SavedModel, overrides: Mapping[str, Any], device: str | torch.device | None) -> nn.Module:
-    from ..models.registry import get_model_entry
-
     try:
         entry = get_model_entry(saved.model_name)
     except KeyError as e:
@@ -166,8 +165,6 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, mo
     :func:`vit_attention.data.resolve_data_config` reads. Returns the model (images
     ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``; a features model -> its list of maps).
     """
-    from .load import CheckpointMismatchError, load_weights
-
     saved = describe_checkpoint(path)
     if saved is None:
         raise ValueError(f"{resolve_model_file(path)} does not record which model it holds (no 'model' / "
@@ -177,8 +174,6 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, mo
     net = _build(saved, overrides, device)
     features = features_metadata(saved.metadata, saved.path)
     if features is not None:  # saved with features_only=True: the same features model, its head left out
-        from ..models.features import as_features_model
-
         try:
             net = as_features_model(net, features["out_indices"], output_fmt=features["output_fmt"],
                                     norm=features["norm"])

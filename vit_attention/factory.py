@@ -1,0 +1,75 @@
+"""``create_model(name, pretrained=...)``: the registry's build plus the weights' download and conversion.
+
+This module sits above both halves it joins, as timm's ``_factory.py`` sits above ``_registry.py``
+and ``_hub.py``: :mod:`vit_attention.models` (families and the registry: which class and config a
+name builds) knows nothing of checkpoints, :mod:`vit_attention.weights` (reading, converting and
+fetching them) may ask the registry, and only this module imports both to build a model and load
+what ``pretrained`` names. Nothing below it imports it; ``vit_attention.models.create_model`` and
+``vit_attention.models.registry.create_model`` reach it through a lazy compatibility path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .models.features import as_features_model
+from .models.registry import get_model_entry
+from .weights import load_weights
+from .weights.hub import resolve_pretrained, split_model_tag
+
+__all__ = ["create_model"]
+
+
+def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any] | None = None,
+                 num_classes: int | None = None, img_size: int | tuple[int, int] | None = None,
+                 checkpoint_format: str = "auto", strict: bool = True, features_only: bool = False,
+                 out_indices: int | Sequence[int] | None = None, output_fmt: str | None = None,
+                 **overrides: Any) -> nn.Module:
+    """Build registered model ``name`` (or alias, optionally ``NAME.TAG``) with config ``overrides``.
+
+    ``num_classes`` defaults to the preset's (its default tag's head, as in timm: 0 for towers published
+    without a classifier such as ``davit_base_fl``; else 1000), or the tag's / the weights' when those
+    are given; ``img_size`` overrides the preset's input size. ``pretrained``: ``True`` fetches the
+    preset's default weights (or ``NAME.TAG``'s) from the Hugging Face hub into the HF cache;
+    ``"hf-hub:ORG/REPO"`` any repository (timm layout or a transformers model folder, whose
+    ``config.json`` configures the model: eps, activation, image size, labels ...); a checkpoint
+    path or a state dict (layout detected, see :func:`vit_attention.weights.load_weights`).
+    A ``num_classes`` other than the weights' drops their head with a warning. Options given here
+    win over what the weights say. The model's ``pretrained_cfg`` (a dict: data config, hub id,
+    license, tag) is what :func:`vit_attention.data.resolve_data_config` reads. Build on the meta
+    device with ``with torch.device("meta"): create_model(...)``.
+    ``features_only``: return the backbone as a features model (see :mod:`vit_attention.models.features`;
+    ``pretrained`` may be a full model's weights, whose head is ignored, or a features model's file
+    saved with :func:`~vit_attention.save_weights`, whose ``out_indices`` / ``output_fmt`` / ``norm``
+    apply unless given here): ``forward`` gives one map ``[B, C_k, H_k, W_k]`` per
+    ``out_indices`` entry (an int ``k`` = the last ``k``, negative indices allowed; default: every
+    stage, or the last 3 blocks of ViT), ``model.feature_info.channels()`` / ``.reduction()`` in
+    that order; ``output_fmt`` ``"NCHW"`` (default), ``"NHWC"`` (hierarchical) or ``"NLC"`` (ViT).
+    Returns the model (images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``).
+    """
+    if not features_only and (out_indices is not None or output_fmt is not None):
+        raise ValueError("out_indices and output_fmt are options of features_only=True")
+    base, tag = split_model_tag(name) if isinstance(name, str) else (name, None)
+    entry = get_model_entry(base)
+    if num_classes is not None:
+        if not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f"num_classes must be a non-negative int, got {num_classes!r}")
+        overrides["num_classes"] = num_classes
+    if img_size is not None:
+        overrides["img_size"] = img_size
+    source = resolve_pretrained(entry.name, tag, pretrained)
+    model = entry.model_cls(entry.config(**{**source.config_overrides, **overrides}))
+    model.registry_name = entry.name  # type: ignore[assignment]
+    model.pretrained_cfg = source.pretrained_cfg  # type: ignore[assignment]
+    if features_only:  # before loading: the head is gone, so a features model's file (no head) loads strictly
+        saved = source.features or {}  # what a features model's file of ours records, unless given here
+        model = as_features_model(model, saved.get("out_indices") if out_indices is None else out_indices,
+                                  output_fmt=output_fmt or saved.get("output_fmt", "NCHW"),
+                                  norm=saved.get("norm", False))
+    if source.weights is not None:
+        load_weights(model, source.weights, format=checkpoint_format, strict=strict)
+    return model
