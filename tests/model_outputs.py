@@ -23,6 +23,7 @@ Rewrite every entry (only when numbers are meant to change; say why in the commi
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import zlib
@@ -185,6 +186,25 @@ def small_overrides(name: str) -> dict[str, Any]:
     over: dict[str, Any] = {"num_classes": 10, "drop_path_rate": 0.0, **REDUCERS[entry.family](cfg)}
     fields = {f for f in type(cfg).__dataclass_fields__}
     return {k: v for k, v in over.items() if k in fields}
+
+
+@functools.cache
+def distinct_reduced_presets() -> tuple[str, ...]:
+    """The first preset (sorted) of every distinct reduced model: family, class and reduced config.
+
+    Many presets reduce to the same small model (``vit_base_patch16_224`` and ``vit_large_patch16_224``
+    differ only in the widths the reducer replaces); a registry sweep that builds models runs each
+    distinct one once (about a third of the 175 presets), and still covers every family and every
+    code path the presets select. Computed once per test session.
+    """
+    import dataclasses
+
+    seen: dict[tuple[str, str, str], str] = {}
+    for name in list_models():
+        entry = get_model_entry(name)
+        cfg = dataclasses.replace(model_config(name), **small_overrides(name))
+        seen.setdefault((entry.family, entry.model_cls.__qualname__, repr(cfg)), name)
+    return tuple(sorted(seen.values()))
 
 
 @torch.no_grad()

@@ -11,27 +11,14 @@ and without globals, ...) is covered at a fraction of a second each.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
-from model_outputs import build, small_overrides
+from model_outputs import build, distinct_reduced_presets, small_overrides
 from torch import Tensor
 
-from vit_attention.models import get_model_entry, list_models, model_config
+from vit_attention.models import get_model_entry, list_models
 
-
-def _distinct_reduced_presets() -> list[str]:
-    """The first preset (sorted) of every distinct reduced model: family, class and config."""
-    seen: dict[tuple[str, str, str], str] = {}
-    for name in list_models():
-        entry = get_model_entry(name)
-        cfg = dataclasses.replace(model_config(name), **small_overrides(name))
-        seen.setdefault((entry.family, entry.model_cls.__qualname__, repr(cfg)), name)
-    return sorted(seen.values())
-
-
-NAMES = _distinct_reduced_presets()
+NAMES = distinct_reduced_presets()
 
 
 def _batch_dims(out: object) -> list[tuple[int, ...]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_outputs import small_overrides
+from model_outputs import distinct_reduced_presets, small_overrides
 
 from vit_attention.models import create_model, list_models
 from vit_attention.models.features import FeatureInfo, as_features_model, resolve_out_indices
@@ -18,9 +18,10 @@ def _input(model: torch.nn.Module, batch: int = 2) -> torch.Tensor:
     return torch.randn(batch, model.cfg.in_chans, h, w, generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize("name", list_models())
+@pytest.mark.parametrize("name", distinct_reduced_presets())
 def test_every_model_channels_and_strides(name: str) -> None:
-    """Default out_indices: each map's channels and stride are what feature_info says."""
+    """Default out_indices: each map's channels and stride are what feature_info says (every distinct reduced
+    model of tests/model_outputs.py: each family and each code path its presets select)."""
     model = create_model(name, features_only=True, **small_overrides(name)).eval()
     info = model.feature_info
     assert isinstance(info, FeatureInfo) and len(info) > 0

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
+from model_outputs import distinct_reduced_presets, small_overrides
 from safetensors.torch import save_file
 
 import vit_attention as va
@@ -19,34 +18,6 @@ from vit_attention.weights import describe_checkpoint, load_weights, read_checkp
 from vit_attention.weights.io import TRAIN_STATE_FORMAT, model_metadata
 
 ALL_MODELS = va.list_models()
-
-
-def _small(name: str) -> dict[str, Any]:
-    """Overrides that keep a preset's kind (family, block style, tokens, windows, norms) at toy width and depth."""
-    cfg = get_model_entry(name).config()
-    fields = {f.name for f in dataclasses.fields(cfg)}
-    over: dict[str, Any] = {"num_classes": 7}
-    if not {"embed_dims", "embed_dim"} & fields:  # no token width to shrink (MobileViT: conv widths): its reducer
-        from model_outputs import small_overrides
-
-        return {**small_overrides(name), **over}
-    if "embed_dims" in fields:  # pyramids with a width per stage (PVT, PVTv2, ...): one block each, 8 wide
-        n = len(cfg.depths)
-        over.update(depths=(1,) * n, num_heads=(1,) * n, embed_dims=(8,) * n,
-                    img_size=getattr(cfg, "patch_size", 4) * 2 ** n)
-    elif "depths" in fields:  # Swin / SwinV2: keep the stages and windows, one block each, 8-wide heads
-        n = len(cfg.depths)
-        over.update(depths=(1,) * n, num_heads=tuple(2 ** i for i in range(n)), embed_dim=8,
-                    img_size=getattr(cfg, "patch_size", 4) * 2 ** n)
-    else:  # isotropic (ViT-like); a family without patches (iGPT: a token per pixel) counts as patch 1
-        over.update(depth=1, num_heads=2, embed_dim=16, img_size=getattr(cfg, "patch_size", 1) * 2)
-        if getattr(cfg, "mlp_dim", None) is not None:
-            over["mlp_dim"] = 32
-        if getattr(cfg, "representation_size", None) is not None:
-            over["representation_size"] = 8
-        if getattr(cfg, "conv_stem", None) is not None:
-            over["conv_stem"] = (8,) * len(cfg.conv_stem)
-    return over
 
 
 def _input(model: torch.nn.Module) -> torch.Tensor:
@@ -59,11 +30,12 @@ def test_registry_covers_more_than_one_family() -> None:
     assert len(ALL_MODELS) > 50 and "vit_digits_patch2_8" in ALL_MODELS
 
 
-@pytest.mark.parametrize("name", ALL_MODELS)
+@pytest.mark.parametrize("name", distinct_reduced_presets())
 def test_save_load_round_trip_is_exact(name: str, tmp_path: Path) -> None:
-    """Reduced width / depth / size, but the preset's own structure; in_chans and num_classes changed too."""
+    """Each distinct reduced model (tests/model_outputs.py: the preset's own structure at toy width, depth and
+    size), with in_chans and num_classes changed too; every preset's full config round-trips on meta below."""
     torch.manual_seed(0)
-    model = va.create_model(name, in_chans=1, **_small(name)).eval()
+    model = va.create_model(name, **{**small_overrides(name), "in_chans": 1, "num_classes": 7}).eval()
     path = va.save_weights(model, tmp_path / "m.safetensors")
     loaded = va.load_model(path)
     assert not loaded.training and type(loaded) is type(model)
