@@ -288,8 +288,18 @@ PUBLISHED_PARAMS_M: dict[str, float] = {
 _ALIASES = {"swin_t": "swin_tiny_patch4_window7_224", "swin_s": "swin_small_patch4_window7_224",
             "swin_b": "swin_base_patch4_window7_224"}
 
-register_family("swin", SwinTransformer, SwinTransformerConfig, _PRESETS, aliases=_ALIASES,
-                meta={k: {"published_params_m": v} for k, v in PUBLISHED_PARAMS_M.items()})
+# Published GMACs at the preset's input size (checked by tests/analysis/test_flops.py), with their source.
+PUBLISHED_GMACS: dict[str, tuple[float, str]] = {
+    "swin_tiny_patch4_window7_224": (4.5, "Swin (Liu et al. 2021), Table 1, Swin-T"),
+    "swin_small_patch4_window7_224": (8.7, "Swin (Liu et al. 2021), Table 1, Swin-S"),
+    "swin_base_patch4_window7_224": (15.4, "Swin (Liu et al. 2021), Table 1, Swin-B"),
+}
+
+_META: dict[str, dict[str, Any]] = {k: {"published_params_m": v} for k, v in PUBLISHED_PARAMS_M.items()}
+for _name, (_gmacs, _source) in PUBLISHED_GMACS.items():
+    _META.setdefault(_name, {}).update(published_gmacs=_gmacs, published_gmacs_source=_source)
+
+register_family("swin", SwinTransformer, SwinTransformerConfig, _PRESETS, aliases=_ALIASES, meta=_META)
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its

@@ -78,8 +78,16 @@ PUBLISHED_PARAMS_M: dict[str, float] = {
 _ALIASES = {"swin_v2_t": "swinv2_tiny_window8_256", "swin_v2_s": "swinv2_small_window8_256",
             "swin_v2_b": "swinv2_base_window8_256", "swinv2_giant": "swinv2_giant_window12_192"}
 
-register_family("swinv2", SwinTransformerV2, SwinTransformerV2Config, _PRESETS, aliases=_ALIASES,
-                meta={k: {"published_params_m": v} for k, v in PUBLISHED_PARAMS_M.items()})
+# Published GMACs at the preset's input size (checked by tests/analysis/test_flops.py), with their source.
+PUBLISHED_GMACS: dict[str, tuple[float, str]] = {
+    "swinv2_tiny_window8_256": (5.9, "SwinV2 (Liu et al. 2022) model zoo, SwinV2-T 256, window 8"),
+}
+
+_META: dict[str, dict[str, Any]] = {k: {"published_params_m": v} for k, v in PUBLISHED_PARAMS_M.items()}
+for _name, (_gmacs, _source) in PUBLISHED_GMACS.items():
+    _META.setdefault(_name, {}).update(published_gmacs=_gmacs, published_gmacs_source=_source)
+
+register_family("swinv2", SwinTransformerV2, SwinTransformerV2Config, _PRESETS, aliases=_ALIASES, meta=_META)
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its

@@ -451,9 +451,21 @@ PUBLISHED_PARAMS_EXCLUDE: dict[str, tuple[str, ...]] = {
     "vit_22b_patch14_224": ("attn_pool.", "head."),  # Table 1 counts the encoder only
 }
 
-register_family("vit", VisionTransformer, VisionTransformerConfig, _PRESETS, aliases=_ALIASES,
-                meta={k: {"published_params_m": v, "published_params_exclude": PUBLISHED_PARAMS_EXCLUDE.get(k, ())}
-                      for k, v in PUBLISHED_PARAMS_M.items()})
+# Published GMACs at the preset's input size (checked by tests/analysis/test_flops.py), with their source.
+PUBLISHED_GMACS: dict[str, tuple[float, str]] = {
+    "vit_small_patch16_224": (4.6, "timm model table (ViT-S/16, = DeiT-S architecture)"),
+    "vit_base_patch16_224": (17.6, "timm model table; ViT-B/16 = DeiT-B architecture"),
+    "vit_large_patch16_224": (61.6, "timm model table (ViT-L/16 at 224)"),
+    "deit_tiny_patch16_224": (1.3, "DeiT (Touvron et al. 2021) / timm model table, one decimal (ours 1.258)"),
+}
+
+_META: dict[str, dict[str, Any]] = {
+    k: {"published_params_m": v, "published_params_exclude": PUBLISHED_PARAMS_EXCLUDE.get(k, ())}
+    for k, v in PUBLISHED_PARAMS_M.items()}
+for _name, (_gmacs, _source) in PUBLISHED_GMACS.items():
+    _META.setdefault(_name, {}).update(published_gmacs=_gmacs, published_gmacs_source=_source)
+
+register_family("vit", VisionTransformer, VisionTransformerConfig, _PRESETS, aliases=_ALIASES, meta=_META)
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
