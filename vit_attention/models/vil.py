@@ -233,7 +233,9 @@ class VisionLongformer(nn.Module):
             G = self.num_global[i]
             tokens, grid = stage.downsample(x)  # [B, G + H·W, C], (H, W)
             tokens = run_blocks(stage.blocks, tokens, grid, G, checkpoint=stage.grad_checkpointing and self.training)
-            x = tokens[:, G:].unflatten(1, grid)  # [B, H, W, C]: globals dropped (no -1: B may be 0)
+            # [B, H, W, C], globals dropped; every size spelled out: B may be 0, ONNX keeps B symbolic
+            # (unflatten bakes B in)
+            x = tokens[:, G:].reshape(tokens.shape[0], grid[0], grid[1], tokens.shape[-1])
             if i in take:
                 maps.append(x)
         return tokens, maps
