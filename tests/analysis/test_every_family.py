@@ -57,6 +57,7 @@ def test_info_and_trace_run_for_every_family(family: str) -> None:
     assert t.flow(max_depth=1).startswith(f"[{', '.join(map(str, info.input_shape))}]")
 
 
+@pytest.mark.slow  # the command-line twin of the library sweep above (~15 s)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_cli_info_trace_summary_run_for_every_family(family: str, capsys: pytest.CaptureFixture[str]) -> None:
     name = FAMILIES[family]

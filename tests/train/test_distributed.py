@@ -14,6 +14,7 @@ ARGS = ["train", *TINY, "--epochs", "2", "--batch-size", "32", "--warmup-epochs"
         "--no-plot", "--device", "cpu", "--affine", "0"]  # no random augmentation: each rank draws its own
 
 
+@pytest.mark.slow  # two torchrun processes (~12 s)
 def test_two_process_gloo_matches_single_process(tmp_path: Path) -> None:
     one = run_cli([*ARGS, "--output", str(tmp_path / "one")])
     assert one.returncode == 0, one.stderr
@@ -34,6 +35,7 @@ def test_two_process_gloo_matches_single_process(tmp_path: Path) -> None:
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 5e-3
 
 
+@pytest.mark.slow  # two torchrun processes, twice (~25 s)
 def test_two_process_fsdp_with_resume_matches_single_process(tmp_path: Path) -> None:
     args = [*ARGS, "--accum-steps", "2"]
     ref = run_cli([*args, "--output", str(tmp_path / "ref")])

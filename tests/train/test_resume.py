@@ -22,6 +22,7 @@ def _metrics(run: Path) -> list[dict]:
     return [{k: v for k, v in h.items() if k != "train_img_s"} for h in json.loads((run / "metrics.json").read_text())]
 
 
+@pytest.mark.slow  # three training subprocesses (~20 s)
 def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     ref = run_cli([*ARGS, "--output", str(tmp_path / "ref")])
     assert ref.returncode == 0, ref.stderr

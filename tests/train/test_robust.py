@@ -120,6 +120,7 @@ def test_default_output_of_two_runs_in_one_second(tmp_path: Path, monkeypatch: p
     assert not any((tmp_path / "runs" / "vit_digits_patch2_8-20260101-120000").iterdir())
 
 
+@pytest.mark.slow  # a training subprocess per signal (~10 s)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_prints_how_to_resume_and_leaves_no_temporary_files(tmp_path: Path, sig: int) -> None:
     out = tmp_path / "run"
@@ -190,6 +191,7 @@ def test_unwritable_or_invalid_output_is_named(tmp_path: Path, capsys: pytest.Ca
     assert "is not writable" in capsys.readouterr().err and not (ro / "run").exists()
 
 
+@pytest.mark.slow  # training subprocesses on a pseudo-terminal (~5 s)
 def test_progress_bars_only_on_a_terminal(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "vit_attention.cli", "train", *TINY, "--epochs", "2",
                            "--batch-size", "128", "--no-plot", "--output", str(tmp_path / "run")],
