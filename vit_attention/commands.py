@@ -8,7 +8,8 @@ import sys
 import torch
 
 from .attention import get_attention_spec, list_attention
-from .models import create_model, list_models
+from .factory import create_model
+from .models import list_models
 from .models.registry import aliases_of, get_model_entry
 
 

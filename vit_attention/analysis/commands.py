@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..models import create_model
+from ..factory import create_model
 from ..models.registry import get_model_entry
 
 __all__ = ["add_commands", "build_model", "eval_data_config", "load_image", "attention_heatmap", "save_attention_png"]

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from ..attention import create_attention, get_attention_spec, list_attention
-from ..models import create_model, list_models
+from ..factory import create_model
+from ..models import list_models
 from ..models.registry import aliases_of, get_model_entry
 from .flops import attention_complexity, complexity_table, flops
 from .published import published_gmacs

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models import create_model
+from ..factory import create_model
 from ..models.registry import aliases_of, get_model_entry
 from ._run import record_forward
 from .flops import flops

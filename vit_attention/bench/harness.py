@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..models import create_model
+from ..factory import create_model
 from ..models.registry import get_model_entry
 from .memory import measure_peak_memory
 from .peak import MatmulPeak

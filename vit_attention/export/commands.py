@@ -25,7 +25,7 @@ def load_for_export(name: str | None, checkpoint: str | Path | None, *, img_size
     initial (random) weights. ``img_size`` overrides the input size (position embeddings resampled);
     ``num_classes`` the classifier's size (a foreign checkpoint's head of that size loads with it).
     """
-    from ..models import create_model
+    from ..factory import create_model
     from ..weights.saved import check_model_name, describe_checkpoint, load_model
 
     if checkpoint is None:

@@ -273,7 +273,7 @@ def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     needs ``--model`` to build first; the dict then holds the model's data config (``data_config``,
     ``mean``, ``std``, ``crop_pct``, ``label_names``).
     """
-    from ..models.registry import create_model
+    from ..factory import create_model
     from ..weights import CheckpointMismatchError, describe_checkpoint, load_model, read_checkpoint
     from ..weights.hub import HF_HUB_PREFIX
     from ..weights.saved import check_model_name, resolve_model_file

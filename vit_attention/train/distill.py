@@ -33,7 +33,7 @@ def soft_target_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
 def build_teacher(name_or_path: str, *, num_classes: int, img_size: tuple[int, int], in_chans: int,
                   checkpoint: str | Path | None = None) -> nn.Module:
     """A frozen teacher in eval mode: a registered model name (weights from ``checkpoint``) or a checkpoint file."""
-    from ..models.registry import create_model
+    from ..factory import create_model
     from ..weights import load_model
 
     p = Path(name_or_path)

@@ -45,7 +45,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..models.registry import create_model, get_model_entry
+from ..factory import create_model
+from ..models.registry import get_model_entry
 from ..weights.io import atomic_write, save_weights
 from . import presets  # noqa: F401  (registers the digits presets)
 from .checkpoint import (
