@@ -33,21 +33,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @functools.cache
 def _model_families() -> tuple[dict[str, str], frozenset[str]]:
     """``{registered name or alias: family}`` and the set of representative names (first per family)."""
+    from model_outputs import first_preset_per_family
+
     from vit_attention.models import get_model_entry, list_models
     from vit_attention.models.registry import _ALIASES
 
-    family: dict[str, str] = {}
-    representatives: set[str] = set()
-    seen: set[str] = set()
-    for name in list_models():
-        fam = get_model_entry(name).family
-        family[name] = fam
-        if fam not in seen:
-            seen.add(fam)
-            representatives.add(name)
+    family = {name: get_model_entry(name).family for name in list_models()}
     for alias, target in _ALIASES.items():
         family.setdefault(alias, family.get(target, ""))
-    return family, frozenset(representatives)
+    return family, frozenset(first_preset_per_family().values())
 
 
 _PARITY_WORDS = ("parity", "reference", "fixture")

@@ -29,3 +29,23 @@ def assert_parity(ours, ref, rel: float = 1e-5) -> None:
     scale = ref.abs().max().item()
     err = (ours - ref).abs().max().item()
     assert err <= rel * scale, f"max abs diff {err:.3e} > {rel:.0e} x output scale {scale:.3e}"
+
+
+def perturb_like_trained(model):
+    """Random weights and BatchNorm running statistics away from the 0 / 1 initialisation; eval mode.
+
+    Seeded (``torch.manual_seed(0)``): every parameter gets ``0.05 · N(0, 1)`` added, every
+    ``BatchNorm2d`` a running mean ``0.1 · N(0, 1)`` and variance in ``[0.5, 1.5)``, so a parity test
+    of freshly initialised models cannot pass on zero tables or identity norms. Returns ``model``.
+    """
+    import torch
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.copy_(0.1 * torch.randn_like(m.running_mean))
+                m.running_var.copy_(0.5 + torch.rand_like(m.running_var))
+    return model.eval()

@@ -189,6 +189,16 @@ def small_overrides(name: str) -> dict[str, Any]:
 
 
 @functools.cache
+def first_preset_per_family() -> dict[str, str]:
+    """``{family: its first registered preset in sorted order}``: the preset a per-family test runs
+    (and the one ``pytest --fast`` keeps of a registry sweep, tests/conftest.py)."""
+    first: dict[str, str] = {}
+    for name in list_models():
+        first.setdefault(get_model_entry(name).family, name)
+    return first
+
+
+@functools.cache
 def distinct_reduced_presets() -> tuple[str, ...]:
     """The first preset (sorted) of every distinct reduced model: family, class and reduced config.
 

@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from model_outputs import first_preset_per_family
 
 from vit_attention.analysis.info import activation_bytes, model_info
 from vit_attention.analysis.trace import trace
@@ -20,15 +21,7 @@ from vit_attention.cli import main
 from vit_attention.models import create_model, get_model_entry, list_models
 from vit_attention.models.registry import builtin_families
 
-
-def _first_preset_per_family() -> dict[str, str]:
-    first: dict[str, str] = {}
-    for name in list_models():
-        first.setdefault(get_model_entry(name).family, name)
-    return first
-
-
-FAMILIES = _first_preset_per_family()
+FAMILIES = first_preset_per_family()
 
 
 def test_the_sweep_covers_the_families_with_gathered_attention() -> None:

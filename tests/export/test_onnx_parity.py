@@ -15,11 +15,11 @@ from typing import Any
 import onnx
 import pytest
 import torch
-from model_outputs import fill_by_key, small_overrides
+from model_outputs import fill_by_key, first_preset_per_family, small_overrides
 
 from vit_attention.attention import get_attention_spec, list_attention
 from vit_attention.export import INPUT_NAME, OUTPUT_NAME, to_onnx, verify_onnx
-from vit_attention.models import create_model, get_model_entry, list_models
+from vit_attention.models import create_model
 
 RTOL = 1e-4
 BATCHES = (1, 3)
@@ -27,15 +27,7 @@ MECHANISM_BASE = "vit_digits_patch2_8_gap"  # grid tokens pooled, no class token
 MECHANISM_GRID = 8  # 16 px / patch 2: room for several (shifted) windows
 
 
-def _families() -> dict[str, str]:
-    """One preset per registered family: the first name in sorted order."""
-    first: dict[str, str] = {}
-    for name in list_models():
-        first.setdefault(get_model_entry(name).family, name)
-    return first
-
-
-FAMILIES = _families()
+FAMILIES = first_preset_per_family()
 
 
 def _mechanism_kwargs(mech: str) -> dict[str, Any]:

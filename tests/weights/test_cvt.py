@@ -13,7 +13,7 @@ import re
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import assert_parity, load_fixture, perturb_like_trained
 from transformers import CvtConfig as HFCvtConfig
 from transformers import CvtForImageClassification, CvtModel
 
@@ -25,26 +25,13 @@ _HF_SMALL = dict(embed_dim=[16, 32, 48], num_heads=[1, 2, 3], depth=[1, 2, 3], d
 _OURS_SMALL = dict(embed_dims=(16, 32, 48), num_heads=(1, 2, 3), depths=(1, 2, 3), drop_path_rate=0.0)
 
 
-def _perturb(model: torch.nn.Module) -> torch.nn.Module:
-    """Random weights and BatchNorm running statistics away from HF's 0 / 1 initialisation; eval mode."""
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.copy_(0.1 * torch.randn_like(m.running_mean))
-                m.running_var.copy_(0.5 + torch.rand_like(m.running_var))
-    return model.eval()
-
-
 def _ours(**kw) -> Cvt:
     return Cvt(CvtConfig(**{**_OURS_SMALL, "act_layer": "gelu", "img_size": 64, **kw})).eval()
 
 
 @pytest.mark.parametrize("size", [64, 72])  # 72: odd grids on the way (18 -> 9 -> 5) and odd key grids
 def test_hf_classification_parity(size: int) -> None:
-    ref = _perturb(CvtForImageClassification(HFCvtConfig(**_HF_SMALL, num_labels=10)))
+    ref = perturb_like_trained(CvtForImageClassification(HFCvtConfig(**_HF_SMALL, num_labels=10)))
     model = _ours(num_classes=10)
     report = load_weights(model, ref.state_dict())
     assert report.layout == "huggingface" and report.ok, str(report)
@@ -54,7 +41,7 @@ def test_hf_classification_parity(size: int) -> None:
 
 
 def test_hf_model_features_and_cls_token() -> None:
-    ref = _perturb(CvtModel(HFCvtConfig(**_HF_SMALL), add_pooling_layer=False))
+    ref = perturb_like_trained(CvtModel(HFCvtConfig(**_HF_SMALL), add_pooling_layer=False))
     model = _ours(num_classes=0)
     report = load_weights(model, ref.state_dict(), strict=False)
     assert report.layout == "huggingface"
@@ -74,7 +61,7 @@ def test_hf_config_reader_builds_the_same_model() -> None:
     over = hf_config_overrides(hf_cfg.to_dict(), CvtConfig)
     assert over["act_layer"] == "gelu" and over["depths"] == (1, 2, 3) and over["num_classes"] == 7
     assert over["embed_dims"] == (16, 32, 48) and over["cls_token"] is True
-    ref = _perturb(CvtForImageClassification(hf_cfg))
+    ref = perturb_like_trained(CvtForImageClassification(hf_cfg))
     model = Cvt(CvtConfig(**over, img_size=64, drop_path_rate=0.0)).eval()
     assert load_weights(model, ref.state_dict()).ok
     x = torch.randn(1, 3, 64, 64)
@@ -88,7 +75,7 @@ def _original_state(model: Cvt) -> dict[str, torch.Tensor]:
 
 
 def test_original_layout_round_trip() -> None:
-    src = _perturb(_ours(num_classes=10, act_layer="quick_gelu"))
+    src = perturb_like_trained(_ours(num_classes=10, act_layer="quick_gelu"))
     state = _original_state(src)
     assert "stage2.cls_token" in state and "stage0.blocks.0.attn.conv_proj_q.bn.running_var" in state
     dst = _ours(num_classes=10, act_layer="quick_gelu")
@@ -100,7 +87,7 @@ def test_original_layout_round_trip() -> None:
 
 
 def test_original_checkpoint_with_other_classes_keeps_the_backbone() -> None:
-    src = _perturb(_ours(num_classes=10))
+    src = perturb_like_trained(_ours(num_classes=10))
     dst = _ours(num_classes=5)
     with pytest.warns(UserWarning, match="classes"):
         report = load_weights(dst, _original_state(src))

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 import transformers as tf
-from fixture_utils import assert_parity
+from fixture_utils import assert_parity, perturb_like_trained
 
 from vit_attention import create_model
 from vit_attention.weights.hub import _HF_FAMILIES
@@ -80,19 +80,6 @@ CASES: dict[str, Case] = {
 }
 
 
-def _perturb(model: torch.nn.Module) -> torch.nn.Module:
-    """Random weights (relative-position tables start at zero) and BatchNorm statistics away from 0 / 1; eval."""
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.copy_(0.1 * torch.randn_like(m.running_mean))
-                m.running_var.copy_(0.5 + torch.rand_like(m.running_var))
-    return model.eval()
-
-
 def test_every_transformers_model_type_we_read_has_a_case() -> None:
     """A converter that registers another transformers model_type must add its folder case here."""
     assert set(_HF_FAMILIES) - {"imagegpt"} == set(CASES)  # imagegpt: its own test below (token ids in)
@@ -102,7 +89,7 @@ def test_every_transformers_model_type_we_read_has_a_case() -> None:
 def test_transformers_folder_loads_with_its_config(model_type: str, tmp_path: Path) -> None:
     case = CASES[model_type]
     torch.manual_seed(0)
-    ref = _perturb(case.hf())
+    ref = perturb_like_trained(case.hf())
     assert ref.config.model_type == model_type
     ref.save_pretrained(tmp_path)
     with warnings.catch_warnings():
@@ -127,7 +114,7 @@ def test_imagegpt_folder_loads_with_its_config(tmp_path: Path) -> None:
     """ImageGPT reads colour-cluster ids: the folder sets width, depth, vocabulary, image side and eps; the
     palette (not in the folder: the image processor's clusters) is given; logits over ids equal transformers'."""
     side, colours = 5, 16
-    ref = _perturb(tf.ImageGPTForCausalImageModeling(tf.ImageGPTConfig(
+    ref = perturb_like_trained(tf.ImageGPTForCausalImageModeling(tf.ImageGPTConfig(
         vocab_size=colours + 1, n_positions=side * side, n_embd=32, n_layer=2, n_head=4, tie_word_embeddings=False,
         layer_norm_epsilon=1e-6)))
     ref.save_pretrained(tmp_path)
@@ -146,7 +133,7 @@ def test_imagegpt_folder_loads_with_its_config(tmp_path: Path) -> None:
 def test_stated_num_labels_wins_over_id2label(tmp_path: Path) -> None:
     """transformers' PvtConfig declares num_labels (default 1000) as a field: id2label alone does not size its
     classifier. The folder's stated num_labels builds ours too (strict load), without label names of 3 classes."""
-    ref = _perturb(tf.PvtForImageClassification(tf.PvtConfig(image_size=64, **_PVT, id2label=LABELS)))
+    ref = perturb_like_trained(tf.PvtForImageClassification(tf.PvtConfig(image_size=64, **_PVT, id2label=LABELS)))
     assert ref.classifier.out_features == 1000
     ref.save_pretrained(tmp_path)
     with warnings.catch_warnings():

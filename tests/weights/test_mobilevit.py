@@ -1,16 +1,17 @@
 """MobileViT v1 / v2 checkpoints: timm fixtures, live Hugging Face parity, the apple/ml-cvnets layout.
 
 Every BatchNorm runs in eval mode with perturbed running statistics (fixtures: set by
-``tests/fixtures/make_fixtures_mobilevit.py``; HF: :func:`_perturb`). HF MobileViTV2 never resizes
-(its unfold drops the border rows of maps that are not patch multiples and its fold writes zeros
-there, FAMILIES.md §0), so the v2 parity runs at sides that are multiples of 64; ours resizes as timm.
+``tests/fixtures/make_fixtures_mobilevit.py``; HF: :func:`fixture_utils.perturb_like_trained`).
+HF MobileViTV2 never resizes (its unfold drops the border rows of maps that are not patch multiples
+and its fold writes zeros there, FAMILIES.md §0), so the v2 parity runs at sides that are multiples
+of 64; ours resizes as timm.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import assert_parity, load_fixture, perturb_like_trained
 from transformers import MobileViTConfig as HFMobileViTConfig
 from transformers import MobileViTForImageClassification, MobileViTV2ForImageClassification
 from transformers import MobileViTV2Config as HFMobileViTV2Config
@@ -59,19 +60,6 @@ def test_timm_layout_with_format_timm(name: str) -> None:
         assert_parity(model(t["input"]), t["output"])
 
 
-def _perturb(model: torch.nn.Module) -> torch.nn.Module:
-    """Random weights and BatchNorm running statistics away from HF's 0 / 1 initialisation; eval mode."""
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.copy_(0.1 * torch.randn_like(m.running_mean))
-                m.running_var.copy_(0.5 + torch.rand_like(m.running_var))
-    return model.eval()
-
-
 _HF_V1 = dict(image_size=64, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 48],
               num_attention_heads=4, expand_ratio=2.0, num_labels=10,
               architectures=["MobileViTForImageClassification"])
@@ -81,7 +69,7 @@ _HF_V2 = dict(image_size=64, width_multiplier=0.25, num_labels=10, architectures
 @pytest.mark.parametrize("size", [64, 80])  # 80: 5x5 map at stride 16, 3x3 at 32 (the bilinear resize path)
 def test_hf_mobilevit_v1_parity(size: int) -> None:
     hf_cfg = HFMobileViTConfig(**_HF_V1)
-    ref = _perturb(MobileViTForImageClassification(hf_cfg))
+    ref = perturb_like_trained(MobileViTForImageClassification(hf_cfg))
     over = hf_config_overrides(hf_cfg.to_dict(), MobileViTConfig)
     assert over["channels"] == (8, 16, 16, 24, 32) and over["num_features"] == 48 and over["num_classes"] == 10
     model = MobileViT(MobileViTConfig(**over)).eval()
@@ -95,7 +83,7 @@ def test_hf_mobilevit_v1_parity(size: int) -> None:
 @pytest.mark.parametrize("size", [64, 128])
 def test_hf_mobilevit_v2_parity(size: int) -> None:
     hf_cfg = HFMobileViTV2Config(**_HF_V2)
-    ref = _perturb(MobileViTV2ForImageClassification(hf_cfg))
+    ref = perturb_like_trained(MobileViTV2ForImageClassification(hf_cfg))
     over = hf_config_overrides(hf_cfg.to_dict(), MobileViTConfig)
     assert over["block_type"] == "v2" and over["stem_chs"] == 16 and over["channels"] == (16, 32, 64, 96, 128)
     model = MobileViT(MobileViTConfig(**over)).eval()
@@ -109,7 +97,7 @@ def test_hf_mobilevit_v2_parity(size: int) -> None:
 def test_hf_v2_silently_zeroes_borders_and_ours_does_not() -> None:
     """At 96 px (a 3x3 map at stride 32) HF v2 drops the last row / column in its unfold; ours resizes (timm)."""
     hf_cfg = HFMobileViTV2Config(**_HF_V2)
-    ref = _perturb(MobileViTV2ForImageClassification(hf_cfg))
+    ref = perturb_like_trained(MobileViTV2ForImageClassification(hf_cfg))
     model = MobileViT(MobileViTConfig(**hf_config_overrides(hf_cfg.to_dict(), MobileViTConfig))).eval()
     load_weights(model, ref.state_dict())
     x = torch.randn(1, 3, 96, 96)
