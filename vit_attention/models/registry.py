@@ -26,7 +26,7 @@ from typing import Any
 from torch import nn
 
 __all__ = ["ModelEntry", "builtin_families", "register_family", "register_model", "list_models",
-           "get_model_entry", "resolve_model_name", "model_config"]
+           "get_model_entry", "resolve_model_name", "model_config", "with_published_gmacs"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,18 @@ def register_model(name: str, family: str, model_cls: type[nn.Module], config_cl
         if alias in _MODELS or alias in _ALIASES:
             raise ValueError(f"alias {alias!r} is already registered")
         _ALIASES[alias] = name
+
+
+def with_published_gmacs(meta: Mapping[str, Mapping[str, Any]], gmacs: Mapping[str, tuple[float, str]]
+                         ) -> dict[str, dict[str, Any]]:
+    """A family's ``meta`` with ``gmacs[name] = (GMACs, source)`` added as ``published_gmacs`` /
+    ``published_gmacs_source`` (the keys :mod:`vit_attention.analysis.published` reads); a name
+    without meta yet gets an entry. ``{name: {field: value}}`` -> a new dict of the same form.
+    """
+    out = {k: dict(v) for k, v in meta.items()}
+    for name, (value, source) in gmacs.items():
+        out.setdefault(name, {}).update(published_gmacs=value, published_gmacs_source=source)
+    return out
 
 
 def register_family(family: str, model_cls: type[nn.Module], config_cls: type,

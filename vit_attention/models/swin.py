@@ -55,7 +55,7 @@ from ._config import (
     check_size,
 )
 from ._pretrained import data_cfg, pretrained_tags
-from .registry import register_family
+from .registry import register_family, with_published_gmacs
 
 __all__ = ["SwinTransformerConfig", "SwinTransformer", "PatchMerging", "ClassifierHead"]
 
@@ -296,8 +296,7 @@ PUBLISHED_GMACS: dict[str, tuple[float, str]] = {
 }
 
 _META: dict[str, dict[str, Any]] = {k: {"published_params_m": v} for k, v in PUBLISHED_PARAMS_M.items()}
-for _name, (_gmacs, _source) in PUBLISHED_GMACS.items():
-    _META.setdefault(_name, {}).update(published_gmacs=_gmacs, published_gmacs_source=_source)
+_META = with_published_gmacs(_META, PUBLISHED_GMACS)
 
 register_family("swin", SwinTransformer, SwinTransformerConfig, _PRESETS, aliases=_ALIASES, meta=_META)
 

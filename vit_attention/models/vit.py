@@ -43,7 +43,7 @@ from ._config import (
     resolve_indices,
 )
 from ._pretrained import INCEPTION_MEAN, INCEPTION_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, data_cfg, pretrained_tags
-from .registry import register_family
+from .registry import register_family, with_published_gmacs
 
 __all__ = ["VisionTransformerConfig", "VisionTransformer", "AttentionPoolHead"]
 
@@ -462,8 +462,7 @@ PUBLISHED_GMACS: dict[str, tuple[float, str]] = {
 _META: dict[str, dict[str, Any]] = {
     k: {"published_params_m": v, "published_params_exclude": PUBLISHED_PARAMS_EXCLUDE.get(k, ())}
     for k, v in PUBLISHED_PARAMS_M.items()}
-for _name, (_gmacs, _source) in PUBLISHED_GMACS.items():
-    _META.setdefault(_name, {}).update(published_gmacs=_gmacs, published_gmacs_source=_source)
+_META = with_published_gmacs(_META, PUBLISHED_GMACS)
 
 register_family("vit", VisionTransformer, VisionTransformerConfig, _PRESETS, aliases=_ALIASES, meta=_META)
 
