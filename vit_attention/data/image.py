@@ -28,13 +28,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["read_image", "UnsupportedImageError", "WHITE"]
+__all__ = ["read_image", "UnsupportedImageError", "WHITE", "WIDE_MODES"]
 
 WHITE = (255, 255, 255)
 _COLOUR = ("RGB", "RGBX", "CMYK", "YCbCr", "LAB", "HSV")
 _GREY = ("1", "L")
 _ALPHA = {"LA": "LA", "La": "LA", "PA": "RGBA", "RGBA": "RGBA", "RGBa": "RGBA"}
 _SIXTEEN = ("I;16", "I;16L", "I;16B", "I;16N")
+# Modes read by value rules rather than Pillow's conversion (16-bit scaled; I / F range-checked, maybe refused).
+WIDE_MODES = (*_SIXTEEN, "I", "F")
 
 
 class UnsupportedImageError(ValueError):
@@ -120,7 +122,7 @@ def read_image(image: str | Path | Any, *, channels: int = 3, background: tuple[
     name = _name(source, image)
     target = "RGB" if channels == 3 else "L"
     mode = image.mode
-    if mode in _SIXTEEN or mode in ("I", "F"):
+    if mode in WIDE_MODES:
         grey = _wide_to_grey(image, name)
         return grey if target == "L" else grey.convert("RGB")
     if mode in ("P", "L", "RGB", "1") and "transparency" in image.info:

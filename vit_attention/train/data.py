@@ -126,9 +126,6 @@ def load_image(path: str | Path, img_size: int | tuple[int, int], *, in_chans: i
     return tf.to_tensor(tf.resize_crop(path))
 
 
-_WIDE_MODES = ("I", "F", "I;16", "I;16L", "I;16B", "I;16N")
-
-
 def _probe(path: Path) -> tuple[int, int] | None:
     """``(W, H)`` of a decodable image, ``None`` for a corrupt file.
 
@@ -137,13 +134,13 @@ def _probe(path: Path) -> tuple[int, int] | None:
     """
     from PIL import Image
 
-    from ..data import UnsupportedImageError, read_image
+    from ..data.image import WIDE_MODES, UnsupportedImageError, read_image
 
     try:
         with Image.open(path) as im:
             im.load()  # full decode: truncated / garbage files fail here
             size = im.size
-            wide = im.mode in _WIDE_MODES
+            wide = im.mode in WIDE_MODES
     except Exception:  # noqa: BLE001 - Pillow raises many types for bad files
         return None
     if wide:
