@@ -11,7 +11,18 @@ from .mlp import Mlp
 from .patch_embed import ConvStemPatchEmbed, PatchEmbed
 from .plug import Plug, plug
 from .pos_embed import PosConv
-from .stage import HierarchicalMixin, Stage, drop_path_schedule, resolve_indices, run_blocks, stage_feature_info
+from .stage import (
+    HierarchicalMixin,
+    Stage,
+    Tokens,
+    as_map,
+    drop_path_schedule,
+    resolve_indices,
+    run_blocks,
+    run_blocks_with_taps,
+    run_stages,
+    stage_feature_info,
+)
 
 __all__ = [
     "BLOCK_STYLES",
@@ -28,12 +39,16 @@ __all__ = [
     "Plug",
     "PosConv",
     "Stage",
+    "Tokens",
     "accepted_kwargs",
     "apply_attention",
+    "as_map",
     "drop_path",
     "drop_path_schedule",
     "plug",
     "resolve_indices",
     "run_blocks",
+    "run_blocks_with_taps",
+    "run_stages",
     "stage_feature_info",
 ]

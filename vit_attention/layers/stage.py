@@ -2,16 +2,24 @@
 
 What every hierarchical family shares, written once:
 
-* :class:`Stage`: optional downsampling, a stack of blocks, an optional stage norm, on
-  channels-last maps ``[B, H, W, C]``; gradient checkpointing, and CPU inference in batch chunks
-  (``functional/chunking.py``). Keys: ``downsample.*``, ``blocks.{j}.*``, ``norm.*`` (timm's).
+* :class:`Tokens`: what a stage carries when its embedding adds prefix tokens (PVT's and CvT's
+  class token, ViL's global tokens): ``(x [B, P + H·W, C], feat_size (H, W), num_prefix_tokens P)``.
+* :class:`Stage`: optional downsampling (or a token embedding), a stack of blocks, an optional
+  stage norm, on channels-last maps ``[B, H, W, C]`` or on :class:`Tokens`; gradient
+  checkpointing, and CPU inference in batch chunks (``functional/chunking.py``). Keys:
+  ``downsample.*``, ``blocks.{j}.*``, ``norm.*`` (timm's).
 * :func:`drop_path_schedule`: the linear stochastic-depth rule over all blocks, split per stage.
-* :func:`run_blocks`: blocks in order, each recomputed in backward when checkpointing.
+* :func:`run_blocks`: blocks in order, each recomputed in backward when checkpointing;
+  :func:`run_blocks_with_taps` also keeps chosen blocks' outputs and runs a layer after chosen
+  blocks (a PEG): the one block loop of staged and isotropic models (ViT, CaiT, ViTDet, iGPT).
+* :func:`run_stages`: the stages in order with their taps as maps (``forward_intermediates``).
 * :class:`HierarchicalMixin`: ``forward_features``, ``forward_head``, ``forward``,
   ``forward_intermediates`` and ``set_grad_checkpointing`` for a model whose stages are one
   ``nn.Sequential`` of :class:`Stage` (named by ``stages_attr``), embedded by ``_embed``, closed
   by ``norm`` and classified by ``head(x, pre_logits=)``; :func:`stage_feature_info` its
-  ``feature_info``.
+  ``feature_info``. The library's own families derive from
+  :class:`vit_attention.models.backbone.Backbone` instead (which also owns the config, the
+  classifier reset and the pooling); the mixin stays for models written against it.
 
 A family file keeps only what is its own: the stem (``_embed``), what goes into each stage,
 the final norm and the head.
@@ -19,8 +27,8 @@ the final norm and the head.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.utils.checkpoint
@@ -29,7 +37,33 @@ from torch import Tensor, nn
 
 from ..functional.chunking import batch_chunk_size, run_in_batch_chunks
 
-__all__ = ["Stage", "HierarchicalMixin", "drop_path_schedule", "resolve_indices", "run_blocks", "stage_feature_info"]
+__all__ = ["Stage", "Tokens", "HierarchicalMixin", "as_map", "drop_path_schedule", "resolve_indices", "run_blocks",
+           "run_blocks_with_taps", "run_stages", "stage_feature_info"]
+
+
+class Tokens(NamedTuple):
+    """Tokens on a grid after prefix tokens: ``x [B, P + H·W, C]``, ``feat_size (H, W)``, ``num_prefix_tokens P``.
+
+    What a :class:`Stage` whose embedding adds prefix tokens takes and gives (PVT's and CvT's class
+    token, ViL's global tokens); the next stage and the taps see :meth:`to_map`.
+    """
+
+    x: Tensor
+    feat_size: tuple[int, int]
+    num_prefix_tokens: int
+
+    def to_map(self) -> Tensor:
+        """The grid tokens as a channels-last map ``[B, H, W, C]`` (prefix tokens dropped).
+
+        Every size is spelled out: ``B`` may be 0, and ONNX keeps ``B`` symbolic (``unflatten`` bakes it in).
+        """
+        x = self.x
+        return x[:, self.num_prefix_tokens:].reshape(x.shape[0], self.feat_size[0], self.feat_size[1], x.shape[-1])
+
+
+def as_map(x: Tensor | Tokens) -> Tensor:
+    """A stage's output as a channels-last map ``[B, H, W, C]``: :meth:`Tokens.to_map`, or the map itself."""
+    return x.to_map() if isinstance(x, Tokens) else x
 
 
 def resolve_indices(indices: int | Sequence[int] | None, n: int, what: str = "block") -> list[int]:
@@ -71,12 +105,38 @@ def run_blocks(blocks: Iterable[nn.Module], x: Tensor, *args: Any, checkpoint: b
     return x
 
 
+def run_blocks_with_taps(blocks: Sequence[nn.Module], x: Tensor, *args: Any, checkpoint: bool = False,
+                         taps: Collection[int] | None = None, after: Mapping[int, Callable[..., Tensor]] | None = None,
+                         ) -> tuple[Tensor, list[Tensor]]:
+    """:func:`run_blocks` that also returns the outputs of blocks ``taps`` (in order) and runs ``after[i](x, *args)``
+    on the output of block ``i`` (a PEG: CPVT, Twins), before it is tapped: ``x -> (x, [tapped x])``."""
+    if not taps and not after:
+        return run_blocks(blocks, x, *args, checkpoint=checkpoint), []
+    seq = list(blocks)
+    saved: list[Tensor] = []
+    start = 0
+    for i in sorted({*(taps or ()), *(after or {})}):
+        x = run_blocks(seq[start:i + 1], x, *args, checkpoint=checkpoint)
+        if after and i in after:
+            x = after[i](x, *args)
+        if taps and i in taps:
+            saved.append(x)
+        start = i + 1
+    return run_blocks(seq[start:], x, *args, checkpoint=checkpoint), saved
+
+
 class Stage(nn.Module):
     """Downsample, then ``depth`` blocks, then an optional norm: ``[B, H, W, C] -> [B, H', W', C']``.
 
+    With a token embedding as ``downsample`` (one that returns :class:`Tokens`: a class token or
+    global tokens in front of the grid), the blocks run on ``(tokens, feat_size, num_prefix_tokens)``
+    and the stage gives :class:`Tokens`; a stage given :class:`Tokens` starts from their map.
+
     Args:
-        blocks: the stage's blocks (each ``[B, H', W', C'] -> [B, H', W', C']``).
-        downsample: ``[B, H, W, C] -> [B, H', W', C']`` at the start of the stage (None = identity).
+        blocks: the stage's blocks (each ``[B, H', W', C'] -> [B, H', W', C']``, or
+            ``(tokens, feat_size, num_prefix_tokens) -> tokens`` after a token embedding).
+        downsample: ``[B, H, W, C] -> [B, H', W', C']`` (or :class:`Tokens`) at the start of the stage
+            (None = identity).
         norm: applied to the stage output (PVTv2's per-stage norm; None = identity).
         pos: a position layer on the map (PEG, :class:`~.pos_embed.PosConv`) run on the output of
             block ``pos_index`` (Twins: after the first block of every stage). Key: ``pos.*``.
@@ -94,25 +154,54 @@ class Stage(nn.Module):
         self.norm = norm if norm is not None else nn.Identity()
         self.grad_checkpointing = False
 
-    def _run(self, x: Tensor) -> Tensor:
-        """The blocks, with the position layer after block ``pos_index``: ``[B, H', W', C'] -> same``."""
-        checkpoint = self.grad_checkpointing and self.training
-        if self.pos is None:
-            return run_blocks(self.blocks, x, checkpoint=checkpoint)
-        k = self.pos_index + 1
-        x = self.pos(run_blocks(self.blocks[:k], x, checkpoint=checkpoint))
-        return run_blocks(self.blocks[k:], x, checkpoint=checkpoint)
+    def _run(self, x: Tensor, *args: Any) -> Tensor:
+        """The blocks, with the position layer after block ``pos_index``: ``[B, H', W', C'] -> same``
+        (tokens ``[B, P + N, C]`` with ``args = (feat_size, P)``)."""
+        after = None if self.pos is None else {self.pos_index: self.pos}
+        return run_blocks_with_taps(self.blocks, x, *args, checkpoint=self.grad_checkpointing and self.training,
+                                    after=after)[0]
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, H, W, C] -> [B, H', W', C']``."""
-        x = self.downsample(x)
+    def embed(self, x: Tensor | Tokens) -> Tensor | Tokens:
+        """The stage's input (a map, or the previous stage's :class:`Tokens`, taken as their map) -> its blocks'
+        input: ``downsample(map)``, a map ``[B, H', W', C']`` or :class:`Tokens`."""
+        return self.downsample(as_map(x))
+
+    def forward(self, x: Tensor | Tokens) -> Tensor | Tokens:
+        """``[B, H, W, C] -> [B, H', W', C']``; :class:`Tokens` after a token embedding."""
+        x = self.embed(x)
+        tokens = x if isinstance(x, Tokens) else None
+        t = x.x if tokens is not None else x
+        args = (tokens.feat_size, tokens.num_prefix_tokens) if tokens is not None else ()
         # inference on CPU: a few images at a time (cache-sized)
-        chunk = batch_chunk_size(x, self.blocks if self.pos is None else (self.blocks, self.pos))
-        if chunk < x.shape[0]:
-            x = run_in_batch_chunks(self.blocks if self.pos is None else self._run, x, chunk)
+        chunk = batch_chunk_size(t, self.blocks if self.pos is None else (self.blocks, self.pos))
+        if chunk < t.shape[0]:
+            t = run_in_batch_chunks(lambda c: self._run(c, *args), t, chunk)
         else:
-            x = self._run(x)
-        return self.norm(x)
+            t = self._run(t, *args)
+        t = self.norm(t)
+        return t if tokens is None else Tokens(t, tokens.feat_size, tokens.num_prefix_tokens)
+
+
+def run_stages(stages: Iterable[nn.Module], x: Tensor | Tokens, take: Collection[int] = (), *,
+               last_norm: Callable[[Tensor], Tensor] | None = None,
+               output_fmt: Literal["NCHW", "NHWC"] = "NCHW") -> tuple[Tensor | Tokens, list[Tensor]]:
+    """The stages in order, ``x -> (last stage's output, [maps of stages take])``.
+
+    A tapped stage gives its map (:func:`as_map`: prefix tokens left out), ``[B, C_i, H_i, W_i]``
+    (``NCHW``) or ``[B, H_i, W_i, C_i]`` (``NHWC``); ``last_norm`` is applied to the last stage's map.
+    """
+    if output_fmt not in ("NCHW", "NHWC"):
+        raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+    stages = list(stages)
+    outs: list[Tensor] = []
+    for i, stage in enumerate(stages):
+        x = stage(x)
+        if i in take:
+            y = as_map(x)  # [B, H_i, W_i, C_i]
+            if last_norm is not None and i == len(stages) - 1:
+                y = last_norm(y)
+            outs.append(rearrange(y, "b h w c -> b c h w") if output_fmt == "NCHW" else y)
+    return x, outs
 
 
 def stage_feature_info(dims: Sequence[int], reductions: Sequence[int], module: str = "stages"
@@ -167,17 +256,9 @@ class HierarchicalMixin:
         the last stage's map. Returns ``(final [B, H', W', C'], [maps])`` or only the list.
         """
         stages = self._stages()
-        n = len(stages)
-        take = resolve_indices(indices, n, "stage")
-        if output_fmt not in ("NCHW", "NHWC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
-        x = self._embed(x)  # [B, H, W, C]
-        outs: list[Tensor] = []
-        for i, stage in enumerate(stages):
-            x = stage(x)  # [B, H_i, W_i, C_i]
-            if i in take:
-                y = self.norm(x) if norm and i == n - 1 else x
-                outs.append(rearrange(y, "b h w c -> b c h w") if output_fmt == "NCHW" else y)
+        take = resolve_indices(indices, len(stages), "stage")
+        x, outs = run_stages(stages, self._embed(x), take, last_norm=self.norm if norm else None,
+                             output_fmt=output_fmt)
         if intermediates_only:
             return outs
-        return self.norm(x), outs
+        return self.norm(as_map(x)), outs

@@ -80,7 +80,7 @@ _MODELS: dict[str, ModelEntry] = {}
 _ALIASES: dict[str, str] = {}
 
 # Modules of this package that are not families (every other module registers presets when imported).
-_INFRASTRUCTURE = frozenset({"registry", "features", "pretrained"})
+_INFRASTRUCTURE = frozenset({"registry", "features", "pretrained", "backbone"})
 _builtins_loaded = False
 
 

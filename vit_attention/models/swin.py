@@ -22,7 +22,6 @@ Layout: channels-last ``[B, H, W, C]`` from the patch embedding to the final nor
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,7 +35,6 @@ from ..functional.window import to_pair
 from ..layers import (
     Block,
     ClassifierHead,
-    HierarchicalMixin,
     PatchEmbed,
     PatchMerging,
     Stage,
@@ -44,7 +42,7 @@ from ..layers import (
     drop_path_schedule,
     stage_feature_info,
 )
-from ..layers.head import init_linear_weights, reset_head
+from ..layers.head import init_linear_weights
 from ._config import (
     ConfigMixin,
     check_attn_layer,
@@ -55,6 +53,7 @@ from ._config import (
     check_size,
 )
 from ._pretrained import data_cfg, pretrained_tags
+from .backbone import Backbone
 from .registry import register_family, with_published_gmacs
 
 __all__ = ["SwinTransformerConfig", "SwinTransformer", "PatchMerging", "ClassifierHead"]
@@ -152,7 +151,7 @@ def stage_windows(res: tuple[int, int], window: tuple[int, int], shift: tuple[in
     return win, sft  # type: ignore[return-value]
 
 
-class SwinTransformer(HierarchicalMixin, nn.Module):
+class SwinTransformer(Backbone):
     """Swin Transformer backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the normalised last map ``[B, H/32, W/32, 8C]`` (channels-last),
@@ -161,15 +160,14 @@ class SwinTransformer(HierarchicalMixin, nn.Module):
     """
 
     family = "swin"
+    config_cls = SwinTransformerConfig
     stages_attr = "layers"  # timm's key layout: layers.{i}.downsample / layers.{i}.blocks.{j}
+    no_weight_decay_keys = ("absolute_pos_embed", "relative_position_bias_table", "logit_scale", "cpb_mlp")
 
     def __init__(self, cfg: SwinTransformerConfig | None = None, **overrides: Any) -> None:
-        super().__init__()
-        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else type(self).default_config(**overrides)
-        cfg.validate()  # again: fields may have been assigned after the config was built
-        self.cfg = cfg
+        super().__init__(cfg, **overrides)
+        cfg = self.cfg
         n = len(cfg.depths)
-        self.num_classes = cfg.num_classes
         self.global_pool = cfg.global_pool
         self.embed_dim = cfg.embed_dim
         dims = [cfg.embed_dim * 2 ** i for i in range(n)]
@@ -211,13 +209,8 @@ class SwinTransformer(HierarchicalMixin, nn.Module):
         self.layers = nn.Sequential(*stages)
         self.feature_info = stage_feature_info(dims, [cfg.patch_size * 2 ** i for i in range(n)], "layers")
         self.norm = nn.LayerNorm(self.num_features, eps=cfg.norm_eps)
-        self.head = ClassifierHead(self.num_features, cfg.num_classes, global_pool=cfg.global_pool, drop=cfg.drop_rate)
+        self.head = ClassifierHead(self.num_features, cfg.num_classes, global_pool="", drop=cfg.drop_rate)
         self._init_weights()
-
-    @classmethod
-    def default_config(cls, **overrides: Any) -> SwinTransformerConfig:
-        """The family's config class with ``overrides``."""
-        return SwinTransformerConfig(**overrides)
 
     # ------------------------------------------------------------------ construction
     def _init_weights(self) -> None:
@@ -230,16 +223,6 @@ class SwinTransformer(HierarchicalMixin, nn.Module):
                     for norm in (blk.norm1, blk.norm2):
                         nn.init.zeros_(norm.weight)
                         nn.init.zeros_(norm.bias)
-
-    # ------------------------------------------------------------------ API
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        reset_head(self, num_classes, global_pool)
-
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names that should not get weight decay (position embeddings, bias tables, temperatures)."""
-        keys = ("absolute_pos_embed", "relative_position_bias_table", "logit_scale", "cpb_mlp")
-        return {n for n, _ in self.named_parameters() if any(k in n for k in keys)}
 
     def _embed(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> ``[B, H/p, W/p, C]`` (+ absolute position embedding).

@@ -35,11 +35,7 @@ class SwinTransformerV2(SwinTransformer):
     """SwinV2 backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]`` (API of :class:`SwinTransformer`)."""
 
     family = "swinv2"
-
-    @classmethod
-    def default_config(cls, **overrides: Any) -> SwinTransformerV2Config:
-        """:class:`SwinTransformerV2Config` with ``overrides``."""
-        return SwinTransformerV2Config(**overrides)
+    config_cls = SwinTransformerV2Config
 
 
 # ---------------------------------------------------------------------------- presets (data)

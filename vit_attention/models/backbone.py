@@ -1,0 +1,191 @@
+"""The base of every model family: config, classifier, pooling, the forward API, checkpointing.
+
+A family declares its config class, builds its modules in ``__init__`` and says how images reach
+its first stage; everything a user calls on any model is written here once:
+
+* config resolution and validation: ``Family(cfg=None, **overrides)``, :meth:`Backbone.default_config`;
+* ``forward`` / ``forward_features`` / ``forward_head`` / ``forward_intermediates``;
+* one pooling rule (:meth:`Backbone.pool`: class token, average of the grid tokens or the map,
+  attention pooling) in front of the classifier, and :meth:`Backbone.reset_classifier`;
+* ``set_grad_checkpointing`` (every stage or model with a ``grad_checkpointing`` flag) and
+  ``no_weight_decay`` (the parameters whose names hold one of ``no_weight_decay_keys``).
+
+A hierarchical family keeps its stages in one ``nn.Sequential`` of
+:class:`~vit_attention.layers.Stage` (named by ``stages_attr``) and writes ``_embed`` (images ->
+the first stage's input, a map ``[B, H, W, C]`` or :class:`~vit_attention.layers.Tokens`); the
+stages carry prefix tokens when an embedding adds them (PVT's and CvT's class token, ViL's
+globals), so one loop serves them all. An isotropic family (ViT, CaiT, ViTDet, iGPT) is one
+stage of blocks run by :func:`~vit_attention.layers.run_blocks_with_taps` and overrides
+``forward_features`` / ``forward_intermediates`` (its keys are ``blocks.{i}``, timm's).
+
+The attributes the API reads: ``cfg``, ``num_classes``, ``num_features``, ``global_pool``,
+``num_prefix_tokens``, ``feature_info``, ``norm`` (the final norm), ``head`` (a
+:class:`~vit_attention.layers.ClassifierHead` that does not pool, or a bare ``Linear`` with
+``head_fc = None``) and, for ``global_pool="map"``, ``attn_pool``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+from torch import Tensor, nn
+
+from ..layers.head import reset_head
+from ..layers.stage import Tokens, resolve_indices, run_stages
+
+__all__ = ["Backbone"]
+
+
+def _field_names(cfg: Any) -> set[str]:
+    return {f.name for f in dataclasses.fields(cfg)}
+
+
+class Backbone(nn.Module):
+    """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``; the API every family shares (see the module doc).
+
+    Class attributes a family sets: ``family`` (its registry name), ``config_cls`` (its config
+    dataclass), ``stages_attr``, ``no_weight_decay_keys``, ``pools`` (the ``global_pool`` values
+    :meth:`reset_classifier` takes), ``avg_pool_prefix`` (the average includes the prefix tokens,
+    as ViL) and ``head_fc`` (where the classifier's ``Linear`` sits in ``head``; None = ``head`` itself).
+    """
+
+    family: ClassVar[str] = ""
+    config_cls: ClassVar[type]
+    stages_attr: ClassVar[str] = "stages"
+    no_weight_decay_keys: ClassVar[tuple[str, ...]] = ()
+    pools: ClassVar[tuple[str, ...]] = ("avg", "")
+    avg_pool_prefix: ClassVar[bool] = False
+    head_fc: ClassVar[str | None] = "fc"
+
+    cfg: Any
+    num_classes: int
+    num_features: int
+    global_pool: str
+    num_prefix_tokens: int = 0
+    norm: nn.Module
+    head: nn.Module
+
+    def __init__(self, cfg: Any = None, **overrides: Any) -> None:
+        """Resolve the config (``cfg`` with ``overrides``, or the family's defaults with them) and validate it."""
+        super().__init__()
+        self.cfg = self.resolve_config(cfg, **overrides)
+        self.num_classes = self.cfg.num_classes
+
+    # ------------------------------------------------------------------ config
+    @classmethod
+    def default_config(cls, **overrides: Any) -> Any:
+        """The family's config class with ``overrides``."""
+        return cls.config_cls(**overrides)
+
+    @classmethod
+    def resolve_config(cls, cfg: Any = None, **overrides: Any) -> Any:
+        """``cfg`` (a copy, with ``overrides``) or :meth:`default_config` ``(**overrides)``, validated.
+
+        Validated again here although configs check themselves on construction: fields may have
+        been assigned after the config was built. A config without the fields of the family's config
+        class (another family's) raises ``TypeError`` naming it; one with them is taken (SwinV2
+        accepts a :class:`~vit_attention.models.swin.SwinTransformerConfig`: same fields, other defaults).
+        """
+        if cfg is None:
+            cfg = cls.default_config(**overrides)
+        elif not (dataclasses.is_dataclass(cfg) and not isinstance(cfg, type) and hasattr(cfg, "validate")
+                  and _field_names(cls.config_cls) <= _field_names(cfg)):
+            raise TypeError(f"cfg must be a {cls.config_cls.__name__} (or None for the defaults), "
+                            f"got {type(cfg).__name__}")
+        else:
+            cfg = dataclasses.replace(cfg, **overrides)
+        cfg.validate()
+        return cfg
+
+    # ------------------------------------------------------------------ classifier
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A fresh classifier for ``num_classes`` (0 = none); ``global_pool`` (one of ``pools``; None = keep).
+
+        ``"token"`` needs a prefix token and ``"map"`` the attention-pooling head built with the model.
+        """
+        if global_pool is not None:
+            if global_pool not in self.pools:
+                raise ValueError(f"global_pool must be one of {', '.join(repr(p) for p in self.pools)}; "
+                                 f"got {global_pool!r}")
+            if global_pool == "token" and not self.num_prefix_tokens:
+                raise ValueError("global_pool='token' needs a class token; this model has none")
+            if global_pool == "map" and getattr(self, "attn_pool", None) is None:
+                raise ValueError("cannot switch to global_pool='map' after construction (no attention-pool head)")
+            self.global_pool = global_pool
+            if hasattr(self.cfg, "global_pool"):
+                self.cfg.global_pool = global_pool
+        reset_head(self, num_classes, None, fc_attr=self.head_fc)
+
+    def pool(self, x: Tensor) -> Tensor:
+        """Features -> pooled ``[B, C]`` per ``global_pool``.
+
+        ``x``: tokens ``[B, P + N, C]`` or a map ``[B, H, W, C]``. ``"token"``: the first token;
+        ``"avg"``: the mean of the grid tokens (of all tokens with ``avg_pool_prefix``) or of the map;
+        ``"map"``: ``attn_pool(x)``; ``""``: ``x`` unchanged.
+        """
+        if self.global_pool == "avg":
+            if x.dim() == 4:
+                return x.mean(dim=(1, 2))
+            return x[:, 0 if self.avg_pool_prefix else self.num_prefix_tokens:].mean(dim=1)
+        if self.global_pool == "token":
+            return x[:, 0]
+        if self.global_pool == "map":
+            return self.attn_pool(x)
+        return x
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Features (as :meth:`forward_features` gives them) -> logits ``[B, num_classes]``
+        (the pooled ``[B, num_features]`` with ``pre_logits``)."""
+        return self.head(self.pool(x), pre_logits=pre_logits)
+
+    # ------------------------------------------------------------------ forward
+    def _embed(self, x: Tensor) -> Tensor | Tokens:
+        """Images ``[B, Cin, H, W]`` -> the first stage's input (a map ``[B, H', W', C]`` or :class:`Tokens`)."""
+        raise NotImplementedError(f"{type(self).__name__} must define _embed or override forward_features")
+
+    def _stages(self) -> nn.Sequential:
+        return getattr(self, self.stages_attr)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> the normalised last stage: a map ``[B, H', W', C]``, or tokens
+        ``[B, P + H'·W', C]`` when its embedding adds prefix tokens."""
+        x = self._stages()(self._embed(x))
+        return self.norm(x.x if isinstance(x, Tokens) else x)
+
+    def forward(self, x: Tensor) -> Any:
+        """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
+                              output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
+                              ) -> Any:
+        """The final output (as :meth:`forward_features`) plus each chosen stage's map.
+
+        ``indices``: an int ``n`` = the last ``n`` stages, or stage indices (negative allowed);
+        default all. Stage ``i`` gives ``[B, C_i, H_i, W_i]`` (``NCHW``; channels and stride in
+        ``feature_info``) or ``[B, H_i, W_i, C_i]`` (``NHWC``), prefix tokens left out; ``norm``
+        applies the final norm to the last stage's map. Returns ``(final, [maps])`` or only the list.
+        """
+        stages = self._stages()
+        take = resolve_indices(indices, len(stages), "stage")
+        x, outs = run_stages(stages, self._embed(x), take, last_norm=self.norm if norm else None,
+                             output_fmt=output_fmt)
+        if intermediates_only:
+            return outs
+        return self.norm(x.x if isinstance(x, Tokens) else x), outs
+
+    # ------------------------------------------------------------------ training
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute block activations in backward to save memory (training only): every stage (and the model
+        itself) with a ``grad_checkpointing`` flag."""
+        for m in self.modules():
+            if hasattr(m, "grad_checkpointing"):
+                m.grad_checkpointing = enable
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that should not get weight decay: those holding one of ``no_weight_decay_keys``."""
+        keys = self.no_weight_decay_keys
+        return {n for n, _ in self.named_parameters() if any(k in n for k in keys)}
+
