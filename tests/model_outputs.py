@@ -164,8 +164,6 @@ REDUCERS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "twins": _reduce_twins,
     "nat": _reduce_nat,
     "vit": _reduce_vit,
-    "swin": _reduce_swin,
-    "swinv2": _reduce_swin,
     "digits": _reduce_digits,
     "cvt": _reduce_cvt,
     "cait": _reduce_cait,
@@ -181,9 +179,13 @@ def small_overrides(name: str) -> dict[str, Any]:
     """Config overrides that shrink preset ``name`` while keeping its code paths."""
     entry = get_model_entry(name)
     cfg = model_config(name)
-    if entry.family not in REDUCERS:
-        raise KeyError(f"family {entry.family!r} has no reducer: add one to REDUCERS in tests/model_outputs.py")
-    over: dict[str, Any] = {"num_classes": 10, "drop_path_rate": 0.0, **REDUCERS[entry.family](cfg)}
+    if entry.reduced is not None:  # the family's own rule (register_family(..., reduced=))
+        reduced = entry.reduced_overrides()
+    elif entry.family in REDUCERS:
+        reduced = REDUCERS[entry.family](cfg)
+    else:
+        raise KeyError(f"family {entry.family!r} declares no reduced config: pass reduced= to register_family")
+    over: dict[str, Any] = {"num_classes": 10, "drop_path_rate": 0.0, **reduced}
     fields = {f for f in type(cfg).__dataclass_fields__}
     return {k: v for k, v in over.items() if k in fields}
 

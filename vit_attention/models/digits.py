@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from .registry import register_family
-from .swin import SwinTransformer, SwinTransformerConfig
+from .swin import SwinTransformer, SwinTransformerConfig, reduced_config
 from .vit import VisionTransformer, VisionTransformerConfig
 
 __all__ = ["DIGITS_PRESETS", "SWIN_DIGITS_PRESETS", "DEFAULT_MODEL"]
@@ -43,4 +43,4 @@ SWIN_DIGITS_PRESETS: dict[str, dict[str, Any]] = {
 DEFAULT_MODEL = "vit_digits_patch2_8"
 
 register_family("vit", VisionTransformer, VisionTransformerConfig, DIGITS_PRESETS)
-register_family("swin", SwinTransformer, SwinTransformerConfig, SWIN_DIGITS_PRESETS)
+register_family("swin", SwinTransformer, SwinTransformerConfig, SWIN_DIGITS_PRESETS, reduced=reduced_config)

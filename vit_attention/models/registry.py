@@ -39,6 +39,12 @@ class ModelEntry:
     config_cls: type
     preset: Mapping[str, Any]
     meta: Mapping[str, Any] = field(default_factory=dict)
+    reduced: Callable[[Any], dict[str, Any]] | None = field(default=None, compare=False)
+
+    def reduced_overrides(self) -> dict[str, Any]:
+        """Config overrides that shrink this preset for tests while keeping its code paths (the family's
+        ``reduced`` rule, applied to the preset's config): ``{}`` when the family declares none."""
+        return dict(self.reduced(self.config())) if self.reduced is not None else {}
 
     def config(self, **overrides: Any) -> Any:
         """The config dataclass for this preset with ``overrides`` applied (unknown keys raise).
@@ -108,12 +114,12 @@ def _ensure_builtin_families() -> None:
 
 
 def register_model(name: str, family: str, model_cls: type[nn.Module], config_cls: type,
-                   preset: Mapping[str, Any], *, aliases: tuple[str, ...] = (), meta: Mapping[str, Any] | None = None
-                   ) -> None:
-    """Register one preset ``name`` (and its ``aliases``) of ``family``."""
+                   preset: Mapping[str, Any], *, aliases: tuple[str, ...] = (), meta: Mapping[str, Any] | None = None,
+                   reduced: Callable[[Any], dict[str, Any]] | None = None) -> None:
+    """Register one preset ``name`` (and its ``aliases``) of ``family``; ``reduced``: see :func:`register_family`."""
     if name in _MODELS or name in _ALIASES:
         raise ValueError(f"model {name!r} is already registered")
-    _MODELS[name] = ModelEntry(name, family, model_cls, config_cls, dict(preset), dict(meta or {}))
+    _MODELS[name] = ModelEntry(name, family, model_cls, config_cls, dict(preset), dict(meta or {}), reduced)
     for alias in aliases:
         if alias in _MODELS or alias in _ALIASES:
             raise ValueError(f"alias {alias!r} is already registered")
@@ -134,14 +140,20 @@ def with_published_gmacs(meta: Mapping[str, Mapping[str, Any]], gmacs: Mapping[s
 
 def register_family(family: str, model_cls: type[nn.Module], config_cls: type,
                     presets: Mapping[str, Mapping[str, Any]], *, aliases: Mapping[str, str] | None = None,
-                    meta: Mapping[str, Mapping[str, Any]] | None = None) -> None:
-    """Register every preset of a family; ``aliases`` maps alias -> registered name."""
+                    meta: Mapping[str, Mapping[str, Any]] | None = None,
+                    reduced: Callable[[Any], dict[str, Any]] | None = None) -> None:
+    """Register every preset of a family; ``aliases`` maps alias -> registered name.
+
+    ``reduced(cfg) -> overrides``: how the family's tests shrink a preset's config (small widths,
+    depths and image size, every code path the preset selects kept); the registry-wide tests and
+    the saved outputs (``tests/model_outputs.py``) build every preset with it.
+    """
     by_target: dict[str, list[str]] = {}
     for alias, target in (aliases or {}).items():
         by_target.setdefault(target, []).append(alias)
     for name, preset in presets.items():
         register_model(name, family, model_cls, config_cls, preset, aliases=tuple(by_target.pop(name, ())),
-                       meta=(meta or {}).get(name))
+                       meta=(meta or {}).get(name), reduced=reduced)
     if by_target:
         raise ValueError(f"aliases point at unregistered models: {by_target}")
 

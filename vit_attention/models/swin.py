@@ -56,7 +56,7 @@ from ._pretrained import data_cfg, pretrained_tags
 from .backbone import Backbone
 from .registry import register_family, with_published_gmacs
 
-__all__ = ["SwinTransformerConfig", "SwinTransformer", "PatchMerging", "ClassifierHead"]
+__all__ = ["SwinTransformerConfig", "SwinTransformer", "PatchMerging", "ClassifierHead", "reduced_config"]
 
 
 @dataclass
@@ -281,7 +281,21 @@ PUBLISHED_GMACS: dict[str, tuple[float, str]] = {
 _META: dict[str, dict[str, Any]] = {k: {"published_params_m": v} for k, v in PUBLISHED_PARAMS_M.items()}
 _META = with_published_gmacs(_META, PUBLISHED_GMACS)
 
-register_family("swin", SwinTransformer, SwinTransformerConfig, _PRESETS, aliases=_ALIASES, meta=_META)
+
+
+def reduced_config(cfg: SwinTransformerConfig) -> dict[str, Any]:
+    """Overrides that shrink a Swin / SwinV2 preset for tests: width 16, 2 blocks and 2 heads per stage,
+    windows of 2 (4x4 windows at stage 1 down to a 2x2 map); SwinV2's pretrained windows kept as 2 or 0."""
+    stages = len(cfg.depths)
+    over: dict[str, Any] = dict(embed_dim=16, depths=(2,) * stages, num_heads=(2,) * stages, window_size=2,
+                                img_size=cfg.patch_size * 2 ** stages * (1 if stages > 2 else 2))
+    if cfg.pretrained_window_sizes and any(cfg.pretrained_window_sizes):
+        over["pretrained_window_sizes"] = tuple(2 if w else 0 for w in cfg.pretrained_window_sizes)
+    return over
+
+
+register_family("swin", SwinTransformer, SwinTransformerConfig, _PRESETS, aliases=_ALIASES, meta=_META,
+                reduced=reduced_config)
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its

@@ -15,7 +15,7 @@ from typing import Any
 
 from ._pretrained import data_cfg, pretrained_tags
 from .registry import register_family, with_published_gmacs
-from .swin import SwinTransformer, SwinTransformerConfig
+from .swin import SwinTransformer, SwinTransformerConfig, reduced_config
 
 __all__ = ["SwinTransformerV2Config", "SwinTransformerV2"]
 
@@ -82,7 +82,8 @@ PUBLISHED_GMACS: dict[str, tuple[float, str]] = {
 _META: dict[str, dict[str, Any]] = {k: {"published_params_m": v} for k, v in PUBLISHED_PARAMS_M.items()}
 _META = with_published_gmacs(_META, PUBLISHED_GMACS)
 
-register_family("swinv2", SwinTransformerV2, SwinTransformerV2Config, _PRESETS, aliases=_ALIASES, meta=_META)
+register_family("swinv2", SwinTransformerV2, SwinTransformerV2Config, _PRESETS, aliases=_ALIASES, meta=_META,
+                reduced=reduced_config)
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
