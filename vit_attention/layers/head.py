@@ -1,4 +1,4 @@
-"""Classifier heads: average pooling + linear over a map, and multi-head attention pooling (MAP)."""
+"""Classifier heads: average pooling (+ norm) + linear over a map, and multi-head attention pooling (MAP)."""
 
 from __future__ import annotations
 
@@ -56,22 +56,28 @@ def init_linear_weights(module: nn.Module, std: float = 0.02) -> None:
 
 
 class ClassifierHead(nn.Module):
-    """Global average pool over ``H, W`` + dropout + ``fc``: ``[B, H, W, C] -> [B, num_classes]``.
+    """Global average pool over ``H, W`` + optional norm + dropout + ``fc``: ``[B, H, W, C] -> [B, num_classes]``.
 
-    ``global_pool=""`` keeps the input unpooled. Keys: ``fc`` (timm layout).
+    ``global_pool=""`` keeps the input unpooled (a :class:`~vit_attention.models.backbone.Backbone`
+    pools before its head). ``norm_layer``: a norm on the pooled features before the dropout and
+    ``fc`` (DaViT's head, timm's ``NormMlpClassifierHead`` without hidden layer); None = none.
+    Keys: ``norm`` (with ``norm_layer``), ``fc`` (timm layout).
     """
 
-    def __init__(self, in_features: int, num_classes: int, *, global_pool: str = "avg", drop: float = 0.0) -> None:
+    def __init__(self, in_features: int, num_classes: int, *, global_pool: str = "avg", drop: float = 0.0,
+                 norm_layer: Callable[[int], nn.Module] | None = None) -> None:
         super().__init__()
         self.global_pool = global_pool
+        self.norm = norm_layer(in_features) if norm_layer is not None else nn.Identity()
         self.drop = nn.Dropout(drop)
         self.fc = nn.Linear(in_features, num_classes) if num_classes > 0 else nn.Identity()
 
     def forward(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """``[B, H, W, C]`` -> ``[B, num_classes]`` (or pooled ``[B, C]`` with ``pre_logits``)."""
+        """``[B, H, W, C]`` (or pooled ``[B, C]``) -> ``[B, num_classes]`` (the normalised pooled ``[B, C]``
+        with ``pre_logits``)."""
         if self.global_pool == "avg":
             x = x.mean(dim=(1, 2))  # [B, C]
-        x = self.drop(x)
+        x = self.drop(self.norm(x))
         return x if pre_logits else self.fc(x)
 
 

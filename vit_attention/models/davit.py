@@ -14,7 +14,9 @@ Both blocks are pre-norm with a depthwise 3x3 position layer (ConvPosEnc, ``x + 
 before the attention branch (``pos``, timm ``cpe1``) and another before the MLP branch
 (``pos2``, timm ``cpe2``). Stem: conv 7x7 stride 4 (input zero-padded bottom / right to a
 multiple of 4) + LayerNorm; downsampling at the start of stages 1..3: LayerNorm + conv 2x2
-stride 2 (3x3 stride 2 padding 1 for Florence-2). Head: average pool -> LayerNorm -> fc.
+stride 2 (3x3 stride 2 padding 1 for Florence-2). Head: average pool -> LayerNorm -> fc (the
+pool is :class:`~vit_attention.models.backbone.Backbone`'s, the rest the shared
+:class:`~vit_attention.layers.ClassifierHead` with a norm).
 
 State-dict layout: timm's, except the block's position layers: ``stem.{conv,norm}``,
 ``stages.N.downsample.{norm,conv}``, ``stages.N.blocks.M.{0,1}.{pos,norm1,attn.qkv,attn.proj,pos2,
@@ -27,7 +29,6 @@ Layout: channels-last ``[B, H, W, C]`` from the stem to the head.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -38,13 +39,14 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from ..attention.channel import CHANNEL_FORMS
-from ..layers import Block, HierarchicalMixin, PosConv, Stage, accepted_kwargs, drop_path_schedule, stage_feature_info
-from ..layers.head import init_linear_weights, reset_head
+from ..layers import Block, ClassifierHead, PosConv, Stage, accepted_kwargs, drop_path_schedule, stage_feature_info
+from ..layers.head import init_linear_weights
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
 from ._pretrained import data_cfg, pretrained_tags
+from .backbone import Backbone
 from .registry import register_family
 
-__all__ = ["DaVitConfig", "DaVit", "DaVitStem", "DaVitDownsample", "NormClassifierHead"]
+__all__ = ["DaVitConfig", "DaVit", "DaVitStem", "DaVitDownsample", "NormClassifierHead", "reduced_config"]
 
 
 @dataclass
@@ -163,27 +165,21 @@ class DaVitDownsample(nn.Module):
         return _to_nhwc(self.conv(x))  # [B, H', W', C']
 
 
-class NormClassifierHead(nn.Module):
+class NormClassifierHead(ClassifierHead):
     """Average pool -> LayerNorm -> dropout -> ``fc``: ``[B, H, W, C] -> [B, num_classes]`` (timm's
-    ``NormMlpClassifierHead`` without hidden layer). ``global_pool=""``: per position. Keys: ``norm``, ``fc``."""
+    ``NormMlpClassifierHead`` without hidden layer). ``global_pool=""``: per position. Keys: ``norm``, ``fc``.
+
+    Kept for imports: it is :class:`~vit_attention.layers.ClassifierHead` with a LayerNorm of ``eps``
+    (``norm_layer``), which :class:`DaVit` now builds directly.
+    """
 
     def __init__(self, in_features: int, num_classes: int, *, global_pool: str = "avg", drop: float = 0.0,
                  eps: float = 1e-5) -> None:
-        super().__init__()
-        self.global_pool = global_pool
-        self.norm = nn.LayerNorm(in_features, eps=eps)
-        self.drop = nn.Dropout(drop)
-        self.fc = nn.Linear(in_features, num_classes) if num_classes > 0 else nn.Identity()
-
-    def forward(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """``[B, H, W, C]`` -> ``[B, num_classes]`` (or the normalised pooled ``[B, C]`` with ``pre_logits``)."""
-        if self.global_pool == "avg":
-            x = x.mean(dim=(1, 2))  # [B, C]
-        x = self.drop(self.norm(x))
-        return x if pre_logits else self.fc(x)
+        super().__init__(in_features, num_classes, global_pool=global_pool, drop=drop,
+                         norm_layer=partial(nn.LayerNorm, eps=eps))
 
 
-class DaVit(HierarchicalMixin, nn.Module):
+class DaVit(Backbone):
     """DaViT backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the last stage's map ``[B, H/32, W/32, C_3]`` (channels-last; DaViT
@@ -193,15 +189,13 @@ class DaVit(HierarchicalMixin, nn.Module):
     """
 
     family = "davit"
-    stages_attr = "stages"
+    config_cls = DaVitConfig
+    no_weight_decay_keys = ()  # no position tables or temperatures
 
     def __init__(self, cfg: DaVitConfig | None = None, **overrides: Any) -> None:
-        super().__init__()
-        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else type(self).default_config(**overrides)
-        cfg.validate()  # again: fields may have been assigned after the config was built
-        self.cfg = cfg
+        super().__init__(cfg, **overrides)
+        cfg = self.cfg
         dims = list(cfg.embed_dims)
-        self.num_classes = cfg.num_classes
         self.global_pool = cfg.global_pool
         self.num_features = dims[-1]
         norm_layer = partial(nn.LayerNorm, eps=cfg.norm_eps)
@@ -224,14 +218,9 @@ class DaVit(HierarchicalMixin, nn.Module):
         self.stages = nn.Sequential(*stages)
         self.feature_info = stage_feature_info(dims, [4 * 2 ** i for i in range(len(dims))], "stages")
         self.norm = nn.Identity()  # DaViT normalises in the head, after pooling
-        self.head = NormClassifierHead(self.num_features, cfg.num_classes, global_pool=cfg.global_pool,
-                                       drop=cfg.drop_rate, eps=cfg.norm_eps)
+        self.head = ClassifierHead(self.num_features, cfg.num_classes, global_pool="", drop=cfg.drop_rate,
+                                   norm_layer=norm_layer)
         self._init_weights()
-
-    @classmethod
-    def default_config(cls, **overrides: Any) -> DaVitConfig:
-        """The family's config class with ``overrides``."""
-        return DaVitConfig(**overrides)
 
     def _init_weights(self) -> None:
         init_linear_weights(self)
@@ -239,14 +228,6 @@ class DaVit(HierarchicalMixin, nn.Module):
     def _embed(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> the first stage's map ``[B, ceil(H/4), ceil(W/4), C_0]``."""
         return self.stem(x)
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        reset_head(self, num_classes, global_pool)
-
-    def no_weight_decay(self) -> set[str]:
-        """DaViT has no position tables or temperatures: empty."""
-        return set()
 
 
 # ---------------------------------------------------------------------------- presets (data)
@@ -276,7 +257,16 @@ _META: dict[str, dict[str, Any]] = {
     "davit_huge_fl": dict(published_params_m=360.64),
 }
 
-register_family("davit", DaVit, DaVitConfig, _PRESETS, meta=_META)
+
+
+def reduced_config(cfg: DaVitConfig) -> dict[str, Any]:
+    """Overrides that shrink a DaViT preset for tests: 2 stages of 16 / 32 channels, one spatial + channel pair
+    each, window 3 on 40 px (10x10 and 5x5 maps: both padded to windows); the preset's downsample kernel and
+    channel form are kept."""
+    return dict(embed_dims=(16, 32), num_heads=(2, 2), depths=(1, 1), window_size=3, img_size=40)
+
+
+register_family("davit", DaVit, DaVitConfig, _PRESETS, meta=_META, reduced=reduced_config)
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its

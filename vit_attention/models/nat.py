@@ -12,28 +12,30 @@ attn.rpb, attn.proj, norm2, mlp.fc1, mlp.fc2, ls1.gamma, ls2.gamma}``, ``norm``,
 The original SHI-Labs layout (downsampler at the END of level N, ``gamma1`` / ``gamma2``,
 ``head``) is converted by ``vit_attention.weights.nat``.
 
-Stages are the shared scaffold (:class:`~vit_attention.layers.Stage`, drop-path schedule,
-intermediates, checkpointing); blocks the one :class:`~vit_attention.layers.Block` (pre-norm,
-optional LayerScale) around ``neighborhood`` (or any spatial mechanism, ``attn_layer``). What is
-NAT's here: the config, the convolutional tokenizer and downsampler, the dilation schedule.
+Stages are the shared scaffold (:class:`~vit_attention.layers.Stage`, drop-path schedule) and
+the model a :class:`~vit_attention.models.backbone.Backbone` (config, forward API, intermediates,
+average pooling, classifier reset, checkpointing, weight decay); blocks the one
+:class:`~vit_attention.layers.Block` (pre-norm, optional LayerScale) around ``neighborhood`` (or
+any spatial mechanism, ``attn_layer``). What is NAT's here: the config, the convolutional
+tokenizer and downsampler, the dilation schedule.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from torch import Tensor, nn
 
-from ..layers import Block, ClassifierHead, HierarchicalMixin, Stage, accepted_kwargs, drop_path_schedule
-from ..layers.head import init_linear_weights, reset_head
+from ..layers import Block, ClassifierHead, Stage, accepted_kwargs, drop_path_schedule
+from ..layers.head import init_linear_weights
 from ..layers.stage import stage_feature_info
 from ._config import ConfigMixin, check_attn_layer, check_float, check_int, check_int_seq, check_size
+from .backbone import Backbone
 from .registry import register_family
 
-__all__ = ["NATConfig", "NAT", "ConvTokenizer", "ConvDownsampler"]
+__all__ = ["NATConfig", "NAT", "ConvTokenizer", "ConvDownsampler", "reduced_config"]
 
 
 @dataclass
@@ -132,24 +134,26 @@ class ConvDownsampler(nn.Module):
         return self.norm(self.reduction(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1))
 
 
-class NAT(HierarchicalMixin, nn.Module):
+class NAT(Backbone):
     """NAT / DiNAT backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     Level ``i`` outputs ``C·2^i`` channels at stride ``4·2^i``; ``forward_features`` gives the
-    normalised last map ``[B, H/32, W/32, 8C]`` (channels-last), ``forward_head`` pools and classifies.
+    normalised last map ``[B, H/32, W/32, 8C]`` (channels-last), ``forward_head`` averages and classifies
+    (``global_pool`` is always ``"avg"``: the config has no such field).
     """
 
     family = "nat"
+    config_cls = NATConfig
     stages_attr = "levels"
+    no_weight_decay_keys = (".rpb",)  # the relative-position biases (``levels.N.blocks.M.attn.rpb``)
+    pools = ("avg",)
 
     def __init__(self, cfg: NATConfig | None = None, **overrides: Any) -> None:
-        super().__init__()
-        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else NATConfig(**overrides)
-        cfg.validate()
-        self.cfg = cfg
+        super().__init__(cfg, **overrides)
+        cfg = self.cfg
         n = len(cfg.depths)
         dims = [cfg.embed_dim * 2 ** i for i in range(n)]
-        self.num_classes = cfg.num_classes
+        self.global_pool = "avg"
         self.embed_dim = cfg.embed_dim
         self.num_features = dims[-1]
         self.patch_embed = ConvTokenizer(cfg.in_chans, cfg.embed_dim, eps=cfg.norm_eps)
@@ -169,13 +173,8 @@ class NAT(HierarchicalMixin, nn.Module):
         self.levels = nn.Sequential(*levels)
         self.feature_info = stage_feature_info(dims, [4 * 2 ** i for i in range(n)], "levels")
         self.norm = nn.LayerNorm(self.num_features, eps=cfg.norm_eps)
-        self.head = ClassifierHead(self.num_features, cfg.num_classes, drop=0.0)
+        self.head = ClassifierHead(self.num_features, cfg.num_classes, global_pool="", drop=0.0)
         self._init_weights()
-
-    @classmethod
-    def default_config(cls, **overrides: Any) -> NATConfig:
-        """The family's config class with ``overrides``."""
-        return NATConfig(**overrides)
 
     def _init_weights(self) -> None:
         init_linear_weights(self)
@@ -185,14 +184,6 @@ class NAT(HierarchicalMixin, nn.Module):
         if x.dim() != 4 or x.shape[1] != self.cfg.in_chans:
             raise ValueError(f"NAT expects images [B, {self.cfg.in_chans}, H, W], got shape {tuple(x.shape)}")
         return self.pos_drop(self.patch_embed(x))
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        reset_head(self, num_classes, global_pool, pools=("avg",))
-
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names without weight decay: the relative-position biases."""
-        return {n for n, _ in self.named_parameters() if n.endswith(".rpb")}
 
 
 # ---------------------------------------------------------------------------- presets (data)
@@ -225,5 +216,18 @@ PUBLISHED: dict[str, tuple[float, float]] = {
     "dinat_large": (200.0, 30.6),
 }
 
+
+
+def reduced_config(cfg: NATConfig) -> dict[str, Any]:
+    """Overrides that shrink a NAT / DiNAT preset for tests: 4 levels of width 16-128, 2 blocks and 2 heads each,
+    kernel 3 (DiNAT: dilations 1, 2 alternating in every level) on 64 px (maps 16 -> 2: levels 2-3 are smaller
+    than K·d and get padded); LayerScale and the MLP ratio kept."""
+    over: dict[str, Any] = dict(embed_dim=16, depths=(2, 2, 2, 2), num_heads=(2, 2, 2, 2), kernel_size=3, img_size=64)
+    if cfg.dilations is not None:
+        over["dilations"] = ((1, 2),) * 4
+    return over
+
+
 register_family("nat", NAT, NATConfig, _PRESETS, meta={
-    name: {"published_params_m": p, "published_gmacs_tile1": g} for name, (p, g) in PUBLISHED.items()})
+    name: {"published_params_m": p, "published_gmacs_tile1": g} for name, (p, g) in PUBLISHED.items()},
+    reduced=reduced_config)

@@ -23,7 +23,6 @@ uses 1e-6 for all).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -32,23 +31,16 @@ from typing import Any, Literal
 from torch import Tensor, nn
 
 from ..attention.sra import SpatialReductionAttention
-from ..layers import (
-    Block,
-    ClassifierHead,
-    HierarchicalMixin,
-    Stage,
-    accepted_kwargs,
-    drop_path_schedule,
-    stage_feature_info,
-)
+from ..layers import Block, ClassifierHead, Stage, accepted_kwargs, drop_path_schedule, stage_feature_info
 from ..layers.conv_embed import ConvEmbed
-from ..layers.head import reset_head
 from ..layers.mlp_dwconv import MlpDWConv
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
 from ._pretrained import data_cfg, pretrained_tags
+from .backbone import Backbone
 from .registry import register_family
 
-__all__ = ["PvtV2Config", "PyramidVisionTransformerV2", "check_pyramid", "MinInputSize"]
+__all__ = ["PvtV2Config", "PyramidVisionTransformerV2", "check_pyramid", "MinInputSize", "MinInputSizeMixin",
+           "reduced_config"]
 
 
 def check_pyramid(cfg: Any) -> int:
@@ -130,6 +122,33 @@ class MinInputSize:
                          f"see a {self.map_side(i, H)}x{self.map_side(i, W)} map, {why}; {fix}")
 
 
+class MinInputSizeMixin:
+    """``model.min_input_size`` of a pyramid of spatial-reduction stages (PVT v1, PVTv2, Twins), written once.
+
+    The model calls :meth:`_set_min_input` once its stages exist (it reads the rule off them and
+    checks the config's ``img_size``) and :meth:`_check_input` on each input, in ``_embed``.
+    """
+
+    _min_input: MinInputSize
+
+    def _set_min_input(self, stages: Sequence[nn.Module], strides: Sequence[int], img_size: tuple[int, int], *,
+                       padded: bool = False) -> None:
+        """The rule of ``stages`` at ``strides`` (:meth:`MinInputSize.of`); ``img_size`` below it raises
+        ``ValueError`` naming the minimum and ``img_size`` / ``--img-size``."""
+        self._min_input = MinInputSize.of(stages, strides, padded=padded)
+        self._min_input.check(img_size, option=True)
+
+    @property
+    def min_input_size(self) -> tuple[int, int]:
+        """The smallest input ``(H, W)`` every stage's spatial reduction takes (sr_ratios 8, 4, 2, 1: 29 x 29
+        for PVTv2's padded overlapping embeddings, 32 x 32 for PVT v1 and Twins)."""
+        return self._min_input.side, self._min_input.side
+
+    def _check_input(self, x: Tensor) -> None:
+        """Images ``[B, Cin, H, W]`` below :attr:`min_input_size` raise ``ValueError`` saying the minimum."""
+        self._min_input.check(tuple(x.shape[-2:]))
+
+
 @dataclass
 class PvtV2Config(ConfigMixin):
     """Everything a :class:`PyramidVisionTransformerV2` is built from (JSON-serialisable).
@@ -177,7 +196,7 @@ def pyramid_blocks(cfg: Any, i: int, drop_path: list[float], mlp_layer: Any = No
             for dp in drop_path]
 
 
-class PyramidVisionTransformerV2(HierarchicalMixin, nn.Module):
+class PyramidVisionTransformerV2(MinInputSizeMixin, Backbone):
     """PVTv2 backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]`` (inputs of ``min_input_size`` or more).
 
     ``forward_features`` gives the last stage's normalised map ``[B, H/32, W/32, C4]`` (channels-last;
@@ -186,15 +205,14 @@ class PyramidVisionTransformerV2(HierarchicalMixin, nn.Module):
     """
 
     family = "pvt_v2"
-    stages_attr = "stages"
+    config_cls = PvtV2Config
+    no_weight_decay_keys = ()  # no position embeddings
 
     def __init__(self, cfg: PvtV2Config | None = None, **overrides: Any) -> None:
-        super().__init__()
-        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else type(self).default_config(**overrides)
-        cfg.validate()
-        self.cfg = cfg
+        super().__init__(cfg, **overrides)
+        cfg = self.cfg
         dims = cfg.embed_dims
-        self.num_classes = cfg.num_classes
+        strides = [4 * 2 ** i for i in range(len(dims))]
         self.global_pool = cfg.global_pool
         self.num_features = dims[-1]
         self.patch_embed = ConvEmbed(cfg.in_chans, dims[0], kernel_size=7, stride=4, padding=3,
@@ -206,38 +224,18 @@ class PyramidVisionTransformerV2(HierarchicalMixin, nn.Module):
                                                  norm_eps=cfg.embed_norm_eps, channels_last_input=True)
             stages.append(Stage(pyramid_blocks(cfg, i, dpr, mlp), down, nn.LayerNorm(dims[i], eps=cfg.norm_eps)))
         self.stages = nn.Sequential(*stages)
-        self.feature_info = stage_feature_info(dims, [4 * 2 ** i for i in range(len(dims))], "stages")
+        self.feature_info = stage_feature_info(dims, strides, "stages")
         self.norm = nn.Identity()  # every stage ends with its own norm
-        self.head = ClassifierHead(dims[-1], cfg.num_classes, global_pool=cfg.global_pool, drop=cfg.drop_rate)
+        self.head = ClassifierHead(dims[-1], cfg.num_classes, global_pool="", drop=cfg.drop_rate)  # pool: Backbone
         init_pyramid_weights(self)
-        self._min_input = MinInputSize.of(self.stages, [4 * 2 ** i for i in range(len(dims))], padded=True)
-        self._min_input.check(check_size(cfg.img_size, "img_size"), option=True)
-
-    @property
-    def min_input_size(self) -> tuple[int, int]:
-        """The smallest input ``(H, W)`` every stage's spatial reduction takes (29 x 29 with sr_ratios 8, 4, 2, 1)."""
-        return self._min_input.side, self._min_input.side
-
-    @classmethod
-    def default_config(cls, **overrides: Any) -> PvtV2Config:
-        """The family's config class with ``overrides``."""
-        return PvtV2Config(**overrides)
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        reset_head(self, num_classes, global_pool, pools=("avg", ""))
-        self.head.global_pool = self.global_pool
-
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names that should not get weight decay (none: PVTv2 has no position embeddings)."""
-        return set()
+        self._set_min_input(self.stages, strides, check_size(cfg.img_size, "img_size"), padded=True)
 
     def _embed(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> ``[B, H/4, W/4, C1]`` (overlapping 7x7 stride-4 conv + LN).
 
         An input below :attr:`min_input_size` raises ``ValueError`` saying the minimum.
         """
-        self._min_input.check(tuple(x.shape[-2:]))
+        self._check_input(x)
         return self.patch_embed(x)
 
 
@@ -273,11 +271,21 @@ _PUBLISHED: dict[str, tuple[float, float]] = {
     "pvt_v2_b4": (62.56, 10.14), "pvt_v2_b5": (81.96, 11.76), "pvt_v2_b2_li": (22.55, 3.91),
 }
 
+
+
+def reduced_config(cfg: Any) -> dict[str, Any]:
+    """Overrides that shrink a PVT v1 / PVTv2 preset for tests: its stages at widths 16, 32, 32, ..., 2 blocks
+    and 2 heads each, on 64 px (maps 16 -> 2: every sr_ratio reduces); the rest (``linear``, the class token,
+    ``sr_ratios``, MLP ratios) kept."""
+    n = len(cfg.depths)
+    return dict(embed_dims=(16,) + (32,) * (n - 1), depths=(2,) * n, num_heads=(2,) * n, img_size=64)
+
+
 register_family("pvt_v2", PyramidVisionTransformerV2, PvtV2Config, _PRESETS,
                 meta={k: {"published_params_m": p, "published_gmacs": g,
                           "published_gmacs_source": "timm benchmark-infer-amp-nchw-pt240-cu124-rtx4090.csv "
                                                     "(infer_gmacs); params: PVT README / timm"}
-                      for k, (p, g) in _PUBLISHED.items()})
+                      for k, (p, g) in _PUBLISHED.items()}, reduced=reduced_config)
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its

@@ -12,7 +12,8 @@ mean over its tokens and a linear head.
 
 Built on the shared scaffold: :class:`~vit_attention.layers.Stage` (``downsample`` = the stage's
 patch embedding, ``blocks``, ``pos`` = the PEG after block 0), :class:`~vit_attention.layers.Block`,
-``HierarchicalMixin`` (forward_features / forward_head / forward_intermediates / checkpointing).
+:class:`~vit_attention.models.backbone.Backbone` (config, forward API, pooling, classifier reset,
+checkpointing, weight decay) and PVT's ``min_input_size`` (:class:`~vit_attention.models.pvt_v2.MinInputSizeMixin`).
 Layout: channels-last maps ``[B, H, W, C]`` from the first patch embedding to the final norm.
 
 Keys: ``stages.{i}.downsample.{proj,norm}``, ``stages.{i}.blocks.{j}.{norm1,attn,norm2,mlp}``,
@@ -29,7 +30,6 @@ timm's convolutions do. At 224 every stage map (56, 28, 14, 7) is a multiple of 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -37,22 +37,15 @@ from typing import Any, Literal
 
 from torch import Tensor, nn
 
-from ..layers import (
-    Block,
-    ClassifierHead,
-    HierarchicalMixin,
-    PosConv,
-    Stage,
-    drop_path_schedule,
-    stage_feature_info,
-)
-from ..layers.head import init_linear_weights, reset_head
+from ..layers import Block, ClassifierHead, PosConv, Stage, drop_path_schedule, stage_feature_info
+from ..layers.head import init_linear_weights
 from ._config import ConfigMixin, check_choice, check_float, check_int, check_int_seq, check_size
 from ._pretrained import data_cfg, pretrained_tags
-from .pvt_v2 import MinInputSize
+from .backbone import Backbone
+from .pvt_v2 import MinInputSizeMixin
 from .registry import register_family
 
-__all__ = ["TwinsConfig", "Twins", "TwinsPatchEmbed", "TwinsPosConv"]
+__all__ = ["TwinsConfig", "Twins", "TwinsPatchEmbed", "TwinsPosConv", "reduced_config"]
 
 
 @dataclass
@@ -149,7 +142,7 @@ class TwinsPosConv(PosConv):
         self.proj = nn.Sequential(self.proj)  # type: ignore[assignment]
 
 
-class Twins(HierarchicalMixin, nn.Module):
+class Twins(MinInputSizeMixin, Backbone):
     """Twins PCPVT / SVT backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the normalised last map ``[B, H/32, W/32, C4]`` (channels-last),
@@ -158,14 +151,12 @@ class Twins(HierarchicalMixin, nn.Module):
     """
 
     family = "twins"
-    stages_attr = "stages"
+    config_cls = TwinsConfig
+    no_weight_decay_keys = (".pos.",)  # the PEGs (timm's and the original's choice)
 
     def __init__(self, cfg: TwinsConfig | None = None, **overrides: Any) -> None:
-        super().__init__()
-        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else TwinsConfig(**overrides)
-        cfg.validate()  # again: fields may have been assigned after the config was built
-        self.cfg = cfg
-        self.num_classes = cfg.num_classes
+        super().__init__(cfg, **overrides)
+        cfg = self.cfg
         self.global_pool = cfg.global_pool
         dims = list(cfg.embed_dims)
         self.num_features = dims[-1]
@@ -186,17 +177,12 @@ class Twins(HierarchicalMixin, nn.Module):
             stages.append(Stage(blocks, embed, pos=TwinsPosConv(dims[i]), pos_index=0))
             prev, patch = dims[i], 2
         self.stages = nn.Sequential(*stages)
-        self.feature_info = stage_feature_info(dims, [cfg.patch_size * 2 ** i for i in range(len(dims))], "stages")
+        strides = [cfg.patch_size * 2 ** i for i in range(len(dims))]
+        self.feature_info = stage_feature_info(dims, strides, "stages")
         self.norm = norm_layer(self.num_features)
-        self.head = ClassifierHead(self.num_features, cfg.num_classes, global_pool=cfg.global_pool, drop=cfg.drop_rate)
+        self.head = ClassifierHead(self.num_features, cfg.num_classes, global_pool="", drop=cfg.drop_rate)
         self._init_weights()
-        self._min_input = MinInputSize.of(self.stages, [cfg.patch_size * 2 ** i for i in range(len(dims))])
-        self._min_input.check(check_size(cfg.img_size, "img_size"), option=True)
-
-    @property
-    def min_input_size(self) -> tuple[int, int]:
-        """The smallest input ``(H, W)`` every GSA's spatial reduction takes (32 x 32 with sr_ratios 8, 4, 2, 1)."""
-        return self._min_input.side, self._min_input.side
+        self._set_min_input(self.stages, strides, check_size(cfg.img_size, "img_size"))
 
     def _init_weights(self) -> None:
         init_linear_weights(self)
@@ -211,16 +197,8 @@ class Twins(HierarchicalMixin, nn.Module):
         """Images ``[B, Cin, H, W]`` -> channels-last ``[B, H, W, Cin]`` (stage 0's patch embedding takes it)."""
         if x.dim() != 4 or x.shape[1] != self.in_chans:
             raise ValueError(f"expected images [B, {self.in_chans}, H, W], got {tuple(x.shape)}")
-        self._min_input.check(tuple(x.shape[-2:]))  # below min_input_size: ValueError saying the minimum
+        self._check_input(x)  # below min_input_size: ValueError saying the minimum
         return x.permute(0, 2, 3, 1)
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        reset_head(self, num_classes, global_pool)
-
-    def no_weight_decay(self) -> set[str]:
-        """The PEG parameters (timm's and the original's choice)."""
-        return {n for n, _ in self.named_parameters() if ".pos." in n}
 
 
 # ---------------------------------------------------------------------------- presets (data)
@@ -242,10 +220,22 @@ _PUBLISHED = {
     "twins_svt_small": (24.06, 2.94), "twins_svt_base": (56.07, 8.59), "twins_svt_large": (99.27, 15.15),
 }
 
+
+
+def reduced_config(cfg: TwinsConfig) -> dict[str, Any]:
+    """Overrides that shrink a Twins preset for tests: 4 stages of widths 16, 32, 32, 32, 2 blocks (SVT: one LSA
+    + one GSA) and 2 heads each, on 64 px (maps 16, 8, 4, 2: every sr_ratio reduces to 2x2); SVT's groups of 3
+    pad in every stage. The preset's ``sr_ratios`` and MLP ratios are kept."""
+    over: dict[str, Any] = dict(embed_dims=(16, 32, 32, 32), num_heads=(2,) * 4, depths=(2,) * 4, img_size=64)
+    if cfg.wss is not None:
+        over["wss"] = (3,) * 4
+    return over
+
+
 register_family("twins", Twins, TwinsConfig, _PRESETS,
                 meta={k: {"published_params_m": p, "published_gmacs": g,
                           "published_gmacs_source": "timm benchmark table (infer_gmacs, 224), FAMILIES.md sizes"}
-                      for k, (p, g) in _PUBLISHED.items()})
+                      for k, (p, g) in _PUBLISHED.items()}, reduced=reduced_config)
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
