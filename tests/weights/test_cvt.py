@@ -51,7 +51,7 @@ def test_hf_model_features_and_cls_token() -> None:
     with torch.no_grad():
         out = ref(pixel_values=x)
         final, maps = model.forward_intermediates(x)
-        tokens = model._run(x)[0]  # [B, 1 + H·W, C] before the final norm
+        tokens = model.stages(model._embed(x)).x  # Tokens of the last stage: [B, 1 + H·W, C] before the final norm
     assert_parity(maps[-1], out.last_hidden_state)  # [B, C, H, W], class token dropped
     assert_parity(tokens[:, :1], out.cls_token_value)
 

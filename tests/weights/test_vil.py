@@ -35,13 +35,13 @@ def test_original_fixture_parity() -> None:
         feats = model.forward_features(x)
         assert_parity(model.forward_head(feats, pre_logits=True), t["features"])
         stage = model.stages[0]
-        tokens, grid = stage.downsample(x)
+        tokens, grid, _ = stage.downsample(x)  # Tokens: (tokens, grid, globals)
         for blk in stage.blocks:
             tokens = blk(tokens, grid, 1)
         assert_parity(tokens, t["stage1"])  # globals first, as the original
         s2 = model.stages[1]
         m1 = tokens[:, 1:].reshape(x.shape[0], *grid, -1)
-        tokens, grid = s2.downsample(m1)
+        tokens, grid, _ = s2.downsample(m1)
         for blk in s2.blocks:
             tokens = blk(tokens, grid, 1)
         assert_parity(tokens, t["stage2"])

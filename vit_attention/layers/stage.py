@@ -172,8 +172,10 @@ class Stage(nn.Module):
         tokens = x if isinstance(x, Tokens) else None
         t = x.x if tokens is not None else x
         args = (tokens.feat_size, tokens.num_prefix_tokens) if tokens is not None else ()
-        # inference on CPU: a few images at a time (cache-sized)
-        chunk = batch_chunk_size(t, self.blocks if self.pos is None else (self.blocks, self.pos))
+        # inference on CPU: a few images at a time (cache-sized); never in training, where BatchNorm (CvT's
+        # conv projections) normalises over the whole batch, even without autograd
+        chunk = t.shape[0] if self.training else batch_chunk_size(
+            t, self.blocks if self.pos is None else (self.blocks, self.pos))
         if chunk < t.shape[0]:
             t = run_in_batch_chunks(lambda c: self._run(c, *args), t, chunk)
         else:

@@ -24,22 +24,21 @@ Layout: a stage takes a channels-last map ``[B, H, W, C_in]`` and gives tokens
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
 import torch
-from einops import rearrange
 from torch import Tensor, nn
 
-from ..functional.chunking import batch_chunk_size, run_in_batch_chunks
-from ..layers import Block, HierarchicalMixin, accepted_kwargs, resolve_indices, run_blocks, stage_feature_info
+from ..layers import Block, Stage, Tokens, accepted_kwargs, as_map, stage_feature_info
 from ..layers.activation import ACT_LAYERS, get_act_layer
-from ..layers.head import init_linear_weights, reset_head
+from ..layers.conv_embed import ConvEmbed as SharedConvEmbed
+from ..layers.head import init_linear_weights
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
+from .backbone import Backbone
 from .registry import register_family
 
 __all__ = ["CvtConfig", "Cvt", "ConvEmbed", "CvtStage"]
@@ -107,69 +106,57 @@ class CvtConfig(ConfigMixin):
         check_attn_layer(self.attn_layer, self.attn_kwargs, layout="tokens")
 
 
-class ConvEmbed(nn.Module):
-    """Convolutional token embedding: ``Conv2d(k, s, p)`` + LayerNorm, map ``[B, H, W, Cin] -> [B, H', W', C]``.
+class ConvEmbed(SharedConvEmbed):
+    """CvT's convolutional token embedding: the shared :class:`~vit_attention.layers.conv_embed.ConvEmbed`
+    (``Conv2d(k, s, p)`` + LayerNorm) on a channels-last map, ``[B, H, W, Cin] -> [B, H', W', C]``.
 
-    Keys ``proj`` (the conv, with bias) and ``norm``.
+    Kept for its positional signature ``(in_chans, dim, patch_size, stride, padding, *, eps)``
+    (deprecated spelling: new code builds the shared class). Keys ``proj`` (with bias) and ``norm``.
     """
 
     def __init__(self, in_chans: int, dim: int, patch_size: int, stride: int, padding: int, *,
                  eps: float = 1e-5) -> None:
-        super().__init__()
-        self.proj = nn.Conv2d(in_chans, dim, patch_size, stride=stride, padding=padding)
-        self.norm = nn.LayerNorm(dim, eps=eps)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, H, W, Cin] -> [B, H', W', C]``, ``H' = ⌊(H + 2p - k) / s⌋ + 1``."""
-        x = self.proj(x.permute(0, 3, 1, 2))  # [B, C, H', W']
-        return self.norm(x.permute(0, 2, 3, 1))  # [B, H', W', C]
+        super().__init__(in_chans, dim, kernel_size=patch_size, stride=stride, padding=padding, norm_eps=eps,
+                         channels_last_input=True)
 
 
-class CvtStage(nn.Module):
-    """Token embedding, optional class token, blocks: map ``[B, H, W, Cin]`` -> tokens ``[B, P + H'·W', C]``.
+class CvtStage(Stage):
+    """A :class:`~vit_attention.layers.Stage` whose embedding is CvT's: convolutional token embedding,
+    optional class token, dropout; map ``[B, H, W, Cin]`` -> :class:`~vit_attention.layers.Tokens`
+    ``([B, P + H'·W', C], (H', W'), P)``.
 
-    Keys ``patch_embed.*``, ``cls_token`` (``[1, 1, C]``, only with a class token), ``blocks.{j}.*``.
+    Blocks, checkpointing and CPU batch chunking are the shared Stage's. Keys ``patch_embed.*``,
+    ``cls_token`` (``[1, 1, C]``, only with a class token), ``blocks.{j}.*`` (the original's layout).
     """
 
-    def __init__(self, embed: ConvEmbed, blocks: Sequence[nn.Module], dim: int, *, cls_token: bool = False,
+    def __init__(self, embed: SharedConvEmbed, blocks: Sequence[nn.Module], dim: int, *, cls_token: bool = False,
                  drop: float = 0.0) -> None:
-        super().__init__()
+        super().__init__(blocks)
         self.patch_embed = embed
+        # parameter order as the original's (and as optimizer states saved before): the embedding, then the blocks
+        rest = {k: m for k, m in self._modules.items() if k != "patch_embed"}
+        self._modules.clear()
+        self._modules.update(patch_embed=embed, **rest)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if cls_token else None
         self.pos_drop = nn.Dropout(drop)
-        self.blocks = nn.Sequential(*blocks)
-        self.grad_checkpointing = False
 
     @property
     def num_prefix_tokens(self) -> int:
         """``P``: 1 with a class token, else 0."""
         return 0 if self.cls_token is None else 1
 
-    def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        """``[B, H, W, Cin]`` -> ``(tokens [B, P + H'·W', C], (H', W'))`` (class token first)."""
-        x = self.patch_embed(x)  # [B, H', W', C]
+    def embed(self, x: Tensor | Tokens) -> Tokens:
+        """``[B, H, W, Cin]`` (or the previous stage's :class:`Tokens`) ->
+        ``Tokens([B, P + H'·W', C], (H', W'), P)``."""
+        x = self.patch_embed(as_map(x))  # [B, H', W', C]
         B, H, W, C = x.shape
         x = x.reshape(B, H * W, C)  # [B, H'·W', C]
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)  # [B, 1 + H'·W', C]
-        x = self.pos_drop(x)
-        P = self.num_prefix_tokens
-
-        def run(t: Tensor) -> Tensor:
-            return run_blocks(self.blocks, t, (H, W), P, checkpoint=self.grad_checkpointing and self.training)
-
-        # inference on CPU: a few images at a time (cache-sized); never in training, where BatchNorm uses the batch
-        chunk = B if self.training else batch_chunk_size(x, self.blocks)
-        return (run_in_batch_chunks(run, x, chunk) if chunk < B else run(x)), (H, W)
+        return Tokens(self.pos_drop(x), (H, W), self.num_prefix_tokens)
 
 
-def _to_map(tokens: Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> Tensor:
-    """Tokens ``[B, P + H·W, C]`` -> the grid's map ``[B, H, W, C]`` (prefix tokens dropped)."""
-    B, _, C = tokens.shape
-    return tokens[:, num_prefix_tokens:].reshape(B, grid[0], grid[1], C)
-
-
-class Cvt(HierarchicalMixin, nn.Module):
+class Cvt(Backbone):
     """CvT backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the last stage's normalised tokens ``[B, P + H'·W', C]`` (class
@@ -179,16 +166,18 @@ class Cvt(HierarchicalMixin, nn.Module):
     """
 
     family = "cvt"
+    config_cls = CvtConfig
+    no_weight_decay_keys = ("cls_token",)
+    pools = ("token", "avg", "")
+    head_fc = None  # a bare Linear ``head`` (the original's key)
 
     def __init__(self, cfg: CvtConfig | None = None, **overrides: Any) -> None:
-        super().__init__()
-        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else type(self).default_config(**overrides)
-        cfg.validate()  # again: fields may have been assigned after the config was built
-        self.cfg = cfg
+        super().__init__(cfg, **overrides)
+        cfg = self.cfg
         n = len(cfg.depths)
-        self.num_classes = cfg.num_classes
         self.num_features = self.embed_dim = cfg.embed_dims[-1]
         self.num_prefix_tokens = 1 if cfg.cls_token else 0
+        self.global_pool = "token" if cfg.cls_token else "avg"
         norm_layer = partial(nn.LayerNorm, eps=cfg.norm_eps)
         act_layer = get_act_layer(cfg.act_layer)
         conv_kwargs = accepted_kwargs(cfg.attn_layer, dict(kernel_size=cfg.kernel_size, stride_kv=cfg.stride_kv,
@@ -203,11 +192,11 @@ class Cvt(HierarchicalMixin, nn.Module):
                             drop=cfg.drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dpr[j],
                             norm_layer=norm_layer, act_layer=act_layer, attn_layer=cfg.attn_layer,
                             attn_kwargs={**conv_kwargs, **cfg.attn_kwargs}) for j in range(depth)]
-            embed = ConvEmbed(in_chans, dim, cfg.patch_sizes[i], cfg.patch_strides[i], cfg.patch_paddings[i],
-                              eps=cfg.norm_eps)
+            embed = SharedConvEmbed(in_chans, dim, kernel_size=cfg.patch_sizes[i], stride=cfg.patch_strides[i],
+                                    padding=cfg.patch_paddings[i], norm_eps=cfg.norm_eps, channels_last_input=True)
             stages.append(CvtStage(embed, blocks, dim, cls_token=cfg.cls_token and i == n - 1, drop=cfg.drop_rate))
             in_chans = dim
-        self.stages = nn.ModuleList(stages)
+        self.stages = nn.Sequential(*stages)
         reductions = [math.prod(cfg.patch_strides[: i + 1]) for i in range(n)]
         self.feature_info = stage_feature_info(cfg.embed_dims, reductions, "stages")
         self.norm = norm_layer(self.num_features)
@@ -215,30 +204,11 @@ class Cvt(HierarchicalMixin, nn.Module):
         self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self._init_weights()
 
-    @classmethod
-    def default_config(cls, **overrides: Any) -> CvtConfig:
-        """The family's config class with ``overrides``."""
-        return CvtConfig(**overrides)
-
     def _init_weights(self) -> None:
         init_linear_weights(self)
         for stage in self.stages:
             if stage.cls_token is not None:
                 nn.init.trunc_normal_(stage.cls_token, std=0.02)
-
-    # ------------------------------------------------------------------ API
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head); ``global_pool`` is unused."""
-        reset_head(self, num_classes, None, fc_attr=None)
-
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names that should not get weight decay (the class token)."""
-        return {n for n, _ in self.named_parameters() if n.endswith("cls_token")}
-
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute block activations in backward to save memory (training only)."""
-        for stage in self.stages:
-            stage.grad_checkpointing = enable
 
     def _embed(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> the channels-last view ``[B, H, W, Cin]`` (the first stage embeds)."""
@@ -246,51 +216,10 @@ class Cvt(HierarchicalMixin, nn.Module):
             raise ValueError(f"expected images [B, {self.cfg.in_chans}, H, W], got {tuple(x.shape)}")
         return x.permute(0, 2, 3, 1)
 
-    def _run(self, x: Tensor, take: Collection[int] = ()) -> tuple[Tensor, list[tuple[Tensor, tuple[int, int]]]]:
-        """Images -> last stage's tokens ``[B, P + H'·W', C]`` and the chosen stages' ``(tokens, grid)``."""
-        x = self._embed(x)
-        saved = []
-        for i, stage in enumerate(self.stages):
-            tokens, grid = stage(x)  # [B, P_i + H_i·W_i, C_i]
-            if i in take:
-                saved.append((tokens, grid))
-            if i + 1 < len(self.stages):
-                x = _to_map(tokens, grid, stage.num_prefix_tokens)  # [B, H_i, W_i, C_i]
-        return tokens, saved
-
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> normalised last-stage tokens ``[B, P + H'·W', C]`` (class token first)."""
-        return self.norm(self._run(x)[0])
-
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens ``[B, P + N, C]`` -> logits ``[B, num_classes]`` (or the pooled ``[B, C]`` with ``pre_logits``)."""
-        x = x[:, 0] if self.num_prefix_tokens else x.mean(dim=1)  # [B, C]
-        x = self.head_drop(x)
+        x = self.head_drop(self.pool(x))  # [B, C]: the class token, or the mean token
         return x if pre_logits else self.head(x)
-
-    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
-                              output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
-                              ) -> Any:
-        """Final normalised tokens plus each chosen stage's output map.
-
-        ``indices``: an int ``n`` = the last ``n`` stages, or stage indices (negative allowed);
-        default all. Stage ``i`` gives ``[B, C_i, H_i, W_i]`` (``NCHW``) or ``[B, H_i, W_i, C_i]``
-        (``NHWC``), class token dropped; ``norm`` applies the final norm to the last stage's map.
-        Returns ``(final [B, P + H'·W', C], [maps])`` or only the list.
-        """
-        n = len(self.stages)
-        take = resolve_indices(indices, n, "stage")
-        if output_fmt not in ("NCHW", "NHWC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
-        tokens, saved = self._run(x, set(take))
-        outs: list[Tensor] = []
-        for i, (t, grid) in zip(take, saved):
-            t = self.norm(t) if norm and i == n - 1 else t
-            y = _to_map(t, grid, self.stages[i].num_prefix_tokens)  # [B, H_i, W_i, C_i]
-            outs.append(rearrange(y, "b h w c -> b c h w") if output_fmt == "NCHW" else y)
-        if intermediates_only:
-            return outs
-        return self.norm(tokens), outs
 
 
 # ---------------------------------------------------------------------------- presets (data)

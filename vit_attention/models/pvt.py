@@ -20,28 +20,17 @@ LayerNorm eps: ``norm_eps`` (blocks, final norm: 1e-6 in the original) and ``emb
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from einops import rearrange
 from torch import Tensor, nn
 
 from ..functional import resample_abs_pos_embed
-from ..layers import (
-    ClassifierHead,
-    HierarchicalMixin,
-    Stage,
-    drop_path_schedule,
-    resolve_indices,
-    run_blocks,
-    stage_feature_info,
-)
+from ..layers import ClassifierHead, Stage, Tokens, drop_path_schedule, stage_feature_info
 from ..layers.conv_embed import ConvEmbed
-from ..layers.head import reset_head
 from ._config import ConfigMixin, check_choice, check_int, check_size
+from .backbone import Backbone
 from .pvt_v2 import MinInputSize, check_pyramid, init_pyramid_weights, pyramid_blocks
 from .registry import register_family
 
@@ -53,9 +42,9 @@ class PvtEmbed(ConvEmbed):
 
     ``conv (kernel = stride = patch) -> LN -> + pos_embed -> dropout``. ``grid``: the table's size
     (``img_size / stride`` of the stage); other sizes resample it bilinearly (``align_corners=False``,
-    no antialias, as the original). ``class_token``: a learned token is prepended by
-    :meth:`forward_tokens` and the table has its row first. Keys: ``proj``, ``norm``, ``pos_embed``,
-    ``cls_token``.
+    no antialias, as the original). ``class_token``: a learned token is prepended (the
+    embedding then gives :class:`~vit_attention.layers.Tokens`) and the table has its row first.
+    Keys: ``proj``, ``norm``, ``pos_embed``, ``cls_token``.
     """
 
     def __init__(self, in_chans: int, embed_dim: int, *, patch_size: int, grid: tuple[int, int],
@@ -77,10 +66,12 @@ class PvtEmbed(ConvEmbed):
         return resample_abs_pos_embed(self.pos_embed, grid, self.grid, num_prefix_tokens=self.num_prefix_tokens,
                                       interpolation="bilinear", antialias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``-> [B, H', W', C]`` with the position table added (the class token, if any, is not included)."""
+    def forward(self, x: Tensor) -> Tensor | Tokens:  # type: ignore[override]
+        """``-> [B, H', W', C]`` with the position table added; with a class token
+        ``Tokens([B, 1 + H'·W', C], (H', W'), 1)`` (the class token first)."""
         if self.cls_token is not None:
-            raise RuntimeError("this embedding prepends a class token: call forward_tokens")
+            tokens, grid = self.forward_tokens(x)
+            return Tokens(tokens, grid, self.num_prefix_tokens)
         x = super().forward(x)  # [B, H', W', C]
         B, H, W, C = x.shape
         return self.pos_drop(x + self._pos((H, W)).view(1, H, W, C))
@@ -140,7 +131,7 @@ class PvtConfig(ConfigMixin):
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
 
 
-class PyramidVisionTransformer(HierarchicalMixin, nn.Module):
+class PyramidVisionTransformer(Backbone):
     """PVT v1 backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the normalised last-stage tokens ``[B, 1 + H/32·W/32, C4]`` (class
@@ -150,16 +141,15 @@ class PyramidVisionTransformer(HierarchicalMixin, nn.Module):
     """
 
     family = "pvt"
-    stages_attr = "stages"
+    config_cls = PvtConfig
+    no_weight_decay_keys = ("cls_token",)  # as the original
+    pools = ("token", "avg", "")
 
     def __init__(self, cfg: PvtConfig | None = None, **overrides: Any) -> None:
-        super().__init__()
-        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else type(self).default_config(**overrides)
-        cfg.validate()
-        self.cfg = cfg
+        super().__init__(cfg, **overrides)
+        cfg = self.cfg
         dims, n = cfg.embed_dims, len(cfg.embed_dims)
         img = check_size(cfg.img_size, "img_size")
-        self.num_classes = cfg.num_classes
         self.global_pool = cfg.global_pool
         self.num_features = dims[-1]
         self.num_prefix_tokens = int(cfg.class_token)
@@ -191,22 +181,6 @@ class PyramidVisionTransformer(HierarchicalMixin, nn.Module):
         """The smallest input ``(H, W)`` every stage's spatial reduction takes (32 x 32 with sr_ratios 8, 4, 2, 1)."""
         return self._min_input.side, self._min_input.side
 
-    @classmethod
-    def default_config(cls, **overrides: Any) -> PvtConfig:
-        """The family's config class with ``overrides``."""
-        return PvtConfig(**overrides)
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        if global_pool == "token" and not self.num_prefix_tokens:
-            raise ValueError("global_pool='token' needs a class token; this model has none")
-        reset_head(self, num_classes, global_pool, pools=("token", "avg", ""))
-        self.head.global_pool = ""  # pooling happens in forward_head
-
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names that should not get weight decay (the class token, as the original)."""
-        return {n for n, _ in self.named_parameters() if n.endswith("cls_token")}
-
     def _embed(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> ``[B, H/p, W/p, C1]`` (conv + LN + position table).
 
@@ -214,53 +188,6 @@ class PyramidVisionTransformer(HierarchicalMixin, nn.Module):
         """
         self._min_input.check(tuple(x.shape[-2:]))
         return self.patch_embed(x)
-
-    def _run(self, x: Tensor, take: Sequence[int] = ()) -> tuple[Tensor, list[Tensor]]:
-        """Images -> last-stage output (tokens with the class token, else the map) and the maps of ``take``."""
-        x = self._embed(x)  # [B, H, W, C]
-        maps: list[Tensor] = []
-        n, P = len(self.stages), self.num_prefix_tokens
-        for i, stage in enumerate(self.stages):
-            if i == n - 1 and P:  # the class token joins: tokens [B, P + H·W, C] through the blocks
-                tokens, grid = stage.downsample.forward_tokens(x)
-                x = stage.norm(run_blocks(stage.blocks, tokens, grid, P,
-                                          checkpoint=stage.grad_checkpointing and self.training))
-                fmap = x[:, P:].unflatten(1, grid)  # [B, H, W, C]
-            else:
-                x = fmap = stage(x)  # [B, H_i, W_i, C_i]
-            if i in take:
-                maps.append(fmap)
-        return x, maps
-
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Images -> normalised ``[B, 1 + H'·W', C]`` tokens (class token first), or ``[B, H', W', C]`` without."""
-        return self.norm(self._run(x)[0])
-
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Tokens ``[B, 1 + N, C]`` or a map ``[B, H, W, C]`` -> logits (pooled ``[B, C]`` with ``pre_logits``)."""
-        if self.global_pool == "token":
-            x = x[:, 0]  # [B, C]
-        elif self.global_pool == "avg":
-            x = x[:, self.num_prefix_tokens:].mean(1) if x.dim() == 3 else x.mean(dim=(1, 2))  # [B, C]
-        return self.head(x, pre_logits=pre_logits)
-
-    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
-                              output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
-                              ) -> Any:
-        """Final normalised output (as :meth:`forward_features`) plus each chosen stage's map.
-
-        ``indices``: an int ``n`` = the last ``n`` stages, or stage indices (negative allowed);
-        default all. Stage ``i`` gives ``[B, C_i, H_i, W_i]`` (``NCHW``) or ``[B, H_i, W_i, C_i]``
-        (``NHWC``), the class token left out; ``norm`` applies the final norm to the last stage's map.
-        """
-        take = resolve_indices(indices, len(self.stages), "stage")
-        if output_fmt not in ("NCHW", "NHWC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
-        x, maps = self._run(x, take)
-        if norm and take and take[-1] == len(self.stages) - 1:
-            maps[-1] = self.norm(maps[-1])
-        outs = [rearrange(m, "b h w c -> b c h w") if output_fmt == "NCHW" else m for m in maps]
-        return outs if intermediates_only else (self.norm(x), outs)
 
 
 # ---------------------------------------------------------------------------- presets (data)

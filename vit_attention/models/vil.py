@@ -19,22 +19,19 @@ model builds them from the ``norm_layer`` argument, whose eps is 1e-6).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import Tensor, nn
 
-from ..layers import Block, ClassifierHead, Stage, drop_path_schedule, resolve_indices, run_blocks, stage_feature_info
+from ..layers import Block, ClassifierHead, Stage, Tokens, drop_path_schedule, stage_feature_info
 from ..layers.block import accepted_kwargs
 from ..layers.conv_embed import ConvEmbed
-from ..layers.head import reset_head
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int_seq, check_size
+from .backbone import Backbone
 from .pvt_v2 import init_pyramid_weights
 from .registry import register_family
 
@@ -76,8 +73,8 @@ class VilEmbed(ConvEmbed):
             return t
         return F.interpolate(t.transpose(1, 2), size=n, mode="linear", align_corners=False).transpose(1, 2)
 
-    def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:  # type: ignore[override]
-        """``-> ([B, G + H'·W', C], (H', W'))``."""
+    def forward(self, x: Tensor) -> Tokens:  # type: ignore[override]
+        """``-> Tokens([B, G + H'·W', C], (H', W'), G)`` (the stage's blocks take them as they are)."""
         x = super().forward(x)  # [B, H', W', C]
         H, W = x.shape[1], x.shape[2]
         rows = self._table(self.x_pos_embed, H)[:, :, None].expand(-1, -1, W, -1)  # [1, H, W, C/2]
@@ -87,7 +84,7 @@ class VilEmbed(ConvEmbed):
             like = x[:, :1].expand(-1, self.num_prefix_tokens, -1)  # [B, G, C] (batch-size-agnostic in exports)
             glob = (self.cls_token + self.cls_pos_embed).expand_as(like)  # [B, G, C]
             x = torch.cat([glob, x], dim=1)  # [B, G + H·W, C]
-        return self.pos_drop(x), (H, W)
+        return Tokens(self.pos_drop(x), (H, W), self.num_prefix_tokens)
 
 
 @dataclass
@@ -153,7 +150,7 @@ class VilConfig(ConfigMixin):
         check_attn_layer(self.attn_layer, self.attn_kwargs)
 
 
-class VisionLongformer(nn.Module):
+class VisionLongformer(Backbone):
     """ViL backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the last stage's normalised tokens ``[B, G4 + H/32·W/32, C4]`` (globals first),
@@ -162,16 +159,17 @@ class VisionLongformer(nn.Module):
     """
 
     family = "vil"
-    stages_attr = "stages"
+    config_cls = VilConfig
+    no_weight_decay_keys = ("cls_token", "pos_embed")  # global tokens and position tables, as the original
+    pools = ("avg", "token", "")
+    avg_pool_prefix = True  # "avg": the mean of every token, globals included, as the original
 
     def __init__(self, cfg: VilConfig | None = None, **overrides: Any) -> None:
-        super().__init__()
-        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else type(self).default_config(**overrides)
-        cfg.validate()
-        self.cfg = cfg
+        super().__init__(cfg, **overrides)
+        cfg = self.cfg
         dims = cfg.embed_dims
         img = check_size(cfg.img_size, "img_size")
-        self.num_classes, self.global_pool, self.num_features = cfg.num_classes, cfg.global_pool, dims[-1]
+        self.global_pool, self.num_features = cfg.global_pool, dims[-1]
         self.num_global = tuple(int(g) for g in cfg.num_global_tokens)
         self.num_prefix_tokens = self.num_global[-1]
         strides = []
@@ -205,74 +203,9 @@ class VisionLongformer(nn.Module):
                     if p is not None:
                         nn.init.trunc_normal_(p, std=0.02)
 
-    @classmethod
-    def default_config(cls, **overrides: Any) -> VilConfig:
-        """The family's config class with ``overrides``."""
-        return VilConfig(**overrides)
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        if global_pool == "token" and not self.num_prefix_tokens:
-            raise ValueError("global_pool='token' needs a global token in the last stage; this model has none")
-        reset_head(self, num_classes, global_pool, pools=("avg", "token", ""))
-        self.head.global_pool = ""  # pooling happens in forward_head
-
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names without weight decay (global tokens and position tables, as the original)."""
-        return {n for n, _ in self.named_parameters() if n.endswith(("cls_token", "pos_embed"))}
-
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute block activations in backward to save memory (training only)."""
-        for stage in self.stages:
-            stage.grad_checkpointing = enable
-
-    def _run(self, x: Tensor, take: Sequence[int] = ()) -> tuple[Tensor, list[Tensor]]:
-        """Images -> the last stage's tokens ``[B, G + H·W, C]`` and the maps ``[B, H_i, W_i, C_i]`` of ``take``."""
-        maps: list[Tensor] = []
-        for i, stage in enumerate(self.stages):
-            G = self.num_global[i]
-            tokens, grid = stage.downsample(x)  # [B, G + H·W, C], (H, W)
-            tokens = run_blocks(stage.blocks, tokens, grid, G, checkpoint=stage.grad_checkpointing and self.training)
-            # [B, H, W, C], globals dropped; every size spelled out: B may be 0, ONNX keeps B symbolic
-            # (unflatten bakes B in)
-            x = tokens[:, G:].reshape(tokens.shape[0], grid[0], grid[1], tokens.shape[-1])
-            if i in take:
-                maps.append(x)
-        return tokens, maps
-
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Images -> normalised last-stage tokens ``[B, G + H'·W', C]`` (globals first)."""
-        return self.norm(self._run(x)[0])
-
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Tokens ``[B, G + N, C]`` -> logits (pooled ``[B, C]`` with ``pre_logits``)."""
-        if self.global_pool == "token":
-            x = x[:, 0]  # [B, C]
-        elif self.global_pool == "avg":
-            x = x.mean(1)  # [B, C]: every token, as the original
-        return self.head(x, pre_logits=pre_logits)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
-        return self.forward_head(self.forward_features(x))
-
-    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
-                              output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
-                              ) -> Any:
-        """Final normalised tokens (as :meth:`forward_features`) plus each chosen stage's map.
-
-        ``indices``: an int ``n`` = the last ``n`` stages, or stage indices (negative allowed); default
-        all. Stage ``i`` gives ``[B, C_i, H_i, W_i]`` (``NCHW``) or ``[B, H_i, W_i, C_i]`` (``NHWC``),
-        globals left out; ``norm`` applies the final norm to the last stage's map.
-        """
-        take = resolve_indices(indices, len(self.stages), "stage")
-        if output_fmt not in ("NCHW", "NHWC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
-        x, maps = self._run(x, take)
-        if norm and take and take[-1] == len(self.stages) - 1:
-            maps[-1] = self.norm(maps[-1])
-        outs = [rearrange(m, "b h w c -> b c h w") if output_fmt == "NCHW" else m for m in maps]
-        return outs if intermediates_only else (self.norm(x), outs)
+    def _embed(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` as they are: every stage embeds its own input (the first one the images)."""
+        return x
 
 
 # ---------------------------------------------------------------------------- presets (data)
