@@ -31,7 +31,7 @@ from ..layers import ClassifierHead, Stage, Tokens, drop_path_schedule, stage_fe
 from ..layers.conv_embed import ConvEmbed
 from ._config import ConfigMixin, check_choice, check_int, check_size
 from .backbone import Backbone
-from .pvt_v2 import MinInputSize, check_pyramid, init_pyramid_weights, pyramid_blocks
+from .pvt_v2 import MinInputSizeMixin, check_pyramid, init_pyramid_weights, pyramid_blocks, reduced_config
 from .registry import register_family
 
 __all__ = ["PvtConfig", "PyramidVisionTransformer", "PvtEmbed"]
@@ -131,7 +131,7 @@ class PvtConfig(ConfigMixin):
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
 
 
-class PyramidVisionTransformer(Backbone):
+class PyramidVisionTransformer(MinInputSizeMixin, Backbone):
     """PVT v1 backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the normalised last-stage tokens ``[B, 1 + H/32·W/32, C4]`` (class
@@ -173,20 +173,14 @@ class PyramidVisionTransformer(Backbone):
                 nn.init.trunc_normal_(m.pos_embed, std=0.02)
                 if m.cls_token is not None:
                     nn.init.trunc_normal_(m.cls_token, std=0.02)
-        self._min_input = MinInputSize.of(self.stages, strides)
-        self._min_input.check(img, option=True)
-
-    @property
-    def min_input_size(self) -> tuple[int, int]:
-        """The smallest input ``(H, W)`` every stage's spatial reduction takes (32 x 32 with sr_ratios 8, 4, 2, 1)."""
-        return self._min_input.side, self._min_input.side
+        self._set_min_input(self.stages, strides, img)
 
     def _embed(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> ``[B, H/p, W/p, C1]`` (conv + LN + position table).
 
         An input below :attr:`min_input_size` raises ``ValueError`` saying the minimum.
         """
-        self._min_input.check(tuple(x.shape[-2:]))
+        self._check_input(x)
         return self.patch_embed(x)
 
 
@@ -203,4 +197,5 @@ register_family("pvt", PyramidVisionTransformer, PvtConfig, _PRESETS,
                 meta={k: {"published_params_m": p, "published_gmacs": g,
                           "published_gmacs_source": "PVT README (params); HF PvtModel on the meta device with "
                                                     "FlopCounterMode (GMACs), FAMILIES.md sizes table"}
-                      for k, (p, g) in _PUBLISHED.items()})
+                      for k, (p, g) in _PUBLISHED.items()},
+                reduced=reduced_config)  # PVTv2's rule: 4 stages of width 16-32, 2 blocks each, 64 px
