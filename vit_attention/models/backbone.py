@@ -189,3 +189,37 @@ class Backbone(nn.Module):
         keys = self.no_weight_decay_keys
         return {n for n, _ in self.named_parameters() if any(k in n for k in keys)}
 
+
+
+# ---- isotropic models (ViT, CaiT, ViTDet, iGPT)
+def isotropic_taps(indices: int | Sequence[int] | None, depth: int,
+                   output_fmt: str, formats: Sequence[str] = ("NCHW", "NLC")) -> list[int]:
+    """``forward_intermediates`` of a model of ``depth`` blocks: the block indices to tap (see
+    :func:`~vit_attention.layers.stage.resolve_indices`), after checking ``output_fmt`` is one of ``formats``.
+
+    Both are checked before any block runs, so a bad call fails at once.
+    """
+    take = resolve_indices(indices, depth, "block")
+    if output_fmt not in formats:
+        raise ValueError(f"output_fmt must be {' or '.join(repr(f) for f in formats)}, got {output_fmt!r}")
+    return take
+
+
+def tokens_to_intermediates(tapped: Sequence[Tensor], feat_size: tuple[int, int], num_prefix_tokens: int = 0, *,
+                            norm: nn.Module | None = None, output_fmt: Literal["NCHW", "NLC"] = "NCHW",
+                            return_prefix_tokens: bool = False) -> list[Any]:
+    """Tapped block outputs, tokens ``[B, P + H·W, C]`` (``P = num_prefix_tokens``), -> intermediates.
+
+    Each is passed through ``norm`` (the whole sequence, prefix included) when given, then split:
+    the grid as ``[B, C, H, W]`` (``NCHW``) or ``[B, H·W, C]`` (``NLC``), and with
+    ``return_prefix_tokens`` the pair ``(grid, prefix [B, P, C])``.
+    """
+    H, W = feat_size
+    outs: list[Any] = []
+    for t in tapped:
+        t = norm(t) if norm is not None else t
+        prefix, grid = t[:, :num_prefix_tokens], t[:, num_prefix_tokens:]
+        if output_fmt == "NCHW":  # every size spelled out: B may be 0 (and stays symbolic in ONNX)
+            grid = grid.reshape(grid.shape[0], H, W, grid.shape[-1]).permute(0, 3, 1, 2)  # [B, C, H, W]
+        outs.append((grid, prefix) if return_prefix_tokens else grid)
+    return outs

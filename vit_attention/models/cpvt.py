@@ -20,8 +20,9 @@ from typing import Any
 
 from .registry import register_family
 from .vit import VisionTransformer, VisionTransformerConfig
+from .vit import reduced_config as vit_reduced_config
 
-__all__ = ["CPVT"]
+__all__ = ["CPVT", "reduced_config"]
 
 
 class CPVT(VisionTransformer):
@@ -54,8 +55,15 @@ _PUBLISHED = {
 }
 _SOURCE = "FAMILIES.md §10: DeiT (timm table) − position embedding + PEG (10·C params, 9·N·C MACs); computed"
 
+
+def reduced_config(cfg: VisionTransformerConfig) -> dict[str, Any]:
+    """Overrides that shrink a CPVT preset for tests: ViT's (:func:`~vit_attention.models.vit.reduced_config`:
+    width 32, 2 heads, 2 blocks) on a 3x3 patch grid, so the PEG after block 0 sees borders and a centre."""
+    return dict(vit_reduced_config(cfg), img_size=cfg.patch_size * 3)
+
+
 register_family(
-    "cpvt", CPVT, VisionTransformerConfig, _PRESETS,
+    "cpvt", CPVT, VisionTransformerConfig, _PRESETS, reduced=reduced_config,
     meta={name: {"published_params_m": _PUBLISHED[size][0], "published_gmacs": _PUBLISHED[size][1],
                  "published_gmacs_source": _SOURCE}
           for size in _SIZES for name in (f"cpvt_{size}_patch16_224", f"cpvt_gap_{size}_patch16_224")})

@@ -20,6 +20,7 @@ from typing import Any
 from .registry import register_family
 from .swin import SwinTransformer, SwinTransformerConfig, reduced_config
 from .vit import VisionTransformer, VisionTransformerConfig
+from .vit import reduced_config as vit_reduced_config
 
 __all__ = ["DIGITS_PRESETS", "SWIN_DIGITS_PRESETS", "DEFAULT_MODEL"]
 
@@ -42,5 +43,5 @@ SWIN_DIGITS_PRESETS: dict[str, dict[str, Any]] = {
 
 DEFAULT_MODEL = "vit_digits_patch2_8"
 
-register_family("vit", VisionTransformer, VisionTransformerConfig, DIGITS_PRESETS)
+register_family("vit", VisionTransformer, VisionTransformerConfig, DIGITS_PRESETS, reduced=vit_reduced_config)
 register_family("swin", SwinTransformer, SwinTransformerConfig, SWIN_DIGITS_PRESETS, reduced=reduced_config)

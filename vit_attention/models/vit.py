@@ -8,7 +8,6 @@ so timm checkpoints load directly and the other layouts are converted in ``vit_a
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,7 +15,6 @@ from functools import partial
 from typing import Any, Literal
 
 import torch
-from einops import rearrange
 from torch import Tensor, nn
 
 from ..functional import resample_abs_pos_embed, sincos_2d_pos_embed
@@ -28,7 +26,7 @@ from ..layers import (
     PatchEmbed,
     PosConv,
     drop_path_schedule,
-    run_blocks,
+    run_blocks_with_taps,
     stage_feature_info,
 )
 from ._config import (
@@ -40,12 +38,12 @@ from ._config import (
     check_int_seq,
     check_size,
     check_width_heads,
-    resolve_indices,
 )
 from ._pretrained import INCEPTION_MEAN, INCEPTION_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, data_cfg, pretrained_tags
+from .backbone import Backbone, isotropic_taps, tokens_to_intermediates
 from .registry import register_family, with_published_gmacs
 
-__all__ = ["VisionTransformerConfig", "VisionTransformer", "AttentionPoolHead"]
+__all__ = ["VisionTransformerConfig", "VisionTransformer", "AttentionPoolHead", "reduced_config"]
 
 _ACTS = {"gelu": nn.GELU, "gelu_tanh": partial(nn.GELU, approximate="tanh"), "relu": nn.ReLU, "silu": nn.SiLU}
 
@@ -132,25 +130,27 @@ class VisionTransformerConfig(ConfigMixin):
                              f"use a multiple of the patch size, or dynamic_img_pad=True to pad the images")
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(Backbone):
     """ViT / DeiT backbone with a classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives tokens ``[B, P + N, C]`` (``P`` prefix tokens: class, distillation),
     ``forward_head`` pools and classifies. Distilled models return ``(cls_logits, dist_logits)``
-    in training and their mean in eval (DeiT).
+    in training and their mean in eval (DeiT). One stage of ``blocks`` (an isotropic
+    :class:`~vit_attention.models.backbone.Backbone`); the head is a bare ``Linear`` (key ``head``).
     """
 
     family = "vit"
+    config_cls = VisionTransformerConfig
+    no_weight_decay_keys = ("pos_embed", "cls_token", "dist_token")
+    pools = ("token", "avg", "map", "")
+    head_fc = None
 
     def __init__(self, cfg: VisionTransformerConfig | None = None, **overrides: Any) -> None:
-        super().__init__()
-        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else VisionTransformerConfig(**overrides)
-        cfg.validate()  # again: fields may have been assigned after the config was built
-        self.cfg = cfg
+        super().__init__(cfg, **overrides)
+        cfg = self.cfg
         C = cfg.embed_dim
         norm_layer = partial(nn.LayerNorm, eps=cfg.norm_eps, bias=cfg.norm_bias)
         act_layer = _ACTS[cfg.act]
-        self.num_classes = cfg.num_classes
         self.global_pool = cfg.global_pool
         self.embed_dim = C
         self.num_prefix_tokens = int(cfg.class_token) + int(cfg.distilled)
@@ -232,26 +232,13 @@ class VisionTransformer(nn.Module):
 
     # ------------------------------------------------------------------ API
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the classifier(s) with fresh ones for ``num_classes`` (0 = no head)."""
-        num_classes = check_int(num_classes, "num_classes", min_value=0)
-        if global_pool is not None:
-            check_choice(global_pool, "global_pool", ("token", "avg", "map", ""))
-            if global_pool == "map" and self.attn_pool is None:
-                raise ValueError("cannot switch to global_pool='map' after construction")
-            if global_pool == "token" and self.cls_token is None:
-                raise ValueError("global_pool='token' needs a class token")
-            self.global_pool = global_pool  # type: ignore[assignment]
-            self.cfg.global_pool = global_pool  # type: ignore[assignment]
-        self.num_classes = self.cfg.num_classes = num_classes
-        device = next(self.parameters()).device
-        self.head = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+        """Replace the classifier(s) with fresh ones for ``num_classes`` (0 = no head); ``global_pool``:
+        one of ``pools`` (None = keep). The base's reset, plus a fresh distillation head (DeiT)."""
+        super().reset_classifier(num_classes, global_pool)
         if self.head_dist is not None:
+            device = next(self.parameters()).device
             self.head_dist = (nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0
                               else nn.Identity())
-
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute block activations in backward to save memory (training only)."""
-        self.grad_checkpointing = enable
 
     def feat_size(self, hw: tuple[int, int]) -> tuple[int, int]:
         """Token grid for an image of size ``hw``."""
@@ -279,37 +266,30 @@ class VisionTransformer(nn.Module):
 
     def _run_blocks(self, x: Tensor, feat_size: tuple[int, int], indices: set[int] | None = None
                     ) -> tuple[Tensor, list[Tensor]]:
-        """Tokens ``[B, P + N, C]`` through the blocks; also the outputs of blocks ``indices``."""
-        checkpoint = self.grad_checkpointing and self.training
-        if indices is None and self.pos_block is None:
-            return run_blocks(self.blocks, x, feat_size, self.num_prefix_tokens, checkpoint=checkpoint), []
-        saved: list[Tensor] = []
-        for i, blk in enumerate(self.blocks):
-            x = run_blocks((blk,), x, feat_size, self.num_prefix_tokens, checkpoint=checkpoint)
-            if self.pos_block is not None and str(i) in self.pos_block:  # PEG after block i
-                x = self.pos_block[str(i)](x, feat_size, self.num_prefix_tokens)
-            if indices is not None and i in indices:
-                saved.append(x)
-        return x, saved
+        """Tokens ``[B, P + N, C]`` through the blocks (the PEGs after blocks ``peg_after``):
+        ``-> (tokens [B, P + N, C], [outputs of blocks indices])``."""
+        after = {int(i): peg for i, peg in self.pos_block.items()} if self.pos_block is not None else None
+        return run_blocks_with_taps(self.blocks, x, feat_size, self.num_prefix_tokens,
+                                    checkpoint=self.grad_checkpointing and self.training, taps=indices, after=after)
+
+    def _embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:  # type: ignore[override]
+        """Images ``[B, Cin, H, W]`` -> the blocks' input ``[B, P + N, C]`` (prefix tokens, positions) and the grid."""
+        feat_size = self.feat_size(tuple(x.shape[-2:]))
+        x = self.patch_embed(x)  # [B, N, C]
+        return self.norm_pre(self.pos_drop(self._pos_embed(x, feat_size))), feat_size  # [B, P + N, C]
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> normalised tokens ``[B, P + N, C]``."""
-        feat_size = self.feat_size(tuple(x.shape[-2:]))
-        x = self.patch_embed(x)  # [B, N, C]
-        x = self.norm_pre(self.pos_drop(self._pos_embed(x, feat_size)))  # [B, P + N, C]
+        x, feat_size = self._embed(x)
         x, _ = self._run_blocks(x, feat_size)
         return self.norm(x)
 
     def pool(self, x: Tensor) -> Tensor:
-        """Tokens ``[B, P + N, C]`` -> pooled ``[B, C]`` per ``global_pool`` (distilled: ``[B, 2, C]``)."""
-        if self.global_pool == "map":
-            assert self.attn_pool is not None
-            return self.attn_pool(x)
-        if self.global_pool == "avg":
-            return x[:, self.num_prefix_tokens:].mean(dim=1)
-        if self.global_pool == "token":
-            return x[:, :2] if self.dist_token is not None else x[:, 0]
-        return x
+        """Tokens ``[B, P + N, C]`` -> pooled ``[B, C]`` per ``global_pool`` (the base's rule; distilled
+        with ``"token"``: both prefix tokens, ``[B, 2, C]``)."""
+        if self.dist_token is not None and self.global_pool == "token":
+            return x[:, :2]
+        return super().pool(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Tokens ``[B, P + N, C]`` -> logits ``[B, num_classes]`` (or features ``[B, num_features]``)."""
@@ -328,10 +308,6 @@ class VisionTransformer(nn.Module):
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
-        """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
-        return self.forward_head(self.forward_features(x))
-
     def forward_intermediates(
         self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
         output_fmt: Literal["NCHW", "NLC"] = "NCHW", return_prefix_tokens: bool = False,
@@ -341,32 +317,17 @@ class VisionTransformer(nn.Module):
 
         ``indices``: an int ``n`` = the last ``n`` blocks, or explicit block indices (negative
         allowed); default all. Intermediates are ``[B, C, H', W']`` (``NCHW``) or ``[B, N, C]``
-        (``NLC``); with ``return_prefix_tokens`` each is a pair ``(grid, prefix [B, P, C])``.
-        Returns ``(final [B, P + N, C], [intermediates])`` or only the list.
+        (``NLC``), through the final norm when ``norm``; with ``return_prefix_tokens`` each is a pair
+        ``(grid, prefix [B, P, C])``. Returns ``(final [B, P + N, C], [intermediates])`` or only the list.
         """
-        take = resolve_indices(indices, len(self.blocks), "block")
-        if output_fmt not in ("NCHW", "NLC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
-        H, W = x.shape[-2:]
-        feat_size = self.feat_size((H, W))
-        x = self.patch_embed(x)
-        x = self.norm_pre(self.pos_drop(self._pos_embed(x, feat_size)))
+        take = isotropic_taps(indices, len(self.blocks), output_fmt)
+        x, feat_size = self._embed(x)
         x, saved = self._run_blocks(x, feat_size, set(take))
-        P = self.num_prefix_tokens
-        outs: list[Any] = []
-        for t in saved:
-            t = self.norm(t) if norm else t
-            prefix, grid = t[:, :P], t[:, P:]
-            if output_fmt == "NCHW":
-                grid = rearrange(grid, "b (h w) c -> b c h w", h=feat_size[0], w=feat_size[1])  # [B, C, H', W']
-            outs.append((grid, prefix) if return_prefix_tokens else grid)
+        outs = tokens_to_intermediates(saved, feat_size, self.num_prefix_tokens, norm=self.norm if norm else None,
+                                       output_fmt=output_fmt, return_prefix_tokens=return_prefix_tokens)
         if intermediates_only:
             return outs
         return self.norm(x), outs
-
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names that should not get weight decay."""
-        return {n for n in ("pos_embed", "cls_token", "dist_token") if getattr(self, n, None) is not None}
 
 
 # ---------------------------------------------------------------------------- presets (data)
@@ -464,7 +425,22 @@ _META: dict[str, dict[str, Any]] = {
     for k, v in PUBLISHED_PARAMS_M.items()}
 _META = with_published_gmacs(_META, PUBLISHED_GMACS)
 
-register_family("vit", VisionTransformer, VisionTransformerConfig, _PRESETS, aliases=_ALIASES, meta=_META)
+
+def reduced_config(cfg: VisionTransformerConfig) -> dict[str, Any]:
+    """Overrides that shrink a ViT / DeiT preset for tests, every code path it selects kept (its tokens,
+    pooling, position embedding, block style, stem, norms): width 32, 2 heads, 2 blocks, the published
+    MLP width dropped (``mlp_ratio`` applies), and a 3x3 patch grid for small patches (at most 48 px) or
+    2x2 for patches of 16 and more; presets with other than 3 input channels keep their image size."""
+    p = cfg.patch_size if isinstance(cfg.patch_size, int) else cfg.patch_size[0]
+    over: dict[str, Any] = dict(embed_dim=32, num_heads=2, depth=2, img_size=min(p * 3, 48) if p < 16 else p * 2,
+                                mlp_dim=None)
+    if cfg.in_chans != 3:
+        over.pop("img_size")
+    return over
+
+
+register_family("vit", VisionTransformer, VisionTransformerConfig, _PRESETS, aliases=_ALIASES, meta=_META,
+                reduced=reduced_config)
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
