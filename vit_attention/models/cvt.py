@@ -41,7 +41,7 @@ from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, c
 from .backbone import Backbone
 from .registry import register_family
 
-__all__ = ["CvtConfig", "Cvt", "ConvEmbed", "CvtStage"]
+__all__ = ["CvtConfig", "Cvt", "ConvEmbed", "CvtStage", "reduced_config"]
 
 
 @dataclass
@@ -249,4 +249,14 @@ _META: dict[str, dict[str, Any]] = {
     "cvt_w24_384": dict(published_params_m=277.2, published_gmacs=193.2, published_gmacs_source=_README),
 }
 
-register_family("cvt", Cvt, CvtConfig, _PRESETS, meta=_META)
+
+
+def reduced_config(cfg: CvtConfig) -> dict[str, Any]:
+    """Overrides that shrink a CvT preset for tests: three stages of 16 / 32 / 32 channels (1, 1, 2 blocks; the
+    class token kept in the last) on 64 px (224 presets: grids 16, 8, 4) or 80 px (384 presets: grids 20, 10,
+    5, the last with an odd stride-2 key grid 3x3)."""
+    size = cfg.img_size if isinstance(cfg.img_size, int) else cfg.img_size[0]
+    return dict(embed_dims=(16, 32, 32), num_heads=(1, 2, 2), depths=(1, 1, 2), img_size=64 if size < 384 else 80)
+
+
+register_family("cvt", Cvt, CvtConfig, _PRESETS, meta=_META, reduced=reduced_config)

@@ -35,7 +35,7 @@ from .backbone import Backbone
 from .pvt_v2 import init_pyramid_weights
 from .registry import register_family
 
-__all__ = ["VilConfig", "VisionLongformer", "VilEmbed"]
+__all__ = ["VilConfig", "VisionLongformer", "VilEmbed", "reduced_config"]
 
 
 class VilEmbed(ConvEmbed):
@@ -239,4 +239,14 @@ def _meta(name: str) -> dict[str, Any]:
     return {"published_params_m": params, "published_gmacs": gmacs, "published_gmacs_source": _SOURCE}
 
 
-register_family("vil", VisionLongformer, VilConfig, _PRESETS, meta={k: _meta(k) for k in _PUBLISHED})
+def reduced_config(cfg: VilConfig) -> dict[str, Any]:
+    """Overrides that shrink a ViL preset for tests: 4 stages of width 16-32, depths 1-2, 2 heads, 64 px (maps
+    16 -> 2); windows of 3, so the Longformer stages (16x16, 8x8) have chunks beyond the 3x3 block and bottom /
+    right padding; the globals per stage kept."""
+    n = len(cfg.depths)
+    return dict(embed_dims=(16,) + (32,) * (n - 1), depths=(1, 2) + (1,) * (n - 2), num_heads=(2,) * n,
+                window_sizes=(3,) * n, img_size=64)
+
+
+register_family("vil", VisionLongformer, VilConfig, _PRESETS, meta={k: _meta(k) for k in _PUBLISHED},
+                reduced=reduced_config)
