@@ -190,7 +190,6 @@ class Backbone(nn.Module):
         return {n for n, _ in self.named_parameters() if any(k in n for k in keys)}
 
 
-
 # ---- isotropic models (ViT, CaiT, ViTDet, iGPT)
 def isotropic_taps(indices: int | Sequence[int] | None, depth: int,
                    output_fmt: str, formats: Sequence[str] = ("NCHW", "NLC")) -> list[int]:

@@ -20,7 +20,6 @@ one Block's names) where timm and the original facebookresearch/deit code have `
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,13 +27,12 @@ from functools import partial
 from typing import Any, Literal
 
 import torch
-from einops import rearrange
 from torch import Tensor, nn
 
 from ..attention import get_attention_spec, list_attention
 from ..functional import resample_abs_pos_embed
-from ..layers import Block, PatchEmbed, run_blocks, stage_feature_info
-from ..layers.head import init_linear_weights, reset_head
+from ..layers import Block, PatchEmbed, run_blocks_with_taps, stage_feature_info
+from ..layers.head import init_linear_weights
 from ._config import (
     ConfigMixin,
     check_attn_layer,
@@ -43,12 +41,12 @@ from ._config import (
     check_int,
     check_size,
     check_width_heads,
-    resolve_indices,
 )
 from ._pretrained import data_cfg, pretrained_tags
+from .backbone import Backbone, isotropic_taps, tokens_to_intermediates
 from .registry import register_family
 
-__all__ = ["CaitConfig", "Cait"]
+__all__ = ["CaitConfig", "Cait", "reduced_config"]
 
 _POOLS = ("token", "avg", "")
 
@@ -107,23 +105,26 @@ class CaitConfig(ConfigMixin):
             raise ValueError(f"img_size={self.img_size!r} is not divisible by patch_size={self.patch_size!r}")
 
 
-class Cait(nn.Module):
+class Cait(Backbone):
     """CaiT backbone with a classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives normalised tokens ``[B, 1 + N, C]`` (class token first; ``N`` patches),
-    ``forward_head`` takes the class token (or the patch mean) and classifies.
+    ``forward_head`` takes the class token (or the patch mean, :meth:`Backbone.pool`) and classifies.
+    An isotropic :class:`~vit_attention.models.backbone.Backbone`: one stage of ``blocks``, then the
+    class-attention blocks; the head is a bare ``Linear`` (key ``head``).
     """
 
     family = "cait"
+    config_cls = CaitConfig
+    no_weight_decay_keys = ("pos_embed", "cls_token")
+    pools = _POOLS
+    head_fc = None
 
     def __init__(self, cfg: CaitConfig | None = None, **overrides: Any) -> None:
-        super().__init__()
-        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else CaitConfig(**overrides)
-        cfg.validate()  # again: fields may have been assigned after the config was built
-        self.cfg = cfg
+        super().__init__(cfg, **overrides)
+        cfg = self.cfg
         C = cfg.embed_dim
         norm_layer = partial(nn.LayerNorm, eps=cfg.norm_eps)
-        self.num_classes = cfg.num_classes
         self.global_pool = cfg.global_pool
         self.embed_dim = self.num_features = C
         self.num_prefix_tokens = 1
@@ -162,23 +163,11 @@ class Cait(nn.Module):
         init_linear_weights(self)
 
     # ------------------------------------------------------------------ API
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        reset_head(self, num_classes, global_pool, pools=_POOLS, fc_attr=None)
-
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute block activations in backward to save memory (training only)."""
-        self.grad_checkpointing = enable
-
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names that should not get weight decay."""
-        return {"pos_embed", "cls_token"}
-
     def feat_size(self, hw: tuple[int, int]) -> tuple[int, int]:
         """Token grid for an image of size ``hw``."""
         return self.patch_embed.dynamic_feat_size(hw) if self.dynamic_img_size else self.grid_size
 
-    def _embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+    def _embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:  # type: ignore[override]
         """Images ``[B, Cin, H, W]`` -> patch tokens ``[B, N, C]`` with position embedding, and the grid."""
         feat_size = self.feat_size(tuple(x.shape[-2:]))
         x = self.patch_embed(x)  # [B, N, C]
@@ -189,16 +178,10 @@ class Cait(nn.Module):
 
     def _run_blocks(self, x: Tensor, feat_size: tuple[int, int], indices: set[int] | None = None
                     ) -> tuple[Tensor, list[Tensor]]:
-        """Patch tokens ``[B, N, C]`` through the self-attention blocks; also the outputs of blocks ``indices``."""
-        checkpoint = self.grad_checkpointing and self.training
-        if indices is None:
-            return run_blocks(self.blocks, x, feat_size, 0, checkpoint=checkpoint), []
-        saved: list[Tensor] = []
-        for i, blk in enumerate(self.blocks):
-            x = run_blocks((blk,), x, feat_size, 0, checkpoint=checkpoint)
-            if i in indices:
-                saved.append(x)
-        return x, saved
+        """Patch tokens ``[B, N, C]`` through the self-attention blocks:
+        ``-> (tokens [B, N, C], [outputs of blocks indices])``."""
+        return run_blocks_with_taps(self.blocks, x, feat_size, 0, checkpoint=self.grad_checkpointing and self.training,
+                                    taps=indices)
 
     def forward_cls(self, x: Tensor, feat_size: tuple[int, int] | None = None) -> Tensor:
         """Class-attention stage: patch tokens ``[B, N, C]`` -> ``[B, 1 + N, C]`` (class token first).
@@ -219,16 +202,8 @@ class Cait(nn.Module):
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens ``[B, 1 + N, C]`` -> logits ``[B, num_classes]`` (or features ``[B, C]``)."""
-        if self.global_pool == "avg":
-            x = x[:, self.num_prefix_tokens:].mean(dim=1)
-        elif self.global_pool == "token":
-            x = x[:, 0]
-        x = self.head_drop(x)
+        x = self.head_drop(self.pool(x))
         return x if pre_logits else self.head(x)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
-        return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(
         self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
@@ -241,14 +216,10 @@ class Cait(nn.Module):
         (``NLC``), through the final norm when ``norm``. Returns ``(final [B, 1 + N, C],
         [intermediates])`` or only the list.
         """
-        take = resolve_indices(indices, len(self.blocks), "block")
-        if output_fmt not in ("NCHW", "NLC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take = isotropic_taps(indices, len(self.blocks), output_fmt)
         x, feat_size = self._embed(x)
         x, saved = self._run_blocks(x, feat_size, set(take))
-        outs = [self.norm(t) if norm else t for t in saved]
-        if output_fmt == "NCHW":
-            outs = [rearrange(t, "b (h w) c -> b c h w", h=feat_size[0], w=feat_size[1]) for t in outs]
+        outs = tokens_to_intermediates(saved, feat_size, norm=self.norm if norm else None, output_fmt=output_fmt)
         if intermediates_only:
             return outs
         return self.norm(self.forward_cls(x, feat_size)), outs
@@ -287,7 +258,14 @@ _META: dict[str, dict[str, Any]] = {
     n: {"published_params_m": p, "published_gmacs": g, "published_gmacs_source": _SOURCE}
     for n, (_, _, p, g) in _MODELS.items()}
 
-register_family("cait", Cait, CaitConfig, _PRESETS, meta=_META)
+
+def reduced_config(cfg: CaitConfig) -> dict[str, Any]:
+    """Overrides that shrink a CaiT preset for tests: width 32, 2 heads, 2 talking-heads blocks and both
+    class-attention blocks (LayerScale init kept) on a 3x3 patch grid."""
+    return dict(embed_dim=32, num_heads=2, depth=2, depth_token_only=2, img_size=cfg.patch_size * 3)
+
+
+register_family("cait", Cait, CaitConfig, _PRESETS, meta=_META, reduced=reduced_config)
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
