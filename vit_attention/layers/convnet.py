@@ -1,49 +1,48 @@
-"""The forward API of a convolutional (ByobNet-style) backbone: stem -> stages -> final conv -> head, NCHW.
+"""The NCHW part of a convolutional (ByobNet-style) backbone: stem -> stages -> final conv -> head.
 
-Hybrid CNN-transformer families hosted by timm's ByobNet (MobileViT, HaloNet) share it:
-:class:`ConvStagesMixin` gives ``forward_features``, ``forward_head``, ``forward``,
-``forward_intermediates`` and ``reset_classifier`` to a model with ``stem``, ``stages`` (an
-``nn.Sequential`` of stages), ``final_conv`` (``nn.Identity`` when absent) and ``head``
-(:class:`~.head.ClassifierHead`, pooling a channels-last map). ``feature_info`` has one level per
-stage; the last level is the ``final_conv`` output.
+Hybrid CNN-transformer families hosted by timm's ByobNet (MobileViT, HaloNet) are
+``class Net(ConvStagesMixin, Backbone)``: :class:`ConvStagesMixin` gives what differs on NCHW maps
+(``forward_features``, ``forward_head``, ``forward_intermediates``) and
+:class:`~vit_attention.models.backbone.Backbone` the rest (config, ``forward``,
+``reset_classifier``, the pooling rule, ``set_grad_checkpointing``, ``no_weight_decay``). The
+model has ``stem``, ``stages`` (an ``nn.Sequential`` of stages), ``final_conv`` (``nn.Identity``
+when absent) and ``head`` (:class:`~.head.ClassifierHead` built with ``global_pool=""``: the model
+pools). ``feature_info`` has one level per stage; the last level is the ``final_conv`` output.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from torch import Tensor, nn
 
-from .head import reset_head
 from .stage import resolve_indices
 
 __all__ = ["ConvStagesMixin"]
 
 
 class ConvStagesMixin:
-    """``[B, Cin, H, W] -> [B, num_classes]`` through ``stem``, ``stages``, ``final_conv`` and ``head``."""
+    """``[B, Cin, H, W] -> [B, num_classes]`` through ``stem``, ``stages``, ``final_conv`` and ``head`` on NCHW maps.
+
+    Put it before :class:`~vit_attention.models.backbone.Backbone` in the bases, whose ``pool``
+    (on the channels-last map), ``forward`` and ``reset_classifier`` it relies on.
+    """
 
     stem: nn.Module
     stages: nn.Sequential
     final_conv: nn.Module
     head: nn.Module
-    num_features: int
-    num_classes: int
-    global_pool: str
-    cfg: Any
+    pool: Callable[[Tensor], Tensor]
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> last map ``[B, num_features, H', W']``."""
         return self.final_conv(self.stages(self.stem(x)))
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Map ``[B, C, H', W']`` -> logits ``[B, num_classes]`` (pooled ``[B, C]`` with ``pre_logits``)."""
-        return self.head(x.permute(0, 2, 3, 1), pre_logits=pre_logits)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
-        return self.forward_head(self.forward_features(x))
+        """Map ``[B, C, H', W']`` -> logits ``[B, num_classes]`` (pooled ``[B, C]`` with ``pre_logits``;
+        with ``global_pool=""`` the channels-last map, per position)."""
+        return self.head(self.pool(x.permute(0, 2, 3, 1)), pre_logits=pre_logits)
 
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
@@ -69,7 +68,3 @@ class ConvStagesMixin:
         if intermediates_only:
             return outs
         return x, outs
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A fresh classifier for ``num_classes`` (0 = no head); ``global_pool``: ``"avg"`` or ``""``."""
-        reset_head(self, num_classes, global_pool)

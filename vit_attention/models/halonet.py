@@ -22,7 +22,6 @@ other sizes are zero-padded (see :class:`~vit_attention.attention.halo.HaloAtten
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -39,9 +38,10 @@ from ..layers.mbconv import ConvNormAct, act_fresh, make_divisible
 from ..layers.stage import drop_path_schedule
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
 from ._pretrained import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
+from .backbone import Backbone
 from .registry import register_family
 
-__all__ = ["HaloNetConfig", "HaloNet", "BottleneckBlock", "SelfAttnBlock", "SqueezeExcite"]
+__all__ = ["HaloNetConfig", "HaloNet", "BottleneckBlock", "SelfAttnBlock", "SqueezeExcite", "reduced_config"]
 
 
 @dataclass
@@ -271,22 +271,25 @@ class _Stem(nn.Module):
         return self.forward_tap(x)[0]
 
 
-class HaloNet(ConvStagesMixin, nn.Module):
+class HaloNet(ConvStagesMixin, Backbone):
     """HaloNet / ByobNet backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the last map ``[B, num_features, H/32, W/32]`` (NCHW, after
     ``final_conv``), ``forward_intermediates`` the maps of ``feature_info`` (timm's: the stride-2 stem
     map, then each stage's output before a stride, the last one after ``final_conv``).
+    ``set_grad_checkpointing`` only sets the model's ``grad_checkpointing`` flag (CNN blocks: nothing
+    is recomputed; kept for API compatibility).
     """
 
     family = "halonet"
+    config_cls = HaloNetConfig
+    no_weight_decay_keys = ("height_rel", "width_rel")  # the relative-position tables
 
     def __init__(self, cfg: HaloNetConfig | None = None, **overrides: Any) -> None:
-        super().__init__()
-        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else type(self).default_config(**overrides)
-        cfg.validate()
-        self.cfg = cfg
-        self.num_classes, self.global_pool = cfg.num_classes, cfg.global_pool
+        super().__init__(cfg, **overrides)
+        cfg = self.cfg
+        self.global_pool = cfg.global_pool
+        self.grad_checkpointing = False  # a flag only (set_grad_checkpointing): nothing reads it
         self.stem = _Stem(cfg)
         depths = [len(t) for t in cfg.block_types]
         rates = drop_path_schedule(cfg.drop_path_rate, depths)
@@ -319,13 +322,8 @@ class HaloNet(ConvStagesMixin, nn.Module):
         info.append(dict(num_chs=self.num_features, reduction=reduction, module="final_conv"))
         self.feature_info = info
         self._taps = [d["module"] for d in info]
-        self.head = ClassifierHead(self.num_features, cfg.num_classes, global_pool=cfg.global_pool, drop=cfg.drop_rate)
+        self.head = ClassifierHead(self.num_features, cfg.num_classes, global_pool="", drop=cfg.drop_rate)
         self._init_weights()
-
-    @classmethod
-    def default_config(cls, **overrides: Any) -> HaloNetConfig:
-        """The family's config class with ``overrides``."""
-        return HaloNetConfig(**overrides)
 
     def _init_weights(self) -> None:
         for m in self.modules():
@@ -341,7 +339,8 @@ class HaloNet(ConvStagesMixin, nn.Module):
                 m.reset_parameters()  # the mechanism's own init (halo: timm's)
 
     # ------------------------------------------------------------------ API
-    # forward_features / forward_head / forward / reset_classifier: ConvStagesMixin
+    # forward_features / forward_head: ConvStagesMixin; forward / reset_classifier / pooling / checkpointing /
+    # no_weight_decay: Backbone. The feature levels are timm's (stem taps, the maps before each stride).
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
                               ) -> Any:
@@ -366,14 +365,6 @@ class HaloNet(ConvStagesMixin, nn.Module):
         if intermediates_only:
             return outs
         return x, outs
-
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Not supported beyond a no-op flag (CNN blocks; kept for API compatibility)."""
-        self.grad_checkpointing = enable
-
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names that should not get weight decay: the relative-position tables."""
-        return {n for n, _ in self.named_parameters() if n.endswith(("height_rel", "width_rel"))}
 
 
 # ---------------------------------------------------------------------------- presets (data, timm byoanet.py)
@@ -403,7 +394,22 @@ _META = {name: {"published_params_m": p, "published_gmacs": g,
                                           f"{_PRESETS[name].get('img_size', 256)} px"}
          for name, (p, g) in _PUBLISHED.items()}
 
-register_family("halonet", HaloNet, HaloNetConfig, _PRESETS, meta=_META)
+
+
+def reduced_config(cfg: HaloNetConfig) -> dict[str, Any]:
+    """Overrides that shrink a HaloNet preset for tests: each stage's block pattern cut to one block of each kind it
+    has (``"b"``, ``"a"``, ``"ba"``), widths 16-32, 2 heads, groups of at most 8 channels, 64 px; halo blocks of 2
+    (odd presets: 3, the strided-pool path) with a halo of 1, so the stride-16 / 32 maps (4, 2) are padded to block
+    multiples and the strided queries are covered. The stem, strides, SE, shortcut and activation are kept."""
+    odd = cfg.attn_kwargs.get("block_size", 8) % 2
+    n = len(cfg.block_types)
+    return dict(stem_chs=16, block_types=tuple("".join(k for k in "ba" if k in t) for t in cfg.block_types),
+                channels=(16,) + (32,) * (n - 1), num_heads=(2,) * n,
+                group_sizes=tuple(min(g, 8) for g in cfg.group_sizes), num_features=32 if cfg.num_features else 0,
+                attn_kwargs=dict(cfg.attn_kwargs, block_size=3 if odd else 2, halo_size=1), img_size=64)
+
+
+register_family("halonet", HaloNet, HaloNetConfig, _PRESETS, meta=_META, reduced=reduced_config)
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its

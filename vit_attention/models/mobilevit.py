@@ -21,7 +21,6 @@ v2's 1x1 convolutions inside the transformer are ``Linear`` layers (the timm con
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -38,9 +37,10 @@ from ..layers.head import init_linear_weights
 from ..layers.mbconv import ConvNormAct, InvertedResidual, make_divisible
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
 from ._pretrained import data_cfg, pretrained_tags
+from .backbone import Backbone
 from .registry import register_family
 
-__all__ = ["MobileViTConfig", "MobileViT", "MobileViTBlock", "MobileViTV2Block"]
+__all__ = ["MobileViTConfig", "MobileViT", "MobileViTBlock", "MobileViTV2Block", "reduced_config"]
 
 BlockType = Literal["v1", "v2", "v3_v1", "v3_v2"]
 _V1_LIKE = ("v1", "v3_v1")
@@ -216,22 +216,23 @@ class MobileViTV2Block(nn.Module):
         return self.conv_proj(y)  # [B, C, Hp, Wp]
 
 
-class MobileViT(ConvStagesMixin, nn.Module):
+class MobileViT(ConvStagesMixin, Backbone):
     """MobileViT v1 / v2 backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the last map ``[B, num_features, H/32, W/32]`` (NCHW, after
     ``final_conv``), ``forward_intermediates`` the maps of the five strides 2 ... 32 (``feature_info``),
-    ``forward_head`` pools and classifies.
+    ``forward_head`` pools and classifies. ``set_grad_checkpointing`` recomputes the MobileViT blocks'
+    transformer activations in backward (training only).
     """
 
     family = "mobilevit"
+    config_cls = MobileViTConfig
+    no_weight_decay_keys = ()  # no position embeddings
 
     def __init__(self, cfg: MobileViTConfig | None = None, **overrides: Any) -> None:
-        super().__init__()
-        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else type(self).default_config(**overrides)
-        cfg.validate()
-        self.cfg = cfg
-        self.num_classes, self.global_pool = cfg.num_classes, cfg.global_pool
+        super().__init__(cfg, **overrides)
+        cfg = self.cfg
+        self.global_pool = cfg.global_pool
         self.stem = ConvNormAct(cfg.in_chans, cfg.stem_chs, 3, stride=2, eps=cfg.bn_eps)
         counts = [d + (1 if t else 0) for d, t in zip(cfg.depths, cfg.transformer_depths)]
         total = sum(counts)
@@ -259,13 +260,8 @@ class MobileViT(ConvStagesMixin, nn.Module):
                              for i, c in enumerate(cfg.channels)]
         self.feature_info[-1] = dict(num_chs=self.num_features, reduction=2 ** n,
                                      module="final_conv" if cfg.num_features else f"stages.{n - 1}")
-        self.head = ClassifierHead(self.num_features, cfg.num_classes, global_pool=cfg.global_pool, drop=cfg.drop_rate)
+        self.head = ClassifierHead(self.num_features, cfg.num_classes, global_pool="", drop=cfg.drop_rate)
         self._init_weights()
-
-    @classmethod
-    def default_config(cls, **overrides: Any) -> MobileViTConfig:
-        """The family's config class with ``overrides``."""
-        return MobileViTConfig(**overrides)
 
     def _init_weights(self) -> None:
         init_linear_weights(self)
@@ -273,18 +269,9 @@ class MobileViT(ConvStagesMixin, nn.Module):
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
-    # ------------------------------------------------------------------ API (forward_features / head /
-    # intermediates and reset_classifier: ConvStagesMixin; feature levels: strides 2 ... 32, the last one
-    # after final_conv in v1, the last stage's output in v2)
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute the transformer blocks' activations in backward to save memory (training only)."""
-        for m in self.modules():
-            if isinstance(m, (MobileViTBlock, MobileViTV2Block)):
-                m.grad_checkpointing = enable
-
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names that should not get weight decay (none: no position embeddings)."""
-        return set()
+    # API: forward_features / forward_head / forward_intermediates from ConvStagesMixin (feature levels: strides
+    # 2 ... 32, the last one after final_conv in v1, the last stage's output in v2); forward, reset_classifier,
+    # pooling, set_grad_checkpointing (the MobileViT blocks' flags) and no_weight_decay from Backbone.
 
 
 # ---------------------------------------------------------------------------- presets (data)
@@ -358,7 +345,19 @@ for _name, (_p, _g) in _PUBLISHED_V3.items():
                      else "readme_params_m"): _p,
                     "readme_gmacs": _g, "readme_source": "micronDLA/MobileViTv3 README (params M, FLOPs = MACs)"}
 
-register_family("mobilevit", MobileViT, MobileViTConfig, _PRESETS, meta=_META)
+
+
+def reduced_config(cfg: MobileViTConfig) -> dict[str, Any]:
+    """Overrides that shrink a MobileViT v1 / v2 / v3 preset for tests: 5 stages of 8 ... 24 channels, MobileViT
+    blocks of 2 / 1 / 1 transformer blocks; v1 on a 96 px image (the stride-32 map is 3x3: v1's resize up and
+    back), v2 on 64 px (v2 resizes without coming back, which changes the strides: its resize is covered by the
+    timm fixture). The block type, expansion ratio, heads and the presence of the final conv are kept."""
+    return dict(stem_chs=8, channels=(8, 16, 16, 24, 24), depths=(1, 2, 1, 1, 1), transformer_dims=(0, 0, 16, 24, 24),
+                transformer_depths=(0, 0, 2, 1, 1), num_features=32 if cfg.num_features else 0,
+                img_size=96 if cfg.block_type in _V1_LIKE else 64)
+
+
+register_family("mobilevit", MobileViT, MobileViTConfig, _PRESETS, meta=_META, reduced=reduced_config)
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
