@@ -12,9 +12,13 @@ from vit_attention.layers import (
     HierarchicalMixin,
     PatchMerging,
     Stage,
+    Tokens,
+    as_map,
     drop_path_schedule,
     resolve_indices,
     run_blocks,
+    run_blocks_with_taps,
+    run_stages,
     stage_feature_info,
 )
 
@@ -97,3 +101,93 @@ def test_hierarchical_mixin_intermediates_and_checkpointing() -> None:
         model.forward_intermediates(x, output_fmt="NLC")
     model.set_grad_checkpointing()
     assert all(s.grad_checkpointing for s in model.stages)
+
+
+class _ClassTokenEmbed(nn.Module):
+    """A token embedding: linear patch map -> Tokens with one class token in front."""
+
+    def __init__(self, cin: int, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(cin, dim)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim))
+
+    def forward(self, x: Tensor) -> Tokens:
+        x = self.proj(x)  # [B, H, W, C]
+        B, H, W, C = x.shape
+        return Tokens(torch.cat([self.cls_token.expand(B, -1, -1), x.reshape(B, H * W, C)], 1), (H, W), 1)
+
+
+def test_stage_after_a_token_embedding_runs_blocks_on_tokens_and_gives_tokens() -> None:
+    torch.manual_seed(0)
+    blocks = [Block(32, 2, attn_layer="mhsa") for _ in range(2)]
+    stage = Stage(blocks, _ClassTokenEmbed(16, 32), nn.LayerNorm(32)).eval()
+    x = torch.randn(3, 4, 5, 16)
+    with torch.no_grad():
+        out = stage(x)
+        t = stage.downsample(x)
+        ref = stage.norm(blocks[1](blocks[0](t.x, (4, 5), 1), (4, 5), 1))
+        # the previous stage's Tokens are taken as their map (prefix dropped)
+        again = stage(Tokens(torch.cat([torch.zeros(3, 2, 16), x.reshape(3, 20, 16)], 1), (4, 5), 2))
+    assert isinstance(out, Tokens) and out.feat_size == (4, 5) and out.num_prefix_tokens == 1
+    assert out.x.shape == (3, 21, 32)
+    torch.testing.assert_close(out.x, ref)
+    torch.testing.assert_close(again.x, out.x)
+    torch.testing.assert_close(out.to_map(), out.x[:, 1:].reshape(3, 4, 5, 32))
+    assert as_map(out).shape == (3, 4, 5, 32) and as_map(x) is x
+    assert out.to_map().shape[0] == 3 and stage(x[:0]).to_map().shape == (0, 4, 5, 32)  # B = 0 keeps its shape
+
+
+def test_token_stage_chunks_at_cpu_inference_and_never_in_training() -> None:
+    from vit_attention.functional.chunking import CHUNK_ELEMENTS
+
+    torch.manual_seed(0)
+    stage = Stage([Block(32, 2, attn_layer="mhsa")], _ClassTokenEmbed(16, 32)).eval()
+    x = torch.randn(4, 3, 3, 16)
+    calls: list[int] = []
+    stage.blocks[0].register_forward_pre_hook(lambda m, a: calls.append(a[0].shape[0]))
+    with torch.no_grad():
+        whole = stage(x).x
+        stage.blocks[0]._forward_pre_hooks.clear()  # hooks keep the batch whole: count through a wrapper instead
+        seen: list[int] = []
+        run = stage._run
+        stage._run = lambda t, *a: (seen.append(t.shape[0]), run(t, *a))[1]  # type: ignore[method-assign]
+        with CHUNK_ELEMENTS.override(10 * 32):  # one image's tokens (10 x 32) per chunk
+            chunked = stage(x).x
+            stage.train()
+            trained = stage(x).x
+    assert calls == [4] and seen == [1, 1, 1, 1, 4]
+    torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(trained, whole, atol=1e-5, rtol=1e-5)
+
+
+def test_run_blocks_with_taps_keeps_chosen_outputs_and_runs_layers_after_blocks() -> None:
+    lins = [nn.Linear(3, 3) for _ in range(4)]
+    x = torch.randn(2, 3)
+    double = {1: lambda t: 2 * t}
+    y, saved = run_blocks_with_taps(lins, x, taps={0, 1, 3}, after=double)
+    ref0 = lins[0](x)
+    ref1 = 2 * lins[1](ref0)  # the layer after block 1 runs before the tap
+    ref3 = lins[3](lins[2](ref1))
+    torch.testing.assert_close(saved[0], ref0)
+    torch.testing.assert_close(saved[1], ref1)
+    torch.testing.assert_close(saved[2], ref3)
+    torch.testing.assert_close(y, ref3)
+    y2, none = run_blocks_with_taps(lins, x)
+    assert none == [] and torch.equal(y2, run_blocks(lins, x))
+    y3, none = run_blocks_with_taps(lins, x, after=double)
+    assert none == [] and torch.allclose(y3, ref3)
+
+
+def test_run_stages_taps_maps_and_normalises_the_last() -> None:
+    torch.manual_seed(0)
+    stages = nn.Sequential(Stage([Block(16, 2)]), Stage([Block(32, 2, attn_layer="mhsa")], _ClassTokenEmbed(16, 32)))
+    norm = nn.LayerNorm(32)
+    x = torch.randn(2, 4, 4, 16)
+    with torch.no_grad():
+        out, maps = run_stages(stages, x, {0, 1}, last_norm=norm, output_fmt="NHWC")
+        ref0 = stages[0](x)
+    assert isinstance(out, Tokens)
+    torch.testing.assert_close(maps[0], ref0)
+    torch.testing.assert_close(maps[1], norm(out.to_map()))
+    with pytest.raises(ValueError, match="output_fmt"):
+        run_stages(stages, x, output_fmt="NLC")

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ..layers import Block, ClassifierHead, Stage, Tokens, drop_path_schedule, stage_feature_info
 from ..layers.block import accepted_kwargs
 from ..layers.conv_embed import ConvEmbed
-from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int_seq, check_size
+from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
 from .backbone import Backbone
 from .pvt_v2 import init_pyramid_weights
 from .registry import register_family
@@ -122,6 +122,8 @@ class VilConfig(ConfigMixin):
     def validate(self) -> None:
         """Raise ``TypeError`` / ``ValueError`` naming the first bad field."""
         img = check_size(self.img_size, "img_size")
+        check_int(self.in_chans, "in_chans")
+        check_int(self.num_classes, "num_classes", min_value=0)
         depths = check_int_seq(self.depths, "depths", min_value=0)
         n = len(depths)
         dims = check_int_seq(self.embed_dims, "embed_dims", length=n)
