@@ -191,14 +191,15 @@ class Backbone(nn.Module):
 
 
 # ---- isotropic models (ViT, CaiT, ViTDet, iGPT)
-def isotropic_taps(indices: int | Sequence[int] | None, depth: int,
-                   output_fmt: str, formats: Sequence[str] = ("NCHW", "NLC")) -> list[int]:
+def isotropic_taps(indices: int | Sequence[int] | None, depth: int, output_fmt: str,
+                   formats: Sequence[str] = ("NCHW", "NLC"), what: str = "block") -> list[int]:
     """``forward_intermediates`` of a model of ``depth`` blocks: the block indices to tap (see
-    :func:`~vit_attention.layers.stage.resolve_indices`), after checking ``output_fmt`` is one of ``formats``.
+    :func:`~vit_attention.layers.stage.resolve_indices`; errors name ``what``), after checking
+    ``output_fmt`` is one of ``formats``.
 
     Both are checked before any block runs, so a bad call fails at once.
     """
-    take = resolve_indices(indices, depth, "block")
+    take = resolve_indices(indices, depth, what)
     if output_fmt not in formats:
         raise ValueError(f"output_fmt must be {' or '.join(repr(f) for f in formats)}, got {output_fmt!r}")
     return take

@@ -25,8 +25,8 @@ How it meets the library's model contract (every registered model is a classifie
   describes the five levels, ``forward_intermediates`` computes them).
 * ``forward`` / ``forward_features`` / ``forward_head`` are the classifier of the contract:
   ``forward_features`` is the last backbone map ``[B, H', W', C]`` (channels-last, unnormalised)
-  and the head average-pools it into ``num_classes`` logits (an ImageNet-style probe that ViTDet
-  itself does not have; ``num_classes=0`` removes it). So ``forward`` costs the backbone only,
+  and the probe average-pools it (``pool``) into ``num_classes`` logits (``head.fc``: an ImageNet-style
+  probe that ViTDet itself does not have; ``num_classes=0`` removes it). So ``forward`` costs the backbone only,
   which is what the published parameter counts and GMACs measure.
 
 Any image size runs: images are zero-padded to a patch multiple, maps to the window multiple inside
@@ -42,7 +42,6 @@ converted by :mod:`vit_attention.weights.vitdet`.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,8 +53,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional import resample_abs_pos_embed
-from ..layers import Block, ClassifierHead, PatchEmbed, accepted_kwargs, drop_path_schedule, run_blocks
-from ..layers.head import init_linear_weights, reset_head
+from ..layers import Block, ClassifierHead, PatchEmbed, accepted_kwargs, drop_path_schedule, run_blocks_with_taps
+from ..layers.head import init_linear_weights
 from ..layers.norm import LayerNorm2d
 from ._config import (
     ConfigMixin,
@@ -66,11 +65,11 @@ from ._config import (
     check_int_seq,
     check_size,
     check_width_heads,
-    resolve_indices,
 )
+from .backbone import Backbone, isotropic_taps
 from .registry import register_family
 
-__all__ = ["ViTDetConfig", "ViTDet", "ShapeSpec", "ConvNorm", "pyramid_stage"]
+__all__ = ["ViTDetConfig", "ViTDet", "ShapeSpec", "ConvNorm", "pyramid_stage", "reduced_config"]
 
 _SCALES = (4.0, 2.0, 1.0, 0.5)  # the scale factors the simple feature pyramid knows
 
@@ -198,22 +197,24 @@ def pyramid_stage(dim: int, scale: float, out_channels: int, *, eps: float = 1e-
     return nn.Sequential(*layers)
 
 
-class ViTDet(nn.Module):
+class ViTDet(Backbone):
     """ViTDet backbone + simple feature pyramid (+ a pooled linear probe), ``[B, Cin, H, W] -> [B, num_classes]``.
 
     See the module docstring: :meth:`forward_pyramid` gives the detection maps ``{"p2": ..., "p6":
-    ...}`` (``NCHW``), :meth:`forward_features` the last backbone map ``[B, H/16, W/16, C]``.
+    ...}`` (``NCHW``), :meth:`forward_features` the last backbone map ``[B, H/16, W/16, C]``. An
+    isotropic :class:`~vit_attention.models.backbone.Backbone` (one stage of ``blocks`` on the map);
+    the probe pools by :meth:`Backbone.pool` (the map's mean) into ``head.fc``.
     """
 
     family = "vitdet"
+    config_cls = ViTDetConfig
+    no_weight_decay_keys = ("pos_embed", "rel_pos_h", "rel_pos_w")  # the position embedding and tables
+    pools = ("avg", "")
 
     def __init__(self, cfg: ViTDetConfig | None = None, **overrides: Any) -> None:
-        super().__init__()
-        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else ViTDetConfig(**overrides)
-        cfg.validate()  # again: fields may have been assigned after the config was built
-        self.cfg = cfg
+        super().__init__(cfg, **overrides)
+        cfg = self.cfg
         C = cfg.embed_dim
-        self.num_classes = cfg.num_classes
         self.global_pool = cfg.global_pool
         self.embed_dim = self.num_features = C
         self.grad_checkpointing = False
@@ -259,7 +260,7 @@ class ViTDet(nn.Module):
         else:  # the plain backbone: every block's map, like ViT
             self.feature_info = [dict(num_chs=C, reduction=cfg.patch_size, module=f"blocks.{i}")
                                  for i in range(cfg.depth)]
-        self.head = ClassifierHead(C, cfg.num_classes, global_pool=cfg.global_pool, drop=cfg.drop_rate)
+        self.head = ClassifierHead(C, cfg.num_classes, global_pool="", drop=cfg.drop_rate)  # pooled by self.pool
         self._init_weights()
 
     # ------------------------------------------------------------------ construction
@@ -269,18 +270,6 @@ class ViTDet(nn.Module):
         init_linear_weights(self)
 
     # ------------------------------------------------------------------ API
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head)."""
-        reset_head(self, num_classes, global_pool)
-
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute block activations in backward to save memory (training only)."""
-        self.grad_checkpointing = enable
-
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names that should not get weight decay (position embedding and tables)."""
-        return {n for n, _ in self.named_parameters() if n == "pos_embed" or n.endswith(("rel_pos_h", "rel_pos_w"))}
-
     def output_shape(self) -> dict[str, ShapeSpec]:
         """Channels and stride of each pyramid level (``{"p2": ShapeSpec(256, 4), ...}``), or of
         ``"last_feat"`` for a model built with ``pyramid=False`` (detectron2's ``output_shape``)."""
@@ -304,28 +293,12 @@ class ViTDet(nn.Module):
         return x
 
     def _run_blocks(self, x: Tensor, indices: set[int] | None = None) -> tuple[Tensor, list[Tensor]]:
-        """Map ``[B, H', W', C]`` through the blocks; also the outputs of blocks ``indices``."""
-        checkpoint = self.grad_checkpointing and self.training
-        if indices is None:
-            return run_blocks(self.blocks, x, checkpoint=checkpoint), []
-        saved: list[Tensor] = []
-        for i, blk in enumerate(self.blocks):
-            x = run_blocks((blk,), x, checkpoint=checkpoint)
-            if i in indices:
-                saved.append(x)
-        return x, saved
+        """Map ``[B, H', W', C]`` through the blocks: ``-> (map [B, H', W', C], [outputs of blocks indices])``."""
+        return run_blocks_with_taps(self.blocks, x, checkpoint=self.grad_checkpointing and self.training, taps=indices)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> the last backbone map ``[B, H/16, W/16, C]`` (channels-last)."""
         return self._run_blocks(self._embed(x))[0]
-
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Map ``[B, H', W', C]`` -> logits ``[B, num_classes]`` (or pooled ``[B, C]`` with ``pre_logits``)."""
-        return self.head(x, pre_logits=pre_logits)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> the probe's logits ``[B, num_classes]`` (pyramid: :meth:`forward_pyramid`)."""
-        return self.forward_head(self.forward_features(x))
 
     def pyramid_from_map(self, x: Tensor) -> dict[str, Tensor]:
         """Last backbone map ``[B, H', W', C]`` -> the pyramid ``{"p2": [B, 256, 4H', 4W'], ..., "p6": ...}``."""
@@ -354,9 +327,7 @@ class ViTDet(nn.Module):
         """
         # counted from the model's own levels / blocks: a features model narrows feature_info to its picks
         levels_total = len(self.pyramid_levels) if self.pyramid_levels else len(self.blocks)
-        take = resolve_indices(indices, levels_total, "feature level")
-        if output_fmt not in ("NCHW", "NHWC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        take = isotropic_taps(indices, levels_total, output_fmt, ("NCHW", "NHWC"), "feature level")
         if self.pyramid_levels:
             last, _ = self._run_blocks(self._embed(x))
             levels = self.pyramid_from_map(last)
@@ -387,6 +358,15 @@ _PRESETS: dict[str, dict[str, Any]] = {
 _PUBLISHED_PARAMS_M = {"vitdet_base_patch16_1024": 85.89, "vitdet_large_patch16_1024": 303.43,
                        "vitdet_huge_patch16_1024": 631.12}
 
+
+def reduced_config(cfg: ViTDetConfig) -> dict[str, Any]:
+    """Overrides that shrink a ViTDet preset for tests: width 32, 2 heads, 3 blocks (windows of 3 on a 4x4 map,
+    padded to 6x6; block 1 global), a 3x3 pre-training position grid resized to 4x4, a 16-channel pyramid
+    (64 px at patch 16: every level a whole stride, p6 1x1)."""
+    return dict(embed_dim=32, num_heads=2, depth=3, global_block_indices=(1,), window_size=3,
+                img_size=cfg.patch_size * 4, pretrain_img_size=cfg.patch_size * 3, pyramid_channels=16)
+
+
 register_family("vitdet", ViTDet, ViTDetConfig, _PRESETS,
                 meta={k: {"published_params_m": v, "published_params_exclude": ("head.", "simfp_")}
-                      for k, v in _PUBLISHED_PARAMS_M.items()})
+                      for k, v in _PUBLISHED_PARAMS_M.items()}, reduced=reduced_config)
