@@ -258,7 +258,6 @@ _META: dict[str, dict[str, Any]] = {
 }
 
 
-
 def reduced_config(cfg: DaVitConfig) -> dict[str, Any]:
     """Overrides that shrink a DaViT preset for tests: 2 stages of 16 / 32 channels, one spatial + channel pair
     each, window 3 on 40 px (10x10 and 5x5 maps: both padded to windows); the preset's downsample kernel and

@@ -395,7 +395,6 @@ _META = {name: {"published_params_m": p, "published_gmacs": g,
          for name, (p, g) in _PUBLISHED.items()}
 
 
-
 def reduced_config(cfg: HaloNetConfig) -> dict[str, Any]:
     """Overrides that shrink a HaloNet preset for tests: each stage's block pattern cut to one block of each kind it
     has (``"b"``, ``"a"``, ``"ba"``), widths 16-32, 2 heads, groups of at most 8 channels, 64 px; halo blocks of 2

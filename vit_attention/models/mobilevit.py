@@ -346,7 +346,6 @@ for _name, (_p, _g) in _PUBLISHED_V3.items():
                     "readme_gmacs": _g, "readme_source": "micronDLA/MobileViTv3 README (params M, FLOPs = MACs)"}
 
 
-
 def reduced_config(cfg: MobileViTConfig) -> dict[str, Any]:
     """Overrides that shrink a MobileViT v1 / v2 / v3 preset for tests: 5 stages of 8 ... 24 channels, MobileViT
     blocks of 2 / 1 / 1 transformer blocks; v1 on a 96 px image (the stride-32 map is 3x3: v1's resize up and

@@ -217,7 +217,6 @@ PUBLISHED: dict[str, tuple[float, float]] = {
 }
 
 
-
 def reduced_config(cfg: NATConfig) -> dict[str, Any]:
     """Overrides that shrink a NAT / DiNAT preset for tests: 4 levels of width 16-128, 2 blocks and 2 heads each,
     kernel 3 (DiNAT: dilations 1, 2 alternating in every level) on 64 px (maps 16 -> 2: levels 2-3 are smaller

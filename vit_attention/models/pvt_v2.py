@@ -272,7 +272,6 @@ _PUBLISHED: dict[str, tuple[float, float]] = {
 }
 
 
-
 def reduced_config(cfg: Any) -> dict[str, Any]:
     """Overrides that shrink a PVT v1 / PVTv2 preset for tests: its stages at widths 16, 32, 32, ..., 2 blocks
     and 2 heads each, on 64 px (maps 16 -> 2: every sr_ratio reduces); the rest (``linear``, the class token,

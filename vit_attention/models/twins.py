@@ -221,7 +221,6 @@ _PUBLISHED = {
 }
 
 
-
 def reduced_config(cfg: TwinsConfig) -> dict[str, Any]:
     """Overrides that shrink a Twins preset for tests: 4 stages of widths 16, 32, 32, 32, 2 blocks (SVT: one LSA
     + one GSA) and 2 heads each, on 64 px (maps 16, 8, 4, 2: every sr_ratio reduces to 2x2); SVT's groups of 3
