@@ -29,7 +29,6 @@ Hugging Face / OpenAI checkpoints do not contain the clusters: load them with ``
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -40,13 +39,12 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import Tensor, nn
 
 from ..attention import get_attention_spec, list_attention
 from ..attention.causal import KVCache
 from ..functional.runtime import capturing
-from ..layers import Block, drop_path_schedule, run_blocks, stage_feature_info
+from ..layers import Block, drop_path_schedule, run_blocks_with_taps, stage_feature_info
 from ._config import (
     ConfigMixin,
     check_attn_layer,
@@ -54,12 +52,12 @@ from ._config import (
     check_int,
     check_size,
     check_width_heads,
-    resolve_indices,
 )
+from .backbone import Backbone, isotropic_taps, tokens_to_intermediates
 from .registry import register_family
 
 __all__ = ["ImageGPTConfig", "ImageGPT", "PaletteQuantizer", "QuickGELU", "RMSNorm", "quantize", "dequantize",
-           "load_palette", "make_palette"]
+           "load_palette", "make_palette", "reduced_config"]
 
 
 # ---------------------------------------------------------------------------- palette and tokens
@@ -250,26 +248,30 @@ class ImageGPTConfig(ConfigMixin):
             check_float(getattr(self, rate), rate, low=0.0, high=1.0)
 
 
-class ImageGPT(nn.Module):
+class ImageGPT(Backbone):
     """Image GPT, ``[B, Cin, H, W] -> [B, num_classes]``; ``forward_logits(tokens [B, n]) -> [B, n, K]``.
 
     Keys: ``quantizer.palette``, ``tok_embed`` (``[K + 1, C]``, row ``K`` = SOS), ``pos_embed``
     (``[1, N, C]``), ``blocks.i.{norm1, attn.qkv, attn.proj, norm2, mlp.fc1, mlp.fc2}``, ``norm``,
-    ``lm_head`` (``[K, C]``, no bias, untied), ``head`` (classifier, no bias).
+    ``lm_head`` (``[K, C]``, no bias, untied), ``head`` (classifier, no bias). An isotropic
+    :class:`~vit_attention.models.backbone.Backbone` (one stage of ``blocks``) that pools by the mean
+    of all tokens (``global_pool="avg"``, the only pooling).
     """
 
     family = "igpt"
+    config_cls = ImageGPTConfig
+    no_weight_decay_keys = ("pos_embed", "tok_embed")
+    pools = ("avg",)
+    head_fc = None
     generative = True  # trained on its own pixels: the training loop uses the next-pixel objective
 
     def __init__(self, cfg: ImageGPTConfig | None = None, **overrides: Any) -> None:
-        super().__init__()
-        cfg = dataclasses.replace(cfg, **overrides) if cfg is not None else ImageGPTConfig(**overrides)
-        cfg.validate()
-        self.cfg = cfg
+        super().__init__(cfg, **overrides)
+        cfg = self.cfg
         C, K = cfg.embed_dim, cfg.vocab_size
         self.grid_size = check_size(cfg.img_size, "img_size")
         self.num_tokens = self.grid_size[0] * self.grid_size[1]
-        self.num_classes = cfg.num_classes
+        self.global_pool = "avg"  # the mean of all tokens (no prefix tokens)
         self.embed_dim = self.num_features = C
         self.sos_token = K
         self.num_prefix_tokens = 0
@@ -308,23 +310,11 @@ class ImageGPT(nn.Module):
 
     # ------------------------------------------------------------------ API of every model
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head); pooling is always the mean."""
-        num_classes = check_int(num_classes, "num_classes", min_value=0)
-        if global_pool not in (None, "avg"):
-            raise ValueError(f"ImageGPT pools by the mean over tokens: global_pool must be 'avg' or None, "
-                             f"got {global_pool!r}")
-        self.num_classes = self.cfg.num_classes = num_classes
-        device = self.pos_embed.device
-        self.head = nn.Linear(self.num_features, num_classes, bias=False, device=device) if num_classes > 0 \
-            else nn.Identity()
-
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute block activations in backward to save memory (training only)."""
-        self.grad_checkpointing = enable
-
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names that should not get weight decay."""
-        return {"pos_embed", "tok_embed.weight"}
+        """Replace the classifier with a fresh one for ``num_classes`` (0 = no head); pooling is always the mean
+        (``global_pool``: ``"avg"`` or None). The base's reset, with the classifier built without a bias."""
+        super().reset_classifier(num_classes, global_pool)
+        self.head = nn.Linear(self.num_features, num_classes, bias=False, device=self.pos_embed.device) \
+            if num_classes > 0 else nn.Identity()
 
     @property
     def palette(self) -> Tensor:
@@ -367,13 +357,20 @@ class ImageGPT(nn.Module):
                              f"or token ids [B, n] (integers), got {x.dtype} {tuple(x.shape)}")
         return self.shift_right(self.quantize(x))
 
-    def _embed(self, ids: Tensor, start: int = 0) -> Tensor:
+    def _embed(self, ids: Tensor, start: int = 0) -> Tensor:  # type: ignore[override]
         """Token ids ``[B, n]`` at positions ``start .. start + n - 1`` -> embeddings ``[B, n, C]``."""
         n = ids.shape[1]
         if start + n > self.num_tokens:
             raise ValueError(f"{start + n} positions exceed the model's {self.num_tokens} "
                              f"(img_size {self.grid_size})")
         return self.pos_drop(self.tok_embed(ids) + self.pos_embed[:, start:start + n])  # [B, n, C]
+
+    def _run_blocks(self, x: Tensor, feat_size: tuple[int, int] | None, indices: set[int] | None = None
+                    ) -> tuple[Tensor, list[Tensor]]:
+        """Embeddings ``[B, n, C]`` through the blocks (``feat_size``: the pixel grid when ``n = N``, else None):
+        ``-> (hidden [B, n, C], [outputs of blocks indices])``."""
+        return run_blocks_with_taps(self.blocks, x, feat_size, 0, checkpoint=self.grad_checkpointing and self.training,
+                                    taps=indices)
 
     def forward_tokens(self, ids: Tensor, *, cache: KVCache | None = None) -> Tensor:
         """Token ids ``[B, n]`` -> final-norm hidden states ``[B, n, C]`` (Hugging Face ``ImageGPTModel``).
@@ -388,9 +385,7 @@ class ImageGPT(nn.Module):
     def _tokens(self, ids: Tensor, cache: KVCache | None = None) -> Tensor:
         """:meth:`forward_tokens` without the id check: ``[B, n]`` -> ``[B, n, C]``."""
         if cache is None:
-            x = self._embed(ids)
-            x = run_blocks(self.blocks, x, self.grid_size if ids.shape[1] == self.num_tokens else None, 0,
-                           checkpoint=self.grad_checkpointing and self.training)
+            x, _ = self._run_blocks(self._embed(ids), self.grid_size if ids.shape[1] == self.num_tokens else None)
             return self.norm(x)
         x = self._embed(ids, len(cache))
         for i, blk in enumerate(self.blocks):  # pre-norm GPT-2 block, its attention fed the cache
@@ -423,7 +418,7 @@ class ImageGPT(nn.Module):
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Hidden states ``[B, N, C]`` -> logits ``[B, num_classes]`` (token mean; features with ``pre_logits``)."""
-        x = self.head_drop(x.mean(dim=1))  # [B, C]
+        x = self.head_drop(self.pool(x))  # [B, C]
         return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor, objective: Literal["classify", "generative"] = "classify") -> Tensor:
@@ -448,20 +443,12 @@ class ImageGPT(nn.Module):
         default all. Intermediates are ``[B, C, H, W]`` (``NCHW``, one cell per pixel) or ``[B, N, C]``
         (``NLC``); ``norm`` applies the final norm to them. Returns ``(final [B, N, C], [maps])`` or the list.
         """
-        take = set(resolve_indices(indices, len(self.blocks), "block"))
-        if output_fmt not in ("NCHW", "NLC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take = isotropic_taps(indices, len(self.blocks), output_fmt)
         ids = self._input_ids(x)
         if ids.shape[1] != self.num_tokens:
             raise ValueError(f"forward_intermediates needs all {self.num_tokens} tokens, got {ids.shape[1]}")
-        h = self._embed(ids)
-        H, W = self.grid_size
-        outs: list[Tensor] = []
-        for i, blk in enumerate(self.blocks):
-            h = run_blocks((blk,), h, self.grid_size, 0, checkpoint=self.grad_checkpointing and self.training)
-            if i in take:
-                t = self.norm(h) if norm else h
-                outs.append(rearrange(t, "b (h w) c -> b c h w", h=H, w=W) if output_fmt == "NCHW" else t)
+        h, saved = self._run_blocks(self._embed(ids), self.grid_size, set(take))
+        outs = tokens_to_intermediates(saved, self.grid_size, norm=self.norm if norm else None, output_fmt=output_fmt)
         return outs if intermediates_only else (self.norm(h), outs)
 
     # ------------------------------------------------------------------ generation
@@ -541,4 +528,11 @@ _META: dict[str, dict[str, Any]] = {
                                 ("igpt_large", 1362.91, 1547.0))
 }
 
-register_family("igpt", ImageGPT, ImageGPTConfig, _PRESETS, meta=_META)
+
+def reduced_config(cfg: ImageGPTConfig) -> dict[str, Any]:
+    """Overrides that shrink an iGPT preset for tests: width 32, 2 heads, 2 causal blocks on a 4x4 image
+    (16 pixel tokens); the palette and vocabulary stay the preset's."""
+    return dict(embed_dim=32, num_heads=2, depth=2, img_size=4)
+
+
+register_family("igpt", ImageGPT, ImageGPTConfig, _PRESETS, meta=_META, reduced=reduced_config)
