@@ -7,7 +7,7 @@ import torch
 
 from vit_attention import create_attention, create_model, plug
 from vit_attention.analysis import record_attention
-from vit_attention.functional.attention import _CONTEXT, _WEIGHT_HOOKS
+from vit_attention.functional.attention import _WEIGHT_HOOKS, current_frames
 from vit_attention.functional.layout import window_layout
 
 
@@ -55,7 +55,7 @@ def test_global_records_rollout_and_layers():
         rec.image_map(layer=3)
     with pytest.raises(ValueError, match="head=5"):
         rec.image_map(layer=0, head=5)
-    assert not _WEIGHT_HOOKS and not _CONTEXT  # nothing left behind
+    assert not _WEIGHT_HOOKS and not current_frames()  # nothing left behind
 
 
 def test_swin_model_maps_reassembled_per_stage():

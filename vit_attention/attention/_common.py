@@ -1,9 +1,14 @@
-"""Argument checks shared by the attention modules."""
+"""Argument checks shared by the attention modules, and their parameter-keyed cache (:class:`ParamCache`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
+
+import torch
+
+from ..functional.runtime import capturing
 
 
 def check_heads(dim: int, num_heads: int, what: str = "dim") -> int:
@@ -80,3 +85,58 @@ def check_map_tokens_call(module: Any, x: Any, num_prefix_tokens: int, context: 
     if not 0 <= P < N:
         raise ValueError(f"num_prefix_tokens={num_prefix_tokens!r} must be in 0..{N - 1} for {N} tokens")
     return B, N, C, P
+
+
+class ParamCache:
+    """One tensor derived from parameters (a position bias), reused while the parameters hold the same values.
+
+    :meth:`lookup` hits when the ``key`` (sizes, inference mode, ...) is the one stored and every
+    parameter has the stored dtype, device, shape and values (``torch.equal`` with a snapshot
+    copied when the value was stored). So whatever changes a parameter is seen, through public
+    API only: an optimizer step, ``load_state_dict``, an in-place edit under ``torch.no_grad()``
+    (an EMA update, ``p.copy_(...)``), ``.to(dtype)`` / ``.to(device)``, other tensors swapped in
+    (``torch.func.functional_call``). Nothing is invalidated by hand. The price is one
+    ``torch.equal`` per parameter per lookup: microseconds for a relative-position table on the
+    CPU (the cached value saves far more), a host synchronisation on an accelerator.
+
+    The caller decides when not to cache at all (autograd recording through the parameters, graph
+    capture, the meta device, where no values exist). The snapshot holds a copy of the parameters
+    (a few KB for a position-bias table or SwinV2's CPB MLP).
+    """
+
+    __slots__ = ("_snapshot", "_key", "value")
+
+    def __init__(self) -> None:
+        self._snapshot: tuple[Any, ...] | None = None
+        self._key: Any = None
+        self.value: Any = None
+
+    def clear(self) -> None:
+        """Forget the stored value (and the snapshot)."""
+        self._snapshot, self._key, self.value = None, None, None
+
+    def lookup(self, params: Sequence[Any], key: Any) -> bool:
+        """True when :attr:`value` was computed from parameters equal to ``params`` under ``key``."""
+        snapshot = self._snapshot
+        if snapshot is None or key != self._key or len(snapshot) != len(params):
+            return False
+        for p, s in zip(params, snapshot):
+            if p.dtype != s.dtype or p.device != s.device or p.shape != s.shape or not torch.equal(p, s):
+                return False
+        return True
+
+    def store(self, params: Sequence[Any], key: Any, value: Any) -> Any:
+        """Keep ``value``, computed from ``params`` under ``key``; returns it."""
+        self._snapshot = tuple(p.detach().clone() for p in params)
+        self._key, self.value = key, value
+        return value
+
+
+def uncacheable(params: Sequence[torch.Tensor]) -> bool:
+    """No cache for a value derived from ``params``: autograd records through them, torch captures a
+    graph (a cached tensor would become a constant), or they live on the meta device (no values)."""
+    if capturing():
+        return True
+    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+        return True
+    return any(p.is_meta for p in params)

@@ -21,6 +21,7 @@ from ..functional.attention import attention_observed
 from ..functional.batch_norm import conv_bn
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
+from ..functional.runtime import FUSED_ATTENTION
 from ._common import check_heads, check_map_tokens_call, check_prob, grid_of
 from .registry import register_attention
 
@@ -123,6 +124,7 @@ class ConvProjectionAttention(nn.Module):
         proj_drop: float = 0.0,
     ) -> None:
         super().__init__()
+        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
         self.head_dim = check_heads(dim, num_heads)
         if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be an odd positive int (padding k // 2 keeps the grid), "
@@ -185,7 +187,8 @@ class ConvProjectionAttention(nn.Module):
         layout = token_layout(N, (H, W), P, key_grid=self.key_grid(H, W)) \
             if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
         out = scaled_dot_product_attention(q, k, v, scale=self.scale, layout=layout,
-                                           dropout_p=self.attn_drop if self.training else 0.0)  # [B, nh, N, hd]
+                                           dropout_p=self.attn_drop if self.training else 0.0,
+                                           fused=self.fused_attention)  # [B, nh, N, hd]
         out = merge_heads(out)  # [B, N, C]
         if not self.training:  # proj_drop is the identity
             return apply_linear(self.proj, out, residual=residual)  # [B, N, C]

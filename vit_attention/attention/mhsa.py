@@ -9,6 +9,7 @@ from ..functional.attention import attention_observed
 from ..functional.heads import split_packed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, linear
+from ..functional.runtime import FUSED_ATTENTION
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
@@ -48,6 +49,7 @@ class MultiHeadSelfAttention(nn.Module):
         proj_drop: float = 0.0,
     ) -> None:
         super().__init__()
+        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
@@ -86,7 +88,8 @@ class MultiHeadSelfAttention(nn.Module):
                               num_context=None if context is None else context.shape[1]) \
             if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
         x = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale, layout=layout,
-                                         dropout_p=self.attn_drop if self.training else 0.0)  # [B, nh, N, hd]
+                                         dropout_p=self.attn_drop if self.training else 0.0,
+                                         fused=self.fused_attention)  # [B, nh, N, hd]
         x = merge_heads(x)  # [B, N, C]
         if not self.training:  # proj_drop is the identity
             return apply_linear(self.proj, x, residual=residual)  # [B, N, C]

@@ -24,11 +24,10 @@ from torch import Tensor, nn
 
 from ..functional.linear import apply_linear
 from ..functional.neighborhood import default_tile_size, neighborhood_attention, neighborhood_bias, neighborhood_plan
-from ..functional.runtime import capturing
+from ..functional.runtime import FUSED_ATTENTION, capturing
 from ..functional.window import to_pair
-from ._common import check_heads, check_prob, check_spatial_call
+from ._common import ParamCache, check_heads, check_prob, check_spatial_call, uncacheable
 from .registry import register_attention
-from .window import _param_key
 
 __all__ = ["NeighborhoodAttention", "SmallMapWarning"]
 
@@ -109,7 +108,8 @@ class NeighborhoodAttention(nn.Module):
             nn.init.trunc_normal_(self.rpb, std=0.02)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
-        self._bias_cache: tuple[tuple[Any, ...], Tensor] | None = None
+        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self._bias_cache = ParamCache()  # the tiles' bias, while rpb holds the same values
         self._warned_small_map = False  # SmallMapWarning: once per instance
 
     def padded_size(self, H: int, W: int) -> tuple[int, int]:
@@ -159,23 +159,27 @@ class NeighborhoodAttention(nn.Module):
         return neighborhood_attention(qkv, self.num_heads, self.kernel_size, self.dilation,
                                       bias=self._bias(qkv.shape[1], qkv.shape[2], qkv.device),
                                       scale=self.scale, tile_size=self.tile_size,
-                                      dropout_p=self.attn_drop if self.training else 0.0, grid=grid)
+                                      dropout_p=self.attn_drop if self.training else 0.0, grid=grid,
+                                      fused=self.fused_attention)
 
     def _bias(self, Hp: int, Wp: int, device: torch.device) -> Tensor:
         """Window mask + gathered ``rpb`` of every tile ``[nT, nh|1, T², R²]``; cached while no gradient is
-        recorded (keyed by the table's version, the map size and the tile size), recomputed otherwise."""
+        recorded, for one map size and tile size, while ``rpb`` holds the same values, dtype and device
+        (compared on each call: an optimizer step, ``load_state_dict``, an in-place edit or ``.to()``
+        refresh it; :class:`._common.ParamCache`); recomputed under autograd, graph capture or on meta."""
         def compute() -> Tensor:
             return neighborhood_bias(self.rpb, Hp, Wp, self.kernel_size, self.dilation, self.tile_size, device=device)
 
         if self.rpb is None:
             return compute()  # the cached window mask
-        if capturing() or (torch.is_grad_enabled() and self.rpb.requires_grad):
-            self._bias_cache = None
+        params = [self.rpb]
+        if uncacheable(params):
+            self._bias_cache.clear()
             return compute()
-        key = (_param_key([self.rpb]), Hp, Wp, self.tile_size, torch.is_inference_mode_enabled())
-        if self._bias_cache is None or self._bias_cache[0] != key:
-            self._bias_cache = (key, compute())
-        return self._bias_cache[1]
+        key = (Hp, Wp, self.tile_size, device, torch.is_inference_mode_enabled())
+        if not self._bias_cache.lookup(params, key):
+            self._bias_cache.store(params, key, compute())
+        return self._bias_cache.value
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``(B, H, W, C)``: qkv on the (padded) map, the tiles' ``2·nT·T²·R²·C``, proj on ``H·W``."""

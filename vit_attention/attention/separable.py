@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from ..functional import scaled_dot_product_attention
 from ..functional.attention import attention_observed
 from ..functional.linear import apply_linear
+from ..functional.runtime import FUSED_ATTENTION
 from ..functional.unfold import patch_grid, patch_key_mask, separable_layout
 from ._common import check_heads, check_prob, check_spatial_call
 from .registry import register_attention
@@ -68,6 +69,7 @@ class SeparableAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int = 1, *, patch_size: int = 1, qkv_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
         super().__init__()
+        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
         self.patch_size = check_patch_size(patch_size)
@@ -99,7 +101,8 @@ class SeparableAttention(nn.Module):
         ones = s.new_ones(1, 1, 1, 1).expand(B, p * p * nh, 1, 1)  # [B, P·nh, 1, 1]: the all-ones query
         ctx = scaled_dot_product_attention(
             ones, s, k, mask=mask, scale=1.0, dropout_p=self.attn_drop if self.training else 0.0,
-            layout=(lambda: separable_layout(H, W, p)) if attention_observed() else None)  # [B, P·nh, 1, hd]
+            layout=(lambda: separable_layout(H, W, p)) if attention_observed() else None,
+            fused=self.fused_attention)  # [B, P·nh, 1, hd]
         ctx = ctx.reshape(B, 1, p, 1, p, C)  # [B, 1, p, 1, p, C]: one context per offset, broadcast over patches
         out = (F.relu(values).reshape(B, gh, p, gw, p, C) * ctx).reshape(B, Hp, Wp, C)  # [B, Hp, Wp, C]
         if (Hp, Wp) != (H, W):

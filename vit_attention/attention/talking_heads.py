@@ -16,6 +16,7 @@ from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
 from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, hookless
+from ..functional.runtime import FUSED_ATTENTION
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
@@ -80,6 +81,7 @@ class TalkingHeadsAttention(nn.Module):
         proj_drop: float = 0.0,
     ) -> None:
         super().__init__()
+        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
@@ -112,7 +114,8 @@ class TalkingHeadsAttention(nn.Module):
         layout = token_layout(x.shape[1], feat_size, num_prefix_tokens) if attention_observed() else None
         x = scaled_dot_product_attention(q, k, v, scale=1.0, logits_fn=self._mix_logits,  # scale: in _mix_logits
                                          weights_fn=self._mix_weights, layout=layout,
-                                         dropout_p=self.attn_drop if self.training else 0.0)  # [B, nh, N, hd]
+                                         dropout_p=self.attn_drop if self.training else 0.0,
+                                         fused=self.fused_attention)  # [B, nh, N, hd]
         x = merge_heads(x)  # [B, N, C]
         return self.proj_drop(apply_linear(self.proj, x))  # [B, N, C]
 

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from ..functional import scaled_dot_product_attention
 from ..functional.attention import attention_observed
 from ..functional.linear import apply_linear
+from ..functional.runtime import FUSED_ATTENTION
 from ..functional.unfold import patch_grid, patch_key_mask, unfold_layout
 from ._common import check_heads, check_prob, check_spatial_call
 from .registry import register_attention
@@ -79,6 +80,7 @@ class UnfoldAttention(nn.Module):
                  qkv_bias: bool = True, qk_scale: float | None = None, attn_drop: float = 0.0,
                  proj_drop: float = 0.0) -> None:
         super().__init__()
+        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
         self.patch_size = check_patch_size(patch_size)
@@ -118,7 +120,8 @@ class UnfoldAttention(nn.Module):
         grid = (Hp, Wp) if resized else (H, W)
         out = scaled_dot_product_attention(
             q, k, v, mask=mask, scale=self.scale, dropout_p=self.attn_drop if self.training else 0.0,
-            layout=(lambda: unfold_layout(*grid, p)) if attention_observed() else None)  # [B, P·nh, N, hd]
+            layout=(lambda: unfold_layout(*grid, p)) if attention_observed() else None,
+            fused=self.fused_attention)  # [B, P·nh, N, hd]
         out = rearrange(out, "b (ph pw h) (nh nw) d -> b (nh ph) (nw pw) (h d)", ph=p, pw=p, nh=nh)  # [B, Hp, Wp, C]
         if (Hp, Wp) != (H, W) and not resized:
             out = out[:, :H, :W]  # [B, H, W, C]

@@ -26,18 +26,13 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.linear import apply_linear
-from ..functional.runtime import capturing
+from ..functional.runtime import FUSED_ATTENTION
 from ..functional.window import relative_position_index, to_pair
 from ..functional.window_attention import window_attention, window_tokens
-from ._common import check_heads, check_prob, check_spatial_call
+from ._common import ParamCache, check_heads, check_prob, check_spatial_call, uncacheable
 from .registry import register_attention, small_window_kwargs
 
 __all__ = ["WindowAttentionBase", "WindowAttention"]
-
-
-def _param_key(params: Sequence[Tensor]) -> tuple[Any, ...]:
-    """Identity of parameter values: changes on in-place updates (optimizer, load_state_dict) and moves."""
-    return tuple((p._version, p.data_ptr(), p.dtype, p.device) for p in params)
 
 
 class WindowAttentionBase(nn.Module):
@@ -71,8 +66,9 @@ class WindowAttentionBase(nn.Module):
         self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
-        self._bias_cache: tuple[tuple[Any, ...], Tensor | None] | None = None
-        self._mask_cache: dict[tuple[Any, ...], Tensor] = {}
+        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self._bias_cache = ParamCache()  # the [nh, N, N] position bias, while the bias parameters are unchanged
+        self._mask_cache: dict[tuple[Any, ...], Tensor] = {}  # [1, nW·nh, N, N] bias + shift masks built from it
 
     # ---------------------------------------------------------------- subclass hooks
     def project_qkv(self, x: Tensor) -> Tensor:
@@ -84,7 +80,7 @@ class WindowAttentionBase(nn.Module):
         raise NotImplementedError
 
     def bias_parameters(self) -> list[Tensor]:
-        """The parameters :meth:`compute_position_bias` reads (the cache key)."""
+        """The parameters :meth:`compute_position_bias` reads (the cache compares their values)."""
         raise NotImplementedError
 
     scale: float | None = None  # dot-product logit scale (W-MSA); None with a logit temperature
@@ -96,19 +92,29 @@ class WindowAttentionBase(nn.Module):
 
     # ---------------------------------------------------------------- bias and masks
     def position_bias(self) -> Tensor | None:
-        """Per-head bias ``[nh, N, N]`` (None: none, Twins LSA); cached while no gradient is recorded, keyed by
-        parameter versions."""
-        if capturing():  # in-graph: no cache key to compare, and a cached tensor would become a constant
-            return self.compute_position_bias()
+        """Per-head bias ``[nh, N, N]`` (None: none, Twins LSA), cached while no gradient is recorded.
+
+        What invalidates the cache: any change of the :meth:`bias_parameters`' values, dtype, device
+        or shape (compared with a snapshot on each call, :class:`._common.ParamCache`), so an
+        optimizer step, ``load_state_dict``, an in-place edit under ``torch.no_grad()`` (EMA) and
+        ``.to()`` all refresh it, and nothing has to be cleared by hand; entering or leaving
+        ``torch.inference_mode``. The ``[1, nW·nh, N, N]`` bias + shift masks built from it are
+        dropped with it. Not cached (computed on each call) while autograd records through a bias
+        parameter, while torch captures a graph, or on the meta device.
+        """
+        return self._position_bias()[0]
+
+    def _position_bias(self) -> tuple[Tensor | None, bool]:
+        """:meth:`position_bias` and whether it is the cached one (the masks built from it may be reused)."""
         params = self.bias_parameters()
-        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-            self._bias_cache = None
-            return self.compute_position_bias()
-        key = (_param_key(params), torch.is_inference_mode_enabled())
-        if self._bias_cache is None or self._bias_cache[0] != key:
-            self._bias_cache = (key, self.compute_position_bias())
+        if uncacheable(params):
+            self._bias_cache.clear()
+            return self.compute_position_bias(), False
+        key = torch.is_inference_mode_enabled()  # an inference tensor must not reach autograd later
+        if not self._bias_cache.lookup(params, key):
             self._mask_cache.clear()
-        return self._bias_cache[1]
+            self._bias_cache.store(params, key, self.compute_position_bias())
+        return self._bias_cache.value, True
 
     # ---------------------------------------------------------------- forward
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
@@ -126,15 +132,14 @@ class WindowAttentionBase(nn.Module):
             raise ValueError(f"window_size={self.window_size} does not tile the {H}x{W} map and "
                              "allow_padding=False; pad the map or build with allow_padding=True")
         tokens = window_tokens(x, self.window_size, self.shift_size, pad_first=self.pad_first)  # windows or tokens
-        position_bias = self.position_bias()  # [nh, N, N]
-        cached = self._bias_cache is not None and self._bias_cache[1] is position_bias
+        position_bias, cached = self._position_bias()  # [nh, N, N]
         out = window_attention(self.project_qkv(tokens), position_bias, feat_size=(H, W), num_heads=self.num_heads,
                                window_size=self.window_size, shift_size=self.shift_size, pad_first=self.pad_first,
                                scale=self.scale, logit_scale=self.logit_temperature(),
                                attn_drop=self.attn_drop, training=self.training,
                                bias_cache=self._mask_cache if cached else None,
                                mechanism=getattr(self, "attention_name", "window"),
-                               mask_padding=self.pad_mask)  # [B, H·W, C]
+                               mask_padding=self.pad_mask, fused=self.fused_attention)  # [B, H·W, C]
         res = None if residual is None else residual.reshape(B, H * W, C)
         if res is not None and not (self.training and self.proj_drop.p > 0):
             return apply_linear(self.proj, out, residual=res).view(B, H, W, C)  # proj + residual, one kernel

@@ -4,8 +4,21 @@
 kernel when nothing needs the attention weights and the explicit ``softmax(q kᵀ·scale + bias) v``
 path when something does (the caller, an observer, a ``logits_fn`` / ``weights_fn``, or the
 fused switch turned off). Observers (attention maps, shape traces, FLOPs) register here with
-:func:`register_attention_hook`, the fused/explicit switch is :data:`.runtime.FUSED_ATTENTION`,
-and this is the one place in the package where a softmax over attention logits is taken.
+:func:`register_attention_hook`, and this is the one place in the package where a softmax over
+attention logits is taken.
+
+**The fused switch** (:data:`.runtime.FUSED_ATTENTION`, see :mod:`.runtime`): a mechanism
+captures it when built (``self.fused_attention``) and passes it as ``fused=``; a direct call
+without ``fused=`` uses the process default. An open ``fused_attention(False)`` block of this
+thread overrides both.
+
+**Observers and context frames.** Registered hooks are process-wide: an observer sees the
+attention calls of every thread, as a forward hook registered on a shared model would, and while
+one is registered (:func:`attention_observed`) the callers keep their batches whole. What a call
+reports with it (``info``) is per thread: :func:`attention_context` frames live in a
+``contextvars`` variable (a tuple, pushed and popped by tokens), so a frame opened in one thread
+(or asyncio task) is never seen by a call in another. Callers open frames and build layouts only
+while someone observes; nothing is pushed on the unobserved path.
 
 Shapes: q ``[*b, nh, N, hd]``, k ``[*b, nh, M, hd]``, v ``[*b, nh, M, hdv]`` -> ``[*b, nh, N, hdv]``;
 ``bias`` / ``mask`` broadcast to the logits ``[*b, nh, N, M]``.
@@ -14,6 +27,7 @@ Shapes: q ``[*b, nh, N, hd]``, k ``[*b, nh, M, hd]``, v ``[*b, nh, M, hdv]`` -> 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,6 +46,7 @@ __all__ = [
     "register_attention_hook",
     "attention_context",
     "attention_observed",
+    "current_frames",
 ]
 
 WeightsHook = Callable[[Tensor, dict[str, Any]], None]
@@ -40,16 +55,23 @@ ShapeHook = Callable[[Tensor, Tensor, Tensor, dict[str, Any]], None]
 _WEIGHT_HOOKS: dict[int, WeightsHook] = {}
 _SHAPE_HOOKS: dict[int, ShapeHook] = {}
 _NEXT_HOOK_ID = 0
-_CONTEXT: list[dict[str, Any]] = []
+# the open attention_context frames of this thread / task, outermost first (immutable: set and reset by token)
+_FRAMES: contextvars.ContextVar[tuple[dict[str, Any], ...]] = contextvars.ContextVar("vit_attention_frames",
+                                                                                       default=())
 
 
 def fused_attention_enabled() -> bool:
-    """Whether the fused kernel is used when nothing needs the weights (:data:`.runtime.FUSED_ATTENTION`)."""
-    return FUSED_ATTENTION.value
+    """Whether a call that passes no ``fused=`` uses the fused kernel here (:data:`.runtime.FUSED_ATTENTION`):
+    this thread's open override, else the process default."""
+    return FUSED_ATTENTION.get()
 
 
-set_fused_attention = FUSED_ATTENTION.set  # (enabled) globally switch the fused kernel on or off
-fused_attention = FUSED_ATTENTION.override  # with fused_attention(False): ... restores the previous value
+# (enabled) the process default: modules built afterwards capture it; modules built before keep theirs
+# (runtime.set_switches(model, fused_attention=...) changes a built model)
+set_fused_attention = FUSED_ATTENTION.set
+# with fused_attention(False): ... every call of this thread inside the block, modules already built included;
+# restores on exit. Kept for existing code; for one model prefer runtime.switched(model, fused_attention=False)
+fused_attention = FUSED_ATTENTION.override
 
 
 class _HookHandle:
@@ -82,12 +104,22 @@ def register_attention_hook(fn: WeightsHook | ShapeHook, *, weights: bool = True
 
 @contextlib.contextmanager
 def attention_context(**info: Any) -> Iterator[None]:
-    """Attach metadata (module name, window layout, ...) to attention calls made inside."""
-    _CONTEXT.append(info)
+    """Attach metadata (module name, window layout, ...) to the attention calls this thread makes inside.
+
+    The frame is seen by observers of calls made in the same thread (or asyncio task) only; frames
+    nest (inner keys win). Cheap, but callers on hot paths open one only when
+    :func:`attention_observed`.
+    """
+    token = _FRAMES.set(_FRAMES.get() + (info,))
     try:
         yield
     finally:
-        _CONTEXT.pop()
+        _FRAMES.reset(token)
+
+
+def current_frames() -> tuple[dict[str, Any], ...]:
+    """The :func:`attention_context` frames open in this thread / task, outermost first (empty when none)."""
+    return _FRAMES.get()
 
 
 def attention_observed() -> bool:
@@ -97,7 +129,7 @@ def attention_observed() -> bool:
 
 def _hook_info(mask: Tensor | None, bias: Tensor | None, is_causal: bool, layout: Any) -> dict[str, Any]:
     merged: dict[str, Any] = {}
-    for frame in _CONTEXT:
+    for frame in _FRAMES.get():
         merged.update(frame)
     merged["mask"] = None if mask is None else tuple(mask.shape)
     merged["bias"] = None if bias is None else tuple(bias.shape)
@@ -246,6 +278,7 @@ def scaled_dot_product_attention(
     weights_fn: Callable[[Tensor], Tensor] | None = None,
     layout: Any = None,
     return_weights: bool = False,
+    fused: bool | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention ``softmax(q kᵀ · scale + bias) v``, masked.
 
@@ -269,6 +302,10 @@ def scaled_dot_product_attention(
             zero-argument callable returning one, called only when an observer is registered);
             handed to observers as ``info["layout"]``.
         return_weights: also return the weights ``[*b, nh, N, M]`` (forces the explicit path).
+        fused: whether the fused kernel may run when nothing needs the weights: the caller's
+            captured :data:`.runtime.FUSED_ATTENTION` (a mechanism's ``self.fused_attention``);
+            None = the process default. An open ``fused_attention(...)`` override of this
+            thread wins over both.
 
     A bad ``mask`` / ``bias`` shape raises a ``ValueError`` naming the argument.
 
@@ -286,7 +323,7 @@ def scaled_dot_product_attention(
     if bias is not None:
         bias = bias.to(q.dtype)
     explicit = (return_weights or bool(_WEIGHT_HOOKS) or logits_fn is not None or weights_fn is not None
-                or not FUSED_ATTENTION.value or _bias_grad_on_cpu(q, bias))
+                or not FUSED_ATTENTION.get(fused) or _bias_grad_on_cpu(q, bias))
     if is_causal and (explicit or mask is not None or bias is not None):  # the flag alone takes no other mask
         causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()  # [N, M]
         mask, is_causal = (causal if mask is None else mask & causal), False

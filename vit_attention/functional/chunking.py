@@ -14,6 +14,9 @@ numbers with temporaries a fraction of the size. :func:`batch_chunk_size` decide
 per chunk; :func:`run_in_batch_chunks` does it. Chunking steps aside wherever the batch must stay
 whole for someone to see it: autograd, forward hooks, attention hooks, ``torch.compile``, other
 devices. ``VIT_ATTENTION_CHUNK_ELEMENTS=0`` (or :func:`set_chunk_elements`) switches it off.
+The chunk size (:data:`.runtime.CHUNK_ELEMENTS`) is process-wide, read per call: it is a property
+of the machine (cache, allocator), not of a model (:mod:`.runtime`); ``CHUNK_ELEMENTS.override(n)``
+changes it for this thread's calls inside a block.
 
 Shapes: ``x [B, ...] -> fn(x) [B, ...]`` (the leading batch dimension is split, nothing else).
 """
@@ -32,11 +35,12 @@ from .runtime import CHUNK_ELEMENTS, capturing
 __all__ = ["batch_chunk_size", "run_in_batch_chunks", "chunk_elements", "set_chunk_elements"]
 
 def chunk_elements() -> int:
-    """Elements per chunk (0 = chunking off; :data:`.runtime.CHUNK_ELEMENTS`)."""
-    return CHUNK_ELEMENTS.value
+    """Elements per chunk here (0 = chunking off; :data:`.runtime.CHUNK_ELEMENTS`: this thread's open
+    override, else the process default)."""
+    return CHUNK_ELEMENTS.get()
 
 
-set_chunk_elements = CHUNK_ELEMENTS.set  # (n) elements per chunk; 0 switches chunking off
+set_chunk_elements = CHUNK_ELEMENTS.set  # (n) the process default, every thread; 0 switches chunking off
 
 
 def batch_chunk_size(x: Tensor, modules: Iterable[nn.Module], max_elements: int | None = None) -> int:
@@ -45,7 +49,7 @@ def batch_chunk_size(x: Tensor, modules: Iterable[nn.Module], max_elements: int 
     Chunks only where nobody could tell: CPU, no autograd recording, no forward hooks on any of
     ``modules`` (or their children), no attention hooks, not compiling or scripting.
     """
-    limit = CHUNK_ELEMENTS.value if max_elements is None else max_elements
+    limit = CHUNK_ELEMENTS.get() if max_elements is None else max_elements
     B = x.shape[0]
     if limit <= 0 or B <= 1 or x.device.type != "cpu" or torch.is_grad_enabled():
         return B

@@ -7,8 +7,10 @@ no autocast, a dtype this CPU's oneDNN has kernels for, no graph capture: compil
 ``jit.trace`` / ``jit.script``, ONNX export; see :mod:`.runtime`) :func:`linear` hands the whole thing to oneDNN's
 ``linear_pointwise`` (bias, activation and residual add fused as GEMM post-ops). Everywhere else
 it is exactly ``F.linear`` followed by the activation and the add, so results, autograd and
-devices are unchanged. Switch it off with ``VIT_ATTENTION_FAST_LINEAR=0`` or
-:func:`fast_linear`\\ ``(False)``.
+devices are unchanged. Switch it off with ``VIT_ATTENTION_FAST_LINEAR=0``, :func:`set_fast_linear`
+(the process default) or, for the calls of this thread inside a block, :func:`fast_linear`\\ ``(False)``.
+The switch (:data:`.runtime.FAST_LINEAR`) is process-wide, read per call; :mod:`.runtime` says why
+it is not captured by modules.
 
 Shapes: ``x [..., Cin]``, ``weight [Cout, Cin]``, ``bias [Cout]``, ``residual [..., Cout]`` ->
 ``[..., Cout]``.
@@ -49,12 +51,13 @@ def _eager_act(x: Tensor, act: str) -> Tensor:
 
 
 def fast_linear_enabled() -> bool:
-    """Whether :func:`linear` may use the fused oneDNN kernel (:data:`.runtime.FAST_LINEAR`)."""
-    return FAST_LINEAR.value
+    """Whether :func:`linear` may use the fused oneDNN kernel here (:data:`.runtime.FAST_LINEAR`: this
+    thread's open override, else the process default)."""
+    return FAST_LINEAR.get()
 
 
-set_fast_linear = FAST_LINEAR.set  # (enabled) globally allow or forbid the fused oneDNN path
-fast_linear = FAST_LINEAR.override  # with fast_linear(False): ... restores the previous value
+set_fast_linear = FAST_LINEAR.set  # (enabled) the process default, every thread: allow or forbid the oneDNN path
+fast_linear = FAST_LINEAR.override  # with fast_linear(False): ... this thread's calls inside; restored on exit
 
 
 def fusable_activation(module: torch.nn.Module) -> str | None:
@@ -77,7 +80,7 @@ def _autocast_on(device_type: str) -> bool:
 
 def _onednn_ok(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """oneDNN can run this projection: CPU, fp32 (or bf16) without autocast, eager, plain tensors."""
-    if not (FAST_LINEAR.value and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu":
+    if not (FAST_LINEAR.get() and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu":
         return False
     if x.dtype != torch.float32 or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         return False
@@ -117,7 +120,7 @@ class _OneDNNLinear(torch.autograd.Function):
 
 def can_fuse(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None) -> bool:
     """True when the fused oneDNN kernel computes exactly what the eager ops would (inference on CPU)."""
-    if not (FAST_LINEAR.value and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu" or capturing():
+    if not (FAST_LINEAR.get() and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu" or capturing():
         return False
     if x.dtype not in (torch.float32, torch.bfloat16) or weight.dtype != x.dtype or not cpu_kernel_supports(x.dtype):
         return False

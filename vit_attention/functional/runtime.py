@@ -1,4 +1,4 @@
-"""What the CPU fast paths must know about the run they are in.
+"""What the CPU fast paths must know about the run they are in, and the runtime switches.
 
 Two questions decide whether a fast path may run instead of plain PyTorch:
 
@@ -14,57 +14,134 @@ Two questions decide whether a fast path may run instead of plain PyTorch:
   dtype, and can be forced with :func:`override_cpu_kernel_support` (tests prove the fallback on
   any machine with it).
 
-It also holds the runtime switches of the fast paths (:class:`Switch`): one object per switch with
-its environment default, a setter and a context manager. :data:`FUSED_ATTENTION` (the fused
-attention kernel, ``VIT_ATTENTION_FUSED``), :data:`FAST_LINEAR` (oneDNN fused projections,
-``VIT_ATTENTION_FAST_LINEAR``) and :data:`CHUNK_ELEMENTS` (batch chunking at CPU inference,
-``VIT_ATTENTION_CHUNK_ELEMENTS``). The public names of each (``fused_attention``,
-``set_fast_linear``, ``chunk_elements``, ...) are thin aliases of these objects.
+**The runtime switches** (:class:`Switch`, all listed by :func:`switches`):
+
+========================  ================================  =========================================
+switch                    environment default               scope
+========================  ================================  =========================================
+:data:`FUSED_ATTENTION`   ``VIT_ATTENTION_FUSED=1``         captured by each attention module when built
+:data:`FAST_LINEAR`       ``VIT_ATTENTION_FAST_LINEAR=1``   process-wide (read per call)
+:data:`CHUNK_ELEMENTS`    ``VIT_ATTENTION_CHUNK_ELEMENTS``  process-wide (read per call)
+========================  ================================  =========================================
+
+A switch has three levels; the most specific one wins at a call:
+
+1. an *override*, ``with switch.override(value):`` (and the old names ``fused_attention(False)``,
+   ``fast_linear(False)``): every call made inside the block **by this thread** (this
+   ``contextvars`` context, so also this asyncio task) sees ``value``, whatever the modules
+   captured. Other threads do not see it. It is not consulted while ``torch.compile`` traces
+   (dynamo cannot read a context variable); use level 2 there.
+2. the value a module *captured when it was built* (``FUSED_ATTENTION`` only): every attention
+   mechanism sets ``self.fused_attention = FUSED_ATTENTION.default`` in ``__init__`` (timm's
+   ``self.fused_attn = use_fused_attn()``) and hands it to the attention core on each call, a
+   plain attribute that dynamo guards on. :func:`switched` flips it on every module of a built
+   model inside a ``with`` block (tests: "this model, explicit path"), :func:`set_switches` for
+   good.
+3. the process default ``switch.default``: the environment variable, changed with
+   :meth:`Switch.set` (``set_fused_attention``, ``set_fast_linear``, ``set_chunk_elements``).
+   For ``FUSED_ATTENTION`` it is what modules built *afterwards* capture (and what a direct call
+   of the core without ``fused=`` uses); modules built before keep their value.
+
+Why two switches stay process-wide rather than captured:
+
+* ``CHUNK_ELEMENTS`` (elements per chunk of batch chunking at CPU inference) is a property of the
+  machine (its last-level cache and glibc's mmap threshold), not of a model; it is read by the
+  stage scaffolds of several families and the right value is the same for all of them.
+* ``FAST_LINEAR`` chooses the kernel behind a projection (oneDNN's fused ``linear_pointwise`` or
+  ``F.linear``), the same function either way, as ``torch.backends.mkldnn`` does for torch; the
+  projections it covers run in many layers and in plain functions that own no module
+  (``conv_act``), so a per-module flag would leave some of a model's projections on the other
+  kernel.
+
+Both are read with :meth:`Switch.get` on each call: a plain attribute, plus a context-variable
+lookup only while an override is open somewhere in the process. Reading them is thread-safe;
+:meth:`Switch.set` changes the process default for every thread (a deliberate, global act).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 import torch
 
-__all__ = ["capturing", "cpu_kernel_supports", "override_cpu_kernel_support", "Switch", "switches",
-           "FUSED_ATTENTION", "FAST_LINEAR", "CHUNK_ELEMENTS"]
+__all__ = ["capturing", "cpu_kernel_supports", "override_cpu_kernel_support", "Switch", "switches", "switched",
+           "set_switches", "FUSED_ATTENTION", "FAST_LINEAR", "CHUNK_ELEMENTS"]
 
 _T = TypeVar("_T")
 
 
 class Switch(Generic[_T]):
-    """A process-wide runtime setting: default from an environment variable, a setter, a context manager.
+    """A runtime setting: a process default (environment variable, :meth:`set`) and a thread-local override.
 
-    ``switch.value`` is read on hot paths (a plain attribute); :meth:`set` validates and assigns;
-    :meth:`override` sets it inside a ``with`` block and restores the previous value.
+    * :attr:`default`: the process default; modules that capture the switch copy it when built.
+    * :meth:`get`: the value for a call: an open :meth:`override` of this thread, else the
+      value the caller captured (``captured``), else :attr:`default`.
+    * :attr:`value`: :meth:`get` with nothing captured (assigning it calls :meth:`set`).
+    * :attr:`captured`: whether modules capture it (an attribute named :attr:`name`, which
+      :func:`switched` / :func:`set_switches` change on a built model).
     """
 
     def __init__(self, name: str, env: str, default: str, parse: Callable[[str], _T],
-                 check: Callable[[object], _T]) -> None:
-        self.name, self.env, self._check = name, env, check
-        self.value: _T = parse(os.environ.get(env, default))
+                 check: Callable[[object], _T], *, captured: bool = False) -> None:
+        self.name, self.env, self._check, self.captured = name, env, check, captured
+        self.default: _T = parse(os.environ.get(env, default))
+        # created once per switch (module level): a context variable must not be made per call
+        self._forced: contextvars.ContextVar[_T | None] = contextvars.ContextVar(f"vit_attention_{name}",
+                                                                                 default=None)
+        self._forcing = 0  # overrides open in any thread; get() looks at the context variable only then
+        self._lock = threading.Lock()
+
+    def get(self, captured: _T | None = None) -> _T:
+        """The value for one call: this thread's open override, else ``captured``, else the default."""
+        if self._forcing and not torch.compiler.is_compiling():  # dynamo cannot read a context variable
+            forced = self._forced.get()
+            if forced is not None:
+                return forced
+        return self.default if captured is None else captured
+
+    @property
+    def value(self) -> _T:
+        """The value a call that captured nothing sees (:meth:`get`)."""
+        return self.get()
+
+    @value.setter
+    def value(self, value: object) -> None:
+        self.set(value)
 
     def set(self, value: object) -> None:
-        """Set the switch (validated; the message names the switch)."""
-        self.value = self._check(value)
+        """Set the process default (validated; the message names the switch).
+
+        Calls that captured nothing see it at once (in every thread); for a captured switch,
+        modules built from now on capture it, modules already built keep theirs (:func:`set_switches`).
+        """
+        self.default = self._check(value)
 
     @contextlib.contextmanager
     def override(self, value: object) -> Iterator[None]:
-        """Context manager form of :meth:`set`; restores the previous value on exit."""
-        prev = self.value
-        self.set(value)
+        """Inside the block, every call made by this thread sees ``value`` (over captured values and the default).
+
+        Thread-local (a ``contextvars`` variable: this thread, or this asyncio task); restores the
+        previous value on exit, also after an error. Not consulted while ``torch.compile`` traces;
+        for one model, prefer :func:`switched`.
+        """
+        checked = self._check(value)
+        with self._lock:
+            self._forcing += 1
+        token = self._forced.set(checked)
         try:
             yield
         finally:
-            self.value = prev
+            self._forced.reset(token)
+            with self._lock:
+                self._forcing -= 1
 
     def __repr__(self) -> str:
-        return f"Switch({self.name!r}, value={self.value!r}, env={self.env!r})"
+        return f"Switch({self.name!r}, default={self.default!r}, env={self.env!r}, captured={self.captured})"
 
 
 def _parse_flag(text: str) -> bool:
@@ -77,7 +154,8 @@ def _check_count(value: object) -> int:
     return value
 
 
-FUSED_ATTENTION: Switch[bool] = Switch("fused_attention", "VIT_ATTENTION_FUSED", "1", _parse_flag, bool)
+FUSED_ATTENTION: Switch[bool] = Switch("fused_attention", "VIT_ATTENTION_FUSED", "1", _parse_flag, bool,
+                                       captured=True)
 FAST_LINEAR: Switch[bool] = Switch("fast_linear", "VIT_ATTENTION_FAST_LINEAR", "1", _parse_flag, bool)
 # Elements of one chunk's input map. 2**20 fp32 = 4 MB: the MLP hidden of such a chunk is 16 MB, below glibc's
 # largest mmap threshold and near the last-level cache (measured on Swin-T / SwinV2-T, see docs/benchmarks.md).
@@ -88,6 +166,64 @@ CHUNK_ELEMENTS: Switch[int] = Switch("chunk_elements", "VIT_ATTENTION_CHUNK_ELEM
 def switches() -> dict[str, Switch]:  # type: ignore[type-arg]
     """Every runtime switch by name (``fused_attention``, ``fast_linear``, ``chunk_elements``)."""
     return {s.name: s for s in (FUSED_ATTENTION, FAST_LINEAR, CHUNK_ELEMENTS)}
+
+
+def _resolve(values: dict[str, object]) -> list[tuple[Switch, object]]:  # type: ignore[type-arg]
+    known = switches()
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise TypeError(f"unknown switch(es) {unknown}; the switches are {sorted(known)}")
+    return [(known[name], known[name]._check(value)) for name, value in values.items()]
+
+
+def _captors(module: torch.nn.Module, name: str) -> list[torch.nn.Module]:
+    """The submodules of ``module`` (itself included) that captured switch ``name`` when built."""
+    return [m for m in module.modules() if name in vars(m)]
+
+
+def set_switches(module: torch.nn.Module, **values: object) -> torch.nn.Module:
+    """Set captured switches on every submodule of a built ``module`` that captured them; returns ``module``.
+
+    ``set_switches(model, fused_attention=False)``: every attention mechanism of ``model`` takes the
+    explicit path from now on (other models and modules built later are not affected). Only
+    captured switches (:attr:`Switch.captured`); a process-wide one raises ``TypeError`` naming
+    :meth:`Switch.set`.
+    """
+    for switch, value in _resolve(values):
+        if not switch.captured:
+            raise TypeError(f"{switch.name} is process-wide, not captured by modules: use "
+                            f"runtime.{switch.name.upper()}.set(...) or switched(model, {switch.name}=...)")
+        for m in _captors(module, switch.name):
+            setattr(m, switch.name, value)
+    return module
+
+
+@contextlib.contextmanager
+def switched(module: torch.nn.Module, **values: object) -> Iterator[torch.nn.Module]:
+    """Run a built ``module`` with other switch values inside the block; everything is restored on exit.
+
+    ``with switched(model, fused_attention=False): model(x)`` (the explicit attention path of this
+    model; another model is not affected, in this thread or any other). A captured switch is set
+    on every submodule that captured it and put back on exit (also after an error); a process-wide
+    one (``fast_linear``, ``chunk_elements``) is overridden for this thread with
+    :meth:`Switch.override`. Yields ``module``.
+    """
+    resolved = _resolve(values)
+    saved: list[tuple[torch.nn.Module, str, object]] = []
+    with contextlib.ExitStack() as stack:
+        try:
+            for switch, value in resolved:
+                if switch.captured:
+                    for m in _captors(module, switch.name):
+                        saved.append((m, switch.name, vars(m)[switch.name]))
+                        setattr(m, switch.name, value)
+                else:
+                    stack.enter_context(switch.override(value))
+            yield module
+        finally:
+            for m, name, old in reversed(saved):
+                setattr(m, name, old)
+
 
 _DTYPE_SUPPORT: dict[torch.dtype, bool] = {}
 _OVERRIDE: dict[torch.dtype, bool] = {}

@@ -20,6 +20,7 @@ Both end in the same memory order, so one row gather merges the heads and puts e
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,7 +79,7 @@ def window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_size: tu
                      scale: float | None = None, logit_scale: Tensor | None = None, attn_drop: float = 0.0,
                      training: bool = False, bias_cache: dict[Any, Tensor] | None = None,
                      mechanism: str = "window", mask_padding: bool = False,
-                     query_bias: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+                     query_bias: Callable[[Tensor], Tensor] | None = None, fused: bool | None = None) -> Tensor:
     """Attention inside (shifted) windows of an ``H x W`` map: packed q|k|v -> ``[B, H·W, C]``.
 
     Args:
@@ -96,12 +97,15 @@ def window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_size: tu
         attn_drop, training: dropout on the weights, only when ``training``.
         bias_cache: a dict the caller owns, for the ``[1, nW·nh, N, N]`` bias + shift mask per
             size, kept while ``position_bias`` is the same (the caller clears it when it changes).
-        mechanism: the name given to attention observers.
+        mechanism: the name given to attention observers (with the window geometry, in an
+            :func:`.attention.attention_context` frame opened only while one is registered).
         mask_padding: padded keys are masked out (no query attends to them); default False, the
             padded slots take part in the softmax as zero-input tokens (timm, the original repositories).
         query_bias: an additive bias computed from each window's unscaled queries, ``q [*b, nh', N, hd]
             -> [*b, nh', N, N]`` (rows in row-major order inside a window; windows folded into the
             batch or the heads), added to the position bias (ViTDet's decomposed relative positions).
+        fused: the caller's captured fused-attention switch (None: the process default; see
+            :func:`.attention.scaled_dot_product_attention`).
 
     Returns:
         ``[B, H·W, C]``: heads merged, windows reversed, shift undone, padding cropped.
@@ -153,14 +157,17 @@ def window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_size: tu
             mask = valid.expand(nW, nh, 1, N).reshape(1, nW * nh, 1, N)  # [1, nW·nh, 1, N]
             if bias_cache is not None:
                 bias_cache[key] = mask
-    # where each row sits on the map, for observers (cached per size; built only while one is registered)
-    layout = window_layout(H, W, (wh, ww), shift, pad_first=pad_first, fold="heads" if folded else "batch") \
-        if attention_observed() else None
-    with attention_context(mechanism=mechanism, window_size=(wh, ww), shift_size=shift, num_windows=nW,
-                           heads_layout="windows*heads" if folded else "heads"):
+    # for observers only (none registered: no layout, no context frame): where each row sits on the map
+    # (cached per size) and the window geometry
+    layout, frame = None, contextlib.nullcontext()
+    if attention_observed():
+        layout = window_layout(H, W, (wh, ww), shift, pad_first=pad_first, fold="heads" if folded else "batch")
+        frame = attention_context(mechanism=mechanism, window_size=(wh, ww), shift_size=shift, num_windows=nW,
+                                  heads_layout="windows*heads" if folded else "heads")
+    with frame:
         out = scaled_dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
                                            dropout_p=attn_drop if training else 0.0,
-                                           layout=layout)  # [B, nW·nh | nh, N, hd]
+                                           layout=layout, fused=fused)  # [B, nW·nh | nh, N, hd]
     # [B, nW·nh, N, hd] and [B·nW, nh, N, hd] are the same memory: one row gather merges the heads,
     # reverses the windows, undoes the shift and crops the padding
     # (reshape, not contiguous().view(): an exported graph drops a contiguous() that was a no-op when traced)
