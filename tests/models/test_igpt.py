@@ -148,6 +148,31 @@ def test_block_parts_are_ours_with_rms_norm_and_quick_gelu() -> None:
     assert "quantizer.palette" in model.state_dict() and "lm_head.bias" not in model.state_dict()
 
 
+def test_quick_gelu_is_the_shared_one_and_the_mlp_fuses_it_in_eval(monkeypatch) -> None:
+    """iGPT builds its MLPs with layers.activation.QuickGELU (the class layers.Mlp recognises), so CPU inference
+    takes the fused silu path (fc1 scaled by 1.702); the old import path still names the same class."""
+    from vit_attention.functional.linear import can_fuse
+    from vit_attention.layers import mlp as mlp_module
+    from vit_attention.layers.activation import QuickGELU
+    from vit_attention.models import igpt
+
+    assert igpt.QuickGELU is QuickGELU
+    model = _small()
+    assert all(type(blk.mlp.act) is QuickGELU for blk in model.blocks)
+    mlp = model.blocks[0].mlp
+    x = torch.randn(2, 16, 32)
+    acts: list = []
+    real = mlp_module.linear
+    monkeypatch.setattr(mlp_module, "linear", lambda *a, **k: acts.append(k.get("act")) or real(*a, **k))
+    with torch.no_grad():
+        if not can_fuse(x, mlp.fc1.weight):
+            pytest.skip("no fused oneDNN linear here (FAST_LINEAR off or no mkldnn)")
+        fused = mlp(x)
+        assert acts == ["silu", None]  # fc1 + silu in one kernel, then fc2
+        eager = mlp.fc2(QuickGELU()(mlp.fc1(x)))
+    torch.testing.assert_close(fused, eager, atol=1e-5, rtol=1e-5)
+
+
 def test_generate_cli_writes_a_grid_and_benches(tmp_path, capsys) -> None:
     from PIL import Image
 

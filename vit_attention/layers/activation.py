@@ -1,4 +1,4 @@
-"""Activations the references use beyond ``torch.nn``: QuickGELU (CLIP, the original CvT)."""
+"""Activations the references use beyond ``torch.nn``: QuickGELU (GPT-2 / iGPT, CLIP, the original CvT)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ __all__ = ["QuickGELU", "get_act_layer", "ACT_LAYERS"]
 
 
 class QuickGELU(nn.Module):
-    """``x · sigmoid(1.702 · x)``, a fast approximation of GELU, ``[*] -> [*]`` (no parameters)."""
+    """``x · sigmoid(1.702 · x)``, a fast approximation of GELU, ``[*] -> [*]`` (no parameters).
+
+    The one class of the library (iGPT and CvT use it): :class:`~vit_attention.layers.Mlp` recognises it by
+    type and fuses it with ``fc1`` in CPU inference (oneDNN ``silu`` of the scaled projection).
+    """
 
     alpha: float = 1.702
 

@@ -4,7 +4,8 @@ An image ``[B, Cin, H, W]`` (normalised to ``[-1, 1]``) becomes ``N = H·W`` tok
 index of its nearest palette colour (:func:`quantize`; 512 k-means clusters of RGB in the paper),
 in raster order. The model predicts each token from the ones before it (causal attention, the
 ``causal`` mechanism). Blocks are GPT-2's pre-norm blocks with the original's weight-only RMS-style
-"LayerNorm" (``x / √(mean(x²) + ε) · g``, no centring, no bias) and quick-GELU (``x·σ(1.702x)``).
+"LayerNorm" (``x / √(mean(x²) + ε) · g``, no centring, no bias) and quick-GELU (``x·σ(1.702x)``, the
+library's :class:`~vit_attention.layers.activation.QuickGELU`, which the MLP fuses with ``fc1`` in CPU inference).
 
 Two ways in, one transformer:
 
@@ -45,6 +46,7 @@ from ..attention import get_attention_spec, list_attention
 from ..attention.causal import KVCache
 from ..functional.runtime import capturing
 from ..layers import Block, drop_path_schedule, run_blocks_with_taps, stage_feature_info
+from ..layers.activation import QuickGELU  # re-exported: vit_attention.models.igpt.QuickGELU still imports
 from ._config import (
     ConfigMixin,
     check_attn_layer,
@@ -194,13 +196,6 @@ class RMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
-
-
-class QuickGELU(nn.Module):
-    """``x · σ(1.702 x)`` (GPT-2 / iGPT / CLIP), any shape."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x * torch.sigmoid(1.702 * x)
 
 
 # ---------------------------------------------------------------------------- config and model
