@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vit_attention.analysis.flops import _extra_mapping
 from vit_attention.attention import CausalSelfAttention, KVCache, causal_mask, create_attention
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 
 TOL = dict(atol=1e-5, rtol=1e-4)
 
@@ -34,7 +34,7 @@ def _oracle(attn: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("fused", [True, False])
 def test_equals_the_dense_masked_oracle(fused: bool) -> None:
     attn, x = _attn(), torch.randn(2, 13, 32)
-    with fused_attention(fused), torch.no_grad():
+    with switched(attn, fused_attention=fused), torch.no_grad():
         torch.testing.assert_close(attn(x), _oracle(attn, x), **TOL)
 
 
@@ -62,7 +62,7 @@ def test_cached_steps_equal_the_full_forward(fused: bool, chunks: tuple[int, ...
     attn, x = _attn(), torch.randn(3, 10, 32)
     cache = KVCache(num_layers=1, capacity=3)  # small: the buffers grow while stepping
     outs, start = [], 0
-    with fused_attention(fused), torch.no_grad():
+    with switched(attn, fused_attention=fused), torch.no_grad():
         full = attn(x)
         for n in chunks:
             outs.append(attn(x[:, start:start + n], cache=cache))

@@ -8,7 +8,7 @@ import torch
 from vit_attention import create_attention
 from vit_attention.analysis import record_attention
 from vit_attention.analysis.flops import measure_flops
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 
 B, N, C, NH = 2, 13, 24, 3
 HD = C // NH
@@ -41,7 +41,7 @@ def test_equals_the_explicit_oracle(form, dynamic, fused):
         m.qkv.bias.normal_(0, 0.1)
         m.proj.bias.normal_(0, 0.1)
     x = torch.randn(B, N, C)
-    with torch.no_grad(), fused_attention(fused):
+    with torch.no_grad(), switched(m, fused_attention=fused):
         out = m(x)
     ref = _oracle(m, x, form, dynamic)
     assert (out - ref).abs().max() <= 1e-5 * ref.abs().max()
@@ -54,7 +54,7 @@ def test_fused_equals_explicit_with_gradients():
     grads = []
     for fused in (True, False):
         x.grad = None
-        with fused_attention(fused):
+        with switched(m, fused_attention=fused):
             y = m(x)
         y.square().sum().backward()
         grads.append((y.detach(), x.grad.clone()))

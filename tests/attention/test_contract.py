@@ -17,7 +17,7 @@ from torch import Tensor
 
 from vit_attention import list_attention
 from vit_attention.attention import get_attention_spec
-from vit_attention.functional import fused_attention, register_attention_hook, scaled_dot_product_attention
+from vit_attention.functional import register_attention_hook, scaled_dot_product_attention
 
 NAMES = list_attention()
 TOL = dict(atol=1e-5, rtol=1e-4)
@@ -72,9 +72,8 @@ def test_forward_backward_with_the_contract_keywords(name: str) -> None:
 def test_is_causal_equals_an_explicit_lower_triangular_mask(name: str, fused: bool) -> None:
     q, k, v = _core_inputs(name)
     tril = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
-    with fused_attention(fused):
-        causal = scaled_dot_product_attention(q, k, v, is_causal=True)
-        masked = scaled_dot_product_attention(q, k, v, mask=tril)
+    causal = scaled_dot_product_attention(q, k, v, is_causal=True, fused=fused)
+    masked = scaled_dot_product_attention(q, k, v, mask=tril, fused=fused)
     torch.testing.assert_close(causal, masked, **TOL)
     torch.testing.assert_close(causal, _reference(q, k, v, mask=tril), **TOL)
     assert not torch.allclose(causal, scaled_dot_product_attention(q, k, v), **TOL)
@@ -95,10 +94,9 @@ def test_leading_batch_dims_equal_the_folded_call(name: str, fused: bool) -> Non
     nh, N, M = q.shape[1], q.shape[2], k.shape[2]
     bias = torch.randn(nh, N, M)  # broadcasts over both leading dims
     mask = torch.rand(2, 1, 1, 1, M) > 0.2  # differs along the new leading dim
-    with fused_attention(fused):
-        out5 = scaled_dot_product_attention(q5, k5, v5, bias=bias, mask=mask)
-        out4 = scaled_dot_product_attention(q5.flatten(0, 1), k5.flatten(0, 1), v5.flatten(0, 1), bias=bias,
-                                            mask=mask.expand(2, q.shape[0], 1, 1, M).flatten(0, 1))
+    out5 = scaled_dot_product_attention(q5, k5, v5, bias=bias, mask=mask, fused=fused)
+    out4 = scaled_dot_product_attention(q5.flatten(0, 1), k5.flatten(0, 1), v5.flatten(0, 1), bias=bias,
+                                        mask=mask.expand(2, q.shape[0], 1, 1, M).flatten(0, 1), fused=fused)
     assert out5.shape == (2, *q.shape[:-1], v.shape[-1])
     torch.testing.assert_close(out5.flatten(0, 1), out4, **TOL)
     torch.testing.assert_close(out5, _reference(q5, k5, v5, bias=bias, mask=mask), **TOL)
@@ -109,8 +107,7 @@ def test_leading_batch_dims_equal_the_folded_call(name: str, fused: bool) -> Non
 def test_a_bias_with_grad_gets_its_gradient(name: str, fused: bool) -> None:
     q, k, v = (t.detach().clone().requires_grad_() for t in _core_inputs(name))
     bias = torch.randn(q.shape[1], q.shape[2], k.shape[2], requires_grad=True)  # [nh, N, M]
-    with fused_attention(fused):
-        out = scaled_dot_product_attention(q, k, v, bias=bias)
+    out = scaled_dot_product_attention(q, k, v, bias=bias, fused=fused)
     grads = torch.autograd.grad(out.square().sum(), (q, k, v, bias))
     ref = _reference(q, k, v, bias=bias)
     ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v, bias))
@@ -129,8 +126,7 @@ def test_fully_masked_rows_are_zeros_with_finite_gradients(name: str, fused: boo
     keep = torch.rand(q.shape[0], 1, q.shape[2], k.shape[2]) > 0.3
     keep[0, :, -1] = False  # the last query of the first batch row may attend to nothing (separable: N = 1)
     keep[1:, :, :, 0] = True  # every other row has a key
-    with fused_attention(fused):
-        out = scaled_dot_product_attention(q, k, v, bias=bias, mask=keep)
+    out = scaled_dot_product_attention(q, k, v, bias=bias, mask=keep, fused=fused)
     assert out[0, :, -1].abs().max() == 0 and torch.isfinite(out).all()
     torch.testing.assert_close(out, _reference(q, k, v, bias=bias, mask=keep), **TOL)
     out.square().sum().backward()
@@ -146,8 +142,7 @@ def test_identity_weights_fn_changes_nothing(name: str) -> None:
     out = scaled_dot_product_attention(q, k, v, weights_fn=lambda w: seen.append(w) or w)
     assert len(seen) == 1 and seen[0].shape == (*q.shape[:-1], k.shape[-2])
     torch.testing.assert_close(out, default, **TOL)
-    with fused_attention(False):
-        torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v), rtol=0, atol=0)
+    torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, fused=False), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from vit_attention import create_attention
 from vit_attention.analysis import flops, measure_flops, record_attention
 from vit_attention.attention.conv_proj import ConvProjectionAttention
-from vit_attention.functional import fused_attention, register_attention_hook
+from vit_attention.functional import register_attention_hook, switched
 from vit_attention.layers.adapter import apply_attention
 
 DIM, HEADS = 24, 3
@@ -59,7 +59,7 @@ def _oracle(attn: ConvProjectionAttention, x: torch.Tensor, H: int, W: int, P: i
 def test_equals_the_oracle(method: str, H: int, W: int, P: int, fused: bool) -> None:
     attn = _module(method=method)
     x = torch.randn(2, P + H * W, DIM)
-    with torch.no_grad(), fused_attention(fused):
+    with torch.no_grad(), switched(attn, fused_attention=fused):
         out = attn(x, feat_size=(H, W), num_prefix_tokens=P)
         torch.testing.assert_close(out, _oracle(attn, x, H, W, P), atol=1e-5, rtol=1e-5)
         res = torch.randn_like(x)

@@ -18,7 +18,7 @@ from fixture_utils import assert_parity, load_fixture
 
 from vit_attention.analysis import record_attention
 from vit_attention.attention.halo import HaloAttention
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 from vit_attention.functional.halo import halo_attention, halo_key_index, halo_rel_index
 
 
@@ -88,7 +88,7 @@ def test_equals_the_dense_masked_oracle(kwargs, size, fused):
         for p in attn.parameters():
             p.add_(0.3 * torch.randn_like(p))  # biases non-zero, tables far from their small init
         x = torch.randn(2, *size, 32)
-        with fused_attention(fused):
+        with switched(attn, fused_attention=fused):
             out = attn(x)
         ref = _oracle(attn, x)
     assert out.shape == ref.shape
@@ -102,7 +102,7 @@ def test_timm_halo_attn_fixture(name, fused):
     kwargs = {k: v for k, v in cfg.items() if k not in ("dim", "num_heads")}
     attn = HaloAttention(cfg["dim"], cfg["num_heads"], **kwargs).eval()
     attn.load_state_dict(state)  # timm's keys: q, kv, pos_embed.height_rel, pos_embed.width_rel
-    with torch.no_grad(), fused_attention(fused):
+    with torch.no_grad(), switched(attn, fused_attention=fused):
         out = attn(t["input"].permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
     assert out.shape == t["output"].shape
     assert_parity(out, t["output"])

@@ -11,7 +11,7 @@ import torch
 
 from vit_attention import create_attention
 from vit_attention.analysis import record_attention
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 from vit_attention.functional.longformer2d import longformer2d_plan
 
 
@@ -85,7 +85,7 @@ def test_equals_dense_masked_oracle(H, W, G, w, share, rpe):
     with torch.no_grad():
         ref = _oracle(attn, x, H, W, G)
         out = attn(x, feat_size=(H, W), num_prefix_tokens=G)
-        with fused_attention(False):
+        with switched(attn, fused_attention=False):
             explicit = attn(x, feat_size=(H, W), num_prefix_tokens=G)
     tol = 1e-5 * float(ref.abs().max())
     torch.testing.assert_close(out, ref, atol=tol, rtol=0)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from vit_attention import create_attention
 from vit_attention.analysis.flops import measure_flops
 from vit_attention.attention import LocallyGroupedAttention
-from vit_attention.functional import fused_attention, register_attention_hook
+from vit_attention.functional import register_attention_hook, switched
 
 
 def _oracle(attn: LocallyGroupedAttention, x: torch.Tensor, *, pad_mask: bool) -> torch.Tensor:
@@ -49,7 +49,7 @@ def test_equals_oracle_both_padding_policies(hw, pad_mask):
     with torch.no_grad():
         ref = _oracle(attn, x, pad_mask=pad_mask)
         for fused in (True, False):
-            with fused_attention(fused):
+            with switched(attn, fused_attention=fused):
                 torch.testing.assert_close(attn(x), ref, atol=1e-5, rtol=1e-5)
 
 

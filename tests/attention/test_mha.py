@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from vit_attention.attention import MultiHeadAttention, MultiHeadSelfAttention
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 
 
 def _pair(E=16, nh=4, kdim=None, vdim=None, bias=True):
@@ -65,7 +65,7 @@ def test_mhsa_qk_norm_and_scale():
     attn = MultiHeadSelfAttention(32, 4, qk_norm=True, qk_scale=0.5).eval()
     x = torch.randn(2, 6, 32)
     y = attn(x)
-    with fused_attention(False):
+    with switched(attn, fused_attention=False):
         torch.testing.assert_close(attn(x), y, atol=1e-5, rtol=1e-5)
     assert isinstance(attn.q_norm, nn.LayerNorm) and attn.scale == 0.5
     with pytest.raises(ValueError, match="expected tokens"):

@@ -5,7 +5,7 @@ import torch
 
 from vit_attention import create_attention, list_attention
 from vit_attention.attention import get_attention_spec
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 
 DIM, HEADS = 32, 4
 
@@ -47,7 +47,7 @@ def test_fused_equals_explicit(name):
     x = _input(name)
     with torch.no_grad():
         fused = attn(x)
-        with fused_attention(False):
+        with switched(attn, fused_attention=False):
             explicit = attn(x)
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-4)
 

@@ -12,7 +12,7 @@ from transformers.models.vitdet.modeling_vitdet import VitDetAttention, window_p
 from vit_attention import create_attention
 from vit_attention.analysis.flops import measure_flops
 from vit_attention.attention import RelPosAttention
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 
 DIM, HEADS = 24, 3
 
@@ -69,7 +69,7 @@ def test_without_tables_it_is_plain_window_or_global_attention():
 def test_fused_equals_explicit_and_tables_get_gradients(window_size):
     attn, _ = _pair(window_size, (5, 5))
     x = torch.randn(2, 5, 7, DIM)
-    with torch.no_grad(), fused_attention(False):
+    with torch.no_grad(), switched(attn, fused_attention=False):
         explicit = attn(x)
     with torch.no_grad():
         torch.testing.assert_close(attn(x), explicit, rtol=1e-5, atol=1e-5)
@@ -114,7 +114,7 @@ def test_augment_impl_equals_the_bias(hw):
     x = torch.randn(2, *hw, DIM)
     with torch.no_grad():
         torch.testing.assert_close(aug.eval()(x), ours(x), rtol=1e-5, atol=1e-5)
-        with fused_attention(False):
+        with switched(aug, fused_attention=False), switched(ours, fused_attention=False):
             torch.testing.assert_close(aug(x), ours(x), rtol=1e-5, atol=1e-5)
     aug.train()(x).sum().backward()
     ours.train()(x).sum().backward()

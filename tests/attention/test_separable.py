@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from vit_attention import create_attention
 from vit_attention.analysis import flops, record_attention
 from vit_attention.bench.memory import measure_peak_memory
-from vit_attention.functional import fused_attention, register_attention_hook
+from vit_attention.functional import register_attention_hook, switched
 from vit_attention.functional.layout import AttentionLayout
 
 from .test_unfold import _randomise
@@ -35,7 +35,7 @@ def _timm_linear_self_attention(attn: torch.nn.Module, x: torch.Tensor) -> torch
 def test_equals_timm_linear_self_attention(fused, p):
     attn = _randomise(create_attention("separable", 24, 1, patch_size=p))
     x = torch.randn(2, 8, 6, 24)
-    with torch.no_grad(), fused_attention(fused):
+    with torch.no_grad(), switched(attn, fused_attention=fused):
         out, ref = attn(x), _timm_linear_self_attention(attn, x)
     torch.testing.assert_close(out, ref, atol=1e-5 * float(ref.abs().max()), rtol=0)
 
@@ -96,7 +96,7 @@ def _time_and_memory(name: str, n_side: int) -> tuple[float, int]:
         t0 = time.perf_counter()
         call()
         elapsed = time.perf_counter() - t0
-        with fused_attention(False):  # the explicit path: an N x N matrix would be a tensor the tracker sees
+        with switched(attn, fused_attention=False):  # explicit path: an N x N matrix would be a tensor the tracker sees
             peak = measure_peak_memory(call, "cpu")["peak_bytes"]
     return elapsed, peak
 

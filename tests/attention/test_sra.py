@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from vit_attention import create_attention
 from vit_attention.analysis import flops, measure_flops, record_attention
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 
 
 def _oracle(x: torch.Tensor, sd: dict[str, torch.Tensor], nh: int, grid: tuple[int, int], P: int, *,
@@ -57,7 +57,7 @@ CASES = [  # kwargs, grid, prefix tokens
 def test_matches_the_dense_formula(kw, grid, P, fused) -> None:
     attn = _module(**kw)
     x = torch.randn(2, P + grid[0] * grid[1], 48, dtype=torch.float64)
-    with torch.no_grad(), fused_attention(fused):
+    with torch.no_grad(), switched(attn, fused_attention=fused):
         out = attn(x, feat_size=grid, num_prefix_tokens=P)
         fused_res = attn(x, feat_size=grid, num_prefix_tokens=P, residual=x)
     ref = _oracle(x, attn.state_dict(), 6, grid, P, sr_ratio=kw.get("sr_ratio", 1), linear=kw.get("linear", False),

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vit_attention import create_attention
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 
 
 def _dense(x: torch.Tensor, sd: dict[str, torch.Tensor], nh: int) -> torch.Tensor:
@@ -33,7 +33,7 @@ def test_matches_the_dense_formula(fused: bool) -> None:
     assert set(attn.state_dict()) == {f"{m}.{t}" for m in ("qkv", "proj_l", "proj_w", "proj")
                                       for t in ("weight", "bias")}  # timm's TalkingHeadAttn keys
     x = torch.randn(2, 13, 48, dtype=torch.float64)
-    with torch.no_grad(), fused_attention(fused):
+    with torch.no_grad(), switched(attn, fused_attention=fused):
         out = attn(x)
     ref = _dense(x, attn.state_dict(), 6)
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)

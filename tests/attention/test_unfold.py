@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from vit_attention import create_attention
 from vit_attention.analysis import record_attention
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 from vit_attention.functional.unfold import fold_patches, patch_positions, unfold_patches
 
 
@@ -47,7 +47,7 @@ def _timm_rule(attn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 def test_equals_the_reference_unfold_and_resize_rule(fused, H, W, p):
     attn = _randomise(create_attention("unfold", 32, 4, patch_size=p))
     x = torch.randn(2, H, W, 32)
-    with torch.no_grad(), fused_attention(fused):
+    with torch.no_grad(), switched(attn, fused_attention=fused):
         out = attn(x)
         ref = _timm_rule(attn, x)
     assert out.shape == x.shape

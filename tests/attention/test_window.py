@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from vit_attention import create_attention
 from vit_attention.attention import WindowAttention
-from vit_attention.functional import fused_attention, register_attention_hook
+from vit_attention.functional import register_attention_hook, switched
 from vit_attention.functional.window import _shift_window_mask, window_partition
 
 
@@ -52,7 +52,7 @@ def test_any_size_shape_and_fused_equals_explicit(hw, pad_first):
     x = torch.randn(2, *hw, 24)
     with torch.no_grad():
         y = attn(x)
-        with fused_attention(False):
+        with switched(attn, fused_attention=False):
             y2 = attn(x)
     assert y.shape == x.shape
     torch.testing.assert_close(y, y2, atol=1e-5, rtol=1e-5)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from vit_attention.attention import create_attention
 from vit_attention.attention.cosine_window import CosineWindowAttention
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 from vit_attention.functional.window import log_relative_coords_table, relative_position_index, window_partition
 
 
@@ -34,7 +34,7 @@ def test_matches_formula_on_one_window():
     expect = attn.proj(out).view(1, 4, 4, 16)
     with torch.no_grad():
         torch.testing.assert_close(attn(x), expect, atol=1e-5, rtol=1e-5)
-        with fused_attention(False):
+        with switched(attn, fused_attention=False):
             torch.testing.assert_close(attn(x), expect, atol=1e-5, rtol=1e-5)
 
 

@@ -6,7 +6,6 @@ import torch.nn.functional as F
 
 from vit_attention.functional import (
     attention_context,
-    fused_attention,
     register_attention_hook,
     scaled_dot_product_attention,
 )
@@ -29,8 +28,7 @@ def _reference(q, k, v, mask=None, scale=None):
 @pytest.mark.parametrize("fused", [True, False])
 def test_matches_formula_with_cross_shapes(fused):
     q, k, v = _qkv()
-    with fused_attention(fused):
-        out = scaled_dot_product_attention(q, k, v)
+    out = scaled_dot_product_attention(q, k, v, fused=fused)
     ref, _ = _reference(q, k, v)
     assert out.shape == (2, 3, 5, 6)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
@@ -64,8 +62,7 @@ def test_fully_masked_rows_give_zeros_not_nan(fused, with_bias):
     keep = torch.ones(2, 1, 5, 7, dtype=torch.bool)
     keep[0, :, 2] = False  # query 2 of sample 0 may attend to nothing
     bias = torch.randn(3, 5, 7, requires_grad=True) if with_bias else None
-    with fused_attention(fused):
-        out = scaled_dot_product_attention(q, k, v, mask=keep, bias=bias)
+    out = scaled_dot_product_attention(q, k, v, mask=keep, bias=bias, fused=fused)
     assert torch.isfinite(out).all()
     assert out[0, :, 2].abs().max() == 0
     assert out[1, :, 2].abs().max() > 0
@@ -78,8 +75,7 @@ def test_fused_equals_explicit_with_gradients():
     bias = torch.randn(1, 3, 5, 7)
     out_f = scaled_dot_product_attention(q, k, v, bias=bias)
     grads_f = torch.autograd.grad(out_f.square().sum(), (q, k, v))
-    with fused_attention(False):
-        out_e = scaled_dot_product_attention(q, k, v, bias=bias)
+    out_e = scaled_dot_product_attention(q, k, v, bias=bias, fused=False)
     grads_e = torch.autograd.grad(out_e.square().sum(), (q, k, v))
     torch.testing.assert_close(out_f, out_e, atol=1e-5, rtol=1e-5)
     for gf, ge in zip(grads_f, grads_e):

@@ -10,7 +10,7 @@ import torch
 
 from vit_attention.attention import create_attention
 from vit_attention.functional import attention as attention_module
-from vit_attention.functional import fused_attention, scaled_dot_product_attention
+from vit_attention.functional import scaled_dot_product_attention
 
 
 def _qkv(B: int = 2, nh: int = 3, N: int = 5, M: int = 7, hd: int = 4) -> tuple[torch.Tensor, ...]:
@@ -49,9 +49,8 @@ def test_bad_shape_with_leading_batch_dims_names_the_argument() -> None:
 def test_every_broadcastable_mask_is_accepted(shape: tuple[int, ...], fused: bool) -> None:
     q, k, v = _qkv()
     mask = torch.rand(shape) > 0.3
-    with fused_attention(fused):
-        out = scaled_dot_product_attention(q, k, v, mask=mask)
-        biased = scaled_dot_product_attention(q, k, v, bias=torch.randn(shape))
+    out = scaled_dot_product_attention(q, k, v, mask=mask, fused=fused)
+    biased = scaled_dot_product_attention(q, k, v, bias=torch.randn(shape), fused=fused)
     assert out.shape == biased.shape == (2, 3, 5, 4)
 
 

@@ -20,7 +20,7 @@ import torch
 
 import vit_attention as va
 from vit_attention.functional import linear as L
-from vit_attention.functional.runtime import capturing, cpu_kernel_supports, override_cpu_kernel_support
+from vit_attention.functional.runtime import capturing, cpu_kernel_supports, override_cpu_kernel_support, switched
 
 pytestmark = [pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -68,7 +68,7 @@ def test_bf16_inference_without_bf16_kernels_equals_plain_pytorch(kind: str) -> 
     x = x.to(torch.bfloat16)
     with torch.no_grad(), override_cpu_kernel_support(torch.bfloat16, False):
         fast_on = model(x)
-        with L.fast_linear(False):
+        with switched(model, fast_linear=False):  # process-wide switch: overridden for this thread
             plain = model(x)
     assert fast_on.dtype == torch.bfloat16 and torch.isfinite(fast_on).all()
     torch.testing.assert_close(fast_on, plain, rtol=0, atol=0)

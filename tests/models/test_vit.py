@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from vit_attention import create_model, list_models
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 from vit_attention.models import VisionTransformer, VisionTransformerConfig, model_config
 
 
@@ -37,7 +37,7 @@ def test_fused_equals_explicit(kw):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         a = model(x)
-        with fused_attention(False):
+        with switched(model, fused_attention=False):
             b = model(x)
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 

@@ -12,7 +12,7 @@ import torch
 from einops import rearrange
 from fixture_utils import assert_parity, load_fixture
 
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 from vit_attention.models import create_model
 from vit_attention.weights import load_weights
 from vit_attention.weights.davit import ORIGINAL_RULES, TIMM_BLOCK_RULES
@@ -41,7 +41,7 @@ def test_timm_fixture_parity(name, fused):
         assert any(".spatial_block." in k for k in state)  # the _fl key layout really was exercised
     x = t["input"]
     assert x.shape[-2:] == (58, 50)  # stem pads to 60x52; 15x13 maps pad to windows; 2x2 downsample pads
-    with torch.no_grad(), fused_attention(fused):
+    with torch.no_grad(), switched(model, fused_attention=fused):
         feats = model.forward_features(x)  # [B, H', W', C]
         assert_parity(rearrange(feats, "b h w c -> b c h w"), t["features"])
         assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])

@@ -11,7 +11,7 @@ import pytest
 import torch
 from fixture_utils import assert_parity, load_fixture
 
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 from vit_attention.models.halonet import HaloNet, HaloNetConfig
 from vit_attention.weights import load_weights
 
@@ -43,7 +43,7 @@ def test_timm_fixture_parity(name: str, fused: bool) -> None:
     assert set(model.state_dict()) == set(state)  # timm's key layout, one to one
     report = load_weights(model, state)
     assert report.ok, str(report)
-    with torch.no_grad(), fused_attention(fused):
+    with torch.no_grad(), switched(model, fused_attention=fused):
         feats = model.forward_features(t["input"])
         assert_parity(feats, t["features"])
         assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])

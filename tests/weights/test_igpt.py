@@ -8,7 +8,7 @@ from fixture_utils import assert_parity
 from transformers import ImageGPTConfig as HFConfig
 from transformers import ImageGPTForCausalImageModeling, ImageGPTForImageClassification, ImageGPTModel
 
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 from vit_attention.models.igpt import ImageGPT, ImageGPTConfig, quantize
 from vit_attention.weights import load_weights
 
@@ -42,7 +42,7 @@ def test_hf_causal_image_modeling_logits(fused: bool) -> None:
     report = load_weights(model, ref.state_dict())
     assert report.layout == "huggingface" and report.ok, str(report)
     ids = _ids()
-    with torch.no_grad(), fused_attention(fused):
+    with torch.no_grad(), switched(model, fused_attention=fused):
         out = model.forward_logits(ids)
         want = ref(input_ids=ids).logits
     assert out.shape == want.shape == (3, SIDE * SIDE, K)

@@ -16,7 +16,7 @@ from transformers import MobileViTConfig as HFMobileViTConfig
 from transformers import MobileViTForImageClassification, MobileViTV2ForImageClassification
 from transformers import MobileViTV2Config as HFMobileViTV2Config
 
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 from vit_attention.models.mobilevit import MobileViT, MobileViTConfig
 from vit_attention.weights import load_weights
 from vit_attention.weights.hub import hf_config_overrides
@@ -44,7 +44,7 @@ def test_timm_fixture_parity(name: str, fused: bool) -> None:
     report = load_weights(model, state)
     assert report.ok, str(report)
     assert report.layout == ("timm" if name.endswith("v2") else "vit_attention")  # v1: timm's keys are ours
-    with torch.no_grad(), fused_attention(fused):
+    with torch.no_grad(), switched(model, fused_attention=fused):
         feats = model.forward_features(t["input"])
         assert_parity(feats, t["features"])
         assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])
@@ -206,6 +206,6 @@ def test_original_repository_parity(name: str, fused: bool) -> None:
                                       **_V3_FIXTURE_CFG[name])).eval()
     report = load_weights(model, state)
     assert report.layout == "cvnets" and report.ok, str(report)
-    with torch.no_grad(), fused_attention(fused):
+    with torch.no_grad(), switched(model, fused_attention=fused):
         assert_parity(model.forward_features(t["input"]), t["features"])
         assert_parity(model(t["input"]), t["output"])

@@ -13,7 +13,7 @@ import transformers
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 from vit_attention.models.swin import SwinTransformer
 from vit_attention.models.swinv2 import SwinTransformerV2
 from vit_attention.weights import load_weights
@@ -60,7 +60,7 @@ def test_fixture_parity(name, fused):
     model = _model_for(meta, t["input"].shape[-1])
     report = load_weights(model, state)
     assert report.ok and report.layout == ("torchvision" if name.startswith("torchvision") else "vit_attention")
-    with torch.no_grad(), fused_attention(fused):
+    with torch.no_grad(), switched(model, fused_attention=fused):
         assert _rel_err(model(t["input"]), t["output"]) <= 1e-5
         feats = model.forward_features(t["input"])
         assert _rel_err(model.forward_head(feats, pre_logits=True), t["pre_logits"]) <= 1e-5
@@ -162,7 +162,7 @@ def test_huggingface_base_model_features(v2):
     report = load_weights(ours, hf.state_dict(), strict=False)
     assert report.missing == ["head.fc.weight", "head.fc.bias"] and not report.unexpected
     x = torch.randn(2, 3, 64, 64)
-    with torch.no_grad(), fused_attention(False):
+    with torch.no_grad(), switched(ours, fused_attention=False):
         out = hf(x)
         assert _rel_err(ours.forward_features(x).flatten(1, 2), out.last_hidden_state) <= 1e-5
         assert _rel_err(ours.forward_head(ours.forward_features(x), pre_logits=True), out.pooler_output) <= 1e-5

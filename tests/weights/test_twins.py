@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from vit_attention import create_model
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 from vit_attention.models.twins import Twins
 from vit_attention.weights import convert_state_dict, load_weights
 from vit_attention.weights.twins import TIMM_TO_OURS
@@ -49,7 +49,7 @@ def test_timm_fixture_parity(name, fused):
     report = load_weights(model, state)
     assert report.layout == "timm" and report.ok, report
     x = t["input"]
-    with torch.no_grad(), fused_attention(fused):
+    with torch.no_grad(), switched(model, fused_attention=fused):
         feats = model.forward_features(x)  # [B, h, w, C]
         out = model.forward_head(feats)
         pre = model.forward_head(feats, pre_logits=True)

@@ -9,7 +9,7 @@ import torch
 from fixture_utils import assert_parity, load_fixture
 
 from vit_attention import create_attention
-from vit_attention.functional import fused_attention
+from vit_attention.functional import switched
 from vit_attention.models.vil import VilConfig, VisionLongformer
 from vit_attention.weights import load_weights
 from vit_attention.weights.vil import from_original_vil
@@ -81,7 +81,7 @@ def test_original_attention_module_parity(name: str) -> None:
     tokens = torch.cat([state["glob"].expand(B, -1, -1), tokens], dim=1)
     with torch.no_grad():
         out = attn(tokens, feat_size=(H, W), num_prefix_tokens=cfg["nglo"])
-        with fused_attention(False):
+        with switched(attn, fused_attention=False):
             explicit = attn(tokens, feat_size=(H, W), num_prefix_tokens=cfg["nglo"])
     assert_parity(out, t["output"])
     assert_parity(explicit, t["output"])

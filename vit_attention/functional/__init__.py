@@ -11,7 +11,7 @@ from .attention import (
 from .heads import merge_heads, split_heads, split_packed, split_qkv
 from .layout import AttentionLayout, token_layout, window_layout
 from .pos_embed import resample_abs_pos_embed, sincos_2d_pos_embed
-from .runtime import Switch, switches
+from .runtime import Switch, set_switches, switched, switches
 from .sizes import make_divisible
 from .window import pad_to_window, shift_window_mask, window_partition, window_reverse  # noqa: F401
 from .window_attention import window_attention
@@ -27,11 +27,13 @@ __all__ = [
     "resample_abs_pos_embed",
     "scaled_dot_product_attention",
     "set_fused_attention",
+    "set_switches",
     "sincos_2d_pos_embed",
     "split_heads",
     "split_packed",
     "split_qkv",
     "Switch",
+    "switched",
     "switches",
     "token_layout",
     "window_attention",
