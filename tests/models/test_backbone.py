@@ -1,0 +1,93 @@
+"""The one model base: every family is a Backbone, and what the base owns behaves the same in all of them."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from model_outputs import first_preset_per_family, small_overrides
+
+from vit_attention import create_model
+from vit_attention.models import get_model_entry
+from vit_attention.models.backbone import Backbone
+from vit_attention.models.registry import builtin_families
+
+FAMILIES = sorted(first_preset_per_family().items())
+# What the base writes once; a family that defines one of these again must have a reason (listed here).
+BASE_ONLY = ("default_config", "resolve_config", "set_grad_checkpointing", "no_weight_decay", "forward")
+
+
+@pytest.mark.parametrize("family,name", FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_every_family_is_a_backbone_and_declares_its_reduced_config(family: str, name: str) -> None:
+    entry = get_model_entry(name)
+    assert issubclass(entry.model_cls, Backbone)
+    assert entry.model_cls.config_cls is not None and isinstance(entry.config(), entry.model_cls.config_cls)
+    for attr in BASE_ONLY:
+        owner = next(c for c in entry.model_cls.__mro__ if attr in vars(c))
+        assert owner is Backbone or (entry.family == "igpt" and attr == "forward"), \
+            f"{entry.model_cls.__name__}.{attr} is written again in {owner.__name__}"
+    assert entry.reduced is not None, f"family {family!r} declares no reduced test config (register_family reduced=)"
+    over = entry.reduced_overrides()
+    assert over and set(over) <= {f for f in entry.config().__dataclass_fields__}
+
+
+def test_every_family_module_registers_backbones_only() -> None:
+    from vit_attention.models import list_models
+
+    classes = {get_model_entry(n).model_cls for n in list_models()}
+    assert all(issubclass(c, Backbone) for c in classes)
+    assert len(builtin_families()) >= 16
+
+
+@pytest.mark.parametrize("family,name", FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_config_resolution_is_the_base_s(family: str, name: str) -> None:
+    entry = get_model_entry(name)
+    cls = entry.model_cls
+    cfg = entry.config(**small_overrides(name))
+    model = cls(cfg)
+    assert model.cfg == cfg and model.cfg is not cfg  # a copy: reset_classifier never edits the caller's config
+    assert cls(cfg, num_classes=3).num_classes == 3 and cfg.num_classes == 10
+    with pytest.raises(TypeError, match=f"cfg must be a {cls.config_cls.__name__}"):
+        cls(object())
+    with pytest.raises(TypeError, match="num_classes"):
+        cls(cfg, num_classes="ten")
+
+
+@pytest.mark.parametrize("family,name", FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_reset_classifier_and_pools_are_the_base_s(family: str, name: str) -> None:
+    model = create_model(name, **small_overrides(name)).eval()
+    cls = type(model)
+    with pytest.raises(ValueError, match="global_pool must be one of"):
+        model.reset_classifier(5, global_pool="nope")
+    if "token" in cls.pools and not model.num_prefix_tokens:
+        with pytest.raises(ValueError, match="class token"):
+            model.reset_classifier(5, global_pool="token")
+    model.reset_classifier(0)
+    assert model.num_classes == 0 and model.cfg.num_classes == 0
+    x = torch.randn(2, *_input_shape(model))
+    with torch.no_grad():
+        pooled = model(x)
+    assert pooled.shape == (2, model.num_features)
+    model.reset_classifier(4)
+    with torch.no_grad():
+        assert model(x).shape == (2, 4)
+    model.set_grad_checkpointing(True)
+    flags = [m.grad_checkpointing for m in model.modules() if hasattr(m, "grad_checkpointing")]
+    assert flags and all(flags)
+    nwd = model.no_weight_decay()
+    names = dict(model.named_parameters())
+    assert nwd <= set(names) and all(any(k in n for k in cls.no_weight_decay_keys) for n in nwd)
+
+
+def _input_shape(model: Backbone) -> tuple[int, ...]:
+    cfg = model.cfg
+    size = getattr(cfg, "img_size", 32)
+    h, w = (size, size) if isinstance(size, int) else size
+    return (getattr(cfg, "in_chans", 3), h, w)
+
+
+def test_backbone_docstrings_name_shapes() -> None:
+    for name, fn in inspect.getmembers(Backbone, inspect.isfunction):
+        if not name.startswith("_"):
+            assert fn.__doc__, f"Backbone.{name} has no docstring"
