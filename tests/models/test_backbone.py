@@ -91,3 +91,12 @@ def test_backbone_docstrings_name_shapes() -> None:
     for name, fn in inspect.getmembers(Backbone, inspect.isfunction):
         if not name.startswith("_"):
             assert fn.__doc__, f"Backbone.{name} has no docstring"
+
+
+def test_reset_classifier_checks_every_argument_before_changing_anything() -> None:
+    name = first_preset_per_family()["vit"]
+    model = create_model(name, **small_overrides(name))
+    pool = model.global_pool
+    with pytest.raises(TypeError, match="num_classes"):
+        model.reset_classifier("3", global_pool="avg" if pool != "avg" else "token")
+    assert model.global_pool == pool and model.cfg.global_pool == pool

@@ -34,8 +34,9 @@ from torch import Tensor, nn
 
 from ..layers.head import reset_head
 from ..layers.stage import Tokens, resolve_indices, run_stages
+from ._config import check_int
 
-__all__ = ["Backbone"]
+__all__ = ["Backbone", "isotropic_taps", "tokens_to_intermediates"]
 
 
 def _field_names(cfg: Any) -> set[str]:
@@ -104,7 +105,9 @@ class Backbone(nn.Module):
         """A fresh classifier for ``num_classes`` (0 = none); ``global_pool`` (one of ``pools``; None = keep).
 
         ``"token"`` needs a prefix token and ``"map"`` the attention-pooling head built with the model.
+        Every argument is checked before anything changes.
         """
+        check_int(num_classes, "num_classes", min_value=0)
         if global_pool is not None:
             if global_pool not in self.pools:
                 raise ValueError(f"global_pool must be one of {', '.join(repr(p) for p in self.pools)}; "
