@@ -139,6 +139,24 @@ def test_bias_cache_follows_the_table_and_training_gets_its_gradient() -> None:
     assert m.rpb.grad is not None and m.rpb.grad.abs().sum() > 0
 
 
+def test_bias_cache_follows_dtype_and_works_in_inference_mode() -> None:
+    with torch.inference_mode():  # inference-tensor parameters (no version counter)
+        m = create_attention("neighborhood", 16, 2, kernel_size=3).eval()
+        x = torch.randn(1, 8, 9, 16)
+        a = m(x)
+        assert m(x).equal(a)
+        m.rpb.mul_(2.0)
+        assert not m(x).equal(a)
+    m = create_attention("neighborhood", 16, 2, kernel_size=3).eval()
+    with torch.no_grad():
+        m(torch.randn(1, 8, 9, 16))
+        m.to(torch.float64)
+        x = torch.randn(1, 8, 9, 16, dtype=torch.float64)
+        out = m(x)
+        torch.testing.assert_close(out, oracle(m, x), atol=1e-10, rtol=1e-10)
+    assert out.dtype == torch.float64 and m._bias_cache.value.dtype == torch.float64
+
+
 def test_small_map_warns_once_per_module_naming_what_happens() -> None:
     """A map smaller than K·d is zero-padded and the padding attended (the original's behaviour): the first
     call of each module on such a map warns, naming the map, the kernel, the dilation and the padded share."""

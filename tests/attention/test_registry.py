@@ -68,3 +68,23 @@ def test_declares_flops(name):
 def test_unknown_mechanism_suggests():
     with pytest.raises(KeyError, match="did you mean 'mhsa'"):
         create_attention("mhsaa", 32, 4)
+
+
+@pytest.mark.parametrize("name", list_attention())
+def test_fused_switch_captured_when_built_and_switched_per_module(name, monkeypatch):
+    """Every mechanism captures the fused switch when built and hands it to the core: switched() reaches it."""
+    from vit_attention.functional import attention as core
+    from vit_attention.functional.runtime import FUSED_ATTENTION
+
+    calls = []
+    real = core._fused
+    monkeypatch.setattr(core, "_fused", lambda *a, **k: calls.append(1) or real(*a, **k))
+    attn, x = _build(name), _input(name)
+    assert attn.fused_attention is FUSED_ATTENTION.default
+    attn.fused_attention = True
+    with torch.no_grad():
+        with switched(attn, fused_attention=False):
+            attn(x)
+        assert calls == [] and attn.fused_attention is True  # explicit path inside, restored after
+        attn(x)
+    assert bool(calls) == get_attention_spec(name).fused  # the fused kernel where the mechanism can use it

@@ -152,6 +152,117 @@ def test_load_state_dict_refreshes_cached_bias():
         torch.testing.assert_close(a(x), b(x))
 
 
+def _fresh_output(attn: WindowAttention, x: torch.Tensor) -> torch.Tensor:
+    """``attn(x)`` from a copy built now (an empty cache): what a refreshed cache must give."""
+    twin = WindowAttention(attn.dim, attn.num_heads, window_size=attn.window_size, shift_size=attn.shift_size)
+    twin = twin.to(attn.relative_position_bias_table.dtype).eval()
+    twin.load_state_dict(attn.state_dict())
+    with torch.no_grad():
+        return twin(x)
+
+
+def test_bias_cache_hits_while_the_table_is_unchanged():
+    attn = _randomise(WindowAttention(8, 2, window_size=4, shift_size=2))
+    with torch.no_grad():
+        assert attn.position_bias() is attn.position_bias()  # served from the cache
+    with torch.enable_grad():  # autograd records through the table: computed each call, the cache dropped
+        assert attn.position_bias().requires_grad and attn._bias_cache.value is None
+
+
+def test_bias_cache_refreshed_after_to_dtype():
+    attn = _randomise(WindowAttention(8, 2, window_size=4, shift_size=2))
+    x = torch.randn(2, 8, 8, 8)
+    with torch.no_grad():
+        attn(x)
+    attn.to(torch.float64)
+    x = x.double()
+    with torch.no_grad():
+        out = attn(x)
+    assert out.dtype == torch.float64 and attn._bias_cache.value.dtype == torch.float64
+    torch.testing.assert_close(out, _fresh_output(attn, x), rtol=0, atol=0)
+
+
+def test_bias_cache_refreshed_after_an_optimizer_step_without_a_forward_in_between():
+    """The step updates the table in place under no_grad; no grad-mode forward runs between the cached
+    call and the next one (gradients set by hand), so only comparing the values can notice."""
+    attn = _randomise(WindowAttention(8, 2, window_size=4, shift_size=2))
+    x = torch.randn(2, 8, 8, 8)
+    with torch.no_grad():
+        before = attn(x)
+    opt = torch.optim.SGD(attn.parameters(), lr=1.0)
+    for p in attn.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    with torch.no_grad():
+        after = attn(x)
+    assert (before - after).abs().max() > 1e-3
+    torch.testing.assert_close(after, _fresh_output(attn, x), rtol=0, atol=0)
+
+
+def test_bias_cache_refreshed_after_a_training_step():
+    attn = _randomise(WindowAttention(8, 2, window_size=4, shift_size=2))
+    x = torch.randn(2, 8, 8, 8)
+    opt = torch.optim.AdamW(attn.parameters(), lr=0.1)
+    with torch.no_grad():
+        attn(x)
+    attn.train()
+    attn(x).square().mean().backward()
+    opt.step()
+    attn.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), _fresh_output(attn, x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("edit", ["lerp", "copy", "data"])
+def test_bias_cache_refreshed_after_an_in_place_edit(edit):
+    """EMA updates, ``copy_`` and ``.data`` assignments under no_grad: all change the values the cache compares."""
+    attn = _randomise(WindowAttention(8, 2, window_size=4, shift_size=2))
+    x = torch.randn(2, 8, 8, 8)
+    table = attn.relative_position_bias_table
+    other = torch.randn_like(table)
+    with torch.no_grad():
+        before = attn(x)
+        if edit == "lerp":
+            table.lerp_(other, 0.5)  # an EMA update
+        elif edit == "copy":
+            table.copy_(other)
+        else:
+            table.data = other
+        after = attn(x)
+    assert (before - after).abs().max() > 1e-3
+    torch.testing.assert_close(after, _fresh_output(attn, x), rtol=0, atol=0)
+
+
+def test_functional_call_with_other_tables_is_not_served_from_the_cache():
+    attn = _randomise(WindowAttention(8, 2, window_size=4, shift_size=2))
+    x = torch.randn(2, 8, 8, 8)
+    state = {k: v + 0.5 for k, v in attn.state_dict().items()}
+    with torch.no_grad():
+        attn(x)
+        out = torch.func.functional_call(attn, state, (x,))
+        ref = WindowAttention(8, 2, window_size=4, shift_size=2).eval()
+        ref.load_state_dict(state)
+        torch.testing.assert_close(out, ref(x), rtol=0, atol=0)
+
+
+def test_built_and_run_in_inference_mode():
+    """Parameters made in inference mode are inference tensors (no version counter): the cache still works."""
+    with torch.inference_mode():
+        attn = WindowAttention(8, 2, window_size=4, shift_size=2).eval()
+        x = torch.randn(2, 7, 9, 8)
+        a = attn(x)
+        torch.testing.assert_close(attn(x), a, rtol=0, atol=0)
+        attn.relative_position_bias_table.add_(1.0)
+        assert (attn(x) - a).abs().max() > 0
+
+
+def test_bias_cache_on_the_meta_device():
+    attn = WindowAttention(8, 2, window_size=4, shift_size=2).to("meta").eval()
+    with torch.no_grad():
+        assert attn(torch.empty(2, 8, 8, 8, device="meta")).shape == (2, 8, 8, 8)
+    assert attn._bias_cache.value is None  # nothing to compare on meta: not cached
+
+
 def test_clear_errors():
     with pytest.raises(ValueError, match="shift_size.*smaller than window_size"):
         WindowAttention(32, 4, window_size=7, shift_size=7)

@@ -90,6 +90,20 @@ def test_cpb_cache_refreshes_and_trains():
     assert attn.cpb_mlp[0].weight.grad.abs().sum() > 0 and attn.logit_scale.grad is not None
 
 
+def test_cpb_cache_hits_until_an_edit_and_follows_dtype():
+    attn = _randomised(shift_size=2)
+    x = torch.randn(2, 6, 10, 16)
+    with torch.no_grad():
+        b1 = attn.position_bias()
+        assert attn.position_bias() is b1  # cached while the MLP is unchanged
+        attn.cpb_mlp[0].bias.add_(0.5)  # one of the three MLP parameters, in place
+        b2 = attn.position_bias()
+        assert b2 is not b1 and (b2 - b1).abs().max() > 1e-4
+        attn.to(torch.float64)
+        out = attn(x.double())
+    assert out.dtype == torch.float64 and attn.position_bias().dtype == torch.float64
+
+
 def test_errors():
     with pytest.raises(ValueError, match="divisible by num_heads"):
         create_attention("cosine_window", 18, 4)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import math
+import threading
 
 import pytest
 import torch
@@ -64,3 +66,94 @@ def test_window_tokens_layouts_and_the_bias_cache():
     (key, combined), = cache.items()
     b = window_attention(qkv, bias, feat_size=(8, 8), num_heads=1, window_size=4, shift_size=2, bias_cache=cache)
     assert cache[key] is combined and torch.equal(a, b) and combined.shape == (1, 4, 16, 16)
+
+
+# ----------------------------------------------------------------------------- observers, context frames, threads
+def test_no_context_frame_while_nobody_observes(monkeypatch) -> None:
+    """The unobserved path pushes nothing; with an observer the call carries the window geometry."""
+    from vit_attention.attention import WindowAttention
+    from vit_attention.functional.attention import attention_context, register_attention_hook
+
+    def refuse(**info):
+        raise AssertionError("a context frame was opened while nobody observes")
+
+    wa = importlib.import_module("vit_attention.functional.window_attention")  # the module, not the function
+    attn = WindowAttention(16, 2, window_size=4, shift_size=2).eval()
+    x = torch.randn(1, 8, 8, 16)
+    monkeypatch.setattr(wa, "attention_context", refuse)
+    with torch.no_grad():
+        attn(x)
+    monkeypatch.setattr(wa, "attention_context", attention_context)
+    seen = []
+    handle = register_attention_hook(lambda w, info: seen.append(info))
+    try:
+        with torch.no_grad():
+            attn(x)
+    finally:
+        handle.remove()
+    (info,) = seen
+    assert info["mechanism"] == "window" and info["shift_size"] == (2, 2) and info["num_windows"] == 4
+
+
+def test_context_frames_are_per_thread() -> None:
+    """Two threads run window attention at the same time, each inside its own attention_context and with
+    its own observer registered. Observers are process-wide (each sees both threads' calls), but the
+    info of a call holds only the frames of the thread that made it."""
+    from vit_attention.attention import WindowAttention
+    from vit_attention.functional.attention import attention_context, current_frames, register_attention_hook
+
+    tags = ("a", "b")
+    modules = {t: WindowAttention(16, 2, window_size=4, shift_size=2).eval() for t in tags}
+    x = torch.randn(1, 8, 8, 16)
+    seen: dict[str, list[tuple[str, object, object]]] = {t: [] for t in tags}
+    barrier = threading.Barrier(len(tags), timeout=60)
+    errors: list[BaseException] = []
+    steps = 8
+
+    def observer(tag: str):
+        def hook(weights: torch.Tensor, info: dict) -> None:
+            seen[tag].append((threading.current_thread().name, info.get("thread"), info.get("mechanism")))
+        return hook
+
+    def run(tag: str) -> None:
+        try:
+            handle = register_attention_hook(observer(tag))
+            try:
+                barrier.wait()  # both observers registered
+                with torch.no_grad():
+                    for step in range(steps):
+                        with attention_context(thread=tag, step=step):
+                            barrier.wait()  # both threads' frames are open now
+                            modules[tag](x)
+                            barrier.wait()
+                assert current_frames() == ()
+            finally:
+                barrier.wait()  # neither observer is removed before both threads are done
+                handle.remove()
+        except BaseException as e:  # noqa: BLE001  (re-raised in the main thread)
+            errors.append(e)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(t,), name=t) for t in tags]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for tag in tags:
+        records = seen[tag]
+        assert {caller for caller, _, _ in records} == set(tags)  # process-wide: both threads' calls
+        assert len(records) == steps * len(tags)
+        for caller, frame_tag, mechanism in records:
+            assert frame_tag == caller and mechanism == "window"  # never the other thread's frame
+    assert current_frames() == ()
+
+
+def test_a_frame_is_closed_after_an_error() -> None:
+    from vit_attention.functional.attention import attention_context, current_frames
+
+    with pytest.raises(RuntimeError), attention_context(module="outer"):
+        with attention_context(module="inner"):
+            assert [f["module"] for f in current_frames()] == ["outer", "inner"]
+            raise RuntimeError
+    assert current_frames() == ()
