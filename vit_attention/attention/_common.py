@@ -134,9 +134,12 @@ class ParamCache:
 
 def uncacheable(params: Sequence[torch.Tensor]) -> bool:
     """No cache for a value derived from ``params``: autograd records through them, torch captures a
-    graph (a cached tensor would become a constant), or they live on the meta device (no values)."""
+    graph (a cached tensor would become a constant; a CUDA graph cannot compare values), or they live
+    on the meta device (no values)."""
     if capturing():
         return True
     if torch.is_grad_enabled() and any(p.requires_grad for p in params):
         return True
-    return any(p.is_meta for p in params)
+    if any(p.is_meta for p in params):
+        return True
+    return any(p.is_cuda for p in params) and torch.cuda.is_current_stream_capturing()

@@ -203,10 +203,11 @@ def switched(module: torch.nn.Module, **values: object) -> Iterator[torch.nn.Mod
     """Run a built ``module`` with other switch values inside the block; everything is restored on exit.
 
     ``with switched(model, fused_attention=False): model(x)`` (the explicit attention path of this
-    model; another model is not affected, in this thread or any other). A captured switch is set
-    on every submodule that captured it and put back on exit (also after an error); a process-wide
-    one (``fast_linear``, ``chunk_elements``) is overridden for this thread with
-    :meth:`Switch.override`. Yields ``module``.
+    model; other models are not affected). A captured switch is set on every submodule that
+    captured it and put back on exit (also after an error): it changes the model itself, so
+    another thread running the same model inside the block sees it too (and ``torch.compile``
+    recompiles on it). A process-wide one (``fast_linear``, ``chunk_elements``) is overridden for
+    this thread with :meth:`Switch.override`. Yields ``module``.
     """
     resolved = _resolve(values)
     saved: list[tuple[torch.nn.Module, str, object]] = []
