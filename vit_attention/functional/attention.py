@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -54,7 +55,7 @@ ShapeHook = Callable[[Tensor, Tensor, Tensor, dict[str, Any]], None]
 
 _WEIGHT_HOOKS: dict[int, WeightsHook] = {}
 _SHAPE_HOOKS: dict[int, ShapeHook] = {}
-_NEXT_HOOK_ID = 0
+_HOOK_IDS = itertools.count(1)  # next() is atomic: two threads registering at once get distinct ids
 # the open attention_context frames of this thread / task, outermost first (immutable: set and reset by token)
 _FRAMES: contextvars.ContextVar[tuple[dict[str, Any], ...]] = contextvars.ContextVar("vit_attention_frames",
                                                                                        default=())
@@ -91,15 +92,15 @@ def register_attention_hook(fn: WeightsHook | ShapeHook, *, weights: bool = True
     * ``weights=False`` (shapes only): ``fn(q, k, v, info)`` before anything is computed. It does
       not change the path and works on the meta device (shape traces, FLOPs).
 
-    ``info`` is the merged dict of the active :func:`attention_context` frames plus ``mask`` and
-    ``bias`` (their shape tuples or None), ``is_causal`` and, when the caller passed one,
-    ``layout`` (an :class:`~.layout.AttentionLayout`: where the rows sit on the grid).
+    ``info`` is the merged dict of the :func:`attention_context` frames open in the calling
+    thread plus ``mask`` and ``bias`` (their shape tuples or None), ``is_causal`` and, when the
+    caller passed one, ``layout`` (an :class:`~.layout.AttentionLayout`: where the rows sit on the
+    grid). The hook itself is process-wide: it sees the calls of every thread (module docstring).
     """
-    global _NEXT_HOOK_ID
-    _NEXT_HOOK_ID += 1
+    hook_id = next(_HOOK_IDS)
     registry: dict[int, Any] = _WEIGHT_HOOKS if weights else _SHAPE_HOOKS
-    registry[_NEXT_HOOK_ID] = fn
-    return _HookHandle(_NEXT_HOOK_ID, registry)
+    registry[hook_id] = fn
+    return _HookHandle(hook_id, registry)
 
 
 @contextlib.contextmanager
