@@ -352,3 +352,15 @@ def test_inference_runs_bias_and_shift_mask_through_the_fused_kernel(name, monke
     attn.train()
     attn(x).sum().backward()  # CPU training: the learned bias takes the explicit path (no torch math fallback)
     assert len(calls) == 1
+
+
+def test_bias_cache_is_a_cpu_inference_saving_only() -> None:
+    """Cached only for CPU parameters outside autograd: an accelerator recomputes (comparing values would
+    synchronise the host every block), the meta device has no values, autograd must see the computation."""
+    from vit_attention.attention._common import uncacheable
+
+    p = torch.nn.Parameter(torch.zeros(3))
+    with torch.no_grad():
+        assert not uncacheable([p])
+        assert uncacheable([p.to("meta")])
+    assert uncacheable([p])  # grad enabled, requires_grad

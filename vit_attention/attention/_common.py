@@ -97,7 +97,7 @@ class ParamCache:
     (an EMA update, ``p.copy_(...)``), ``.to(dtype)`` / ``.to(device)``, other tensors swapped in
     (``torch.func.functional_call``). Nothing is invalidated by hand. The price is one
     ``torch.equal`` per parameter per lookup: microseconds for a relative-position table on the
-    CPU (the cached value saves far more), a host synchronisation on an accelerator.
+    CPU (the cached value saves far more); on an accelerator nothing is cached (:func:`uncacheable`).
 
     The caller decides when not to cache at all (autograd recording through the parameters, graph
     capture, the meta device, where no values exist). The snapshot holds a copy of the parameters
@@ -134,12 +134,12 @@ class ParamCache:
 
 def uncacheable(params: Sequence[torch.Tensor]) -> bool:
     """No cache for a value derived from ``params``: autograd records through them, torch captures a
-    graph (a cached tensor would become a constant; a CUDA graph cannot compare values), or they live
-    on the meta device (no values)."""
+    graph (a cached tensor would become a constant), they live on the meta device (no values), or on
+    an accelerator: comparing values there would stop the host until the device catches up (a
+    synchronisation per block per forward), while recomputing a position bias is a few small
+    kernels queued asynchronously. The cache is a CPU-inference saving."""
     if capturing():
         return True
     if torch.is_grad_enabled() and any(p.requires_grad for p in params):
         return True
-    if any(p.is_meta for p in params):
-        return True
-    return any(p.is_cuda for p in params) and torch.cuda.is_current_stream_capturing()
+    return any(p.device.type != "cpu" for p in params)
