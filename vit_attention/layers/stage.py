@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from ..functional.chunking import batch_chunk_size, run_in_batch_chunks
 
 __all__ = ["Stage", "Tokens", "HierarchicalMixin", "as_map", "drop_path_schedule", "resolve_indices", "run_blocks",
-           "run_blocks_with_taps", "run_stages", "stage_feature_info"]
+           "run_blocks_with_taps", "run_stages", "stage_feature_info", "staged_intermediates"]
 
 
 class Tokens(NamedTuple):
@@ -206,6 +206,22 @@ def run_stages(stages: Iterable[nn.Module], x: Tensor | Tokens, take: Collection
     return x, outs
 
 
+def staged_intermediates(stages: Sequence[nn.Module], x: Tensor | Tokens, indices: int | Sequence[int] | None,
+                         final_norm: Callable[[Tensor], Tensor], *, norm: bool = False,
+                         output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False) -> Any:
+    """``forward_intermediates`` of a staged model, given its embedded input ``x``: ``(final, [maps])`` or the list.
+
+    ``indices`` as :func:`resolve_indices` (stages); maps as :func:`run_stages` (``norm``: ``final_norm`` on the
+    last stage's map); ``final``: ``final_norm`` of the last stage's output (its tokens when it gives
+    :class:`Tokens`, else its map).
+    """
+    take = resolve_indices(indices, len(stages), "stage")
+    x, outs = run_stages(stages, x, take, last_norm=final_norm if norm else None, output_fmt=output_fmt)
+    if intermediates_only:
+        return outs
+    return final_norm(x.x if isinstance(x, Tokens) else x), outs
+
+
 def stage_feature_info(dims: Sequence[int], reductions: Sequence[int], module: str = "stages"
                        ) -> list[dict[str, Any]]:
     """``feature_info``: channels, stride and module name per stage (``f"{module}.{i}"``)."""
@@ -257,10 +273,5 @@ class HierarchicalMixin:
         ``feature_info``) or the channels-last map (``NHWC``); ``norm`` applies the final norm to
         the last stage's map. Returns ``(final [B, H', W', C'], [maps])`` or only the list.
         """
-        stages = self._stages()
-        take = resolve_indices(indices, len(stages), "stage")
-        x, outs = run_stages(stages, self._embed(x), take, last_norm=self.norm if norm else None,
-                             output_fmt=output_fmt)
-        if intermediates_only:
-            return outs
-        return self.norm(as_map(x)), outs
+        return staged_intermediates(self._stages(), self._embed(x), indices, self.norm, norm=norm,
+                                    output_fmt=output_fmt, intermediates_only=intermediates_only)

@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Literal
 from torch import Tensor, nn
 
 from ..layers.head import reset_head
-from ..layers.stage import Tokens, resolve_indices, run_stages
+from ..layers.stage import Tokens, resolve_indices, staged_intermediates
 from ._config import check_int
 
 __all__ = ["Backbone", "isotropic_taps", "tokens_to_intermediates"]
@@ -171,13 +171,8 @@ class Backbone(nn.Module):
         ``feature_info``) or ``[B, H_i, W_i, C_i]`` (``NHWC``), prefix tokens left out; ``norm``
         applies the final norm to the last stage's map. Returns ``(final, [maps])`` or only the list.
         """
-        stages = self._stages()
-        take = resolve_indices(indices, len(stages), "stage")
-        x, outs = run_stages(stages, self._embed(x), take, last_norm=self.norm if norm else None,
-                             output_fmt=output_fmt)
-        if intermediates_only:
-            return outs
-        return self.norm(x.x if isinstance(x, Tokens) else x), outs
+        return staged_intermediates(self._stages(), self._embed(x), indices, self.norm, norm=norm,
+                                    output_fmt=output_fmt, intermediates_only=intermediates_only)
 
     # ------------------------------------------------------------------ training
     def set_grad_checkpointing(self, enable: bool = True) -> None:
