@@ -83,11 +83,11 @@ def test_stage_grouping_and_table():
 
 
 def test_cross_attention_falls_back_to_the_attention_core():
-    """The MAP head calls MultiHeadAttention as cross-attention: costed by its layers and the core."""
+    """The MAP head's latent query attends to the tokens through the core: costed by its layers and the core."""
     model = create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, global_pool="map",
                          class_token=False)
     report = flops(model, (2, 3, 32, 32))
-    assert "attn_pool.attn[attention]" in report.modules
+    assert "attn_pool[attention]" in report.modules
     assert report.total == measure_flops(model, (2, 3, 32, 32), device=None)[0]
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads, split_qkv
@@ -12,6 +16,7 @@ from ..functional.linear import apply_linear, linear
 from ..functional.runtime import FUSED_ATTENTION
 from ._common import check_heads, check_prob
 from .registry import register_attention
+from .rope import make_rope
 
 __all__ = ["MultiHeadSelfAttention"]
 
@@ -25,14 +30,20 @@ __all__ = ["MultiHeadSelfAttention"]
         "    A = softmax(q kᵀ · hd^-1/2)                    # [B, nh, N, N]\n"
         "    out = merge_heads(A v) W_proj                  # [B, N, C]\n\n"
         "Every token attends to every token: cost grows with `N²`. Optional QK-norm (ViT-22B) "
-        "normalises q and k per head before the product."),
+        "normalises q and k per head before the product; optional 2-D rotary positions (`rope='axial'` "
+        "as EVA-02 / DINOv3 / RoPE-ViT, `rope='mixed'` with learned frequencies) rotate q and k of the grid "
+        "tokens after it, prefix tokens unrotated."),
     cost="4·N·C² + 2·N²·C multiply-adds (quadratic in the tokens N)",
     example_shape=(2, 11, 32))
 class MultiHeadSelfAttention(nn.Module):
     """Global self-attention, ``[B, N, C] -> [B, N, C]``.
 
-    ``qkv`` is one packed ``Linear(C, 3C)`` (timm layout); ``qk_norm`` applies a LayerNorm over
-    each head's ``hd`` channels of q and k (ViT-22B). Cost: ``4·N·C² + 2·N²·C`` multiply-adds.
+    ``qkv`` is one packed ``Linear(C, 3C)`` (timm layout); ``qkv_bias="qv"`` gives it no bias and
+    learned ``q_bias`` / ``v_bias`` instead, the key bias fixed at zero (EVA-02, DINOv3; timm Eva's
+    keys). ``qk_norm`` applies a LayerNorm over each head's ``hd`` channels of q and k (ViT-22B).
+    ``rope`` (``"axial"`` | ``"mixed"``) with ``rope_kwargs``: a
+    :class:`~vit_attention.attention.rope.RotaryEmbedding` (key ``rope``) turns q and k of the grid
+    tokens after the qk-norm. Cost: ``4·N·C² + 2·N²·C`` multiply-adds (+ ``4·N·C`` with RoPE).
     """
 
     def __init__(
@@ -40,22 +51,32 @@ class MultiHeadSelfAttention(nn.Module):
         dim: int,
         num_heads: int = 8,
         *,
-        qkv_bias: bool = True,
+        qkv_bias: bool | str = True,
         qk_scale: float | None = None,
         qk_norm: bool = False,
         proj_bias: bool = True,
         norm_eps: float = 1e-6,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        rope: str | None = None,
+        rope_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        if qkv_bias not in (True, False, "qv"):
+            raise ValueError(f"qkv_bias must be True, False or 'qv' (q and v biases, none on k), got {qkv_bias!r}")
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias is True)
+        if qkv_bias == "qv":
+            self.q_bias: nn.Parameter | None = nn.Parameter(torch.zeros(dim))
+            self.v_bias: nn.Parameter | None = nn.Parameter(torch.zeros(dim))
+        else:
+            self.q_bias = self.v_bias = None
         self.q_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
+        self.rope = make_rope(rope, rope_kwargs, self.head_dim, num_heads)
         self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
@@ -70,20 +91,33 @@ class MultiHeadSelfAttention(nn.Module):
         ``context [B, M, C]``: keys and values come from it (the ``k | v`` rows of ``qkv``).
         ``mask``: bool, broadcastable to ``[B, nh, N, M]``, True = may attend.
         ``residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
+        With ``rope``, the grid is ``feat_size`` (a square without it) after ``num_prefix_tokens``.
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
-        if context is None:
+        if context is not None and self.rope is not None:
+            raise ValueError("rope needs self-attention on the grid: this module was built with rope, so it "
+                             "takes no context")
+        if context is None and self.q_bias is not None:
+            assert self.v_bias is not None
+            bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])  # [3C]: k has none
+            q, k, v = split_qkv(linear(x, self.qkv.weight, bias), self.num_heads)  # each [B, nh, N, hd]
+        elif context is None:
             q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
         else:
             if context.dim() != 3 or context.shape[-1] != self.dim or context.shape[0] != x.shape[0]:
                 raise ValueError(f"context must be [B, M, {self.dim}] with x's B = {x.shape[0]}, "
                                  f"got {tuple(context.shape)}")
             C, w, b = self.dim, self.qkv.weight, self.qkv.bias
+            if self.q_bias is not None:
+                assert self.v_bias is not None
+                b = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
             q = split_heads(linear(x, w[:C], None if b is None else b[:C]), self.num_heads)  # [B, nh, N, hd]
             kv = linear(context, w[C:], None if b is None else b[C:])  # [B, M, 2C]
             k, v = split_packed(kv, self.num_heads, 2, "packed kv")  # each [B, nh, M, hd]
         q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope is not None:
+            q, k = self.rope(q, k, feat_size, num_prefix_tokens)  # grid tokens turned, prefix kept
         layout = token_layout(x.shape[1], feat_size, num_prefix_tokens,
                               num_context=None if context is None else context.shape[1]) \
             if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
@@ -100,8 +134,9 @@ class MultiHeadSelfAttention(nn.Module):
         """Multiply-adds for one forward on ``input_shape = (B, N, C)``.
 
         ``4·N·C² + 2·N²·C``, plus the QK-norm LayerNorms when on (fvcore's 5 per element, as
-        ``vit_attention.analysis.flops`` counts every norm).
+        ``vit_attention.analysis.flops`` counts every norm) and the RoPE products (``4·N·C``).
         """
         B, N, C = input_shape
         qk_norm = 2 * 5 * N * C if isinstance(self.q_norm, nn.LayerNorm) else 0
-        return B * (4 * N * C * C + 2 * N * N * C + qk_norm)
+        rope = self.rope.flops(N) if self.rope is not None else 0  # prefix rows counted too (a bound; P << N)
+        return B * (4 * N * C * C + 2 * N * N * C + qk_norm + rope)

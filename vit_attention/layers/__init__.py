@@ -7,7 +7,7 @@ from .downsample import PatchMerging
 from .drop_path import DropPath, drop_path
 from .head import AttentionPoolHead, ClassifierHead
 from .layer_scale import LayerScale
-from .mlp import Mlp
+from .mlp import GluMlp, Mlp, SwiGLU
 from .patch_embed import ConvStemPatchEmbed, PatchEmbed
 from .plug import Plug, plug
 from .pos_embed import PosConv
@@ -33,7 +33,9 @@ __all__ = [
     "DropPath",
     "HierarchicalMixin",
     "LayerScale",
+    "GluMlp",
     "Mlp",
+    "SwiGLU",
     "PatchEmbed",
     "PatchMerging",
     "Plug",

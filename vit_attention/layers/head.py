@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ..attention import MultiHeadAttention
+from ..attention._common import check_heads
+from ..functional import merge_heads, scaled_dot_product_attention, split_heads, split_packed
+from ..functional.attention import attention_observed
+from ..functional.layout import token_layout
+from ..functional.linear import apply_linear
+from ..functional.runtime import FUSED_ATTENTION
 from .mlp import Mlp
 
 __all__ = ["ClassifierHead", "AttentionPoolHead", "reset_head", "init_linear_weights"]
@@ -82,25 +88,59 @@ class ClassifierHead(nn.Module):
 
 
 class AttentionPoolHead(nn.Module):
-    """Multi-head attention pooling (MAP, Zhai et al. 2022): a learned query attends to the tokens.
+    """Multi-head attention pooling (MAP, Zhai et al. 2022; SigLIP's head): a learned query attends to the tokens.
 
-    ``[B, N, C] -> [B, C]``: ``latent`` query -> :class:`MultiHeadAttention` -> ``+ mlp(norm(.))``.
-    Keys: ``latent``, ``attn.*``, ``norm``, ``mlp.*``.
+    ``[B, N, C] -> [B, C]``::
+
+        q = latent W_q;  k, v = x W_kv                  # latent [1, 1, C]
+        o = softmax(q kᵀ · hd^-1/2 [+ key mask]) v W_o  # no residual from the latent
+        y = o + mlp(norm(o));  return y[:, 0]
+
+    Keys (timm's ``AttentionPoolLatent``): ``latent``, ``q``, ``kv`` (k rows then v), ``proj``,
+    ``norm``, ``mlp.fc1`` / ``mlp.fc2``. The attention goes through the library's one core, so
+    hooks and attention maps see it. Checkpoints of the earlier layout (``attn.{q,k,v,out}_proj``)
+    still load.
     """
 
     def __init__(self, dim: int, num_heads: int, mlp_dim: int, *,
                  norm_layer: Callable[[int], nn.Module] = nn.LayerNorm,
-                 act_layer: Callable[[], nn.Module] = nn.GELU) -> None:
+                 act_layer: Callable[[], nn.Module] = nn.GELU, qkv_bias: bool = True) -> None:
         super().__init__()
+        self.head_dim = check_heads(dim, num_heads)
+        self.dim, self.num_heads = dim, num_heads
+        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
         self.latent = nn.Parameter(torch.zeros(1, 1, dim))
-        self.attn = MultiHeadAttention(dim, num_heads)
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
         self.norm = norm_layer(dim)
         self.mlp = Mlp(dim, mlp_dim, act_layer=act_layer)
         nn.init.trunc_normal_(self.latent, std=dim ** -0.5)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, N, C] -> [B, C]``."""
-        q = self.latent.expand(x.shape[0], -1, -1)  # [B, 1, C]
-        x, _ = self.attn(q, x, x)  # [B, 1, C]
-        x = x + self.mlp(self.norm(x))
-        return x[:, 0]  # [B, C]
+    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        """``[B, N, C] -> [B, C]``; ``key_mask [B, N]`` bool, True = a real token (padding left out, NaFlex)."""
+        B = x.shape[0]
+        q = split_heads(apply_linear(self.q, self.latent.expand(B, -1, -1)), self.num_heads)  # [B, nh, 1, hd]
+        k, v = split_packed(apply_linear(self.kv, x), self.num_heads, 2, "packed kv")  # each [B, nh, N, hd]
+        mask = None if key_mask is None else key_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, N]
+        layout = token_layout(1, None, 1, num_context=x.shape[1]) if attention_observed() else None
+        o = scaled_dot_product_attention(q, k, v, mask=mask, layout=layout, fused=self.fused_attention)
+        o = apply_linear(self.proj, merge_heads(o))  # [B, 1, C]
+        o = o + self.mlp(self.norm(o))
+        return o[:, 0]  # [B, C]
+
+    def _load_from_state_dict(self, state_dict: dict[str, Tensor], prefix: str, *args: Any, **kwargs: Any) -> None:
+        """Accept the earlier layout: ``attn.{q,k,v}_proj`` -> ``q`` / ``kv``, ``attn.out_proj`` -> ``proj``."""
+        old = prefix + "attn."
+        if any(k.startswith(old) for k in state_dict):
+            for kind in ("weight", "bias"):
+                qk = [state_dict.pop(f"{old}{n}_proj.{kind}", None) for n in "qkv"]
+                if qk[0] is not None:
+                    state_dict[f"{prefix}q.{kind}"] = qk[0]
+                if qk[1] is not None and qk[2] is not None:
+                    state_dict[f"{prefix}kv.{kind}"] = torch.cat([qk[1], qk[2]])
+                out = state_dict.pop(f"{old}out_proj.{kind}", None)
+                if out is not None:
+                    state_dict[f"{prefix}proj.{kind}"] = out
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+

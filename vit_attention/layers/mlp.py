@@ -50,3 +50,86 @@ class Mlp(nn.Module):
             return linear(h, self.fc2.weight / a, self.fc2.bias, residual=residual)
         out = self.drop2(apply_linear(self.fc2, self.drop1(self.act(apply_linear(self.fc1, x)))))
         return out if residual is None else residual + out
+
+
+def _check_width(name: str, value: int | None) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+        raise ValueError(f"{name} must be a positive int or None (= in_features), got {value!r}")
+
+
+class GluMlp(nn.Module):
+    """Gated MLP with one packed input projection (SwiGLU with SiLU; EVA-02 Ti / S, DINOv2-giant),
+    ``[..., C] -> [..., out]``.
+
+    ``fc1: Linear(C, hidden)`` gives two halves ``g, u`` (the gate first: ``gate_last=False`` in timm's
+    ``GluMlp``, ``w12`` in DINOv2 / EVA-02), ``y = fc2(drop(act(g) · u))`` with ``fc2: Linear(hidden/2, out)``.
+    ``hidden_features`` is ``fc1``'s output width (both halves), as timm counts it. Keys ``fc1``, ``fc2``.
+    """
+
+    accepts_residual = True
+
+    def __init__(self, in_features: int, hidden_features: int | None = None, out_features: int | None = None,
+                 *, act_layer: Callable[[], nn.Module] = nn.SiLU, bias: bool = True, drop: float = 0.0) -> None:
+        super().__init__()
+        _check_width("GluMlp in_features", in_features)
+        _check_width("GluMlp hidden_features", hidden_features)
+        _check_width("GluMlp out_features", out_features)
+        hidden_features = hidden_features or in_features
+        if hidden_features % 2:
+            raise ValueError(f"GluMlp hidden_features counts both halves of fc1 and must be even, "
+                             f"got {hidden_features}")
+        out_features = out_features or in_features
+        self.fc1 = nn.Linear(in_features, hidden_features, bias=bias)
+        self.act = act_layer()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden_features // 2, out_features, bias=bias)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``[..., C] -> [..., out]`` (plus ``residual [..., out]`` when given)."""
+        gate, up = apply_linear(self.fc1, x).chunk(2, dim=-1)  # each [..., hidden/2]
+        h = self.drop1(self.act(gate) * up)
+        if not self.training:
+            return apply_linear(self.fc2, h, residual=residual)
+        out = self.drop2(apply_linear(self.fc2, h))
+        return out if residual is None else residual + out
+
+
+class SwiGLU(nn.Module):
+    """Gated MLP with separate gate and value projections and an optional inner norm (EVA-02 B / L
+    "sub-LN", DINOv3 S+ / H+), ``[..., C] -> [..., out]``.
+
+    ``y = fc2(norm(drop(act(fc1_g(x)) · fc1_x(x))))``, ``fc1_g, fc1_x: Linear(C, hidden)``,
+    ``fc2: Linear(hidden, out)``; ``norm_layer(hidden)`` when given (EVA-02's ``ffn_ln``), else none.
+    Keys ``fc1_g``, ``fc1_x``, ``norm``, ``fc2`` (timm's ``SwiGLU``).
+    """
+
+    accepts_residual = True
+
+    def __init__(self, in_features: int, hidden_features: int | None = None, out_features: int | None = None,
+                 *, act_layer: Callable[[], nn.Module] = nn.SiLU, bias: bool = True, drop: float = 0.0,
+                 norm_layer: Callable[[int], nn.Module] | None = None) -> None:
+        super().__init__()
+        _check_width("SwiGLU in_features", in_features)
+        _check_width("SwiGLU hidden_features", hidden_features)
+        _check_width("SwiGLU out_features", out_features)
+        hidden_features = hidden_features or in_features
+        out_features = out_features or in_features
+        self.fc1_g = nn.Linear(in_features, hidden_features, bias=bias)
+        self.fc1_x = nn.Linear(in_features, hidden_features, bias=bias)
+        self.act = act_layer()
+        self.drop1 = nn.Dropout(drop)
+        self.norm = norm_layer(hidden_features) if norm_layer is not None else nn.Identity()
+        self.fc2 = nn.Linear(hidden_features, out_features, bias=bias)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``[..., C] -> [..., out]`` (plus ``residual [..., out]`` when given)."""
+        h = self.norm(self.drop1(self.act(apply_linear(self.fc1_g, x)) * apply_linear(self.fc1_x, x)))
+        if not self.training:
+            return apply_linear(self.fc2, h, residual=residual)
+        out = self.drop2(apply_linear(self.fc2, h))
+        return out if residual is None else residual + out
+
+
+__all__ += ["GluMlp", "SwiGLU"]

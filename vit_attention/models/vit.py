@@ -23,12 +23,16 @@ from ..layers import (
     AttentionPoolHead,
     Block,
     ConvStemPatchEmbed,
+    GluMlp,
+    Mlp,
     PatchEmbed,
     PosConv,
+    SwiGLU,
     drop_path_schedule,
     run_blocks_with_taps,
     stage_feature_info,
 )
+from ..layers.activation import ACT_LAYERS
 from ._config import (
     ConfigMixin,
     check_attn_layer,
@@ -45,7 +49,8 @@ from .registry import register_family, with_published_gmacs
 
 __all__ = ["VisionTransformerConfig", "VisionTransformer", "AttentionPoolHead", "reduced_config"]
 
-_ACTS = {"gelu": nn.GELU, "gelu_tanh": partial(nn.GELU, approximate="tanh"), "relu": nn.ReLU, "silu": nn.SiLU}
+_ACTS = ACT_LAYERS  # gelu, gelu_tanh (SigLIP), quick_gelu (OpenAI CLIP), relu, silu (the SwiGLU gates)
+_MLPS = ("mlp", "glu", "swiglu")
 
 
 @dataclass
@@ -62,7 +67,9 @@ class VisionTransformerConfig(ConfigMixin):
     num_heads: int = 12
     mlp_ratio: float = 4.0
     mlp_dim: int | None = None  # overrides mlp_ratio when set (ViT-G/e/22B publish a width)
-    qkv_bias: bool = True
+    mlp_layer: Literal["mlp", "glu", "swiglu"] = "mlp"  # glu: packed fc1 (both halves = hidden); swiglu: fc1_g/fc1_x
+    mlp_norm: bool = False  # swiglu: LayerNorm over the hidden width before fc2 (EVA-02 B / L sub-LN)
+    qkv_bias: bool | Literal["qv"] = True  # "qv": q and v biases, none on k (EVA-02, DINOv3; keys attn.q_bias/v_bias)
     qk_norm: bool = False
     proj_bias: bool = True
     mlp_bias: bool = True
@@ -72,6 +79,8 @@ class VisionTransformerConfig(ConfigMixin):
     init_values: float | None = None  # LayerScale init (DeiT III, CaiT); None = no LayerScale
     class_token: bool = True
     distilled: bool = False  # DeiT distillation token + second head
+    reg_tokens: int = 0  # register tokens after the class token (Darcet et al. 2024); no position embedding
+    # when no_embed_class; left out of pooling and of the grid features (key reg_token [1, R, C])
     no_embed_class: bool = False  # prefix tokens carry no position embedding (DeiT III)
     pos_embed: Literal["learn", "sincos", "none"] = "learn"
     peg_after: tuple[int, ...] = ()  # blocks whose output passes a PEG (PosConv, key pos_block.N); CPVT: (0,)
@@ -83,6 +92,8 @@ class VisionTransformerConfig(ConfigMixin):
     conv_stem: tuple[int, ...] | None = None  # widths of an early conv stem (Xiao et al. 2021)
     attn_layer: str = "mhsa"
     attn_kwargs: dict[str, Any] = field(default_factory=dict)
+    rope: Literal["axial", "mixed"] | None = None  # 2-D rotary positions in every block's attention
+    rope_kwargs: dict[str, Any] = field(default_factory=dict)  # RotaryEmbedding options (convention, theta, ...)
     drop_rate: float = 0.0
     pos_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
@@ -105,6 +116,19 @@ class VisionTransformerConfig(ConfigMixin):
             check_int(self.mlp_dim, "mlp_dim")
         check_float(self.norm_eps, "norm_eps")
         check_choice(self.act, "act", sorted(_ACTS))
+        check_choice(self.mlp_layer, "mlp_layer", _MLPS)
+        if self.mlp_norm and self.mlp_layer != "swiglu":
+            raise ValueError(f"mlp_norm=True is the sub-LN of mlp_layer='swiglu'; got mlp_layer={self.mlp_layer!r}")
+        check_choice(self.qkv_bias, "qkv_bias", (True, False, "qv"))
+        if self.qkv_bias == "qv" and self.attn_layer != "mhsa":
+            raise ValueError(f"qkv_bias='qv' is an option of attn_layer='mhsa'; got attn_layer={self.attn_layer!r}")
+        check_int(self.reg_tokens, "reg_tokens", min_value=0)
+        if self.rope is not None:
+            check_choice(self.rope, "rope", ("axial", "mixed"))
+            if "rope" in self.attn_kwargs:
+                raise ValueError("rope is given twice: as a config field and in attn_kwargs; keep the field")
+        elif self.rope_kwargs:
+            raise ValueError("rope_kwargs given without rope; set rope='axial' or 'mixed'")
         if self.init_values is not None:
             check_float(self.init_values, "init_values", low=-math.inf)
         check_choice(self.pos_embed, "pos_embed", ("learn", "sincos", "none"))
@@ -141,7 +165,7 @@ class VisionTransformer(Backbone):
 
     family = "vit"
     config_cls = VisionTransformerConfig
-    no_weight_decay_keys = ("pos_embed", "cls_token", "dist_token")
+    no_weight_decay_keys = ("pos_embed", "cls_token", "dist_token", "reg_token", "rope.freqs")
     pools = ("token", "avg", "map", "")
     head_fc = None
 
@@ -153,7 +177,8 @@ class VisionTransformer(Backbone):
         act_layer = _ACTS[cfg.act]
         self.global_pool = cfg.global_pool
         self.embed_dim = C
-        self.num_prefix_tokens = int(cfg.class_token) + int(cfg.distilled)
+        self.num_prefix_tokens = int(cfg.class_token) + int(cfg.distilled) + cfg.reg_tokens
+        self.num_reg_tokens = cfg.reg_tokens
         self.dynamic_img_size = cfg.dynamic_img_size
         self.grad_checkpointing = False
 
@@ -170,6 +195,7 @@ class VisionTransformer(Backbone):
 
         self.cls_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.distilled else None
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, C)) if cfg.reg_tokens else None
         n_pos = self.grid_size[0] * self.grid_size[1] + (0 if cfg.no_embed_class else self.num_prefix_tokens)
         if cfg.pos_embed == "learn":
             self.pos_embed: nn.Parameter | None = nn.Parameter(torch.randn(1, n_pos, C) * 0.02)
@@ -182,6 +208,11 @@ class VisionTransformer(Backbone):
 
         dpr = drop_path_schedule(cfg.drop_path_rate, (cfg.depth,))[0]
         mlp_ratio = cfg.mlp_dim / C if cfg.mlp_dim else cfg.mlp_ratio
+        mlp_layer: Any = {"mlp": Mlp, "glu": GluMlp,
+                          "swiglu": partial(SwiGLU, norm_layer=norm_layer if cfg.mlp_norm else None)}[cfg.mlp_layer]
+        attn_kwargs = dict(cfg.attn_kwargs)
+        if cfg.rope is not None:
+            attn_kwargs.update(rope=cfg.rope, rope_kwargs=dict(cfg.rope_kwargs))
         # one entry per block: every block keeps the patch grid (stride = patch size)
         self.feature_info = stage_feature_info((C,) * cfg.depth, (self.patch_embed.patch_size[0],) * cfg.depth,
                                                "blocks")
@@ -190,7 +221,7 @@ class VisionTransformer(Backbone):
                       proj_bias=cfg.proj_bias, mlp_bias=cfg.mlp_bias, drop=cfg.proj_drop_rate,
                       attn_drop=cfg.attn_drop_rate, drop_path=dpr[i], init_values=cfg.init_values,
                       norm_layer=norm_layer, act_layer=act_layer, attn_layer=cfg.attn_layer,
-                      attn_kwargs=cfg.attn_kwargs)
+                      attn_kwargs=attn_kwargs, mlp_layer=mlp_layer)
             for i in range(cfg.depth)
         ])
         # conditional position encodings (CPVT's PEG) on the output of blocks cfg.peg_after
@@ -219,7 +250,7 @@ class VisionTransformer(Backbone):
     def _init_weights(self) -> None:
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        for tok in (self.cls_token, self.dist_token):
+        for tok in (self.cls_token, self.dist_token, self.reg_token):
             if tok is not None:
                 nn.init.normal_(tok, std=1e-6)
         for name, m in self.named_modules():
@@ -247,7 +278,7 @@ class VisionTransformer(Backbone):
     def _pos_embed(self, x: Tensor, feat_size: tuple[int, int]) -> Tensor:
         """Add prefix tokens and position embeddings: ``[B, N, C] -> [B, P + N, C]``."""
         B = x.shape[0]
-        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token) if t is not None]
+        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         if self.pos_embed is None:
             if self.cfg.pos_embed == "sincos":
                 pos = self.sincos if tuple(feat_size) == self.grid_size else sincos_2d_pos_embed(
