@@ -100,3 +100,19 @@ def test_reset_classifier_checks_every_argument_before_changing_anything() -> No
     with pytest.raises(TypeError, match="num_classes"):
         model.reset_classifier("3", global_pool="avg" if pool != "avg" else "token")
     assert model.global_pool == pool and model.cfg.global_pool == pool
+
+
+@pytest.mark.parametrize("name", ["cvt_13_224", "cait_xxs24_224", "igpt_small"])
+def test_bare_linear_heads_use_the_base_forward_head(name: str) -> None:
+    """CvT, CaiT and iGPT keep a bare ``Linear`` head (the originals' key ``head``): the base's forward_head pools,
+    drops and classifies for them, and pre_logits is the pooled features."""
+    model = create_model(name, **small_overrides(name)).eval()
+    assert type(model).head_fc is None
+    assert next(c for c in type(model).__mro__ if "forward_head" in vars(c)) is Backbone
+    size = model.cfg.img_size if isinstance(model.cfg.img_size, int) else model.cfg.img_size[0]
+    x = torch.randn(2, model.cfg.in_chans, size, size)
+    with torch.no_grad():
+        feats = model.forward_features(x)
+        pooled = model.forward_head(feats, pre_logits=True)
+        torch.testing.assert_close(pooled, model.pool(feats))
+        torch.testing.assert_close(model.forward_head(feats), model.head(pooled))

@@ -140,7 +140,16 @@ class Backbone(nn.Module):
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Features (as :meth:`forward_features` gives them) -> logits ``[B, num_classes]``
-        (the pooled ``[B, num_features]`` with ``pre_logits``)."""
+        (the pooled ``[B, num_features]`` with ``pre_logits``).
+
+        A ``ClassifierHead`` (``head_fc = "fc"``) pools and classifies itself; a bare ``Linear`` head
+        (``head_fc = None``) gets :meth:`pool`, then ``head_drop`` (when the model has one), then ``head``.
+        """
+        if self.head_fc is None:
+            x = self.pool(x)  # [B, C]
+            drop = getattr(self, "head_drop", None)
+            x = drop(x) if drop is not None else x
+            return x if pre_logits else self.head(x)
         return self.head(self.pool(x), pre_logits=pre_logits)
 
     # ------------------------------------------------------------------ forward

@@ -200,11 +200,6 @@ class Cait(Backbone):
         x, _ = self._run_blocks(x, feat_size)
         return self.norm(self.forward_cls(x, feat_size))
 
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Tokens ``[B, 1 + N, C]`` -> logits ``[B, num_classes]`` (or features ``[B, C]``)."""
-        x = self.head_drop(self.pool(x))
-        return x if pre_logits else self.head(x)
-
     def forward_intermediates(
         self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
         output_fmt: Literal["NCHW", "NLC"] = "NCHW", intermediates_only: bool = False,

@@ -216,11 +216,6 @@ class Cvt(Backbone):
             raise ValueError(f"expected images [B, {self.cfg.in_chans}, H, W], got {tuple(x.shape)}")
         return x.permute(0, 2, 3, 1)
 
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Tokens ``[B, P + N, C]`` -> logits ``[B, num_classes]`` (or the pooled ``[B, C]`` with ``pre_logits``)."""
-        x = self.head_drop(self.pool(x))  # [B, C]: the class token, or the mean token
-        return x if pre_logits else self.head(x)
-
 
 # ---------------------------------------------------------------------------- presets (data)
 _SIZES: dict[str, dict[str, Any]] = {

@@ -411,11 +411,6 @@ class ImageGPT(Backbone):
         """Images ``[B, Cin, H, W]`` (or token ids ``[B, n]``) -> hidden states ``[B, N, C]``."""
         return self._tokens(self._input_ids(x))
 
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Hidden states ``[B, N, C]`` -> logits ``[B, num_classes]`` (token mean; features with ``pre_logits``)."""
-        x = self.head_drop(self.pool(x))  # [B, C]
-        return x if pre_logits else self.head(x)
-
     def forward(self, x: Tensor, objective: Literal["classify", "generative"] = "classify") -> Tensor:
         """Images ``[B, Cin, H, W]`` -> class logits ``[B, num_classes]``.
 
