@@ -10,6 +10,7 @@ from .attention import (
 )
 from .heads import merge_heads, split_heads, split_packed, split_qkv
 from .layout import AttentionLayout, token_layout, window_layout
+from .patch_embed import resample_patch_embed
 from .pos_embed import resample_abs_pos_embed, sincos_2d_pos_embed
 from .runtime import Switch, set_switches, switched, switches
 from .sizes import make_divisible
@@ -25,6 +26,7 @@ __all__ = [
     "merge_heads",
     "register_attention_hook",
     "resample_abs_pos_embed",
+    "resample_patch_embed",
     "scaled_dot_product_attention",
     "set_fused_attention",
     "set_switches",
