@@ -25,7 +25,8 @@ Coordinates (:func:`rope_coords`), per axis of length ``L``:
 
 Prefix tokens (class, registers) are not rotated: :func:`apply_rope` skips the first
 ``num_prefix_tokens`` rows. Values are never rotated and the softmax scale does not change.
-Angles are computed in float32 whatever the activations' dtype, then cast (as timm and HF do).
+Angles, sines and cosines are float32 whatever the activations' dtype; the rotation runs in the promoted dtype and
+is cast back to the activations' once (timm and the originals; HF DINOv3 casts the tables first).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _axis(length: int, coords: str, ref: float | None, device: torch.device | st
     if coords == "ref":
         if ref is None:
             raise ValueError("coords='ref' needs ref_feat_shape (the grid the model was trained on)")
-        return t * (float(ref) / length)
+        return t / length * float(ref)  # timm's rounding order (index / size · ref)
     if coords == "centered":
         return (t + 0.5) / length * 2.0 - 1.0
     raise ValueError(f"coords must be one of {', '.join(map(repr, ROPE_COORDS))}; got {coords!r}")
@@ -81,18 +82,24 @@ def axial_rope_angles(coords: Tensor, head_dim: int, *, theta: float = 100.0, sc
                       axes: Literal["yx", "xy"] = "yx") -> Tensor:
     """Axial angles: ``coords [N, 2]`` (y, x) -> ``[N, hd/2]`` (``hd/4`` bands per axis, ``axes`` order).
 
-    Band ``i`` of ``nb = hd/4`` has frequency ``scale · theta^(-i/nb)`` (EVA-02: theta 10000;
-    RoPE-ViT: 100; DINOv3: 100 with ``scale = 2π``).
+    Band ``i`` of ``nb = hd/4`` has the period ``p_i = theta^(i/nb)`` and the angle ``scale · c / p_i``
+    (EVA-02: theta 10000; RoPE-ViT: 100; DINOv3: 100 with ``scale = 2π``). Rounded as the references
+    round: ``c · (1 / p_i)`` with ``scale = 1`` (timm ``freq_bands``), ``(scale · c) / p_i`` otherwise
+    (DINOv3's ``2π · coords / periods``); the two differ by float32 rounding only.
     """
     if head_dim % 4:
         raise ValueError(f"axial RoPE needs a head dim divisible by 4 (hd/4 bands per axis), got {head_dim}")
     if axes not in ("yx", "xy"):
         raise ValueError(f"axes must be 'yx' or 'xy', got {axes!r}")
     nb = head_dim // 4
-    freqs = scale * float(theta) ** (-torch.arange(nb, dtype=torch.float32, device=coords.device) / nb)  # [nb]
+    periods = float(theta) ** (torch.arange(nb, dtype=torch.float32, device=coords.device) / nb)  # [nb]
     c = coords.float()
-    first, second = (c[:, 0], c[:, 1]) if axes == "yx" else (c[:, 1], c[:, 0])
-    return torch.cat([first[:, None] * freqs, second[:, None] * freqs], dim=-1)  # [N, hd/2]
+    c = c[:, [0, 1]] if axes == "yx" else c[:, [1, 0]]  # [N, 2] in the angle order
+    if scale == 1.0:
+        angles = c[:, :, None] * (1.0 / periods)  # [N, 2, nb]
+    else:
+        angles = (scale * c[:, :, None]) / periods
+    return angles.flatten(1)  # [N, hd/2]: the first axis's nb bands, then the second's
 
 
 def mixed_rope_angles(coords: Tensor, freqs: Tensor) -> Tensor:
@@ -127,14 +134,19 @@ def rotate_pairs(t: Tensor, layout: RopeLayout = "interleaved") -> Tensor:
 def apply_rope(t: Tensor, cos: Tensor, sin: Tensor, *, num_prefix_tokens: int = 0,
                layout: RopeLayout = "interleaved") -> Tensor:
     """Rotate queries or keys ``t [B, nh, P + N, hd]`` (the first ``P = num_prefix_tokens`` rows untouched)
-    by ``cos`` / ``sin`` ``[N, hd]`` or per head ``[nh, N, hd]`` -> ``[B, nh, P + N, hd]`` in ``t``'s dtype."""
+    by ``cos`` / ``sin`` ``[N, hd]`` or per head ``[nh, N, hd]`` -> ``[B, nh, P + N, hd]`` in ``t``'s dtype.
+
+    The product runs in the promoted dtype of ``t`` and the tables (float32 tables keep a bf16 ``t``'s
+    rotation in float32 until the one cast back).
+    """
     P = int(num_prefix_tokens)
     if t.shape[-2] - P != cos.shape[-2] or t.shape[-1] != cos.shape[-1]:
         raise ValueError(f"rope tables {tuple(cos.shape)} do not fit {t.shape[-2] - P} grid tokens of width "
                          f"{t.shape[-1]} (t {tuple(t.shape)}, num_prefix_tokens={P})")
-    cos, sin = cos.to(t.dtype), sin.to(t.dtype)
     grid = t[..., P:, :] if P else t
-    rotated = grid * cos + rotate_pairs(grid, layout) * sin
+    # float32 tables: a low-precision t is promoted, rotated, and cast back once (timm, the EVA-02 / DINOv3
+    # originals; HF DINOv3 casts the tables to the activations' dtype first, a bf16 rounding apart)
+    rotated = (grid * cos + rotate_pairs(grid, layout) * sin).to(t.dtype)
     return torch.cat([t[..., :P, :], rotated], dim=-2) if P else rotated
 
 
