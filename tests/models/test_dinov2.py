@@ -1,0 +1,221 @@
+"""DINOv2 (models/dinov2.py, weights/dinov2.py): presets, parity with timm (committed fixtures), with
+Hugging Face ``Dinov2Model`` / ``Dinov2WithRegistersModel`` live, and the original facebookresearch layout."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+import torch
+from fixture_utils import assert_parity, load_fixture
+from transformers import Dinov2Config, Dinov2Model, Dinov2WithRegistersConfig, Dinov2WithRegistersModel
+
+from vit_attention import create_model
+from vit_attention.layers import GluMlp
+from vit_attention.models import get_model_entry, list_models
+from vit_attention.models.dinov2 import Dinov2
+from vit_attention.models.vit import VisionTransformerConfig
+from vit_attention.weights import load_weights
+from vit_attention.weights.hub import hf_config_overrides
+
+NAMES = [f"vit_{s}_patch14{r}_dinov2" for s in ("small", "base", "large", "giant") for r in ("", "_reg4")]
+FIXTURES = ["timm_dinov2", "timm_dinov2_reg4", "timm_dinov2_reg4_glu"]
+
+
+def _ours_from_timm(cfg: dict, **extra) -> Dinov2:
+    """Our model for a timm fixture's constructor kwargs."""
+    kw = {k: v for k, v in cfg.items() if k not in ("mlp_layer", "act_layer")}
+    if cfg.get("mlp_layer") == "SwiGLUPacked":
+        kw["mlp_layer"] = "glu"
+    if "act_layer" in cfg:
+        kw["act"] = cfg["act_layer"]
+    return Dinov2(VisionTransformerConfig(**{**kw, **extra})).eval()
+
+
+# ---------------------------------------------------------------- presets
+def test_registered_presets():
+    assert set(list_models("*dinov2*")) == set(NAMES)
+    for name in NAMES:
+        p = get_model_entry(name).preset
+        assert p["img_size"] == 518 and p["patch_size"] == 14 and p["init_values"] == 1e-5 and p["num_classes"] == 0
+        assert p.get("reg_tokens", 0) == (4 if "reg4" in name else 0)
+        assert p.get("no_embed_class", False) == ("reg4" in name)
+        assert (p.get("mlp_layer") == "glu") == ("giant" in name)
+
+
+@pytest.mark.parametrize("name", ["vit_giant_patch14_reg4_dinov2", "vit_small_patch14_dinov2"])
+def test_structure_on_meta_equals_timm_counts(name):
+    with torch.device("meta"):
+        m = create_model(name)
+    C = m.embed_dim
+    n = sum(p.numel() for p in m.parameters())
+    assert round(n / 1e6, 3) == get_model_entry(name).meta["published_params_m"]  # timm's count to 1k params
+    if "reg4" in name:
+        assert m.reg_token.shape == (1, 4, C) and m.pos_embed.shape == (1, 37 * 37, C) and m.num_prefix_tokens == 5
+    else:
+        assert m.reg_token is None and m.pos_embed.shape == (1, 1 + 37 * 37, C) and m.num_prefix_tokens == 1
+    if "giant" in name:
+        mlp = m.blocks[0].mlp
+        assert isinstance(mlp, GluMlp) and mlp.fc1.weight.shape == (8192, 1536) and mlp.fc2.weight.shape == (1536, 4096)
+        assert isinstance(mlp.act, torch.nn.SiLU)
+    assert m.num_classes == 0 and m.cfg.norm_eps == 1e-6
+
+
+# ---------------------------------------------------------------- timm (fixtures)
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_timm_parity(fixture):
+    state, t, cfg = load_fixture(fixture)
+    model = _ours_from_timm(cfg)
+    report = load_weights(model, state)
+    assert report.ok and report.layout == "vit_attention", report
+    with torch.no_grad():
+        feats = model.forward_features(t["input"])
+        assert_parity(feats, t["features"])
+        assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])
+        assert_parity(model(t["input"]), t["output"])
+        # 42x70: the table resampled every forward (bicubic, antialias), non-square grid 3x5
+        wide = model.forward_features(t["input_wide"])
+        assert_parity(wide, t["features_wide"])
+        assert_parity(model.forward_head(wide, pre_logits=True), t["pre_logits_wide"])
+        inter = model.forward_intermediates(t["input_wide"], indices=2, output_fmt="NCHW", intermediates_only=True)
+    assert len(inter) == 2
+    for i, grid in enumerate(inter):
+        assert grid.shape == (2, cfg["embed_dim"], 3, 5)  # patch tokens only: the registers are not in the grid
+        assert_parity(grid, t[f"inter_wide.{i}"])
+
+
+def test_layerscale_matters():
+    state, t, cfg = load_fixture("timm_dinov2_reg4")
+    assert all((state[k] - 0.1).abs().max() > 0.01 for k in state if k.endswith(".gamma"))
+    state = dict(state, **{"blocks.1.ls2.gamma": torch.zeros_like(state["blocks.1.ls2.gamma"])})
+    model = _ours_from_timm(cfg)
+    load_weights(model, state)
+    with torch.no_grad():
+        assert (model.forward_features(t["input"]) - t["features"]).abs().max() > 1e-3
+
+
+def test_registers_left_out_of_avg_pool():
+    """transformers #37817: a patch mean must skip the class token and the 4 registers."""
+    state, t, cfg = load_fixture("timm_dinov2_reg4")
+    model = _ours_from_timm(cfg, global_pool="avg", fc_norm=False)
+    load_weights(model, state)
+    with torch.no_grad():
+        pooled = model.forward_head(t["features"], pre_logits=True)
+    torch.testing.assert_close(pooled, t["features"][:, 5:].mean(1))
+    assert (pooled - t["features"][:, 1:].mean(1)).abs().max() > 1e-3  # registers would change it
+
+
+def test_loads_at_another_size():
+    """A 3x3-grid checkpoint into a 4x5-grid model: the table resampled once at load = resampled each forward."""
+    state, t, cfg = load_fixture("timm_dinov2")
+    model = _ours_from_timm(cfg, img_size=(56, 70), dynamic_img_size=False)
+    report = load_weights(model, state)
+    assert report.ok and any("resampled from 3x3 to 4x5" in n for n in report.notes)
+    dyn = _ours_from_timm(cfg)
+    load_weights(dyn, state)
+    x = torch.randn(2, 3, 56, 70)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), dyn(x), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- the original facebookresearch/dinov2 layout
+def _to_original(state: dict, *, reg: bool, glu: bool, chunked: bool = False) -> dict:
+    """timm keys -> facebookresearch/dinov2 keys (a class slot in the table, mask_token, register_tokens, w12/w3)."""
+    out = {k.replace("reg_token", "register_tokens"): v for k, v in state.items()}
+    if glu:
+        out = {k.replace(".mlp.fc1.", ".mlp.w12.").replace(".mlp.fc2.", ".mlp.w3."): v for k, v in out.items()}
+    if chunked:  # BlockChunk: blocks.<chunk>.<global block index>.
+        out = {("blocks.0." + k[len("blocks."):] if k.startswith("blocks.") else k): v for k, v in out.items()}
+    if reg:  # the original table keeps a class slot that timm folded into cls_token
+        slot = 0.3 * torch.randn(1, 1, out["pos_embed"].shape[-1], generator=torch.Generator().manual_seed(0))
+        out["pos_embed"] = torch.cat([slot, out["pos_embed"]], dim=1)
+        out["cls_token"] = out["cls_token"] - slot
+    out["mask_token"] = torch.zeros(1, out["cls_token"].shape[-1])
+    return out
+
+
+@pytest.mark.parametrize("fixture,chunked", [("timm_dinov2", False), ("timm_dinov2_reg4", False),
+                                             ("timm_dinov2_reg4_glu", True)])
+def test_original_layout(fixture, chunked):
+    state, t, cfg = load_fixture(fixture)
+    original = _to_original(state, reg="reg4" in fixture, glu=fixture.endswith("glu"), chunked=chunked)
+    assert "mask_token" in original and ("register_tokens" in original) == ("reg4" in fixture)
+    assert any(".w12." in k for k in original) == fixture.endswith("glu")
+    model = _ours_from_timm(cfg)
+    report = load_weights(model, original)
+    assert report.ok and report.layout == "original", report
+    with torch.no_grad():
+        assert_parity(model.forward_features(t["input"]), t["features"])
+        assert_parity(model.forward_features(t["input_wide"]), t["features_wide"])
+
+
+# ---------------------------------------------------------------- Hugging Face, live
+def _perturbed(model: torch.nn.Module) -> torch.nn.Module:
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if name.endswith("lambda1"):
+                p.copy_(0.1 + 0.05 * noise)  # LayerScale away from HF's 1.0 init
+            elif p.dim() >= 2 and "embeddings" not in name:
+                p.add_(noise / p[0].numel() ** 0.5)
+            else:
+                p.add_(0.1 * noise)
+    return model.eval()
+
+
+def _hf(reg: bool, swiglu: bool) -> torch.nn.Module:
+    kw = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=42, patch_size=14,
+              use_swiglu_ffn=swiglu)
+    torch.manual_seed(0)
+    model = Dinov2WithRegistersModel(Dinov2WithRegistersConfig(**kw)) if reg else Dinov2Model(Dinov2Config(**kw))
+    return _perturbed(model)
+
+
+def _ours_from_hf(hf: torch.nn.Module) -> Dinov2:
+    over = hf_config_overrides(hf.config.to_dict(), VisionTransformerConfig)
+    return Dinov2(VisionTransformerConfig(**over, num_classes=0, dynamic_img_size=True)).eval()
+
+
+@pytest.mark.parametrize("reg,swiglu", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("names", ["file", "memory"])
+def test_huggingface_parity(reg, swiglu, names):
+    hf = _hf(reg, swiglu)
+    ours = _ours_from_hf(hf)
+    assert ours.num_prefix_tokens == (5 if reg else 1) and ours.cfg.no_embed_class == reg
+    if names == "memory":  # transformers 5 in-memory names (q_proj / o_proj, gate_proj / up_proj / down_proj)
+        report = load_weights(ours, hf.state_dict())
+    else:  # the hub file names, through a saved model folder
+        with tempfile.TemporaryDirectory() as d:
+            hf.save_pretrained(d)
+            report = load_weights(ours, d)
+    assert report.ok and report.layout == "huggingface", report
+    x = torch.randn(2, 3, 42, 42, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(pixel_values=x)
+        feats = ours.forward_features(x)
+        assert_parity(feats, ref.last_hidden_state)
+        assert_parity(ours.forward_head(feats, pre_logits=True), ref.pooler_output)
+        if reg:  # non-square: HF's register model resamples as timm does (size=, bicubic, antialias)
+            xw = torch.randn(2, 3, 42, 70, generator=torch.Generator().manual_seed(2))
+            assert_parity(ours.forward_features(xw), hf(pixel_values=xw).last_hidden_state)
+
+
+def test_huggingface_plain_resamples_otherwise():
+    """HF ``Dinov2Model`` resizes the table without antialias (MODERN A.2): equal at the native size only."""
+    hf = _hf(False, False)
+    ours = _ours_from_hf(hf)
+    load_weights(ours, hf.state_dict())
+    xw = torch.randn(2, 3, 42, 70, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        diff = (ours.forward_features(xw) - hf(pixel_values=xw).last_hidden_state).abs().max()
+    assert diff > 1e-4
+
+
+def test_hf_config_reader_giant():
+    cfg = Dinov2Config(hidden_size=1536, num_hidden_layers=40, num_attention_heads=24, use_swiglu_ffn=True,
+                       image_size=518)
+    over = hf_config_overrides(cfg.to_dict(), VisionTransformerConfig)
+    assert over["mlp_layer"] == "glu" and over["act"] == "silu" and int(1536 * over["mlp_ratio"]) == 8192
+    reg = hf_config_overrides(Dinov2WithRegistersConfig().to_dict(), VisionTransformerConfig)
+    assert reg["reg_tokens"] == 4 and reg["no_embed_class"] is True
