@@ -90,6 +90,15 @@ class AttentionRecord:
         self.head_weights(head)  # range check naming the module
         return self.layout.received(self.weights, head)
 
+    def prefix_share(self, head: int | None = None) -> Tensor:
+        """Share of the grid queries' attention on each prefix token (class, distillation, registers, in
+        token order): ``[B, P]``, mean over heads unless ``head`` is named."""
+        self.head_weights(head)  # range check naming the module
+        try:
+            return self.layout.prefix_share(self.weights, head)
+        except ValueError as e:
+            raise ValueError(f"{self.module or 'the model'}: {e}") from None
+
     def query_map(self, query: tuple[int, int] | str = "cls", head: int | None = None) -> Tensor:
         """Where the query at grid position ``(row, col)`` looks: ``[B, H, W]``.
 

@@ -170,7 +170,8 @@ def _heatmap_and_logits(model: nn.Module, x: Tensor, *, layer: int | None, head:
         heat = rec.rollout(head)[0]
         n_global = sum(r.is_global for r in recs)
         heads = _heads(head, recs[0].weights.shape[1] if recs else 0, "in each layer")
-        return heat, f"attention rollout through all {n_global} layers: class token -> patches, {heads}", \
+        return heat, f"attention rollout through all {n_global} layers: class token -> patches, {heads}" \
+            + _register_row(model, recs[-1], head).replace("; registers", "; in the last layer registers"), \
             method, logits
     if method == "mean":
         heat = rec.mean_map(head)[0]
@@ -180,7 +181,9 @@ def _heatmap_and_logits(model: nn.Module, x: Tensor, *, layer: int | None, head:
                      "the attention each patch receives (mean over queries)" if not any(with_cls) else
                      "the class token's attention, or without one the attention each patch receives")
         return heat, (f"mean over all {n} attention layers (each scaled to mean 1) of {per_layer}; "
-                      f"{_heads(head, nh, 'per layer')}"), method, logits
+                      f"{_heads(head, nh, 'per layer')}"
+                      + _register_row(model, recs[-1], head).replace("; registers", "; in the last layer registers")
+                      ), method, logits
     idx = -1 if layer is None else layer
     r = rec.layer(idx)
     pos = idx % n if n else idx
@@ -190,8 +193,20 @@ def _heatmap_and_logits(model: nn.Module, x: Tensor, *, layer: int | None, head:
         window = " of its window" if r.layout.groups > 1 else ""
         what = "attention each patch receives, mean over all queries" + window
     heat = rec.image_map(idx, head)[0]
-    return heat, f"layer {pos + 1} of {n} ({r.module}): {what}, {_heads(head, r.weights.shape[1])}", \
-        f"layer{idx}", logits
+    return heat, f"layer {pos + 1} of {n} ({r.module}): {what}, {_heads(head, r.weights.shape[1])}" \
+        + _register_row(model, r, head), f"layer{idx}", logits
+
+
+def _register_row(model: nn.Module, rec: Any, head: int | None) -> str:
+    """With register tokens: their own row of the description, the share of the patches' attention each
+    register takes in this layer (registers are left out of every map; Darcet et al. 2024)."""
+    R = int(getattr(model, "num_reg_tokens", 0) or 0)
+    if not R or not rec.is_global:
+        return ""
+    share = rec.prefix_share(head)[0]  # [P]: class / distillation tokens first, registers last
+    regs = share[-R:]
+    cells = ", ".join(f"reg{i} {float(v):.1%}" for i, v in enumerate(regs))
+    return f"; registers (not in the map) take {float(regs.sum()):.1%} of the patches' attention: {cells}"
 
 
 def _heads(head: int | None, num_heads: int, where: str = "") -> str:

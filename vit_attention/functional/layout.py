@@ -198,6 +198,22 @@ class AttentionLayout:
         maps = self._to_grid(rows.flatten(1), key_pos[g].reshape(-1))  # sum over the R rows (no -1: B may be 0)
         return maps / g.numel()  # [B, H, W]
 
+    def prefix_share(self, weights: Tensor, head: int | None = None) -> Tensor:
+        """Share of the grid queries' attention that lands on each prefix token (class, registers, globals):
+        ``[B, P]``, the mean over every grid query row of its weight on prefix key ``p`` (``P`` =
+        :attr:`num_prefix_tokens`; registers that soak up attention show here, Darcet et al. 2024)."""
+        _, _, key_pos = self._check_spatial("prefix_share")
+        P = self.num_prefix_tokens
+        w = _heads(self.canonical(weights), head)  # [B, G, n, m]
+        on_grid = self.query_pos >= 0  # [G, n]
+        rows = on_grid.sum().clamp_min(1)
+        shares = []
+        for p in range(P):
+            keys = (key_pos == prefix_code(p)).to(w.dtype)  # [G, m]
+            per_row = (w * keys[None, :, None, :]).sum(dim=-1)  # [B, G, n]
+            shares.append((per_row * on_grid[None].to(w.dtype)).sum(dim=(1, 2)) / rows)
+        return torch.stack(shares, dim=-1) if shares else w.new_zeros(w.shape[0], 0)  # [B, P]
+
     def received(self, weights: Tensor, head: int | None = None) -> Tensor:
         """Attention each grid cell receives as a key, averaged over the queries that may attend to it:
         ``[B, H, W]`` (a key's total over its group's rows, divided by those rows, padding included)."""
