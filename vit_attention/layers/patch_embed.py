@@ -5,9 +5,11 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..functional.patch_embed import resample_patch_embed
 from ..functional.window import to_pair
 
 __all__ = ["PatchEmbed", "ConvStemPatchEmbed"]
@@ -59,16 +61,8 @@ class PatchEmbed(nn.Module):
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.size_options = size_options
-        if self.img_size is not None:
-            for s, p in zip(self.img_size, self.patch_size):
-                if s % p and not dynamic_img_pad:
-                    raise ValueError(f"img_size {self.img_size} is not divisible by patch_size {self.patch_size}")
-            ph, pw = self.patch_size
-            self.grid_size: tuple[int, int] | None = ((self.img_size[0] + ph - 1) // ph,
-                                                      (self.img_size[1] + pw - 1) // pw)
-            self.num_patches = self.grid_size[0] * self.grid_size[1]
-        else:
-            self.grid_size, self.num_patches = None, 0
+        self.grid_size: tuple[int, int] | None
+        self.grid_size, self.num_patches = self._grid(self.img_size, self.patch_size, dynamic_img_pad)
         self.in_chans, self.embed_dim = in_chans, embed_dim
         self.flatten = flatten
         self.strict_img_size = strict_img_size and self.img_size is not None
@@ -76,8 +70,65 @@ class PatchEmbed(nn.Module):
         self.proj = self._build_proj(in_chans, embed_dim, bias)
         self.norm = norm_layer(embed_dim) if norm_layer else nn.Identity()
 
+    @staticmethod
+    def _grid(img_size: tuple[int, int] | None, patch_size: tuple[int, int], dynamic_img_pad: bool
+              ) -> tuple[tuple[int, int] | None, int]:
+        """``(grid_size, num_patches)`` for ``img_size`` (``(None, 0)`` without one); a size that is no
+        multiple of the patch raises naming ``img_size`` unless ``dynamic_img_pad`` (the grid rounds up)."""
+        if img_size is None:
+            return None, 0
+        for s, p in zip(img_size, patch_size):
+            if s % p and not dynamic_img_pad:
+                raise ValueError(f"img_size {img_size} is not divisible by patch_size {patch_size}")
+        ph, pw = patch_size
+        grid = ((img_size[0] + ph - 1) // ph, (img_size[1] + pw - 1) // pw)
+        return grid, grid[0] * grid[1]
+
     def _build_proj(self, in_chans: int, embed_dim: int, bias: bool) -> nn.Module:
         return nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+
+    def set_input_size(self, img_size: int | Sequence[int] | None = None,
+                       patch_size: int | Sequence[int] | None = None, *, interpolation: str = "bicubic",
+                       antialias: bool = True) -> None:
+        """Change the nominal image size and / or the patch size, in place (timm's ``set_input_size``).
+
+        ``img_size``: the new ``img_size`` (None = keep); it must be a multiple of the (new) patch
+        size unless ``dynamic_img_pad``. ``patch_size``: a new kernel ``(Q, Q')`` replaces ``proj``,
+        its weight ``[C, Cin, P, P'] -> [C, Cin, Q, Q']`` resampled by
+        :func:`~vit_attention.functional.resample_patch_embed` (``interpolation`` / ``antialias``:
+        the resize it inverts), the bias, dtype, device, ``requires_grad`` and train mode kept.
+        ``grid_size`` and ``num_patches`` follow. Everything is checked before anything changes; an
+        error names the argument. A conv stem (:class:`ConvStemPatchEmbed`) keeps its patch size.
+        """
+        new_patch = self.patch_size if patch_size is None else _positive_pair(patch_size, "patch_size")
+        new_img = self.img_size if img_size is None else _positive_pair(img_size, "img_size")
+        if new_img is not None:
+            if not self.dynamic_img_pad and (new_img[0] % new_patch[0] or new_img[1] % new_patch[1]):
+                pad = self.size_options[1]
+                raise ValueError(f"img_size={new_img} is not divisible by patch_size={new_patch}; use a multiple "
+                                 f"of the patch size{'' if pad is None else ', or build the model with ' + pad}")
+        if new_patch != self.patch_size:
+            self._resample_proj(new_patch, interpolation=interpolation, antialias=antialias)
+            self.patch_size = new_patch
+        self.img_size = new_img
+        self.grid_size, self.num_patches = self._grid(new_img, self.patch_size, self.dynamic_img_pad)
+
+    def _resample_proj(self, patch_size: tuple[int, int], *, interpolation: str, antialias: bool) -> None:
+        """Replace the ``proj`` conv by one with kernel and stride ``patch_size``, its weight resampled."""
+        old = self.proj
+        assert isinstance(old, nn.Conv2d)
+        with torch.no_grad():
+            weight = resample_patch_embed(old.weight, patch_size, interpolation=interpolation, antialias=antialias)
+            new = nn.Conv2d(old.in_channels, old.out_channels, kernel_size=patch_size, stride=patch_size,
+                            bias=old.bias is not None, device=old.weight.device, dtype=old.weight.dtype)
+            new.weight.copy_(weight)
+            new.weight.requires_grad_(old.weight.requires_grad)
+            if old.bias is not None:
+                assert new.bias is not None
+                new.bias.copy_(old.bias)
+                new.bias.requires_grad_(old.bias.requires_grad)
+        new.train(old.training)
+        self.proj = new
 
     def check_input(self, x: Tensor) -> None:
         """Raise a clear error for a wrong rank, channel count or image size."""
@@ -138,6 +189,10 @@ class ConvStemPatchEmbed(PatchEmbed):
                  **kwargs: object) -> None:
         self.stem_chs = tuple(stem_chs)
         super().__init__(img_size, patch_size, in_chans, embed_dim, **kwargs)  # type: ignore[arg-type]
+
+    def _resample_proj(self, patch_size: tuple[int, int], *, interpolation: str, antialias: bool) -> None:
+        raise ValueError(f"patch_size={patch_size}: a conv stem's patch size is fixed by its "
+                         f"{len(self.stem_chs)} stride-2 stages ({self.patch_size}); change img_size only")
 
     def _build_proj(self, in_chans: int, embed_dim: int, bias: bool) -> nn.Module:
         ph, pw = self.patch_size

@@ -58,7 +58,7 @@ class VisionTransformerConfig(ConfigMixin):
     """Everything a :class:`VisionTransformer` is built from (JSON-serialisable)."""
 
     img_size: int | tuple[int, int] = 224
-    patch_size: int = 16
+    patch_size: int | tuple[int, int] = 16  # a pair (h, w) for a non-square kernel
     in_chans: int = 3
     num_classes: int = 1000
     global_pool: Literal["token", "avg", "map", ""] = "token"
@@ -214,7 +214,7 @@ class VisionTransformer(Backbone):
         if cfg.rope is not None:
             attn_kwargs.update(rope=cfg.rope, rope_kwargs=dict(cfg.rope_kwargs))
         # one entry per block: every block keeps the patch grid (stride = patch size)
-        self.feature_info = stage_feature_info((C,) * cfg.depth, (self.patch_embed.patch_size[0],) * cfg.depth,
+        self.feature_info = stage_feature_info((C,) * cfg.depth, (max(self.patch_embed.patch_size),) * cfg.depth,
                                                "blocks")
         self.blocks = nn.Sequential(*[
             Block(C, cfg.num_heads, style=cfg.block, mlp_ratio=mlp_ratio, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm,
@@ -270,6 +270,44 @@ class VisionTransformer(Backbone):
             device = next(self.parameters()).device
             self.head_dist = (nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0
                               else nn.Identity())
+
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None,
+                       patch_size: int | tuple[int, int] | None = None, *, interpolation: str = "bicubic",
+                       antialias: bool = True) -> None:
+        """Change the input resolution and / or the patch size permanently, in place (timm's ``set_input_size``).
+
+        ``img_size`` (None = keep) must be a multiple of the patch size unless ``dynamic_img_pad``;
+        ``patch_size`` (None = keep) rebuilds ``patch_embed.proj`` with its kernel resampled by
+        :func:`~vit_attention.functional.resample_patch_embed` (FlexiViT's pseudo-inverse, so a
+        resized image gives the same tokens). The learned ``pos_embed`` ``[1, P' + gh·gw, C]`` is
+        replaced by its resampling to the new grid (:func:`~vit_attention.functional.resample_abs_pos_embed`,
+        the prefix rows kept as they are unless ``no_embed_class``); a sin-cos table is recomputed.
+        ``interpolation`` / ``antialias`` apply to both (timm: bicubic, anti-aliased). ``grid_size``,
+        ``feat_size``, ``cfg.img_size`` / ``cfg.patch_size`` and the ``reduction`` of ``feature_info``
+        follow; RoPE and PEGs read the grid on every forward. Every argument is checked before anything
+        changes (an error names it); a conv stem's patch size cannot change.
+        """
+        prev_grid = self.grid_size
+        self.patch_embed.set_input_size(img_size, patch_size, interpolation=interpolation, antialias=antialias)
+        assert self.patch_embed.grid_size is not None and self.patch_embed.img_size is not None
+        grid = self.patch_embed.grid_size
+        if self.pos_embed is not None and grid != prev_grid:
+            n_prefix = 0 if self.cfg.no_embed_class else self.num_prefix_tokens
+            with torch.no_grad():
+                pos = resample_abs_pos_embed(self.pos_embed.detach(), grid, prev_grid, num_prefix_tokens=n_prefix,
+                                             interpolation=interpolation, antialias=antialias)
+            self.pos_embed = nn.Parameter(pos.contiguous(), requires_grad=self.pos_embed.requires_grad)
+        elif self.cfg.pos_embed == "sincos" and grid != prev_grid:
+            old = self.sincos
+            self.register_buffer("sincos", sincos_2d_pos_embed(self.embed_dim, grid, dtype=old.dtype,
+                                                               device=old.device)[None], persistent=False)
+        self.grid_size = grid
+        ph, pw = self.patch_embed.patch_size
+        h, w = self.patch_embed.img_size
+        self.cfg.img_size = h if h == w else (h, w)
+        self.cfg.patch_size = ph if ph == pw else (ph, pw)
+        for info in getattr(self.feature_info, "info", self.feature_info):  # a features model's FeatureInfo too
+            info["reduction"] = max(ph, pw)
 
     def feat_size(self, hw: tuple[int, int]) -> tuple[int, int]:
         """Token grid for an image of size ``hw``."""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import Tensor, nn
 
-from ..functional import resample_abs_pos_embed
+from ..functional import resample_abs_pos_embed, resample_patch_embed
 from .hub import register_hf_config_reader
 from .layouts import concat_qkv, register_adapter, register_converter, rename
 
@@ -76,18 +76,54 @@ def _from_torchvision(state: State, model: nn.Module) -> State:
 
 
 # ---------------------------------------------------------------- shape fitting
-def _adapt_vit(state: State, model: nn.Module, report: Any) -> State:
-    """Resample ``pos_embed`` to the model's grid; drop heads whose class count differs."""
-    own = model.state_dict()
-    pos = state.get("pos_embed")
-    if pos is not None and "pos_embed" in own and pos.shape != own["pos_embed"].shape:
-        n_prefix = 0 if model.cfg.no_embed_class else model.num_prefix_tokens
-        n_grid = pos.shape[1] - n_prefix
-        side = math.isqrt(n_grid)
-        if side * side == n_grid and pos.shape[-1] == own["pos_embed"].shape[-1]:
-            state["pos_embed"] = resample_abs_pos_embed(pos, model.grid_size, (side, side), num_prefix_tokens=n_prefix)
-            report.notes.append(f"pos_embed resampled from {side}x{side} to {model.grid_size[0]}x{model.grid_size[1]}")
-    return drop_mismatched_heads(state, own, ("head.", "head_dist."), report)
+def _checkpoint_grid(state: Mapping[str, Tensor], model: nn.Module, n_grid: int) -> tuple[int, int] | None:
+    """The patch grid a checkpoint's ``n_grid`` position rows were trained on: square when ``n_grid`` is
+    a square; else the model's image size over the checkpoint's (not yet resampled) kernel (timm's rule)
+    when that accounts for every row; else unknown (None)."""
+    side = math.isqrt(n_grid)
+    if side * side == n_grid:
+        return side, side
+    kernel = state.get("patch_embed.proj.weight")
+    img = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    if kernel is not None and kernel.dim() == 4 and img is not None:
+        grid = (img[0] // kernel.shape[-2], img[1] // kernel.shape[-1])
+        if grid[0] * grid[1] == n_grid:
+            return grid
+    return None
+
+
+def vit_adapter(interpolation: str = "bicubic", antialias: bool = True) -> Callable[..., State]:
+    """The ViT shape-fitting step (``register_adapter``) that resizes with ``interpolation`` / ``antialias``:
+    ``pos_embed`` resampled to the model's grid (:func:`~vit_attention.functional.resample_abs_pos_embed`,
+    the prefix rows kept unless ``no_embed_class``), a patch kernel ``[C, Cin, P, P']`` of another size
+    resampled to the model's (:func:`~vit_attention.functional.resample_patch_embed`, FlexiViT), and
+    classifiers for another class count dropped. timm's rule: bicubic with anti-aliasing for ViTs,
+    bilinear without for the FlexiViT checkpoints."""
+
+    def adapt(state: State, model: nn.Module, report: Any) -> State:
+        own = model.state_dict()
+        pos = state.get("pos_embed")
+        if pos is not None and "pos_embed" in own and pos.shape != own["pos_embed"].shape:
+            n_prefix = 0 if model.cfg.no_embed_class else model.num_prefix_tokens
+            grid = _checkpoint_grid(state, model, pos.shape[1] - n_prefix)
+            if grid is not None and pos.shape[-1] == own["pos_embed"].shape[-1]:
+                state["pos_embed"] = resample_abs_pos_embed(pos, model.grid_size, grid, num_prefix_tokens=n_prefix,
+                                                            interpolation=interpolation, antialias=antialias)
+                report.notes.append(f"pos_embed resampled from {grid[0]}x{grid[1]} to "
+                                    f"{model.grid_size[0]}x{model.grid_size[1]}")
+        kernel, own_kernel = state.get("patch_embed.proj.weight"), own.get("patch_embed.proj.weight")
+        if (kernel is not None and own_kernel is not None and kernel.dim() == own_kernel.dim() == 4
+                and kernel.shape[:2] == own_kernel.shape[:2] and kernel.shape[2:] != own_kernel.shape[2:]):
+            state["patch_embed.proj.weight"] = resample_patch_embed(
+                kernel, tuple(own_kernel.shape[2:]), interpolation=interpolation, antialias=antialias)
+            report.notes.append(f"patch_embed.proj.weight resampled from {tuple(kernel.shape[2:])} to "
+                                f"{tuple(own_kernel.shape[2:])} ({interpolation} pseudo-inverse)")
+        return drop_mismatched_heads(state, own, ("head.", "head_dist."), report)
+
+    return adapt
+
+
+_adapt_vit = vit_adapter()
 
 
 def drop_mismatched_heads(state: State, own: Mapping[str, Tensor], prefixes: tuple[str, ...], report: Any) -> State:
@@ -168,3 +204,5 @@ register_hf_config_reader("deit", _hf_vit_config, family="vit")
 register_converter("vit", "huggingface", _is_hf, _from_hf)
 register_converter("vit", "torchvision", _is_torchvision, _from_torchvision)
 register_adapter("vit", _adapt_vit)
+# timm loads every flexivit* checkpoint with bilinear, un-antialiased resizes (big_vision's rule)
+register_adapter("flexivit", vit_adapter("bilinear", antialias=False))
