@@ -117,3 +117,28 @@ def test_adapter_plain_modules():
     assert apply_attention(lin, x).shape == x.shape  # a plain module gets x alone
     with pytest.raises(ValueError, match="context"):
         apply_attention(lin, x, context=x)
+
+
+@pytest.mark.parametrize("rope", ["axial", "mixed"])
+def test_rope_plugs_into_a_cnn_at_any_aspect(rope):
+    """A CNN gets 2-D rotary positions with ``plug("mhsa", rope=...)``: the grid comes from the feature map, so
+    any size and aspect runs, the positions matter (without them attention is permutation-equivariant), and
+    mixed frequencies learn."""
+    torch.manual_seed(0)
+    p = va.plug("mhsa", 32, 4, rope=rope).eval()
+    plain = va.plug("mhsa", 32, 4).eval()
+    plain.load_state_dict({k: v for k, v in p.state_dict().items() if "rope" not in k})
+    x = torch.randn(2, 32, 3, 7)
+    with torch.no_grad():
+        y, y0 = p(x), plain(x)
+        assert y.shape == (2, 32, 3, 7) and p(torch.randn(1, 32, 5, 2)).shape == (1, 32, 5, 2)
+        assert not torch.allclose(y, y0, atol=1e-4)  # the rotation changed the attention
+        # without RoPE, attention is permutation-equivariant: rolling the map rolls the output; with RoPE it is not
+        # equivariant to a roll that wraps around (positions are absolute in the rotation, relative in q·k)
+        shifted0 = plain(torch.roll(x, 1, dims=-1))
+        torch.testing.assert_close(shifted0, torch.roll(y0, 1, dims=-1), rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(p(torch.roll(x, 1, dims=-1)), torch.roll(y, 1, dims=-1), atol=1e-4)
+    if rope == "mixed":
+        p.train()
+        p(x).square().mean().backward()
+        assert p.attn.rope.freqs.grad is not None and p.attn.rope.freqs.grad.abs().sum() > 0
