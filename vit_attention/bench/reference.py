@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from ..models.registry import aliases_of, get_model_entry
+from ..models.registry import aliases_of
 from ..weights import load_weights
 
 __all__ = ["ReferenceUnavailable", "ReferenceFactory", "REFERENCE_FACTORIES", "build_reference", "library_version"]
@@ -61,7 +61,8 @@ def _torchvision(name: str, ours: nn.Module, img_size: int | None) -> nn.Module:
         raise ReferenceUnavailable(f"torchvision {tv.__version__} has no model matching {name!r} "
                                    f"(aliases: {aliases_of(name) or 'none'})")
     kwargs: dict[str, object] = {"num_classes": getattr(ours, "num_classes", 1000)}
-    if get_model_entry(name).family == "vit" and img_size is not None:
+    # torchvision's ViTs fix their input size at build (image_size=); its other models take any size
+    if img_size is not None and names[0] in tv.models.vision_transformer.__all__:
         kwargs["image_size"] = img_size
     return tv.models.get_model(names[0], weights=None, **kwargs)
 
