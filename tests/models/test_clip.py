@@ -188,3 +188,18 @@ def test_huggingface_two_tower_file():
     with torch.no_grad():
         ref = hf.visual_projection(hf.vision_model(pixel_values=x).pooler_output)
         assert_parity(ours(x), ref)
+
+
+def test_create_model_from_a_transformers_folder():
+    """``create_model(preset, pretrained=folder)``. The hub's bare-model rule sets ``num_classes=0`` for every
+    transformers model without "Classification" in its architecture, so a projection's width is passed here."""
+    torch.manual_seed(0)
+    hf = _perturbed(CLIPVisionModelWithProjection(CLIPVisionConfig(**_VISION)))
+    x = torch.randn(2, 3, 48, 48, generator=torch.Generator().manual_seed(3))
+    with tempfile.TemporaryDirectory() as d:
+        hf.save_pretrained(d)
+        with pytest.warns(UserWarning, match="another architecture"):  # a tiny folder
+            m = create_model("vit_base_patch16_clip_quickgelu_224", pretrained=d, num_classes=24).eval()
+    assert m.cfg.act == "quick_gelu" and m.embed_dim == 32
+    with torch.no_grad():
+        assert_parity(m(x), hf(pixel_values=x).image_embeds)

@@ -219,3 +219,16 @@ def test_hf_config_reader_giant():
     assert over["mlp_layer"] == "glu" and over["act"] == "silu" and int(1536 * over["mlp_ratio"]) == 8192
     reg = hf_config_overrides(Dinov2WithRegistersConfig().to_dict(), VisionTransformerConfig)
     assert reg["reg_tokens"] == 4 and reg["no_embed_class"] is True
+
+
+def test_create_model_from_a_transformers_folder():
+    """``create_model(preset, pretrained=folder)``: the folder's config.json (read by our reader) wins."""
+    hf = _hf(True, False)
+    x = torch.randn(2, 3, 42, 42, generator=torch.Generator().manual_seed(3))
+    with tempfile.TemporaryDirectory() as d:
+        hf.save_pretrained(d)
+        with pytest.warns(UserWarning, match="another architecture"):  # a tiny folder
+            m = create_model("vit_small_patch14_reg4_dinov2", pretrained=d).eval()
+    assert m.embed_dim == 32 and m.num_prefix_tokens == 5 and m.num_classes == 0
+    with torch.no_grad():
+        assert_parity(m(x), hf(pixel_values=x).pooler_output)

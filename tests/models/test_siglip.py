@@ -163,3 +163,17 @@ def test_huggingface_resamples_otherwise():
     with torch.no_grad():
         diff = (ours.forward_features(xw) - hf(pixel_values=xw, interpolate_pos_encoding=True).last_hidden_state)
     assert diff.abs().max() > 1e-4
+
+
+def test_create_model_from_a_transformers_folder():
+    """``create_model(preset, pretrained=folder)``: config.json sets the tanh GELU and the sizes."""
+    torch.manual_seed(0)
+    hf = _perturbed(SiglipVisionModel(SiglipVisionConfig(**_VISION)))
+    x = torch.randn(2, 3, 48, 48, generator=torch.Generator().manual_seed(3))
+    with tempfile.TemporaryDirectory() as d:
+        hf.save_pretrained(d)
+        with pytest.warns(UserWarning, match="another architecture"):  # a tiny folder
+            m = create_model("vit_base_patch16_siglip_224", pretrained=d).eval()
+    assert m.cfg.act == "gelu_tanh" and m.embed_dim == 32
+    with torch.no_grad():
+        assert_parity(m(x), hf(pixel_values=x).pooler_output)
