@@ -232,3 +232,15 @@ def test_create_model_from_a_transformers_folder():
     assert m.embed_dim == 32 and m.num_prefix_tokens == 5 and m.num_classes == 0
     with torch.no_grad():
         assert_parity(m(x), hf(pixel_values=x).pooler_output)
+
+
+def test_timm_layout_with_a_class_slot_into_a_register_model():
+    """An original-style table (class slot kept) under timm names loads into the reg4 model, folded exactly."""
+    state, t, cfg = load_fixture("timm_dinov2_reg4")
+    slot = 0.3 * torch.randn(1, 1, cfg["embed_dim"], generator=torch.Generator().manual_seed(5))
+    state = dict(state, pos_embed=torch.cat([slot, state["pos_embed"]], 1), cls_token=state["cls_token"] - slot)
+    model = _ours_from_timm(cfg)
+    report = load_weights(model, state, format="timm")
+    assert report.ok and any("folded" in n for n in report.notes)
+    with torch.no_grad():
+        assert_parity(model.forward_features(t["input"]), t["features"])

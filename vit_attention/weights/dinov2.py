@@ -104,13 +104,12 @@ def _from_original(state: State, model: nn.Module) -> State:
 
 
 def _adapt_dinov2(state: State, model: nn.Module, report: Any) -> State:
-    """A timm-layout file of the other table form (class slot or not) is folded, then ViT's adapter."""
-    if "reg_token" in state or getattr(getattr(model, "cfg", None), "no_embed_class", False):
-        own = model.state_dict().get("pos_embed")
-        pos = state.get("pos_embed")
-        if own is not None and pos is not None and model.cfg.no_embed_class and pos.shape[1] == own.shape[1] + 1:
-            state = fold_class_pos_embed(state, model)
-            report.notes.append("class slot of pos_embed folded into cls_token (no_embed_class)")
+    """A timm-layout file with a class slot loaded into a ``no_embed_class`` model of the same grid is
+    folded (:func:`fold_class_pos_embed`), then ViT's adapter (table resampling, heads)."""
+    own, pos = model.state_dict().get("pos_embed"), state.get("pos_embed")
+    if model.cfg.no_embed_class and own is not None and pos is not None and pos.shape[1] == own.shape[1] + 1:
+        state = fold_class_pos_embed(state, model)
+        report.notes.append("class slot of pos_embed folded into cls_token (no_embed_class)")
     return _adapt_vit(state, model, report)
 
 
