@@ -86,7 +86,8 @@ def _pack_qkv(state: State, model: nn.Module | None) -> State:
 
 
 def _split_packed_bias(state: State, model: nn.Module | None) -> State:
-    """A packed ``qkv.bias`` (original DINOv3, masked key third) -> ``q_bias`` / ``v_bias`` when the model has those."""
+    """The original DINOv3's packed ``qkv.bias`` (its key third masked by ``bias_mask``) -> ``q_bias`` / ``v_bias``,
+    or the packed bias with a zero key third for a model with a packed ``qkv.bias``."""
     own = _own(model)
     for key in [k for k in state if k.endswith(".attn.qkv.bias")]:
         p = key[: -len(".qkv.bias")]
@@ -117,6 +118,7 @@ def _split_rope_freqs(state: State, model: nn.Module | None) -> State:
 
 def from_timm(state: State, model: nn.Module | None = None) -> State:
     """timm ``Eva`` keys, and the EVA-02 / DINOv3 / RoPE-ViT originals, -> ours (rules in the module docstring)."""
+    dinov3_original = "storage_tokens" in state or any(k.endswith(".bias_mask") for k in state)
     state = {k: v for k, v in state.items()
              if not _DROP.search(k) and ("rope" not in k and "freqs_" not in k or _ROPE_PARAM.match(k))}
     state = rename(state, [
@@ -129,7 +131,8 @@ def from_timm(state: State, model: nn.Module | None = None) -> State:
         (r"\.mlp\.ffn_ln\.", ".mlp.norm."),
     ])
     state = _pack_qkv(state, model)
-    state = _split_packed_bias(state, model)
+    if dinov3_original:  # its qkv.bias has a masked key third; every other packed qkv.bias is used as it is
+        state = _split_packed_bias(state, model)
     return _split_rope_freqs(state, model)
 
 
@@ -236,8 +239,8 @@ def _adapt(state: State, model: nn.Module, report: Any) -> State:
 
 
 for _family in FAMILIES:
+    register_converter(_family, "original", _is_original, from_timm)  # first: its marks are the more specific
     register_converter(_family, "timm", _is_timm, from_timm)
-    register_converter(_family, "original", _is_original, from_timm)
     register_adapter(_family, _adapt)
 register_converter("dinov3", "huggingface", _is_hf, from_huggingface)
 register_hf_config_reader("dinov3_vit", _hf_dinov3_config, family="dinov3")
