@@ -61,3 +61,14 @@ def test_registers_are_left_out_of_pooling_and_features() -> None:
         pairs = model.forward_intermediates(x, return_prefix_tokens=True, intermediates_only=True)
         assert all(p.shape == (2, 4, 32) for _, p in pairs)
     assert "reg_token" in model.no_weight_decay()
+
+
+def test_attention_pooling_sees_the_grid_tokens_only() -> None:
+    """MAP pooling (SigLIP's head) over the grid tokens, class and registers left out (timm's default)."""
+    model = _model(global_pool="map", class_token=True)
+    x = torch.randn(2, 3, 16, 24)
+    with torch.no_grad():
+        feats = model.forward_features(x)
+        pooled = model.forward_head(feats, pre_logits=True)
+        torch.testing.assert_close(pooled, model.attn_pool(feats[:, 4:]))
+        assert not torch.allclose(pooled, model.attn_pool(feats), atol=1e-4)

@@ -191,15 +191,15 @@ def test_huggingface_two_tower_file():
 
 
 def test_create_model_from_a_transformers_folder():
-    """``create_model(preset, pretrained=folder)``. The hub's bare-model rule sets ``num_classes=0`` for every
-    transformers model without "Classification" in its architecture, so a projection's width is passed here."""
+    """``create_model(preset, pretrained=folder)``: a tower with its projection gets the projection as its head
+    (``num_classes`` = the folder's ``projection_dim``, 24 here) without being told."""
     torch.manual_seed(0)
     hf = _perturbed(CLIPVisionModelWithProjection(CLIPVisionConfig(**_VISION)))
     x = torch.randn(2, 3, 48, 48, generator=torch.Generator().manual_seed(3))
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d)
         with pytest.warns(UserWarning, match="another architecture"):  # a tiny folder
-            m = create_model("vit_base_patch16_clip_quickgelu_224", pretrained=d, num_classes=24).eval()
-    assert m.cfg.act == "quick_gelu" and m.embed_dim == 32
+            m = create_model("vit_base_patch16_clip_quickgelu_224", pretrained=d).eval()
+    assert m.cfg.act == "quick_gelu" and m.embed_dim == 32 and m.num_classes == 24
     with torch.no_grad():
         assert_parity(m(x), hf(pixel_values=x).image_embeds)

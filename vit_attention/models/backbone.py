@@ -126,7 +126,7 @@ class Backbone(nn.Module):
 
         ``x``: tokens ``[B, P + N, C]`` or a map ``[B, H, W, C]``. ``"token"``: the first token;
         ``"avg"``: the mean of the grid tokens (of all tokens with ``avg_pool_prefix``) or of the map;
-        ``"map"``: ``attn_pool(x)``; ``""``: ``x`` unchanged.
+        ``"map"``: ``attn_pool`` of the grid tokens (prefix tokens left out, as timm); ``""``: ``x`` unchanged.
         """
         if self.global_pool == "avg":
             if x.dim() == 4:
@@ -134,8 +134,8 @@ class Backbone(nn.Module):
             return x[:, 0 if self.avg_pool_prefix else self.num_prefix_tokens:].mean(dim=1)
         if self.global_pool == "token":
             return x[:, 0]
-        if self.global_pool == "map":
-            return self.attn_pool(x)
+        if self.global_pool == "map":  # over the grid tokens, as timm (pool_include_prefix=False)
+            return self.attn_pool(x if x.dim() == 4 else x[:, self.num_prefix_tokens:])
         return x
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:

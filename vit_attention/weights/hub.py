@@ -395,9 +395,16 @@ def _weights_file(folder: Path) -> Path | None:
 
 def _hf_pooler_overrides(config: dict[str, Any], weights: Path | None, overrides: dict[str, Any],
                          entry: Any) -> None:
-    """A bare ``ViTModel`` (no classifier) has ``num_classes=0`` and, with a pooler, a Linear + Tanh pre-logits."""
+    """A bare ``ViTModel`` (no classifier) has ``num_classes=0`` and, with a pooler, a Linear + Tanh pre-logits;
+    a CLIP tower with its projection (``CLIPVisionModelWithProjection``, ``CLIPModel``) has the projection as
+    its head, ``num_classes = projection_dim``."""
     archs = config.get("architectures") or []
     if "model_type" not in config or not archs or any("Classification" in a for a in archs):
+        return
+    if any("WithProjection" in a or a == "CLIPModel" for a in archs):  # the image projection is the head
+        dim = config.get("projection_dim") or (config.get("vision_config") or {}).get("projection_dim")
+        if dim:
+            overrides["num_classes"] = int(dim)
         return
     overrides["num_classes"] = 0
     fields = {f for f in getattr(entry.config_cls, "__dataclass_fields__", {})}
