@@ -15,6 +15,7 @@ with the package's CPU-only torch, so it cannot run in the package's own environ
 
     /tmp/ref/bin/python scripts/make_pretrained_table.py --check            # exit 1 if a family is stale
     /tmp/ref/bin/python scripts/make_pretrained_table.py --family swin       # print swin's block
+    /tmp/ref/bin/python scripts/make_pretrained_table.py --check --write-snapshot  # re-pin the snapshot
 
 ``--from-package`` renders the blocks from the package's current tables instead of timm (no timm
 needed; how the family blocks were first written from the old generated ``pretrained.py``).
@@ -234,17 +235,38 @@ def diff_tables(want: tuple[dict[str, str], dict[str, dict[str, Any]]],
     return out
 
 
+SNAPSHOT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "pretrained_table.json"
+
+
+def write_snapshot() -> None:
+    """``tests/fixtures/pretrained_table.json``: the package's expanded tables (tuples as JSON lists), in order."""
+    from vit_attention.models.pretrained import DEFAULT_TAGS, PRETRAINED_CFGS
+
+    text = json.dumps({"DEFAULT_TAGS": DEFAULT_TAGS, "PRETRAINED_CFGS": PRETRAINED_CFGS}, indent=1)
+    tmp = SNAPSHOT.with_suffix(".json.tmp")
+    tmp.write_text(text + "\n")
+    tmp.replace(SNAPSHOT)  # atomic: a failed write never leaves half a snapshot
+    print(f"wrote {SNAPSHOT} ({len(PRETRAINED_CFGS)} tags of {len(DEFAULT_TAGS)} models)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the family blocks, or ``--check`` the package against timm."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="exit 1 when the package's tables differ from timm's")
     p.add_argument("--family", action="append", help="print only this family module's block (repeatable)")
     p.add_argument("--from-package", action="store_true", help="render from the package's tables, not timm")
+    p.add_argument("--write-snapshot", action="store_true",
+                   help="after --check passes, rewrite tests/fixtures/pretrained_table.json from the package's tables "
+                        "(the pin tests/models/test_pretrained_table.py compares with)")
     args = p.parse_args(argv)
+    if args.write_snapshot and not args.check:
+        p.error("--write-snapshot needs --check: the snapshot is written only from tables that equal timm's")
     tables = from_package() if args.from_package else from_timm()
     if args.check:
         problems = diff_tables(tables, from_package())
         print("\n".join(problems) if problems else "up to date")
+        if args.write_snapshot and not problems:
+            write_snapshot()
         return 1 if problems else 0
     from vit_attention.models.registry import builtin_families
 
