@@ -222,3 +222,31 @@ def test_a_kwargs_constructor_gets_every_offered_keyword():
         assert blk.attn.kwargs["qk_norm"] is True and "proj_drop" in blk.attn.kwargs
     finally:
         _ATTENTION.pop("_test_any_kwargs")
+
+
+def test_glu_mlps_compute_their_formulas_and_fuse_the_residual():
+    """GluMlp: fc2(act(gate) · up) with the gate the FIRST half of fc1 (DINOv2 w12, EVA-02, timm gate_last=False);
+    an odd width rounds down to even as timm sizes it. SwiGLU: fc2(norm(act(fc1_g x) · fc1_x x)). In eval the
+    residual add fused into fc2 gives the same numbers as adding it after."""
+    from vit_attention.layers import GluMlp, SwiGLU
+
+    torch.manual_seed(0)
+    x, r = torch.randn(2, 5, 16), torch.randn(2, 5, 16)
+    glu = GluMlp(16, 21).eval()  # 21 -> fc1 20 outputs, two halves of 10
+    assert (glu.fc1.out_features, glu.fc2.in_features) == (20, 10)
+    g, u = (x @ glu.fc1.weight.T + glu.fc1.bias).split(10, dim=-1)
+    want = (torch.nn.functional.silu(g) * u) @ glu.fc2.weight.T + glu.fc2.bias
+    with torch.no_grad():
+        torch.testing.assert_close(glu(x), want)
+        torch.testing.assert_close(glu(x, residual=r), r + want)
+        swapped = (torch.nn.functional.silu(u) * g) @ glu.fc2.weight.T + glu.fc2.bias
+        assert not torch.allclose(glu(x), swapped, atol=1e-3)  # the gate half matters
+    sw = SwiGLU(16, 12, norm_layer=torch.nn.LayerNorm).eval()
+    h = torch.nn.functional.silu(x @ sw.fc1_g.weight.T + sw.fc1_g.bias) * (x @ sw.fc1_x.weight.T + sw.fc1_x.bias)
+    want = torch.nn.functional.layer_norm(h, (12,), sw.norm.weight, sw.norm.bias) @ sw.fc2.weight.T + sw.fc2.bias
+    with torch.no_grad():
+        torch.testing.assert_close(sw(x), want)
+        torch.testing.assert_close(sw(x, residual=r), r + want)
+    assert isinstance(SwiGLU(16, 12).norm, torch.nn.Identity)
+    with pytest.raises(ValueError, match="at least 2"):
+        GluMlp(16, 1)

@@ -63,7 +63,8 @@ class GluMlp(nn.Module):
 
     ``fc1: Linear(C, hidden)`` gives two halves ``g, u`` (the gate first: ``gate_last=False`` in timm's
     ``GluMlp``, ``w12`` in DINOv2 / EVA-02), ``y = fc2(drop(act(g) · u))`` with ``fc2: Linear(hidden/2, out)``.
-    ``hidden_features`` is ``fc1``'s output width (both halves), as timm counts it. Keys ``fc1``, ``fc2``.
+    ``hidden_features`` is ``fc1``'s output width (both halves), as timm counts it; an odd width rounds down
+    to even, as timm sizes its packed GLU (``2·int(C·ratio/2)``). Keys ``fc1``, ``fc2``.
     """
 
     accepts_residual = True
@@ -74,15 +75,15 @@ class GluMlp(nn.Module):
         _check_width("GluMlp in_features", in_features)
         _check_width("GluMlp hidden_features", hidden_features)
         _check_width("GluMlp out_features", out_features)
-        hidden_features = hidden_features or in_features
-        if hidden_features % 2:
-            raise ValueError(f"GluMlp hidden_features counts both halves of fc1 and must be even, "
-                             f"got {hidden_features}")
+        half = (hidden_features or in_features) // 2  # an odd width rounds down to even (timm: 2·int(C·r/2))
+        if half < 1:
+            raise ValueError(f"GluMlp hidden_features counts both halves of fc1 and must be at least 2, "
+                             f"got {hidden_features or in_features}")
         out_features = out_features or in_features
-        self.fc1 = nn.Linear(in_features, hidden_features, bias=bias)
+        self.fc1 = nn.Linear(in_features, 2 * half, bias=bias)
         self.act = act_layer()
         self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Linear(hidden_features // 2, out_features, bias=bias)
+        self.fc2 = nn.Linear(half, out_features, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
