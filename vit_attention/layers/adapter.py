@@ -30,10 +30,12 @@ __all__ = ["apply_attention"]
 def _call(attn: nn.Module, x: Tensor, residual: Tensor | None, **contract: Any) -> Tensor:
     """``attn(x, **contract)`` (+ residual, fused when the mechanism can); ``x`` in the mechanism's own layout."""
     if getattr(attn, "attention_name", None) is None:  # a plain module (plug of a user's module): x only
-        if contract.get("context") is not None:
-            raise ValueError(f"{type(attn).__name__} is not a registered mechanism; it takes no context")
+        if contract.get("context") is not None or contract.get("mask") is not None:
+            raise ValueError(f"{type(attn).__name__} is not a registered mechanism; it takes no context / mask")
         out = attn(x)
         return out if residual is None else residual + out
+    if contract.get("mask", False) is None:
+        del contract["mask"]  # no mask: the mechanism is called exactly as without one
     if residual is not None and getattr(attn, "accepts_residual", False) and hookless(attn):
         return attn(x, residual=residual, **contract)
     out = attn(x, **contract)
@@ -42,7 +44,7 @@ def _call(attn: nn.Module, x: Tensor, residual: Tensor | None, **contract: Any) 
 
 def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | None = None,
                     num_prefix_tokens: int = 0, context: Tensor | None = None,
-                    residual: Tensor | None = None) -> Tensor:
+                    residual: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
     """Run any mechanism on tokens ``[B, P + H·W, C]`` or a map ``[B, H, W, C]``; same shape out.
 
     Args:
@@ -53,6 +55,9 @@ def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | 
         num_prefix_tokens: ``P`` class / distillation tokens in front of the grid.
         context: keys / values ``[B, M, C]`` for a token mechanism that takes them.
         residual: when given (``x``'s shape), the result is ``residual + attn(x)``.
+        mask: bool, broadcastable to ``[B, nh, N, M]``, True = may attend (NaFlex padding: a key mask
+            ``[B, 1, 1, N]``), handed to a token mechanism's ``forward(..., mask=)``; None = not passed
+            at all (the call is the same as before masks existed). A spatial mechanism takes none.
 
     Returns:
         ``x``'s shape and layout.
@@ -60,16 +65,22 @@ def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | 
     spatial = getattr(attn, "layout", "tokens") == "spatial"
     if x.dim() == 4:  # a channels-last map [B, H, W, C]
         if spatial:
+            if mask is not None:
+                raise ValueError(f"{type(attn).__name__} is a spatial mechanism: it takes no attention mask")
             return _call(attn, x, residual, context=context)
         B, H, W, C = x.shape
         res = None if residual is None else residual.reshape(B, H * W, C)
-        out = _call(attn, x.reshape(B, H * W, C), res, feat_size=(H, W), context=context)  # [B, H·W, C]
+        out = _call(attn, x.reshape(B, H * W, C), res, feat_size=(H, W), context=context,
+                    mask=mask)  # [B, H·W, C]
         return out.view(B, H, W, C)
     if not spatial:
         name = getattr(attn, "attention_name", None)
         if feat_size is None and name is not None and get_attention_spec(name).needs_feat_size:
             raise ValueError(f"{type(attn).__name__} ({name!r}) uses the token grid: pass feat_size=(H, W)")
-        return _call(attn, x, residual, feat_size=feat_size, num_prefix_tokens=num_prefix_tokens, context=context)
+        return _call(attn, x, residual, feat_size=feat_size, num_prefix_tokens=num_prefix_tokens, context=context,
+                     mask=mask)
+    if mask is not None:
+        raise ValueError(f"{type(attn).__name__} is a spatial mechanism: it takes no attention mask")
     if feat_size is None:
         raise ValueError(f"{type(attn).__name__} is a spatial mechanism and needs the token grid feat_size")
     B, N, C = x.shape
