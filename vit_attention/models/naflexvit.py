@@ -430,7 +430,7 @@ class NaFlexVit(VisionTransformer):
 # ---------------------------------------------------------------------------- presets (data)
 _BASE = dict(embed_dim=768, depth=12, num_heads=12, patch_size=16)
 _GAP = dict(_BASE, init_values=1e-5, global_pool="avg", reg_tokens=4, fc_norm=True)
-_SIGLIP = dict(act="gelu_tanh", global_pool="map", pos_embed_interp_mode="bilinear")
+_SIGLIP = dict(act="gelu_tanh", global_pool="map", pos_embed_interp_mode="bilinear", num_classes=0)
 _PRESETS: dict[str, dict[str, Any]] = {
     "naflexvit_base_patch16_gap": dict(_GAP),
     "naflexvit_base_patch16_par_gap": dict(_GAP, pos_embed_ar_preserving=True),
@@ -456,8 +456,8 @@ def _meta(name: str) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     if name in _PARAMS:
         meta["published_params_m"] = _PARAMS[name]
-    elif name in _SIGLIP_PARAMS:  # timm's figure for the num_classes=0 tag: the encoder + MAP, no classifier
-        meta.update(published_params_m=_SIGLIP_PARAMS[name], published_params_exclude=("head.",))
+    elif name in _SIGLIP_PARAMS:  # num_classes=0 (the .v2_webli tag): the encoder + MAP, no classifier
+        meta["published_params_m"] = _SIGLIP_PARAMS[name]
     if name in _GMACS:
         meta.update(published_gmacs=_GMACS[name], published_gmacs_source=_SOURCE)
     return meta
@@ -475,5 +475,15 @@ register_family("naflexvit", NaFlexVit, NaFlexVitConfig, _PRESETS, reduced=reduc
                 meta={name: _meta(name) for name in _PRESETS})
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
+# timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
+# default; hf_hub_id: timm/<name>.<tag> unless given; num_classes: 1000 unless given.
 _384 = data_cfg(384, 1.0, mean=INCEPTION_MEAN, std=INCEPTION_STD)
-PRETRAINED = pretrained_tags({}, license="apache-2.0")
+PRETRAINED = pretrained_tags({
+    "naflexvit_base_patch16_gap.e300_s576_in1k": _384,
+    "naflexvit_base_patch16_map.untrained": dict(_384, hf_hub_id=None),
+    "naflexvit_base_patch16_par_gap.e300_s576_in1k": _384,
+    "naflexvit_base_patch16_parfac_gap.e300_s576_in1k": _384,
+    "naflexvit_base_patch16_siglip.v2_webli": dict(_384, num_classes=0),
+    "naflexvit_so400m_patch16_siglip.v2_webli": dict(_384, num_classes=0),
+}, license="apache-2.0")
+
