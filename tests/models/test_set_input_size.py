@@ -12,7 +12,7 @@ from vit_attention import create_model
 from vit_attention.functional import resample_abs_pos_embed, resample_patch_embed
 from vit_attention.layers import PatchEmbed
 from vit_attention.layers.patch_embed import ConvStemPatchEmbed
-from vit_attention.models import get_model_entry, list_models
+from vit_attention.models import get_model_entry, list_models, model_config
 from vit_attention.models.features import as_features_model
 from vit_attention.models.vit import VisionTransformer, VisionTransformerConfig
 from vit_attention.weights import load_weights
@@ -56,6 +56,19 @@ def test_timm_parity_dynamic_img_size_with_register_tokens():
     with torch.no_grad():
         assert_parity(model(t["input"]), t["output"])
         assert_parity(model(t["input_rect"]), t["output_rect"])
+
+
+def test_timm_parity_sbb_register_model():
+    """timm's SBB register ViTs (``vit_*_patch16_reg4_gap_256``): no class token, 4 registers without position
+    embedding, LayerScale, the patch mean; at the trained size and at a non-square one."""
+    model, t = _from_fixture("timm_vit_sbb_reg")
+    assert model.num_prefix_tokens == 4 and model.pos_embed.shape[1] == 16 and model.cls_token is None
+    with torch.no_grad():
+        assert_parity(model(t["input"]), t["output"])
+        assert_parity(model(t["input_rect"]), t["output_rect"])
+    sbb = model_config("vit_base_patch16_reg4_gap_256")
+    assert (sbb.reg_tokens, sbb.class_token, sbb.no_embed_class, sbb.global_pool, sbb.img_size) == (
+        4, False, True, "avg", 256)
 
 
 def test_state_after_set_input_size():

@@ -457,6 +457,25 @@ for _name, _size, _img in (("deit3_small_patch16_224", "small", 224), ("deit3_sm
     _PRESETS[_name] = dict(_SIZES[_size], img_size=_img, no_embed_class=True, init_values=1e-6)
 _PRESETS["deit3_huge_patch14_224"] = dict(_SIZES["huge"], patch_size=14, no_embed_class=True, init_values=1e-6)
 
+# timm's "searching for better ViT baselines" (SBB) models with register tokens (Darcet et al. 2024): no class
+# token, the registers carry no position embedding, the patch tokens are averaged (registers left out).
+_SBB = dict(patch_size=16, img_size=256, class_token=False, no_embed_class=True, global_pool="avg")
+_PRESETS.update({
+    "vit_wee_patch16_reg1_gap_256": dict(_SBB, embed_dim=256, depth=14, num_heads=4, mlp_ratio=5.0,
+                                         init_values=1e-5, reg_tokens=1),
+    "vit_little_patch16_reg1_gap_256": dict(_SBB, embed_dim=320, depth=14, num_heads=5, mlp_ratio=5.6,
+                                            init_values=1e-5, reg_tokens=1),
+    "vit_medium_patch16_reg1_gap_256": dict(_SBB, **_SIZES["medium"], init_values=1e-5, reg_tokens=1),
+    "vit_medium_patch16_reg4_gap_256": dict(_SBB, **_SIZES["medium"], init_values=1e-5, reg_tokens=4),
+    "vit_mediumd_patch16_reg4_gap_256": dict(_SBB, embed_dim=512, depth=20, num_heads=8, init_values=1e-5,
+                                             reg_tokens=4),
+    "vit_betwixt_patch16_reg1_gap_256": dict(_SBB, embed_dim=640, depth=12, num_heads=10, init_values=1e-5,
+                                             reg_tokens=1),
+    "vit_betwixt_patch16_reg4_gap_256": dict(_SBB, embed_dim=640, depth=12, num_heads=10, init_values=1e-5,
+                                             reg_tokens=4),
+    "vit_base_patch16_reg4_gap_256": dict(_SBB, **_SIZES["base"], reg_tokens=4),
+})
+
 # Published parameter counts (millions, 1000 classes unless noted), checked by tests on the meta device.
 PUBLISHED_PARAMS_M: dict[str, float] = {
     "vit_base_patch16_224": 86.6, "vit_large_patch16_224": 304.3, "vit_huge_patch14_224": 632.0,
@@ -467,6 +486,11 @@ PUBLISHED_PARAMS_M: dict[str, float] = {
     "vit_gigantic_patch14_224": 1843.0,  # ViT-G/14 (Zhai et al. 2022, Table 2)
     "vit_enormous_patch14_224": 3900.0,  # ViT-e (Chen et al. 2022, PaLI: "3.9B")
     "vit_22b_patch14_224": 21743.0,  # ViT-22B (Dehghani et al. 2023, Table 1: 21.743B)
+    # timm 1.0.31's SBB register models (timm.create_model on the meta device, 1000 classes)
+    "vit_wee_patch16_reg1_gap_256": 13.423, "vit_little_patch16_reg1_gap_256": 22.515,
+    "vit_medium_patch16_reg1_gap_256": 38.880, "vit_medium_patch16_reg4_gap_256": 38.882,
+    "vit_mediumd_patch16_reg4_gap_256": 64.109, "vit_betwixt_patch16_reg1_gap_256": 60.397,
+    "vit_betwixt_patch16_reg4_gap_256": 60.398, "vit_base_patch16_reg4_gap_256": 86.615,
 }
 
 _ALIASES = {
@@ -520,6 +544,8 @@ _224_SQUASH_BILINEAR = data_cfg(224, 1.0, mean=INCEPTION_MEAN, std=INCEPTION_STD
                                 crop_mode="squash")
 _224_IMAGENET_C90 = data_cfg(224, 0.9)
 _224_INCEPTION = data_cfg(224, 0.9, mean=INCEPTION_MEAN, std=INCEPTION_STD)
+_256_C95 = data_cfg(256, 0.95, mean=INCEPTION_MEAN, std=INCEPTION_STD)
+_256_C90 = data_cfg(256, 0.9, mean=INCEPTION_MEAN, std=INCEPTION_STD)
 _384_IMAGENET = data_cfg(384, 1.0)
 _384_INCEPTION = data_cfg(384, 1.0, mean=INCEPTION_MEAN, std=INCEPTION_STD)
 PRETRAINED = pretrained_tags({
@@ -548,29 +574,36 @@ PRETRAINED = pretrained_tags({
     "deit_tiny_distilled_patch16_224.fb_in1k": _224_IMAGENET_C90,
     "deit_tiny_patch16_224.fb_in1k": _224_IMAGENET_C90,
     "vit_base_patch16_224.augreg2_in21k_ft_in1k": _224_INCEPTION,
-    "vit_base_patch16_224.augreg_in1k": _224_INCEPTION,
-    "vit_base_patch16_224.augreg_in21k": dict(_224_INCEPTION, num_classes=21843),
     "vit_base_patch16_224.augreg_in21k_ft_in1k": _224_INCEPTION,
+    "vit_base_patch16_224.orig_in21k_ft_in1k": _224_INCEPTION,
+    "vit_base_patch16_224.augreg_in1k": _224_INCEPTION,
+    "vit_base_patch16_224.orig_in21k": dict(_224_INCEPTION, num_classes=0),
+    "vit_base_patch16_224.augreg_in21k": dict(_224_INCEPTION, num_classes=21843),
+    "vit_base_patch16_224.sam_in1k": _224_INCEPTION,
     "vit_base_patch16_224.bamboo": dict(_224_CLIP, num_classes=115217, license=None),
     "vit_base_patch16_224.dino": dict(_224_IMAGENET_C90, num_classes=0),
     "vit_base_patch16_224.mae": dict(_224_IMAGENET_C90, num_classes=0, license="cc-by-nc-4.0"),
-    "vit_base_patch16_224.orig_in21k": dict(_224_INCEPTION, num_classes=0),
-    "vit_base_patch16_224.orig_in21k_ft_in1k": _224_INCEPTION,
-    "vit_base_patch16_224.sam_in1k": _224_INCEPTION,
     "vit_base_patch16_224_in21k.orig_in21k": dict(_224_SQUASH_BILINEAR, hf_hub_id="google/vit-base-patch16-224-in21k",
                                                   num_classes=0),
     "vit_base_patch16_384.augreg_in21k_ft_in1k": _384_INCEPTION,
-    "vit_base_patch16_384.augreg_in1k": _384_INCEPTION,
     "vit_base_patch16_384.orig_in21k_ft_in1k": _384_INCEPTION,
+    "vit_base_patch16_384.augreg_in1k": _384_INCEPTION,
+    "vit_base_patch16_reg4_gap_256.untrained": dict(_256_C90, hf_hub_id=None),
     "vit_base_patch32_224.augreg_in21k_ft_in1k": _224_INCEPTION,
     "vit_base_patch32_224.augreg_in1k": _224_INCEPTION,
-    "vit_base_patch32_224.augreg_in21k": dict(_224_INCEPTION, num_classes=21843),
     "vit_base_patch32_224.orig_in21k": dict(_224_INCEPTION, num_classes=0),
+    "vit_base_patch32_224.augreg_in21k": dict(_224_INCEPTION, num_classes=21843),
     "vit_base_patch32_224.sam_in1k": _224_INCEPTION,
     "vit_base_patch32_224_in21k.orig_in21k": dict(_224_SQUASH_BILINEAR, hf_hub_id="google/vit-base-patch32-224-in21k",
                                                   num_classes=0),
     "vit_base_patch32_384.augreg_in21k_ft_in1k": _384_INCEPTION,
     "vit_base_patch32_384.augreg_in1k": _384_INCEPTION,
+    "vit_betwixt_patch16_reg1_gap_256.sbb_in1k": _256_C95,
+    "vit_betwixt_patch16_reg4_gap_256.sbb2_e200_in12k_ft_in1k": _256_C95,
+    "vit_betwixt_patch16_reg4_gap_256.sbb_in12k_ft_in1k": _256_C95,
+    "vit_betwixt_patch16_reg4_gap_256.sbb_in1k": _256_C95,
+    "vit_betwixt_patch16_reg4_gap_256.sbb2_e200_in12k": dict(_256_C95, num_classes=11821),
+    "vit_betwixt_patch16_reg4_gap_256.sbb_in12k": dict(_256_C95, num_classes=11821),
     "vit_giant_patch14_224.untrained": dict(_224_INCEPTION, hf_hub_id=None),
     "vit_gigantic_patch14_224.untrained": dict(_224_INCEPTION, hf_hub_id=None),
     "vit_huge_patch14_224.orig_in21k": dict(_224_INCEPTION, num_classes=0),
@@ -579,9 +612,9 @@ PRETRAINED = pretrained_tags({
                                                   num_classes=0),
     "vit_large_patch14_224.untrained": dict(_224_INCEPTION, hf_hub_id=None),
     "vit_large_patch16_224.augreg_in21k_ft_in1k": _224_INCEPTION,
+    "vit_large_patch16_224.orig_in21k": dict(_224_INCEPTION, num_classes=0),
     "vit_large_patch16_224.augreg_in21k": dict(_224_INCEPTION, num_classes=21843),
     "vit_large_patch16_224.mae": dict(_224_IMAGENET_C90, num_classes=0, license="cc-by-nc-4.0"),
-    "vit_large_patch16_224.orig_in21k": dict(_224_INCEPTION, num_classes=0),
     "vit_large_patch16_224_in21k.orig_in21k": dict(_224_SQUASH_BILINEAR, hf_hub_id="google/vit-large-patch16-224-in21k",
                                                    num_classes=0),
     "vit_large_patch16_384.augreg_in21k_ft_in1k": _384_INCEPTION,
@@ -589,6 +622,16 @@ PRETRAINED = pretrained_tags({
     "vit_large_patch32_224_in21k.orig_in21k": dict(_224_SQUASH_BILINEAR, hf_hub_id="google/vit-large-patch32-224-in21k",
                                                    num_classes=0),
     "vit_large_patch32_384.orig_in21k_ft_in1k": _384_INCEPTION,
+    "vit_little_patch16_reg1_gap_256.sbb_in12k_ft_in1k": _256_C95,
+    "vit_little_patch16_reg1_gap_256.sbb_in12k": dict(_256_C95, num_classes=11821),
+    "vit_medium_patch16_reg1_gap_256.sbb_in1k": _256_C95,
+    "vit_medium_patch16_reg4_gap_256.sbb_in12k_ft_in1k": _256_C95,
+    "vit_medium_patch16_reg4_gap_256.sbb_in1k": _256_C95,
+    "vit_medium_patch16_reg4_gap_256.sbb_in12k": dict(_256_C95, num_classes=11821),
+    "vit_mediumd_patch16_reg4_gap_256.sbb2_e200_in12k_ft_in1k": _256_C95,
+    "vit_mediumd_patch16_reg4_gap_256.sbb_in12k_ft_in1k": _256_C95,
+    "vit_mediumd_patch16_reg4_gap_256.sbb2_e200_in12k": dict(_256_C95, num_classes=11821),
+    "vit_mediumd_patch16_reg4_gap_256.sbb_in12k": dict(_256_C95, num_classes=11821),
     "vit_small_patch16_224.augreg_in21k_ft_in1k": _224_INCEPTION,
     "vit_small_patch16_224.augreg_in1k": _224_INCEPTION,
     "vit_small_patch16_224.augreg_in21k": dict(_224_INCEPTION, num_classes=21843),
@@ -601,4 +644,5 @@ PRETRAINED = pretrained_tags({
     "vit_tiny_patch16_224.augreg_in21k_ft_in1k": _224_INCEPTION,
     "vit_tiny_patch16_224.augreg_in21k": dict(_224_INCEPTION, num_classes=21843),
     "vit_tiny_patch16_384.augreg_in21k_ft_in1k": _384_INCEPTION,
+    "vit_wee_patch16_reg1_gap_256.sbb_in1k": _256_C95,
 }, license="apache-2.0")
