@@ -95,9 +95,10 @@ def test_timm_packed_batch(case):
         assert_parity(feats["patches"][keep], t["packed_features"][keep])
         assert_parity(model.forward_head(feats, pre_logits=True), t["packed_pre_logits"])
         assert_parity(model(batch), t["packed_output"])
-        # keywords, as timm's forward(patches, patch_coord=, patch_valid=)
-        assert_parity(model(batch["patches"], patch_coord=batch["patch_coord"], patch_valid=batch["patch_valid"]),
-                      t["packed_output"])
+        # keywords, as timm's forward_features(patches, patch_coord=, patch_valid=)
+        kw = model.forward_features(batch["patches"], patch_coord=batch["patch_coord"],
+                                    patch_valid=batch["patch_valid"])
+        assert_parity(model.forward_head(kw), t["packed_output"])
 
 
 def test_timm_vit_checkpoint_converts():

@@ -267,7 +267,10 @@ Packed = Mapping[str, Tensor]
 
 
 class NaFlexVit(VisionTransformer):
-    """NaFlexViT, ``[B, Cin, H, W]`` / a list of images / a packed batch -> ``[B, num_classes]``.
+    """NaFlexViT, ``[B, Cin, H, W]`` / a list of images / a packed dict -> ``[B, num_classes]``.
+
+    ``forward(x)`` takes the three forms (the packed one as a dict); timm's keyword form
+    ``forward_features(patches, patch_coord=, patch_valid=)`` is on ``forward_features``.
 
     ``forward_features``: normalised tokens ``[B, P + N, C]`` for a tensor, ``{"patches": [B, P + L, C],
     "patch_valid": [B, L]}`` for a list or a packed batch; ``forward_head(x, patch_valid=)`` pools
@@ -421,14 +424,11 @@ class NaFlexVit(VisionTransformer):
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: Any, patch_coord: Tensor | None = None,  # type: ignore[override]
-                patch_valid: Tensor | None = None) -> Tensor:
-        """Any of the three input forms -> logits ``[B, num_classes]`` (``[B, C]`` without a head)."""
-        return self.forward_head(self.forward_features(x, patch_coord, patch_valid))
+    # forward is the base one, forward_head(forward_features(x)): x a tensor, a list of images or the packed dict
 
 
 # ---------------------------------------------------------------------------- presets (data)
-_BASE = dict(embed_dim=768, depth=12, num_heads=12, patch_size=16)
+_BASE = dict(embed_dim=768, depth=12, num_heads=12, patch_size=16, img_size=384)  # the tags' input size
 _GAP = dict(_BASE, init_values=1e-5, global_pool="avg", reg_tokens=4, fc_norm=True)
 _SIGLIP = dict(act="gelu_tanh", global_pool="map", pos_embed_interp_mode="bilinear", num_classes=0)
 _PRESETS: dict[str, dict[str, Any]] = {
@@ -438,6 +438,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "naflexvit_base_patch16_map": dict(_BASE, init_values=1e-5, global_pool="map", reg_tokens=1),
     "naflexvit_base_patch16_siglip": dict(_BASE, **_SIGLIP),
     "naflexvit_so400m_patch16_siglip": dict(embed_dim=1152, depth=27, num_heads=16, mlp_ratio=3.7362, patch_size=16,
+                                            img_size=384,
                                             **_SIGLIP),
 }
 
@@ -464,11 +465,12 @@ def _meta(name: str) -> dict[str, Any]:
 
 
 def reduced_config(cfg: VisionTransformerConfig) -> dict[str, Any]:
-    """Overrides that shrink a NaFlexViT preset for tests: width 32, 2 heads, 2 blocks, 8 px patches on a
-    4x4 position table and a 2x3 patch input (16x24 px, so the table is resized); tokens, pooling,
+    """Overrides that shrink a NaFlexViT preset for tests: width 32, 2 heads, 2 blocks, 8 px patches, a 2x3
+    position table and a 16x24 px input (its 2x3 grid: no table resize at the default size, so the ONNX
+    export needs no anti-aliased resize; resizing is covered by the parity tests); tokens, pooling,
     LayerScale, table kind and activation kept."""
     return dict(embed_dim=32, num_heads=2, depth=2, mlp_dim=None, patch_size=8, img_size=(16, 24),
-                pos_embed_grid_size=(4, 4))
+                pos_embed_grid_size=(2, 3))
 
 
 register_family("naflexvit", NaFlexVit, NaFlexVitConfig, _PRESETS, reduced=reduced_config,
