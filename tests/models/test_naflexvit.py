@@ -249,3 +249,35 @@ def test_hf_siglip2_padded_batch():
         assert_parity(feats["patches"][valid], out.last_hidden_state[valid])
         assert_parity(ours.forward_head(feats, pre_logits=True), out.pooler_output)
         assert_parity(ours(imgs), out.pooler_output)
+
+
+# ---------------------------------------------------------------- RoPE on a packed batch
+@pytest.mark.parametrize("kind,kw", [("axial", dict(convention="dinov3")), ("axial", dict(convention="naver")),
+                                     ("mixed", {})])
+def test_rope_per_sample_coords_equal_each_grid_alone(kind, kw):
+    """RotaryEmbedding(coords=, valid=): each sample rotated on its own grid, padding rows unrotated."""
+    from vit_attention.attention.rope import RotaryEmbedding
+    from vit_attention.models.naflexvit import grid_coords
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(16, 2, kind, **kw)
+    grids, L, P = [(3, 5), (6, 2)], 16, 1
+    coords = torch.zeros(2, L, 2, dtype=torch.long)
+    valid = torch.zeros(2, L, dtype=torch.bool)
+    for b, g in enumerate(grids):
+        coords[b, :g[0] * g[1]] = grid_coords(g)
+        valid[b, :g[0] * g[1]] = True
+    q, k = torch.randn(2, 2, P + L, 16), torch.randn(2, 2, P + L, 16)
+    rq, rk = rope(q, k, None, P, coords=coords, valid=valid)
+    for b, (h, w) in enumerate(grids):
+        n = P + h * w
+        aq, ak = rope(q[b:b + 1, :, :n], k[b:b + 1, :, :n], (h, w), P)
+        assert torch.allclose(rq[b:b + 1, :, :n], aq, atol=1e-6) and torch.allclose(rk[b:b + 1, :, :n], ak, atol=1e-6)
+        assert torch.equal(rq[b, :, n:], q[b, :, n:])  # padding: identity
+    assert not torch.allclose(rq[:, :, P:], q[:, :, P:])
+
+
+def test_rope_model_packed_form_raises_standard_runs():
+    model = _tiny(rope="axial", global_pool="avg")
+    assert model(torch.randn(1, 3, 16, 24)).shape == (1, 5)
+    with pytest.raises(NotImplementedError, match="rope"):
+        model([torch.randn(3, 16, 24)])

@@ -125,11 +125,45 @@ class RotaryEmbedding(nn.Module):
         c = rope_coords(feat_size, self.coords, device=self.freqs.device)  # type: ignore[arg-type]
         return rope_cos_sin(mixed_rope_angles(c, self.freqs.float()), self.layout)  # type: ignore[arg-type]
 
+    def batch_tables(self, coords: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Per-sample tables for a packed NaFlex batch: ``coords [B, L, 2]`` (int ``(y, x)`` grid index of each
+        token), ``valid [B, L]`` bool (None = all valid) -> ``(cos, sin)`` ``[B, 1, L, hd]`` (axial) or
+        ``[B, nh, L, hd]`` (mixed), float32.
+
+        Each sample's grid is ``(max y + 1, max x + 1)`` over its valid rows; a valid token gets the entry of
+        its coordinate in that grid's table (so ``coords`` of a full grid give :meth:`tables` exactly),
+        a padding row the identity rotation (cos 1, sin 0)."""
+        B, L, _ = coords.shape
+        valid_b = torch.ones(B, L, dtype=torch.bool, device=coords.device) if valid is None else valid.bool()
+        c = coords.long() * valid_b[..., None]
+        grids = (c.amax(dim=1) + 1).tolist()
+        lead = 1 if self.freqs is None else self.num_heads
+        cos = torch.ones(B, lead, L, self.head_dim, device=coords.device)
+        sin = torch.zeros(B, lead, L, self.head_dim, device=coords.device)
+        for b, (h, w) in enumerate(grids):
+            tc, ts = self.tables((int(h), int(w)), coords.device)  # [h·w, hd] or [nh, h·w, hd]
+            rows = valid_b[b].nonzero().flatten()
+            flat = c[b, rows, 0] * int(w) + c[b, rows, 1]
+            cos[b][:, rows] = tc.reshape(-1, int(h) * int(w), self.head_dim)[:, flat].to(cos.device)
+            sin[b][:, rows] = ts.reshape(-1, int(h) * int(w), self.head_dim)[:, flat].to(sin.device)
+        return cos, sin
+
     def forward(self, q: Tensor, k: Tensor, feat_size: tuple[int, int] | None = None,
-                num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
+                num_prefix_tokens: int = 0, *, coords: Tensor | None = None,
+                valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Rotate ``q, k [B, nh, P + H·W, hd]`` (``P = num_prefix_tokens``; ``feat_size`` ``(H, W)``, or a
-        square grid when None) -> the same shapes."""
+        square grid when None) -> the same shapes.
+
+        ``coords [B, L, 2]`` (with ``valid [B, L]``): a packed NaFlex batch of ``L`` grid tokens per sample,
+        each sample on its own grid (:meth:`batch_tables`; padding rows unrotated); ``feat_size`` unused."""
         P = int(num_prefix_tokens)
+        if coords is not None:
+            if coords.shape[:2] != (q.shape[0], q.shape[-2] - P):
+                raise ValueError(f"coords {tuple(coords.shape)} do not fit {q.shape[-2] - P} grid tokens of "
+                                 f"batch {q.shape[0]}")
+            cos, sin = self.batch_tables(coords, valid)
+            return (apply_rope(q, cos, sin, num_prefix_tokens=P, layout=self.layout),  # type: ignore[arg-type]
+                    apply_rope(k, cos, sin, num_prefix_tokens=P, layout=self.layout))  # type: ignore[arg-type]
         grid = grid_of(q.shape[-2] - P, feat_size)
         cos, sin = self.tables(grid, q.device)
         return (apply_rope(q, cos, sin, num_prefix_tokens=P, layout=self.layout),  # type: ignore[arg-type]

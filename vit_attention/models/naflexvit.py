@@ -395,6 +395,9 @@ class NaFlexVit(VisionTransformer):
         packed = self.pack(x, patch_coord, patch_valid)
         if packed is None:
             return super().forward_features(x)
+        if self.cfg.rope is not None:  # the blocks would need the per-sample coords (RotaryEmbedding(coords=))
+            raise NotImplementedError("a NaFlexVit with rope runs standard tensors only: the packed / list forms "
+                                      "need per-sample RoPE coordinates passed through the blocks (not wired yet)")
         t = self.embeds.forward_packed(packed["patches"], packed["patch_coord"], packed["patch_valid"])
         t = self.norm_pre(self.pos_drop(t))
         t = self._run_masked(t, self.key_mask(packed["patch_valid"]))
