@@ -33,7 +33,7 @@ def _ours_from_timm(cfg: dict, **extra) -> SigLIP:
 
 # ---------------------------------------------------------------- presets
 def test_registered_presets():
-    assert set(list_models("*siglip*")) == set(NAMES)
+    assert set(list_models("*siglip*", family="siglip")) == set(NAMES)  # naflexvit_*_siglip: the NaFlex family
     for name in NAMES:
         p = get_model_entry(name).preset
         assert p["class_token"] is False and p["num_classes"] == 0 and p["act"] == "gelu"  # timm: exact GELU
