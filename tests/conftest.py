@@ -13,15 +13,25 @@ Tiers are markers, applied here at collection so no test file has to remember th
 
 ``pytest --fast`` is the contributors' tier: it leaves out ``slow`` tests and every registry sweep
 item but the family representative's, so each mechanism and each family still runs once (parity
-included). The README's test command (plain ``pytest``) runs everything, as CI does.
+included); ``pytest --fast -n 2`` runs it on both cores (pytest-xdist, a dev dependency). The README's
+test command (plain ``pytest``) runs everything, as CI does.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n 2``) each worker gets its share of the cores: two workers with torch's default
+    thread count each would oversubscribe a 2-core machine and run slower than one process."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
