@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from .hub import register_hf_config_reader
 from .layouts import register_adapter, register_converter, rename
 from .siglip import concat_hf_qkv, hf_vision_encoder_renames, strip_vision_tower
-from .vit import HF_ACTS, _adapt_vit, hf_activation
+from .vit import HF_ACTS, _adapt_vit, hf_activation, hf_vit_fields
 
 State = dict[str, Tensor]
 
@@ -106,14 +106,7 @@ _CLIP_ACTS = {**HF_ACTS, "quick_gelu": "quick_gelu"}
 def _hf_clip_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """VisionTransformerConfig fields a transformers ``clip`` / ``clip_vision_model`` config defines."""
     vision = config.get("vision_config") or config
-    out: dict[str, Any] = dict(class_token=True, pre_norm=True, global_pool="token")
-    for theirs, ours in (("layer_norm_eps", "norm_eps"), ("image_size", "img_size"), ("patch_size", "patch_size"),
-                         ("num_channels", "in_chans"), ("hidden_size", "embed_dim"), ("num_hidden_layers", "depth"),
-                         ("num_attention_heads", "num_heads")):
-        if theirs in vision:
-            out[ours] = vision[theirs]
-    if "intermediate_size" in vision and "hidden_size" in vision:
-        out["mlp_ratio"] = vision["intermediate_size"] / vision["hidden_size"]
+    out: dict[str, Any] = dict(class_token=True, pre_norm=True, global_pool="token", **hf_vit_fields(vision))
     act = hf_activation(vision, _CLIP_ACTS)
     out["act"] = act if act is not None else "quick_gelu"  # transformers' CLIP default
     archs = config.get("architectures") or []

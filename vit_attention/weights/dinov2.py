@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from .hub import register_hf_config_reader
 from .layouts import concat_qkv, register_adapter, register_converter, rename
-from .vit import _adapt_vit, hf_activation
+from .vit import _adapt_vit, hf_activation, hf_vit_fields
 
 State = dict[str, Tensor]
 
@@ -116,13 +116,8 @@ def _adapt_dinov2(state: State, model: nn.Module, report: Any) -> State:
 # ---------------------------------------------------------------- transformers config.json -> our config
 def _hf_dinov2_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """VisionTransformerConfig fields a transformers ``dinov2`` / ``dinov2_with_registers`` config defines."""
-    out: dict[str, Any] = {}
-    for theirs, ours in (("layer_norm_eps", "norm_eps"), ("image_size", "img_size"), ("patch_size", "patch_size"),
-                         ("num_channels", "in_chans"), ("hidden_size", "embed_dim"), ("num_hidden_layers", "depth"),
-                         ("num_attention_heads", "num_heads"), ("qkv_bias", "qkv_bias"),
-                         ("mlp_ratio", "mlp_ratio"), ("layerscale_value", "init_values")):
-        if theirs in config:
-            out[ours] = config[theirs]
+    out = hf_vit_fields(config, (("qkv_bias", "qkv_bias"), ("mlp_ratio", "mlp_ratio"),
+                                 ("layerscale_value", "init_values")))
     if config.get("use_swiglu_ffn"):
         out.update(mlp_layer="glu", act="silu")
         C = int(config.get("hidden_size", 768))

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from .hub import register_hf_config_reader
 from .layouts import register_adapter, register_converter, rename
-from .vit import _adapt_vit, hf_activation
+from .vit import _adapt_vit, hf_activation, hf_vit_fields
 
 State = dict[str, Tensor]
 
@@ -194,17 +194,12 @@ def _hf_dinov3_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """VisionTransformerConfig fields a transformers ``dinov3_vit`` config defines (DINOv3's rules for the rest)."""
     out: dict[str, Any] = dict(pos_embed="none", rope="axial", rope_kwargs={"convention": "dinov3"},
                                dynamic_img_size=True)
-    for theirs, ours in (("layer_norm_eps", "norm_eps"), ("image_size", "img_size"), ("patch_size", "patch_size"),
-                         ("num_channels", "in_chans"), ("hidden_size", "embed_dim"), ("num_hidden_layers", "depth"),
-                         ("num_attention_heads", "num_heads"), ("layerscale_value", "init_values"),
-                         ("num_register_tokens", "reg_tokens"), ("mlp_bias", "mlp_bias"), ("proj_bias", "proj_bias")):
-        if theirs in config:
-            out[ours] = config[theirs]
+    out.update(hf_vit_fields(config, (("layerscale_value", "init_values"), ("num_register_tokens", "reg_tokens"),
+                                      ("mlp_bias", "mlp_bias"), ("proj_bias", "proj_bias"))))
     if float(config.get("rope_theta", 100.0)) != 100.0:
         out["rope_kwargs"] = {"convention": "dinov3", "theta": float(config["rope_theta"])}
-    C = int(config.get("hidden_size", 384))
-    if "intermediate_size" in config:
-        out["mlp_ratio"] = int(config["intermediate_size"]) / C
+    if "intermediate_size" in config and "hidden_size" not in config:
+        out["mlp_ratio"] = int(config["intermediate_size"]) / 384  # transformers' DINOv3 default width
     if config.get("use_gated_mlp"):
         out["mlp_layer"] = "swiglu"
     act = hf_activation(config)

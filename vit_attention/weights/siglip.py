@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from .hub import register_hf_config_reader
 from .layouts import concat_qkv, register_adapter, register_converter, rename
-from .vit import _adapt_vit, hf_activation, hf_num_classes
+from .vit import _adapt_vit, hf_activation, hf_num_classes, hf_vit_fields
 
 State = dict[str, Tensor]
 
@@ -89,14 +89,7 @@ def _from_hf(state: State, model: nn.Module) -> State:
 def _hf_siglip_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """VisionTransformerConfig fields a transformers ``siglip`` / ``siglip_vision_model`` config defines."""
     vision = config.get("vision_config") or config
-    out: dict[str, Any] = dict(class_token=False)
-    for theirs, ours in (("layer_norm_eps", "norm_eps"), ("image_size", "img_size"), ("patch_size", "patch_size"),
-                         ("num_channels", "in_chans"), ("hidden_size", "embed_dim"), ("num_hidden_layers", "depth"),
-                         ("num_attention_heads", "num_heads")):
-        if theirs in vision:
-            out[ours] = vision[theirs]
-    if "intermediate_size" in vision and "hidden_size" in vision:
-        out["mlp_ratio"] = vision["intermediate_size"] / vision["hidden_size"]
+    out: dict[str, Any] = dict(class_token=False, **hf_vit_fields(vision))
     act = hf_activation(vision)
     if act is not None:
         out["act"] = act

@@ -178,16 +178,29 @@ def _size(v: Any) -> Any:
     return tuple(v) if isinstance(v, (list, tuple)) else v
 
 
+# the fields every transformers ViT-style vision config names alike: (theirs, ours)
+_HF_VIT_FIELDS = (("layer_norm_eps", "norm_eps"), ("image_size", "img_size"), ("patch_size", "patch_size"),
+                  ("num_channels", "in_chans"), ("hidden_size", "embed_dim"), ("num_hidden_layers", "depth"),
+                  ("num_attention_heads", "num_heads"))
+
+
+def hf_vit_fields(config: Mapping[str, Any], extra: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+    """VisionTransformerConfig fields of a transformers ViT-style vision ``config`` (a composite config's
+    ``vision_config`` when given one): width, depth, heads, eps, sizes, ``extra`` ``(theirs, ours)`` pairs,
+    and ``mlp_ratio`` from ``intermediate_size`` (lists become tuples)."""
+    vision = config.get("vision_config") or config
+    out: dict[str, Any] = {}
+    for theirs, ours in _HF_VIT_FIELDS + tuple(extra):
+        if theirs in vision:
+            out[ours] = _size(vision[theirs])
+    if "intermediate_size" in vision and "hidden_size" in vision:
+        out["mlp_ratio"] = vision["intermediate_size"] / vision["hidden_size"]
+    return out
+
+
 def _hf_vit_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """VisionTransformerConfig fields a transformers ViT / DeiT ``config.json`` defines."""
-    out: dict[str, Any] = {}
-    for theirs, ours in (("layer_norm_eps", "norm_eps"), ("image_size", "img_size"), ("patch_size", "patch_size"),
-                         ("num_channels", "in_chans"), ("hidden_size", "embed_dim"), ("num_hidden_layers", "depth"),
-                         ("num_attention_heads", "num_heads"), ("qkv_bias", "qkv_bias")):
-        if theirs in config:
-            out[ours] = _size(config[theirs])
-    if "intermediate_size" in config and "hidden_size" in config:
-        out["mlp_ratio"] = config["intermediate_size"] / config["hidden_size"]
+    out = hf_vit_fields(config, (("qkv_bias", "qkv_bias"),))
     act = hf_activation(config)
     if act is not None:
         out["act"] = act
