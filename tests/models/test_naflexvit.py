@@ -276,8 +276,43 @@ def test_rope_per_sample_coords_equal_each_grid_alone(kind, kw):
     assert not torch.allclose(rq[:, :, P:], q[:, :, P:])
 
 
-def test_rope_model_packed_form_raises_standard_runs():
-    model = _tiny(rope="axial", global_pool="avg")
-    assert model(torch.randn(1, 3, 16, 24)).shape == (1, 5)
-    with pytest.raises(NotImplementedError, match="rope"):
-        model([torch.randn(3, 16, 24)])
+@pytest.mark.parametrize("rope,kw", [("axial", dict(convention="dinov3")), ("mixed", {})])
+@pytest.mark.parametrize("pool", ["avg", "map"])
+def test_rope_model_list_equals_each_alone_and_packed_equals_list(rope, kw, pool):
+    """NaFlexVit(rope=): the list form rotates each image on its own grid (per-sample coords through the
+    blocks), so every image's logits and valid tokens equal that image run alone; the packed form (padded
+    further, to 20 rows) equals the list form; the standard tensor form equals a list of one."""
+    model = _tiny(rope=rope, rope_kwargs=kw, global_pool=pool, reg_tokens=1)
+    imgs = [torch.randn(3, 24, 40), torch.randn(3, 48, 16)]  # grids 3x5 and 6x2
+    with torch.no_grad():
+        logits = model(imgs)
+        feats = split_features(model.forward_features(imgs), model.num_prefix_tokens)
+        for i, img in enumerate(imgs):
+            alone = model(img[None])  # the standard tensor form: RoPE from feat_size
+            assert (logits[i] - alone[0]).abs().max() <= 1e-5 * alone.abs().max()
+            tok = model.forward_features(img[None])[0]  # [P + h·w, C]
+            assert (feats[i] - tok).abs().max() <= 1e-5 * tok.abs().max()
+        packed = patchify_images(imgs, 8, max_seq_len=20)
+        assert (model(packed) - logits).abs().max() <= 1e-5 * logits.abs().max()
+        pf = model.forward_features(packed["patches"], patch_coord=packed["patch_coord"],
+                                    patch_valid=packed["patch_valid"])
+        for a, b in zip(split_features(pf, model.num_prefix_tokens), feats):
+            assert (a - b).abs().max() <= 1e-5 * b.abs().max()
+    model.train().set_grad_checkpointing(True)  # the checkpointed path passes the coordinates too
+    model(imgs).sum().backward()
+    assert model.blocks[0].attn.qkv.weight.grad is not None
+
+
+def test_rope_coords_refused_without_rope():
+    """rope_coords / rope_valid reach only a mechanism with a rotary embedding; others raise naming them."""
+    blk = Block(32, 2)  # mhsa without rope
+    x, coords = torch.randn(1, 7, 32), torch.zeros(1, 6, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match="rope_coords"):
+        blk(x, (2, 3), 1, rope_coords=coords)
+    with pytest.raises(ValueError, match="rope_coords"):
+        blk.attn(x, rope_coords=coords)
+    with pytest.raises(ValueError, match="rope_coords"):  # a mechanism with no rotary embedding at all
+        Block(32, 2, attn_layer="talking_heads")(x, (2, 3), 1, rope_coords=coords)
+    roped = Block(32, 2, attn_kwargs=dict(rope="axial")).eval()
+    full = torch.stack(torch.meshgrid(torch.arange(2), torch.arange(3), indexing="ij"), -1).reshape(1, 6, 2)
+    assert torch.allclose(roped(x, (2, 3), 1, rope_coords=full), roped(x, (2, 3), 1), atol=1e-6)

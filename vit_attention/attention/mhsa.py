@@ -84,17 +84,23 @@ class MultiHeadSelfAttention(nn.Module):
     accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
 
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None, mask: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+                context: Tensor | None = None, mask: Tensor | None = None, residual: Tensor | None = None,
+                rope_coords: Tensor | None = None, rope_valid: Tensor | None = None) -> Tensor:
         """``x [B, N, C] -> [B, N, C]``.
 
         ``feat_size`` is not needed and prefix tokens attend like every other token.
         ``context [B, M, C]``: keys and values come from it (the ``k | v`` rows of ``qkv``).
         ``mask``: bool, broadcastable to ``[B, nh, N, M]``, True = may attend.
         ``residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
-        With ``rope``, the grid is ``feat_size`` (a square without it) after ``num_prefix_tokens``.
+        With ``rope``, the grid is ``feat_size`` (a square without it) after ``num_prefix_tokens``, or per
+        sample ``rope_coords [B, N - P, 2]`` int ``(y, x)`` with ``rope_valid [B, N - P]`` bool (a packed
+        NaFlex batch; padding rows unrotated; :meth:`RotaryEmbedding.forward`).
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
+        if (rope_coords is not None or rope_valid is not None) and self.rope is None:
+            raise ValueError("rope_coords / rope_valid given, but this module was built without rope "
+                             "(pass rope='axial' or 'mixed')")
         if context is not None and self.rope is not None:
             raise ValueError("rope needs self-attention on the grid: this module was built with rope, so it "
                              "takes no context")
@@ -117,7 +123,13 @@ class MultiHeadSelfAttention(nn.Module):
             k, v = split_packed(kv, self.num_heads, 2, "packed kv")  # each [B, nh, M, hd]
         q, k = self.q_norm(q), self.k_norm(k)
         if self.rope is not None:
-            q, k = self.rope(q, k, feat_size, num_prefix_tokens)  # grid tokens turned, prefix kept
+            if rope_coords is None and rope_valid is None:
+                q, k = self.rope(q, k, feat_size, num_prefix_tokens)  # grid tokens turned, prefix kept
+            else:
+                if rope_coords is None:
+                    raise ValueError("rope_valid needs rope_coords [B, L, 2]")
+                q, k = self.rope(q, k, feat_size, num_prefix_tokens, coords=rope_coords,
+                                 valid=rope_valid)  # each sample on its own grid
         layout = token_layout(x.shape[1], feat_size, num_prefix_tokens,
                               num_context=None if context is None else context.shape[1]) \
             if attention_observed() else None  # where the rows sit on the grid (observers only; cached)

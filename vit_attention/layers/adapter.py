@@ -30,21 +30,37 @@ __all__ = ["apply_attention"]
 def _call(attn: nn.Module, x: Tensor, residual: Tensor | None, **contract: Any) -> Tensor:
     """``attn(x, **contract)`` (+ residual, fused when the mechanism can); ``x`` in the mechanism's own layout."""
     if getattr(attn, "attention_name", None) is None:  # a plain module (plug of a user's module): x only
-        if contract.get("context") is not None or contract.get("mask") is not None:
-            raise ValueError(f"{type(attn).__name__} is not a registered mechanism; it takes no context / mask")
+        given = [k for k in ("context", "mask", "rope_coords", "rope_valid") if contract.get(k) is not None]
+        if given:
+            raise ValueError(f"{type(attn).__name__} is not a registered mechanism; it takes no "
+                             f"{' / '.join(given)}")
         out = attn(x)
         return out if residual is None else residual + out
-    if contract.get("mask", False) is None:
-        del contract["mask"]  # no mask: the mechanism is called exactly as without one
+    for key in ("mask", "rope_coords", "rope_valid"):
+        if key in contract and contract[key] is None:
+            del contract[key]  # not given: the mechanism is called exactly as without these keywords
+    if ("rope_coords" in contract or "rope_valid" in contract) and getattr(attn, "rope", None) is None:
+        raise ValueError(f"{type(attn).__name__} ({attn.attention_name!r}) has no rotary embedding: it takes no "
+                         f"rope_coords / rope_valid (build it with rope='axial' or 'mixed')")
     if residual is not None and getattr(attn, "accepts_residual", False) and hookless(attn):
         return attn(x, residual=residual, **contract)
     out = attn(x, **contract)
     return out if residual is None else residual + out
 
 
+def _no_spatial(attn: nn.Module, mask: Tensor | None, rope_coords: Tensor | None, rope_valid: Tensor | None
+                ) -> None:
+    """A spatial mechanism takes no attention mask and no per-sample RoPE coordinates: raise naming them."""
+    if mask is not None:
+        raise ValueError(f"{type(attn).__name__} is a spatial mechanism: it takes no attention mask")
+    if rope_coords is not None or rope_valid is not None:
+        raise ValueError(f"{type(attn).__name__} is a spatial mechanism: it takes no rope_coords / rope_valid")
+
+
 def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | None = None,
                     num_prefix_tokens: int = 0, context: Tensor | None = None,
-                    residual: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+                    residual: Tensor | None = None, mask: Tensor | None = None,
+                    rope_coords: Tensor | None = None, rope_valid: Tensor | None = None) -> Tensor:
     """Run any mechanism on tokens ``[B, P + H·W, C]`` or a map ``[B, H, W, C]``; same shape out.
 
     Args:
@@ -58,6 +74,11 @@ def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | 
         mask: bool, broadcastable to ``[B, nh, N, M]``, True = may attend (NaFlex padding: a key mask
             ``[B, 1, 1, N]``), handed to a token mechanism's ``forward(..., mask=)``; None = not passed
             at all (the call is the same as before masks existed). A spatial mechanism takes none.
+        rope_coords: int ``[B, L, 2]``, the ``(y, x)`` grid index of each of the ``L = N - P`` grid tokens
+            of a packed NaFlex batch (each sample on its own grid), and ``rope_valid [B, L]`` bool (True =
+            real patch): handed to a token mechanism with a rotary embedding as
+            ``forward(..., rope_coords=, rope_valid=)``; None = not passed. A mechanism without ``rope``
+            (or a spatial one) raises naming them.
 
     Returns:
         ``x``'s shape and layout.
@@ -65,22 +86,20 @@ def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | 
     spatial = getattr(attn, "layout", "tokens") == "spatial"
     if x.dim() == 4:  # a channels-last map [B, H, W, C]
         if spatial:
-            if mask is not None:
-                raise ValueError(f"{type(attn).__name__} is a spatial mechanism: it takes no attention mask")
+            _no_spatial(attn, mask, rope_coords, rope_valid)
             return _call(attn, x, residual, context=context)
         B, H, W, C = x.shape
         res = None if residual is None else residual.reshape(B, H * W, C)
         out = _call(attn, x.reshape(B, H * W, C), res, feat_size=(H, W), context=context,
-                    mask=mask)  # [B, H·W, C]
+                    mask=mask, rope_coords=rope_coords, rope_valid=rope_valid)  # [B, H·W, C]
         return out.view(B, H, W, C)
     if not spatial:
         name = getattr(attn, "attention_name", None)
         if feat_size is None and name is not None and get_attention_spec(name).needs_feat_size:
             raise ValueError(f"{type(attn).__name__} ({name!r}) uses the token grid: pass feat_size=(H, W)")
         return _call(attn, x, residual, feat_size=feat_size, num_prefix_tokens=num_prefix_tokens, context=context,
-                     mask=mask)
-    if mask is not None:
-        raise ValueError(f"{type(attn).__name__} is a spatial mechanism: it takes no attention mask")
+                     mask=mask, rope_coords=rope_coords, rope_valid=rope_valid)
+    _no_spatial(attn, mask, rope_coords, rope_valid)
     if feat_size is None:
         raise ValueError(f"{type(attn).__name__} is a spatial mechanism and needs the token grid feat_size")
     B, N, C = x.shape

@@ -119,18 +119,20 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def _attn(self, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int,
-              mask: Tensor | None = None) -> Tensor:
-        return apply_attention(self.attn, x, feat_size=feat_size, num_prefix_tokens=num_prefix_tokens, mask=mask)
+              mask: Tensor | None = None, rope: Mapping[str, Tensor | None] | None = None) -> Tensor:
+        return apply_attention(self.attn, x, feat_size=feat_size, num_prefix_tokens=num_prefix_tokens, mask=mask,
+                               **(rope or {}))
 
     def _pos_mlp(self, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int) -> Tensor:
         """The position layer between the branches (``pos2``), when there is one."""
         return x if self.pos2 is None else self.pos2(x, feat_size, num_prefix_tokens)
 
     def _fused_pre(self, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int,
-                   mask: Tensor | None = None) -> Tensor:
+                   mask: Tensor | None = None, rope: Mapping[str, Tensor | None] | None = None) -> Tensor:
         """Pre-norm at inference: the residual adds fused into the attention ``proj`` and ``fc2`` (same math)."""
         x = apply_attention(self.attn, self.norm1(x), feat_size=feat_size, num_prefix_tokens=num_prefix_tokens,
-                            residual=x, mask=mask)  # the adapter fuses where the mechanism can and no hook could tell
+                            residual=x, mask=mask,
+                            **(rope or {}))  # the adapter fuses where the mechanism can and no hook could tell
         x = self._pos_mlp(x, feat_size, num_prefix_tokens)
         if getattr(self.mlp, "accepts_residual", False) and hookless(self.mlp):
             return self.mlp(self.norm2(x), residual=x)
@@ -160,37 +162,45 @@ class Block(nn.Module):
         return self._residual(x, self.mlp(self.norm2(x)), self.ls2, self.drop_path2)
 
     def forward(self, x: Tensor, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0, *,
-                context: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+                context: Tensor | None = None, mask: Tensor | None = None, rope_coords: Tensor | None = None,
+                rope_valid: Tensor | None = None) -> Tensor:
         """``[B, P + H·W, C]`` (grid ``feat_size``, ``P`` prefix tokens) or ``[B, H, W, C]`` -> same shape.
 
         ``context [B, M, C]``: class-attention flow (module docstring), ``x [B, Nq, C] -> [B, Nq, C]``.
         ``mask``: bool attention mask broadcastable to ``[B, nh, N, N]`` (True = may attend; NaFlex's
         padding key mask ``[B, 1, 1, N]``), handed to the mechanism; None = unmasked, as before.
+        ``rope_coords [B, L, 2]`` int ``(y, x)`` and ``rope_valid [B, L]`` bool (``L = N - P``): per-sample
+        RoPE grids of a packed NaFlex batch, handed to a mechanism with a rotary embedding
+        (``forward(..., rope_coords=, rope_valid=)``); None = not passed, as before.
         """
         if context is not None:
-            if mask is not None:
-                raise ValueError("mask is not supported with context (class-attention flow)")
+            if mask is not None or rope_coords is not None or rope_valid is not None:
+                raise ValueError("mask / rope_coords / rope_valid are not supported with context "
+                                 "(class-attention flow)")
             return self._forward_context(x, context, feat_size)
+        rope = None
+        if rope_coords is not None or rope_valid is not None:
+            rope = dict(rope_coords=rope_coords, rope_valid=rope_valid)
         if self.pos is not None:
             x = self.pos(x, feat_size, num_prefix_tokens)
         style = self.style
         if style == "pre":
             if not self.training and isinstance(self.ls1, nn.Identity) and isinstance(self.ls2, nn.Identity):
-                return self._fused_pre(x, feat_size, num_prefix_tokens, mask)
-            x = self._residual(x, self._attn(self.norm1(x), feat_size, num_prefix_tokens, mask), self.ls1,
+                return self._fused_pre(x, feat_size, num_prefix_tokens, mask, rope)
+            x = self._residual(x, self._attn(self.norm1(x), feat_size, num_prefix_tokens, mask, rope), self.ls1,
                                self.drop_path1)
             x = self._pos_mlp(x, feat_size, num_prefix_tokens)
             return self._residual(x, self.mlp(self.norm2(x)), self.ls2, self.drop_path2)
         if style == "res_post":
-            x = x + self.drop_path1(self.ls1(self.norm1(self._attn(x, feat_size, num_prefix_tokens, mask))))
+            x = x + self.drop_path1(self.ls1(self.norm1(self._attn(x, feat_size, num_prefix_tokens, mask, rope))))
             x = self._pos_mlp(x, feat_size, num_prefix_tokens)
             return x + self.drop_path2(self.ls2(self.norm2(self.mlp(x))))
         if style == "post":
-            x = self.norm1(x + self.drop_path1(self.ls1(self._attn(x, feat_size, num_prefix_tokens, mask))))
+            x = self.norm1(x + self.drop_path1(self.ls1(self._attn(x, feat_size, num_prefix_tokens, mask, rope))))
             x = self._pos_mlp(x, feat_size, num_prefix_tokens)
             return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
         y = self.norm1(x)  # parallel
-        return (x + self.drop_path1(self.ls1(self._attn(y, feat_size, num_prefix_tokens, mask)))
+        return (x + self.drop_path1(self.ls1(self._attn(y, feat_size, num_prefix_tokens, mask, rope)))
                 + self.drop_path2(self.ls2(self.mlp(y))))
 
     def extra_repr(self) -> str:

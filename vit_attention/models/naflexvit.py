@@ -275,7 +275,9 @@ class NaFlexVit(VisionTransformer):
     ``forward_features``: normalised tokens ``[B, P + N, C]`` for a tensor, ``{"patches": [B, P + L, C],
     "patch_valid": [B, L]}`` for a list or a packed batch; ``forward_head(x, patch_valid=)`` pools
     (masked) and classifies. The blocks are :class:`~vit_attention.layers.Block` with any token
-    mechanism taking ``mask`` (default ``mhsa``).
+    mechanism taking ``mask`` (default ``mhsa``). With ``rope`` the list / packed forms rotate each
+    image on its own grid (``patch_coord`` / ``patch_valid`` handed to every block as
+    ``rope_coords`` / ``rope_valid``).
     """
 
     family = "naflexvit"
@@ -372,14 +374,23 @@ class NaFlexVit(VisionTransformer):
                              f"{', '.join(missing)}")
         return packed
 
-    def _run_masked(self, x: Tensor, mask: Tensor) -> Tensor:
-        """Tokens ``[B, P + L, C]`` through the blocks with the key mask ``[B, 1, 1, P + L]``."""
+    def _uses_rope(self) -> bool:
+        """Whether any block's mechanism carries a rotary embedding (``rope`` config field or ``attn_kwargs``)."""
+        return any(getattr(getattr(blk, "attn", None), "rope", None) is not None for blk in self.blocks)
+
+    def _run_masked(self, x: Tensor, mask: Tensor, patch_coord: Tensor | None = None,
+                    patch_valid: Tensor | None = None) -> Tensor:
+        """Tokens ``[B, P + L, C]`` through the blocks with the key mask ``[B, 1, 1, P + L]``; with RoPE, the
+        per-sample grids ``patch_coord [B, L, 2]`` / ``patch_valid [B, L]`` go to every block too."""
+        kw: dict[str, Tensor] = {"mask": mask}
+        if patch_coord is not None:
+            kw.update(rope_coords=patch_coord, rope_valid=patch_valid)  # type: ignore[arg-type]
         ckpt = self.grad_checkpointing and self.training
         for blk in self.blocks:
             if ckpt:
-                x = checkpoint(blk, x, None, self.num_prefix_tokens, mask=mask, use_reentrant=False)
+                x = checkpoint(blk, x, None, self.num_prefix_tokens, use_reentrant=False, **kw)
             else:
-                x = blk(x, None, self.num_prefix_tokens, mask=mask)
+                x = blk(x, None, self.num_prefix_tokens, **kw)
         return x
 
     def key_mask(self, patch_valid: Tensor) -> Tensor:
@@ -395,12 +406,12 @@ class NaFlexVit(VisionTransformer):
         packed = self.pack(x, patch_coord, patch_valid)
         if packed is None:
             return super().forward_features(x)
-        if self.cfg.rope is not None:  # the blocks would need the per-sample coords (RotaryEmbedding(coords=))
-            raise NotImplementedError("a NaFlexVit with rope runs standard tensors only: the packed / list forms "
-                                      "need per-sample RoPE coordinates passed through the blocks (not wired yet)")
         t = self.embeds.forward_packed(packed["patches"], packed["patch_coord"], packed["patch_valid"])
         t = self.norm_pre(self.pos_drop(t))
-        t = self._run_masked(t, self.key_mask(packed["patch_valid"]))
+        rope = self._uses_rope()  # each sample's RoPE grid from its own coordinates (RotaryEmbedding(coords=))
+        t = self._run_masked(t, self.key_mask(packed["patch_valid"]),
+                             packed["patch_coord"].long() if rope else None,
+                             packed["patch_valid"].bool() if rope else None)
         return {"patches": self.norm(t), "patch_valid": packed["patch_valid"].bool()}
 
     def pool(self, x: Tensor, patch_valid: Tensor | None = None) -> Tensor:  # type: ignore[override]
