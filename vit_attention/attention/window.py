@@ -32,7 +32,67 @@ from ..functional.window_attention import window_attention, window_tokens
 from ._common import ParamCache, check_heads, check_prob, check_spatial_call, uncacheable
 from .registry import register_attention, small_window_kwargs
 
-__all__ = ["WindowAttentionBase", "WindowAttention"]
+__all__ = ["WindowAttentionBase", "WindowAttention", "resize_window_bias_table"]
+
+
+def _geometric_offsets(src: int, dst: int) -> list[float]:
+    """Source sample positions of a ``src``-long table axis stretched over ``dst`` offsets (BEiT / timm).
+
+    The ``src // 2`` steps either side of 0 grow geometrically, ratio ``q`` found by bisection so
+    that their sum reaches about ``dst // 2``: near offsets keep their spacing, far ones spread out.
+    """
+    lo, hi = 1.01, 1.5
+    n = src // 2
+    while hi - lo > 1e-6:
+        q = (lo + hi) / 2.0
+        if (1.0 - q ** n) / (1.0 - q) > dst // 2:
+            hi = q
+        else:
+            lo = q
+    steps, cur = [], 1.0
+    for i in range(n):
+        steps.append(cur)
+        cur += q ** (i + 1)
+    return [-d for d in reversed(steps)] + [0.0] + steps
+
+
+def _linear_weights(points: Tensor, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Left / right sample indices and their weights for each ``x`` on the sorted ``points`` (clamped at the ends)."""
+    right = torch.bucketize(x, points).clamp(max=points.shape[0] - 1)
+    left = (right - 1).clamp(min=0)
+    d_left = (x - points[left]).clamp(min=0)
+    d_right = (points[right] - x).clamp(min=0)
+    both = (d_left == 0) & (d_right == 0)
+    d_left, d_right = torch.where(both, 1.0, d_left), torch.where(both, 1.0, d_right)
+    total = d_left + d_right
+    return left, right, d_right / total, d_left / total  # weight of left = distance to right
+
+
+def resize_window_bias_table(table: Tensor, old_window: tuple[int, int], new_window: tuple[int, int]) -> Tensor:
+    """A Swin relative-position table ``[(2Wh-1)(2Ww-1), nh]`` for a new window ``[(2Wh'-1)(2Ww'-1), nh]``.
+
+    timm's ``resize_rel_pos_bias_table`` (its default, scipy-free path): the old table's offsets are
+    placed on a geometrically spaced grid reaching the new table's extent (:func:`_geometric_offsets`)
+    and read linearly at the integer offsets ``-(W'-1) .. W'-1``, per axis, held constant outside.
+    Computed in float32 on the table's device, returned in its dtype. Same window: the table itself.
+    """
+    src = (2 * old_window[0] - 1, 2 * old_window[1] - 1)
+    dst = (2 * new_window[0] - 1, 2 * new_window[1] - 1)
+    L, nh = table.shape
+    if L != src[0] * src[1]:
+        raise ValueError(f"a table of {L} rows is not a ({src[0]} x {src[1]}) table of window {old_window}")
+    if src == dst:
+        return table
+    z = table.float().T.reshape(nh, src[0], src[1])  # [nh, 2Wh-1, 2Ww-1]
+    idx = []
+    for s, d in zip(src, dst):
+        points = torch.tensor(_geometric_offsets(s, d), dtype=torch.float32, device=table.device)
+        t = float(d // 2)
+        idx.append(_linear_weights(points, torch.arange(-t, t + 0.1, 1.0, device=table.device)))
+    (hl, hr, hwl, hwr), (wl, wr, wwl, wwr) = idx
+    out = ((z[:, hl][:, :, wl] * wwl + z[:, hl][:, :, wr] * wwr) * hwl[:, None]
+           + (z[:, hr][:, :, wl] * wwl + z[:, hr][:, :, wr] * wwr) * hwr[:, None])  # [nh, 2Wh'-1, 2Ww'-1]
+    return out.reshape(nh, -1).T.contiguous().to(table.dtype)  # [(2Wh'-1)(2Ww'-1), nh]
 
 
 class WindowAttentionBase(nn.Module):
@@ -89,6 +149,30 @@ class WindowAttentionBase(nn.Module):
     def logit_temperature(self) -> Tensor | None:
         """SwinV2 cosine attention's per-head temperature ``[nh, 1, 1]``; None for dot-product attention."""
         return None
+
+    def set_window_size(self, window_size: int | Sequence[int], shift_size: int | Sequence[int] = 0) -> None:
+        """Change the window ``(Wh, Ww)`` and the cyclic shift in place (a model's ``set_input_size``).
+
+        Checked like the constructor's arguments before anything changes; the position bias is
+        refitted to the new window (:meth:`_resize_position_bias`) and the cached bias and masks dropped.
+        """
+        window = to_pair(window_size, "window_size")
+        shift = to_pair(shift_size, "shift_size")
+        if min(window) <= 0:
+            raise ValueError(f"window_size must be positive, got {window_size!r}")
+        for s, w in zip(shift, window):
+            if not 0 <= s < w:
+                raise ValueError(f"shift_size={shift_size!r} must be >= 0 and smaller than window_size="
+                                 f"{window_size!r} (a shift of a whole window is no shift)")
+        old = self.window_size
+        self.window_size, self.shift_size = window, shift
+        if window != old:
+            self._resize_position_bias(old)
+        self._bias_cache.clear()
+        self._mask_cache.clear()
+
+    def _resize_position_bias(self, old_window: tuple[int, int]) -> None:
+        """Refit learned position-bias parameters from ``old_window`` to ``self.window_size`` (none here)."""
 
     # ---------------------------------------------------------------- bias and masks
     def position_bias(self) -> Tensor | None:
@@ -214,6 +298,13 @@ class WindowAttention(WindowAttentionBase):
     def bias_parameters(self) -> list[Tensor]:
         """The relative-position table."""
         return [self.relative_position_bias_table]
+
+    def _resize_position_bias(self, old_window: tuple[int, int]) -> None:
+        """Replace the table by its resampling to the new window (:func:`resize_window_bias_table`, timm's)."""
+        old = self.relative_position_bias_table
+        with torch.no_grad():
+            new = resize_window_bias_table(old.detach(), old_window, self.window_size)
+        self.relative_position_bias_table = nn.Parameter(new.contiguous(), requires_grad=old.requires_grad)
 
     def compute_position_bias(self) -> Tensor:
         """Gather the table by relative offset: ``[nh, N, N]``."""

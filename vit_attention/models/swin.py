@@ -151,6 +151,39 @@ def stage_windows(res: tuple[int, int], window: tuple[int, int], shift: tuple[in
     return win, sft  # type: ignore[return-value]
 
 
+def _stage_pairs(value: Any, n: int, name: str) -> tuple[tuple[int, int], ...]:
+    """``value``: an int or ``(h, w)`` for all ``n`` stages, or one of those per stage -> ``n`` positive pairs.
+
+    As timm: a sequence of two ints is always one ``(h, w)``, never two stages.
+    """
+    def pair(v: Any, where: str) -> tuple[int, int]:
+        items = [v] * 2 if not isinstance(v, Sequence) or isinstance(v, str) else list(v)
+        if len(items) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in items):
+            raise TypeError(f"{where} must be an int or an (h, w) pair of ints, got {v!r}")
+        if min(items) <= 0:
+            raise ValueError(f"{where} must be positive, got {v!r}")
+        return items[0], items[1]
+    if not isinstance(value, Sequence) or isinstance(value, str) or (
+            len(value) == 2 and not isinstance(value[0], Sequence)):
+        return (pair(value, name),) * n
+    if len(value) != n:
+        raise ValueError(f"{name}={value!r} needs one entry per stage ({n}), or one int / (h, w) for all")
+    return tuple(pair(v, f"{name}[{i}]") for i, v in enumerate(value))
+
+
+def _stage_ints(value: Any, n: int, name: str) -> tuple[int, ...]:
+    """``value``: a positive int for all ``n`` stages or one per stage."""
+    vals = [value] * n if not isinstance(value, Sequence) or isinstance(value, str) else list(value)
+    if len(vals) != n:
+        raise ValueError(f"{name}={value!r} needs one entry per stage ({n}) or a single int")
+    for i, v in enumerate(vals):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} entries must be ints, got {v!r} at stage {i}")
+        if v <= 0:
+            raise ValueError(f"{name} must be positive, got {v!r} at stage {i}")
+    return tuple(vals)
+
+
 class SwinTransformer(Backbone):
     """Swin Transformer backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
@@ -184,6 +217,11 @@ class SwinTransformer(Backbone):
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
 
         window = to_pair(cfg.window_size, "window_size")
+        # set_input_size() scales these with the patch grid (timm): per-stage windows and the grid they were set for
+        self._ref_windows: tuple[tuple[int, int], ...] = (window,) * n
+        self._ref_grid: tuple[int, int] = tuple(self.grid_size)  # type: ignore[assignment]
+        self.window_sizes = self._ref_windows  # every stage's window before the clamp (set_input_size changes it)
+        self._shifted_blocks = [[j % 2 == 1 and any(w // 2 for w in window) for j in range(d)] for d in cfg.depths]
         pws = cfg.pretrained_window_sizes or (0,) * n
         clamp = cfg.pad_mode != "torchvision" and not cfg.always_partition
         norm_layer = partial(nn.LayerNorm, eps=cfg.norm_eps)
@@ -223,6 +261,72 @@ class SwinTransformer(Backbone):
                     for norm in (blk.norm1, blk.norm2):
                         nn.init.zeros_(norm.weight)
                         nn.init.zeros_(norm.bias)
+
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None, *,
+                       window_size: int | Sequence[int] | Sequence[int | Sequence[int]] | None = None,
+                       window_ratio: int | Sequence[int] | None = None,
+                       always_partition: bool | None = None) -> None:
+        """Change the input resolution and / or the windows permanently, in place (timm's ``set_input_size``).
+
+        ``img_size`` (None = keep) gives the new patch grid ``(Hg, Wg) = img_size / patch_size``;
+        stage ``i`` runs on ``ceil(Hg / 2^i) x ceil(Wg / 2^i)``. Window of each stage:
+        ``window_size`` (an int or ``(h, w)`` for all stages, or one per stage), else ``window_ratio``
+        (``grid // ratio``, an int for all stages or one per stage: a pair is two stages, not
+        ``(h, w)``), else the current windows scaled with the grid (``w·Hg_new // Hg_ref``; a call
+        with no argument changes nothing). Explicit windows become the reference of later calls.
+        Each block then takes the stage window (clamped to stages smaller than it unless
+        ``always_partition``, None = keep) and, every second block, the shift ``window // 2``; the
+        relative-position tables ``[(2Wh-1)(2Ww-1), nh]`` are resampled to the new windows like
+        timm (:func:`~vit_attention.attention.window.resize_window_bias_table`), SwinV2's continuous
+        position bias is read at the new window's coordinates (``pretrained_window_sizes`` kept), the
+        shift masks are rebuilt, an absolute position embedding is resampled bicubically.
+        ``grid_size``, ``cfg.img_size``, ``cfg.window_size`` (the first stage's window),
+        ``cfg.always_partition`` follow; ``window_sizes`` holds every stage's. Every argument is
+        checked before anything changes; an error names it.
+        """
+        n = len(self.layers)
+        windows = ratios = None
+        if window_size is not None:
+            windows = _stage_pairs(window_size, n, "window_size")
+        elif window_ratio is not None:
+            ratios = _stage_ints(window_ratio, n, "window_ratio")
+        if always_partition is not None and not isinstance(always_partition, bool):
+            raise TypeError(f"always_partition must be a bool or None, got {always_partition!r}")
+        attns = [blk.attn for stage in self.layers for blk in stage.blocks]
+        if any(not hasattr(a, "set_window_size") for a in attns):
+            raise TypeError(f"attn_layer={self.cfg.attn_layer!r} has no window to resize (set_window_size)")
+        prev_grid = self.grid_size
+        self.patch_embed.set_input_size(img_size)  # checks img_size (patch multiple) before changing
+        assert self.patch_embed.grid_size is not None and self.patch_embed.img_size is not None
+        grid: tuple[int, int] = tuple(self.patch_embed.grid_size)  # type: ignore[assignment]
+        if windows is None and ratios is not None:
+            windows = tuple((max(1, grid[0] // r), max(1, grid[1] // r)) for r in ratios)
+        if windows is None:
+            windows = tuple((max(1, w[0] * grid[0] // self._ref_grid[0]), max(1, w[1] * grid[1] // self._ref_grid[1]))
+                            for w in self._ref_windows)
+        else:
+            self._ref_windows, self._ref_grid = windows, grid
+        if always_partition is not None:
+            self.cfg.always_partition = always_partition
+        clamp = self.cfg.pad_mode != "torchvision" and not self.cfg.always_partition
+        res = grid
+        for i, stage in enumerate(self.layers):
+            if i > 0:
+                res = ((res[0] + 1) // 2, (res[1] + 1) // 2)
+            win = windows[i]
+            for blk, shifted in zip(stage.blocks, self._shifted_blocks[i]):
+                shift = (win[0] // 2, win[1] // 2) if shifted else (0, 0)
+                blk.attn.set_window_size(*stage_windows(res, win, shift, clamp))
+        if self.absolute_pos_embed is not None and grid != prev_grid:
+            with torch.no_grad():
+                pos = resample_abs_pos_embed(self.absolute_pos_embed.detach(), grid, prev_grid, num_prefix_tokens=0)
+            grad = self.absolute_pos_embed.requires_grad
+            self.absolute_pos_embed = nn.Parameter(pos.contiguous(), requires_grad=grad)
+        self.grid_size = grid
+        self.window_sizes = windows
+        h, w = self.patch_embed.img_size
+        self.cfg.img_size = h if h == w else (h, w)
+        self.cfg.window_size = windows[0] if windows[0][0] != windows[0][1] else windows[0][0]
 
     def _embed(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> ``[B, H/p, W/p, C]`` (+ absolute position embedding).
