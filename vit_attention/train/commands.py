@@ -42,6 +42,7 @@ def _pair(kind: type) -> Any:
 # Where each TrainConfig field comes from on the command line (field -> option dest).
 _FIELD_DEST = {
     "model": "model", "model_kwargs": "model_arg", "data": "data", "img_size": "img_size", "in_chans": "in_chans",
+    "naflex": "naflex", "max_seq_len": "max_seq_len",
     "val_fraction": "val_fraction", "epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "min_lr": "min_lr",
     "warmup_epochs": "warmup_epochs", "weight_decay": "weight_decay", "clip_grad": "clip_grad",
     "accum_steps": "accum_steps", "label_smoothing": "label_smoothing", "mixup": "mixup", "cutmix": "cutmix",
@@ -96,6 +97,7 @@ def _config_from_args(args: argparse.Namespace) -> dict[str, Any]:
             kwargs[key] = getattr(args, key)
     return dict(
         model=args.model, model_kwargs=kwargs, data=args.data, img_size=args.img_size, in_chans=args.in_chans,
+        naflex=args.naflex, max_seq_len=args.max_seq_len,
         val_fraction=args.val_fraction, output=args.output, epochs=args.epochs, batch_size=args.batch_size,
         lr=args.lr, min_lr=args.min_lr, warmup_epochs=args.warmup_epochs, weight_decay=args.weight_decay,
         clip_grad=args.clip_grad or None, accum_steps=args.accum_steps, label_smoothing=args.label_smoothing,
@@ -176,6 +178,13 @@ def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
                    help="input size (default: 8 for the digits, the model's for image folders)")
     g.add_argument("--in-chans", type=int, default=3, choices=(1, 3), help="image folders: 1 grayscale, 3 RGB")
     g.add_argument("--val-fraction", type=float, default=0.1, help="held-out share when the folder has no val/")
+    g.add_argument("--naflex", action="store_true",
+                   help="NaFlex models only (family naflexvit): train on an image folder with each image at its own "
+                        "aspect ratio, resized to at most --max-seq-len patches and packed (zero-padded) to that "
+                        "budget (NaFlexCollate); no crop, flip, RandAugment, Mixup / CutMix or teacher")
+    g.add_argument("--max-seq-len", type=int, default=576,
+                   help="with --naflex: the patch budget per image and the packed sequence length (default: 576, "
+                        "timm's)")
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int, default=epochs, help="passes over the training set")
     g.add_argument("--batch-size", type=int, default=64, help="global batch per optimizer step")

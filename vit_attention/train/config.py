@@ -25,6 +25,8 @@ class TrainConfig:
     data: str | None = None  # None / "digits": the embedded set; else an image folder
     img_size: int | None = None  # None: 8 for digits, the model's for folders
     in_chans: int = 3  # image folders: 1 (grayscale) or 3 (RGB)
+    naflex: bool = False  # NaFlex models: aspect-kept images packed to max_seq_len patches (data/naflex.py)
+    max_seq_len: int = 576  # with naflex: the patch budget per image and the packed length
     val_fraction: float = 0.1
     crop_pct: float = 0.875
     output: str | None = None  # run folder; None: runs/<model>-<time>
@@ -90,6 +92,29 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
+        self._validate_naflex()
+
+    def _validate_naflex(self) -> None:
+        """``--naflex`` needs a NaFlex model and an image folder, and excludes the tensor-batch augmentations."""
+        if not self.naflex:
+            if self.max_seq_len != 576:
+                raise ValueError(f"--max-seq-len {self.max_seq_len} applies with --naflex only")
+            return
+        family = get_model_entry(self.model).family
+        if family != "naflexvit":
+            raise ValueError(f"--naflex needs a NaFlex model (family naflexvit, e.g. naflexvit_base_patch16_gap); "
+                             f"{self.model} is a {family} model, which takes fixed-size image tensors")
+        if self.max_seq_len < 1:
+            raise ValueError(f"--max-seq-len must be >= 1, got {self.max_seq_len}")
+        if self.data in (None, "digits"):
+            raise ValueError("--naflex trains on an image folder of any sizes and aspects: pass --data ROOT")
+        off = [name for name, value in (("--mixup", self.mixup), ("--cutmix", self.cutmix),
+                                        ("--randaugment", self.randaugment), ("crop_scale", self.crop_scale),
+                                        ("--affine", self.affine), ("--hflip", self.hflip),
+                                        ("--teacher", self.teacher))
+               if value]
+        if off:
+            raise ValueError(f"--naflex batches packed patches, not image tensors: {', '.join(off)} do not apply")
 
 
 def _type_name(tp: Any) -> str:

@@ -9,6 +9,11 @@ kornia), so the loaders stay simple and a seed fixes every random draw.
 * An image folder ``ROOT/<class>/<image>`` (or ``ROOT/train/<class>/...`` plus ``ROOT/val/...``):
   images are read with Pillow, resized (shorter side to ``img_size / crop_pct``) and
   centre-cropped; without a ``val`` folder a seeded ``val_fraction`` of each class is held out.
+* NaFlex (``build_data(..., naflex_patch=p, max_seq_len=N)``, ``train --naflex``): the same folders,
+  each image kept at its aspect ratio and resized to the largest size of at most ``N`` patches
+  (:class:`NaFlexImageFolderDataset`); its ``collate_fn`` (:class:`~vit_attention.data.naflex.NaFlexCollate`)
+  packs a batch into ``{"patches": [B, N, p·p·C], "patch_coord": [B, N, 2], "patch_valid": [B, N]}``,
+  which :class:`BatchTransform` normalises (no augmentation) and NaFlexVit takes as it is.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-__all__ = ["IMG_EXTENSIONS", "DataBundle", "TensorImageDataset", "ImageFolderDataset", "load_digits_split",
+__all__ = ["IMG_EXTENSIONS", "DataBundle", "TensorImageDataset", "ImageFolderDataset",
+           "NaFlexImageFolderDataset", "to_device", "load_digits_split",
            "scan_image_folder", "build_data", "load_image", "BatchTransform", "mix_batch", "batch_indices",
            "shard_indices", "iterate_batches", "CorruptImageWarning", "check_classifiable", "describe_input_size"]
 
@@ -211,10 +217,67 @@ class ImageFolderDataset(Dataset):
         return self._geometry.to_tensor(self._geometry.resize_crop(path)), torch.tensor(label)
 
 
+class NaFlexImageFolderDataset(Dataset):
+    """Image files with labels for NaFlex training: ``(path, class index)`` -> ``([C, H', W'] in [0, 1], label)``.
+
+    Each image keeps its aspect ratio: resized (Pillow, bicubic) to the largest size whose patch count
+    ``H'/ph · W'/pw`` is at most ``max_seq_len`` (:func:`~vit_attention.data.naflex.size_for_seq_len`,
+    timm's ``ResizeKeepRatioToSequence``), sides multiples of the patch. ``collate_fn`` (a
+    :class:`~vit_attention.data.naflex.NaFlexCollate`) turns a list of items into the packed batch
+    ``({"patches": [B, max_seq_len, ph·pw·C], "patch_coord": [B, max_seq_len, 2], "patch_valid":
+    [B, max_seq_len]}, labels [B])``.
+    """
+
+    def __init__(self, samples: Sequence[tuple[Path, int]], patch_size: int | tuple[int, int], max_seq_len: int, *,
+                 in_chans: int = 3) -> None:
+        from ..data.naflex import NaFlexCollate
+
+        if in_chans not in (1, 3):
+            raise ValueError(f"in_chans must be 1 (grayscale) or 3 (RGB) for image files, got {in_chans}")
+        self.samples, self.in_chans = list(samples), in_chans
+        self.patch_size = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
+        self.max_seq_len = int(max_seq_len)
+        self.collate_fn = NaFlexCollate(self.patch_size, self.max_seq_len, resize=False)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        from PIL import Image
+
+        from ..data import read_image
+        from ..data.naflex import size_for_seq_len
+
+        path, label = self.samples[i]
+        img = read_image(path, channels=self.in_chans)
+        w, h = img.size
+        H, W = size_for_seq_len((h, w), self.patch_size, self.max_seq_len)
+        if (W, H) != (w, h):
+            img = img.resize((W, H), Image.Resampling.BICUBIC)
+        a = np.asarray(img, dtype=np.float32) / 255.0  # [H', W'] or [H', W', C]
+        a = a[:, :, None] if a.ndim == 2 else a
+        return torch.from_numpy(a).permute(2, 0, 1).contiguous(), torch.tensor(label)  # [C, H', W']
+
+
+def to_device(x: Tensor | Mapping[str, Tensor], device: Any) -> Tensor | dict[str, Tensor]:
+    """A batch ``[B, C, H, W]``, or a packed NaFlex batch (a dict of tensors), moved to ``device``."""
+    if isinstance(x, Mapping):
+        return {k: v.to(device, non_blocking=True) for k, v in x.items()}
+    return x.to(device, non_blocking=True)
+
+
 def build_data(data: str | Path | None = None, *, img_size: int | None = None, in_chans: int = 3,
-               val_fraction: float = 0.1, crop_pct: float = 0.875, seed: int = 0) -> DataBundle:
-    """The embedded digits (``data`` None or ``"digits"``) or an image folder, as a :class:`DataBundle`."""
+               val_fraction: float = 0.1, crop_pct: float = 0.875, seed: int = 0,
+               naflex_patch: int | tuple[int, int] | None = None, max_seq_len: int = 576) -> DataBundle:
+    """The embedded digits (``data`` None or ``"digits"``) or an image folder, as a :class:`DataBundle`.
+
+    ``naflex_patch`` (the NaFlex model's patch size): the folder's images as
+    :class:`NaFlexImageFolderDataset` (aspect kept, at most ``max_seq_len`` patches, packed by its
+    ``collate_fn``); ``img_size`` is then only the model's standard-mode default.
+    """
     if data is None or str(data) == "digits":
+        if naflex_patch is not None:
+            raise ValueError("--naflex trains on an image folder of any sizes and aspects: pass --data ROOT")
         return load_digits_split(img_size)
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
@@ -242,9 +305,14 @@ def build_data(data: str | Path | None = None, *, img_size: int | None = None, i
             raise ValueError(f"val_fraction={val_fraction} leaves no validation image in {root}; "
                              "add images or raise val_fraction")
     mean, std = (IMAGENET_MEAN, IMAGENET_STD) if in_chans == 3 else ((0.5,), (0.5,))
-    return DataBundle(root.name, ImageFolderDataset(train_s, hw, in_chans=in_chans, crop_pct=crop_pct),
-                      ImageFolderDataset(val_s, hw, in_chans=in_chans, crop_pct=crop_pct), classes, in_chans, hw,
-                      mean, std, skipped, float(np.median(sides)) if sides else None)
+
+    def dataset(samples: list[tuple[Path, int]]) -> Dataset:
+        if naflex_patch is not None:
+            return NaFlexImageFolderDataset(samples, naflex_patch, max_seq_len, in_chans=in_chans)
+        return ImageFolderDataset(samples, hw, in_chans=in_chans, crop_pct=crop_pct)
+
+    return DataBundle(root.name, dataset(train_s), dataset(val_s), classes, in_chans, hw, mean, std, skipped,
+                      float(np.median(sides)) if sides else None)
 
 
 def describe_input_size(data: DataBundle, source: str) -> list[str]:
@@ -313,14 +381,18 @@ def shard_indices(idx: Sequence[int], rank: int, world_size: int) -> list[int]:
 
 
 def iterate_batches(dataset: Dataset, batches: Sequence[Sequence[int]], *, workers: int = 0
-                    ) -> Iterator[tuple[Tensor, Tensor]]:
-    """Yield ``(images [b, C, H, W], labels [b])`` for each index list (in-memory sets are sliced directly)."""
+                    ) -> Iterator[tuple[Any, Tensor]]:
+    """Yield ``(images [b, C, H, W], labels [b])`` for each index list (in-memory sets are sliced directly).
+
+    A dataset with a ``collate_fn`` attribute batches through it (NaFlex: the packed dict instead of images).
+    """
     if isinstance(dataset, TensorImageDataset):
         for idx in batches:
             yield dataset.gather(idx)
         return
     loader = DataLoader(dataset, batch_sampler=[list(b) for b in batches], num_workers=workers,
-                        persistent_workers=False, pin_memory=torch.cuda.is_available())
+                        persistent_workers=False, pin_memory=torch.cuda.is_available(),
+                        collate_fn=getattr(dataset, "collate_fn", None))
     yield from loader
 
 
@@ -332,6 +404,9 @@ class BatchTransform(nn.Module):
     (``randaugment=(n, m)``), random affine (probability ``affine``: ±10°, ±10 % shift, 0.9-1.1
     zoom), from kornia; then normalisation with ``mean`` / ``std``. In eval
     mode only the normalisation runs.
+
+    A packed NaFlex batch (a dict with ``patches [B, L, ph·pw·C]``, channel fastest, and ``patch_valid
+    [B, L]``) is normalised per channel only (no augmentation; padding rows stay zero).
     """
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], *, img_size: tuple[int, int],
@@ -354,8 +429,15 @@ class BatchTransform(nn.Module):
             augs.append(K.auto.RandAugment(n=n, m=m))
         self.augment = nn.Sequential(*augs)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, C, H, W]`` in [0, 1] -> ``[B, C, H, W]`` normalised (augmented in training)."""
+    def forward(self, x: Tensor | Mapping[str, Tensor]) -> Any:
+        """``[B, C, H, W]`` in [0, 1] -> ``[B, C, H, W]`` normalised (augmented in training); a packed NaFlex
+        dict -> the same dict with ``patches [B, L, ph·pw·C]`` normalised."""
+        if isinstance(x, Mapping):
+            p = x["patches"]
+            B, L, D = p.shape
+            mean, std = self.mean.reshape(-1), self.std.reshape(-1)  # [C]
+            normed = ((p.reshape(B, L, D // mean.numel(), mean.numel()) - mean) / std).reshape(B, L, D)
+            return {**x, "patches": normed * x["patch_valid"][..., None].to(normed.dtype)}  # padding rows zero
         if self.training and len(self.augment):
             x = self.augment(x).clamp_(0, 1)
         return (x - self.mean) / self.std
@@ -372,7 +454,7 @@ def mix_batch(x: Tensor, y: Tensor, num_classes: int, *, mixup: float = 0.0, cut
     import kornia.augmentation as K
 
     off = label_smoothing / num_classes
-    target = torch.full((y.shape[0], num_classes), off, device=x.device, dtype=torch.float32)
+    target = torch.full((y.shape[0], num_classes), off, device=y.device, dtype=torch.float32)
     target.scatter_(1, y[:, None], 1.0 - label_smoothing + off)  # [B, K]
     use_mix = mixup > 0 and (cutmix <= 0 or torch.rand(()).item() < 0.5)
     use_cut = cutmix > 0 and not use_mix

@@ -69,6 +69,7 @@ from .data import (
     iterate_batches,
     mix_batch,
     shard_indices,
+    to_device,
 )
 from .distill import DistillationLoss, build_teacher, soft_target_cross_entropy
 from .distributed import (
@@ -271,9 +272,13 @@ def _load_data(cfg: TrainConfig, info: DistInfo) -> DataBundle:
         source = f"the model's default, {cfg.model}; --img-size to change"
     elif img_size is None:
         source = "the digits' default; --img-size to change"
+    naflex_patch = get_model_entry(cfg.model).config(**cfg.model_kwargs).patch_size if cfg.naflex else None
     data = build_data(cfg.data, img_size=img_size, in_chans=cfg.in_chans, val_fraction=cfg.val_fraction,
-                      crop_pct=cfg.crop_pct, seed=cfg.seed)
-    for line in describe_input_size(data, source):
+                      crop_pct=cfg.crop_pct, seed=cfg.seed, naflex_patch=naflex_patch, max_seq_len=cfg.max_seq_len)
+    if cfg.naflex:
+        _say(info, f"NaFlex: each image at its own aspect, at most {cfg.max_seq_len} patches of {naflex_patch} px, "
+                   f"packed to {cfg.max_seq_len} (--max-seq-len)")
+    for line in ([] if cfg.naflex else describe_input_size(data, source)):  # NaFlex: its own line above
         _say(info, line)
     if data.skipped:
         _say(info, f"warning: skipped {len(data.skipped)} corrupt image(s), e.g. {data.skipped[0]}")
@@ -508,7 +513,7 @@ def _train_step(run: _Run, batch: list[int], epoch: int, sums: Tensor) -> float:
     run.optimizer.zero_grad(set_to_none=True)
     step_loss = torch.zeros((), dtype=torch.float64, device=info.device)
     for mi, (x, y) in enumerate(iterate_batches(run.data.train, micro, workers=cfg.workers)):
-        x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
+        x, y = to_device(x, info.device), y.to(info.device, non_blocking=True)  # x: images or a packed NaFlex dict
         x = run.transform(x)
         x, target = mix_batch(x, y, run.data.num_classes, mixup=cfg.mixup, cutmix=cfg.cutmix,
                               label_smoothing=cfg.label_smoothing)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..weights.io import atomic_write
-from .data import iterate_batches, shard_indices
+from .data import iterate_batches, shard_indices, to_device
 from .distributed import DistInfo, all_reduce_sum, is_fsdp, unwrap_model
 from .generative import evaluate_dataset, is_generative
 from .optim import _autocast
@@ -51,7 +51,7 @@ def evaluate(model: nn.Module, dataset: Any, transform: nn.Module, *, batch_size
     sums = torch.zeros(4, dtype=torch.float64, device=info.device)  # loss, top1, top5, n
     preds, targets = [], []
     for keep, (x, y) in zip(real, iterate_batches(dataset, batches, workers=workers)):
-        x, y = transform(x.to(info.device, non_blocking=True)), y.to(info.device)
+        x, y = transform(to_device(x, info.device)), y.to(info.device)  # images or a packed NaFlex dict
         with _autocast(info.device, amp):
             logits = net(x)
         if not keep:
