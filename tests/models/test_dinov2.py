@@ -202,14 +202,65 @@ def test_huggingface_parity(reg, swiglu, names):
 
 
 def test_huggingface_plain_resamples_otherwise():
-    """HF ``Dinov2Model`` resizes the table without antialias (MODERN A.2): equal at the native size only."""
+    """HF ``Dinov2Model`` resizes the table with ``size=``, bicubic, no antialias (MODERN A.2): our default
+    ("timm") equals it at the native size only; ``pos_embed_resize="bicubic"`` equals it at every size."""
     hf = _hf(False, False)
     ours = _ours_from_hf(hf)
     load_weights(ours, hf.state_dict())
-    xw = torch.randn(2, 3, 42, 70, generator=torch.Generator().manual_seed(2))
+    hf_rule = _ours_from_hf(hf)
+    hf_rule.cfg.pos_embed_resize = "bicubic"
+    load_weights(hf_rule, hf.state_dict())
     with torch.no_grad():
-        diff = (ours.forward_features(xw) - hf(pixel_values=xw).last_hidden_state).abs().max()
-    assert diff > 1e-4
+        for hw in ((42, 70), (70, 70), (28, 28), (56, 98)):  # grids 3x5, 5x5, 2x2, 4x7 from the native 3x3
+            xw = torch.randn(2, 3, *hw, generator=torch.Generator().manual_seed(2))
+            ref = hf(pixel_values=xw).last_hidden_state
+            assert (ours.forward_features(xw) - ref).abs().max() > 1e-4
+            assert_parity(hf_rule.forward_features(xw), ref)
+
+
+def test_huggingface_register_rule_is_timms():
+    """HF ``Dinov2WithRegistersModel`` resizes with antialias, timm's rule (our default); the no-antialias rule
+    is not it."""
+    hf = _hf(True, False)
+    ours = _ours_from_hf(hf)
+    load_weights(ours, hf.state_dict())
+    other = _ours_from_hf(hf)
+    other.cfg.pos_embed_resize = "bicubic"
+    load_weights(other, hf.state_dict())
+    with torch.no_grad():
+        for hw in ((70, 70), (28, 56)):
+            xw = torch.randn(2, 3, *hw, generator=torch.Generator().manual_seed(4))
+            ref = hf(pixel_values=xw).last_hidden_state
+            assert_parity(ours.forward_features(xw), ref)
+            assert (other.forward_features(xw) - ref).abs().max() > 1e-4
+
+
+def test_original_plain_rule_in_the_model():
+    """``pos_embed_resize="dinov2"``: the forward at another size adds the original plain DINOv2 table (offset
+    0.1, no antialias), in the dynamic forward and in ``set_input_size`` alike; it differs from timm's."""
+    from vit_attention.functional.pos_embed import resample_abs_pos_embed
+
+    cfg = dict(embed_dim=32, depth=1, num_heads=2, patch_size=14, img_size=42, num_classes=0, dynamic_img_size=True)
+    torch.manual_seed(0)
+    ours = Dinov2(VisionTransformerConfig(**cfg, pos_embed_resize="dinov2")).eval()
+    timm_rule = Dinov2(VisionTransformerConfig(**cfg)).eval()
+    timm_rule.load_state_dict(ours.state_dict())
+    with torch.no_grad():
+        ours.pos_embed.normal_()
+        timm_rule.pos_embed.copy_(ours.pos_embed)
+        x = torch.randn(1, 3, 70, 98, generator=torch.Generator().manual_seed(6))
+        embedded, _ = ours._embed(x)
+        tokens = ours.patch_embed(x)
+        expect = torch.cat([ours.cls_token, tokens], 1) + resample_abs_pos_embed(ours.pos_embed, (5, 7), (3, 3),
+                                                                                 rule="dinov2")
+        assert_parity(embedded, expect)
+        assert (ours.forward_features(x) - timm_rule.forward_features(x)).abs().max() > 1e-3
+        dyn = ours.forward_features(x)
+        ours.set_input_size((70, 98))
+        assert_parity(ours.pos_embed, resample_abs_pos_embed(timm_rule.pos_embed, (5, 7), (3, 3), rule="dinov2"))
+        assert_parity(ours.forward_features(x), dyn)
+    with pytest.raises(ValueError, match="pos_embed_resize"):
+        VisionTransformerConfig(**cfg, pos_embed_resize="hf")
 
 
 def test_hf_config_reader_giant():

@@ -15,9 +15,10 @@ its presets. Keys: timm's (``cls_token``, ``reg_token``, ``pos_embed``, ``blocks
 layouts are converted in :mod:`vit_attention.weights.dinov2`.
 
 Position embeddings at other sizes are resampled bicubically with antialias to the new grid, timm's
-rule, which equals the original register models and Hugging Face ``Dinov2WithRegistersModel``. The
-original plain models (and Hugging Face ``Dinov2Model``) resample differently (offset 0.1, no antialias;
-docs/dinov2.md): at 518 px all agree exactly.
+rule (``pos_embed_resize="timm"``, the default), which equals the original register models and Hugging Face
+``Dinov2WithRegistersModel``. The original plain models resample with offset 0.1 and no antialias
+(``pos_embed_resize="dinov2"``), Hugging Face ``Dinov2Model`` with ``size=`` and no antialias
+(``pos_embed_resize="bicubic"``); docs/dinov2.md. At 518 px all agree exactly.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import resample_abs_pos_embed, sincos_2d_pos_embed
+from ..functional.pos_embed import POS_EMBED_RESIZE_RULES
 from ..layers import (
     BLOCK_STYLES,
     AttentionPoolHead,
@@ -83,6 +84,10 @@ class VisionTransformerConfig(ConfigMixin):
     # when no_embed_class; left out of pooling and of the grid features (key reg_token [1, R, C])
     no_embed_class: bool = False  # prefix tokens carry no position embedding (DeiT III)
     pos_embed: Literal["learn", "sincos", "none"] = "learn"
+    # how a learned table is resized to another grid (dynamic_img_size forwards, set_input_size); MODERN A.2:
+    # "timm" (size=, bicubic, antialias), "dinov2" (original plain DINOv2: scale (n + 0.1) / g, bicubic, no
+    # antialias), "bicubic" (size=, no antialias: HF interpolate_pos_encoding of ViT / CLIP / SigLIP / Dinov2Model)
+    pos_embed_resize: Literal["timm", "dinov2", "bicubic"] = "timm"
     peg_after: tuple[int, ...] = ()  # blocks whose output passes a PEG (PosConv, key pos_block.N); CPVT: (0,)
     block: Literal["pre", "post", "res_post", "parallel"] = "pre"  # the Block style
     pre_norm: bool = False  # LayerNorm after the embeddings (CLIP)
@@ -132,6 +137,7 @@ class VisionTransformerConfig(ConfigMixin):
         if self.init_values is not None:
             check_float(self.init_values, "init_values", low=-math.inf)
         check_choice(self.pos_embed, "pos_embed", ("learn", "sincos", "none"))
+        check_choice(self.pos_embed_resize, "pos_embed_resize", POS_EMBED_RESIZE_RULES)
         check_choice(self.block, "block", BLOCK_STYLES)
         if self.peg_after:
             for i in check_int_seq(self.peg_after, "peg_after", min_value=0):
@@ -282,8 +288,9 @@ class VisionTransformer(Backbone):
         resized image gives the same tokens). The learned ``pos_embed`` ``[1, P' + gh·gw, C]`` is
         replaced by its resampling to the new grid (:func:`~vit_attention.functional.resample_abs_pos_embed`,
         the prefix rows kept as they are unless ``no_embed_class``); a sin-cos table is recomputed.
-        ``interpolation`` / ``antialias`` apply to both (timm: bicubic, anti-aliased). ``grid_size``,
-        ``feat_size``, ``cfg.img_size`` / ``cfg.patch_size`` and the ``reduction`` of ``feature_info``
+        ``interpolation`` / ``antialias`` apply to both (timm: bicubic, anti-aliased); the table follows
+        ``cfg.pos_embed_resize`` (``"timm"``: these two; ``"dinov2"`` / ``"bicubic"``: that rule's fixed call).
+        ``grid_size``, ``feat_size``, ``cfg.img_size`` / ``cfg.patch_size`` and the ``reduction`` of ``feature_info``
         follow; RoPE and PEGs read the grid on every forward. Every argument is checked before anything
         changes (an error names it); a conv stem's patch size cannot change.
         """
@@ -295,7 +302,8 @@ class VisionTransformer(Backbone):
             n_prefix = 0 if self.cfg.no_embed_class else self.num_prefix_tokens
             with torch.no_grad():
                 pos = resample_abs_pos_embed(self.pos_embed.detach(), grid, prev_grid, num_prefix_tokens=n_prefix,
-                                             interpolation=interpolation, antialias=antialias)
+                                             interpolation=interpolation, antialias=antialias,
+                                             rule=self.cfg.pos_embed_resize)
             self.pos_embed = nn.Parameter(pos.contiguous(), requires_grad=self.pos_embed.requires_grad)
         elif self.cfg.pos_embed == "sincos" and grid != prev_grid:
             old = self.sincos
@@ -325,7 +333,7 @@ class VisionTransformer(Backbone):
             return torch.cat(prefix + [x], dim=1) if prefix else x
         pos = self.pos_embed
         if tuple(feat_size) != self.grid_size:
-            pos = resample_abs_pos_embed(pos, feat_size, self.grid_size,
+            pos = resample_abs_pos_embed(pos, feat_size, self.grid_size, rule=self.cfg.pos_embed_resize,
                                          num_prefix_tokens=0 if self.cfg.no_embed_class else self.num_prefix_tokens)
         if self.cfg.no_embed_class:
             x = x + pos
