@@ -8,7 +8,10 @@ its first stage; everything a user calls on any model is written here once:
 * one pooling rule (:meth:`Backbone.pool`: class token, average of the grid tokens or the map,
   attention pooling) in front of the classifier, and :meth:`Backbone.reset_classifier`;
 * ``set_grad_checkpointing`` (every stage or model with a ``grad_checkpointing`` flag) and
-  ``no_weight_decay`` (the parameters whose names hold one of ``no_weight_decay_keys``).
+  ``no_weight_decay`` (the parameters whose names hold one of ``no_weight_decay_keys``);
+* :meth:`Backbone.set_input_size` for the families with no size-dependent tables (the size is checked
+  and recorded); families with tables override it (ViT, Swin, CaiT) or name what a resize would
+  need (``resize_needs``: it raises ``NotImplementedError``).
 
 A hierarchical family keeps its stages in one ``nn.Sequential`` of
 :class:`~vit_attention.layers.Stage` (named by ``stages_attr``) and writes ``_embed`` (images ->
@@ -34,7 +37,7 @@ from torch import Tensor, nn
 
 from ..layers.head import reset_head
 from ..layers.stage import Tokens, resolve_indices, staged_intermediates
-from ._config import check_int
+from ._config import check_int, check_size
 
 __all__ = ["Backbone", "isotropic_taps", "tokens_to_intermediates"]
 
@@ -49,7 +52,8 @@ class Backbone(nn.Module):
     Class attributes a family sets: ``family`` (its registry name), ``config_cls`` (its config
     dataclass), ``stages_attr``, ``no_weight_decay_keys``, ``pools`` (the ``global_pool`` values
     :meth:`reset_classifier` takes), ``avg_pool_prefix`` (the average includes the prefix tokens,
-    as ViL) and ``head_fc`` (where the classifier's ``Linear`` sits in ``head``; None = ``head`` itself).
+    as ViL), ``head_fc`` (where the classifier's ``Linear`` sits in ``head``; None = ``head`` itself) and
+    ``resize_needs`` (non-empty: what :meth:`set_input_size` would need that is not implemented).
     """
 
     family: ClassVar[str] = ""
@@ -59,6 +63,7 @@ class Backbone(nn.Module):
     pools: ClassVar[tuple[str, ...]] = ("avg", "")
     avg_pool_prefix: ClassVar[bool] = False
     head_fc: ClassVar[str | None] = "fc"
+    resize_needs: ClassVar[str] = ""
 
     cfg: Any
     num_classes: int
@@ -182,6 +187,33 @@ class Backbone(nn.Module):
         """
         return staged_intermediates(self._stages(), self._embed(x), indices, self.norm, norm=norm,
                                     output_fmt=output_fmt, intermediates_only=intermediates_only)
+
+    # ------------------------------------------------------------------ input size
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None) -> None:
+        """Change the nominal input size permanently, in place (timm's ``set_input_size``), for a family
+        whose modules take any size within its constraints (convolutions, padded windows or
+        neighbourhoods, relative schemes read at run time: nothing is resampled).
+
+        ``img_size`` (an int or ``(H, W)``; None = keep) is checked (:func:`check_size`, then the family's
+        :meth:`_check_img_size`, e.g. PVT's ``min_input_size``) before anything changes, an error naming
+        it; then ``cfg.img_size`` records it (an int when square), so the data config, FLOPs and a
+        rebuilt model follow. Images ``[B, Cin, H, W]`` of the new size give what a model built at it
+        gives with the same weights; ``feature_info`` (channels, strides) does not depend on the size.
+        A family whose resize would need tables not handled yet (``resize_needs``) raises
+        ``NotImplementedError`` naming the family and what it would need; families with size-dependent
+        tables (ViT, Swin, CaiT) override this method.
+        """
+        if self.resize_needs:
+            raise NotImplementedError(f"set_input_size is not implemented for {self.family or type(self).__name__} "
+                                      f"({type(self).__name__}): it would need {self.resize_needs}")
+        if img_size is None:
+            return
+        img = check_size(img_size, "img_size")
+        self._check_img_size(img)
+        self.cfg.img_size = img[0] if img[0] == img[1] else img
+
+    def _check_img_size(self, img_size: tuple[int, int]) -> None:
+        """Raise ``ValueError`` naming ``img_size`` when the family cannot take ``(H, W)``; default: any size."""
 
     # ------------------------------------------------------------------ training
     def set_grad_checkpointing(self, enable: bool = True) -> None:

@@ -4,7 +4,7 @@ Config dataclass -> :class:`Cait` -> presets registered as data (timm's names).
 
 * Patch embedding plus a learned position embedding over the patches only (no class slot);
   another grid resamples it (``dynamic_img_size=True`` at run time; ``load_weights`` for a model
-  built at another ``img_size``).
+  built at another ``img_size``; :meth:`Cait.set_input_size` permanently, the patch kernel too).
 * Self-attention stage: ``depth`` pre-norm :class:`~vit_attention.layers.Block` s with
   ``attn_layer="talking_heads"`` and LayerScale (``init_values``: 1e-5 for XXS / XS / S24, 1e-6
   for S36 / M36 / M48) over the patch tokens alone.
@@ -163,6 +163,39 @@ class Cait(Backbone):
         init_linear_weights(self)
 
     # ------------------------------------------------------------------ API
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None,
+                       patch_size: int | tuple[int, int] | None = None, *, interpolation: str = "bicubic",
+                       antialias: bool = True) -> None:
+        """Change the input resolution and / or the patch size permanently, in place (as ViT's
+        ``set_input_size``; timm's ``Cait`` has none: this is what its ``resample_abs_pos_embed`` /
+        ``resample_patch_embed`` do to a checkpoint loaded at another size).
+
+        ``img_size`` (None = keep) must be a multiple of the patch size; ``patch_size`` (None = keep)
+        rebuilds ``patch_embed.proj`` with its kernel ``[C, Cin, P, P'] -> [C, Cin, Q, Q']`` resampled by
+        :func:`~vit_attention.functional.resample_patch_embed`. The patch-only ``pos_embed``
+        ``[1, gh·gw, C]`` is replaced by its resampling to the new grid ``[1, gh'·gw', C]``
+        (:func:`~vit_attention.functional.resample_abs_pos_embed`, no prefix rows: the class token has
+        no position). ``interpolation`` / ``antialias`` apply to both (timm: bicubic, anti-aliased).
+        ``grid_size``, ``cfg.img_size`` / ``cfg.patch_size`` and the ``reduction`` of ``feature_info``
+        follow. Every argument is checked before anything changes (an error names it).
+        """
+        prev_grid = self.grid_size
+        self.patch_embed.set_input_size(img_size, patch_size, interpolation=interpolation, antialias=antialias)
+        assert self.patch_embed.grid_size is not None and self.patch_embed.img_size is not None
+        grid = self.patch_embed.grid_size
+        if grid != prev_grid:
+            with torch.no_grad():
+                pos = resample_abs_pos_embed(self.pos_embed.detach(), grid, prev_grid, num_prefix_tokens=0,
+                                             interpolation=interpolation, antialias=antialias)  # [1, gh'·gw', C]
+            self.pos_embed = nn.Parameter(pos.contiguous(), requires_grad=self.pos_embed.requires_grad)
+        self.grid_size = grid
+        ph, pw = self.patch_embed.patch_size
+        h, w = self.patch_embed.img_size
+        self.cfg.img_size = h if h == w else (h, w)
+        self.cfg.patch_size = ph if ph == pw else (ph, pw)
+        for info in getattr(self.feature_info, "info", self.feature_info):  # a features model's FeatureInfo too
+            info["reduction"] = max(ph, pw)
+
     def feat_size(self, hw: tuple[int, int]) -> tuple[int, int]:
         """Token grid for an image of size ``hw``."""
         return self.patch_embed.dynamic_feat_size(hw) if self.dynamic_img_size else self.grid_size

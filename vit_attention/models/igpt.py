@@ -254,6 +254,8 @@ class ImageGPT(Backbone):
     """
 
     family = "igpt"
+    resize_needs = ("the learned position table of the H·W pixel sequence (pos_embed) extended or resampled, "
+                    "and the autoregressive order over the new sequence")
     config_cls = ImageGPTConfig
     no_weight_decay_keys = ("pos_embed", "tok_embed")
     pools = ("avg",)

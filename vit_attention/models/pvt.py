@@ -141,6 +141,8 @@ class PyramidVisionTransformer(MinInputSizeMixin, Backbone):
     """
 
     family = "pvt"
+    resize_needs = ("each stage's learned position table (patch_embeds.{i}.pos_embed on img_size / stride) "
+                    "resampled to the new grid")
     config_cls = PvtConfig
     no_weight_decay_keys = ("cls_token",)  # as the original
     pools = ("token", "avg", "")

@@ -126,7 +126,8 @@ class MinInputSizeMixin:
     """``model.min_input_size`` of a pyramid of spatial-reduction stages (PVT v1, PVTv2, Twins), written once.
 
     The model calls :meth:`_set_min_input` once its stages exist (it reads the rule off them and
-    checks the config's ``img_size``) and :meth:`_check_input` on each input, in ``_embed``.
+    checks the config's ``img_size``) and :meth:`_check_input` on each input, in ``_embed``;
+    ``set_input_size`` checks the new ``img_size`` by :meth:`_check_img_size`.
     """
 
     _min_input: MinInputSize
@@ -147,6 +148,10 @@ class MinInputSizeMixin:
     def _check_input(self, x: Tensor) -> None:
         """Images ``[B, Cin, H, W]`` below :attr:`min_input_size` raise ``ValueError`` saying the minimum."""
         self._min_input.check(tuple(x.shape[-2:]))
+
+    def _check_img_size(self, img_size: tuple[int, int]) -> None:
+        """``set_input_size``: an ``img_size = (H, W)`` below :attr:`min_input_size` raises ``ValueError`` naming it."""
+        self._min_input.check(img_size, option=True)
 
 
 @dataclass

@@ -161,6 +161,8 @@ class VisionLongformer(Backbone):
     """
 
     family = "vil"
+    resize_needs = ("each stage's x / y position tables (on img_size / stride) resampled to the new grid, "
+                    "and its windows checked against the new maps")
     config_cls = VilConfig
     no_weight_decay_keys = ("cls_token", "pos_embed")  # global tokens and position tables, as the original
     pools = ("avg", "token", "")

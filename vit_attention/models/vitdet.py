@@ -207,6 +207,8 @@ class ViTDet(Backbone):
     """
 
     family = "vitdet"
+    resize_needs = ("the relative-position tables (rel_pos_h / rel_pos_w) of the global blocks (built for "
+                    "img_size / patch) resampled to the new grid and the blocks' input_size updated")
     config_cls = ViTDetConfig
     no_weight_decay_keys = ("pos_embed", "rel_pos_h", "rel_pos_w")  # the position embedding and tables
     pools = ("avg", "")

@@ -1,0 +1,195 @@
+"""``set_input_size`` beyond ViT and Swin (issue 23): CaiT (timm parity: tables resampled as timm does
+to a checkpoint loaded at another size), the families with no size-dependent tables (the size is
+checked and recorded: ``Backbone.set_input_size``), and the families whose resize would need tables
+not handled yet (``NotImplementedError`` naming the family). A registry-wide test covers every family
+explicitly: after ``set_input_size`` the model runs at the new size and gives what a model freshly built
+from its (updated) config gives with the same weights."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from fixture_utils import assert_parity, load_fixture
+from model_outputs import fill_by_key, first_preset_per_family, small_overrides
+
+from vit_attention.models import create_model, get_model_entry, list_models
+from vit_attention.models.backbone import Backbone
+from vit_attention.models.cait import Cait, CaitConfig
+from vit_attention.weights import load_weights
+
+# make_fixtures_cait_resize.py's RESIZES: tag -> (img_size, patch_size)
+CAIT_RESIZES = {"img48": ((48, 48), 8), "rect": ((40, 48), 8), "p4": ((32, 32), 4)}
+_TIMM_KEYS = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "num_classes", "qkv_bias",
+              "init_values", "depth_token_only", "mlp_ratio_token_only")
+
+# What each family's set_input_size does: "tables" (its own override resamples / rebuilds size-dependent
+# tables), "record" (Backbone.set_input_size: nothing depends on the size, it is checked and recorded),
+# "not_implemented" (NotImplementedError naming the family and what it would need).
+BEHAVIOUR = {
+    "vit": "tables", "eva02": "tables", "flexivit": "tables", "naflexvit": "tables", "dinov2": "tables",
+    "clip": "tables", "dinov3": "tables", "rope_vit": "tables", "siglip": "tables", "cpvt": "tables",
+    "swin": "tables", "swinv2": "tables", "cait": "tables",
+    "cvt": "record", "davit": "record", "nat": "record", "halonet": "record", "mobilevit": "record",
+    "pvt_v2": "record", "twins": "record",
+    "pvt": "not_implemented", "vil": "not_implemented", "vitdet": "not_implemented", "igpt": "not_implemented",
+}
+FAMILIES = first_preset_per_family()
+
+
+def _cait_from_fixture() -> tuple[Cait, dict]:
+    state, t, cfg = load_fixture("timm_cait_resize")
+    model = Cait(CaitConfig(**{k: v for k, v in cfg.items() if k in _TIMM_KEYS})).eval()
+    report = load_weights(model, state)
+    assert report.ok, report
+    return model, t
+
+
+# ---------------------------------------------------------------------------------------------- CaiT
+def test_cait_timm_parity_after_set_input_size():
+    """timm's Cait built at the new size / patch with its pos_embed (and kernel) resampled by timm's functions."""
+    model, t = _cait_from_fixture()
+    with torch.no_grad():
+        assert_parity(model(t["input"]), t["output"])
+    for tag, (img, patch) in CAIT_RESIZES.items():
+        m = copy.deepcopy(model)
+        m.set_input_size(img_size=img, patch_size=patch)
+        assert m.grid_size == (img[0] // patch, img[1] // patch)
+        assert m.pos_embed.shape == (1, m.grid_size[0] * m.grid_size[1], m.embed_dim)
+        with torch.no_grad():
+            assert_parity(m(t[f"input_{tag}"]), t[f"output_{tag}"], rel=1e-6)  # measured <= 4e-7 relative
+
+
+def test_cait_state_after_set_input_size():
+    model, _ = _cait_from_fixture()
+    model.pos_embed.requires_grad_(False)
+    model.set_input_size(img_size=(40, 48), patch_size=(10, 6))
+    assert model.cfg.img_size == (40, 48) and model.cfg.patch_size == (10, 6)
+    assert model.grid_size == model.patch_embed.grid_size == (4, 8)
+    assert model.pos_embed.shape == (1, 32, 32) and not model.pos_embed.requires_grad
+    assert model.patch_embed.proj.weight.shape[-2:] == (10, 6)
+    assert [f["reduction"] for f in model.feature_info] == [10] * len(model.feature_info)
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 40, 48)).shape == (1, 10)
+    with pytest.raises(ValueError, match="img_size"):  # strict size: the old one is refused now
+        model(torch.randn(1, 3, 32, 32))
+    pos = model.pos_embed
+    model.set_input_size()  # nothing changes
+    model.set_input_size(img_size=(40, 48))  # same grid: the table is kept as it is
+    assert model.pos_embed is pos
+
+
+def test_cait_set_input_size_checks_before_changing():
+    model, _ = _cait_from_fixture()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = dataclasses.replace(model.cfg)
+    with pytest.raises(ValueError, match="img_size"):
+        model.set_input_size(img_size=36)  # not a multiple of the patch 8
+    with pytest.raises(ValueError, match="img_size"):
+        model.set_input_size(img_size=48, patch_size=5)
+    with pytest.raises((TypeError, ValueError), match="patch_size"):
+        model.set_input_size(patch_size=0)
+    with pytest.raises((TypeError, ValueError), match="img_size"):
+        model.set_input_size(img_size="big")
+    assert model.cfg == cfg and model.grid_size == (4, 4)
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_cait_dynamic_img_size_after_set_input_size():
+    """With dynamic_img_size the resized table is the one resampled at run time; the new size needs none."""
+    model, t = _cait_from_fixture()
+    dyn = Cait(dataclasses.replace(model.cfg, dynamic_img_size=True)).eval()
+    dyn.load_state_dict(model.state_dict())
+    dyn.set_input_size(img_size=48)
+    with torch.no_grad():
+        assert_parity(dyn(t["input_img48"]), t["output_img48"], rel=1e-6)
+        assert dyn(torch.randn(1, 3, 40, 32)).shape == (1, 10)
+
+
+# ------------------------------------------------------------------------------ the families without tables
+def _reduced(name: str) -> Backbone:
+    model = create_model(name, **small_overrides(name)).eval()
+    fill_by_key(model)
+    return model
+
+
+def _size(cfg_img) -> tuple[int, int]:
+    return (cfg_img, cfg_img) if isinstance(cfg_img, int) else tuple(cfg_img)
+
+
+def _new_size(model: Backbone) -> tuple[int, int]:
+    """A larger, non-square size every family takes: whole patches (isotropic) or whole 32 px strides."""
+    h, w = _size(model.cfg.img_size)
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    unit = patch if isinstance(patch, tuple) and not hasattr(model, "stages") and not hasattr(model, "layers") \
+        else (32, 32)
+    return h + unit[0], w + 2 * unit[1]
+
+
+def test_every_family_is_covered():
+    assert set(BEHAVIOUR) == set(FAMILIES), "give each new family its set_input_size behaviour here"
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES.values()))
+def test_set_input_size_every_family(name):
+    """The family's representative: set_input_size works and the model then equals one freshly built from
+    its config at the new size with the same weights, or it raises NotImplementedError naming the family."""
+    family = get_model_entry(name).family
+    model = _reduced(name)
+    if BEHAVIOUR[family] == "not_implemented":
+        cfg = dataclasses.replace(model.cfg)
+        with pytest.raises(NotImplementedError, match=f"for {family} .*it would need"):
+            model.set_input_size(_new_size(model))
+        with pytest.raises(NotImplementedError, match=family):
+            model.set_input_size()  # refused whatever the arguments: never a silent no-op
+        assert model.cfg == cfg
+        return
+    if BEHAVIOUR[family] == "record":
+        assert type(model).set_input_size is Backbone.set_input_size
+    else:
+        assert type(model).set_input_size is not Backbone.set_input_size
+    new = _new_size(model)
+    model.set_input_size(new)
+    assert _size(model.cfg.img_size) == new
+    fresh = type(model)(copy.deepcopy(model.cfg)).eval()
+    fresh.load_state_dict(model.state_dict(), strict=True)
+    assert fresh.feature_info == model.feature_info
+    x = torch.randn(1, model.cfg.in_chans, *new, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out, ref = model(x), fresh(x)
+    assert out.shape == ref.shape == (1, 10)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_record_families_check_their_constraints():
+    """PVTv2 / Twins: below min_input_size is refused naming img_size, before anything changes; bad types too."""
+    for fam in ("pvt_v2", "twins"):
+        model = _reduced(FAMILIES[fam])
+        cfg = dataclasses.replace(model.cfg)
+        m = model.min_input_size[0]
+        with pytest.raises(ValueError, match=f"img_size={m - 1} is below the minimum input size"):
+            model.set_input_size(m - 1)
+        assert model.cfg == cfg
+        model.set_input_size((m, m + 8))
+        assert model.cfg.img_size == (m, m + 8)
+    model = _reduced(FAMILIES["cvt"])
+    for bad, err in (("big", TypeError), (0, ValueError), ((64, 64, 3), TypeError)):
+        with pytest.raises(err, match="img_size"):
+            model.set_input_size(bad)
+    assert model.cfg.img_size == 64
+    model.set_input_size(96)  # square: recorded as an int, as the presets
+    assert model.cfg.img_size == 96
+    model.set_input_size(None)
+    assert model.cfg.img_size == 96
+
+
+def test_not_implemented_message_names_what_is_needed():
+    for fam, word in (("pvt", "position table"), ("vil", "position tables"), ("vitdet", "rel_pos_h"),
+                      ("igpt", "pos_embed")):
+        with pytest.raises(NotImplementedError, match=word):
+            _reduced(FAMILIES[fam]).set_input_size(96)
+
+
+def test_registry_families_are_these():
+    assert {get_model_entry(n).family for n in list_models()} == set(BEHAVIOUR)
