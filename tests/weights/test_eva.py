@@ -14,6 +14,7 @@ EVA_SMALL = dict(SMALL, rope_kwargs={"convention": "eva", "ref_feat_shape": (6, 
 CASES = {  # fixture -> (preset, overrides)
     "timm_eva02_ts": ("eva02_tiny_patch14_224", EVA_SMALL),
     "timm_eva02_bl": ("eva02_base_patch14_224", EVA_SMALL),
+    "timm_eva02_clip": ("eva02_base_patch16_clip_224", EVA_SMALL),
     "timm_dinov3": ("vit_small_patch16_dinov3", SMALL),
     "timm_dinov3_qkvb_swiglu": ("vit_small_plus_patch16_dinov3_qkvb", SMALL),
     "timm_rope_vit_axial": ("vit_base_patch16_rope_224", SMALL),
@@ -41,7 +42,7 @@ def test_key_tables_round_trip(case):
     ours = from_timm(dict(state), model)
     own = model.state_dict()
     assert set(ours) == set(own) and all(ours[k].shape == own[k].shape for k in own)
-    back = to_timm(ours, split_qkv="timm_eva02_bl" == case)
+    back = to_timm(ours, split_qkv=case in ("timm_eva02_bl", "timm_eva02_clip"))
     assert set(back) == set(state)
     for k, v in state.items():
         torch.testing.assert_close(back[k], v, rtol=0, atol=0)
@@ -157,3 +158,19 @@ def test_non_zero_biases_are_not_dropped():
     model = create_model("vit_small_plus_patch16_dinov3", **SMALL)
     report = load_weights(model, state, strict=False)
     assert {"blocks.0.attn.q_bias", "blocks.0.attn.v_bias"} <= set(report.unexpected)
+
+
+def test_eva_clip_original_inner_attn_ln():
+    """EVA-CLIP (baaivision/EVA, EVA-CLIP ``eva_vit_model``) keys: ``attn.inner_attn_ln`` -> ``attn.norm``, with the
+    EVA-02 MLP / bias names; the tower's final ``norm`` stays the final norm (class-token pooling)."""
+    state, t, _ = load_fixture("timm_eva02_clip")
+    assert any(".attn.norm." in k for k in state)
+    orig = {k.replace(".attn.norm.", ".attn.inner_attn_ln."): v for k, v in state.items()}
+    orig = _eva02_original({k: v for k, v in orig.items() if k != "fc_norm.weight"})
+    assert any(".attn.inner_attn_ln." in k for k in orig) and not any(".attn.norm." in k for k in orig)
+    ours = from_timm(dict(orig), _model("timm_eva02_clip"))
+    assert "blocks.1.attn.norm.weight" in ours and not any("inner_attn_ln" in k for k in ours)
+    model = _model("timm_eva02_clip")
+    report = load_weights(model, orig)
+    assert report.ok and report.layout == "original", report
+    _check(model, t)

@@ -43,7 +43,9 @@ class MultiHeadSelfAttention(nn.Module):
     keys). ``qk_norm`` applies a LayerNorm over each head's ``hd`` channels of q and k (ViT-22B).
     ``rope`` (``"axial"`` | ``"mixed"``) with ``rope_kwargs``: a
     :class:`~vit_attention.attention.rope.RotaryEmbedding` (key ``rope``) turns q and k of the grid
-    tokens after the qk-norm. Cost: ``4·N·C² + 2·N²·C`` multiply-adds (+ ``4·N·C`` with RoPE).
+    tokens after the qk-norm. ``inner_norm`` adds a LayerNorm over the merged heads ``[B, N, C]`` after
+    attention, before ``proj`` (EVA-CLIP's ``inner_attn_ln``; timm Eva ``scale_attn_inner=True``, key
+    ``norm``). Cost: ``4·N·C² + 2·N²·C`` multiply-adds (+ ``4·N·C`` with RoPE).
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class MultiHeadSelfAttention(nn.Module):
         qk_scale: float | None = None,
         qk_norm: bool = False,
         proj_bias: bool = True,
+        inner_norm: bool = False,
         norm_eps: float = 1e-6,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
@@ -78,6 +81,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.k_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.rope = make_rope(rope, rope_kwargs, self.head_dim, num_heads)
         self.attn_drop = check_prob(attn_drop, "attn_drop")
+        self.norm = nn.LayerNorm(dim, eps=norm_eps) if inner_norm else nn.Identity()  # [B, N, C] before proj
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
 
@@ -136,7 +140,7 @@ class MultiHeadSelfAttention(nn.Module):
         x = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale, layout=layout,
                                          dropout_p=self.attn_drop if self.training else 0.0,
                                          fused=self.fused_attention)  # [B, nh, N, hd]
-        x = merge_heads(x)  # [B, N, C]
+        x = self.norm(merge_heads(x))  # [B, N, C]
         if not self.training:  # proj_drop is the identity
             return apply_linear(self.proj, x, residual=residual)  # [B, N, C]
         x = self.proj_drop(apply_linear(self.proj, x))  # [B, N, C]
@@ -146,9 +150,11 @@ class MultiHeadSelfAttention(nn.Module):
         """Multiply-adds for one forward on ``input_shape = (B, N, C)``.
 
         ``4·N·C² + 2·N²·C``, plus the QK-norm LayerNorms when on (fvcore's 5 per element, as
-        ``vit_attention.analysis.flops`` counts every norm) and the RoPE products (``4·N·C``).
+        ``vit_attention.analysis.flops`` counts every norm), the inner norm's ``5·N·C`` when on, and the RoPE
+        products (``4·N·C``).
         """
         B, N, C = input_shape
         qk_norm = 2 * 5 * N * C if isinstance(self.q_norm, nn.LayerNorm) else 0
+        qk_norm += 5 * N * C if isinstance(self.norm, nn.LayerNorm) else 0
         rope = self.rope.flops(N) if self.rope is not None else 0  # prefix rows counted too (a bound; P << N)
         return B * (4 * N * C * C + 2 * N * N * C + qk_norm + rope)

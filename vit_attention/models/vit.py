@@ -72,6 +72,7 @@ class VisionTransformerConfig(ConfigMixin):
     mlp_norm: bool = False  # swiglu: LayerNorm over the hidden width before fc2 (EVA-02 B / L sub-LN)
     qkv_bias: bool | Literal["qv"] = True  # "qv": q and v biases, none on k (EVA-02, DINOv3; keys attn.q_bias/v_bias)
     qk_norm: bool = False
+    attn_norm: bool = False  # LayerNorm after attention, before proj (EVA-CLIP; timm scale_attn_inner, key attn.norm)
     proj_bias: bool = True
     mlp_bias: bool = True
     norm_bias: bool = True
@@ -127,6 +128,10 @@ class VisionTransformerConfig(ConfigMixin):
         check_choice(self.qkv_bias, "qkv_bias", (True, False, "qv"))
         if self.qkv_bias == "qv" and self.attn_layer != "mhsa":
             raise ValueError(f"qkv_bias='qv' is an option of attn_layer='mhsa'; got attn_layer={self.attn_layer!r}")
+        if self.attn_norm and self.attn_layer != "mhsa":
+            raise ValueError(f"attn_norm=True is an option of attn_layer='mhsa'; got attn_layer={self.attn_layer!r}")
+        if self.attn_norm and "inner_norm" in self.attn_kwargs:
+            raise ValueError("the inner attention norm is given twice: attn_norm and attn_kwargs['inner_norm']")
         check_int(self.reg_tokens, "reg_tokens", min_value=0)
         if self.rope is not None:
             check_choice(self.rope, "rope", ("axial", "mixed"))
@@ -219,6 +224,8 @@ class VisionTransformer(Backbone):
         attn_kwargs = dict(cfg.attn_kwargs)
         if cfg.rope is not None:
             attn_kwargs.update(rope=cfg.rope, rope_kwargs=dict(cfg.rope_kwargs))
+        if cfg.attn_norm:
+            attn_kwargs.update(inner_norm=True, norm_eps=cfg.norm_eps)
         # one entry per block: every block keeps the patch grid (stride = patch size)
         self.feature_info = stage_feature_info((C,) * cfg.depth, (max(self.patch_embed.patch_size),) * cfg.depth,
                                                "blocks")

@@ -11,7 +11,8 @@ mixed-RoPE model keeps each block's learned frequencies at ``blocks.N.attn.rope.
   the fixed ``rope.*`` buffers dropped (rebuilt from the config).
 * ``original``: the upstream repositories, converted by the same rules plus
   EVA-02 (baaivision/EVA ``asuka``): ``mlp.w12`` -> ``fc1`` (Ti / S packed SwiGLU), ``mlp.w1`` / ``w2`` /
-  ``w3`` -> ``fc1_g`` / ``fc1_x`` / ``fc2``, ``mlp.ffn_ln`` -> ``mlp.norm``, ``mask_token`` and
+  ``w3`` -> ``fc1_g`` / ``fc1_x`` / ``fc2``, ``mlp.ffn_ln`` -> ``mlp.norm``, EVA-CLIP's inner attention
+  LayerNorm ``attn.inner_attn_ln`` -> ``attn.norm`` (timm Eva ``scale_attn_inner``), ``mask_token`` and
   ``lm_head`` (MIM pretraining) dropped;
   DINOv3 (facebookresearch/dinov3): ``storage_tokens`` -> ``reg_token``, ``qkv.bias`` split into
   ``q_bias`` / ``v_bias`` (its key third is masked by ``bias_mask`` at run time, so it is dropped),
@@ -129,6 +130,7 @@ def from_timm(state: State, model: nn.Module | None = None) -> State:
         (r"\.mlp\.w2\.", ".mlp.fc1_x."),
         (r"\.mlp\.w3\.", ".mlp.fc2."),
         (r"\.mlp\.ffn_ln\.", ".mlp.norm."),
+        (r"\.attn\.inner_attn_ln\.", ".attn.norm."),
     ])
     state = _pack_qkv(state, model)
     if dinov3_original:  # its qkv.bias has a masked key third; every other packed qkv.bias is used as it is
@@ -161,7 +163,8 @@ def _is_timm(state: Mapping[str, Tensor]) -> bool:
 
 def _is_original(state: Mapping[str, Tensor]) -> bool:
     return ("storage_tokens" in state or "freqs" in state or "lm_head.weight" in state
-            or any(re.search(r"\.mlp\.(w12|w1|w3|ffn_ln)\.", k) or k.startswith("rope_embed.") for k in state))
+            or any(re.search(r"\.mlp\.(w12|w1|w3|ffn_ln)\.|\.attn\.inner_attn_ln\.", k)
+                   or k.startswith("rope_embed.") for k in state))
 
 
 # ---------------------------------------------------------------- Hugging Face DINOv3ViTModel
