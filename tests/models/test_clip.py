@@ -18,6 +18,7 @@ from vit_attention.weights import load_weights
 from vit_attention.weights.hub import hf_config_overrides
 
 NAMES = [f"vit_{s}_clip{q}_224" for s in ("base_patch16", "base_patch32", "large_patch14") for q in ("", "_quickgelu")]
+NAMES += ["vit_huge_patch14_clip_224"]
 
 
 def _ours_from_timm(cfg: dict, **extra) -> CLIP:
@@ -45,6 +46,16 @@ def test_structure_on_meta_equals_timm_counts(name):
     assert m.patch_embed.proj.bias is None and isinstance(m.norm_pre, torch.nn.LayerNorm) and m.norm_pre.eps == 1e-5
     grid = 16 if "patch14" in name else 7
     assert m.pos_embed.shape == (1, 1 + grid * grid, m.embed_dim) and m.num_prefix_tokens == 1
+
+
+def test_huge_on_meta_equals_timm():
+    """``vit_huge_patch14_clip_224``: timm 1.0.31 on the meta device, 632,047,080 parameters (1000 classes)."""
+    e = get_model_entry("vit_huge_patch14_clip_224")
+    assert e.meta["published_params_source"] == "timm 1.0.31 on the meta device"
+    with torch.device("meta"):
+        m = create_model("vit_huge_patch14_clip_224")
+    assert sum(p.numel() for p in m.parameters()) == 632_047_080 and e.meta["published_params_m"] == 632.047
+    assert m.embed_dim == 1280 and len(m.blocks) == 32 and m.pos_embed.shape == (1, 1 + 16 * 16, 1280)
 
 
 # ---------------------------------------------------------------- timm (fixtures)

@@ -19,7 +19,11 @@ from vit_attention.weights.hub import hf_config_overrides
 
 NAMES = ["vit_base_patch16_siglip_224", "vit_base_patch16_siglip_256", "vit_base_patch16_siglip_384",
          "vit_base_patch16_siglip_512", "vit_base_patch16_siglip_gap_224", "vit_so400m_patch14_siglip_224",
-         "vit_so400m_patch14_siglip_384"]
+         "vit_so400m_patch14_siglip_384", "vit_base_patch32_siglip_256", "vit_large_patch16_siglip_256",
+         "vit_large_patch16_siglip_384"]
+# timm 1.0.31 on the meta device, exact (num_classes=0)
+TIMM_PARAMS = {"vit_base_patch32_siglip_256": 94_552_320, "vit_large_patch16_siglip_256": 315_956_224,
+               "vit_large_patch16_siglip_384": 316_283_904}
 
 
 def _ours_from_timm(cfg: dict, **extra) -> SigLIP:
@@ -36,7 +40,8 @@ def test_registered_presets():
     assert set(list_models("*siglip*", family="siglip")) == set(NAMES)  # naflexvit_*_siglip: the NaFlex family
     for name in NAMES:
         p = get_model_entry(name).preset
-        assert p["class_token"] is False and p["num_classes"] == 0 and p["act"] == "gelu"  # timm: exact GELU
+        act = "gelu_tanh" if name == "vit_base_patch32_siglip_256" else "gelu"  # timm: exact GELU but for B/32
+        assert p["class_token"] is False and p["num_classes"] == 0 and p["act"] == act
         assert p["global_pool"] == ("avg" if "_gap_" in name else "map")
 
 
@@ -153,16 +158,33 @@ def test_huggingface_two_tower_file():
 
 
 def test_huggingface_resamples_otherwise():
-    """HF resizes the table only with ``interpolate_pos_encoding=True``, bicubic without antialias: not timm's."""
+    """HF resizes the table only with ``interpolate_pos_encoding=True``, bicubic without antialias: not timm's,
+    but ``pos_embed_resize="bicubic"`` (MODERN A.2)."""
     torch.manual_seed(0)
     hf = _perturbed(SiglipVisionModel(SiglipVisionConfig(**_VISION)))
-    ours = SigLIP(VisionTransformerConfig(**{**_ours_from_hf(hf.config.to_dict()).cfg.to_dict(),
-                                             "dynamic_img_size": True})).eval()
+    base = _ours_from_hf(hf.config.to_dict()).cfg.to_dict()
+    ours = SigLIP(VisionTransformerConfig(**{**base, "dynamic_img_size": True})).eval()
     load_weights(ours, hf.state_dict())
+    hf_rule = SigLIP(VisionTransformerConfig(**{**base, "dynamic_img_size": True, "pos_embed_resize": "bicubic"}))
+    load_weights(hf_rule.eval(), hf.state_dict())
     xw = torch.randn(2, 3, 48, 80, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        diff = (ours.forward_features(xw) - hf(pixel_values=xw, interpolate_pos_encoding=True).last_hidden_state)
+        ref = hf(pixel_values=xw, interpolate_pos_encoding=True).last_hidden_state
+        diff = ours.forward_features(xw) - ref
+        assert_parity(hf_rule.forward_features(xw), ref)
     assert diff.abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(TIMM_PARAMS))
+def test_new_presets_on_meta_equal_timm(name):
+    e = get_model_entry(name)
+    assert e.meta["published_params_source"] == "timm 1.0.31 on the meta device"
+    with torch.device("meta"):
+        m = create_model(name)
+    assert sum(p.numel() for p in m.parameters()) == TIMM_PARAMS[name]
+    assert round(TIMM_PARAMS[name] / 1e6, 3) == e.meta["published_params_m"]
+    side = int(name.rsplit("_", 1)[1]) // m.patch_embed.patch_size[0]
+    assert m.cls_token is None and m.pos_embed.shape == (1, side * side, m.embed_dim) and m.global_pool == "map"
 
 
 def test_create_model_from_a_transformers_folder():

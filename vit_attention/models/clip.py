@@ -54,19 +54,28 @@ for _size in _SIZES:
     _PRESETS[f"vit_{_size}_clip_224"] = dict(_SIZES[_size], **_CLIP, act="gelu", num_classes=1000)
     _PRESETS[f"vit_{_size}_clip_quickgelu_224"] = dict(_SIZES[_size], **_CLIP, act="quick_gelu",
                                                        num_classes=_QUICKGELU_DIM[_size])
+# ViT-H/14 (timm's default tag laion2b_ft_in12k_in1k: 1000 classes); its quickgelu / 336 / 378 names are not here
+_PRESETS["vit_huge_patch14_clip_224"] = dict(embed_dim=1280, depth=32, num_heads=16, patch_size=14, **_CLIP,
+                                             act="gelu", num_classes=1000)
 
 # timm 1.0.31 parameters on the meta device with the default tag's head (MODERN.md §0 and measured);
 # GMACs from timm's results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv where MODERN.md §0 lists them.
 _PARAMS = {"vit_base_patch16_clip_224": 86.568, "vit_base_patch32_clip_224": 88.225,
            "vit_large_patch14_clip_224": 304.205, "vit_base_patch16_clip_quickgelu_224": 86.193,
-           "vit_base_patch32_clip_quickgelu_224": 87.850, "vit_large_patch14_clip_quickgelu_224": 303.967}
+           "vit_base_patch32_clip_quickgelu_224": 87.850, "vit_large_patch14_clip_quickgelu_224": 303.967,
+           "vit_huge_patch14_clip_224": 632.047}  # timm 1.0.31 on the meta device
 _GMACS = {"vit_base_patch16_clip_224": 17.58, "vit_base_patch16_clip_quickgelu_224": 17.58,
           "vit_large_patch14_clip_224": 81.08}
 _SOURCE = "timm benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs at 224 (MODERN.md §0)"
 
 
+_META_DEVICE = ("vit_huge_patch14_clip_224",)  # counted by timm on the meta device (heads included)
+
+
 def _meta(name: str) -> dict[str, Any]:
     meta: dict[str, Any] = {"published_params_m": _PARAMS[name]}
+    if name in _META_DEVICE:
+        meta["published_params_source"] = "timm 1.0.31 on the meta device"
     if name in _GMACS:
         meta.update(published_gmacs=_GMACS[name], published_gmacs_source=_SOURCE)
     return meta
@@ -131,6 +140,14 @@ PRETRAINED = pretrained_tags({
                                                               num_classes=512, license="cc-by-nc-4.0"),
     "vit_base_patch32_clip_quickgelu_224.openai": dict(_224_CLIP_C90, hf_hub_id="timm/vit_base_patch32_clip_224.openai",
                                                        num_classes=512),
+    "vit_huge_patch14_clip_224.laion2b_ft_in12k_in1k": _224_CLIP_C100,
+    "vit_huge_patch14_clip_224.laion2b_ft_in1k": _224_CLIP_C100,
+    "vit_huge_patch14_clip_224.laion2b_ft_in12k": dict(_224_CLIP_C100, num_classes=11821),
+    "vit_huge_patch14_clip_224.laion2b": dict(_224_CLIP_C100, num_classes=1024),
+    "vit_huge_patch14_clip_224.dfn5b": dict(_224_CLIP_C100, num_classes=1024, license="apple-ascl"),
+    "vit_huge_patch14_clip_224.metaclip2_worldwide": dict(_224_CLIP_C100, num_classes=1024, license="cc-by-nc-4.0"),
+    "vit_huge_patch14_clip_224.metaclip_2pt5b": dict(_224_CLIP_C100, num_classes=1024, license="cc-by-nc-4.0"),
+    "vit_huge_patch14_clip_224.metaclip_altogether": dict(_224_CLIP_C100, num_classes=1024, license="cc-by-nc-4.0"),
     "vit_large_patch14_clip_224.laion2b_ft_in12k_in1k": _224_INCEPTION,
     "vit_large_patch14_clip_224.openai_ft_in12k_in1k": _224_CLIP_C100,
     "vit_large_patch14_clip_224.laion2b_ft_in1k": _224_INCEPTION,

@@ -7,7 +7,9 @@ token, ``attn_pool.*`` in timm's layout) giving the image embedding. ``vit_*_sig
 normalised patch tokens instead (no fc_norm). No classifier by default (``num_classes=0``).
 
 Activation: the presets here use **exact** GELU, as timm 1.0.31 builds these names
-(``vit_base_patch16_siglip_*``, ``vit_so400m_patch14_siglip_*``); the reference (big_vision) and Hugging Face
+(``vit_base_patch16_siglip_*``, ``vit_large_patch16_siglip_{256,384}``, ``vit_so400m_patch14_siglip_*``), except
+``vit_base_patch32_siglip_256``, which timm builds with the tanh GELU (``act="gelu_tanh"``); the reference
+(big_vision) and Hugging Face
 ``SiglipVisionModel`` use the tanh approximation (``act="gelu_tanh"``), a difference of about 1e-4
 on the tokens (docs/siglip.md). Pass ``act="gelu_tanh"`` to match Hugging Face exactly.
 
@@ -53,6 +55,7 @@ class SigLIP(VisionTransformer):
 
 
 _BASE = dict(embed_dim=768, depth=12, num_heads=12, patch_size=16)
+_LARGE = dict(embed_dim=1024, depth=24, num_heads=16, patch_size=16)
 _SO400M = dict(embed_dim=1152, depth=27, num_heads=16, mlp_ratio=3.7362, patch_size=14)  # MLP int(1152·3.7362)=4304
 _SIGLIP = dict(class_token=False, global_pool="map", num_classes=0, act="gelu")
 _GAP = dict(class_token=False, global_pool="avg", fc_norm=False, num_classes=0, act="gelu")
@@ -60,6 +63,9 @@ _GAP = dict(class_token=False, global_pool="avg", fc_norm=False, num_classes=0, 
 _PRESETS: dict[str, dict[str, Any]] = {
     **{f"vit_base_patch16_siglip_{img}": dict(_BASE, img_size=img, **_SIGLIP) for img in (224, 256, 384, 512)},
     "vit_base_patch16_siglip_gap_224": dict(_BASE, img_size=224, **_GAP),
+    # timm builds this one (a SigLIP 2 checkpoint only) with the tanh GELU
+    "vit_base_patch32_siglip_256": dict(_BASE, img_size=256, **dict(_SIGLIP, patch_size=32, act="gelu_tanh")),
+    **{f"vit_large_patch16_siglip_{img}": dict(_LARGE, img_size=img, **_SIGLIP) for img in (256, 384)},
     "vit_so400m_patch14_siglip_224": dict(_SO400M, img_size=224, **_SIGLIP),
     # 384 px is no multiple of 14: the conv covers 27 x 14 = 378 px (the rest ignored, as in timm / HF)
     "vit_so400m_patch14_siglip_384": dict(_SO400M, img_size=378, **_SIGLIP),
@@ -70,14 +76,23 @@ _PRESETS: dict[str, dict[str, Any]] = {
 _PARAMS = {"vit_base_patch16_siglip_224": 92.884, "vit_base_patch16_siglip_256": 92.930,
            "vit_base_patch16_siglip_384": 93.176, "vit_base_patch16_siglip_512": 93.520,
            "vit_base_patch16_siglip_gap_224": 85.797, "vit_so400m_patch14_siglip_224": 427.681,
-           "vit_so400m_patch14_siglip_384": 428.226}
+           "vit_so400m_patch14_siglip_384": 428.226,
+           # timm 1.0.31 on the meta device
+           "vit_base_patch32_siglip_256": 94.552, "vit_large_patch16_siglip_256": 315.956,
+           "vit_large_patch16_siglip_384": 316.284}
 _GMACS = {"vit_base_patch16_siglip_224": 17.73, "vit_base_patch16_siglip_gap_224": 17.49,
           "vit_so400m_patch14_siglip_224": 110.26, "vit_so400m_patch14_siglip_384": 335.4}
 _SOURCE = "timm benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs (MODERN.md §0)"
 
 
+# counted by timm on the meta device (heads included)
+_META_DEVICE = ("vit_base_patch32_siglip_256", "vit_large_patch16_siglip_256", "vit_large_patch16_siglip_384")
+
+
 def _meta(name: str) -> dict[str, Any]:
     meta: dict[str, Any] = {"published_params_m": _PARAMS[name]}
+    if name in _META_DEVICE:
+        meta["published_params_source"] = "timm 1.0.31 on the meta device"
     if name in _GMACS:
         meta.update(published_gmacs=_GMACS[name], published_gmacs_source=_SOURCE)
     return meta
@@ -112,6 +127,11 @@ PRETRAINED = pretrained_tags({
     "vit_base_patch16_siglip_512.webli": dict(_512, num_classes=0),
     "vit_base_patch16_siglip_gap_224.v2_webli": dict(_224, num_classes=0),
     "vit_base_patch16_siglip_gap_224.webli": dict(_224, num_classes=0),
+    "vit_base_patch32_siglip_256.v2_webli": dict(_256, num_classes=0),
+    "vit_large_patch16_siglip_256.v2_webli": dict(_256, num_classes=0),
+    "vit_large_patch16_siglip_256.webli": dict(_256, num_classes=0),
+    "vit_large_patch16_siglip_384.v2_webli": dict(_384, num_classes=0),
+    "vit_large_patch16_siglip_384.webli": dict(_384, num_classes=0),
     "vit_so400m_patch14_siglip_224.v2_webli": dict(_224, num_classes=0),
     "vit_so400m_patch14_siglip_224.webli": dict(_224, num_classes=0),
     "vit_so400m_patch14_siglip_384.webli": dict(_384, num_classes=0),
