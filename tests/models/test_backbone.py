@@ -88,9 +88,12 @@ def _input_shape(model: Backbone) -> tuple[int, ...]:
 
 
 def test_backbone_docstrings_name_shapes() -> None:
-    for name, fn in inspect.getmembers(Backbone, inspect.isfunction):
-        if not name.startswith("_"):
-            assert fn.__doc__, f"Backbone.{name} has no docstring"
+    # Backbone's own public methods (vars, not getmembers: transformers patches nn.Module itself with
+    # undocumented helpers such as smart_apply once an HF model was built in this process)
+    own = {n: f for n, f in vars(Backbone).items() if inspect.isfunction(f) and not n.startswith("_")}
+    assert {"forward", "forward_head", "pool", "set_input_size", "reset_classifier"} <= set(own)
+    for name, fn in own.items():
+        assert fn.__doc__, f"Backbone.{name} has no docstring"
 
 
 def test_reset_classifier_checks_every_argument_before_changing_anything() -> None:

@@ -215,6 +215,18 @@ class Backbone(nn.Module):
     def _check_img_size(self, img_size: tuple[int, int]) -> None:
         """Raise ``ValueError`` naming ``img_size`` when the family cannot take ``(H, W)``; default: any size."""
 
+    def _record_patch_embed_size(self) -> None:
+        """After ``patch_embed.set_input_size`` (ViT-style and CaiT ``set_input_size``): ``grid_size``,
+        ``cfg.img_size`` / ``cfg.patch_size`` (ints when square) and every feature's reduction (the larger
+        patch side) follow the patch embedding."""
+        pe: Any = self.patch_embed
+        self.grid_size = pe.grid_size
+        (ph, pw), (h, w) = pe.patch_size, pe.img_size
+        self.cfg.img_size = h if h == w else (h, w)
+        self.cfg.patch_size = ph if ph == pw else (ph, pw)
+        for info in getattr(self.feature_info, "info", self.feature_info):  # a features model's FeatureInfo too
+            info["reduction"] = max(ph, pw)
+
     # ------------------------------------------------------------------ training
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute block activations in backward to save memory (training only): every stage (and the model

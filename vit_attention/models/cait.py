@@ -188,13 +188,7 @@ class Cait(Backbone):
                 pos = resample_abs_pos_embed(self.pos_embed.detach(), grid, prev_grid, num_prefix_tokens=0,
                                              interpolation=interpolation, antialias=antialias)  # [1, gh'·gw', C]
             self.pos_embed = nn.Parameter(pos.contiguous(), requires_grad=self.pos_embed.requires_grad)
-        self.grid_size = grid
-        ph, pw = self.patch_embed.patch_size
-        h, w = self.patch_embed.img_size
-        self.cfg.img_size = h if h == w else (h, w)
-        self.cfg.patch_size = ph if ph == pw else (ph, pw)
-        for info in getattr(self.feature_info, "info", self.feature_info):  # a features model's FeatureInfo too
-            info["reduction"] = max(ph, pw)
+        self._record_patch_embed_size()  # grid_size, cfg sizes, feature reductions
 
     def feat_size(self, hw: tuple[int, int]) -> tuple[int, int]:
         """Token grid for an image of size ``hw``."""

@@ -316,13 +316,7 @@ class VisionTransformer(Backbone):
             old = self.sincos
             self.register_buffer("sincos", sincos_2d_pos_embed(self.embed_dim, grid, dtype=old.dtype,
                                                                device=old.device)[None], persistent=False)
-        self.grid_size = grid
-        ph, pw = self.patch_embed.patch_size
-        h, w = self.patch_embed.img_size
-        self.cfg.img_size = h if h == w else (h, w)
-        self.cfg.patch_size = ph if ph == pw else (ph, pw)
-        for info in getattr(self.feature_info, "info", self.feature_info):  # a features model's FeatureInfo too
-            info["reduction"] = max(ph, pw)
+        self._record_patch_embed_size()  # grid_size, cfg sizes, feature reductions
 
     def feat_size(self, hw: tuple[int, int]) -> tuple[int, int]:
         """Token grid for an image of size ``hw``."""
