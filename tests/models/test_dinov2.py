@@ -295,3 +295,24 @@ def test_timm_layout_with_a_class_slot_into_a_register_model():
     assert report.ok and any("folded" in n for n in report.notes)
     with torch.no_grad():
         assert_parity(model.forward_features(t["input"]), t["features"])
+
+
+def test_loading_at_another_size_follows_the_models_resize_rule():
+    """A 5x5 table loaded into a 3x3 model is resampled once, by the model's ``pos_embed_resize`` rule: the
+    original plain DINOv2's offset rule for ``"dinov2"``, timm's otherwise (they differ)."""
+    from vit_attention.functional import resample_abs_pos_embed
+    from vit_attention.weights import load_weights
+
+    kw = dict(embed_dim=32, num_heads=2, depth=1, patch_size=14, num_classes=0)
+    torch.manual_seed(0)
+    big = create_model("vit_small_patch14_dinov2", img_size=70, **kw)
+    state = big.state_dict()
+    tables = {}
+    for rule in ("dinov2", "timm"):
+        small = create_model("vit_small_patch14_dinov2", img_size=42, pos_embed_resize=rule, **kw)
+        report = load_weights(small, state)
+        assert report.ok, report
+        want = resample_abs_pos_embed(state["pos_embed"], (3, 3), (5, 5), num_prefix_tokens=1, rule=rule)
+        torch.testing.assert_close(small.pos_embed.detach(), want)
+        tables[rule] = want
+    assert not torch.allclose(tables["dinov2"], tables["timm"], atol=1e-4)

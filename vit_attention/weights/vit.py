@@ -98,7 +98,8 @@ def vit_adapter(interpolation: str = "bicubic", antialias: bool = True) -> Calla
     the prefix rows kept unless ``no_embed_class``), a patch kernel ``[C, Cin, P, P']`` of another size
     resampled to the model's (:func:`~vit_attention.functional.resample_patch_embed`, FlexiViT), and
     classifiers for another class count dropped. timm's rule: bicubic with anti-aliasing for ViTs,
-    bilinear without for the FlexiViT checkpoints."""
+    bilinear without for the FlexiViT checkpoints; a model built with another ``pos_embed_resize`` rule
+    (``"dinov2"``: the original plain DINOv2's) gets its table resampled by that rule."""
 
     def adapt(state: State, model: nn.Module, report: Any) -> State:
         own = model.state_dict()
@@ -108,7 +109,8 @@ def vit_adapter(interpolation: str = "bicubic", antialias: bool = True) -> Calla
             grid = _checkpoint_grid(state, model, pos.shape[1] - n_prefix)
             if grid is not None and pos.shape[-1] == own["pos_embed"].shape[-1]:
                 state["pos_embed"] = resample_abs_pos_embed(pos, model.grid_size, grid, num_prefix_tokens=n_prefix,
-                                                            interpolation=interpolation, antialias=antialias)
+                                                            interpolation=interpolation, antialias=antialias,
+                                                            rule=getattr(model.cfg, "pos_embed_resize", "timm"))
                 report.notes.append(f"pos_embed resampled from {grid[0]}x{grid[1]} to "
                                     f"{model.grid_size[0]}x{model.grid_size[1]}")
         kernel, own_kernel = state.get("patch_embed.proj.weight"), own.get("patch_embed.proj.weight")
