@@ -32,7 +32,7 @@ BEHAVIOUR = {
     "swin": "tables", "swinv2": "tables", "cait": "tables",
     "cvt": "record", "davit": "record", "nat": "record", "halonet": "record", "mobilevit": "record",
     "pvt_v2": "record", "twins": "record",
-    "pvt": "not_implemented", "vil": "not_implemented", "vitdet": "not_implemented", "igpt": "not_implemented",
+    "pvt": "tables", "vil": "not_implemented", "vitdet": "not_implemented", "igpt": "not_implemented",
 }
 FAMILIES = first_preset_per_family()
 
@@ -185,11 +185,29 @@ def test_record_families_check_their_constraints():
 
 
 def test_not_implemented_message_names_what_is_needed():
-    for fam, word in (("pvt", "position table"), ("vil", "position tables"), ("vitdet", "rel_pos_h"),
-                      ("igpt", "pos_embed")):
+    for fam, word in (("vil", "position tables"), ("vitdet", "rel_pos_h"), ("igpt", "pos_embed")):
         with pytest.raises(NotImplementedError, match=word):
             _reduced(FAMILIES[fam]).set_input_size(96)
 
 
 def test_registry_families_are_these():
     assert {get_model_entry(n).family for n in list_models()} == set(BEHAVIOUR)
+
+
+def test_pvt_v1_tables_follow_the_new_size_as_the_forward_resamples_them():
+    """PVT v1 resamples each stage's table once, with the rule its forward uses at another size: the resized
+    model gives what the unresized one gives at that size (same weights), the class token's table keeps its
+    prefix row, and a size below min_input_size is refused before anything changes."""
+    model = _reduced(FAMILIES["pvt"]).eval()
+    before = copy.deepcopy(model)
+    x = torch.randn(2, 3, 96, 64)
+    model.set_input_size((96, 64))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), before(x), rtol=1e-5, atol=1e-6)
+    strides = [info["reduction"] for info in model.feature_info]
+    assert model.patch_embed.grid == (96 // strides[0], 64 // strides[0])
+    assert model.cfg.img_size == (96, 64)
+    with pytest.raises(ValueError, match="img_size"):
+        model.set_input_size(8)
+    assert model.cfg.img_size == (96, 64)
+

@@ -141,8 +141,6 @@ class PyramidVisionTransformer(MinInputSizeMixin, Backbone):
     """
 
     family = "pvt"
-    resize_needs = ("each stage's learned position table (patch_embeds.{i}.pos_embed on img_size / stride) "
-                    "resampled to the new grid")
     config_cls = PvtConfig
     no_weight_decay_keys = ("cls_token",)  # as the original
     pools = ("token", "avg", "")
@@ -176,6 +174,25 @@ class PyramidVisionTransformer(MinInputSizeMixin, Backbone):
                 if m.cls_token is not None:
                     nn.init.trunc_normal_(m.cls_token, std=0.02)
         self._set_min_input(self.stages, strides, img)
+
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None) -> None:
+        """Change the input size for good: every stage's position table ``[1, P + H_i·W_i, C_i]`` is resampled
+        to the new grid ``img_size / stride_i`` as the forward resamples it for another size (bilinear,
+        no antialias: PVT's rule), and ``cfg.img_size`` records the size. ``img_size`` below
+        :attr:`min_input_size` raises ``ValueError`` naming it, before anything changes."""
+        if img_size is None:
+            return
+        img = check_size(img_size, "img_size")
+        self._check_img_size(img)
+        embeds = [self.patch_embed] + [st.downsample for st in self.stages if isinstance(st.downsample, PvtEmbed)]
+        strides = [info["reduction"] for info in self.feature_info]
+        with torch.no_grad():
+            for embed, stride in zip(embeds, strides, strict=True):
+                grid = (img[0] // stride, img[1] // stride)
+                table = embed._pos(grid).detach().contiguous()  # [1, P + H_i·W_i, C_i]
+                embed.pos_embed = nn.Parameter(table, requires_grad=embed.pos_embed.requires_grad)
+                embed.grid = grid
+        self.cfg.img_size = img[0] if img[0] == img[1] else img
 
     def _embed(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> ``[B, H/p, W/p, C1]`` (conv + LN + position table).
