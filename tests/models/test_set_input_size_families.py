@@ -32,7 +32,7 @@ BEHAVIOUR = {
     "swin": "tables", "swinv2": "tables", "cait": "tables",
     "cvt": "record", "davit": "record", "nat": "record", "halonet": "record", "mobilevit": "record",
     "pvt_v2": "record", "twins": "record",
-    "pvt": "tables", "vil": "not_implemented", "vitdet": "not_implemented", "igpt": "not_implemented",
+    "pvt": "tables", "vil": "tables", "vitdet": "tables", "igpt": "not_implemented",
 }
 FAMILIES = first_preset_per_family()
 
@@ -185,9 +185,10 @@ def test_record_families_check_their_constraints():
 
 
 def test_not_implemented_message_names_what_is_needed():
-    for fam, word in (("vil", "position tables"), ("vitdet", "rel_pos_h"), ("igpt", "pos_embed")):
-        with pytest.raises(NotImplementedError, match=word):
-            _reduced(FAMILIES[fam]).set_input_size(96)
+    """Only iGPT: its autoregressive pixel sequence has no resize that keeps its meaning."""
+    assert [f for f, b in BEHAVIOUR.items() if b == "not_implemented"] == ["igpt"]
+    with pytest.raises(NotImplementedError, match="pos_embed"):
+        _reduced(FAMILIES["igpt"]).set_input_size(96)
 
 
 def test_registry_families_are_these():
@@ -211,3 +212,67 @@ def test_pvt_v1_tables_follow_the_new_size_as_the_forward_resamples_them():
         model.set_input_size(8)
     assert model.cfg.img_size == (96, 64)
 
+
+
+def test_vitdet_tables_follow_the_new_size_as_the_forward_resizes_them():
+    """ViTDet: the global blocks' rel_pos_h / rel_pos_w are resized once to 2·grid - 1 rows (the resize the
+    mechanism applies at run time), window blocks' tables and the pre-training pos_embed are kept; the resized
+    model gives what the unresized one gives at that size (backbone, probe and pyramid); a bad size is refused
+    naming img_size before anything changes."""
+    model = _reduced(FAMILIES["vitdet"]).eval()
+    before = copy.deepcopy(model)
+    glob = [i for i, b in enumerate(model.blocks) if not b.attn.is_windowed]
+    assert glob and len(glob) < len(model.blocks)
+    win = {k: v.clone() for k, v in model.state_dict().items() if not any(f"blocks.{i}." in k for i in glob)}
+    x = torch.randn(2, 3, 96, 128, generator=torch.Generator().manual_seed(0))
+    model.set_input_size((96, 128))  # grid 6x8 (built for 4x4)
+    assert model.cfg.img_size == (96, 128) and model.grid_size == (6, 8)
+    for i, blk in enumerate(model.blocks):
+        assert blk.attn.input_size == (6, 8)
+        if i in glob:
+            assert blk.attn.rel_pos_h.shape[0] == 11 and blk.attn.rel_pos_w.shape[0] == 15
+    after = model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in win.items())  # pos_embed, window tables, pyramid: kept
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), before(x), rtol=1e-5, atol=1e-6)
+        got, ref = model.forward_pyramid(x), before.forward_pyramid(x)
+    assert got.keys() == ref.keys()
+    for p in got:
+        s = model.output_shape()[p].stride  # p6 (stride 64) rounds up: max-pool kernel 1 stride 2 of p5's 3x4
+        assert got[p].shape[-2:] == (-(-96 // s), -(-128 // s))
+        torch.testing.assert_close(got[p], ref[p], rtol=1e-5, atol=1e-6)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for bad, err in (("big", TypeError), (0, ValueError), ((64, 64, 3), TypeError)):
+        with pytest.raises(err, match="img_size"):
+            model.set_input_size(bad)
+    assert model.cfg.img_size == (96, 128) and model.grid_size == (6, 8)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    model.set_input_size(64)  # back to the built size: square recorded as an int
+    assert model.cfg.img_size == 64 and model.blocks[glob[0]].attn.rel_pos_h.shape[0] == 7
+
+
+def test_vil_tables_follow_the_new_size_as_the_forward_resamples_them():
+    """ViL: each stage's x / y position tables are resampled once to the new grid img_size / stride_i (linear,
+    the forward's rule), the global tokens' rows kept; the resized model gives what the unresized one gives at
+    that size; a size not divisible by the total stride is refused naming img_size before anything changes."""
+    model = _reduced(FAMILIES["vil"]).eval()
+    before = copy.deepcopy(model)
+    x = torch.randn(2, 3, 96, 128, generator=torch.Generator().manual_seed(0))
+    model.set_input_size((96, 128))
+    assert model.cfg.img_size == (96, 128)
+    strides = [info["reduction"] for info in model.feature_info]
+    for st, old, s in zip(model.stages, before.stages, strides, strict=True):
+        emb = st.downsample
+        assert emb.grid == (96 // s, 128 // s)
+        assert emb.x_pos_embed.shape[1] == 96 // s and emb.y_pos_embed.shape[1] == 128 // s
+        if emb.cls_pos_embed is not None:
+            assert torch.equal(emb.cls_pos_embed, old.downsample.cls_pos_embed)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), before(x), rtol=1e-5, atol=1e-6)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"img_size=\(96, 100\) must be divisible by the total stride 32"):
+        model.set_input_size((96, 100))
+    with pytest.raises(TypeError, match="img_size"):
+        model.set_input_size("big")
+    assert model.cfg.img_size == (96, 128)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())

@@ -161,8 +161,6 @@ class VisionLongformer(Backbone):
     """
 
     family = "vil"
-    resize_needs = ("each stage's x / y position tables (on img_size / stride) resampled to the new grid, "
-                    "and its windows checked against the new maps")
     config_cls = VilConfig
     no_weight_decay_keys = ("cls_token", "pos_embed")  # global tokens and position tables, as the original
     pools = ("avg", "token", "")
@@ -176,11 +174,7 @@ class VisionLongformer(Backbone):
         self.global_pool, self.num_features = cfg.global_pool, dims[-1]
         self.num_global = tuple(int(g) for g in cfg.num_global_tokens)
         self.num_prefix_tokens = self.num_global[-1]
-        strides = []
-        s = 1
-        for p in cfg.patch_sizes:
-            s *= p
-            strides.append(s)
+        strides = self._strides()
         norm = partial(nn.LayerNorm, eps=cfg.norm_eps)
         stages = []
         for i, dpr in enumerate(drop_path_schedule(cfg.drop_path_rate, cfg.depths)):
@@ -206,6 +200,44 @@ class VisionLongformer(Backbone):
                 for p in (m.cls_token, m.cls_pos_embed, m.x_pos_embed, m.y_pos_embed):
                     if p is not None:
                         nn.init.trunc_normal_(p, std=0.02)
+
+    def _strides(self) -> list[int]:
+        """Each stage's total stride ``prod(patch_sizes[:i+1])``."""
+        strides, s = [], 1
+        for p in self.cfg.patch_sizes:
+            s *= p
+            strides.append(s)
+        return strides
+
+    def _check_img_size(self, img_size: tuple[int, int]) -> None:
+        """The config's rule: ``img_size`` divisible by the total stride (every stage's grid whole)."""
+        stride = self._strides()[-1]
+        if img_size[0] % stride or img_size[1] % stride:
+            size = img_size[0] if img_size[0] == img_size[1] else img_size
+            raise ValueError(f"img_size={size!r} must be divisible by the total stride {stride}")
+
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None) -> None:
+        """Change the nominal input size for good (issue 23): each stage's row / column position tables
+        ``x_pos_embed [1, H_i, C_i/2]`` / ``y_pos_embed [1, W_i, C_i/2]`` are resampled to the new grid
+        ``img_size / stride_i`` by the rule the forward uses at another size (linear, as
+        :meth:`VilEmbed._table`); the global tokens' rows do not depend on the size, and the windows
+        (Longformer chunks, padded bottom / right) take any map. ``cfg.img_size`` records the size.
+        An ``img_size`` not divisible by the total stride raises ``ValueError`` naming it, before
+        anything changes."""
+        if img_size is None:
+            return
+        img = check_size(img_size, "img_size")
+        self._check_img_size(img)
+        with torch.no_grad():
+            for stage, stride in zip(self.stages, self._strides(), strict=True):
+                embed = stage.downsample
+                grid = (img[0] // stride, img[1] // stride)
+                for name, n in (("x_pos_embed", grid[0]), ("y_pos_embed", grid[1])):
+                    old = getattr(embed, name)
+                    table = VilEmbed._table(old.detach(), n).clone().contiguous()
+                    setattr(embed, name, nn.Parameter(table, requires_grad=old.requires_grad))
+                embed.grid = grid
+        self.cfg.img_size = img[0] if img[0] == img[1] else img
 
     def _embed(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` as they are: every stage embeds its own input (the first one the images)."""

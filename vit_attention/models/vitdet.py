@@ -31,7 +31,8 @@ How it meets the library's model contract (every registered model is a classifie
 
 Any image size runs: images are zero-padded to a patch multiple, maps to the window multiple inside
 window blocks; global blocks resize their relative-position tables when the map is not the grid
-the model was built for (``img_size / patch``).
+the model was built for (``img_size / patch``). :meth:`ViTDet.set_input_size` makes another size the
+model's own: the global blocks' tables resized once to the new grid, as the forward resizes them.
 
 State-dict keys are detectron2's (``backbone.net.*`` without the prefix; timm ``samvit`` /
 Hugging Face ``VitDet`` name the same tensors): ``pos_embed``, ``patch_embed.proj``,
@@ -53,6 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional import resample_abs_pos_embed
+from ..functional.rel_pos import resize_rel_pos
 from ..layers import Block, ClassifierHead, PatchEmbed, accepted_kwargs, drop_path_schedule, run_blocks_with_taps
 from ..layers.head import init_linear_weights
 from ..layers.norm import LayerNorm2d
@@ -207,8 +209,6 @@ class ViTDet(Backbone):
     """
 
     family = "vitdet"
-    resize_needs = ("the relative-position tables (rel_pos_h / rel_pos_w) of the global blocks (built for "
-                    "img_size / patch) resampled to the new grid and the blocks' input_size updated")
     config_cls = ViTDetConfig
     no_weight_decay_keys = ("pos_embed", "rel_pos_h", "rel_pos_w")  # the position embedding and tables
     pools = ("avg", "")
@@ -278,6 +278,37 @@ class ViTDet(Backbone):
         if not self.pyramid_levels:
             return {"last_feat": ShapeSpec(self.embed_dim, self.cfg.patch_size)}
         return {p: ShapeSpec(self.cfg.pyramid_channels, self._strides[p]) for p in self.pyramid_levels}
+
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None) -> None:
+        """Change the nominal input size for good (issue 23), as a model built at it with the same weights.
+
+        The absolute ``pos_embed`` stays on its pre-training grid (the forward resizes it to any map at
+        run time); the patch embedding's ``grid_size`` (rounded up: images are padded to a patch
+        multiple) becomes every block's ``input_size``, and each global block's relative-position tables
+        ``rel_pos_h`` / ``rel_pos_w`` are resized to ``2·H' - 1`` / ``2·W' - 1`` rows by
+        :func:`~vit_attention.functional.rel_pos.resize_rel_pos`, the resize the mechanism applies at
+        run time to a map of another size (window blocks' tables depend on the window only).
+        ``cfg.img_size`` records the size. A bad ``img_size`` raises naming it, before anything changes.
+        """
+        if img_size is None:
+            return
+        img = check_size(img_size, "img_size")
+        self._check_img_size(img)
+        self.patch_embed.set_input_size(img)
+        assert self.patch_embed.grid_size is not None
+        grid = self.grid_size = self.patch_embed.grid_size
+        with torch.no_grad():
+            for blk in self.blocks:
+                attn = blk.attn
+                if not hasattr(attn, "input_size"):  # another mechanism: nothing built on the grid
+                    continue
+                attn.input_size = grid
+                if getattr(attn, "use_rel_pos", False) and not attn.is_windowed:
+                    for name, n in (("rel_pos_h", grid[0]), ("rel_pos_w", grid[1])):
+                        old = getattr(attn, name)
+                        table = resize_rel_pos(old.detach(), 2 * n - 1).clone().contiguous()
+                        setattr(attn, name, nn.Parameter(table, requires_grad=old.requires_grad))
+        self.cfg.img_size = img[0] if img[0] == img[1] else img
 
     # ------------------------------------------------------------------ forward
     def abs_pos(self, grid: tuple[int, int]) -> Tensor:
