@@ -201,7 +201,7 @@ class Backbone(nn.Module):
         gives with the same weights; ``feature_info`` (channels, strides) does not depend on the size.
         A family whose resize would need tables not handled yet (``resize_needs``) raises
         ``NotImplementedError`` naming the family and what it would need; families with size-dependent
-        tables (ViT, Swin, CaiT) override this method.
+        tables (ViT, Swin, CaiT, PVT v1, ViL, ViTDet) override this method.
         """
         if self.resize_needs:
             raise NotImplementedError(f"set_input_size is not implemented for {self.family or type(self).__name__} "
