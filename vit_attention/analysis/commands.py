@@ -327,7 +327,15 @@ def _attn(args: argparse.Namespace) -> int:
               "--checkpoint (a run folder or weights file) or --pretrained for a trained model's attention",
               file=sys.stderr)
     model = build_model(name, checkpoint=checkpoint, img_size=args.img_size, pretrained=args.pretrained)
-    x, img = load_image(args.image, model.data_config)  # the model's eval preprocessing, as `predict`
+    max_seq_len = _attn_naflex_budget(args, model, checkpoint)
+    if max_seq_len is None:
+        x, img = load_image(args.image, model.data_config)  # the model's eval preprocessing, as `predict`
+    else:  # NaFlex: the image at its own aspect, as `train --naflex` / `predict` read it; the map on its own grid
+        from ..train.data import load_naflex_image
+
+        img = load_naflex_image(args.image, model.cfg.patch_size, max_seq_len, in_chans=model.cfg.in_chans)
+        mean, std = (torch.tensor(v, dtype=img.dtype).view(-1, 1, 1) for v in model.normalization)
+        x = ((img - mean) / std)[None]  # [1, C, H', W'], sides multiples of the patch: the same logits as model([...])
     heat, what, tag, logits = _heatmap_and_logits(model, x, layer=args.layer, head=args.head, method=args.method)
     model_name = getattr(model, "registry_name", name)
     prob = logits.float().softmax(-1)[0]
@@ -351,6 +359,23 @@ def _attn(args: argparse.Namespace) -> int:
         np.save(out.with_suffix(".npy"), heat.numpy())
     print(f"{out}  ({what}; token grid {tuple(heat.shape)}; predicted {label} {float(p):.3f})")
     return 0
+
+
+def _attn_naflex_budget(args: argparse.Namespace, model: nn.Module, checkpoint: str | None) -> int | None:
+    """The patch budget for reading the image at its own aspect (a run trained with ``--naflex``, or
+    ``--naflex``), else ``None`` (the fixed-size path); the rules of ``eval`` / ``predict``."""
+    from ..train.commands import _inference_meta, _naflex_budget
+    from ..weights import describe_checkpoint
+    from ..weights.hub import HF_HUB_PREFIX
+
+    meta: dict[str, Any] = {}
+    if checkpoint is not None and not str(checkpoint).startswith(HF_HUB_PREFIX):
+        saved = describe_checkpoint(checkpoint)
+        meta = _inference_meta(saved) if saved is not None else {}
+    if args.img_size is not None and (args.naflex or meta.get("naflex")):
+        raise ValueError(f"--img-size {args.img_size} does not apply with --naflex: the image keeps its aspect, "
+                         "at most --max-seq-len patches")
+    return _naflex_budget(args, model, meta)
 
 
 def _docs(args: argparse.Namespace) -> int:
@@ -411,7 +436,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                    "MODEL may be a run folder or checkpoint of ours (it says which model it holds).")
     p.add_argument("model", help="registered model name or alias, or a run folder / checkpoint of ours")
     p.add_argument("image", help="image file (PNG, JPEG, ...; any Pillow mode), read with the model's eval "
-                                 "preprocessing (resize, crop, normalisation), as predict reads it")
+                                 "preprocessing (resize, crop, normalisation; NaFlex: its own aspect, see --naflex), "
+                                 "as predict reads it")
     p.add_argument("--checkpoint", default=None,
                    help="weights: a run folder, model.safetensors / checkpoint.safetensors (which name their "
                         "model: MODEL must agree), or timm / torchvision / Hugging Face files loaded into MODEL. "
@@ -431,6 +457,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                 help="output folder (default: attention_maps/ in the run folder, or beside the checkpoint file; "
                      "./attention_maps without a checkpoint)")
     p.add_argument("--save-map", action="store_true", help="also save the raw token-grid map as .npy")
+    p.add_argument("--naflex", action="store_true",
+                   help="NaFlex models (family naflexvit): the image at its own aspect, resized to at most "
+                        "--max-seq-len patches as `train --naflex` reads it, the map on the image's own token grid "
+                        "(automatic for a run trained with --naflex; without it a NaFlex model gets the fixed-size "
+                        "path: resize, centre crop)")
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="with --naflex: the patch budget (default: the run's --max-seq-len, else 576)")
     p.set_defaults(func=_attn)
 
     p = sub.add_parser("docs", help="regenerate docs/attention/*.md and docs/models.md from the library")

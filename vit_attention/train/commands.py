@@ -245,8 +245,8 @@ def _inference_meta(saved: Any) -> dict[str, Any]:
     """What training recorded for inference (classes, mean / std, data, crop, split) from a :class:`SavedModel`."""
     md = saved.metadata
     if saved.kind != "train_state":
-        return {k: md[k] for k in ("classes", "mean", "std", "data", "crop_pct", "val_fraction", "split_seed")
-                if k in md}
+        keys = ("classes", "mean", "std", "data", "crop_pct", "val_fraction", "split_seed", "naflex", "max_seq_len")
+        return {k: md[k] for k in keys if k in md}
     meta = {k: md[k] for k in ("classes", "mean", "std") if k in md}
     config = md.get("config") or {}
     data = config.get("data") or "digits"
@@ -254,7 +254,38 @@ def _inference_meta(saved: Any) -> dict[str, Any]:
     meta["crop_pct"] = 1.0 if data == "digits" else config.get("crop_pct", 0.875)
     meta["val_fraction"] = config.get("val_fraction", 0.1)
     meta["split_seed"] = config.get("seed", 0)
+    if config.get("naflex"):
+        meta["naflex"], meta["max_seq_len"] = True, int(config.get("max_seq_len", 576))
     return meta
+
+
+def _naflex_budget(args: argparse.Namespace, model: Any, meta: dict[str, Any]) -> int | None:
+    """The patch budget to read images with at their own aspect (NaFlex), or ``None`` for the fixed-size path.
+
+    A run trained with ``--naflex`` says so (and its ``--max-seq-len``); ``--naflex`` asks for it with a
+    NaFlex model given otherwise; ``--max-seq-len`` overrides the budget. Errors name the option.
+    """
+    from ..models.registry import get_model_entry
+
+    given = getattr(args, "max_seq_len", None)
+    naflex = bool(getattr(args, "naflex", False) or meta.get("naflex"))
+    if not naflex:
+        if given is not None:
+            raise ValueError(f"--max-seq-len {given} applies with --naflex only (a run trained with --naflex, or "
+                             "--naflex with a NaFlex model)")
+        return None
+    name = getattr(model, "registry_name", None) or type(model).__name__
+    try:
+        family = get_model_entry(name).family
+    except (KeyError, ValueError):
+        family = "naflexvit" if type(model).__name__ == "NaFlexVit" else type(model).__name__
+    if family != "naflexvit":
+        raise ValueError(f"--naflex needs a NaFlex model (family naflexvit, e.g. naflexvit_base_patch16_gap); "
+                         f"{name} is a {family} model, which takes fixed-size image tensors")
+    budget = int(given if given is not None else meta.get("max_seq_len", 576))
+    if budget < 1:
+        raise ValueError(f"--max-seq-len must be >= 1, got {budget}")
+    return budget
 
 
 def _data_meta(model: Any) -> dict[str, Any]:
@@ -387,13 +418,21 @@ def _eval(args: argparse.Namespace) -> int:
     size = cfg.img_size if isinstance(cfg.img_size, int) else cfg.img_size[0]
     data_arg = args.data if args.data is not None else meta.get("data", "digits")
     same_data = args.data is None
+    max_seq_len = _naflex_budget(args, model, meta)
+    if max_seq_len is not None and data_arg == "digits":
+        raise ValueError("--naflex evaluates on an image folder of any sizes and aspects: pass --data ROOT")
     val_fraction = args.val_fraction if args.val_fraction is not None else float(meta.get("val_fraction", 0.1))
     # a model built by name or from foreign weights: its data config's crop (and mean / std below) on any data
     crop_pct = float(meta.get("crop_pct", 0.875)) if same_data or "data_config" in meta else 0.875
     data = build_data(None if data_arg == "digits" else data_arg,
                       img_size=size if data_arg != "digits" else (None if size == 8 else size), in_chans=cfg.in_chans,
                       val_fraction=val_fraction, crop_pct=crop_pct,
-                      seed=int(meta.get("split_seed", 0)) if same_data else 0)
+                      seed=int(meta.get("split_seed", 0)) if same_data else 0,
+                      naflex_patch=cfg.patch_size if max_seq_len is not None else None,
+                      max_seq_len=max_seq_len or 576)
+    if max_seq_len is not None:
+        print(f"NaFlex: each image at its own aspect, at most {max_seq_len} patches of {cfg.patch_size} px "
+              f"(--max-seq-len)")
     _check_classes(meta.get("classes"), data.classes, data_arg)
     if data.num_classes != model.num_classes:
         raise ValueError(f"the model predicts {model.num_classes} classes, the data has {data.num_classes}")
@@ -448,6 +487,12 @@ def _predict(args: argparse.Namespace) -> int:
     if k < args.topk:
         print(f"note: --topk {args.topk} is more than the model's {len(classes)} classes; showing all {k}",
               file=sys.stderr)
+    max_seq_len = _naflex_budget(args, model, meta)
+    if max_seq_len is not None:
+        if args.crop_pct is not None:
+            raise ValueError(f"--crop-pct {args.crop_pct} does not apply with --naflex: each image is read whole, "
+                             "at its own aspect")
+        return _predict_naflex(args, model, classes, mean, std, k, max_seq_len)
     crop = args.crop_pct if args.crop_pct is not None else float(meta.get("crop_pct", 1.0))
     transform = None
     if "data_config" in meta:  # the model's data config (as timm's for its name and tag): its resize, crop, norm
@@ -468,6 +513,32 @@ def _predict(args: argparse.Namespace) -> int:
             logits = model(x)
         prob = logits.float().softmax(-1)[0]
         top = prob.topk(k)
+        ranked = ", ".join(f"{classes[i]} ({p:.3f})" for p, i in zip(top.values.tolist(), top.indices.tolist()))
+        print(f"{path}: {ranked}")
+    return 0
+
+
+def _predict_naflex(args: argparse.Namespace, model: Any, classes: list[str], mean: Any, std: Any, k: int,
+                    max_seq_len: int) -> int:
+    """``predict`` for a NaFlex model: each image at its own aspect, resized to at most ``max_seq_len``
+    patches as NaFlex training reads it, all of them in one list-of-images forward ``model([x1, x2, ...])``."""
+    import torch
+
+    from .data import load_naflex_image
+
+    cfg = model.cfg
+    images = []
+    for path in args.images:
+        try:
+            img = load_naflex_image(path, cfg.patch_size, max_seq_len, in_chans=cfg.in_chans)
+        except Exception as e:  # noqa: BLE001 - Pillow raises many types
+            raise ValueError(f"cannot read image {path}: {e}") from None
+        images.append((img - mean[0]) / std[0])  # [C, H', W'] normalised
+    with torch.no_grad():
+        logits = model(images)
+    prob = (logits[0] if isinstance(logits, tuple) else logits).float().softmax(-1)
+    for path, row in zip(args.images, prob):
+        top = row.topk(k)
         ranked = ", ".join(f"{classes[i]} ({p:.3f})" for p, i in zip(top.values.tolist(), top.indices.tolist()))
         print(f"{path}: {ranked}")
     return 0
@@ -513,7 +584,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         if name == "predict":
             p.add_argument("images", nargs="+", metavar="IMAGE",
                            help="image files (PNG, JPEG, TIFF ...; any Pillow mode, 16-bit included), read with "
-                                "the model's eval preprocessing: resize, centre crop, normalisation")
+                                "the model's eval preprocessing: resize, centre crop, normalisation (NaFlex: "
+                                "each at its own aspect, see --naflex)")
             p.add_argument("--topk", type=int, default=5, help="classes shown per image, >= 1 (default 5; at "
                                                                "most the model's number of classes)")
             p.add_argument("--crop-pct", type=float, default=None,
@@ -534,6 +606,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        help="config option for --model with a foreign checkpoint (must agree with a file of ours)")
         p.add_argument("--num-classes", type=int, default=None,
                        help="classes of --model with a foreign checkpoint (must agree with a file of ours)")
+        p.add_argument("--naflex", action="store_true",
+                       help="NaFlex models (family naflexvit): read each image at its own aspect, resized to at most "
+                            "--max-seq-len patches, as `train --naflex` does (automatic for a run trained with "
+                            "--naflex)")
+        p.add_argument("--max-seq-len", type=int, default=None,
+                       help="with --naflex: the patch budget per image (default: the run's --max-seq-len, else 576)")
         if name == "eval":
             p.add_argument("--data", default=None, help="image folder with the training classes (default: the "
                                                         "data the model was trained on)")

@@ -598,6 +598,8 @@ def _finish(run: _Run) -> dict[str, Any]:
             "crop_pct": cfg.crop_pct if data.name != "digits" else 1.0, "val_fraction": cfg.val_fraction,
             "split_seed": cfg.seed, "test_acc": final["top1"], "model": bare.registry_name,
             "config": bare.cfg.to_json()}
+    if cfg.naflex:  # eval / predict read the images as training did: aspect kept, this patch budget
+        meta.update(naflex=True, max_seq_len=cfg.max_seq_len)
     save_weights(msd, run.out / "model.safetensors", metadata=meta)
     if ema is not None:
         _check_finite_state(ema.module.state_dict(), run.progress, cfg)
