@@ -331,7 +331,7 @@ def _attn(args: argparse.Namespace) -> int:
     if max_seq_len is None:
         x, img = load_image(args.image, model.data_config)  # the model's eval preprocessing, as `predict`
     else:  # NaFlex: the image at its own aspect, as `train --naflex` / `predict` read it; the map on its own grid
-        from ..train.data import load_naflex_image
+        from ..data.naflex import load_naflex_image
 
         img = load_naflex_image(args.image, model.cfg.patch_size, max_seq_len, in_chans=model.cfg.in_chans)
         mean, std = (torch.tensor(v, dtype=img.dtype).view(-1, 1, 1) for v in model.normalization)
@@ -364,7 +364,8 @@ def _attn(args: argparse.Namespace) -> int:
 def _attn_naflex_budget(args: argparse.Namespace, model: nn.Module, checkpoint: str | None) -> int | None:
     """The patch budget for reading the image at its own aspect (a run trained with ``--naflex``, or
     ``--naflex``), else ``None`` (the fixed-size path); the rules of ``eval`` / ``predict``."""
-    from ..train.commands import _inference_meta, _naflex_budget
+    from ..data.naflex import inference_meta as _inference_meta
+    from ..data.naflex import naflex_budget as _naflex_budget
     from ..weights import describe_checkpoint
     from ..weights.hub import HF_HUB_PREFIX
 

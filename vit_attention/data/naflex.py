@@ -11,17 +11,21 @@ batch wastes little padding.
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..models.naflexvit import patchify_images
 
-__all__ = ["size_for_seq_len", "resize_to_seq_len", "NaFlexCollate", "bucket_by_seq_len"]
+__all__ = ["size_for_seq_len", "resize_to_seq_len", "NaFlexCollate", "bucket_by_seq_len", "load_naflex_image",
+           "inference_meta", "naflex_budget"]
 
 
 def _pair(p: int | Sequence[int]) -> tuple[int, int]:
@@ -101,3 +105,71 @@ def bucket_by_seq_len(seq_lens: Sequence[int], batch_size: int, *, shuffle: bool
     if shuffle:
         batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
     yield from batches
+
+
+# ---------------------------------------------------------------- reading images and runs (train, eval, predict, attn)
+def load_naflex_image(path: str | Path, patch_size: int | tuple[int, int], max_seq_len: int, *,
+                      in_chans: int = 3) -> Tensor:
+    """An image file as NaFlex training, ``eval`` and ``predict`` read it: ``[C, H', W']`` in [0, 1], its
+    aspect kept, resized (Pillow, bicubic) to the largest size of at most ``max_seq_len`` patches
+    (:func:`~vit_attention.data.naflex.size_for_seq_len`), sides multiples of the patch."""
+    from PIL import Image
+
+    from . import read_image
+
+    patch = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
+    img = read_image(path, channels=in_chans)
+    w, h = img.size
+    H, W = size_for_seq_len((h, w), patch, max_seq_len)
+    if (W, H) != (w, h):
+        img = img.resize((W, H), Image.Resampling.BICUBIC)
+    a = np.asarray(img, dtype=np.float32) / 255.0  # [H', W'] or [H', W', C]
+    a = a[:, :, None] if a.ndim == 2 else a
+    return torch.from_numpy(a).permute(2, 0, 1).contiguous()  # [C, H', W']
+
+
+def inference_meta(saved: Any) -> dict[str, Any]:
+    """What training recorded for inference (classes, mean / std, data, crop, split) from a :class:`SavedModel`."""
+    md = saved.metadata
+    if saved.kind != "train_state":
+        keys = ("classes", "mean", "std", "data", "crop_pct", "val_fraction", "split_seed", "naflex", "max_seq_len")
+        return {k: md[k] for k in keys if k in md}
+    meta = {k: md[k] for k in ("classes", "mean", "std") if k in md}
+    config = md.get("config") or {}
+    data = config.get("data") or "digits"
+    meta["data"] = data
+    meta["crop_pct"] = 1.0 if data == "digits" else config.get("crop_pct", 0.875)
+    meta["val_fraction"] = config.get("val_fraction", 0.1)
+    meta["split_seed"] = config.get("seed", 0)
+    if config.get("naflex"):
+        meta["naflex"], meta["max_seq_len"] = True, int(config.get("max_seq_len", 576))
+    return meta
+
+
+def naflex_budget(args: argparse.Namespace, model: Any, meta: dict[str, Any]) -> int | None:
+    """The patch budget to read images with at their own aspect (NaFlex), or ``None`` for the fixed-size path.
+
+    A run trained with ``--naflex`` says so (and its ``--max-seq-len``); ``--naflex`` asks for it with a
+    NaFlex model given otherwise; ``--max-seq-len`` overrides the budget. Errors name the option.
+    """
+    from ..models.registry import get_model_entry
+
+    given = getattr(args, "max_seq_len", None)
+    naflex = bool(getattr(args, "naflex", False) or meta.get("naflex"))
+    if not naflex:
+        if given is not None:
+            raise ValueError(f"--max-seq-len {given} applies with --naflex only (a run trained with --naflex, or "
+                             "--naflex with a NaFlex model)")
+        return None
+    name = getattr(model, "registry_name", None) or type(model).__name__
+    try:
+        family = get_model_entry(name).family
+    except (KeyError, ValueError):
+        family = "naflexvit" if type(model).__name__ == "NaFlexVit" else type(model).__name__
+    if family != "naflexvit":
+        raise ValueError(f"--naflex needs a NaFlex model (family naflexvit, e.g. naflexvit_base_patch16_gap); "
+                         f"{name} is a {family} model, which takes fixed-size image tensors")
+    budget = int(given if given is not None else meta.get("max_seq_len", 576))
+    if budget < 1:
+        raise ValueError(f"--max-seq-len must be >= 1, got {budget}")
+    return budget

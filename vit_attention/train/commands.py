@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..data.naflex import inference_meta as _inference_meta  # attn (analysis) reads runs the same way
+from ..data.naflex import naflex_budget as _naflex_budget
 from .presets import DEFAULT_MODEL
 
 __all__ = ["add_commands"]
@@ -241,51 +243,6 @@ def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
 
 
 # ---------------------------------------------------------------------------- eval / predict
-def _inference_meta(saved: Any) -> dict[str, Any]:
-    """What training recorded for inference (classes, mean / std, data, crop, split) from a :class:`SavedModel`."""
-    md = saved.metadata
-    if saved.kind != "train_state":
-        keys = ("classes", "mean", "std", "data", "crop_pct", "val_fraction", "split_seed", "naflex", "max_seq_len")
-        return {k: md[k] for k in keys if k in md}
-    meta = {k: md[k] for k in ("classes", "mean", "std") if k in md}
-    config = md.get("config") or {}
-    data = config.get("data") or "digits"
-    meta["data"] = data
-    meta["crop_pct"] = 1.0 if data == "digits" else config.get("crop_pct", 0.875)
-    meta["val_fraction"] = config.get("val_fraction", 0.1)
-    meta["split_seed"] = config.get("seed", 0)
-    if config.get("naflex"):
-        meta["naflex"], meta["max_seq_len"] = True, int(config.get("max_seq_len", 576))
-    return meta
-
-
-def _naflex_budget(args: argparse.Namespace, model: Any, meta: dict[str, Any]) -> int | None:
-    """The patch budget to read images with at their own aspect (NaFlex), or ``None`` for the fixed-size path.
-
-    A run trained with ``--naflex`` says so (and its ``--max-seq-len``); ``--naflex`` asks for it with a
-    NaFlex model given otherwise; ``--max-seq-len`` overrides the budget. Errors name the option.
-    """
-    from ..models.registry import get_model_entry
-
-    given = getattr(args, "max_seq_len", None)
-    naflex = bool(getattr(args, "naflex", False) or meta.get("naflex"))
-    if not naflex:
-        if given is not None:
-            raise ValueError(f"--max-seq-len {given} applies with --naflex only (a run trained with --naflex, or "
-                             "--naflex with a NaFlex model)")
-        return None
-    name = getattr(model, "registry_name", None) or type(model).__name__
-    try:
-        family = get_model_entry(name).family
-    except (KeyError, ValueError):
-        family = "naflexvit" if type(model).__name__ == "NaFlexVit" else type(model).__name__
-    if family != "naflexvit":
-        raise ValueError(f"--naflex needs a NaFlex model (family naflexvit, e.g. naflexvit_base_patch16_gap); "
-                         f"{name} is a {family} model, which takes fixed-size image tensors")
-    budget = int(given if given is not None else meta.get("max_seq_len", 576))
-    if budget < 1:
-        raise ValueError(f"--max-seq-len must be >= 1, got {budget}")
-    return budget
 
 
 def _data_meta(model: Any) -> dict[str, Any]:
@@ -524,7 +481,7 @@ def _predict_naflex(args: argparse.Namespace, model: Any, classes: list[str], me
     patches as NaFlex training reads it, all of them in one list-of-images forward ``model([x1, x2, ...])``."""
     import torch
 
-    from .data import load_naflex_image
+    from ..data.naflex import load_naflex_image
 
     cfg = model.cfg
     images = []

@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from ..data.naflex import load_naflex_image  # moved to data.naflex (attn reads images the same way); still here
+
 __all__ = ["IMG_EXTENSIONS", "DataBundle", "TensorImageDataset", "ImageFolderDataset",
            "NaFlexImageFolderDataset", "to_device", "load_digits_split",
            "scan_image_folder", "build_data", "load_image", "load_naflex_image", "BatchTransform", "mix_batch",
@@ -246,27 +248,6 @@ class NaFlexImageFolderDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
         path, label = self.samples[i]
         return load_naflex_image(path, self.patch_size, self.max_seq_len, in_chans=self.in_chans), torch.tensor(label)
-
-
-def load_naflex_image(path: str | Path, patch_size: int | tuple[int, int], max_seq_len: int, *,
-                      in_chans: int = 3) -> Tensor:
-    """An image file as NaFlex training, ``eval`` and ``predict`` read it: ``[C, H', W']`` in [0, 1], its
-    aspect kept, resized (Pillow, bicubic) to the largest size of at most ``max_seq_len`` patches
-    (:func:`~vit_attention.data.naflex.size_for_seq_len`), sides multiples of the patch."""
-    from PIL import Image
-
-    from ..data import read_image
-    from ..data.naflex import size_for_seq_len
-
-    patch = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
-    img = read_image(path, channels=in_chans)
-    w, h = img.size
-    H, W = size_for_seq_len((h, w), patch, max_seq_len)
-    if (W, H) != (w, h):
-        img = img.resize((W, H), Image.Resampling.BICUBIC)
-    a = np.asarray(img, dtype=np.float32) / 255.0  # [H', W'] or [H', W', C]
-    a = a[:, :, None] if a.ndim == 2 else a
-    return torch.from_numpy(a).permute(2, 0, 1).contiguous()  # [C, H', W']
 
 
 def to_device(x: Tensor | Mapping[str, Tensor], device: Any) -> Tensor | dict[str, Tensor]:
