@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from torch import Tensor, nn
 
 from .layouts import register_converter, rename
-from .siglip import concat_hf_qkv, hf_vision_encoder_renames, strip_vision_tower
+from .siglip import HF_MAP_HEAD_RENAMES, concat_hf_qkv, hf_vision_encoder_renames, split_hf_map_head, strip_vision_tower
 
 State = dict[str, Tensor]
 
@@ -43,21 +43,12 @@ def _from_hf(state: State, model: nn.Module) -> State:
     state = strip_vision_tower(state)
     pos = state.pop("embeddings.position_embedding.weight", None)
     state.pop("embeddings.position_ids", None)
-    state = rename(state, [(r"^embeddings\.patch_embedding\.", "embeds.proj.")] + hf_vision_encoder_renames() + [
-        (r"^head\.probe$", "attn_pool.latent"),
-        (r"^head\.attention\.out_proj\.", "attn_pool.proj."),
-        (r"^head\.layernorm\.", "attn_pool.norm."),
-        (r"^head\.mlp\.", "attn_pool.mlp."),
-    ])
+    state = rename(state, [(r"^embeddings\.patch_embedding\.", "embeds.proj.")] + hf_vision_encoder_renames()
+                   + HF_MAP_HEAD_RENAMES)
     state = concat_hf_qkv(state)
     if pos is not None:
         state["embeds.pos_embed"] = _grid_table(pos)
-    for kind in ("weight", "bias"):
-        packed = state.pop(f"head.attention.in_proj_{kind}", None)
-        if packed is not None:
-            C = packed.shape[0] // 3
-            state[f"attn_pool.q.{kind}"], state[f"attn_pool.kv.{kind}"] = packed[:C], packed[C:]
-    return state
+    return split_hf_map_head(state)
 
 
 def _is_classic_timm(state: Mapping[str, Tensor]) -> bool:

@@ -60,6 +60,26 @@ def concat_hf_qkv(state: State) -> State:
                       "{p}.qkv.{s}")
 
 
+# the transformers SigLIP MAP head (``head.*``) -> ours (``attn_pool.*``); its packed in_proj: split_hf_map_head
+HF_MAP_HEAD_RENAMES: list[tuple[str, str]] = [
+    (r"^head\.probe$", "attn_pool.latent"),
+    (r"^head\.attention\.out_proj\.", "attn_pool.proj."),
+    (r"^head\.layernorm\.", "attn_pool.norm."),
+    (r"^head\.mlp\.", "attn_pool.mlp."),
+]
+
+
+def split_hf_map_head(state: State) -> State:
+    """``head.attention.in_proj_{weight,bias}`` (q rows, then k, then v) -> ``attn_pool.q.*`` and ``attn_pool.kv.*``
+    (k rows then v, as timm's ``AttentionPoolLatent``); in place, returned."""
+    for kind in ("weight", "bias"):
+        packed = state.pop(f"head.attention.in_proj_{kind}", None)
+        if packed is not None:
+            C = packed.shape[0] // 3
+            state[f"attn_pool.q.{kind}"], state[f"attn_pool.kv.{kind}"] = packed[:C], packed[C:]
+    return state
+
+
 def _is_hf(state: Mapping[str, Tensor]) -> bool:
     return any(k.removeprefix("vision_model.").startswith("embeddings.patch_embedding.") for k in state)
 
@@ -68,22 +88,13 @@ def _from_hf(state: State, model: nn.Module) -> State:
     state = strip_vision_tower(state)
     pos = state.pop("embeddings.position_embedding.weight", None)
     state.pop("embeddings.position_ids", None)  # a buffer some transformers 4 files saved
-    state = rename(state, hf_vision_encoder_renames() + [
-        (r"^head\.probe$", "attn_pool.latent"),
-        (r"^head\.attention\.out_proj\.", "attn_pool.proj."),
-        (r"^head\.layernorm\.", "attn_pool.norm."),
-        (r"^head\.mlp\.", "attn_pool.mlp."),
+    state = rename(state, hf_vision_encoder_renames() + HF_MAP_HEAD_RENAMES + [
         (r"^classifier\.", "head."),  # SiglipForImageClassification (a patch mean, then the classifier)
     ])
     state = concat_hf_qkv(state)
     if pos is not None:
         state["pos_embed"] = pos[None]  # [1, N, C]
-    for kind in ("weight", "bias"):
-        packed = state.pop(f"head.attention.in_proj_{kind}", None)
-        if packed is not None:
-            C = packed.shape[0] // 3
-            state[f"attn_pool.q.{kind}"], state[f"attn_pool.kv.{kind}"] = packed[:C], packed[C:]
-    return state
+    return split_hf_map_head(state)
 
 
 def _hf_siglip_config(config: Mapping[str, Any]) -> dict[str, Any]:
