@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..functional import resample_patch_embed
+from ..functional import resample_abs_pos_embed, resample_patch_embed
 from ._config import check_choice, check_size
 from ._pretrained import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
 from .registry import register_family
@@ -205,12 +205,13 @@ class NaFlexEmbeds(nn.Module):
         h, w = int(grid[0]), int(grid[1])
         size = (max(h, w), max(h, w)) if self.ar_preserving else (h, w)
         if self.pos_embed is not None:
-            table = self.pos_embed
-            if tuple(table.shape[1:3]) != (h, w):
-                table = F.interpolate(table.permute(0, 3, 1, 2).float(), size=size, mode=self.interp_mode,
-                                      align_corners=False, antialias=self.antialias)  # [1, C, h', w']
-                table = table[:, :, :h, :w].permute(0, 2, 3, 1)  # [1, h, w, C]
-            return table.reshape(h * w, -1).to(dtype)
+            _, Gh, Gw, C = self.pos_embed.shape
+            if (Gh, Gw) == (h, w):  # the table's own grid: used as it is (also when aspect-preserving)
+                return self.pos_embed.reshape(h * w, C).to(dtype)
+            flat = resample_abs_pos_embed(self.pos_embed.reshape(1, Gh * Gw, C), size, (Gh, Gw), num_prefix_tokens=0,
+                                          interpolation=self.interp_mode, antialias=self.antialias)  # [1, h'·w', C]
+            table = flat.reshape(1, size[0], size[1], C)[:, :h, :w]  # the aspect-preserving square cropped
+            return table.reshape(h * w, C).to(dtype)
         if self.pos_embed_y is None or self.pos_embed_x is None:
             return None
 
