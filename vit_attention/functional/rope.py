@@ -40,12 +40,14 @@ from torch import Tensor
 from .window import _cached
 
 __all__ = ["ROPE_LAYOUTS", "ROPE_COORDS", "rope_coords", "axial_rope_angles", "mixed_rope_angles",
-           "rope_cos_sin", "rotate_pairs", "apply_rope"]
+           "rope_cos_sin", "rotate_pairs", "apply_rope",
+           "axial_rope_tables", "TWO_PI"]
 
 RopeLayout = Literal["interleaved", "half"]
 RopeCoords = Literal["index", "ref", "centered"]
 ROPE_LAYOUTS: tuple[str, ...] = ("interleaved", "half")
 ROPE_COORDS: tuple[str, ...] = ("index", "ref", "centered")
+TWO_PI = 2.0 * math.pi  # DINOv3's angle factor (convention "dinov3": scale = 2π)
 
 
 def _axis(length: int, coords: str, ref: float | None, device: torch.device | str | None) -> Tensor:
@@ -169,7 +171,3 @@ def axial_rope_tables(feat_size: tuple[int, int], head_dim: int, *, theta: float
     ref = None if ref_feat_shape is None else (int(ref_feat_shape[0]), int(ref_feat_shape[1]))
     return _axial_tables((int(feat_size[0]), int(feat_size[1])), int(head_dim), float(theta), float(scale), axes,
                          coords, ref, layout, torch.device(device if device is not None else "cpu"))
-
-
-TWO_PI = 2.0 * math.pi
-__all__ += ["axial_rope_tables", "TWO_PI"]
