@@ -85,6 +85,12 @@ class MultiHeadSelfAttention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
 
+    def _qkv_bias(self) -> Tensor | None:
+        """The packed ``[3C]`` bias of ``qkv``: its own, or ``[q_bias | 0 | v_bias]`` with ``qkv_bias="qv"``."""
+        if self.q_bias is None or self.v_bias is None:
+            return self.qkv.bias
+        return torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])  # k has none
+
     accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
 
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
@@ -109,19 +115,14 @@ class MultiHeadSelfAttention(nn.Module):
             raise ValueError("rope needs self-attention on the grid: this module was built with rope, so it "
                              "takes no context")
         if context is None and self.q_bias is not None:
-            assert self.v_bias is not None
-            bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])  # [3C]: k has none
-            q, k, v = split_qkv(linear(x, self.qkv.weight, bias), self.num_heads)  # each [B, nh, N, hd]
+            q, k, v = split_qkv(linear(x, self.qkv.weight, self._qkv_bias()), self.num_heads)  # each [B, nh, N, hd]
         elif context is None:
             q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
         else:
             if context.dim() != 3 or context.shape[-1] != self.dim or context.shape[0] != x.shape[0]:
                 raise ValueError(f"context must be [B, M, {self.dim}] with x's B = {x.shape[0]}, "
                                  f"got {tuple(context.shape)}")
-            C, w, b = self.dim, self.qkv.weight, self.qkv.bias
-            if self.q_bias is not None:
-                assert self.v_bias is not None
-                b = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
+            C, w, b = self.dim, self.qkv.weight, self._qkv_bias()
             q = split_heads(linear(x, w[:C], None if b is None else b[:C]), self.num_heads)  # [B, nh, N, hd]
             kv = linear(context, w[C:], None if b is None else b[C:])  # [B, M, 2C]
             k, v = split_packed(kv, self.num_heads, 2, "packed kv")  # each [B, nh, M, hd]
