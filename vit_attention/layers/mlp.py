@@ -52,6 +52,15 @@ class Mlp(nn.Module):
         return out if residual is None else residual + out
 
 
+def _project_out(mlp: nn.Module, h: Tensor, residual: Tensor | None) -> Tensor:
+    """A gated MLP's tail: ``fc2(h)`` (+ ``residual``, fused into ``fc2`` at inference, where ``drop2`` is the
+    identity), ``[..., hidden] -> [..., out]``."""
+    if not mlp.training:
+        return apply_linear(mlp.fc2, h, residual=residual)
+    out = mlp.drop2(apply_linear(mlp.fc2, h))
+    return out if residual is None else residual + out
+
+
 def _check_width(name: str, value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
         raise ValueError(f"{name} must be a positive int or None (= in_features), got {value!r}")
@@ -89,11 +98,7 @@ class GluMlp(nn.Module):
     def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """``[..., C] -> [..., out]`` (plus ``residual [..., out]`` when given)."""
         gate, up = apply_linear(self.fc1, x).chunk(2, dim=-1)  # each [..., hidden/2]
-        h = self.drop1(self.act(gate) * up)
-        if not self.training:
-            return apply_linear(self.fc2, h, residual=residual)
-        out = self.drop2(apply_linear(self.fc2, h))
-        return out if residual is None else residual + out
+        return _project_out(self, self.drop1(self.act(gate) * up), residual)
 
 
 class SwiGLU(nn.Module):
@@ -127,10 +132,7 @@ class SwiGLU(nn.Module):
     def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """``[..., C] -> [..., out]`` (plus ``residual [..., out]`` when given)."""
         h = self.norm(self.drop1(self.act(apply_linear(self.fc1_g, x)) * apply_linear(self.fc1_x, x)))
-        if not self.training:
-            return apply_linear(self.fc2, h, residual=residual)
-        out = self.drop2(apply_linear(self.fc2, h))
-        return out if residual is None else residual + out
+        return _project_out(self, h, residual)
 
 
 __all__ += ["GluMlp", "SwiGLU"]
