@@ -16,6 +16,8 @@ from typing import Any
 
 from torch import nn
 
+from .attention import set_attention_backend
+from .functional.runtime import check_backend
 from .models.features import as_features_model
 from .models.registry import get_model_entry
 from .weights import load_weights
@@ -24,11 +26,21 @@ from .weights.hub import resolve_pretrained, split_model_tag
 __all__ = ["create_model"]
 
 
+# create_model keywords that choose how a model runs, not what it is: accepted by --model-arg, never in a config
+RUNTIME_MODEL_ARGS = frozenset({"attn_backend"})
+
+
+def config_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` (``--model-arg`` values) without the run-time keywords of :data:`RUNTIME_MODEL_ARGS`: the
+    config overrides."""
+    return {k: v for k, v in kwargs.items() if k not in RUNTIME_MODEL_ARGS}
+
+
 def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any] | None = None,
                  num_classes: int | None = None, img_size: int | tuple[int, int] | None = None,
                  checkpoint_format: str = "auto", strict: bool = True, features_only: bool = False,
                  out_indices: int | Sequence[int] | None = None, output_fmt: str | None = None,
-                 **overrides: Any) -> nn.Module:
+                 attn_backend: str | None = None, **overrides: Any) -> nn.Module:
     """Build registered model ``name`` (or alias, optionally ``NAME.TAG``) with config ``overrides``.
 
     ``num_classes`` defaults to the preset's (its default tag's head, as in timm: 0 for towers published
@@ -49,10 +61,15 @@ def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any]
     ``out_indices`` entry (an int ``k`` = the last ``k``, negative indices allowed; default: every
     stage, or the last 3 blocks of ViT), ``model.feature_info.channels()`` / ``.reduction()`` in
     that order; ``output_fmt`` ``"NCHW"`` (default), ``"NHWC"`` (hierarchical) or ``"NLC"`` (ViT).
+    ``attn_backend``: ``"auto"`` (default), ``"sdpa"``, ``"explicit"`` or ``"flex"``, the attention
+    backend of every mechanism in the model (:func:`vit_attention.attention.set_attention_backend`;
+    a run-time choice, not part of the config: the weights are the same on every backend).
     Returns the model (images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``).
     """
     if not features_only and (out_indices is not None or output_fmt is not None):
         raise ValueError("out_indices and output_fmt are options of features_only=True")
+    if attn_backend is not None:
+        check_backend(attn_backend, "attn_backend")
     base, tag = split_model_tag(name) if isinstance(name, str) else (name, None)
     entry = get_model_entry(base)
     if num_classes is not None:
@@ -72,4 +89,4 @@ def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any]
                                   norm=saved.get("norm", False))
     if source.weights is not None:
         load_weights(model, source.weights, format=checkpoint_format, strict=strict)
-    return model
+    return model if attn_backend is None else set_attention_backend(model, attn_backend)

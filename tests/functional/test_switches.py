@@ -33,7 +33,7 @@ def test_public_names_are_views_of_one_switch(switch, getter, setter, context, g
         assert switch.value == good
     finally:
         switch.set(before)
-    assert set(runtime.switches()) == {"fused_attention", "fast_linear", "chunk_elements"}
+    assert set(runtime.switches()) == {"fused_attention", "attention_backend", "fast_linear", "chunk_elements"}
 
 
 def test_override_restores_after_an_error_and_bad_values_name_the_switch() -> None:

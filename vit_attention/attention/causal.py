@@ -19,7 +19,7 @@ from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
 from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
-from ..functional.runtime import FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
@@ -125,6 +125,7 @@ class CausalSelfAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
@@ -159,13 +160,14 @@ class CausalSelfAttention(nn.Module):
             layout = token_layout(x.shape[1], feat_size, num_prefix_tokens) \
                 if attention_observed() else None  # where the rows sit on the grid (observers only)
             out = scaled_dot_product_attention(q, k, v, is_causal=True, layout=layout,
-                                               dropout_p=dropout_p, fused=self.fused_attention)  # [B, nh, N, hd]
+                                               dropout_p=dropout_p, fused=self.fused_attention,
+                                               backend=self.attention_backend)  # [B, nh, N, hd]
         else:
             k, v = cache.update(layer, k, v)  # [B, nh, M, hd]: cached keys, then the new ones
             N, M = q.shape[-2], k.shape[-2]
             mask = None if N == 1 else causal_mask(N, M, device=q.device)  # one new token sees every key
-            out = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p,
-                                               fused=self.fused_attention)  # [B, nh, N, hd]
+            out = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p, fused=self.fused_attention,
+                                               backend=self.attention_backend)  # [B, nh, N, hd]
         out = merge_heads(out)  # [B, N, C]
         if not self.training:  # proj_drop is the identity
             return apply_linear(self.proj, out, residual=residual)  # [B, N, C]

@@ -31,7 +31,7 @@ from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
 from ..functional.attention import attention_observed
 from ..functional.layout import AttentionLayout
 from ..functional.linear import apply_linear, hookless
-from ..functional.runtime import FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.window import _CPU, _cached
 from ._common import check_heads, check_prob
 from .registry import register_attention
@@ -96,6 +96,7 @@ class ChannelAttention(nn.Module):
                  proj_drop: float = 0.0) -> None:
         super().__init__()
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self.head_dim = check_heads(dim, num_heads)
         if form not in CHANNEL_FORMS:
             raise ValueError(f"form must be one of {', '.join(map(repr, CHANNEL_FORMS))}; got {form!r}")
@@ -143,7 +144,7 @@ class ChannelAttention(nn.Module):
         layout = channel_layout(self.head_dim) if attention_observed() else None
         out = scaled_dot_product_attention(q, k, v, scale=self.scale_for(N), layout=layout,
                                            dropout_p=self.attn_drop if self.training else 0.0,
-                                           fused=self.fused_attention)  # [B, nh, hd, N]
+                                           fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, hd, N]
         if plain and not (self.training and self.proj_drop.p > 0):
             return self._project_channels_major(out.reshape(B, C, N), residual)  # [B, N, C]
         out = merge_heads(out.transpose(-2, -1))  # [B, N, C]

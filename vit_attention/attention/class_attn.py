@@ -18,7 +18,7 @@ from ..functional import merge_heads, scaled_dot_product_attention, split_heads
 from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
-from ..functional.runtime import FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
@@ -57,6 +57,7 @@ class ClassAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
@@ -90,7 +91,7 @@ class ClassAttention(nn.Module):
             if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
         x = scaled_dot_product_attention(q, k, v, scale=self.scale, layout=layout,
                                          dropout_p=self.attn_drop if self.training else 0.0,
-                                         fused=self.fused_attention)  # [B, nh, N, hd]
+                                         fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
         x = merge_heads(x)  # [B, N, C]
         return self.proj_drop(apply_linear(self.proj, x))  # [B, N, C]
 

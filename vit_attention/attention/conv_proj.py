@@ -21,7 +21,7 @@ from ..functional.attention import attention_observed
 from ..functional.batch_norm import conv_bn
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
-from ..functional.runtime import FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ._common import check_heads, check_map_tokens_call, check_prob, grid_of
 from .registry import register_attention
 
@@ -125,6 +125,7 @@ class ConvProjectionAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self.head_dim = check_heads(dim, num_heads)
         if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be an odd positive int (padding k // 2 keeps the grid), "
@@ -188,7 +189,7 @@ class ConvProjectionAttention(nn.Module):
             if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
         out = scaled_dot_product_attention(q, k, v, scale=self.scale, layout=layout,
                                            dropout_p=self.attn_drop if self.training else 0.0,
-                                           fused=self.fused_attention)  # [B, nh, N, hd]
+                                           fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
         out = merge_heads(out)  # [B, N, C]
         if not self.training:  # proj_drop is the identity
             return apply_linear(self.proj, out, residual=residual)  # [B, N, C]

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.halo import halo_attention
-from ..functional.runtime import FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.sizes import make_divisible
 from ._common import check_heads, check_prob, check_spatial_call
 from .registry import register_attention
@@ -85,6 +85,7 @@ class HaloAttention(nn.Module):
                  pad_mask: bool = False, attn_drop: float = 0.0) -> None:
         super().__init__()
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         dim_out = dim_out or dim
         check_heads(dim_out, num_heads, "dim_out")
         if stride not in (1, 2):
@@ -141,7 +142,7 @@ class HaloAttention(nn.Module):
                              height_rel=self.pos_embed.height_rel, width_rel=self.pos_embed.width_rel,
                              scale=self.scale, scale_pos_embed=self.scale_pos_embed, pad_mask=self.pad_mask,
                              dropout_p=self.attn_drop if self.training else 0.0, grid=(H, W),
-                             fused=self.fused_attention)
+                             fused=self.fused_attention, backend=self.attention_backend)
         out = out[:, :(H + s - 1) // s, :(W + s - 1) // s]  # [B, ceil(H/s), ceil(W/s), dim_out]
         if not isinstance(self.pool, nn.Identity):
             out = self.pool(out.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)

@@ -33,7 +33,7 @@ from ..functional.attention import attention_observed
 from ..functional.heads import split_packed
 from ..functional.linear import apply_linear
 from ..functional.longformer2d import longformer2d_device_plan, longformer2d_layouts, longformer2d_rel_index
-from ..functional.runtime import FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ._common import check_heads, check_map_tokens_call, check_prob, grid_of
 from .registry import register_attention
 
@@ -102,6 +102,7 @@ class Longformer2DAttention(nn.Module):
                  qk_scale: float | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
         super().__init__()
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self.head_dim = check_heads(dim, num_heads)
         if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size < 1:
             raise ValueError(f"window_size must be a positive int, got {window_size!r}")
@@ -180,7 +181,8 @@ class Longformer2DAttention(nn.Module):
         bias = mask.expand(-1, nh, -1, -1) if rpe is None else mask + rpe  # [nc, nh, 1 | w², K]: window mask (+ RPE)
         # chunks folded into the heads: 4-D for the fused kernel, the bias broadcast over the batch only
         out = scaled_dot_product_attention(ql, kl, vl, bias=bias.flatten(0, 1), scale=self.scale, dropout_p=dropout_p,
-                                           layout=layouts[0], fused=self.fused_attention)  # [B, nc·nh, w², hd]
+                                           layout=layouts[0], fused=self.fused_attention,
+                                           backend=self.attention_backend)  # [B, nc·nh, w², hd]
         out = out.unflatten(1, (nc, nh)).transpose(2, 3).flatten(3).flatten(1, 2)[:, back]  # [B, H·W, C] map order
         if not G:
             return self.proj_drop(apply_linear(self.proj, out))
@@ -193,7 +195,8 @@ class Longformer2DAttention(nn.Module):
             g2l = self.g2l_relative_position_bias[0][:, :, None].expand(-1, -1, H * W)  # [nh, G, H·W]
             bias = torch.cat([self.g2g_relative_position_bias, g2l], dim=-1)  # [nh, G, N]
         og = scaled_dot_product_attention(qg, k, v, bias=bias, scale=self.scale, dropout_p=dropout_p,
-                                          layout=layouts[1], fused=self.fused_attention)  # [B, nh, G, hd]
+                                          layout=layouts[1], fused=self.fused_attention,
+                                          backend=self.attention_backend)  # [B, nh, G, hd]
         og = merge_heads(og)  # [B, G, C]
         if shared:
             return self.proj_drop(apply_linear(self.proj, torch.cat([og, out], dim=1)))  # [B, N, C]

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads
 from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
-from ..functional.runtime import FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
@@ -76,6 +76,7 @@ class MultiHeadAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         dim = _pick("dim", dim, "embed_dim", embed_dim, None)
         self.head_dim = check_heads(dim, num_heads)  # type: ignore[arg-type]
         self.dim = self.embed_dim = int(dim)  # type: ignore[arg-type]
@@ -172,10 +173,11 @@ class MultiHeadAttention(nn.Module):
         weights: Tensor | None = None
         if need_weights:
             out, weights = scaled_dot_product_attention(q, k, v, bias=bias, mask=mask, dropout_p=drop,
-                                                        layout=layout, return_weights=True, fused=self.fused_attention)
+                                                        layout=layout, return_weights=True,
+                                                        fused=self.fused_attention, backend=self.attention_backend)
         else:
             out = scaled_dot_product_attention(q, k, v, bias=bias, mask=mask, dropout_p=drop, layout=layout,
-                                               fused=self.fused_attention)
+                                               fused=self.fused_attention, backend=self.attention_backend)
         out = self.proj_drop(self.out_proj(merge_heads(out)))  # [B, N, E]
         if contract_call:
             return out

@@ -13,7 +13,7 @@ from ..functional.attention import attention_observed
 from ..functional.heads import split_packed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, linear
-from ..functional.runtime import FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ._common import check_heads, check_prob
 from .registry import register_attention
 from .rope import make_rope
@@ -66,6 +66,7 @@ class MultiHeadSelfAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
@@ -140,7 +141,7 @@ class MultiHeadSelfAttention(nn.Module):
             if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
         x = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale, layout=layout,
                                          dropout_p=self.attn_drop if self.training else 0.0,
-                                         fused=self.fused_attention)  # [B, nh, N, hd]
+                                         fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
         x = self.norm(merge_heads(x))  # [B, N, C]
         if not self.training:  # proj_drop is the identity
             return apply_linear(self.proj, x, residual=residual)  # [B, N, C]

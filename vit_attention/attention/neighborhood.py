@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ..functional.linear import apply_linear
 from ..functional.neighborhood import default_tile_size, neighborhood_attention, neighborhood_bias, neighborhood_plan
-from ..functional.runtime import FUSED_ATTENTION, capturing
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION, capturing
 from ..functional.window import to_pair
 from ._common import ParamCache, check_heads, check_prob, check_spatial_call, uncacheable
 from .registry import register_attention
@@ -109,6 +109,7 @@ class NeighborhoodAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self._bias_cache = ParamCache()  # the tiles' bias, while rpb holds the same values
         self._warned_small_map = False  # SmallMapWarning: once per instance
 
@@ -160,7 +161,7 @@ class NeighborhoodAttention(nn.Module):
                                       bias=self._bias(qkv.shape[1], qkv.shape[2], qkv.device),
                                       scale=self.scale, tile_size=self.tile_size,
                                       dropout_p=self.attn_drop if self.training else 0.0, grid=grid,
-                                      fused=self.fused_attention)
+                                      fused=self.fused_attention, backend=self.attention_backend)
 
     def _bias(self, Hp: int, Wp: int, device: torch.device) -> Tensor:
         """Window mask + gathered ``rpb`` of every tile ``[nT, nh|1, T², R²]``; cached while no gradient is

@@ -16,8 +16,10 @@ from typing import Any, Literal
 
 from torch import nn
 
+from ..functional.runtime import BACKENDS, check_backend, set_switches
+
 __all__ = ["AttentionSpec", "register_attention", "list_attention", "create_attention", "get_attention_spec",
-           "small_window_kwargs"]
+           "small_window_kwargs", "set_attention_backend"]
 
 Layout = Literal["tokens", "spatial"]
 
@@ -59,6 +61,8 @@ class AttentionSpec:
             bias (SwinV2), instead of one ``qkv.bias`` (checkpoint converters).
         init_kwargs: every keyword the constructor lists (read from its signature), e.g. whether
             ``qk_norm`` / ``proj_bias`` may be passed; init_accepts_any: it also takes ``**kwargs``.
+        backends: the attention backends it runs on (:data:`~vit_attention.functional.flex.BACKENDS`);
+            ``backend_note``: why one is missing (the error :func:`set_attention_backend` raises).
     """
 
     name: str
@@ -81,6 +85,8 @@ class AttentionSpec:
     qkv_bias_split: bool = False
     init_kwargs: frozenset[str] = frozenset()
     init_accepts_any: bool = False
+    backends: tuple[str, ...] = BACKENDS
+    backend_note: str = ""
 
     def example(self) -> tuple[nn.Module, tuple[int, ...]]:
         """The small valid example: ``(module, input_shape)``."""
@@ -106,6 +112,7 @@ def register_attention(
     example_shape: tuple[int, ...] | None = None, example_heads: int = 4,
     doc_example: tuple[dict[str, Any], tuple[int, ...]] | None = None,
     grid_kwargs: Callable[[tuple[int, int]], dict[str, Any]] | None = None, qkv_bias_split: bool = False,
+    backends: tuple[str, ...] = BACKENDS, backend_note: str = "",
 ) -> Callable[[type[nn.Module]], type[nn.Module]]:
     """Class decorator adding a mechanism to the registry under ``name``; see :class:`AttentionSpec`.
 
@@ -131,7 +138,8 @@ def register_attention(
             example_shape=example_shape or ((2, 7, 9, 32) if spatial else (2, 11, 32)), example_heads=example_heads,
             doc_example=doc_example or (dict(example_kwargs or {}), (1, 14, 14, 96) if spatial else (1, 197, 96)),
             grid_kwargs=grid_kwargs, qkv_bias_split=qkv_bias_split,
-            init_kwargs=named, init_accepts_any=accepts_any)
+            init_kwargs=named, init_accepts_any=accepts_any,
+            backends=tuple(check_backend(b, f"{name}'s backends entry") for b in backends), backend_note=backend_note)
         cls.attention_name = name  # type: ignore[attr-defined]
         cls.layout = layout  # type: ignore[attr-defined]
         return cls
@@ -154,9 +162,35 @@ def get_attention_spec(name: str) -> AttentionSpec:
         raise KeyError(f"unknown attention mechanism {name!r}{hint} (see list_attention())") from None
 
 
-def create_attention(name: str, dim: int, num_heads: int, **kwargs: Any) -> nn.Module:
+def set_attention_backend(module: nn.Module, backend: str) -> nn.Module:
+    """Run every attention mechanism inside ``module`` (itself included) on ``backend``; returns ``module``.
+
+    ``backend``: ``"auto"``, ``"sdpa"``, ``"explicit"`` or ``"flex"`` (:mod:`vit_attention.functional.flex`).
+    Every mechanism is checked before anything changes: one that cannot run on ``backend`` (CaiT's
+    talking heads on ``"flex"``) raises a ``ValueError`` naming it and why. Other modules that call the
+    attention core (attention-pooling heads) follow too. Same as
+    ``runtime.set_switches(module, attention_backend=backend)`` after that check.
+    """
+    check_backend(backend)
+    for sub in module.modules():
+        spec = _ATTENTION.get(getattr(type(sub), "attention_name", ""))
+        if spec is not None and spec.cls is type(sub) and backend not in spec.backends:
+            raise ValueError(f"attention backend {backend!r}: {spec.name} runs on {list(spec.backends)} only"
+                             + (f" ({spec.backend_note})" if spec.backend_note else ""))
+    return set_switches(module, attention_backend=backend)
+
+
+def create_attention(name: str, dim: int, num_heads: int, *, backend: str | None = None, **kwargs: Any) -> nn.Module:
     """Build mechanism ``name`` for width ``dim`` with ``num_heads`` heads.
 
     Token mechanisms map ``[B, N, C] -> [B, N, C]``, spatial ones ``[B, H, W, C] -> [B, H, W, C]``.
+    ``backend``: the attention backend it runs on (default: the process default, ``"auto"`` unless
+    ``VIT_ATTENTION_BACKEND`` says otherwise; see :func:`set_attention_backend`).
     """
-    return get_attention_spec(name).cls(dim, num_heads, **kwargs)
+    spec = get_attention_spec(name)
+    if backend is not None and backend not in spec.backends:  # before building: a clear error, nothing half made
+        check_backend(backend, "backend")
+        raise ValueError(f"backend={backend!r}: {name} runs on {list(spec.backends)} only"
+                         + (f" ({spec.backend_note})" if spec.backend_note else ""))
+    module = spec.cls(dim, num_heads, **kwargs)
+    return module if backend is None else set_attention_backend(module, backend)

@@ -40,7 +40,7 @@ from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.rel_pos import decomposed_rel_pos_bias, decomposed_rel_pos_qk
-from ..functional.runtime import FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.window import to_pair
 from ..functional.window_attention import window_attention, window_tokens
 from ._common import check_heads, check_prob, check_spatial_call
@@ -100,6 +100,7 @@ class RelPosAttention(nn.Module):
                  attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
         super().__init__()
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
         self.window_size = to_pair(window_size, "window_size")
@@ -150,7 +151,8 @@ class RelPosAttention(nn.Module):
             out = window_attention(qkv, None, feat_size=(H, W), num_heads=self.num_heads,
                                    window_size=self.window_size, scale=self.scale, attn_drop=self.attn_drop,
                                    training=self.training, mechanism=self.attention_name,  # type: ignore[attr-defined]
-                                   query_bias=query_bias, fused=self.fused_attention)  # [B, H·W, C]
+                                   query_bias=query_bias,
+                                   fused=self.fused_attention, backend=self.attention_backend)  # [B, H·W, C]
         else:
             q, k, v = split_qkv(apply_linear(self.qkv, x.reshape(B, H * W, C)), self.num_heads)  # [B, nh, N, hd]
             bias, scale = None, self.scale
@@ -161,7 +163,8 @@ class RelPosAttention(nn.Module):
                 bias = self.rel_pos_bias(q, (H, W))  # [B, nh, N, N]
             layout = token_layout(H * W, (H, W)) if attention_observed() else None
             out = merge_heads(scaled_dot_product_attention(q, k, v, bias=bias, scale=scale, dropout_p=dropout,
-                                                           layout=layout, fused=self.fused_attention))  # [B, H·W, C]
+                                                           layout=layout, fused=self.fused_attention,
+                                                           backend=self.attention_backend))  # [B, H·W, C]
         res = None if residual is None else residual.reshape(B, H * W, C)
         if res is not None and not (self.training and self.proj_drop.p > 0):
             return apply_linear(self.proj, out, residual=res).view(B, H, W, C)  # proj + residual, one kernel

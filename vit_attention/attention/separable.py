@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..functional import scaled_dot_product_attention
 from ..functional.attention import attention_observed
 from ..functional.linear import apply_linear
-from ..functional.runtime import FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.unfold import patch_grid, patch_key_mask, separable_layout
 from ._common import check_heads, check_prob, check_spatial_call
 from .registry import register_attention
@@ -70,6 +70,7 @@ class SeparableAttention(nn.Module):
                  attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
         super().__init__()
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
         self.patch_size = check_patch_size(patch_size)
@@ -102,7 +103,7 @@ class SeparableAttention(nn.Module):
         ctx = scaled_dot_product_attention(
             ones, s, k, mask=mask, scale=1.0, dropout_p=self.attn_drop if self.training else 0.0,
             layout=(lambda: separable_layout(H, W, p)) if attention_observed() else None,
-            fused=self.fused_attention)  # [B, P·nh, 1, hd]
+            fused=self.fused_attention, backend=self.attention_backend)  # [B, P·nh, 1, hd]
         ctx = ctx.reshape(B, 1, p, 1, p, C)  # [B, 1, p, 1, p, C]: one context per offset, broadcast over patches
         out = (F.relu(values).reshape(B, gh, p, gw, p, C) * ctx).reshape(B, Hp, Wp, C)  # [B, Hp, Wp, C]
         if (Hp, Wp) != (H, W):

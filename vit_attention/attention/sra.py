@@ -26,7 +26,7 @@ from ..functional.attention import attention_observed
 from ..functional.heads import split_packed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
-from ..functional.runtime import FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ._common import check_heads, check_map_tokens_call, check_prob, grid_of
 from .registry import register_attention
 
@@ -112,6 +112,7 @@ class SpatialReductionAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self.head_dim = check_heads(dim, num_heads)
         if not isinstance(sr_ratio, int) or isinstance(sr_ratio, bool) or sr_ratio < 1:
             raise ValueError(f"sr_ratio must be a positive int, got {sr_ratio!r}")
@@ -197,7 +198,7 @@ class SpatialReductionAttention(nn.Module):
             if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
         x = scaled_dot_product_attention(q, k, v, scale=self.scale, layout=layout,
                                          dropout_p=self.attn_drop if self.training else 0.0,
-                                         fused=self.fused_attention)  # [B, nh, N, hd]
+                                         fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
         x = merge_heads(x)  # [B, N, C]
         if not self.training:  # proj_drop is the identity
             return apply_linear(self.proj, x, residual=residual)  # [B, N, C]

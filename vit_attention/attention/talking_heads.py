@@ -16,7 +16,7 @@ from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
 from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, hookless
-from ..functional.runtime import FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
@@ -51,6 +51,8 @@ def mix_heads(a: Tensor, mix: nn.Linear, *, scale: float = 1.0, before_softmax: 
 @register_attention(
     "talking_heads", layout="tokens", description="talking-heads self-attention (CaiT)",
     paper="https://arxiv.org/abs/2003.02436", fused=False, normalized_weights=False,
+    backends=("auto", "explicit"),
+    backend_note="it mixes the heads before and after the softmax; SDPA and FlexAttention see one head at a time",
     formula=(
         "Self-attention whose heads talk before and after the softmax (Shazeer et al. 2020; CaiT, "
         "Touvron et al. 2021):\n\n"
@@ -82,6 +84,7 @@ class TalkingHeadsAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
@@ -115,7 +118,7 @@ class TalkingHeadsAttention(nn.Module):
         x = scaled_dot_product_attention(q, k, v, scale=1.0, logits_fn=self._mix_logits,  # scale: in _mix_logits
                                          weights_fn=self._mix_weights, layout=layout,
                                          dropout_p=self.attn_drop if self.training else 0.0,
-                                         fused=self.fused_attention)  # [B, nh, N, hd]
+                                         fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
         x = merge_heads(x)  # [B, N, C]
         return self.proj_drop(apply_linear(self.proj, x))  # [B, N, C]
 

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ..functional import scaled_dot_product_attention
 from ..functional.attention import attention_observed
 from ..functional.linear import apply_linear
-from ..functional.runtime import FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.unfold import patch_grid, patch_key_mask, unfold_layout
 from ._common import check_heads, check_prob, check_spatial_call
 from .registry import register_attention
@@ -81,6 +81,7 @@ class UnfoldAttention(nn.Module):
                  proj_drop: float = 0.0) -> None:
         super().__init__()
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
         self.patch_size = check_patch_size(patch_size)
@@ -121,7 +122,7 @@ class UnfoldAttention(nn.Module):
         out = scaled_dot_product_attention(
             q, k, v, mask=mask, scale=self.scale, dropout_p=self.attn_drop if self.training else 0.0,
             layout=(lambda: unfold_layout(*grid, p)) if attention_observed() else None,
-            fused=self.fused_attention)  # [B, P·nh, N, hd]
+            fused=self.fused_attention, backend=self.attention_backend)  # [B, P·nh, N, hd]
         out = rearrange(out, "b (ph pw h) (nh nw) d -> b (nh ph) (nw pw) (h d)", ph=p, pw=p, nh=nh)  # [B, Hp, Wp, C]
         if (Hp, Wp) != (H, W) and not resized:
             out = out[:, :H, :W]  # [B, H, W, C]

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.linear import apply_linear
-from ..functional.runtime import FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.window import relative_position_index, to_pair
 from ..functional.window_attention import window_attention, window_tokens
 from ._common import ParamCache, check_heads, check_prob, check_spatial_call, uncacheable
@@ -127,6 +127,7 @@ class WindowAttentionBase(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self._bias_cache = ParamCache()  # the [nh, N, N] position bias, while the bias parameters are unchanged
         self._mask_cache: dict[tuple[Any, ...], Tensor] = {}  # [1, nW·nh, N, N] bias + shift masks built from it
 
@@ -223,7 +224,8 @@ class WindowAttentionBase(nn.Module):
                                attn_drop=self.attn_drop, training=self.training,
                                bias_cache=self._mask_cache if cached else None,
                                mechanism=getattr(self, "attention_name", "window"),
-                               mask_padding=self.pad_mask, fused=self.fused_attention)  # [B, H·W, C]
+                               mask_padding=self.pad_mask,
+                               fused=self.fused_attention, backend=self.attention_backend)  # [B, H·W, C]
         res = None if residual is None else residual.reshape(B, H * W, C)
         if res is not None and not (self.training and self.proj_drop.p > 0):
             return apply_linear(self.proj, out, residual=res).view(B, H, W, C)  # proj + residual, one kernel

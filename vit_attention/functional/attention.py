@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .runtime import FUSED_ATTENTION, capturing
+from .runtime import ATTENTION_BACKEND, BACKENDS, FUSED_ATTENTION, capturing, check_backend
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -241,6 +241,62 @@ def _explicit(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor
     return dropped @ v, weights  # [*b, nh, N, hdv], [*b, nh, N, M]
 
 
+def _with_pattern(pattern: Any, q: Tensor, bias: Tensor | None, mask: Tensor | None) -> tuple[Tensor | None,
+                                                                                            Tensor | None]:
+    """``bias`` / ``mask`` with the pattern's dense bias ``[B, nh, N, M]`` and mask ``[Bm, Hm, N, M]`` folded in."""
+    pbias = pattern.dense_bias(q.shape[0], q.shape[1], device=q.device, dtype=q.dtype)
+    pmask = pattern.dense_mask(q.device)
+    if pbias is not None:
+        bias = pbias if bias is None else bias + pbias
+    if pmask is not None:
+        mask = pmask if mask is None else mask & pmask
+    return bias, mask
+
+
+def _flex(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | None, is_causal: bool,
+          scale: float, dropout_p: float, pattern: Any) -> Tensor:
+    """The ``"flex"`` backend: the pattern's mods plus any dense ``bias`` / ``mask`` / causal flag, block-sparse."""
+    from .flex import AttentionPattern, block_mask_for, dense_mods, flex_attention
+
+    if dropout_p > 0.0:
+        raise ValueError(f"dropout on the attention weights (dropout_p={dropout_p}, a mechanism's attn_drop) is not "
+                         "supported by the 'flex' attention backend; use backend 'auto', 'sdpa' or 'explicit' to "
+                         "train with it")
+    lead = q.shape[:-3]
+    if q.dim() != 4:
+        if pattern is not None:
+            raise ValueError(f"an attention pattern needs 4-D q [B, nh, N, hd], got {tuple(q.shape)}")
+        q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
+        bias = None if bias is None else _fold(bias, lead)
+        mask = None if mask is None else _fold(mask, lead)
+    B, H, N, M = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    dense_score, dense_mask = dense_mods(bias, mask, is_causal, (B, H, N, M))
+    if pattern is None:
+        pattern = AttentionPattern(N, M)
+    score_mod = pattern.score_mod
+    if dense_score is not None:
+        own = score_mod
+        score_mod = dense_score if own is None else (
+            lambda s, b, h, qi, ki: dense_score(own(s, b, h, qi, ki), b, h, qi, ki))
+    mask_mod, key = pattern.mask_mod, pattern.cache_key
+    mask_batch, mask_heads = pattern.mask_batch, pattern.mask_heads
+    if dense_mask is not None:
+        if mask is not None:  # data: no cache, per sample / head where the mask has those dims
+            key = None
+            m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+            mask_batch = B if m4.shape[0] != 1 else mask_batch
+            mask_heads = H if m4.shape[1] != 1 else mask_heads
+        else:
+            key = None if key is None and pattern.mask_mod is not None else (key, "causal")
+        own_mask = mask_mod
+        mask_mod = dense_mask if own_mask is None else (
+            lambda b, h, qi, ki: own_mask(b, h, qi, ki) & dense_mask(b, h, qi, ki))
+    full = AttentionPattern(N, M, mask_mod=mask_mod, score_mod=score_mod, cache_key=key, mask_batch=mask_batch,
+                            mask_heads=mask_heads)
+    out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask_for(full, q.device), scale=scale)
+    return out if len(lead) == 1 else out.view(*lead, *out.shape[-3:])  # [*b, nh, N, hdv]
+
+
 def _fold(t: Tensor, lead: torch.Size) -> Tensor:
     """``[*b, x, y, z]`` (or fewer dims, broadcastable) -> ``[prod(b), x, y, z]`` for the 4-D fused kernel."""
     if t.dim() <= 3:
@@ -280,6 +336,8 @@ def scaled_dot_product_attention(
     layout: Any = None,
     return_weights: bool = False,
     fused: bool | None = None,
+    backend: str | None = None,
+    pattern: Any = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention ``softmax(q kᵀ · scale + bias) v``, masked.
 
@@ -306,7 +364,14 @@ def scaled_dot_product_attention(
         fused: whether the fused kernel may run when nothing needs the weights: the caller's
             captured :data:`.runtime.FUSED_ATTENTION` (a mechanism's ``self.fused_attention``);
             None = the process default. An open ``fused_attention(...)`` override of this
-            thread wins over both.
+            thread wins over both. False takes the explicit path whatever the backend.
+        backend: ``"auto"``, ``"sdpa"``, ``"explicit"`` or ``"flex"`` (:mod:`.flex`): the caller's
+            captured :data:`.runtime.ATTENTION_BACKEND` (a mechanism's ``self.attention_backend``);
+            None = the process default. Whatever it says, the explicit path runs when something
+            needs the weights (``return_weights``, an observer, ``logits_fn`` / ``weights_fn``).
+        pattern: an :class:`~.flex.AttentionPattern` over this call's ``N`` queries and ``M`` keys
+            (4-D q): the flex backend runs its mods block-sparse; the other paths add its dense
+            bias / mask to ``bias`` / ``mask``.
 
     A bad ``mask`` / ``bias`` shape raises a ``ValueError`` naming the argument.
 
@@ -323,8 +388,18 @@ def scaled_dot_product_attention(
         scale = 1.0 / math.sqrt(q.shape[-1])
     if bias is not None:
         bias = bias.to(q.dtype)
+    backend = ATTENTION_BACKEND.get(backend)
+    if backend not in BACKENDS:
+        check_backend(backend, "backend")
     explicit = (return_weights or bool(_WEIGHT_HOOKS) or logits_fn is not None or weights_fn is not None
-                or not FUSED_ATTENTION.get(fused) or _bias_grad_on_cpu(q, bias))
+                or not FUSED_ATTENTION.get(fused) or backend == "explicit"
+                or (backend == "auto" and _bias_grad_on_cpu(q, bias)))
+    if backend == "flex" and not explicit:
+        return _flex(q, k, v, bias, mask, is_causal, scale, dropout_p, pattern)
+    if pattern is not None:
+        if q.dim() != 4:
+            raise ValueError(f"an attention pattern needs 4-D q [B, nh, N, hd], got {tuple(q.shape)}")
+        bias, mask = _with_pattern(pattern, q, bias, mask)
     if is_causal and (explicit or mask is not None or bias is not None):  # the flag alone takes no other mask
         causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()  # [N, M]
         mask, is_causal = (causal if mask is None else mask & causal), False

@@ -115,7 +115,8 @@ def halo_layout(H: int, W: int, Hp: int, Wp: int, block_size: int, halo_size: in
 def halo_attention(q: Tensor, kv: Tensor, num_heads: int, block_size: int, halo_size: int, *,
                    height_rel: Tensor | None = None, width_rel: Tensor | None = None, scale: float | None = None,
                    scale_pos_embed: bool = False, pad_mask: bool = False, dropout_p: float = 0.0,
-                   grid: tuple[int, int] | None = None, fused: bool | None = None) -> Tensor:
+                   grid: tuple[int, int] | None = None, fused: bool | None = None,
+                   backend: str | None = None) -> Tensor:
     """Halo attention of channels-last projections -> ``[B, Hp/s, Wp/s, nh·hd_v]``.
 
     Args:
@@ -128,6 +129,7 @@ def halo_attention(q: Tensor, kv: Tensor, num_heads: int, block_size: int, halo_
         grid: the unpadded ``(H, W)`` image inside ``Hp x Wp`` (default the whole map): recorded maps and ``pad_mask``.
         fused: the caller's captured fused-attention switch (None: the process default; see
             :func:`.attention.scaled_dot_product_attention`).
+        backend: the caller's captured attention backend (None: the process default; :mod:`.flex`).
     """
     B, Hp, Wp, Ckv = kv.shape
     Bq, Hq, Wq, Cqk = q.shape
@@ -164,7 +166,8 @@ def halo_attention(q: Tensor, kv: Tensor, num_heads: int, block_size: int, halo_
         mask = _key_inside(Hp, Wp, b, h, H, W).to(kv.device)[:, None, None, :]  # [nB, 1, 1, win²]
     layout = halo_layout(H, W, Hp, Wp, b, h, s) if attention_observed() else None
     out = scaled_dot_product_attention(qb.flatten(-3, -2), k, v, bias=bias, mask=mask, scale=scale,
-                                       dropout_p=dropout_p, layout=layout, fused=fused)  # [B, nB, nh, bq², dv]
+                                       dropout_p=dropout_p, layout=layout,
+                                       fused=fused, backend=backend)  # [B, nB, nh, bq², dv]
     # [B, nbh, nbw, nh, bq, bq, dv] -> [B, nbh, bq, nbw, bq, nh, dv]
     out = out.view(B, nbh, nbw, nh, bq, bq, dv).permute(0, 1, 4, 2, 5, 3, 6)
     return out.reshape(B, nbh * bq, nbw * bq, nh * dv)

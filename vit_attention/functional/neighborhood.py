@@ -186,7 +186,7 @@ def neighborhood_attention(qkv: Tensor, num_heads: int, kernel_size: int | tuple
                            dilation: int | tuple[int, int] = 1, *, rpb: Tensor | None = None,
                            bias: Tensor | None = None, scale: float | None = None, tile_size: int | None = None,
                            dropout_p: float = 0.0, grid: tuple[int, int] | None = None,
-                           fused: bool | None = None) -> Tensor:
+                           fused: bool | None = None, backend: str | None = None) -> Tensor:
     """Neighbourhood attention of a packed map ``qkv [B, Hp, Wp, 3C]`` (each side >= ``K·d``) -> ``[B, Hp, Wp, C]``.
 
     ``rpb [nh, 2Kh-1, 2Kw-1]``: relative-position bias, or ``bias``: :func:`neighborhood_bias` computed
@@ -194,7 +194,8 @@ def neighborhood_attention(qkv: Tensor, num_heads: int, kernel_size: int | tuple
     ``grid``: the unpadded ``(H, W)`` for recorded maps (default the whole map). One call of the
     library's attention function on all tiles at once: ``[B, nT, nh, T², hd]`` queries against
     ``[B, nT, nh, R², hd]`` keys, with the window mask and the relative-position bias as one additive bias.
-    ``fused``: the caller's captured fused-attention switch (None: the process default).
+    ``fused`` / ``backend``: the caller's captured fused-attention switch and attention backend (None: the
+    process defaults).
     """
     B, Hp, Wp, C3 = qkv.shape
     C = C3 // 3
@@ -216,7 +217,7 @@ def neighborhood_attention(qkv: Tensor, num_heads: int, kernel_size: int | tuple
     if attention_observed():
         layout = neighborhood_layout(*(grid or (Hp, Wp)), Hp, Wp, (kh, kw), (dh, dw), T)
     out = scaled_dot_product_attention(q, kv[0], kv[1], bias=bias, scale=scale, dropout_p=dropout_p,
-                                       layout=layout, fused=fused)  # [B, nT, nh, T², hd]
+                                       layout=layout, fused=fused, backend=backend)  # [B, nT, nh, T², hd]
     out = out.transpose(2, 3).reshape(B, nT * T2, C)  # [B, nT·T², C]
     # back to map order; a repeated query writes the same row twice (identical values)
     return out.new_empty(B, N, C).index_copy_(1, qi, out).view(B, Hp, Wp, C)

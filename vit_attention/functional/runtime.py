@@ -16,13 +16,14 @@ Two questions decide whether a fast path may run instead of plain PyTorch:
 
 **The runtime switches** (:class:`Switch`, all listed by :func:`switches`):
 
-========================  ================================  =========================================
-switch                    environment default               scope
-========================  ================================  =========================================
-:data:`FUSED_ATTENTION`   ``VIT_ATTENTION_FUSED=1``         captured by each attention module when built
-:data:`FAST_LINEAR`       ``VIT_ATTENTION_FAST_LINEAR=1``   process-wide (read per call)
-:data:`CHUNK_ELEMENTS`    ``VIT_ATTENTION_CHUNK_ELEMENTS``  process-wide (read per call)
-========================  ================================  =========================================
+=========================  ================================  ============================================
+switch                     environment default               scope
+=========================  ================================  ============================================
+:data:`FUSED_ATTENTION`    ``VIT_ATTENTION_FUSED=1``         captured by each attention module when built
+:data:`ATTENTION_BACKEND`  ``VIT_ATTENTION_BACKEND=auto``    captured by each attention module when built
+:data:`FAST_LINEAR`        ``VIT_ATTENTION_FAST_LINEAR=1``   process-wide (read per call)
+:data:`CHUNK_ELEMENTS`     ``VIT_ATTENTION_CHUNK_ELEMENTS``  process-wide (read per call)
+=========================  ================================  ============================================
 
 A switch has three levels; the most specific one wins at a call:
 
@@ -31,7 +32,8 @@ A switch has three levels; the most specific one wins at a call:
    ``contextvars`` context, so also this asyncio task) sees ``value``, whatever the modules
    captured. Other threads do not see it. It is not consulted while ``torch.compile`` traces
    (dynamo cannot read a context variable); use level 2 there.
-2. the value a module *captured when it was built* (``FUSED_ATTENTION`` only): every attention
+2. the value a module *captured when it was built* (``FUSED_ATTENTION`` and ``ATTENTION_BACKEND``;
+   the backend is ``"auto"``, ``"sdpa"``, ``"explicit"`` or ``"flex"``, see :mod:`.flex`): every attention
    mechanism sets ``self.fused_attention = FUSED_ATTENTION.default`` in ``__init__`` (timm's
    ``self.fused_attn = use_fused_attn()``) and hands it to the attention core on each call, a
    plain attribute that dynamo guards on. :func:`switched` flips it on every module of a built
@@ -70,7 +72,8 @@ from typing import Generic, TypeVar
 import torch
 
 __all__ = ["capturing", "cpu_kernel_supports", "override_cpu_kernel_support", "Switch", "switches", "switched",
-           "set_switches", "FUSED_ATTENTION", "FAST_LINEAR", "CHUNK_ELEMENTS"]
+           "set_switches", "FUSED_ATTENTION", "ATTENTION_BACKEND", "BACKENDS", "check_backend", "FAST_LINEAR",
+           "CHUNK_ELEMENTS"]
 
 _T = TypeVar("_T")
 
@@ -156,6 +159,20 @@ def _check_count(value: object) -> int:
 
 FUSED_ATTENTION: Switch[bool] = Switch("fused_attention", "VIT_ATTENTION_FUSED", "1", _parse_flag, bool,
                                        captured=True)
+
+# the attention backends (functional.flex explains each); a module's choice is the captured ATTENTION_BACKEND
+BACKENDS: tuple[str, ...] = ("auto", "sdpa", "explicit", "flex")
+
+
+def check_backend(value: object, name: str = "attention backend") -> str:
+    """``value`` if it is one of :data:`BACKENDS`, else a ``ValueError`` naming ``name`` and the choices."""
+    if not isinstance(value, str) or value not in BACKENDS:
+        raise ValueError(f"{name} must be one of {list(BACKENDS)}, got {value!r}")
+    return value
+
+
+ATTENTION_BACKEND: Switch[str] = Switch("attention_backend", "VIT_ATTENTION_BACKEND", "auto", check_backend,
+                                        check_backend, captured=True)
 FAST_LINEAR: Switch[bool] = Switch("fast_linear", "VIT_ATTENTION_FAST_LINEAR", "1", _parse_flag, bool)
 # Elements of one chunk's input map. 2**20 fp32 = 4 MB: the MLP hidden of such a chunk is 16 MB, below glibc's
 # largest mmap threshold and near the last-level cache (measured on Swin-T / SwinV2-T, see docs/benchmarks.md).
@@ -164,8 +181,8 @@ CHUNK_ELEMENTS: Switch[int] = Switch("chunk_elements", "VIT_ATTENTION_CHUNK_ELEM
 
 
 def switches() -> dict[str, Switch]:  # type: ignore[type-arg]
-    """Every runtime switch by name (``fused_attention``, ``fast_linear``, ``chunk_elements``)."""
-    return {s.name: s for s in (FUSED_ATTENTION, FAST_LINEAR, CHUNK_ELEMENTS)}
+    """Every runtime switch by name (fused_attention, attention_backend, fast_linear, chunk_elements)."""
+    return {s.name: s for s in (FUSED_ATTENTION, ATTENTION_BACKEND, FAST_LINEAR, CHUNK_ELEMENTS)}
 
 
 def _resolve(values: dict[str, object]) -> list[tuple[Switch, object]]:  # type: ignore[type-arg]

@@ -79,7 +79,8 @@ def window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_size: tu
                      scale: float | None = None, logit_scale: Tensor | None = None, attn_drop: float = 0.0,
                      training: bool = False, bias_cache: dict[Any, Tensor] | None = None,
                      mechanism: str = "window", mask_padding: bool = False,
-                     query_bias: Callable[[Tensor], Tensor] | None = None, fused: bool | None = None) -> Tensor:
+                     query_bias: Callable[[Tensor], Tensor] | None = None, fused: bool | None = None,
+                     backend: str | None = None) -> Tensor:
     """Attention inside (shifted) windows of an ``H x W`` map: packed q|k|v -> ``[B, H·W, C]``.
 
     Args:
@@ -106,6 +107,7 @@ def window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_size: tu
             batch or the heads), added to the position bias (ViTDet's decomposed relative positions).
         fused: the caller's captured fused-attention switch (None: the process default; see
             :func:`.attention.scaled_dot_product_attention`).
+        backend: the caller's captured attention backend (None: the process default; :mod:`.flex`).
 
     Returns:
         ``[B, H·W, C]``: heads merged, windows reversed, shift undone, padding cropped.
@@ -167,7 +169,7 @@ def window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_size: tu
     with frame:
         out = scaled_dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
                                            dropout_p=attn_drop if training else 0.0,
-                                           layout=layout, fused=fused)  # [B, nW·nh | nh, N, hd]
+                                           layout=layout, fused=fused, backend=backend)  # [B, nW·nh | nh, N, hd]
     # [B, nW·nh, N, hd] and [B·nW, nh, N, hd] are the same memory: one row gather merges the heads,
     # reverses the windows, undoes the shift and crops the padding
     # (reshape, not contiguous().view(): an exported graph drops a contiguous() that was a no-op when traced)

@@ -13,7 +13,7 @@ from ..functional import merge_heads, scaled_dot_product_attention, split_heads,
 from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
-from ..functional.runtime import FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from .mlp import Mlp
 
 __all__ = ["ClassifierHead", "AttentionPoolHead", "reset_head", "init_linear_weights"]
@@ -109,6 +109,7 @@ class AttentionPoolHead(nn.Module):
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self.latent = nn.Parameter(torch.zeros(1, 1, dim))
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
@@ -124,7 +125,8 @@ class AttentionPoolHead(nn.Module):
         k, v = split_packed(apply_linear(self.kv, x), self.num_heads, 2, "packed kv")  # each [B, nh, N, hd]
         mask = None if key_mask is None else key_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, N]
         layout = token_layout(1, None, 1, num_context=x.shape[1]) if attention_observed() else None
-        o = scaled_dot_product_attention(q, k, v, mask=mask, layout=layout, fused=self.fused_attention)
+        o = scaled_dot_product_attention(q, k, v, mask=mask, layout=layout,
+                                         fused=self.fused_attention, backend=self.attention_backend)
         o = apply_linear(self.proj, merge_heads(o))  # [B, 1, C]
         o = o + self.mlp(self.norm(o))
         return o[:, 0]  # [B, C]

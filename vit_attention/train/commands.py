@@ -172,7 +172,8 @@ def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
     g = p.add_argument_group("model and data")
     g.add_argument("--model", default=DEFAULT_MODEL, help="registered model name (vit-attention models lists them)")
     g.add_argument("--model-arg", type=_kv, action="append", metavar="KEY=VALUE",
-                   help="model config override, repeatable, JSON values: --model-arg depth=2 (default: the preset's)")
+                   help="model config override, repeatable, JSON values: --model-arg depth=2 (default: the preset's); "
+                        "also attn_backend=auto|sdpa|explicit|flex, how attention runs")
     g.add_argument("--data", default=None,
                    help="image folder (ROOT/<class>/*.png or ROOT/{train,val}/<class>/...) (default: the embedded "
                         "digits)")
@@ -270,7 +271,9 @@ def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     needs ``--model`` to build first; the dict then holds the model's data config (``data_config``,
     ``mean``, ``std``, ``crop_pct``, ``label_names``).
     """
+    from ..attention import set_attention_backend
     from ..factory import create_model
+    from ..functional.runtime import check_backend
     from ..weights import CheckpointMismatchError, describe_checkpoint, load_model, read_checkpoint
     from ..weights.hub import HF_HUB_PREFIX
     from ..weights.saved import check_model_name, resolve_model_file
@@ -308,6 +311,7 @@ def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         return model.eval(), _data_meta(model)
     check_model_name(saved, args.model, option="--model")
     options = {"num_classes": "--num-classes"}
+    backend = kw.pop("attn_backend", None)  # how it runs, not what it is: never in the saved config
     for key, value in kw.items():
         if key in saved.config and json.dumps(saved.config[key]) != json.dumps(value):
             option = options.get(key, f"--model-arg {key}")
@@ -316,6 +320,8 @@ def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         if key not in saved.config:
             raise ValueError(f"--model-arg {key}: {saved.model_name} has no config option {key!r}")
     model = load_model(saved.path)
+    if backend is not None:
+        set_attention_backend(model, check_backend(backend, "--model-arg attn_backend"))
     meta = _inference_meta(saved)
     if "mean" not in meta:  # saved by save_weights outside training: the data config it records (or its preset's)
         meta = {**_data_meta(model), **meta}
@@ -560,7 +566,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                             "checkpoint (timm, torchvision, ...) or --pretrained: build this registered model "
                             "(NAME.TAG picks a tag) and load it")
         p.add_argument("--model-arg", type=_kv, action="append", metavar="KEY=VALUE",
-                       help="config option for --model with a foreign checkpoint (must agree with a file of ours)")
+                       help="config option for --model with a foreign checkpoint (must agree with a file of ours); "
+                            "attn_backend=auto|sdpa|explicit|flex (how attention runs) goes with any checkpoint")
         p.add_argument("--num-classes", type=int, default=None,
                        help="classes of --model with a foreign checkpoint (must agree with a file of ours)")
         p.add_argument("--naflex", action="store_true",

@@ -10,6 +10,8 @@ import typing
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..factory import config_kwargs
+from ..functional.runtime import check_backend
 from ..models.registry import get_model_entry
 from . import presets
 
@@ -179,6 +181,9 @@ def check_model_kwargs(model: str, kwargs: dict[str, Any]) -> None:
     Unknown model names raise ``KeyError`` (with suggestions), unknown options ``TypeError`` (with the
     valid ones), both from the registry.
     """
+    if "attn_backend" in kwargs:
+        check_backend(kwargs["attn_backend"], "--model-arg attn_backend")
+    kwargs = config_kwargs(kwargs)
     entry = get_model_entry(model)
     try:
         hints = typing.get_type_hints(entry.config_cls)

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..factory import create_model
+from ..factory import config_kwargs, create_model
 from ..models.registry import get_model_entry
 from ..weights.io import atomic_write, save_weights
 from . import presets  # noqa: F401  (registers the digits presets)
@@ -267,12 +267,13 @@ def _load_data(cfg: TrainConfig, info: DistInfo) -> DataBundle:
     """
     img_size, source = cfg.img_size, "--img-size"
     if img_size is None and cfg.data not in (None, "digits"):  # image folders: the model's input size
-        size = get_model_entry(cfg.model).config(**cfg.model_kwargs).img_size
+        size = get_model_entry(cfg.model).config(**config_kwargs(cfg.model_kwargs)).img_size
         img_size = size if isinstance(size, int) else int(size[0])
         source = f"the model's default, {cfg.model}; --img-size to change"
     elif img_size is None:
         source = "the digits' default; --img-size to change"
-    naflex_patch = get_model_entry(cfg.model).config(**cfg.model_kwargs).patch_size if cfg.naflex else None
+    naflex_patch = (get_model_entry(cfg.model).config(**config_kwargs(cfg.model_kwargs)).patch_size if cfg.naflex
+                    else None)
     data = build_data(cfg.data, img_size=img_size, in_chans=cfg.in_chans, val_fraction=cfg.val_fraction,
                       crop_pct=cfg.crop_pct, seed=cfg.seed, naflex_patch=naflex_patch, max_seq_len=cfg.max_seq_len)
     if cfg.naflex:

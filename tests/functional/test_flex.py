@@ -1,0 +1,132 @@
+"""The attention core's backends: flex (FlexAttention) equals the explicit path, patterns, block-mask cache, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flex_utils import flex_backward_on_cpu, rel_err
+
+from vit_attention.functional import flex
+from vit_attention.functional.attention import scaled_dot_product_attention as sdpa
+from vit_attention.functional.runtime import ATTENTION_BACKEND, BACKENDS, check_backend
+
+
+def _qkv(*shape: int, grad: bool = False) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(sum(shape))
+    return [torch.randn(*shape, generator=g).requires_grad_(grad) for _ in range(3)]
+
+
+CASES = {
+    "plain": {},
+    "bias": {"bias": torch.randn(3, 10, 12)},
+    "mask": {"mask": torch.rand(2, 1, 10, 12, generator=torch.Generator().manual_seed(1)) > 0.4},
+    "bias+mask": {"bias": torch.randn(1, 3, 10, 12), "mask": torch.rand(10, 12) > 0.3},
+    "causal": {"is_causal": True},
+    "causal+bias": {"is_causal": True, "bias": torch.randn(10, 12)},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_backends_equal_explicit_forward_and_backward(case: str, backend: str) -> None:
+    kwargs = CASES[case]
+    q = _qkv(2, 3, 10, 8, grad=True)[0]
+    k, v = _qkv(2, 3, 12, 8, grad=True)[1:]
+    weight = torch.randn(2, 3, 10, 8, generator=torch.Generator().manual_seed(5))  # a random projection to backprop
+    ref = sdpa(q, k, v, backend="explicit", **kwargs)
+    g_ref = torch.autograd.grad((ref * weight).sum(), (q, k, v))
+    with flex_backward_on_cpu():
+        out = sdpa(q, k, v, backend=backend, **kwargs)
+        g_out = torch.autograd.grad((out * weight).sum(), (q, k, v))
+    assert rel_err(out, ref) <= 1e-5
+    for a, b in zip(g_out, g_ref):
+        assert rel_err(a, b) <= 1e-5
+
+
+def test_flex_rows_that_see_nothing_give_zeros() -> None:
+    q, k, v = _qkv(1, 2, 6, 4)
+    mask = torch.ones(6, 6, dtype=torch.bool)
+    mask[2] = False
+    out = sdpa(q, k, v, mask=mask, backend="flex")
+    assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2]))
+    assert rel_err(out, sdpa(q, k, v, mask=mask, backend="explicit")) <= 1e-6
+
+
+def test_flex_folds_extra_batch_dims() -> None:
+    q, k, v = _qkv(2, 5, 3, 7, 4)
+    bias = torch.randn(3, 7, 7)
+    assert rel_err(sdpa(q, k, v, bias=bias, backend="flex"), sdpa(q, k, v, bias=bias, backend="explicit")) <= 1e-6
+
+
+def _band(width: int, n: int) -> flex.AttentionPattern:
+    table = torch.linspace(-1.0, 1.0, 2 * n - 1)
+
+    def mask_mod(b, h, q, kv):
+        return (q - kv).abs() <= width
+
+    def score_mod(s, b, h, q, kv):
+        return s + table[q - kv + n - 1] * (h + 1)
+
+    return flex.AttentionPattern(n, n, mask_mod=mask_mod, score_mod=score_mod, cache_key=("band", width))
+
+
+def test_pattern_runs_the_same_on_every_backend() -> None:
+    n = 40
+    pattern = _band(3, n)
+    q, k, v = _qkv(2, 2, n, 8)
+    # the dense description, written out by hand
+    i = torch.arange(n)
+    rel = i[:, None] - i[None]
+    dense = torch.linspace(-1.0, 1.0, 2 * n - 1)[rel + n - 1] * torch.tensor([1.0, 2.0]).view(2, 1, 1)
+    ref = sdpa(q, k, v, bias=dense, mask=rel.abs() <= 3, backend="explicit")
+    for backend in BACKENDS:
+        assert rel_err(sdpa(q, k, v, pattern=pattern, backend=backend), ref) <= 1e-6, backend
+    assert torch.equal(pattern.dense_mask()[0, 0], rel.abs() <= 3)
+    assert rel_err(pattern.dense_bias(1, 2)[0], dense) <= 1e-7
+
+
+def test_block_masks_are_cached_per_key_and_device() -> None:
+    flex.clear_block_mask_cache()
+    a, b = _band(2, 1024), _band(2, 1024)
+    assert flex.block_mask_for(a, torch.device("cpu")) is flex.block_mask_for(b, torch.device("cpu"))
+    other = flex.block_mask_for(_band(5, 1024), torch.device("cpu"))
+    assert other is not flex.block_mask_for(a, torch.device("cpu"))
+    # a band of width 2 over 1024 tokens leaves most 128 x 128 blocks empty: they are skipped
+    bm = flex.block_mask_for(a, torch.device("cpu"))
+    assert bm.sparsity() > 0.0
+    unkeyed = flex.AttentionPattern(1024, 1024, mask_mod=a.mask_mod)
+    assert flex.block_mask_for(unkeyed, torch.device("cpu")) is not flex.block_mask_for(unkeyed, torch.device("cpu"))
+
+
+def test_flex_refuses_cpu_backward_and_dropout_clearly() -> None:
+    q, k, v = _qkv(1, 2, 5, 4, grad=True)
+    with pytest.raises(NotImplementedError, match="'flex' has no backward on CPU"):
+        sdpa(q, k, v, backend="flex")
+    with torch.no_grad(), pytest.raises(ValueError, match="dropout_p=0.1.*'flex'"):
+        sdpa(q, k, v, backend="flex", dropout_p=0.1)
+    with torch.no_grad():
+        sdpa(q, k, v, backend="flex")  # inference is fine
+
+
+def test_observers_and_logits_fn_take_the_explicit_path_on_flex() -> None:
+    q, k, v = _qkv(1, 2, 5, 4)
+    out, w = sdpa(q, k, v, backend="flex", return_weights=True)
+    assert w.shape == (1, 2, 5, 5) and rel_err(out, sdpa(q, k, v, backend="explicit")) <= 1e-6
+    assert rel_err(sdpa(q, k, v, backend="flex", logits_fn=lambda x: x * 2.0),
+                   sdpa(q, k, v, backend="explicit", scale=2.0 / 2.0)) <= 1e-6
+
+
+def test_backend_names_are_checked() -> None:
+    assert check_backend("flex") == "flex"
+    with pytest.raises(ValueError, match=r"attention backend must be one of \['auto', 'sdpa', 'explicit', 'flex'\]"):
+        check_backend("fast")
+    with pytest.raises(ValueError, match="must be one of"):
+        sdpa(*_qkv(1, 1, 2, 2), backend="cuda")
+    with pytest.raises(ValueError, match="must be one of"):
+        ATTENTION_BACKEND.set("triton")
+
+
+def test_pattern_needs_four_dims() -> None:
+    q, k, v = _qkv(2, 2, 2, 40, 4)
+    with pytest.raises(ValueError, match="4-D q"):
+        sdpa(q, k, v, pattern=_band(2, 40), backend="explicit")
