@@ -151,3 +151,23 @@ def test_eval_and_predict_on_a_foreign_checkpoint_need_model(tmp_path: Path, dig
     assert main(["predict", str(digit_png), "--checkpoint", str(tmp_path / "notes.pth"), "--model",
                  "vit_digits_patch2_8"]) == 2
     assert "notes.pth is not a torch checkpoint" in _err(capsys)
+
+
+def test_predict_on_every_attention_backend(run: Path, digit_png: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--model-arg attn_backend=...`` goes with a file of ours (how it runs, not what it is): same answer."""
+    outs = []
+    for backend in ("auto", "explicit", "flex"):
+        assert main(["predict", str(digit_png), "--checkpoint", str(run), "--topk", "3",
+                     "--model-arg", f"attn_backend={backend}"]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] == outs[2]
+    assert main(["predict", str(digit_png), "--checkpoint", str(run), "--model-arg", "attn_backend=flash"]) == 2
+    assert "--model-arg attn_backend must be one of ['auto', 'sdpa', 'explicit', 'flex'], got 'flash'" in _err(capsys)
+
+
+def test_train_options_check_the_backend() -> None:
+    from vit_attention.train.config import check_model_kwargs
+
+    check_model_kwargs("vit_digits_patch2_8", {"attn_backend": "flex", "depth": 1})
+    with pytest.raises(ValueError, match="--model-arg attn_backend must be one of"):
+        check_model_kwargs("vit_digits_patch2_8", {"attn_backend": "fused"})
