@@ -1,0 +1,194 @@
+"""Token merging (ToMe, Bolya et al., ICLR 2023): bipartite soft matching, merge and unmerge as plain functions.
+
+Between a block's attention and its MLP, the ``r`` most similar pairs of tokens are merged:
+
+1. the tokens after the ``P`` prefix tokens (class, distillation, registers: never merged, never
+   matched) alternate into set A (even positions) and set B (odd positions);
+2. each token of A finds its most similar token of B by the cosine of their ``metric`` rows (ToMe
+   uses the attention keys averaged over heads);
+3. the ``r`` tokens of A with the highest similarity merge into their match (``r`` is capped at half
+   the mergeable tokens); the rest of A stays.
+
+The result is ``[prefix, the unmerged A in their original order, B]``: ``T - r`` tokens. A merged
+token is the size-weighted mean of its sources (:func:`merge_wavg`; ``size`` counts the original
+patches a token covers), and attention can stay proportional to size by adding ``log(size)`` to the
+logits (:func:`size_bias`, handed to the attention core as ``bias``).
+
+:class:`MergePlan` holds one matching's indices. :meth:`MergePlan.merge` applies it to any per-token
+tensor (features, sizes, RoPE coordinates); :meth:`MergePlan.positions` says where each token went,
+which composes over blocks into a map from every original token to the token that covers it
+(:func:`follow`), so dense outputs and attention maps can be placed back in image space
+(:func:`unmerge`).
+
+Shapes: ``metric [B, T, C']``, per-token tensors ``[B, T, ...]``, sizes ``[B, T, 1]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["MergePlan", "bipartite_soft_matching", "merge_wavg", "size_bias", "follow", "unmerge",
+           "merge_schedule"]
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    """One bipartite soft matching over ``num_tokens`` tokens, the first ``num_prefix`` of them protected.
+
+    Indices are into the mergeable part (after the prefix) of sets A (even positions) and B (odd):
+    ``src [B, r]`` the merged tokens of A, ``dst [B, r]`` the tokens of B they merge into,
+    ``keep [B, nA - r]`` the tokens of A that stay (ascending).
+    """
+
+    num_tokens: int
+    num_prefix: int
+    src: Tensor
+    dst: Tensor
+    keep: Tensor
+
+    @property
+    def r(self) -> int:
+        """Tokens removed by this plan."""
+        return int(self.src.shape[1])
+
+    @property
+    def num_out(self) -> int:
+        """Tokens after the merge, ``num_tokens - r``."""
+        return self.num_tokens - self.r
+
+    def merge(self, x: Tensor, reduce: str = "sum") -> Tensor:
+        """Apply the plan to a per-token tensor ``[B, T, *f]`` -> ``[B, T - r, *f]``.
+
+        ``reduce``: how a token of B combines with the tokens merged into it (``"sum"``, ``"mean"``,
+        ``"amax"``, ... as ``Tensor.scatter_reduce``; size-weighted means: :func:`merge_wavg`).
+        """
+        if x.shape[1] != self.num_tokens:
+            raise ValueError(f"x has {x.shape[1]} tokens, the plan was made for {self.num_tokens}")
+        if self.r == 0:
+            return x
+        P = self.num_prefix
+        feat = x.shape[2:]
+        a, b = x[:, P::2], x[:, P + 1::2]  # [B, nA, *f], [B, nB, *f]
+
+        def rows(idx: Tensor) -> Tensor:
+            return idx.view(*idx.shape, *([1] * len(feat))).expand(*idx.shape, *feat)
+
+        kept = a.gather(1, rows(self.keep))  # [B, nA - r, *f]
+        moved = a.gather(1, rows(self.src))  # [B, r, *f]
+        b = b.scatter_reduce(1, rows(self.dst), moved, reduce=reduce)  # [B, nB, *f]
+        return torch.cat([x[:, :P], kept, b], dim=1)  # [B, T - r, *f]
+
+    def positions(self) -> Tensor:
+        """Where each of the ``T`` tokens went: ``[B, T]`` int64 indices into the ``T - r`` merged tokens."""
+        B = self.src.shape[0]
+        P, T = self.num_prefix, self.num_tokens
+        device = self.src.device
+        if self.r == 0:  # merge() returns its input as it is
+            return torch.arange(T, device=device).expand(B, -1)
+        n_keep = self.keep.shape[1]
+        nB = (T - P) // 2
+        pos = torch.empty(B, T, dtype=torch.long, device=device)
+        pos[:, :P] = torch.arange(P, device=device)
+        a_pos = torch.empty(B, self.keep.shape[1] + self.r, dtype=torch.long, device=device)  # [B, nA]
+        a_pos.scatter_(1, self.keep, torch.arange(P, P + n_keep, device=device).expand(B, -1))
+        a_pos.scatter_(1, self.src, P + n_keep + self.dst)
+        pos[:, P::2] = a_pos
+        pos[:, P + 1::2] = torch.arange(P + n_keep, P + n_keep + nB, device=device).expand(B, -1)
+        return pos
+
+
+def bipartite_soft_matching(metric: Tensor, r: int, *, num_prefix: int = 0) -> MergePlan:
+    """The ToMe matching of ``metric [B, T, C']`` removing up to ``r`` tokens, prefix tokens protected.
+
+    ``r`` is capped at ``(T - num_prefix) // 2`` (at most half the mergeable tokens go). The metric
+    is compared by cosine; ties break by the lower index (``torch.sort`` is stable here).
+    """
+    if metric.dim() != 3:
+        raise ValueError(f"metric must be [B, T, C], got {tuple(metric.shape)}")
+    B, T, _ = metric.shape
+    P = int(num_prefix)
+    if not 0 <= P <= T:
+        raise ValueError(f"num_prefix={num_prefix} must be in 0..{T} for {T} tokens")
+    if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+        raise ValueError(f"r must be an int >= 0, got {r!r}")
+    r = min(r, (T - P) // 2)
+    nA = (T - P + 1) // 2
+    device = metric.device
+    if r == 0:
+        empty = torch.zeros(B, 0, dtype=torch.long, device=device)
+        return MergePlan(T, P, empty, empty, torch.arange(nA, device=device).expand(B, -1))
+    with torch.no_grad():  # the matching is a discrete choice: no gradient flows through it
+        m = metric[:, P:].float()
+        m = m / m.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        scores = m[:, ::2] @ m[:, 1::2].transpose(1, 2)  # [B, nA, nB] cosine similarities
+        best, match = scores.max(dim=-1)  # [B, nA]
+        order = torch.sort(best, dim=-1, descending=True, stable=True).indices  # [B, nA]
+        src = order[:, :r]  # [B, r]
+        keep = order[:, r:].sort(dim=-1).values  # [B, nA - r], original order
+        dst = match.gather(1, src)  # [B, r]
+    return MergePlan(T, P, src, dst, keep)
+
+
+def merge_wavg(plan: MergePlan, x: Tensor, size: Tensor) -> tuple[Tensor, Tensor]:
+    """Size-weighted merge: ``x [B, T, C]`` and ``size [B, T, 1]`` -> ``([B, T - r, C], [B, T - r, 1])``.
+
+    A merged token is ``Σ s_i x_i / Σ s_i`` over its sources and its size ``Σ s_i``.
+    """
+    if plan.r == 0:
+        return x, size
+    total = plan.merge(size.to(x.dtype), "sum")  # [B, T - r, 1]
+    out = plan.merge(x * size.to(x.dtype), "sum") / total  # [B, T - r, C]
+    return out, total.to(size.dtype)
+
+
+def size_bias(size: Tensor) -> Tensor:
+    """Proportional attention's additive logit term: ``log(size)`` of each key, ``[B, T, 1] -> [B, 1, 1, T]``."""
+    return size.squeeze(-1).log()[:, None, None, :]
+
+
+def follow(token_map: Tensor | None, plan: MergePlan) -> Tensor:
+    """Compose: for each original token ``[B, T0]``, the index of the token covering it after ``plan``.
+
+    ``token_map`` None = identity over ``plan.num_tokens`` tokens (the first merge).
+    """
+    pos = plan.positions()  # [B, T]
+    return pos if token_map is None else pos.gather(1, token_map)
+
+
+def unmerge(x: Tensor, token_map: Tensor) -> Tensor:
+    """Dense output back on the original tokens: ``x [B, T', *f]``, ``token_map [B, T0]`` -> ``[B, T0, *f]``
+    (each original token takes the value of the merged token that covers it)."""
+    idx = token_map.view(*token_map.shape, *([1] * (x.dim() - 2))).expand(*token_map.shape, *x.shape[2:])
+    return x.gather(1, idx)
+
+
+def merge_schedule(r: int | tuple[int, float] | Sequence[int], num_blocks: int) -> list[int]:
+    """Tokens to merge in each of ``num_blocks`` blocks.
+
+    ``r``: an int (the same in every block), a per-block sequence of ints (its length must be
+    ``num_blocks``), or ``(r, inflection)``: a linear ramp as the ToMe reference's ``parse_r`` with
+    the same total as a constant ``r`` (``inflection`` -1 = decreasing to 0, 0 = constant, 1 = increasing
+    from 0). Every value is an int >= 0; the cap of half the tokens is applied per block when merging.
+    """
+    if isinstance(r, bool):
+        raise ValueError(f"r must be an int, (r, inflection) or a list of ints, got {r!r}")
+    if isinstance(r, int):
+        if r < 0:
+            raise ValueError(f"r must be >= 0, got {r}")
+        return [r] * num_blocks
+    if isinstance(r, tuple) and len(r) == 2 and isinstance(r[1], float):
+        base, inflect = r
+        if not isinstance(base, int) or base < 0 or not -1.0 <= inflect <= 1.0:
+            raise ValueError(f"(r, inflection) needs an int r >= 0 and -1 <= inflection <= 1, got {r!r}")
+        lo = int(base * (1.0 - inflect))
+        hi = 2 * base - lo
+        step = (hi - lo) / max(num_blocks - 1, 1)
+        return [int(lo + step * i) for i in range(num_blocks)]
+    values = list(r)
+    if len(values) != num_blocks or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
+        raise ValueError(f"a per-block r must list {num_blocks} ints >= 0 (one per block), got {values!r}")
+    return values
