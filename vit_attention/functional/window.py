@@ -37,6 +37,9 @@ __all__ = [
     "shift_window_mask",
     "window_gather_index",
     "window_head_gather_index",
+    "window_sequence_stride",
+    "window_sequence_gather_index",
+    "window_sequence_tables",
     "relative_position_index",
     "log_relative_coords_table",
 ]
@@ -256,6 +259,120 @@ def window_head_gather_index(H: int, W: int, window_size: int | Sequence[int], s
         raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
     return _window_head_gather_index(H, W, wh, ww, sh, sw, bool(pad_first), num_heads,
                                      torch.device(device or "cpu"))
+
+
+FLEX_BLOCK = 128  # FlexAttention's default block size (its block masks are built on this grid)
+
+
+@functools.lru_cache(maxsize=256)
+def _computed_blocks(num_windows: int, N: int, stride: int, block: int) -> int:
+    """Blocks of the ``L x L`` logits (``L = nW·stride``) a block-diagonal mask of ``N``-token windows touches."""
+    pairs: set[tuple[int, int]] = set()
+    for w in range(num_windows):
+        span = range(w * stride // block, (w * stride + N - 1) // block + 1)
+        pairs.update((a, b) for a in span for b in span)
+    return len(pairs)
+
+
+def window_sequence_stride(num_windows: int, window_tokens: int, block: int = FLEX_BLOCK) -> int:
+    """Positions given to each window in the window-major sequence: ``N`` or ``N`` padded to fit the blocks.
+
+    ``N`` (no padding) or the next power of two (``N < block``: windows then never straddle a
+    block) or multiple of ``block`` (``N > block``), whichever leaves the block mask fewer blocks to
+    compute (ties: ``N``). Swin-T (``N = 49``): 64, which takes the blocks computed at 56x56 from 76
+    to 32 of the 1024 and at 14x14 from 4 of 4 to 2 of 4.
+    """
+    N = window_tokens
+    padded = 1 << (N - 1).bit_length() if N < block else -(-N // block) * block
+    if padded == N or num_windows == 1:
+        return N
+    if _computed_blocks(num_windows, N, padded, block) < _computed_blocks(num_windows, N, N, block):
+        return padded
+    return N
+
+
+@_cached(maxsize=256)
+def _window_sequence_gather_index(H: int, W: int, wh: int, ww: int, sh: int, sw: int, pad_first: bool, nh: int,
+                                  stride: int, partitioned: bool, device: torch.device) -> tuple[Tensor, Tensor]:
+    fwd, inv = _window_gather_index(H, W, wh, ww, sh, sw, pad_first, _CPU)
+    N = wh * ww
+    nW = fwd.numel() // N
+    if partitioned:  # the input is already the windows [B·nW, N, ·]: row w·N + n holds slot n of window w
+        fwd = torch.arange(nW * N, device=_CPU)
+    # window w's slot n sits at w·stride + n; the slots past N read token 0 (masked keys, discarded queries)
+    src = F.pad(fwd.view(nW, N), (0, stride - N)).reshape(-1)  # [L]
+    L = src.numel()
+    heads = torch.arange(nh, device=_CPU)
+    which = torch.arange(3, device=_CPU)  # q, k, v
+    qkv_rows = (src.view(1, 1, L) * 3 + which.view(3, 1, 1)) * nh + heads.view(1, nh, 1)  # [3, nh, L]
+    pos = (inv // N) * stride + inv % N  # [H·W]: sequence position of every map token
+    out_rows = heads.view(1, nh) * L + pos.view(-1, 1)  # [H·W, nh]
+    return qkv_rows.reshape(-1).to(device), out_rows.reshape(-1).to(device)
+
+
+def window_sequence_gather_index(H: int, W: int, window_size: int | Sequence[int],
+                                 shift_size: int | Sequence[int], num_heads: int, *, pad_first: bool = False,
+                                 stride: int | None = None, partitioned: bool = False,
+                                 device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """Row indices from token order to one window-major sequence per head and back (the FlexAttention layout).
+
+    The sequence of the shifted, padded map holds its ``nW`` windows one after the other,
+    ``stride >= N`` positions each (default ``N = Wh·Ww``; see :func:`window_sequence_stride`),
+    tokens row-major inside a window: position ``p = w·stride + n`` is slot ``n`` of window ``w``,
+    ``L = nW·stride`` positions; positions with ``n >= N`` read token 0 (to be masked as keys).
+    With ``hd`` the head width, rows are ``hd``-wide slices:
+
+    * ``qkv_rows [3·nh·L]``: the packed projection of the map's tokens ``[B, T, 3, nh, hd]`` (``T = H·W``,
+      plus one last zero-input token when the map is padded; ``partitioned``: of the windows
+      ``[B·nW, N, 3, nh, hd]`` of an unshifted, unpadded map) viewed as ``[B, T·3·nh, hd]`` and
+      gathered at these rows is ``[B, 3, nh, L, hd]``: q, k, v per head over the whole sequence;
+    * ``out_rows [H·W·nh]``: outputs ``[B, nh, L, hd]`` viewed as ``[B, nh·L, hd]`` and gathered at
+      these rows are the map's tokens ``[B, H·W, nh·hd]``, heads merged, shift undone, padding cropped.
+
+    Shift and padding follow :func:`window_gather_index`. Cached per (sizes, heads, device).
+    """
+    wh, ww = to_pair(window_size)
+    sh, sw = to_pair(shift_size, "shift_size")
+    if not isinstance(num_heads, int) or num_heads <= 0:
+        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    stride = wh * ww if stride is None else int(stride)
+    if stride < wh * ww:
+        raise ValueError(f"stride {stride} is smaller than the {wh * ww} tokens of a window")
+    return _window_sequence_gather_index(H, W, wh, ww, sh, sw, bool(pad_first), num_heads, stride,
+                                         bool(partitioned), torch.device(device or "cpu"))
+
+
+@_cached(maxsize=256)
+def _window_sequence_tables(H: int, W: int, wh: int, ww: int, sh: int, sw: int, pad_first: bool, stride: int,
+                            mask_padding: bool, device: torch.device) -> tuple[Tensor, Tensor]:
+    Hp, Wp = H + (-H) % wh, W + (-W) % ww
+    N = wh * ww
+    labels = _regions(Hp, wh, sh)[:, None] * 3 + _regions(Wp, ww, sw)[None, :]  # [Hp, Wp]
+    region = window_partition(labels.view(1, Hp, Wp, 1), (wh, ww)).view(-1, N)  # [nW, N]
+    fwd, _ = _window_gather_index(H, W, wh, ww, sh, sw, pad_first, _CPU)
+    valid = fwd.view(-1, N) != H * W if mask_padding else torch.ones(region.shape, dtype=torch.bool, device=_CPU)
+    region = F.pad(region, (0, stride - N)).reshape(-1)  # [L]
+    valid = F.pad(valid, (0, stride - N), value=False).reshape(-1)  # [L]
+    return region.to(device), valid.to(device)
+
+
+def window_sequence_tables(H: int, W: int, window_size: int | Sequence[int], shift_size: int | Sequence[int] = 0, *,
+                           pad_first: bool = False, stride: int | None = None, mask_padding: bool = False,
+                           device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """Per-position tables of the window-major sequence of :func:`window_sequence_gather_index`.
+
+    Returns ``(region [L] int64, valid [L] bool)``: the shift region label (0..8) of each position
+    of the shifted, padded map (two positions of one window whose labels differ get Swin's ``-100``,
+    exactly the entries of :func:`shift_window_mask`), and whether the position may be attended to
+    as a key: a window slot (``n < N``) and, with ``mask_padding``, one that holds a map token
+    (not a padded slot). ``shift_size`` is the shift actually applied (see
+    ``window_attention.window_geometry``). Cached per (sizes, device): do not modify the results.
+    """
+    wh, ww = to_pair(window_size)
+    sh, sw = to_pair(shift_size, "shift_size")
+    stride = wh * ww if stride is None else int(stride)
+    return _window_sequence_tables(H, W, wh, ww, sh, sw, bool(pad_first), stride, bool(mask_padding),
+                                   torch.device(device or "cpu"))
 
 
 @_cached(maxsize=64)

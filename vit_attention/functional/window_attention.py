@@ -29,11 +29,22 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import attention_context, attention_observed, scaled_dot_product_attention
+from .flex import AttentionPattern, use_flex
 from .heads import split_qkv
 from .layout import window_layout
-from .window import shift_window_mask, to_pair, window_gather_index, window_head_gather_index, window_partition
+from .window import (
+    MASK_VALUE,
+    shift_window_mask,
+    to_pair,
+    window_gather_index,
+    window_head_gather_index,
+    window_partition,
+    window_sequence_gather_index,
+    window_sequence_stride,
+    window_sequence_tables,
+)
 
-__all__ = ["window_geometry", "window_tokens", "window_bias", "window_attention"]
+__all__ = ["window_geometry", "window_tokens", "window_bias", "window_pattern", "window_attention"]
 
 
 def window_geometry(H: int, W: int, window_size: int | Sequence[int], shift_size: int | Sequence[int] = 0, *,
@@ -72,6 +83,109 @@ def window_bias(position_bias: Tensor, padded_size: tuple[int, int], window_size
     region = shift_window_mask(Hp, Wp, window_size, shift, device=position_bias.device)  # [nW, N, N]
     bias = position_bias.unsqueeze(0) + region.unsqueeze(1).to(position_bias.dtype)  # [nW, nh, N, N]
     return bias.view(1, -1, *bias.shape[-2:])  # [1, nW·nh, N, N]
+
+
+def window_pattern(feat_size: tuple[int, int], window_size: int | Sequence[int], shift: tuple[int, int], *,
+                   pad_first: bool = True, mask_padding: bool = False, stride: int | None = None,
+                   position_bias: Tensor | None = None, query_bias: Tensor | None = None,
+                   device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> AttentionPattern:
+    """(Shifted) window attention over the whole window-major sequence of a map, as one :class:`AttentionPattern`.
+
+    The sequence is :func:`.window.window_sequence_gather_index`'s: the ``nW`` windows of the
+    shifted, padded ``Hp x Wp`` map one after the other, ``stride`` positions each (default
+    ``N = Wh·Ww``; the slots past ``N`` are never attended to), tokens row-major inside a window,
+    ``L = nW·stride`` positions. A window is a contiguous run, so the block mask is
+    block-diagonal and skips every block no window spans (docs/swin.md measures it against
+    row-major order).
+
+    * ``mask_mod``: query and key in the same window (``q // stride == kv // stride``) and the key a
+      window slot (``kv % stride < N``) holding, with ``mask_padding`` on a padded map, a map token;
+    * ``score_mod``: ``position_bias[h, q % stride, kv % stride]`` (``[nh, N, N]``, the relative-position
+      table gathered by (Δrow, Δcol), read at run time: its parameters get their gradient) plus
+      Swin's ``-100`` where query and key come from different shift regions (an additive term,
+      as in the reference, not a mask) plus ``query_bias[b, h, q, kv % stride]`` (``[B, nh, L, N]``:
+      each query's bias over the slots of its window, ViTDet's decomposed positions).
+
+    ``shift`` is the shift actually applied (:func:`window_geometry`). ``dtype``: the score's dtype
+    the bias terms are cast to (default: theirs). The ``cache_key`` holds what the mask depends on:
+    ``N`` and ``stride`` alone, or the map geometry too when padded keys are masked.
+    """
+    H, W = feat_size
+    wh, ww = to_pair(window_size)
+    N = wh * ww
+    S = N if stride is None else stride
+    device = torch.device(device)
+    masked = mask_padding and (H % wh != 0 or W % ww != 0)  # padded keys exist only on a padded map
+    region, valid = window_sequence_tables(H, W, (wh, ww), shift, pad_first=pad_first, stride=S,
+                                           mask_padding=masked, device=device)  # [L], [L]
+    L = region.numel()
+    if masked or S != N:
+        key: tuple[Any, ...] = ("window", N, S) + (("valid", H, W, wh, ww, shift, pad_first) if masked else ())
+
+        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return (q_idx // S == kv_idx // S) & valid[kv_idx]
+    else:
+        key = ("window", N, S)
+
+        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return q_idx // S == kv_idx // S
+
+    # the mods are evaluated on masked positions too: the terms are padded to the stride (in range, unused)
+    pos = None if position_bias is None else F.pad(position_bias.to(dtype or position_bias.dtype),
+                                                   (0, S - N, 0, S - N))  # [nh, S, S]
+    qb = None if query_bias is None else F.pad(query_bias.to(dtype or query_bias.dtype), (0, S - N))  # [B, nh, L, S]
+    shifted = shift != (0, 0)
+    score_mod = None
+    if pos is not None or shifted or qb is not None:
+        def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            # the terms summed first, then added to q·k (the explicit path's order: one bias tensor)
+            term = None if pos is None else pos[h, q_idx % S, kv_idx % S]
+            if shifted:
+                cross = torch.where(region[q_idx] != region[kv_idx], MASK_VALUE, 0.0)
+                term = cross if term is None else term + cross
+            if qb is not None:
+                extra = qb[b, h, q_idx, kv_idx % S]
+                term = extra if term is None else term + extra
+            return score + term.to(score.dtype)
+
+    return AttentionPattern(L, L, mask_mod=mask_mod, score_mod=score_mod, cache_key=key)
+
+
+def _flex_window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_size: tuple[int, int], nh: int,
+                           window: tuple[int, int], padded: tuple[int, int], shift: tuple[int, int], pad_first: bool,
+                           scale: float | None, logit_scale: Tensor | None, dropout_p: float, mask_padding: bool,
+                           query_bias: Callable[[Tensor], Tensor] | None, fused: bool | None,
+                           backend: str | None) -> Tensor:
+    """:func:`window_attention` as one FlexAttention call over the window-major sequence ``[B, nh, nW·S, hd]``."""
+    H, W = feat_size
+    (wh, ww), (Hp, Wp) = window, padded
+    nW, N = (Hp // wh) * (Wp // ww), wh * ww
+    S = window_sequence_stride(nW, N)  # N, or N padded so that windows fit the block mask's blocks
+    L = nW * S
+    hd = qkv.shape[-1] // (3 * nh)
+    partitioned = shift == (0, 0) and (Hp, Wp) == (H, W)  # qkv holds windows [B·nW, N, 3C] (window_tokens)
+    B = qkv.shape[0] // nW if partitioned else qkv.shape[0]
+    if partitioned and S == N:  # already in window-major order: a view per head
+        q, k, v = qkv.view(B, L, 3, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)  # each [B, nh, L, hd]
+        _, out_rows = window_sequence_gather_index(H, W, window, shift, nh, pad_first=pad_first, stride=S,
+                                                   device=qkv.device)
+    else:  # one gather: shift + pad + window-major order (windows spaced S apart), per head
+        qkv_rows, out_rows = window_sequence_gather_index(H, W, window, shift, nh, pad_first=pad_first, stride=S,
+                                                          partitioned=partitioned, device=qkv.device)
+        rows = (nW * N if partitioned else qkv.shape[1]) * 3 * nh  # not reshape(B, -1, hd): an empty batch
+        q, k, v = qkv.reshape(B, rows, hd).index_select(1, qkv_rows).view(B, 3, nh, L, hd).unbind(1)
+    q_bias = None
+    if query_bias is not None:  # from each window's unscaled queries: [B, nh, nW, N, N] -> [B, nh, L, N]
+        q_bias = query_bias(q.unflatten(2, (nW, S))[..., :N, :])  # [B, nh, nW, N, N]
+        q_bias = F.pad(q_bias, (0, 0, 0, S - N)).flatten(2, 3)  # [B, nh, L, N]
+    if logit_scale is not None:  # cosine attention: unit q, k; the per-head temperature folded into q
+        q = F.normalize(q, dim=-1) * logit_scale.to(q.dtype)  # [B, nh, L, hd] * [nh, 1, 1]
+        k, scale = F.normalize(k, dim=-1), 1.0
+    pattern = window_pattern((H, W), window, shift, pad_first=pad_first, mask_padding=mask_padding, stride=S,
+                             position_bias=position_bias, query_bias=q_bias, device=qkv.device, dtype=q.dtype)
+    out = scaled_dot_product_attention(q, k, v, scale=scale, dropout_p=dropout_p, fused=fused, backend=backend,
+                                       pattern=pattern)  # [B, nh, L, hd]
+    return out.reshape(B, nh * L, hd).index_select(1, out_rows).view(B, H * W, nh * hd)
 
 
 def window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_size: tuple[int, int], num_heads: int,
@@ -120,6 +234,11 @@ def window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_size: tu
     nW, N = (Hp // wh) * (Wp // ww), wh * ww
     folded = shift != (0, 0) or (Hp, Wp) != (H, W)
     B = qkv.shape[0] if folded else qkv.shape[0] // nW
+    if use_flex(backend, fused, qkv.device, mechanism=mechanism):  # one call over the whole sequence
+        return _flex_window_attention(qkv, position_bias, feat_size=(H, W), nh=nh, window=(wh, ww), padded=(Hp, Wp),
+                                      shift=shift, pad_first=pad_first, scale=scale, logit_scale=logit_scale,
+                                      dropout_p=attn_drop if training else 0.0, mask_padding=mask_padding,
+                                      query_bias=query_bias, fused=fused, backend=backend)
     qkv_rows, out_rows = window_head_gather_index(H, W, (wh, ww), shift, nh, pad_first=pad_first, device=qkv.device)
     if folded:  # one gather: shift + pad + partition, windows folded into the heads
         rows = qkv.shape[1] * 3 * nh  # spelled out: reshape(B, -1, hd) is ambiguous for an empty batch
