@@ -18,6 +18,11 @@ implemented: the module always computes the original's evaluation mode 0 (all ni
 No ``N x N`` matrix for the map queries: each chunk's ``w²`` queries against its gathered ``G + 9w²``
 keys, all chunks in one call of the library's attention function (the fused kernel when no weights
 are observed); the ``G`` global queries in a second call against all ``N`` keys.
+
+On the ``"flex"`` backend the whole sequence runs in ONE call with the pattern of
+:func:`~vit_attention.functional.longformer2d.longformer2d_pattern` (chunk rule and globals as the
+``mask_mod``, the relative-position tables read in the ``score_mod``), the map tokens in the chunk-major
+``flex_order`` (default ``"snake"``: the block mask skips the most blocks, 64.5 % at ViL-S's 56x56 stage 1).
 """
 
 from __future__ import annotations
@@ -30,9 +35,17 @@ from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads
 from ..functional.attention import attention_observed
+from ..functional.flex import use_flex
 from ..functional.heads import split_packed
 from ..functional.linear import apply_linear
-from ..functional.longformer2d import longformer2d_device_plan, longformer2d_layouts, longformer2d_rel_index
+from ..functional.longformer2d import (
+    DEFAULT_ORDER,
+    longformer2d_device_plan,
+    longformer2d_layouts,
+    longformer2d_pattern,
+    longformer2d_rel_index,
+    longformer2d_sequence_index,
+)
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ._common import check_heads, check_map_tokens_call, check_prob, grid_of
 from .registry import register_attention
@@ -133,6 +146,8 @@ class Longformer2DAttention(nn.Module):
                 nn.init.trunc_normal_(self.g2g_relative_position_bias, std=0.02)
             self.register_buffer("relative_position_index", longformer2d_rel_index(w).clone(), persistent=False)
 
+    flex_order: str = DEFAULT_ORDER  # token order of the map in the flex call ("row", "tiled", "snake")
+
     def __getattr__(self, name: str) -> Any:
         """With ``share_weights`` the global tokens' ``query_global`` / ``kv_global`` / ``proj_global`` are
         ``query`` / ``kv`` / ``proj`` (one set of keys in the state dict; the original lists both names)."""
@@ -163,9 +178,11 @@ class Longformer2DAttention(nn.Module):
         H, W = grid_of(N - G, feat_size)  # feat_size, or a square map of the N - G map tokens
         nh, hd, w = self.num_heads, self.head_dim, self.window_size
         shared = self.share_weights
+        dropout_p = self.attn_drop if self.training else 0.0
+        if use_flex(self.attention_backend, self.fused_attention, x.device, mechanism="longformer2d"):
+            return self._forward_flex(x, H, W, G, dropout_p)
         q = apply_linear(self.query, x if shared else x[:, G:])  # [B, N | H·W, C]
         kv = apply_linear(self.kv, x)  # [B, N, 2C]
-        dropout_p = self.attn_drop if self.training else 0.0
         layouts = longformer2d_layouts(H, W, w, G) if attention_observed() else (None, None)
 
         # map queries: each chunk's w² queries against its G + 9w² gathered keys
@@ -201,6 +218,38 @@ class Longformer2DAttention(nn.Module):
         if shared:
             return self.proj_drop(apply_linear(self.proj, torch.cat([og, out], dim=1)))  # [B, N, C]
         return self.proj_drop(torch.cat([apply_linear(self.proj_global, og), apply_linear(self.proj, out)], dim=1))
+
+    def _forward_flex(self, x: Tensor, H: int, W: int, G: int, dropout_p: float) -> Tensor:
+        """The flex backend: ``x [B, G + H·W, C] -> [B, G + H·W, C]`` in one attention call over the sequence
+        (tokens in ``flex_order``; with separate global projections the global queries read their own keys,
+        appended after the map queries' ones)."""
+        nh, w = self.num_heads, self.window_size
+        gathers = longformer2d_sequence_index(H, W, w, G, self.flex_order, x.device)  # (index, inverse) or None
+        if gathers is not None:
+            x = x[:, gathers[0]]  # [B, N, C] in flex_order
+        split = not self.share_weights and G > 0
+        q = apply_linear(self.query, x)  # [B, N, C]
+        kv = apply_linear(self.kv, x)  # [B, N, 2C]
+        if split:
+            q = torch.cat([apply_linear(self.query_global, x[:, :G]), q[:, G:]], dim=1)
+            kv = torch.cat([kv, apply_linear(self.kv_global, x)], dim=1)  # [B, 2N, 2C]
+        k, v = split_packed(kv, nh, 2, "kv")  # each [B, nh, N | 2N, hd]
+        rpe = self.rel_pos_bias
+        pattern = longformer2d_pattern(
+            H, W, w, G, order=self.flex_order, split_globals=split,
+            local_table=self.local_relative_position_bias_table if rpe else None,
+            g2l=self.g2l_relative_position_bias if rpe and G else None,
+            g2g=self.g2g_relative_position_bias if rpe and G else None, device=x.device)
+        out = merge_heads(scaled_dot_product_attention(split_heads(q, nh), k, v, scale=self.scale,
+                                                       dropout_p=dropout_p, fused=self.fused_attention,
+                                                       backend=self.attention_backend, pattern=pattern))  # [B, N, C]
+        if split:
+            out = torch.cat([apply_linear(self.proj_global, out[:, :G]), apply_linear(self.proj, out[:, G:])], dim=1)
+        else:
+            out = apply_linear(self.proj, out)  # [B, N, C]
+        if gathers is not None:
+            out = out[:, gathers[1]]  # back to the module's token order
+        return self.proj_drop(out)
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``(B, N, C)``: :func:`longformer2d_macs` with ``G = N - H·W`` globals.
