@@ -19,6 +19,11 @@ term is a dot product with one-hot key coordinates, appended to q and k (``q' = 
 ``(K_h + K_w)·N·M`` more multiply-adds per head (worth it for global attention on large maps: on
 an H100, ViTDet-B's 64x64 global block in bf16 ran 3x faster in a tenth of the memory).
 
+:func:`decomposed_rel_pos_pattern` gives the same logits to the ``"flex"`` backend: an
+:class:`~.flex.AttentionPattern` with no mask whose ``score_mod`` adds ``rel_h[b, h, q, kv // kw] +
+rel_w[b, h, q, kv % kw]``, read from the two small per-query terms ``[*b, nh, N, kh]`` and
+``[*b, nh, N, kw]`` (never an ``N x M`` tensor): FlexAttention's form of ViTDet's global blocks.
+
 Tables whose length is not ``2·max(q, k) - 1`` (a model run at another size than it was built for)
 are resized linearly (``align_corners=False``), and the coordinates are scaled when the query and
 key sizes differ: the rule of the references (detectron2 ``get_rel_pos``, Hugging Face VitDet,
@@ -33,9 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .flex import AttentionPattern
 from .window import to_pair
 
-__all__ = ["resize_rel_pos", "rel_pos_table", "decomposed_rel_pos_bias", "decomposed_rel_pos_qk"]
+__all__ = ["resize_rel_pos", "rel_pos_table", "decomposed_rel_pos_bias", "decomposed_rel_pos_qk",
+           "decomposed_rel_pos_pattern"]
 
 
 def resize_rel_pos(rel_pos: Tensor, length: int) -> Tensor:
@@ -128,3 +135,29 @@ def decomposed_rel_pos_qk(q: Tensor, k: Tensor, rel_pos_h: Tensor, rel_pos_w: Te
     onehot = torch.cat([F.one_hot(keys // kw, kh), F.one_hot(keys % kw, kw)], dim=-1).to(k.dtype)  # [M, kh+kw]
     k_aug = torch.cat([k, onehot.expand(*k.shape[:-1], kh + kw)], dim=-1)  # [*b, nh, M, hd+kh+kw]
     return q_aug, k_aug
+
+
+def decomposed_rel_pos_pattern(q: Tensor, rel_pos_h: Tensor, rel_pos_w: Tensor, q_size: int | Sequence[int],
+                               k_size: int | Sequence[int] | None = None) -> AttentionPattern:
+    """The decomposed relative positions of queries ``q`` as a flex :class:`~.flex.AttentionPattern` (no mask).
+
+    Args:
+        q: unscaled queries ``[B, nh, N, hd]`` (4-D, as the flex call's), ``N = qh·qw`` row-major on ``q_size``.
+        rel_pos_h, rel_pos_w, q_size, k_size: as :func:`decomposed_rel_pos_bias` (``M = kh·kw`` keys, row-major).
+
+    Returns:
+        A pattern over ``N`` queries and ``M`` keys whose ``score_mod`` adds ``rel_h[b, h, q, kv // kw] +
+        rel_w[b, h, q, kv % kw]`` with ``rel_h = q·R_h`` ``[B, nh, N, kh]`` and ``rel_w = q·R_w`` ``[B, nh, N, kw]``
+        (captured: gradients flow to ``q`` and the tables): the logits of the bias path without its ``[N, M]``
+        tensor. No ``mask_mod`` (every key), so no block mask is built.
+    """
+    if q.dim() != 4:
+        raise ValueError(f"decomposed_rel_pos_pattern needs q [B, nh, N, hd], got shape {tuple(q.shape)}")
+    rel_h, rel_w = _rel_terms(q, rel_pos_h, rel_pos_w, q_size, k_size)
+    kh, kw = rel_h.shape[-1], rel_w.shape[-1]
+    rel_h, rel_w = rel_h.flatten(2, 3), rel_w.flatten(2, 3)  # [B, nh, N, kh], [B, nh, N, kw]
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, qi: Tensor, kv: Tensor) -> Tensor:
+        return score + rel_h[b, h, qi, kv // kw] + rel_w[b, h, qi, kv % kw]
+
+    return AttentionPattern(q.shape[-2], kh * kw, score_mod=score_mod, cache_key=("rel_pos", kh, kw))
