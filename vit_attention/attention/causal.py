@@ -8,6 +8,10 @@ For generation a :class:`KVCache` holds the keys and values of the tokens seen s
 with a cache projects only the new tokens, writes their k / v after the cached ones and attends
 over all of them, so one new token costs ``O(M·C)`` attention (``M`` cached tokens), not
 ``O(M²·C)``. Key names follow GPT-2 / timm: ``qkv`` (packed ``[q | k | v]``), ``proj``.
+
+On the ``"flex"`` backend every call runs the pattern of :func:`causal_pattern` (``kv <= q + M - N``,
+bottom-right aligned as :func:`causal_mask`; none for one new token), whose block mask skips the
+blocks above the diagonal.
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
 from ..functional.attention import attention_observed
+from ..functional.flex import AttentionPattern, use_flex
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
-__all__ = ["CausalSelfAttention", "KVCache", "causal_mask"]
+__all__ = ["CausalSelfAttention", "KVCache", "causal_mask", "causal_pattern"]
 
 
 def causal_mask(num_queries: int, num_keys: int, *, device: torch.device | str | None = None) -> Tensor:
@@ -36,6 +41,23 @@ def causal_mask(num_queries: int, num_keys: int, *, device: torch.device | str |
     if not 0 < num_queries <= num_keys:
         raise ValueError(f"causal_mask needs 0 < num_queries <= num_keys, got {num_queries} and {num_keys}")
     return torch.ones(num_queries, num_keys, dtype=torch.bool, device=device).tril(num_keys - num_queries)
+
+
+def causal_pattern(num_queries: int, num_keys: int) -> AttentionPattern:
+    """:func:`causal_mask` as a flex :class:`~vit_attention.functional.flex.AttentionPattern` over ``N`` queries
+    and ``M`` keys: query ``i`` sees keys ``j <= i + M - N`` (``mask_mod``; none when ``N == 1``: the last
+    position sees every key). ``cache_key`` ``("causal", N, M)``."""
+    if not 0 < num_queries <= num_keys:
+        raise ValueError(f"causal_pattern needs 0 < num_queries <= num_keys, got {num_queries} and {num_keys}")
+    N, M = int(num_queries), int(num_keys)
+    if N == 1:
+        return AttentionPattern(N, M, cache_key=("causal", N, M))
+    offset = M - N
+
+    def mask_mod(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+        return kv <= q + offset
+
+    return AttentionPattern(N, M, mask_mod=mask_mod, cache_key=("causal", N, M))
 
 
 class KVCache:
@@ -154,7 +176,13 @@ class CausalSelfAttention(nn.Module):
                              "(pass context=None)")
         q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
         dropout_p = self.attn_drop if self.training else 0.0
-        if cache is None or cache.length(layer) == 0:
+        if use_flex(self.attention_backend, self.fused_attention, x.device, mechanism="causal"):
+            if cache is not None:
+                k, v = cache.update(layer, k, v)  # [B, nh, M, hd]: cached keys, then the new ones
+            out = scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, fused=self.fused_attention,
+                                               backend=self.attention_backend,
+                                               pattern=causal_pattern(q.shape[-2], k.shape[-2]))  # [B, nh, N, hd]
+        elif cache is None or cache.length(layer) == 0:
             if cache is not None:
                 k, v = cache.update(layer, k, v)  # [B, nh, N, hd]
             layout = token_layout(x.shape[1], feat_size, num_prefix_tokens) \
