@@ -10,7 +10,9 @@ Face do: there a query's window holds zero-padding keys (most of them on a map m
 
 No ``N x N`` matrix is ever built: queries are processed in tiles that share a key region (the
 tile plan), each tile one small dense problem for the library's single attention function (the
-fused kernel when no weights are asked for). Memory is linear in the map size.
+fused kernel when no weights are asked for). Memory is linear in the map size. On the ``"flex"``
+backend the whole map is one block-sparse FlexAttention pattern instead
+(:func:`~vit_attention.functional.neighborhood.neighborhood_pattern`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..functional.flex import use_flex
 from ..functional.linear import apply_linear
 from ..functional.neighborhood import default_tile_size, neighborhood_attention, neighborhood_bias, neighborhood_plan
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION, capturing
@@ -156,7 +159,14 @@ class NeighborhoodAttention(nn.Module):
         return self.proj_drop(apply_linear(self.proj, out))
 
     def attend(self, qkv: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
-        """The attention between the projections: packed ``[B, Hp, Wp, 3C] -> [B, Hp, Wp, C]``."""
+        """The attention between the projections: packed ``[B, Hp, Wp, 3C] -> [B, Hp, Wp, C]``.
+
+        On FlexAttention (:func:`~vit_attention.functional.flex.use_flex`) the whole map is one pattern
+        whose score_mod reads ``rpb`` itself (no tiles' bias is built)."""
+        if use_flex(self.attention_backend, self.fused_attention, qkv.device, mechanism="neighborhood"):
+            return neighborhood_attention(qkv, self.num_heads, self.kernel_size, self.dilation, rpb=self.rpb,
+                                          scale=self.scale, dropout_p=self.attn_drop if self.training else 0.0,
+                                          fused=self.fused_attention, backend=self.attention_backend)
         return neighborhood_attention(qkv, self.num_heads, self.kernel_size, self.dilation,
                                       bias=self._bias(qkv.shape[1], qkv.shape[2], qkv.device),
                                       scale=self.scale, tile_size=self.tile_size,
