@@ -279,7 +279,7 @@ def window_sequence_stride(num_windows: int, window_tokens: int, block: int = FL
 
     ``N`` (no padding) or the next power of two (``N < block``: windows then never straddle a
     block) or multiple of ``block`` (``N > block``), whichever leaves the block mask fewer blocks to
-    compute (ties: ``N``). Swin-T (``N = 49``): 64, which takes the blocks computed at 56x56 from 76
+    compute (ties: ``N``). Swin-T (``N = 49``): 64, which takes the blocks computed at 56x56 from 73 of 625
     to 32 of the 1024 and at 14x14 from 4 of 4 to 2 of 4.
     """
     N = window_tokens
