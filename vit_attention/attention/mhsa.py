@@ -13,7 +13,9 @@ from ..functional.attention import attention_observed
 from ..functional.heads import split_packed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, linear
+from ..functional.rope import apply_rope
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
+from ..functional.tome import TokenMergeState
 from ._common import check_heads, check_prob
 from .registry import register_attention
 from .rope import make_rope
@@ -93,10 +95,12 @@ class MultiHeadSelfAttention(nn.Module):
         return torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])  # k has none
 
     accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
+    supports_token_merging = True  # forward(x, tome=state): proportional attention, sets the merge metric
 
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
                 context: Tensor | None = None, mask: Tensor | None = None, residual: Tensor | None = None,
-                rope_coords: Tensor | None = None, rope_valid: Tensor | None = None) -> Tensor:
+                rope_coords: Tensor | None = None, rope_valid: Tensor | None = None,
+                tome: TokenMergeState | None = None) -> Tensor:
         """``x [B, N, C] -> [B, N, C]``.
 
         ``feat_size`` is not needed and prefix tokens attend like every other token.
@@ -106,6 +110,9 @@ class MultiHeadSelfAttention(nn.Module):
         With ``rope``, the grid is ``feat_size`` (a square without it) after ``num_prefix_tokens``, or per
         sample ``rope_coords [B, N - P, 2]`` int ``(y, x)`` with ``rope_valid [B, N - P]`` bool (a packed
         NaFlex batch; padding rows unrotated; :meth:`RotaryEmbedding.forward`).
+        ``tome``: token merging's state (:class:`~vit_attention.functional.tome.TokenMergeState`): ``log(size)``
+        is added to the logits (proportional attention), the keys averaged over heads become its merge
+        metric, and RoPE turns each token by its (merged) grid position ``tome.coords`` on ``feat_size``.
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
@@ -128,7 +135,18 @@ class MultiHeadSelfAttention(nn.Module):
             kv = linear(context, w[C:], None if b is None else b[C:])  # [B, M, 2C]
             k, v = split_packed(kv, self.num_heads, 2, "packed kv")  # each [B, nh, M, hd]
         q, k = self.q_norm(q), self.k_norm(k)
-        if self.rope is not None:
+        bias = None
+        if tome is not None:
+            if context is not None or rope_coords is not None:
+                raise ValueError("token merging runs on self-attention over the model's own tokens (no context, "
+                                 "no packed rope_coords)")
+            tome.metric = k.mean(dim=1)  # [B, N, hd]: the keys, averaged over heads (ToMe's similarity)
+            bias = tome.attention_bias()  # [B, 1, 1, N] log(size), or None
+        if self.rope is not None and tome is not None and tome.coords is not None and feat_size is not None:
+            cos, sin = self.rope.tables_at(tome.coords, feat_size)  # [B, 1 | nh, N - P, hd] at merged positions
+            q = apply_rope(q, cos, sin, num_prefix_tokens=num_prefix_tokens, layout=self.rope.layout)
+            k = apply_rope(k, cos, sin, num_prefix_tokens=num_prefix_tokens, layout=self.rope.layout)
+        elif self.rope is not None:
             if rope_coords is None and rope_valid is None:
                 q, k = self.rope(q, k, feat_size, num_prefix_tokens)  # grid tokens turned, prefix kept
             else:
@@ -136,10 +154,11 @@ class MultiHeadSelfAttention(nn.Module):
                     raise ValueError("rope_valid needs rope_coords [B, L, 2]")
                 q, k = self.rope(q, k, feat_size, num_prefix_tokens, coords=rope_coords,
                                  valid=rope_valid)  # each sample on its own grid
+        merged = tome is not None and tome.token_map is not None  # rows no longer sit one per grid cell
         layout = token_layout(x.shape[1], feat_size, num_prefix_tokens,
                               num_context=None if context is None else context.shape[1]) \
-            if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
-        x = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale, layout=layout,
+            if attention_observed() and not merged else None  # where the rows sit on the grid (observers only)
+        x = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, scale=self.scale, layout=layout,
                                          dropout_p=self.attn_drop if self.training else 0.0,
                                          fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
         x = self.norm(merge_heads(x))  # [B, N, C]

@@ -19,7 +19,9 @@ from ..functional.rope import (
     ROPE_LAYOUTS,
     TWO_PI,
     apply_rope,
+    axial_rope_angles,
     axial_rope_tables,
+    grid_positions_to_coords,
     mixed_rope_angles,
     rope_coords,
     rope_cos_sin,
@@ -147,6 +149,22 @@ class RotaryEmbedding(nn.Module):
             cos[b][:, rows] = tc.reshape(-1, int(h) * int(w), self.head_dim)[:, flat].to(cos.device)
             sin[b][:, rows] = ts.reshape(-1, int(h) * int(w), self.head_dim)[:, flat].to(sin.device)
         return cos, sin
+
+    def tables_at(self, positions: Tensor, feat_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """``(cos, sin)`` at grid ``positions [B, L, 2]`` (float ``(y, x)`` indices on the ``feat_size`` grid,
+        fractional for merged tokens: :class:`~vit_attention.functional.tome.TokenMergeState`) ->
+        ``[B, 1, L, hd]`` (axial) or ``[B, nh, L, hd]`` (mixed), float32. Integer positions of the whole
+        grid give :meth:`tables`."""
+        B, L, _ = positions.shape
+        c = grid_positions_to_coords(positions.reshape(B * L, 2), feat_size, self.coords,  # type: ignore[arg-type]
+                                     ref_feat_shape=self.ref_feat_shape)  # [B·L, 2]
+        if self.freqs is None:
+            angles = axial_rope_angles(c, self.head_dim, theta=self.theta, scale=self.scale,
+                                       axes=self.axes)  # type: ignore[arg-type]
+            angles = angles.view(B, 1, L, -1)  # [B, 1, L, hd/2]
+        else:
+            angles = mixed_rope_angles(c, self.freqs.float()).view(self.num_heads, B, L, -1).transpose(0, 1)
+        return rope_cos_sin(angles, self.layout)  # type: ignore[arg-type]
 
     def forward(self, q: Tensor, k: Tensor, feat_size: tuple[int, int] | None = None,
                 num_prefix_tokens: int = 0, *, coords: Tensor | None = None,

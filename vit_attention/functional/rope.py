@@ -39,7 +39,8 @@ from torch import Tensor
 
 from .window import _cached
 
-__all__ = ["ROPE_LAYOUTS", "ROPE_COORDS", "rope_coords", "axial_rope_angles", "mixed_rope_angles",
+__all__ = ["ROPE_LAYOUTS", "ROPE_COORDS", "rope_coords", "grid_positions_to_coords", "axial_rope_angles",
+           "mixed_rope_angles",
            "rope_cos_sin", "rotate_pairs", "apply_rope",
            "axial_rope_tables", "TWO_PI"]
 
@@ -51,7 +52,11 @@ TWO_PI = 2.0 * math.pi  # DINOv3's angle factor (convention "dinov3": scale = 2Ï
 
 
 def _axis(length: int, coords: str, ref: float | None, device: torch.device | str | None) -> Tensor:
-    t = torch.arange(length, dtype=torch.float32, device=device)
+    return _map_axis(torch.arange(length, dtype=torch.float32, device=device), length, coords, ref)
+
+
+def _map_axis(t: Tensor, length: int, coords: str, ref: float | None) -> Tensor:
+    """Grid indices ``t`` (float, possibly fractional) on an axis of ``length`` tokens -> ``coords`` coordinates."""
     if coords == "index":
         return t
     if coords == "ref":
@@ -78,6 +83,16 @@ def rope_coords(feat_size: tuple[int, int], coords: RopeCoords = "index", *,
     x = _axis(W, coords, ref_w, device)
     yy, xx = torch.meshgrid(y, x, indexing="ij")
     return torch.stack([yy.reshape(-1), xx.reshape(-1)], dim=-1)  # [HÂ·W, 2]
+
+
+def grid_positions_to_coords(positions: Tensor, feat_size: tuple[int, int], coords: RopeCoords = "index", *,
+                             ref_feat_shape: tuple[int, int] | None = None) -> Tensor:
+    """Grid positions ``[..., 2]`` (float ``(y, x)`` indices, fractional for merged tokens) on the ``feat_size``
+    grid -> the same points in ``coords`` coordinates (:func:`rope_coords` of integer positions)."""
+    ref_h, ref_w = (None, None) if ref_feat_shape is None else ref_feat_shape
+    y = _map_axis(positions[..., 0].float(), int(feat_size[0]), coords, ref_h)
+    x = _map_axis(positions[..., 1].float(), int(feat_size[1]), coords, ref_w)
+    return torch.stack([y, x], dim=-1)
 
 
 def axial_rope_angles(coords: Tensor, head_dim: int, *, theta: float = 100.0, scale: float = 1.0,

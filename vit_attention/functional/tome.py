@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["MergePlan", "bipartite_soft_matching", "merge_wavg", "size_bias", "follow", "unmerge",
-           "merge_schedule"]
+           "merge_schedule", "TokenMergeState"]
 
 
 @dataclass(frozen=True)
@@ -192,3 +192,67 @@ def merge_schedule(r: int | tuple[int, float] | Sequence[int], num_blocks: int) 
     if len(values) != num_blocks or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
         raise ValueError(f"a per-block r must list {num_blocks} ints >= 0 (one per block), got {values!r}")
     return values
+
+
+class TokenMergeState:
+    """What token merging carries through one forward of a token model, block to block.
+
+    Made by the model from the blocks' input ``x [B, T0, C]`` (``num_prefix`` protected tokens, then
+    the grid) and the per-block ``schedule`` (:func:`merge_schedule`); each block's attention reads
+    :meth:`attention_bias` (``log(size)`` with ``prop_attn``) and sets :attr:`metric` (its keys
+    averaged over heads, ``[B, T, hd]``), then the block calls :meth:`merge` between its attention
+    and MLP. ``grid`` ``(H, W)``: with it, :attr:`coords` holds each token's ``(y, x)`` grid position
+    (float, ``[B, T - P, 2]``; size-weighted means once merged), which RoPE mechanisms rotate by.
+
+    Attributes: ``size [B, T, 1]`` (patches each token covers), ``token_map [B, T0]`` (the token
+    covering each original one; None before the first merge), ``metric``, ``coords``, ``removed``
+    (tokens merged away so far, per block).
+    """
+
+    def __init__(self, x: Tensor, num_prefix: int, schedule: Sequence[int], *, prop_attn: bool = True,
+                 grid: tuple[int, int] | None = None) -> None:
+        B, T = x.shape[0], x.shape[1]
+        self.num_prefix, self.num_tokens = int(num_prefix), T
+        self.schedule, self.block = list(schedule), 0
+        self.prop_attn = bool(prop_attn)
+        self.size = torch.ones(B, T, 1, device=x.device, dtype=torch.float32)
+        self.token_map: Tensor | None = None
+        self.metric: Tensor | None = None
+        self.removed: list[int] = []
+        self.coords: Tensor | None = None
+        if grid is not None:
+            H, W = int(grid[0]), int(grid[1])
+            if H * W != T - self.num_prefix:
+                raise ValueError(f"grid {grid} holds {H * W} tokens, x has {T - self.num_prefix} after the prefix")
+            yy, xx = torch.meshgrid(torch.arange(H, device=x.device), torch.arange(W, device=x.device),
+                                    indexing="ij")
+            self.coords = torch.stack([yy, xx], dim=-1).reshape(1, H * W, 2).float().expand(B, -1, -1)
+
+    def attention_bias(self) -> Tensor | None:
+        """``log(size)`` of each key ``[B, 1, 1, T]`` (proportional attention), or None without ``prop_attn``."""
+        return size_bias(self.size) if self.prop_attn else None
+
+    def merge(self, x: Tensor) -> Tensor:
+        """Merge this block's share of ``x [B, T, C]`` by the :attr:`metric` its attention set: ``[B, T - r, C]``."""
+        r = self.schedule[self.block] if self.block < len(self.schedule) else 0
+        self.block += 1
+        if self.metric is None:
+            raise RuntimeError("TokenMergeState.merge: the block's attention set no metric (its mechanism does not "
+                               "support token merging)")
+        plan = bipartite_soft_matching(self.metric, r, num_prefix=self.num_prefix)
+        self.metric = None
+        self.removed.append(plan.r)
+        if plan.r == 0:
+            return x
+        size = self.size
+        x, self.size = merge_wavg(plan, x, size)
+        if self.coords is not None:
+            P = self.num_prefix
+            padded = torch.cat([self.coords.new_zeros(x.shape[0], P, 2), self.coords], dim=1)  # [B, T, 2]
+            self.coords = merge_wavg(plan, padded, size)[0][:, P:]  # [B, T - r - P, 2]
+        self.token_map = follow(self.token_map, plan)
+        return x
+
+    def unmerge(self, x: Tensor) -> Tensor:
+        """Tokens ``[B, T, ...]`` back on the original ``T0`` tokens (each takes its covering token's value)."""
+        return x if self.token_map is None else unmerge(x, self.token_map)

@@ -30,18 +30,20 @@ __all__ = ["apply_attention"]
 def _call(attn: nn.Module, x: Tensor, residual: Tensor | None, **contract: Any) -> Tensor:
     """``attn(x, **contract)`` (+ residual, fused when the mechanism can); ``x`` in the mechanism's own layout."""
     if getattr(attn, "attention_name", None) is None:  # a plain module (plug of a user's module): x only
-        given = [k for k in ("context", "mask", "rope_coords", "rope_valid") if contract.get(k) is not None]
+        given = [k for k in ("context", "mask", "rope_coords", "rope_valid", "tome") if contract.get(k) is not None]
         if given:
             raise ValueError(f"{type(attn).__name__} is not a registered mechanism; it takes no "
                              f"{' / '.join(given)}")
         out = attn(x)
         return out if residual is None else residual + out
-    for key in ("mask", "rope_coords", "rope_valid"):
+    for key in ("mask", "rope_coords", "rope_valid", "tome"):
         if key in contract and contract[key] is None:
             del contract[key]  # not given: the mechanism is called exactly as without these keywords
     if ("rope_coords" in contract or "rope_valid" in contract) and getattr(attn, "rope", None) is None:
         raise ValueError(f"{type(attn).__name__} ({attn.attention_name!r}) has no rotary embedding: it takes no "
                          f"rope_coords / rope_valid (build it with rope='axial' or 'mixed')")
+    if "tome" in contract and not getattr(attn, "supports_token_merging", False):
+        raise ValueError(f"{type(attn).__name__} ({attn.attention_name!r}) does not support token merging")
     if residual is not None and getattr(attn, "accepts_residual", False) and hookless(attn):
         return attn(x, residual=residual, **contract)
     out = attn(x, **contract)
@@ -60,7 +62,8 @@ def _no_spatial(attn: nn.Module, mask: Tensor | None, rope_coords: Tensor | None
 def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | None = None,
                     num_prefix_tokens: int = 0, context: Tensor | None = None,
                     residual: Tensor | None = None, mask: Tensor | None = None,
-                    rope_coords: Tensor | None = None, rope_valid: Tensor | None = None) -> Tensor:
+                    rope_coords: Tensor | None = None, rope_valid: Tensor | None = None,
+                    tome: Any = None) -> Tensor:
     """Run any mechanism on tokens ``[B, P + H·W, C]`` or a map ``[B, H, W, C]``; same shape out.
 
     Args:
@@ -79,12 +82,16 @@ def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | 
             real patch): handed to a token mechanism with a rotary embedding as
             ``forward(..., rope_coords=, rope_valid=)``; None = not passed. A mechanism without ``rope``
             (or a spatial one) raises naming them.
+        tome: a :class:`~vit_attention.functional.tome.TokenMergeState` (token merging), handed to a token
+            mechanism that supports it (``supports_token_merging``); None = not passed.
 
     Returns:
         ``x``'s shape and layout.
     """
     spatial = getattr(attn, "layout", "tokens") == "spatial"
     if x.dim() == 4:  # a channels-last map [B, H, W, C]
+        if tome is not None:
+            raise ValueError("token merging needs tokens [B, N, C], not a map")
         if spatial:
             _no_spatial(attn, mask, rope_coords, rope_valid)
             return _call(attn, x, residual, context=context)
@@ -98,7 +105,9 @@ def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | 
         if feat_size is None and name is not None and get_attention_spec(name).needs_feat_size:
             raise ValueError(f"{type(attn).__name__} ({name!r}) uses the token grid: pass feat_size=(H, W)")
         return _call(attn, x, residual, feat_size=feat_size, num_prefix_tokens=num_prefix_tokens, context=context,
-                     mask=mask, rope_coords=rope_coords, rope_valid=rope_valid)
+                     mask=mask, rope_coords=rope_coords, rope_valid=rope_valid, tome=tome)
+    if tome is not None:
+        raise ValueError(f"{type(attn).__name__} is a spatial mechanism: tokens cannot be merged")
     _no_spatial(attn, mask, rope_coords, rope_valid)
     if feat_size is None:
         raise ValueError(f"{type(attn).__name__} is a spatial mechanism and needs the token grid feat_size")

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from ..attention import create_attention, get_attention_spec
 from ..functional.linear import hookless
+from ..functional.tome import TokenMergeState
 from .adapter import apply_attention
 from .drop_path import DropPath
 from .layer_scale import LayerScale
@@ -161,9 +162,38 @@ class Block(nn.Module):
         x = self._residual(x, a, self.ls1, self.drop_path1)
         return self._residual(x, self.mlp(self.norm2(x)), self.ls2, self.drop_path2)
 
+    def _forward_merging(self, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int,
+                         tome: TokenMergeState) -> Tensor:
+        """Token merging (ToMe): the attention branch, ``tome.merge`` between the branches, the MLP branch.
+
+        The same branches as :meth:`forward` (LayerScale, drop path and norms untouched), ``[B, T, C] ->
+        [B, T - r, C]``; the mechanism adds ``log(size)`` to its logits and leaves the merge metric in
+        ``tome``. ``parallel``: both branches read one norm, so the merge follows the block.
+        """
+        if self.pos is not None or self.pos2 is not None:
+            raise ValueError("token merging: this block has a position layer, which needs the token grid")
+        P = num_prefix_tokens
+
+        def attn(y: Tensor) -> Tensor:
+            return apply_attention(self.attn, y, feat_size=feat_size, num_prefix_tokens=P, tome=tome)
+
+        style = self.style
+        if style == "pre":
+            x = self._residual(x, attn(self.norm1(x)), self.ls1, self.drop_path1)
+            x = tome.merge(x)
+            return self._residual(x, self.mlp(self.norm2(x)), self.ls2, self.drop_path2)
+        if style == "res_post":
+            x = tome.merge(x + self.drop_path1(self.ls1(self.norm1(attn(x)))))
+            return x + self.drop_path2(self.ls2(self.norm2(self.mlp(x))))
+        if style == "post":
+            x = tome.merge(self.norm1(x + self.drop_path1(self.ls1(attn(x)))))
+            return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
+        y = self.norm1(x)  # parallel
+        return tome.merge(x + self.drop_path1(self.ls1(attn(y))) + self.drop_path2(self.ls2(self.mlp(y))))
+
     def forward(self, x: Tensor, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0, *,
                 context: Tensor | None = None, mask: Tensor | None = None, rope_coords: Tensor | None = None,
-                rope_valid: Tensor | None = None) -> Tensor:
+                rope_valid: Tensor | None = None, tome: TokenMergeState | None = None) -> Tensor:
         """``[B, P + H·W, C]`` (grid ``feat_size``, ``P`` prefix tokens) or ``[B, H, W, C]`` -> same shape.
 
         ``context [B, M, C]``: class-attention flow (module docstring), ``x [B, Nq, C] -> [B, Nq, C]``.
@@ -172,12 +202,18 @@ class Block(nn.Module):
         ``rope_coords [B, L, 2]`` int ``(y, x)`` and ``rope_valid [B, L]`` bool (``L = N - P``): per-sample
         RoPE grids of a packed NaFlex batch, handed to a mechanism with a rotary embedding
         (``forward(..., rope_coords=, rope_valid=)``); None = not passed, as before.
+        ``tome``: token merging's state (:meth:`_forward_merging`): ``[B, T, C] -> [B, T - r, C]``, ``r`` this
+        block's share of ``tome``'s schedule.
         """
         if context is not None:
             if mask is not None or rope_coords is not None or rope_valid is not None:
                 raise ValueError("mask / rope_coords / rope_valid are not supported with context "
                                  "(class-attention flow)")
             return self._forward_context(x, context, feat_size)
+        if tome is not None:
+            if mask is not None or rope_coords is not None or rope_valid is not None:
+                raise ValueError("token merging takes no mask / rope_coords / rope_valid (packed NaFlex batches)")
+            return self._forward_merging(x, feat_size, num_prefix_tokens, tome)
         rope = None
         if rope_coords is not None or rope_valid is not None:
             rope = dict(rope_coords=rope_coords, rope_valid=rope_valid)

@@ -228,6 +228,18 @@ class Backbone(nn.Module):
             info["reduction"] = max(ph, pw)
 
     # ------------------------------------------------------------------ training
+    # why token merging has no meaning for the family (:meth:`set_token_merging`); token models override the method
+    token_merging_note: ClassVar[str] = ("its blocks attend within windows or on a spatial map, whose grid merged "
+                                         "tokens would no longer fill")
+
+    def set_token_merging(self, r: int | tuple[int, float] | Sequence[int], *, prop_attn: bool = True) -> None:
+        """Token merging (ToMe) in every block: ``r`` tokens merged per block (a schedule: see
+        :func:`vit_attention.functional.tome.merge_schedule`); ``r=0`` turns it off. Only token models support
+        it (ViT and its relatives); here it raises ``ValueError`` naming why it has no meaning for this family."""
+        if r == 0:
+            return
+        raise ValueError(f"token merging is not available for {type(self).__name__}: {self.token_merging_note}")
+
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute block activations in backward to save memory (training only): every stage (and the model
         itself) with a ``grad_checkpointing`` flag."""

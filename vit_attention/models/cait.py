@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -113,6 +113,9 @@ class Cait(Backbone):
     An isotropic :class:`~vit_attention.models.backbone.Backbone`: one stage of ``blocks``, then the
     class-attention blocks; the head is a bare ``Linear`` (key ``head``).
     """
+
+    token_merging_note: ClassVar[str] = ("not supported yet: its self-attention blocks use talking heads, which have "
+                                         "no token-merging path (planned, issue 25)")
 
     family = "cait"
     config_cls = CaitConfig

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -252,6 +252,9 @@ class ImageGPT(Backbone):
     :class:`~vit_attention.models.backbone.Backbone` (one stage of ``blocks``) that pools by the mean
     of all tokens (``global_pool="avg"``, the only pooling).
     """
+
+    token_merging_note: ClassVar[str] = ("its causal blocks predict every next pixel of the sequence; merged tokens "
+                                         "would break the order generation and the loss need")
 
     family = "igpt"
     resize_needs = ("the learned position table of the H·W pixel sequence (pos_embed) extended or resampled, "

@@ -281,6 +281,13 @@ class NaFlexVit(VisionTransformer):
     ``rope_coords`` / ``rope_valid``).
     """
 
+    def set_token_merging(self, r: int | tuple[int, float] | Sequence[int], *, prop_attn: bool = True) -> None:
+        """Not supported: packed NaFlex batches carry padding masks and per-sample grids (``r=0`` is accepted)."""
+        if isinstance(r, int) and not isinstance(r, bool) and r == 0:
+            return
+        raise ValueError("token merging is not supported by NaFlexVit yet: its packed batches carry padding masks and "
+                         "per-sample grids; use a fixed-size ViT")
+
     family = "naflexvit"
     config_cls = NaFlexVitConfig
     no_weight_decay_keys = ("pos_embed", "cls_token", "reg_token", "rope.freqs")

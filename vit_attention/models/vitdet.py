@@ -47,7 +47,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -207,6 +207,9 @@ class ViTDet(Backbone):
     isotropic :class:`~vit_attention.models.backbone.Backbone` (one stage of ``blocks`` on the map);
     the probe pools by :meth:`Backbone.pool` (the map's mean) into ``head.fc``.
     """
+
+    token_merging_note: ClassVar[str] = ("its windowed blocks, interleaved with the global ones, partition the token "
+                                         "grid, which merged tokens no longer fill")
 
     family = "vitdet"
     config_cls = ViTDetConfig

@@ -1,0 +1,109 @@
+"""Token merging (ToMe) on the token models: r=0 changes nothing, prefix tokens are never merged, the schedule
+is followed, outputs stay in image space, and the families where merging has no meaning refuse by name."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+from model_outputs import build, first_preset_per_family, small_overrides
+
+from vit_attention.functional import tome as tome_fn
+from vit_attention.models import create_model, get_model_entry
+from vit_attention.models.vit import VisionTransformer
+
+FAMILIES = first_preset_per_family()
+MERGING = sorted(n for f, n in FAMILIES.items() if f not in ("naflexvit", "cpvt")
+                 and issubclass(get_model_entry(n).model_cls, VisionTransformer))
+# code paths beyond each family's first preset: registers, two prefix tokens, RoPE-Mixed, post-norm, parallel,
+# MAP pooling, QK-norm
+EXTRA = ["vit_base_patch14_reg4_dinov2", "deit_tiny_distilled_patch16_224", "vit_base_patch16_rope_mixed_224",
+         "vit_base_patch16_224_postnorm", "vit_small_parallel_qknorm_patch16_224", "vit_base_patch16_siglip_224"]
+REFUSING = sorted(n for f, n in FAMILIES.items() if n not in MERGING)
+
+
+def _model(name: str, depth: int | None = None) -> tuple[torch.nn.Module, torch.Tensor]:
+    over = small_overrides(name)
+    if depth is not None:
+        over["depth"] = depth
+    model, x = build(name, over)
+    return model, x
+
+
+@pytest.mark.parametrize("name", sorted(set(MERGING + EXTRA)))
+def test_r_zero_schedule_changes_nothing(name: str) -> None:
+    """The merging path with nothing merged (a schedule of zeros: sizes, log-size bias, metric, RoPE at carried
+    positions all run) equals the model without merging, LayerScale, registers and RoPE included."""
+    model, x = _model(name)
+    with torch.no_grad():
+        ref = model.forward_features(x)
+        model.set_token_merging([0] * len(model.blocks))
+        out = model.forward_features(x)
+        model.set_token_merging(0)
+        off = model.forward_features(x)
+    assert model.token_merging is None and torch.equal(off, ref)
+    assert (out - ref).abs().max().item() <= 1e-6
+
+
+@pytest.mark.parametrize("name", sorted(set(MERGING + EXTRA)))
+def test_merging_follows_the_schedule_and_never_merges_prefix_tokens(name: str) -> None:
+    model, x = _model(name, depth=3)
+    P = model.num_prefix_tokens
+    states: list[tome_fn.TokenMergeState] = []
+    real = tome_fn.TokenMergeState.__init__
+
+    def spy(self: tome_fn.TokenMergeState, *args: object, **kwargs: object) -> None:
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+        states.append(self)
+
+    model.set_token_merging(3)
+    with torch.no_grad(), mock.patch.object(tome_fn.TokenMergeState, "__init__", spy):
+        out = model.forward_features(x)
+        logits = model.forward_head(out)
+    (state,) = states
+    N = out.shape[1] - P
+    assert out.shape == (x.shape[0], P + N, model.embed_dim) and logits.shape[0] == x.shape[0]
+    expected, left = [], N
+    for _ in range(3):
+        expected.append(min(3, left // 2))
+        left -= expected[-1]
+    assert state.removed == expected
+    tm = state.token_map
+    assert tm is not None and torch.equal(tm[:, :P], torch.arange(P).expand(x.shape[0], -1))
+    assert bool((tm[:, P:] >= P).all())  # no grid token ever lands on a prefix token
+    assert torch.equal(state.size[:, :P], torch.ones(x.shape[0], P, 1))
+    assert int(state.size.sum(1).min()) == P + N  # every patch still counted once
+    # image space: tokens covered by the same merged token are equal, the others are not forced to be
+    same = tm[0, P:, None] == tm[0, None, P:]
+    grid = out[0, P:]
+    assert torch.allclose(grid[same.nonzero()[:, 0]], grid[same.nonzero()[:, 1]])
+
+
+def test_merging_speeds_up_by_dropping_tokens_and_trains() -> None:
+    name = FAMILIES["vit"]
+    model, x = _model(name, depth=2)
+    model.train()
+    model.set_token_merging(4)
+    model(x).sum().backward()  # gradients flow through the merges
+    assert all(p.grad is not None for n, p in model.named_parameters() if p.requires_grad and "head" not in n)
+    inter = model.eval().forward_intermediates(x, [0, 1], output_fmt="NCHW", intermediates_only=True)
+    assert [tuple(t.shape[-2:]) for t in inter] == [model.feat_size(tuple(x.shape[-2:]))] * 2
+
+
+@pytest.mark.parametrize("name", REFUSING)
+def test_families_without_token_blocks_refuse_by_name(name: str) -> None:
+    with torch.device("meta"):
+        model = create_model(name, **small_overrides(name))
+    model.set_token_merging(0)  # off is always fine
+    with pytest.raises(ValueError, match="token merging"):
+        model.set_token_merging(2)
+
+
+def test_bad_schedules_are_refused() -> None:
+    model, _ = _model(FAMILIES["vit"], depth=2)
+    with pytest.raises(ValueError, match="per-block r must list 2 ints"):
+        model.set_token_merging([1, 2, 3])
+    with pytest.raises(ValueError, match="r must be >= 0"):
+        model.set_token_merging(-1)
+    assert model.token_merging is None
