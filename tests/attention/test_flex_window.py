@@ -185,6 +185,12 @@ def test_flex_forward_without_grad_and_cpu_training_refused() -> None:
         module(x)
 
 
+@pytest.mark.parametrize(("name", "hw"), [("window", (8, 8)), ("window", ODD), ("rel_pos", ODD), ("lsa", (8, 8))])
+def test_empty_batch_on_flex(name: str, hw: tuple[int, int]) -> None:
+    module = create_attention(name, 8, 2, window_size=4, backend="flex")
+    assert module(torch.randn(0, *hw, 8)).shape == (0, *hw, 8)
+
+
 @pytest.mark.parametrize(("hw", "shift", "pad_first"), [((8, 8), 2, True), (ODD, 2, True), (ODD, 2, False),
                                                         ((3, 10), 2, True)])
 def test_pattern_dense_bias_is_the_explicit_bias(hw: tuple[int, int], shift: int, pad_first: bool) -> None:

@@ -16,6 +16,11 @@ Two layouts, chosen by :func:`window_tokens` from the sizes alone:
   (position bias + shift mask, cached by the caller) broadcasts over the batch.
 
 Both end in the same memory order, so one row gather merges the heads and puts every token back.
+
+On the ``"flex"`` backend (:func:`.flex.use_flex`) neither runs: one gather puts the map's tokens
+in a window-major sequence per head, ``[B, nh, nW·S, hd]`` (windows one after the other, ``S >= N``
+positions each), and ONE FlexAttention call runs :func:`window_pattern` on it (same-window mask,
+position bias / shift term / query bias in the score_mod), block-sparse; docs/swin.md.
 """
 
 from __future__ import annotations
@@ -165,6 +170,8 @@ def _flex_window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_si
     hd = qkv.shape[-1] // (3 * nh)
     partitioned = shift == (0, 0) and (Hp, Wp) == (H, W)  # qkv holds windows [B·nW, N, 3C] (window_tokens)
     B = qkv.shape[0] // nW if partitioned else qkv.shape[0]
+    if B == 0:  # nothing to attend (flex cannot index the score terms of an empty batch); still on the graph
+        return qkv.narrow(-1, 0, nh * hd).reshape(0, H * W, nh * hd)
     if partitioned and S == N:  # already in window-major order: a view per head
         q, k, v = qkv.view(B, L, 3, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)  # each [B, nh, L, hd]
         _, out_rows = window_sequence_gather_index(H, W, window, shift, nh, pad_first=pad_first, stride=S,
@@ -221,7 +228,8 @@ def window_attention(qkv: Tensor, position_bias: Tensor | None, *, feat_size: tu
             batch or the heads), added to the position bias (ViTDet's decomposed relative positions).
         fused: the caller's captured fused-attention switch (None: the process default; see
             :func:`.attention.scaled_dot_product_attention`).
-        backend: the caller's captured attention backend (None: the process default; :mod:`.flex`).
+        backend: the caller's captured attention backend (None: the process default; :mod:`.flex`);
+            ``"flex"`` runs one FlexAttention call over the whole map (:func:`window_pattern`).
 
     Returns:
         ``[B, H·W, C]``: heads merged, windows reversed, shift undone, padding cropped.
