@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .attention import attention_observed
 from .runtime import ATTENTION_BACKEND, BACKENDS, FUSED_ATTENTION, capturing, check_backend
 
 __all__ = ["BACKENDS", "check_backend", "AttentionPattern", "MaskMod", "ScoreMod", "flex_attention",
@@ -62,12 +63,11 @@ def use_flex(backend: str | None, fused: bool | None, device: torch.device, mech
     explicit path is asked for (``fused`` False) or an observer is registered: observers (maps, traces,
     FLOPs) see the mechanism's own layout, whose rows they know how to place.
     """
-    from .attention import attention_observed
-
     backend = ATTENTION_BACKEND.get(backend)
-    if backend == "auto":
-        backend = "flex" if device.type == "cuda" and mechanism in AUTO_FLEX else "auto"
-    return backend == "flex" and FUSED_ATTENTION.get(fused) and not attention_observed()
+    if backend != "flex" and not (backend == "auto" and AUTO_FLEX and device.type == "cuda"
+                                  and mechanism in AUTO_FLEX):
+        return False  # the common case, decided without another lookup
+    return FUSED_ATTENTION.get(fused) and not attention_observed()
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]  # (b, h, q_idx, kv_idx) -> bool
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]  # (score, b, h, q_idx, kv_idx) -> score
