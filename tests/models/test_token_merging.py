@@ -107,3 +107,30 @@ def test_bad_schedules_are_refused() -> None:
     with pytest.raises(ValueError, match="r must be >= 0"):
         model.set_token_merging(-1)
     assert model.token_merging is None
+
+
+@pytest.mark.parametrize("name", ["vit_base_patch16_224", "vit_base_patch14_reg4_dinov2", "eva02_base_patch14_224"])
+def test_flops_with_merging_equal_the_measured(name: str) -> None:
+    """Analytic FLOPs of a merged model (its blocks on fewer tokens, plus the matching products) equal what
+    torch's FlopCounterMode measures, at the preset's full size (meta device). RoPE's rotations are elementwise
+    products the analytic count includes (``4·T·C`` per block) and FlopCounterMode does not: the difference
+    is exactly those, at each block's merged token count."""
+    from vit_attention.analysis import flops, measure_flops
+
+    with torch.device("meta"):
+        model = create_model(name)
+    size = model.cfg.img_size if isinstance(model.cfg.img_size, int) else model.cfg.img_size[0]
+    B, P = 2, model.num_prefix_tokens
+    shape = (B, 3, size, size)
+    full = flops(model, shape).total
+    N = model.patch_embed.num_patches
+    r = max(8, N // (2 * len(model.blocks)))  # about half the tokens gone by the last block
+    model.set_token_merging(r)
+    report = flops(model, shape)
+    rope, T = 0, P + N
+    for blk in model.blocks:
+        if blk.attn.rope is not None:
+            rope += B * blk.attn.rope.flops(T)
+        T -= min(r, (T - P) // 2)
+    assert report.total - measure_flops(model, shape)[0] == rope
+    assert report.modules["token merging"] > 0 and report.total < 0.8 * full

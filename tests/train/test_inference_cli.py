@@ -171,3 +171,17 @@ def test_train_options_check_the_backend() -> None:
     check_model_kwargs("vit_digits_patch2_8", {"attn_backend": "flex", "depth": 1})
     with pytest.raises(ValueError, match="--model-arg attn_backend must be one of"):
         check_model_kwargs("vit_digits_patch2_8", {"attn_backend": "fused"})
+
+
+def test_predict_with_token_merging(run: Path, tmp_path: Path, digit_png: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--tome R`` merges R tokens per block of a token model; a windowed model and a bad R are refused by name."""
+    assert main(["predict", str(digit_png), "--checkpoint", str(run), "--tome", "3"]) == 0
+    assert "(" in capsys.readouterr().out
+    assert main(["predict", str(digit_png), "--checkpoint", str(run), "--tome", "-1"]) == 2
+    assert "--tome must be an int >= 0" in _err(capsys)
+    swin = va.create_model("swin_digits_patch2_window2_8", num_classes=10, in_chans=1).eval()
+    va.save_weights(swin, tmp_path / "swin" / "model.safetensors",
+                    metadata={"classes": DIGIT_CLASSES, "mean": [0.3], "std": [0.2], "data": "digits",
+                              "crop_pct": 1.0, "val_fraction": 0.25, "split_seed": 0})
+    assert main(["predict", str(digit_png), "--checkpoint", str(tmp_path / "swin"), "--tome", "2"]) == 2
+    assert "--tome 2: token merging is not available for SwinTransformer" in _err(capsys)

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..functional.tome import matching_costs
 from ._run import ModuleCall, Recording, as_input, meta_state, module_device, record_forward
 
 __all__ = ["FlopReport", "flops", "measure_flops", "count_params", "stage_of", "attention_complexity",
@@ -192,8 +193,12 @@ def flops(model_or_module: nn.Module, input_shape: Sequence[int] | Tensor, *, de
     Returns:
         a :class:`FlopReport` (``.total`` MACs, ``.gmacs``, ``.modules``, ``.stages``, ``.table()``).
     """
-    rec = record_forward(model_or_module, input_shape, device=device)
+    with matching_costs() as matching:  # token merging's similarity products (no module of their own)
+        rec = record_forward(model_or_module, input_shape, device=device)
     costs, kinds = _costs(rec)
+    if matching:
+        costs["token merging"] = sum(matching)
+        kinds["token merging"] = "bipartite matching (cosine similarities)"
     stages: dict[str, int] = {}
     for name, macs in costs.items():
         key = stage_of(name.replace("[attention]", ""))

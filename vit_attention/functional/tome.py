@@ -25,14 +25,31 @@ Shapes: ``metric [B, T, C']``, per-token tensors ``[B, T, ...]``, sizes ``[B, T,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 __all__ = ["MergePlan", "bipartite_soft_matching", "merge_wavg", "size_bias", "follow", "unmerge",
-           "merge_schedule", "TokenMergeState"]
+           "merge_schedule", "TokenMergeState", "matching_costs"]
+
+# multiply-adds of the similarity products, collected while a matching_costs() block is open (FLOP counting)
+_COSTS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("vit_attention_tome_costs", default=None)
+
+
+@contextlib.contextmanager
+def matching_costs() -> Iterator[list[int]]:
+    """Inside the block, every :func:`bipartite_soft_matching` of this thread appends the multiply-adds of its
+    similarity product (``B·nA·nB·C'``) to the yielded list (``vit_attention.analysis.flops`` counts them)."""
+    costs: list[int] = []
+    token = _COSTS.set(costs)
+    try:
+        yield costs
+    finally:
+        _COSTS.reset(token)
 
 
 @dataclass(frozen=True)
@@ -125,6 +142,10 @@ def bipartite_soft_matching(metric: Tensor, r: int, *, num_prefix: int = 0) -> M
         m = metric[:, P:].float()
         m = m / m.norm(dim=-1, keepdim=True).clamp_min(1e-12)
         scores = m[:, ::2] @ m[:, 1::2].transpose(1, 2)  # [B, nA, nB] cosine similarities
+        if not torch.compiler.is_compiling():  # dynamo cannot read a context variable (and nobody counts there)
+            costs = _COSTS.get()
+            if costs is not None:
+                costs.append(B * scores.shape[1] * scores.shape[2] * m.shape[-1])
         best, match = scores.max(dim=-1)  # [B, nA]
         order = torch.sort(best, dim=-1, descending=True, stable=True).indices  # [B, nA]
         src = order[:, :r]  # [B, r]

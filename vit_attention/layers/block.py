@@ -135,6 +135,10 @@ class Block(nn.Module):
                             residual=x, mask=mask,
                             **(rope or {}))  # the adapter fuses where the mechanism can and no hook could tell
         x = self._pos_mlp(x, feat_size, num_prefix_tokens)
+        return self._fused_mlp(x)
+
+    def _fused_mlp(self, x: Tensor) -> Tensor:
+        """``x + mlp(norm2(x))`` at inference without LayerScale: the add fused into ``fc2`` where it can be."""
         if getattr(self.mlp, "accepts_residual", False) and hookless(self.mlp):
             return self.mlp(self.norm2(x), residual=x)
         return x + self.mlp(self.norm2(x))
@@ -179,8 +183,15 @@ class Block(nn.Module):
 
         style = self.style
         if style == "pre":
-            x = self._residual(x, attn(self.norm1(x)), self.ls1, self.drop_path1)
+            fused = not self.training  # inference: the residual adds fused as in forward (same math)
+            if fused and isinstance(self.ls1, nn.Identity):
+                x = apply_attention(self.attn, self.norm1(x), feat_size=feat_size, num_prefix_tokens=P, tome=tome,
+                                    residual=x)
+            else:
+                x = self._residual(x, attn(self.norm1(x)), self.ls1, self.drop_path1)
             x = tome.merge(x)
+            if fused and isinstance(self.ls2, nn.Identity):
+                return self._fused_mlp(x)
             return self._residual(x, self.mlp(self.norm2(x)), self.ls2, self.drop_path2)
         if style == "res_post":
             x = tome.merge(x + self.drop_path1(self.ls1(self.norm1(attn(x)))))

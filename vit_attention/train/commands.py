@@ -262,6 +262,26 @@ def _data_meta(model: Any) -> dict[str, Any]:
 
 
 def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """:func:`_load_checkpoint_for_inference`, with ``--tome R`` (token merging, ``R`` tokens per block) set."""
+    model, meta = _load_checkpoint_for_inference(args)
+    r = getattr(args, "tome", None)
+    if r:
+        set_tome(model, r)
+    return model, meta
+
+
+def set_tome(model: Any, r: int) -> None:
+    """``model.set_token_merging(r)`` for ``--tome R``: a bad value or a model that cannot merge raises a
+    ``ValueError`` naming the option."""
+    if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+        raise ValueError(f"--tome must be an int >= 0 (tokens merged per block; 0 = off), got {r!r}")
+    try:
+        model.set_token_merging(r)
+    except (ValueError, AttributeError) as e:
+        raise ValueError(f"--tome {r}: {e}") from None
+
+
+def _load_checkpoint_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """The model ``--checkpoint`` (or ``--model NAME --pretrained``) gives, in eval mode, and how to feed it.
 
     A file of ours (run folder, ``model.safetensors``, ``checkpoint.safetensors``) says which model it
@@ -570,6 +590,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                             "attn_backend=auto|sdpa|explicit|flex (how attention runs) goes with any checkpoint")
         p.add_argument("--num-classes", type=int, default=None,
                        help="classes of --model with a foreign checkpoint (must agree with a file of ours)")
+        p.add_argument("--tome", type=int, default=0, metavar="R",
+                       help="token merging (ToMe): merge R tokens in every block of a token model (ViT family), "
+                            "faster at a small accuracy cost; 0 = off (default 0; docs/token_merging.md)")
         p.add_argument("--naflex", action="store_true",
                        help="NaFlex models (family naflexvit): read each image at its own aspect, resized to at most "
                             "--max-seq-len patches, as `train --naflex` does (automatic for a run trained with "
