@@ -22,6 +22,7 @@ from model_outputs import build, small_overrides
 
 from vit_attention import create_attention
 from vit_attention.attention import set_attention_backend
+from vit_attention.attention.window import WindowAttentionBase
 from vit_attention.functional import flex
 from vit_attention.functional.window import (
     shift_window_mask,
@@ -258,3 +259,8 @@ def test_reduced_models_on_flex(name: str) -> None:
     """Twins-SVT (LSA + global sub-sampled attention), Swin and SwinV2 with shifted windows at reduced size."""
     model, x = build(name, small_overrides(name))
     assert_flex_matches_explicit(model, lambda: [x[:1]])
+    set_attention_backend(model, "flex")
+    with recorded_patterns() as patterns, torch.no_grad():
+        model(x[:1].double())  # the comparison left the model in float64
+    windowed = [m for m in model.modules() if isinstance(m, WindowAttentionBase)]
+    assert windowed and len([p for p in patterns if (p.cache_key or ("",))[0] == "window"]) == len(windowed)
