@@ -193,3 +193,15 @@ def test_pattern_equals_dense_flex_call() -> None:
     ref = sdpa(q, k, v, bias=pattern.dense_bias(1, 2), mask=pattern.dense_mask(), backend="explicit")
     assert rel_err(out, ref.transpose(1, 2).reshape(1, 9, 10, 16)) <= 1e-5
 
+
+
+def test_pattern_checks_its_arguments() -> None:
+    with pytest.raises(ValueError, match="smaller than kernel_size"):
+        neighborhood_pattern(5, 9, 3, 2)
+    with pytest.raises(ValueError, match="odd and positive"):
+        neighborhood_pattern(9, 9, 4)
+    with pytest.raises(ValueError, match="dilation must be"):
+        neighborhood_pattern(9, 9, 3, 0)
+    with pytest.raises(ValueError, match="rpb must be"):
+        neighborhood_pattern(9, 9, 3, rpb=torch.zeros(2, 3, 3))
+    neighborhood_pattern(6, 9, 3, (2, 3))  # exactly K·d fits

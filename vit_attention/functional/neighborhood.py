@@ -321,7 +321,13 @@ def neighborhood_pattern(Hp: int, Wp: int, kernel_size: int | tuple[int, int], d
     """
     kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
     dh, dw = (dilation, dilation) if isinstance(dilation, int) else tuple(dilation)
-    neighborhood_plan(Hp, Wp, (kh, kw), (dh, dw), 1)  # validates the kernel, dilation and sizes (cached)
+    if kh % 2 == 0 or kw % 2 == 0 or kh < 1 or kw < 1:
+        raise ValueError(f"kernel_size must be odd and positive (the window is centred), got {kernel_size!r}")
+    if dh < 1 or dw < 1:
+        raise ValueError(f"dilation must be >= 1, got {dilation!r}")
+    if Hp < kh * dh or Wp < kw * dw:  # the shortest dilation group (floor(side / d) positions) holds a window
+        raise ValueError(f"a map of {Hp}x{Wp} is smaller than kernel_size * dilation = {kh * dh}x{kw * dw}; "
+                         "pad it first")
     if order is None:
         order, tile = FLEX_ORDER[max(dh, dw) > 1]
     tile = (FLEX_TILE if order == "tile" else 0) if tile is None else tile
