@@ -155,3 +155,11 @@ def test_flex_refuses_attention_dropout_by_name() -> None:
     m = create_attention("halo", 16, 2, block_size=4, halo_size=1, attn_drop=0.1, backend="flex").train()
     with pytest.raises(ValueError, match="dropout"), torch.no_grad():
         m(_map(8, 8))
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_empty_batch_on_flex(stride: int) -> None:
+    m = _module(block_size=4, halo_size=1, stride=stride)
+    set_attention_backend(m, "flex")
+    with torch.no_grad():  # CPU flex: inference only outside the tests' backward helper
+        assert m(torch.randn(0, 8, 8, 16)).shape == (0, 8 // stride, 8 // stride, 16)

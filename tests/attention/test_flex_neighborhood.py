@@ -205,3 +205,10 @@ def test_pattern_checks_its_arguments() -> None:
     with pytest.raises(ValueError, match="rpb must be"):
         neighborhood_pattern(9, 9, 3, rpb=torch.zeros(2, 3, 3))
     neighborhood_pattern(6, 9, 3, (2, 3))  # exactly K·d fits
+
+
+@pytest.mark.parametrize("d", [1, 2])
+def test_empty_batch_on_flex(d: int) -> None:
+    m = create_attention("neighborhood", 16, 2, kernel_size=3, dilation=d, backend="flex")
+    with torch.no_grad():  # CPU flex: inference only outside the tests' backward helper
+        assert m(torch.randn(0, 6, 7, 16)).shape == (0, 6, 7, 16)

@@ -328,6 +328,8 @@ def _halo_flex(q: Tensor, kv: Tensor, nh: int, block_size: int, halo_size: int, 
     s, h = Hp // Hq, halo_size
     dqk, dv = Cqk // nh, (Ckv - Cqk) // nh
     Nq, M = Hq * Wq, (Hp + 2 * h) * (Wp + 2 * h)
+    if B == 0:  # nothing to attend (flex cannot index the per-query logits of an empty batch); still on the graph
+        return kv[:, ::s, ::s, Cqk:]  # [0, Hp/s, Wp/s, nh·hd_v]
     H, W = grid or (Hp, Wp)
     orders = _flex_orders(Hp, Wp, block_size, h, s)
     qperm, qinv, kperm, _ = _flex_index(Hp, Wp, block_size, h, s, H, W, orders, kv.device)  # cached
