@@ -12,7 +12,8 @@ changes is inside a window:
 
 The per-head temperature is folded into the normalised queries (``q̂ · τ``, logit scale 1) by
 :func:`~vit_attention.functional.window_attention.window_attention`, so the core sees a plain
-float scale. Bias and shift mask form one additive bias, as in W-MSA.
+float scale. Bias and shift mask form one additive bias, as in W-MSA; on the ``"flex"`` backend the
+CPB MLP's bias is read in the score_mod of one call over the whole map, as W-MSA's table is.
 """
 
 from __future__ import annotations

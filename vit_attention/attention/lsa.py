@@ -4,7 +4,8 @@ LSA is plain window attention: the map is cut into non-overlapping ``ws x ws`` g
 and each attends to itself, with no relative-position bias and no shift. It is a configuration
 of :class:`~vit_attention.attention.window.WindowAttentionBase` (the same partition, padding,
 fused kernel and attention-map layout as Swin's W-MSA), registered under its own name with
-Twins' keys (``qkv``, ``proj``: timm's ``LocallyGroupedAttn``).
+Twins' keys (``qkv``, ``proj``: timm's ``LocallyGroupedAttn``). On the ``"flex"`` backend the groups
+are one block-sparse FlexAttention call over the whole map (a same-window mask, no score_mod).
 
 Padding policy (maps that are not multiples of ``ws``; FAMILIES.md §6):
 

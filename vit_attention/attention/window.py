@@ -5,7 +5,10 @@ padded to a multiple of the window, cut into ``nW`` windows of ``N = Wh·Ww`` to
 window attends to itself with a learned relative-position bias. The bias and the shift mask are
 added into ONE additive mask handed to the library's single attention function, so the fused
 kernel runs whenever the weights are not needed (except CPU training, where torch's fused kernel
-has no gradient for the learned mask and the core takes its explicit path instead).
+has no gradient for the learned mask and the core takes its explicit path instead). On the
+``"flex"`` backend the whole map runs as ONE FlexAttention call over a window-major sequence, the
+bias table and the shift term read in its score_mod
+(:func:`~vit_attention.functional.window_attention.window_pattern`; docs/swin.md).
 
 Order of shift and padding at sizes that are not multiples of the window (see docs/swin.md):
 
