@@ -163,3 +163,18 @@ def test_empty_batch_on_flex(stride: int) -> None:
     set_attention_backend(m, "flex")
     with torch.no_grad():  # CPU flex: inference only outside the tests' backward helper
         assert m(torch.randn(0, 8, 8, 16)).shape == (0, 8 // stride, 8 // stride, 16)
+
+
+@pytest.mark.parametrize(("kwargs", "hw"), [(dict(block_size=4, halo_size=1, pad_mask=True), (7, 12)),
+                                            (dict(block_size=3, halo_size=1), (24, 24))])  # row / block-tile orders
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")  # cached index plans
+def test_flex_path_traces_without_graph_breaks(kwargs: dict[str, Any], hw: tuple[int, int]) -> None:
+    import torch._dynamo as dynamo
+
+    m = _module(**kwargs).eval()
+    set_attention_backend(m, "flex")
+    dynamo.reset()
+    with torch.no_grad():
+        explained = dynamo.explain(m)(_map(*hw)[:1])
+    dynamo.reset()
+    assert explained.graph_break_count == 0, explained.break_reasons

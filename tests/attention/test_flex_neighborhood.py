@@ -212,3 +212,17 @@ def test_empty_batch_on_flex(d: int) -> None:
     m = create_attention("neighborhood", 16, 2, kernel_size=3, dilation=d, backend="flex")
     with torch.no_grad():  # CPU flex: inference only outside the tests' backward helper
         assert m(torch.randn(0, 6, 7, 16)).shape == (0, 6, 7, 16)
+
+
+@pytest.mark.parametrize("d", [1, 2])
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")  # cached index plans
+def test_flex_path_traces_without_graph_breaks(d: int) -> None:
+    """torch.compile sees one graph: the pattern's index tensors are built without reading tensor values."""
+    import torch._dynamo as dynamo
+
+    m = create_attention("neighborhood", 16, 2, kernel_size=3, dilation=d, backend="flex").eval()
+    dynamo.reset()
+    with torch.no_grad():
+        explained = dynamo.explain(m)(_map(9, 10)[:1])
+    dynamo.reset()
+    assert explained.graph_break_count == 0, explained.break_reasons

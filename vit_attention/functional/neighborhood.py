@@ -262,10 +262,9 @@ def _token_order(H: int, W: int, order: str, tile: int, dh: int, dw: int) -> Ten
     c = torch.arange(W, device=_CPU)[None, :].expand(H, W)
     if order == "row":
         return torch.arange(H * W, device=_CPU)
-    group = torch.zeros_like(r)
+    group, rows, cols = torch.zeros_like(r), H, W
     if order == "residue":  # (r mod d, c mod d) groups, each on its own (r // d, c // d) grid
-        group, r, c = (r % dh) * dw + c % dw, r // dh, c // dw
-    rows, cols = int(r.max()) + 1, int(c.max()) + 1
+        group, r, c, rows, cols = (r % dh) * dw + c % dw, r // dh, c // dw, -(-H // dh), -(-W // dw)
     tile_r, tile_c = (1, cols) if tile == 0 else (tile, tile)  # tile 0: row-major (inside each group)
     tiles_r, tiles_c = -(-rows // tile_r), -(-cols // tile_c)
     rank = ((group * tiles_r + r // tile_r) * tiles_c + c // tile_c) * tile_r * tile_c
