@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["upsample_map", "save_heatmap", "save_grid"]
+__all__ = ["upsample_map", "save_heatmap", "save_grid", "save_merge_groups"]
 
 
 def upsample_map(heat: Tensor, size: Sequence[int]) -> Tensor:
@@ -78,6 +78,51 @@ def save_grid(maps: Sequence[Tensor], titles: Sequence[str], path: str | Path, *
         ax.set_title(t, fontsize=8)
         ax.set_xticks([])
         ax.set_yticks([])
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", metadata={"Software": None})
+    return path
+
+
+def _merge_overlay(img: np.ndarray, groups: Tensor, palette: np.ndarray, alpha: float) -> np.ndarray:
+    """``img [H, W, 3]`` with every group of two or more patches of ``groups [h, w]`` (ids) in its own colour."""
+    H, W = img.shape[:2]
+    ids = torch.as_tensor(groups).long().cpu().numpy()
+    counts = np.bincount(ids.ravel(), minlength=int(ids.max()) + 1)
+    rows, cols = np.arange(H) * ids.shape[0] // H, np.arange(W) * ids.shape[1] // W  # nearest: a colour per patch
+    ids = ids[rows][:, cols]
+    merged = (counts[ids] > 1)[..., None]
+    return np.where(merged, (1 - alpha) * img + alpha * palette[ids % len(palette)], img)
+
+
+def save_merge_groups(images: Sequence[Tensor | np.ndarray], groups: Sequence[Sequence[Tensor]],
+                      titles: Sequence[str], path: str | Path, *, suptitle: str = "", alpha: float = 0.65) -> Path:
+    """Write one row per image: the image, then per entry of its ``groups`` (``[h, w]`` int: the merged token
+    covering each patch, e.g. after each block) the image with every group of two or more patches in its own
+    colour (single patches left as they are). ``titles`` name the group columns. One PNG at ``path``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if len(images) != len(groups) or not images:
+        raise ValueError(f"give one list of group maps per image: {len(images)} images, {len(groups)} lists")
+    n = len(groups[0]) + 1
+    fig = Figure(figsize=(2.0 * n, 2.1 * len(images) + 0.3), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(images), n, squeeze=False)
+    palette = np.random.default_rng(0).uniform(0.15, 1.0, size=(4096, 3))
+    for row, (image, maps) in enumerate(zip(images, groups)):
+        img = _as_image(image)
+        axes[row][0].imshow(img, interpolation="nearest")
+        for ax, g in zip(axes[row][1:], maps):
+            ax.imshow(_merge_overlay(img, g, palette, alpha), interpolation="nearest")
+        for col, ax in enumerate(axes[row]):
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if row == 0:
+                ax.set_title("input" if col == 0 else titles[col - 1], fontsize=8)
     if suptitle:
         fig.suptitle(suptitle, fontsize=9)
     fig.tight_layout()

@@ -34,10 +34,26 @@ import torch
 from torch import Tensor
 
 __all__ = ["MergePlan", "bipartite_soft_matching", "merge_wavg", "size_bias", "follow", "unmerge",
-           "merge_schedule", "TokenMergeState", "matching_costs"]
+           "merge_schedule", "TokenMergeState", "matching_costs", "recording_merges"]
 
 # multiply-adds of the similarity products, collected while a matching_costs() block is open (FLOP counting)
 _COSTS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("vit_attention_tome_costs", default=None)
+
+
+_RECORD: contextvars.ContextVar[list[Tensor] | None] = contextvars.ContextVar("vit_attention_tome_record",
+                                                                             default=None)
+
+
+@contextlib.contextmanager
+def recording_merges() -> Iterator[list[Tensor]]:
+    """Inside the block, every :meth:`TokenMergeState.merge` of this thread appends a copy of the token map after
+    it, ``[B, T0]`` (the merged token covering each original token; the identity where nothing merged yet)."""
+    maps: list[Tensor] = []
+    token = _RECORD.set(maps)
+    try:
+        yield maps
+    finally:
+        _RECORD.reset(token)
 
 
 @contextlib.contextmanager
@@ -263,6 +279,17 @@ class TokenMergeState:
         plan = bipartite_soft_matching(self.metric, r, num_prefix=self.num_prefix)
         self.metric = None
         self.removed.append(plan.r)
+        x = self._apply(plan, x)
+        if not torch.compiler.is_compiling():  # dynamo cannot read a context variable
+            record = _RECORD.get()
+            if record is not None:
+                B = x.shape[0]
+                record.append(torch.arange(self.num_tokens, device=x.device).expand(B, -1).clone()
+                              if self.token_map is None else self.token_map.clone())
+        return x
+
+    def _apply(self, plan: MergePlan, x: Tensor) -> Tensor:
+        """``x`` merged by ``plan``; sizes, coordinates and the token map follow."""
         if plan.r == 0:
             return x
         size = self.size
