@@ -264,3 +264,22 @@ def test_reduced_models_on_flex(name: str) -> None:
         model(x[:1].double())  # the comparison left the model in float64
     windowed = [m for m in model.modules() if isinstance(m, WindowAttentionBase)]
     assert windowed and len([p for p in patterns if (p.cache_key or ("",))[0] == "window"]) == len(windowed)
+
+
+@pytest.mark.parametrize(("name", "hw", "kwargs"), [
+    ("window", (13, 15), dict(window_size=7, shift_size=3)),  # spaced windows (S = 64), shift, padding
+    ("cosine_window", (8, 8), dict(window_size=4, shift_size=2, cpb_hidden=16)),
+    ("lsa", (7, 10), dict(window_size=4, pad_mask=True)),
+    ("rel_pos", (7, 10), dict(window_size=4)),
+])
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")  # cached index tables
+def test_flex_path_traces_without_graph_breaks(name: str, hw: tuple[int, int], kwargs: dict[str, Any]) -> None:
+    """torch.compile sees one graph: geometry, stride and index tables come from sizes, never from tensor values."""
+    import torch._dynamo as dynamo
+
+    module = create_attention(name, 8, 2, backend="flex", **kwargs).eval()
+    dynamo.reset()
+    with torch.no_grad():
+        explained = dynamo.explain(module)(torch.randn(1, *hw, 8))
+    dynamo.reset()
+    assert explained.graph_break_count == 0, explained.break_reasons
