@@ -136,9 +136,11 @@ def window_pattern(feat_size: tuple[int, int], window_size: int | Sequence[int],
             return q_idx // S == kv_idx // S
 
     # the mods are evaluated on masked positions too: the terms are padded to the stride (in range, unused)
-    pos = None if position_bias is None else F.pad(position_bias.to(dtype or position_bias.dtype),
-                                                   (0, S - N, 0, S - N))  # [nh, S, S]
-    qb = None if query_bias is None else F.pad(query_bias.to(dtype or query_bias.dtype), (0, S - N))  # [B, nh, L, S]
+    pos = None if position_bias is None else position_bias.to(dtype or position_bias.dtype)  # [nh, N, N]
+    qb = None if query_bias is None else query_bias.to(dtype or query_bias.dtype)  # [B, nh, L, N]
+    if S != N:
+        pos = None if pos is None else F.pad(pos, (0, S - N, 0, S - N))  # [nh, S, S]
+        qb = None if qb is None else F.pad(qb, (0, S - N))  # [B, nh, L, S]
     shifted = shift != (0, 0)
     score_mod = None
     if pos is not None or shifted or qb is not None:
