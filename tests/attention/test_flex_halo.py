@@ -178,3 +178,19 @@ def test_flex_path_traces_without_graph_breaks(kwargs: dict[str, Any], hw: tuple
         explained = dynamo.explain(m)(_map(*hw)[:1])
     dynamo.reset()
     assert explained.graph_break_count == 0, explained.break_reasons
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_compiled_flex_inference_on_cpu() -> None:
+    """torch.compile lowers the pattern (per-query relative logits in the score_mod) to FlexAttention's CPU kernel."""
+    m = _module(block_size=3, halo_size=1, pad_mask=True).eval()
+    x = _map(24, 23)[:1]  # block-major queries and tiled keys
+    with torch.no_grad():
+        set_attention_backend(m, "explicit")
+        ref = m(x)
+        set_attention_backend(m, "flex")
+        torch._dynamo.reset()
+        out = torch.compile(m, fullgraph=True)(x)
+        torch._dynamo.reset()
+    assert rel_err(out, ref) <= 1e-5

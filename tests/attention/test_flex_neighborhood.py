@@ -226,3 +226,20 @@ def test_flex_path_traces_without_graph_breaks(d: int) -> None:
         explained = dynamo.explain(m)(_map(9, 10)[:1])
     dynamo.reset()
     assert explained.graph_break_count == 0, explained.break_reasons
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_compiled_flex_inference_on_cpu() -> None:
+    """torch.compile lowers the pattern to FlexAttention's CPU kernel (its index tensors enter the graph as
+    inputs, the only form that kernel template reads) and gives the explicit numbers."""
+    m = _module(3, 2).eval()
+    x = _map(9, 10)[:1]
+    with torch.no_grad():
+        set_attention_backend(m, "explicit")
+        ref = m(x)
+        set_attention_backend(m, "flex")
+        torch._dynamo.reset()
+        out = torch.compile(m, fullgraph=True)(x)
+        torch._dynamo.reset()
+    assert rel_err(out, ref) <= 1e-5

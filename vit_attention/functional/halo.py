@@ -36,7 +36,7 @@ from torch import Tensor
 from .attention import attention_observed, scaled_dot_product_attention
 from .flex import AttentionPattern, use_flex
 from .layout import PAD, AttentionLayout
-from .neighborhood import token_order
+from .neighborhood import _graph_inputs, token_order
 from .window import _CPU, _cached
 
 __all__ = ["halo_key_index", "halo_rel_index", "halo_rel_bias", "halo_layout", "halo_attention", "halo_pattern",
@@ -229,6 +229,7 @@ def _visited_blocks(Hp: int, Wp: int, block_size: int, halo_size: int, stride: i
     return int(visited.sum())
 
 
+@torch.compiler.assume_constant_result  # under torch.compile: counted eagerly (a Python pair)
 def _flex_orders(Hp: int, Wp: int, block_size: int, halo_size: int, stride: int) -> tuple[str, str]:
     """The pair of :data:`ORDERS` whose block mask visits the fewest blocks (the first of equals)."""
     if FLEX_ORDER is not None:
@@ -236,6 +237,7 @@ def _flex_orders(Hp: int, Wp: int, block_size: int, halo_size: int, stride: int)
     return min(ORDERS, key=lambda o: _visited_blocks(Hp, Wp, block_size, halo_size, stride, o))
 
 
+@_graph_inputs
 @_cached(maxsize=64)
 def _flex_index(Hp: int, Wp: int, block_size: int, halo_size: int, stride: int, H: int, W: int,
                 orders: tuple[str, str], device: torch.device) -> tuple[Tensor | None, Tensor | None,

@@ -29,7 +29,10 @@ by residue ``(r mod d, c mod d)`` for a dilated window (:func:`token_order`).
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -287,6 +290,30 @@ def token_order(H: int, W: int, order: str = "tile", tile: int = FLEX_TILE,
     return _token_order(int(H), int(W), order, int(tile), int(dh), int(dw))
 
 
+def _graph_inputs(builder: Callable[..., Any], maxsize: int = 64) -> Callable[..., Any]:
+    """``builder`` (pure in its hashable arguments, returning index tensors) with its results kept in a store
+    that traced code reads: under ``torch.compile`` the build runs eagerly at trace time and the tensors enter the
+    graph as inputs (constants or in-graph builds leave FlexAttention's CPU kernel template without a buffer to
+    read: it fails to lower). A FIFO of ``maxsize`` results."""
+    store: dict[tuple[Any, ...], Any] = {}
+
+    @torch.compiler.assume_constant_result
+    def ensure(*key: Any) -> bool:
+        if key not in store:
+            store[key] = builder(*key)
+            if len(store) > maxsize:
+                store.pop(next(iter(store)))
+        return True
+
+    @functools.wraps(builder)
+    def lookup(*key: Any) -> Any:
+        ensure(*key)
+        return store[key]
+
+    return lookup
+
+
+@_graph_inputs
 @_cached(maxsize=64)
 def _flex_index(Hp: int, Wp: int, kernel_size: tuple[int, int], dilation: tuple[int, int], order: str, tile: int,
                 device: torch.device) -> tuple[Tensor | None, Tensor | None, tuple[Tensor, ...]]:
@@ -298,7 +325,7 @@ def _flex_index(Hp: int, Wp: int, kernel_size: tuple[int, int], dilation: tuple[
     for pos, length, K, d in ((r, Hp, kernel_size[0], dilation[0]), (c, Wp, kernel_size[1], dilation[1])):
         g, s = pos % d, pos // d
         group_length = (length - g + d - 1) // d
-        per_axis += [g + d * window_start(s, group_length, K), g, s]  # window's first key, residue, group index
+        per_axis += [pos, g + d * window_start(s, group_length, K), g, s]  # coordinate, window's first, residue, group
     identity = order == "row"
     inverse = torch.argsort(perm)
     return (None if identity else perm.to(device), None if identity else inverse.to(device),
@@ -333,10 +360,9 @@ def neighborhood_pattern(Hp: int, Wp: int, kernel_size: int | tuple[int, int], d
     if order not in TOKEN_ORDERS:
         raise ValueError(f"order must be one of {TOKEN_ORDERS}, got {order!r}")
     device = torch.device(device)
-    perm, inverse, (lo_r, res_r, grp_r, lo_c, res_c, grp_c) = _flex_index(
+    perm, inverse, (row, lo_r, res_r, grp_r, col, lo_c, res_c, grp_c) = _flex_index(
         int(Hp), int(Wp), (int(kh), int(kw)), (int(dh), int(dw)), order, int(tile), device)
     span_r, span_c = dh * (kh - 1), dw * (kw - 1)
-    row, col = res_r + dh * grp_r, res_c + dw * grp_c  # map coordinates per sequence position
 
     def mask_mod(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
         dr, dc = row[kv] - lo_r[q], col[kv] - lo_c[q]  # from the window's first key
