@@ -22,7 +22,7 @@ from vit_attention.functional.neighborhood import (
 )
 
 
-def _module(K: int, d: int | tuple[int, int], rpb: bool = True, seed: int = 0) -> torch.nn.Module:
+def _module(K: int | tuple[int, int], d: int | tuple[int, int], rpb: bool = True, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     m = create_attention("neighborhood", 16, 2, kernel_size=K, dilation=d, rel_pos_bias=rpb)
     if m.rpb is not None:
@@ -40,13 +40,15 @@ CASES = [  # K, dilation, H, W: odd and non-square maps, borders, maps smaller t
     (3, 2, 9, 7), (5, 2, 11, 13), (7, 2, 15, 14),
     (3, 3, 10, 11), (5, 3, 16, 15),
     (3, (1, 2), 7, 8),  # per-axis dilation
+    ((3, 5), 1, 7, 9), ((5, 3), (2, 1), 11, 8),  # rectangular kernels
     (3, 2, 4, 5), (5, 1, 3, 4), (3, 3, 2, 9),  # smaller than K·d: zero-padded and attended, as the original
 ]
 
 
 @pytest.mark.parametrize("rpb", [True, False], ids=["rpb", "no_rpb"])
 @pytest.mark.parametrize(("K", "d", "H", "W"), CASES)
-def test_flex_equals_explicit_forward_and_backward(K: int, d: int, H: int, W: int, rpb: bool) -> None:
+def test_flex_equals_explicit_forward_and_backward(K: int | tuple[int, int], d: int | tuple[int, int], H: int, W: int,
+                                                  rpb: bool) -> None:
     m = _module(K, d, rpb)
     x = _map(H, W)
     with warnings.catch_warnings():
