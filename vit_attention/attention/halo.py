@@ -10,6 +10,10 @@ Keys past the border are the zeros of the halo padding, attended to as timm does
 ``b``; here other sizes are zero-padded bottom / right after the projections (the same zeros as the
 halo) and cropped after, so a multiple of ``b`` gives timm's numbers exactly.
 
+On the ``"flex"`` backend the whole map is one block-sparse FlexAttention pattern instead of gathered
+windows (:func:`~vit_attention.functional.halo.halo_pattern`: the query map against the halo-padded key
+map, the relative logits read from per-query tables in the score_mod).
+
 There is no output projection: HaloNet's bottleneck block has the 1x1 convs around it. Keys follow
 timm: ``q`` / ``kv`` are 1x1 convs (``kv`` holds per head the key then the value channels).
 """
