@@ -12,9 +12,10 @@ from flex_utils import assert_flex_matches_explicit, recorded_patterns, rel_err
 
 from vit_attention.attention import create_attention, set_attention_backend
 from vit_attention.functional import flex
+from vit_attention.functional import neighborhood as nb
 from vit_attention.functional.attention import scaled_dot_product_attention as sdpa
 from vit_attention.functional.neighborhood import (
-    FLEX_ORDER,
+    ORDER_CANDIDATES,
     TOKEN_ORDERS,
     neighborhood_attention,
     neighborhood_pattern,
@@ -127,13 +128,36 @@ def _skipped(order: str | None, K: int, d: int, size: int = 56) -> float:
 def test_block_mask_skips_blocks_at_stage_one_and_the_default_order_is_the_better() -> None:
     """56 x 56, K = 7 (NAT / DiNAT stage 1): most 128 x 128 blocks are skipped; the default order skips at least
     as many as the others (row-major for d = 1: 80 %; residue-major for d = 4: 88 % against 49 % row-major)."""
-    assert FLEX_ORDER[False][0] == "row" and FLEX_ORDER[True][0] == "residue"
+    assert nb._flex_order(56, 56, (7, 7), (1, 1)) == ("row", 0)
+    assert nb._flex_order(56, 56, (7, 7), (4, 4)) == ("residue", 0)
     dense_1, tiled_1 = _skipped(None, 7, 1), _skipped("tile", 7, 1)
     dense_4, row_4 = _skipped(None, 7, 4), _skipped("row", 7, 4)
     print(f"56x56 K=7 block sparsity: d=1 row {dense_1:.1f}% tile {tiled_1:.1f}%; d=4 residue {dense_4:.1f}% "
           f"row {row_4:.1f}%")
     assert dense_1 > 75 and dense_1 >= tiled_1
     assert dense_4 > 85 and dense_4 > row_4 + 20
+
+
+def _visited(block_mask: object) -> int:
+    full = block_mask.full_kv_num_blocks
+    return int(block_mask.kv_num_blocks.sum()) + (0 if full is None else int(full.sum()))
+
+
+@pytest.mark.parametrize(("H", "W", "K", "d"), [(28, 28, 7, 2), (20, 33, 5, 3), (9, 90, 5, 1), (23, 19, 3, (1, 2))])
+def test_visited_block_count_is_the_block_masks(H: int, W: int, K: int, d: int | tuple[int, int]) -> None:
+    """The order chooser's exact count equals the block mask's visited blocks, for every candidate order."""
+    dd = (d, d) if isinstance(d, int) else d
+    for order, tile in ORDER_CANDIDATES:
+        pattern, _, _ = neighborhood_pattern(H, W, K, d, order=order, tile=tile)
+        counted = nb._visited_blocks(H, W, (K, K), dd, order, tile)
+        assert _visited(flex.block_mask_for(pattern, torch.device("cpu"))) == counted
+
+
+def test_a_wide_map_takes_tiles() -> None:
+    """14 x 200, K = 7: a row (200 tokens) outgrows a 128-token block; 8 x 8 tiles visit half the blocks."""
+    assert nb._flex_order(14, 200, (7, 7), (1, 1)) == ("tile", 8)
+    assert 2 * nb._visited_blocks(14, 200, (7, 7), (1, 1), "tile", 8) < nb._visited_blocks(
+        14, 200, (7, 7), (1, 1), "row", 0) + 5
 
 
 def test_auto_and_explicit_run_the_tiles_not_the_pattern() -> None:

@@ -23,8 +23,8 @@ Plans depend only on sizes and are cached (read-only tensors, built on the CPU).
 over the whole map, ``N = Hp·Wp`` queries against the same ``N`` keys: ``mask_mod`` = the key lies in
 the query's clamped (dilated) window, ``score_mod`` = ``rpb[h, Δr/d + K-1, Δc/d + K-1]`` read from the
 parameter. The tokens run in the order that leaves the block mask the most empty 128 x 128 blocks
-(measured at 56 x 56 and 28 x 28, ``K = 7``: :data:`FLEX_ORDER`): row-major for ``d = 1``, grouped
-by residue ``(r mod d, c mod d)`` for a dilated window (:func:`token_order`).
+(counted exactly per geometry among :data:`ORDER_CANDIDATES`; at 56 x 56 and 28 x 28, ``K = 7``: row-major
+for ``d = 1``, grouped by residue ``(r mod d, c mod d)`` for a dilated window; :func:`token_order`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from .window import _CPU, _cached
 
 __all__ = ["window_start", "neighborhood_plan", "NeighborhoodPlan", "default_tile_size", "neighborhood_attention",
            "neighborhood_bias", "neighborhood_layout", "MASKED", "token_order", "neighborhood_pattern",
-           "FLEX_ORDER", "FLEX_TILE", "TOKEN_ORDERS"]
+           "FLEX_ORDER", "FLEX_TILE", "TOKEN_ORDERS", "ORDER_CANDIDATES"]
 
 
 def window_start(index: Tensor, length: int | Tensor, kernel_size: int) -> Tensor:
@@ -247,16 +247,51 @@ def neighborhood_attention(qkv: Tensor, num_heads: int, kernel_size: int | tuple
 # ----------------------------------------------------------------------------- FlexAttention: one pattern
 TOKEN_ORDERS = ("row", "tile", "residue")
 FLEX_TILE = 8  # tile side of the "tile" order (64 tokens: two tiles per 128-token block)
-# The order the flex path runs in, per dilation, kept because it skipped the most 128 x 128 blocks of the block
-# mask (share of blocks skipped, K = 7; "tile" = 8 x 8 tiles, "residue" = (r mod d, c mod d) groups, row-major
-# inside each):
+# The flex path runs in the order of ORDER_CANDIDATES whose block mask visits the fewest 128 x 128 blocks, counted
+# exactly per geometry from the windows (_visited_blocks: one entry per query and window key, cheap). Measured
+# (share of blocks skipped, K = 7; "tile" = 8 x 8 tiles, "residue" = (r mod d, c mod d) groups, row-major inside):
 #   56 x 56, d = 1: row 80.6 %, tile 75.8 % (16 x 16 tiles 73.0 %)      28 x 28, d = 1: row 59.2 %, tile 40.8 %
 #   56 x 56, d = 4: row 49.0 %, tile 46.2 %, residue 88.3 %              56 x 56, d = 8: row 34.6 %, tile 0 %,
 #   residue 88.3 %          28 x 28, d = 2: row 36.7 %, tile 24.5 %, residue 61.2 %
 # A row of 56 tokens is short beside a 128-token block: row-major keeps a window's 7 rows in ~5 blocks, while
 # compact tiles straddle block boundaries on every side. A dilated window lives in one residue group, whose
-# tokens residue-major order keeps together (tiles inside a group measured the same as rows).
-FLEX_ORDER: dict[bool, tuple[str, int]] = {False: ("row", 0), True: ("residue", 0)}  # dilated? -> (order, tile)
+# tokens residue-major order keeps together (tiles inside a group measured the same as rows). Ties keep the
+# earlier candidate (row-major first: no gathers).
+ORDER_CANDIDATES: tuple[tuple[str, int], ...] = (("row", 0), ("residue", 0), ("tile", FLEX_TILE),
+                                                 ("residue", FLEX_TILE))
+FLEX_ORDER: tuple[str, int] | None = None  # None: the geometry's best candidate; an (order, tile) pair forces one
+_FLEX_BLOCK = 128  # FlexAttention's default block size (queries and keys)
+
+
+def _axis_window_starts(length: int, K: int, d: int) -> Tensor:
+    """The first key (map coordinate) of each position's window along one axis: ``[length]``."""
+    pos = torch.arange(length, device=_CPU)
+    g = pos % d
+    return g + d * window_start(pos // d, (length - g + d - 1) // d, K)
+
+
+@_cached(maxsize=256)
+def _visited_blocks(Hp: int, Wp: int, kernel_size: tuple[int, int], dilation: tuple[int, int], order: str,
+                    tile: int) -> int:
+    """How many ``128 x 128`` blocks of the ``N x N`` logits in ``order`` hold a (query, window key) pair."""
+    (kh, kw), (dh, dw) = kernel_size, dilation
+    rows = _axis_window_starts(Hp, kh, dh)[:, None] + dh * torch.arange(kh, device=_CPU)  # [Hp, Kh]
+    cols = _axis_window_starts(Wp, kw, dw)[:, None] + dw * torch.arange(kw, device=_CPU)  # [Wp, Kw]
+    keys = (rows[:, None, :, None] * Wp + cols[None, :, None, :]).reshape(Hp * Wp, kh * kw)  # [N, K²] map indices
+    position = torch.argsort(token_order(Hp, Wp, order, tile, dilation))  # map index -> sequence position
+    n = -(-(Hp * Wp) // _FLEX_BLOCK)
+    visited = torch.zeros(n, n, dtype=torch.bool, device=_CPU)
+    visited[position[:, None] // _FLEX_BLOCK, position[keys] // _FLEX_BLOCK] = True
+    return int(visited.sum())
+
+
+@torch.compiler.assume_constant_result  # under torch.compile: counted eagerly (a Python pair)
+def _flex_order(Hp: int, Wp: int, kernel_size: tuple[int, int], dilation: tuple[int, int]) -> tuple[str, int]:
+    """The (order, tile) of :data:`ORDER_CANDIDATES` whose block mask visits the fewest blocks (the first of equals),
+    or :data:`FLEX_ORDER` when set."""
+    if FLEX_ORDER is not None:
+        return FLEX_ORDER
+    return min(ORDER_CANDIDATES, key=lambda o: _visited_blocks(Hp, Wp, kernel_size, dilation, *o))
 
 
 @_cached(maxsize=64)
@@ -337,7 +372,7 @@ def neighborhood_pattern(Hp: int, Wp: int, kernel_size: int | tuple[int, int], d
                          device: torch.device | str = "cpu") -> tuple[AttentionPattern, Tensor | None, Tensor | None]:
     """Neighbourhood attention of a ``Hp x Wp`` map (sides >= ``K·d``) as one :class:`~.flex.AttentionPattern`
     over its ``N = Hp·Wp`` tokens in ``order`` with ``tile`` (:func:`token_order`; default: the measured-best
-    for the dilation, :data:`FLEX_ORDER`; ``tile`` default :data:`FLEX_TILE` for ``"tile"``, else 0).
+    of :data:`ORDER_CANDIDATES` for the geometry; ``tile`` default :data:`FLEX_TILE` for ``"tile"``, else 0).
 
     ``mask_mod``: key ``(r, c)`` lies in query ``(i, j)``'s window: same residue mod ``d`` per axis and within
     ``K`` group steps of the clamped start (:func:`window_start`). ``score_mod`` (with ``rpb [nh, 2Kh-1, 2Kw-1]``):
@@ -355,7 +390,7 @@ def neighborhood_pattern(Hp: int, Wp: int, kernel_size: int | tuple[int, int], d
         raise ValueError(f"a map of {Hp}x{Wp} is smaller than kernel_size * dilation = {kh * dh}x{kw * dw}; "
                          "pad it first")
     if order is None:
-        order, tile = FLEX_ORDER[max(dh, dw) > 1]
+        order, tile = _flex_order(int(Hp), int(Wp), (int(kh), int(kw)), (int(dh), int(dw)))
     tile = (FLEX_TILE if order == "tile" else 0) if tile is None else tile
     if order not in TOKEN_ORDERS:
         raise ValueError(f"order must be one of {TOKEN_ORDERS}, got {order!r}")
