@@ -7,7 +7,15 @@ import json
 import sys
 
 from ..models import list_models
-from .harness import RUNTIMES, BenchConfig, format_table, graph_break_report, run_benchmark
+from .harness import (
+    ATTN_BACKENDS,
+    COMPILE_MODES,
+    RUNTIMES,
+    BenchConfig,
+    format_table,
+    graph_break_report,
+    run_benchmark,
+)
 
 
 def _expand(patterns: list[str]) -> list[str]:
@@ -42,6 +50,8 @@ def _bench(args: argparse.Namespace) -> int:
     compare = [c.strip() for c in (args.compare or "").split(",") if c.strip()]
     cfg = BenchConfig(models=args.models, batch_size=args.batch_size, img_size=args.img_size, mode=args.mode,
                       compare=compare, compile=args.compile, compile_backend=args.compile_backend,
+                      compile_mode=args.compile_mode, compile_freeze=args.compile_freeze,
+                      attn_backend=args.attn_backend,
                       channels_last=args.channels_last, amp=args.amp, device=args.device, threads=args.threads,
                       rounds=args.rounds, iters=args.iters, warmup=args.warmup, peak_size=args.peak_size,
                       clock=args.clock, runtimes=tuple(args.runtime or ()))
@@ -74,9 +84,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="inference forward, or forward + backward + AdamW step")
     p.add_argument("--compare", default="", help="comma-separated references: timm,torchvision "
                    "(same architecture, our weights loaded into both through our converters)")
-    p.add_argument("--compile", action="store_true", help="also time torch.compile(ours); report graph breaks")
+    p.add_argument("--compile", action="store_true", help="also time torch.compile(ours) (static shapes), "
+                   "interleaved with eager ours (ratio 'vs ours'); report graph breaks")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend for --compile "
-                                                                 "(default: inductor)")
+                   "(default: inductor; 'eager' traces without code generation, a cheap check)")
+    p.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
+                   help="torch.compile mode for --compile (inductor): reduce-overhead records CUDA graphs on a GPU "
+                   "(launch-bound small models), max-autotune* tune GEMM templates (default: default)")
+    p.add_argument("--compile-freeze", action="store_true",
+                   help="inductor freezing for --compile (inference): parameters folded as constants, GEMM weights "
+                   "prepacked; ignored in training")
+    p.add_argument("--attn-backend", choices=ATTN_BACKENDS, default=None,
+                   help="build ours with create_model(attn_backend=...): auto, sdpa, explicit or flex "
+                   "(FlexAttention; with --compile it is compiled with the model) (default: the models' own, auto)")
     p.add_argument("--runtime", action="append", choices=RUNTIMES, default=None,
                    help="also time ours exported to this runtime (onnxruntime: ONNX, dynamic batch, CPU, fp32, "
                    "as many threads as torch), interleaved with eager; repeatable (default: none)")

@@ -37,10 +37,12 @@ from .peak import MatmulPeak
 from .reference import ReferenceFactory, ReferenceUnavailable, build_reference, library_version
 
 __all__ = ["BenchConfig", "Participant", "run_benchmark", "format_table", "count_flops", "summarise",
-           "explain_graph_breaks"]
+           "explain_graph_breaks", "compile_model", "with_freezing", "COMPILE_MODES", "ATTN_BACKENDS"]
 
 
 RUNTIMES = ("onnxruntime",)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile(mode=)
+ATTN_BACKENDS = ("auto", "sdpa", "explicit", "flex")  # create_model(attn_backend=)
 
 
 @dataclass
@@ -54,6 +56,9 @@ class BenchConfig:
     compare: Sequence[str] = ()
     compile: bool = False
     compile_backend: str = "inductor"
+    compile_mode: str = "default"  # torch.compile(mode=): one of COMPILE_MODES (inductor only)
+    compile_freeze: bool = False  # inductor freezing (weights folded as constants, prepacked GEMMs); inference
+    attn_backend: str | None = None  # create_model(attn_backend=): "auto", "sdpa", "explicit", "flex"; None: default
     channels_last: bool = False
     amp: str | None = None  # None or "bf16"
     device: str = "cpu"
@@ -84,6 +89,13 @@ class BenchConfig:
             raise ValueError(f"--clock must be 'wall' or 'process', got {self.clock!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"--compile-mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
+        if (self.compile_mode != "default" or self.compile_freeze) and self.compile_backend != "inductor":
+            raise ValueError(f"--compile-mode / --compile-freeze apply to the inductor backend only, got "
+                             f"--compile-backend {self.compile_backend!r}")
+        if self.attn_backend is not None and self.attn_backend not in ATTN_BACKENDS:
+            raise ValueError(f"--attn-backend must be one of {', '.join(ATTN_BACKENDS)}, got {self.attn_backend!r}")
         for rt in self.runtimes:
             if rt not in RUNTIMES:
                 raise ValueError(f"--runtime must be one of {', '.join(RUNTIMES)}, got {rt!r}")
@@ -271,6 +283,49 @@ def _parity(a: Any, b: Any) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
 
 
+def compile_model(model: nn.Module, backend: str = "inductor", mode: str = "default") -> nn.Module:
+    """``torch.compile(model, backend=backend, mode=mode)`` with static shapes (the benchmark's batch never
+    changes). ``mode`` is one of :data:`COMPILE_MODES`: ``"reduce-overhead"`` records CUDA graphs on a GPU
+    (launch-bound small models), the ``max-autotune`` ones also tune GEMM / convolution templates."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+    return torch.compile(model, backend=backend, mode=None if mode == "default" else mode,  # type: ignore[return-value]
+                         dynamic=False)
+
+
+def with_freezing(step: Callable[[], Any]) -> Callable[[], Any]:
+    """``step`` with inductor's ``freezing`` on while it runs: the config is read when a graph compiles (the
+    first call, and any recompile), so every call is wrapped. Freezing folds the parameters into the
+    inference graph as constants and prepacks the GEMMs' weights (oneDNN / MKL); with autograd recording
+    (training) inductor ignores it."""
+    import torch._inductor.config as inductor_config
+
+    def frozen() -> Any:
+        with inductor_config.patch(freezing=True):
+            return step()
+    return frozen
+
+
+def _compile_settings(cfg: BenchConfig) -> dict[str, Any]:
+    return {"backend": cfg.compile_backend, "mode": cfg.compile_mode, "freeze": cfg.compile_freeze}
+
+
+@contextlib.contextmanager
+def _dynamo_graphs() -> Iterator[dict[str, Any]]:
+    """Dynamo's counters over the block, filled into the yielded dict on exit: ``{"graphs", "graph_breaks",
+    "break_reasons"}`` of what compiled inside (the compiled participant's warm-up: no second trace)."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    info: dict[str, Any] = {}
+    try:
+        yield info
+    finally:
+        breaks = counters["graph_break"]
+        info.update(graphs=int(counters["stats"]["unique_graphs"]), graph_breaks=int(sum(breaks.values())),
+                    break_reasons=sorted({str(r).splitlines()[0][:160] for r in breaks}))
+
+
 def explain_graph_breaks(model: nn.Module, x: Tensor) -> dict[str, Any]:
     """Trace ``model(x)`` with dynamo (no compilation): ``{"graphs", "graph_breaks", "break_reasons"}``."""
     import torch._dynamo
@@ -339,7 +394,8 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
                references: dict[str, ReferenceFactory] | None, notes: list[str], log: Callable[[str], None]
                ) -> tuple[list[dict[str, Any]], list[float]]:
     torch.manual_seed(0)
-    ours = create_model(name, img_size=cfg.img_size, **cfg.model_kwargs)
+    backend_kw = {} if cfg.attn_backend is None else {"attn_backend": cfg.attn_backend}
+    ours = create_model(name, img_size=cfg.img_size, **cfg.model_kwargs, **backend_kw)
     size = _img_hw(ours)
     x = torch.randn(cfg.batch_size, _in_chans(ours), *size, generator=torch.Generator().manual_seed(0))
     refs: dict[str, nn.Module] = {}
@@ -368,13 +424,12 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
     twins.clear()
 
     participants = [Participant(label, make_step(m, x, mode, device, cfg.amp), m) for label, m in models.items()]
-    compile_info: dict[str, Any] | None = None
     if cfg.compile:
-        compile_info = explain_graph_breaks(copy.deepcopy(ours).eval(), x) if mode == "infer" else {}
         compiled_src = copy.deepcopy(ours)
-        compiled = torch.compile(compiled_src, backend=cfg.compile_backend)
-        participants.append(Participant("ours+compile", make_step(compiled, x, mode, device, cfg.amp),
-                                        compiled_src, info={"compile": compile_info}))
+        compiled = compile_model(compiled_src, cfg.compile_backend, cfg.compile_mode)
+        step = make_step(compiled, x, mode, device, cfg.amp)
+        participants.append(Participant("ours+compile", with_freezing(step) if cfg.compile_freeze else step,
+                                        compiled_src, info={"settings": _compile_settings(cfg)}))
 
     for runtime in cfg.runtimes:
         rt = _runtime_participant(runtime, ours, x, mode, cfg, device, notes, log)
@@ -385,11 +440,13 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
     log(f"{name} [{mode}]: warm-up ({', '.join(p.label for p in participants)})")
     for p in participants:
         t0 = time.perf_counter()
-        for _ in range(max(cfg.warmup, 1 if p.label.startswith("ours+") else 0)):
-            p.step()
+        with _dynamo_graphs() if p.label == "ours+compile" else contextlib.nullcontext() as graphs:
+            for _ in range(max(cfg.warmup, 1 if p.label.startswith("ours+") else 0)):
+                p.step()
         if p.label == "ours+compile":
             p.info["compile_warmup_s"] = time.perf_counter() - t0
-    memory = {p.label: (measure_peak_memory(p.step, device) if p.label not in _OUTSIDE_TORCH else
+            p.info["compile"] = graphs
+    memory = {p.label: (_peak_memory(p.step, device) if p.label not in _OUTSIDE_TORCH else
                         {"peak_bytes": None, "method": "not measured (the runtime allocates outside torch)",
                          "largest_bytes": None, "largest_shape": None})
               for p in participants}
@@ -434,6 +491,16 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
                 row[runtime] = p.info[runtime]
         rows.append(row)
     return rows, peaks
+
+
+def _peak_memory(step: Callable[[], Any], device: torch.device) -> dict[str, Any]:
+    """:func:`measure_peak_memory`, or ``peak_bytes`` None where the step cannot run under the CPU tracker (a
+    dispatch mode: eager FlexAttention compiles its own wrapper, which torch refuses inside one)."""
+    try:
+        return measure_peak_memory(step, device)
+    except Exception as e:
+        return {"peak_bytes": None, "method": f"not measured ({type(e).__name__} under the tensor tracker)",
+                "largest_bytes": None, "largest_shape": None}
 
 
 # ---------------------------------------------------------------------------- exported runtimes
@@ -496,7 +563,7 @@ def format_table(report: dict[str, Any]) -> str:
         f"timm {m['timm']}, torchvision {m['torchvision']}",
         f"settings: batch {cfg['batch_size']}, amp {cfg['amp'] or 'fp32'}, channels_last {cfg['channels_last']}, "
         f"rounds {cfg['rounds']} x iters {cfg['iters']} (ABBA), warmup {cfg['warmup']}, "
-        f"clock {cfg.get('clock', 'wall')}",
+        f"clock {cfg.get('clock', 'wall')}, attention backend {cfg.get('attn_backend') or 'default'}",
         f"matmul peak ({pk['dtype']}, {pk['n']}^3, {pk['kernel']}): {_fmt_stat(pk['gflops'])} GFLOP/s "
         "(median (min-max) over rounds)",
         "",
@@ -515,7 +582,9 @@ def format_table(report: dict[str, Any]) -> str:
     for r in report["results"]:
         c = r.get("compile", {}).get("compile")
         if c:
-            lines.append(f"compile {r['model']} [{r['mode']}]: graphs {c.get('graphs')}, graph breaks "
+            st = r["compile"].get("settings") or {}
+            how = f" ({st['backend']}, mode {st['mode']}{', freezing' if st.get('freeze') else ''})" if st else ""
+            lines.append(f"compile {r['model']} [{r['mode']}]{how}: graphs {c.get('graphs')}, graph breaks "
                          f"{c.get('graph_breaks')}{' ' + str(c.get('break_reasons')) if c.get('break_reasons') else ''}"
                          f"{' error ' + c['error'] if c.get('error') else ''}")
     lines += [f"note: {n}" for n in report["notes"]]
