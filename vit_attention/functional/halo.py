@@ -36,7 +36,7 @@ from torch import Tensor
 from .attention import attention_observed, scaled_dot_product_attention
 from .flex import AttentionPattern, use_flex
 from .layout import PAD, AttentionLayout
-from .neighborhood import _graph_inputs, token_order
+from .neighborhood import _FLEX_BLOCK, _graph_inputs, token_order
 from .window import _CPU, _cached
 
 __all__ = ["halo_key_index", "halo_rel_index", "halo_rel_bias", "halo_layout", "halo_attention", "halo_pattern",
@@ -202,8 +202,7 @@ def halo_attention(q: Tensor, kv: Tensor, num_heads: int, block_size: int, halo_
 # so each geometry takes the pair with the fewest visited blocks, counted exactly from the blocks' windows
 # (:func:`_flex_orders`, cheap: one entry per block and window key); ties keep row-major (no gathers).
 ORDERS: tuple[tuple[str, str], ...] = (("row", "row"), ("block", "row"), ("row", "tile"), ("block", "tile"))
-FLEX_ORDER = None  # None: the geometry's best of ORDERS (_flex_orders); a pair forces one (measurements, tests)
-_FLEX_BLOCK = 128  # FlexAttention's default block size (queries and keys)
+FLEX_ORDER: tuple[str, str] | None = None  # None: the best of ORDERS per geometry; a pair forces one (tests)
 
 
 def _order(H: int, W: int, order: str, tile: int) -> Tensor:
@@ -291,7 +290,7 @@ def halo_pattern(Hp: int, Wp: int, block_size: int, halo_size: int, block_stride
     orders = _flex_orders(int(Hp), int(Wp), b, h, s) if orders is None else tuple(orders)
     if orders not in ORDERS:
         raise ValueError(f"orders must be one of {ORDERS} (query order, key order), got {orders!r}")
-    H, W = grid or (Hp, Wp)
+    H, W = (grid or (Hp, Wp)) if pad_mask else (Hp, Wp)  # the image matters to pad_mask only
     win = b + 2 * h
     qperm, qinv, kperm, (wy, wx, base_y, base_x, ky, kx, inside) = _flex_index(
         int(Hp), int(Wp), b, h, s, int(H), int(W), orders, torch.device(device))
@@ -332,7 +331,7 @@ def _halo_flex(q: Tensor, kv: Tensor, nh: int, block_size: int, halo_size: int, 
     Nq, M = Hq * Wq, (Hp + 2 * h) * (Wp + 2 * h)
     if B == 0:  # nothing to attend (flex cannot index the per-query logits of an empty batch); still on the graph
         return kv[:, ::s, ::s, Cqk:]  # [0, Hp/s, Wp/s, nh·hd_v]
-    H, W = grid or (Hp, Wp)
+    H, W = (grid or (Hp, Wp)) if pad_mask else (Hp, Wp)
     orders = _flex_orders(Hp, Wp, block_size, h, s)
     qperm, qinv, kperm, _ = _flex_index(Hp, Wp, block_size, h, s, H, W, orders, kv.device)  # cached
     qs = q.reshape(B, Nq, nh, dqk)

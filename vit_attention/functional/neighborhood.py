@@ -352,8 +352,9 @@ def _graph_inputs(builder: Callable[..., Any], maxsize: int = 64) -> Callable[..
 @_cached(maxsize=64)
 def _flex_index(Hp: int, Wp: int, kernel_size: tuple[int, int], dilation: tuple[int, int], order: str, tile: int,
                 device: torch.device) -> tuple[Tensor | None, Tensor | None, tuple[Tensor, ...]]:
-    """Sequence order ``[N]`` (None: row-major), its inverse ``[N]``, and per sequence position ``[N]``: the
-    window's first row / column (map coordinates), the residue and the group index of the row / column."""
+    """Sequence order ``[N]`` (None: row-major), its inverse ``[N]``, and per sequence position ``[N]``, for the
+    row then the column: the map coordinate, the window's first key (map coordinate), the residue ``mod d`` and
+    the index inside the dilation group."""
     perm = token_order(Hp, Wp, order, tile, dilation)
     r, c = perm // Wp, perm % Wp  # map coordinates of each sequence position
     per_axis = []
