@@ -11,11 +11,11 @@ from model_outputs import build, first_preset_per_family, small_overrides
 
 from vit_attention.functional import tome as tome_fn
 from vit_attention.models import create_model, get_model_entry
-from vit_attention.models.vit import VisionTransformer
+from vit_attention.models.backbone import TokenMergingMixin
 
 FAMILIES = first_preset_per_family()
 MERGING = sorted(n for f, n in FAMILIES.items() if f not in ("naflexvit", "cpvt")
-                 and issubclass(get_model_entry(n).model_cls, VisionTransformer))
+                 and issubclass(get_model_entry(n).model_cls, TokenMergingMixin))
 # code paths beyond each family's first preset: registers, two prefix tokens, RoPE-Mixed, post-norm, parallel,
 # MAP pooling, QK-norm
 EXTRA = ["vit_base_patch14_reg4_dinov2", "deit_tiny_distilled_patch16_224", "vit_base_patch16_rope_mixed_224",
@@ -62,8 +62,9 @@ def test_merging_follows_the_schedule_and_never_merges_prefix_tokens(name: str) 
         out = model.forward_features(x)
         logits = model.forward_head(out)
     (state,) = states
-    N = out.shape[1] - P
-    assert out.shape == (x.shape[0], P + N, model.embed_dim) and logits.shape[0] == x.shape[0]
+    assert out.shape[:2] == (x.shape[0], P + state.num_tokens - state.num_prefix) and logits.shape[0] == x.shape[0]
+    P = state.num_prefix  # the blocks' prefix tokens (CaiT adds its class token after them)
+    N = state.num_tokens - P
     expected, left = [], N
     for _ in range(3):
         expected.append(min(3, left // 2))
@@ -76,7 +77,7 @@ def test_merging_follows_the_schedule_and_never_merges_prefix_tokens(name: str) 
     assert int(state.size.sum(1).min()) == P + N  # every patch still counted once
     # image space: tokens covered by the same merged token are equal, the others are not forced to be
     same = tm[0, P:, None] == tm[0, None, P:]
-    grid = out[0, P:]
+    grid = out[0, out.shape[1] - N:]
     assert torch.allclose(grid[same.nonzero()[:, 0]], grid[same.nonzero()[:, 1]])
 
 

@@ -17,6 +17,7 @@ from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, hookless
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
+from ..functional.tome import TokenMergeState
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
@@ -102,20 +103,34 @@ class TalkingHeadsAttention(nn.Module):
     def _mix_weights(self, a: Tensor) -> Tensor:
         return mix_heads(a, self.proj_w)  # [B, nh, N, N]
 
+    supports_token_merging = True  # forward(x, tome=state): proportional attention, sets the merge metric
+
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None) -> Tensor:
+                context: Tensor | None = None, tome: TokenMergeState | None = None) -> Tensor:
         """``x [B, N, C] -> [B, N, C]``.
 
         ``feat_size`` is not needed and prefix tokens attend like every other token. ``context``
-        is not supported (talking heads is self-attention): passing one raises.
+        is not supported (talking heads is self-attention): passing one raises. ``tome``: token merging's
+        state; ``log(size)`` is added to the mixed logits (proportional attention after the heads talk) and
+        the keys averaged over heads become its merge metric.
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
         if context is not None:
             raise ValueError("talking_heads is self-attention: context is not supported")
         q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
-        layout = token_layout(x.shape[1], feat_size, num_prefix_tokens) if attention_observed() else None
-        x = scaled_dot_product_attention(q, k, v, scale=1.0, logits_fn=self._mix_logits,  # scale: in _mix_logits
+        logits_fn = self._mix_logits
+        merged = False
+        if tome is not None:
+            tome.metric = k.mean(dim=1)  # [B, N, hd]
+            size_bias = tome.attention_bias()  # [B, 1, 1, N] or None
+            merged = tome.token_map is not None
+            if size_bias is not None:
+                def logits_fn(a: Tensor) -> Tensor:
+                    return self._mix_logits(a) + size_bias  # [B, nh, N, N]
+        layout = token_layout(x.shape[1], feat_size, num_prefix_tokens) if attention_observed() and not merged \
+            else None
+        x = scaled_dot_product_attention(q, k, v, scale=1.0, logits_fn=logits_fn,  # scale: in _mix_logits
                                          weights_fn=self._mix_weights, layout=layout,
                                          dropout_p=self.attn_drop if self.training else 0.0,
                                          fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]

@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -43,7 +43,7 @@ from ._config import (
     check_width_heads,
 )
 from ._pretrained import data_cfg, pretrained_tags
-from .backbone import Backbone, isotropic_taps, tokens_to_intermediates
+from .backbone import Backbone, TokenMergingMixin, isotropic_taps, tokens_to_intermediates
 from .registry import register_family
 
 __all__ = ["CaitConfig", "Cait", "reduced_config"]
@@ -105,7 +105,7 @@ class CaitConfig(ConfigMixin):
             raise ValueError(f"img_size={self.img_size!r} is not divisible by patch_size={self.patch_size!r}")
 
 
-class Cait(Backbone):
+class Cait(TokenMergingMixin, Backbone):
     """CaiT backbone with a classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives normalised tokens ``[B, 1 + N, C]`` (class token first; ``N`` patches),
@@ -113,9 +113,6 @@ class Cait(Backbone):
     An isotropic :class:`~vit_attention.models.backbone.Backbone`: one stage of ``blocks``, then the
     class-attention blocks; the head is a bare ``Linear`` (key ``head``).
     """
-
-    token_merging_note: ClassVar[str] = ("not supported yet: its self-attention blocks use talking heads, which have "
-                                         "no token-merging path (planned, issue 25)")
 
     family = "cait"
     config_cls = CaitConfig
@@ -209,7 +206,10 @@ class Cait(Backbone):
     def _run_blocks(self, x: Tensor, feat_size: tuple[int, int], indices: set[int] | None = None
                     ) -> tuple[Tensor, list[Tensor]]:
         """Patch tokens ``[B, N, C]`` through the self-attention blocks:
-        ``-> (tokens [B, N, C], [outputs of blocks indices])``."""
+        ``-> (tokens [B, N, C], [outputs of blocks indices])``; with token merging (:meth:`set_token_merging`) the
+        self-attention blocks merge and the class-attention stage sees the tokens back in image space."""
+        if self.token_merging is not None:
+            return self._run_blocks_merging(x, feat_size, indices, num_prefix=0)
         return run_blocks_with_taps(self.blocks, x, feat_size, 0, checkpoint=self.grad_checkpointing and self.training,
                                     taps=indices)
 

@@ -19,7 +19,6 @@ from torch import Tensor, nn
 
 from ..functional import resample_abs_pos_embed, sincos_2d_pos_embed
 from ..functional.pos_embed import POS_EMBED_RESIZE_RULES
-from ..functional.tome import TokenMergeState, merge_schedule
 from ..layers import (
     BLOCK_STYLES,
     AttentionPoolHead,
@@ -46,7 +45,7 @@ from ._config import (
     check_width_heads,
 )
 from ._pretrained import INCEPTION_MEAN, INCEPTION_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, data_cfg, pretrained_tags
-from .backbone import Backbone, isotropic_taps, tokens_to_intermediates
+from .backbone import Backbone, TokenMergingMixin, isotropic_taps, tokens_to_intermediates
 from .registry import register_family, with_published_gmacs
 
 __all__ = ["VisionTransformerConfig", "VisionTransformer", "AttentionPoolHead", "reduced_config"]
@@ -166,7 +165,7 @@ class VisionTransformerConfig(ConfigMixin):
                              f"use a multiple of the patch size, or dynamic_img_pad=True to pad the images")
 
 
-class VisionTransformer(Backbone):
+class VisionTransformer(TokenMergingMixin, Backbone):
     """ViT / DeiT backbone with a classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives tokens ``[B, P + N, C]`` (``P`` prefix tokens: class, distillation),
@@ -343,59 +342,18 @@ class VisionTransformer(Backbone):
         x = torch.cat(prefix + [x], dim=1) if prefix else x
         return x + pos  # [B, P + N, C]
 
-    token_merging: tuple[list[int], bool] | None = None  # (per-block r, prop_attn) set by set_token_merging
-
-    def set_token_merging(self, r: int | tuple[int, float] | Sequence[int], *, prop_attn: bool = True) -> None:
-        """Token merging (ToMe, Bolya et al. 2023) in every block, at inference and in training; ``r=0``: off.
-
-        ``r``: tokens merged per block (an int), a per-block list, or ``(r, inflection)`` (a ramp:
-        :func:`~vit_attention.functional.tome.merge_schedule`); each block merges at most half its mergeable
-        tokens. ``prop_attn``: attention proportional to token size (``+ log(size)`` on the logits). Prefix
-        tokens (class, distillation, registers) are never merged; LayerScale, QK-norm and the fused
-        kernel are kept; RoPE turns each merged token by its size-weighted grid position. Outputs stay
-        in image space: ``forward_features`` and intermediates give every original token the value of
-        the merged token that covers it, so pooling, heads and feature maps work unchanged (``avg``
-        is then size-weighted). A block that cannot merge (a PEG needs the grid, a mechanism without
-        ``supports_token_merging``) makes this raise ``ValueError`` naming it; nothing changes then.
-        Gradient checkpointing is not applied while merging (the blocks change the token count).
-        """
-        if isinstance(r, int) and not isinstance(r, bool) and r == 0:
-            self.token_merging = None
-            return
-        schedule = merge_schedule(r, len(self.blocks))
+    def _merging_obstacle(self) -> str | None:
+        """A PEG between blocks (CPVT) needs the token grid (:class:`~.backbone.TokenMergingMixin`)."""
         if self.pos_block is not None:
-            raise ValueError(f"token merging: {type(self).__name__} runs position convolutions (PEG) between blocks, "
-                             "which need the token grid")
-        for i, blk in enumerate(self.blocks):
-            attn = getattr(blk, "attn", None)
-            if not isinstance(blk, Block) or not getattr(attn, "supports_token_merging", False):
-                name = getattr(attn, "attention_name", type(attn).__name__)
-                raise ValueError(f"token merging: block {i}'s attention ({name!r}) does not support it")
-            if blk.pos is not None or blk.pos2 is not None:
-                raise ValueError(f"token merging: block {i} has a position layer, which needs the token grid")
-        self.token_merging = (schedule, bool(prop_attn))
-
-    def _run_blocks_merging(self, x: Tensor, feat_size: tuple[int, int], indices: set[int] | None
-                            ) -> tuple[Tensor, list[Tensor]]:
-        """:meth:`_run_blocks` with token merging: the blocks merge as they go; the final tokens and every
-        tapped output are put back on the ``P + N`` original tokens."""
-        assert self.token_merging is not None
-        schedule, prop_attn = self.token_merging
-        state = TokenMergeState(x, self.num_prefix_tokens, schedule, prop_attn=prop_attn,
-                                grid=feat_size if self.cfg.rope is not None else None)
-        saved: list[Tensor] = []
-        for i, blk in enumerate(self.blocks):
-            x = blk(x, feat_size, self.num_prefix_tokens, tome=state)  # [B, T_i, C]
-            if indices and i in indices:
-                saved.append(state.unmerge(x))  # [B, P + N, C]
-        return state.unmerge(x), saved
+            return f"{type(self).__name__} runs position convolutions (PEG) between blocks, which need the token grid"
+        return None
 
     def _run_blocks(self, x: Tensor, feat_size: tuple[int, int], indices: set[int] | None = None
                     ) -> tuple[Tensor, list[Tensor]]:
         """Tokens ``[B, P + N, C]`` through the blocks (the PEGs after blocks ``peg_after``):
         ``-> (tokens [B, P + N, C], [outputs of blocks indices])``."""
         if self.token_merging is not None:
-            return self._run_blocks_merging(x, feat_size, indices)
+            return self._run_blocks_merging(x, feat_size, indices, rope_grid=self.cfg.rope is not None)
         after = {int(i): peg for i, peg in self.pos_block.items()} if self.pos_block is not None else None
         return run_blocks_with_taps(self.blocks, x, feat_size, self.num_prefix_tokens,
                                     checkpoint=self.grad_checkpointing and self.training, taps=indices, after=after)
