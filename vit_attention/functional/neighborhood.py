@@ -135,11 +135,12 @@ def _plan(H: int, W: int, kh: int, kw: int, dh: int, dw: int, T: int) -> Neighbo
     return NeighborhoodPlan(query_index, key_index, mask, bias_index, T, max(R1, R2), query_gather)
 
 
-def neighborhood_plan(H: int, W: int, kernel_size: int | tuple[int, int], dilation: int | tuple[int, int] = 1,
-                      tile_size: int | None = None) -> NeighborhoodPlan:
-    """The tiled plan of a ``H x W`` map (each side at least ``K · d``): see :class:`NeighborhoodPlan`. Cached."""
-    kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
-    dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
+def _check_args(H: int, W: int, kernel_size: int | tuple[int, int], dilation: int | tuple[int, int],
+                tile_size: int | None = None) -> tuple[int, int, int, int, int]:
+    """``(kh, kw, dh, dw, T)`` after checking them and the map size (each side at least ``K·d``), in Python only
+    (no plan is built: traced code checks without reading a tensor)."""
+    kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+    dh, dw = (dilation, dilation) if isinstance(dilation, int) else tuple(dilation)
     if kh % 2 == 0 or kw % 2 == 0 or kh < 1 or kw < 1:
         raise ValueError(f"kernel_size must be odd and positive (the window is centred), got {kernel_size!r}")
     if dh < 1 or dw < 1:
@@ -147,12 +148,46 @@ def neighborhood_plan(H: int, W: int, kernel_size: int | tuple[int, int], dilati
     T = default_tile_size(max(kh, kw)) if tile_size is None else int(tile_size)
     if T < 1:
         raise ValueError(f"tile_size must be >= 1, got {tile_size!r}")
+    for length, K, d in ((H, kh, dh), (W, kw, dw)):  # the shortest dilation group (floor(side / d)) holds a window
+        if length < K * d:
+            raise ValueError(f"a map side of {length} is smaller than kernel_size * dilation = {K * d}; pad it first")
+    return int(kh), int(kw), int(dh), int(dw), T
+
+
+def neighborhood_plan(H: int, W: int, kernel_size: int | tuple[int, int], dilation: int | tuple[int, int] = 1,
+                      tile_size: int | None = None) -> NeighborhoodPlan:
+    """The tiled plan of a ``H x W`` map (each side at least ``K · d``): see :class:`NeighborhoodPlan`. Cached."""
+    kh, kw, dh, dw, T = _check_args(H, W, kernel_size, dilation, tile_size)
     return _plan(int(H), int(W), int(kh), int(kw), int(dh), int(dw), T)
+
+
+def _graph_inputs(builder: Callable[..., Any], maxsize: int = 64) -> Callable[..., Any]:
+    """``builder`` (pure in its hashable arguments, returning index tensors) with its results kept in a store
+    that traced code reads: under ``torch.compile`` the build runs eagerly at trace time and the tensors enter the
+    graph as inputs (constants or in-graph builds leave FlexAttention's CPU kernel template without a buffer to
+    read: it fails to lower). A FIFO of ``maxsize`` results."""
+    store: dict[tuple[Any, ...], Any] = {}
+
+    @torch.compiler.assume_constant_result
+    def ensure(*key: Any) -> bool:
+        if key not in store:
+            store[key] = builder(*key)
+            if len(store) > maxsize:
+                store.pop(next(iter(store)))
+        return True
+
+    @functools.wraps(builder)
+    def lookup(*key: Any) -> Any:
+        ensure(*key)
+        return store[key]
+
+    return lookup
 
 
 MASKED = -1e4  # additive logit of a key outside the window: exp(-1e4 + logit) is exactly 0 in fp32 and bf16
 
 
+@_graph_inputs
 @_cached(maxsize=64)
 def _device_plan(Hp: int, Wp: int, kernel_size: tuple[int, int], dilation: tuple[int, int], tile: int,
                  device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -177,8 +212,7 @@ def neighborhood_bias(rpb: Tensor | None, Hp: int, Wp: int, kernel_size: int | t
     offset, plus the window mask: ``[nT, nh, T², R²]`` (``[nT, 1, T², R²]`` without ``rpb``, on ``device``)."""
     kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
     dh, dw = (dilation, dilation) if isinstance(dilation, int) else tuple(dilation)
-    T = default_tile_size(max(kh, kw)) if tile_size is None else int(tile_size)
-    neighborhood_plan(Hp, Wp, (kh, kw), (dh, dw), T)  # validates sizes (cached)
+    kh, kw, dh, dw, T = _check_args(Hp, Wp, (kh, kw), (dh, dw), tile_size)
     device = rpb.device if rpb is not None else torch.device(device or "cpu")
     _, _, window, bias_index, _ = _device_plan(Hp, Wp, (kh, kw), (dh, dw), T, device)
     if rpb is None:
@@ -223,8 +257,7 @@ def neighborhood_attention(qkv: Tensor, num_heads: int, kernel_size: int | tuple
     dh, dw = (dilation, dilation) if isinstance(dilation, int) else tuple(dilation)
     if bias is None and use_flex(backend, fused, qkv.device, mechanism="neighborhood"):
         return _neighborhood_flex(qkv, num_heads, (kh, kw), (dh, dw), rpb, scale, dropout_p, fused)
-    T = default_tile_size(max(kh, kw)) if tile_size is None else int(tile_size)
-    neighborhood_plan(Hp, Wp, (kh, kw), (dh, dw), T)  # validates sizes (cached)
+    kh, kw, dh, dw, T = _check_args(Hp, Wp, (kh, kw), (dh, dw), tile_size)
     qi, ki, window, _, back = _device_plan(Hp, Wp, (kh, kw), (dh, dw), T, qkv.device)
     nT, _, T2, R2 = window.shape
     N, nh, hd = Hp * Wp, num_heads, C // num_heads
@@ -325,29 +358,6 @@ def token_order(H: int, W: int, order: str = "tile", tile: int = FLEX_TILE,
     return _token_order(int(H), int(W), order, int(tile), int(dh), int(dw))
 
 
-def _graph_inputs(builder: Callable[..., Any], maxsize: int = 64) -> Callable[..., Any]:
-    """``builder`` (pure in its hashable arguments, returning index tensors) with its results kept in a store
-    that traced code reads: under ``torch.compile`` the build runs eagerly at trace time and the tensors enter the
-    graph as inputs (constants or in-graph builds leave FlexAttention's CPU kernel template without a buffer to
-    read: it fails to lower). A FIFO of ``maxsize`` results."""
-    store: dict[tuple[Any, ...], Any] = {}
-
-    @torch.compiler.assume_constant_result
-    def ensure(*key: Any) -> bool:
-        if key not in store:
-            store[key] = builder(*key)
-            if len(store) > maxsize:
-                store.pop(next(iter(store)))
-        return True
-
-    @functools.wraps(builder)
-    def lookup(*key: Any) -> Any:
-        ensure(*key)
-        return store[key]
-
-    return lookup
-
-
 @_graph_inputs
 @_cached(maxsize=64)
 def _flex_index(Hp: int, Wp: int, kernel_size: tuple[int, int], dilation: tuple[int, int], order: str, tile: int,
@@ -381,15 +391,7 @@ def neighborhood_pattern(Hp: int, Wp: int, kernel_size: int | tuple[int, int], d
     Returns the pattern, the order ``perm [N]`` (sequence position -> flat map index; None for row-major) and its
     inverse ``[N]`` (on ``device``). The block mask is cached per sizes, kernel, dilation, order and device.
     """
-    kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
-    dh, dw = (dilation, dilation) if isinstance(dilation, int) else tuple(dilation)
-    if kh % 2 == 0 or kw % 2 == 0 or kh < 1 or kw < 1:
-        raise ValueError(f"kernel_size must be odd and positive (the window is centred), got {kernel_size!r}")
-    if dh < 1 or dw < 1:
-        raise ValueError(f"dilation must be >= 1, got {dilation!r}")
-    if Hp < kh * dh or Wp < kw * dw:  # the shortest dilation group (floor(side / d) positions) holds a window
-        raise ValueError(f"a map of {Hp}x{Wp} is smaller than kernel_size * dilation = {kh * dh}x{kw * dw}; "
-                         "pad it first")
+    kh, kw, dh, dw, _ = _check_args(Hp, Wp, kernel_size, dilation, 1)
     if order is None:
         order, tile = _flex_order(int(Hp), int(Wp), (int(kh), int(kw)), (int(dh), int(dw)))
     tile = (FLEX_TILE if order == "tile" else 0) if tile is None else tile
