@@ -155,14 +155,18 @@ def block_mask_for(pattern: AttentionPattern, device: torch.device) -> Any:
     """The ``BlockMask`` of ``pattern.mask_mod`` on ``device`` (None without a mask_mod).
 
     Cached per ``(cache_key, sizes, device)`` (an LRU of 64) when the pattern has a ``cache_key``;
-    built afresh without one, and while torch captures a graph (the build is then part of it).
+    built afresh without one. While torch captures a graph a mask cached by an earlier eager call is used
+    as it is, else the build becomes part of the graph (nothing is stored).
     """
     if pattern.mask_mod is None:
         return None
     args = (pattern.mask_batch, pattern.mask_heads, pattern.num_queries, pattern.num_keys, device)
-    if pattern.cache_key is None or capturing():
+    if pattern.cache_key is None:
         return _create_block_mask(pattern.mask_mod, *args)
     key = (pattern.cache_key, *args)
+    if capturing():  # a mask an eager call cached enters the graph as it is (its geometry fixes it); no LRU edits
+        cached = _BLOCK_MASKS.get(key)
+        return cached if cached is not None else _create_block_mask(pattern.mask_mod, *args)
     cached = _BLOCK_MASKS.get(key)
     if cached is None:
         cached = _BLOCK_MASKS[key] = _create_block_mask(pattern.mask_mod, *args)
