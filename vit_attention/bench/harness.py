@@ -446,9 +446,14 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
         if p.label == "ours+compile":
             p.info["compile_warmup_s"] = time.perf_counter() - t0
             p.info["compile"] = graphs
-    memory = {p.label: (_peak_memory(p.step, device) if p.label not in _OUTSIDE_TORCH else
-                        {"peak_bytes": None, "method": "not measured (the runtime allocates outside torch)",
-                         "largest_bytes": None, "largest_shape": None})
+    # eager FlexAttention on CPU compiles its own wrapper, which torch refuses under the tracker's dispatch mode,
+    # and the refusal sticks: later flex calls of the process fail too; so it is not even tried
+    untracked = ("not measured (FlexAttention cannot run under the CPU tensor tracker)"
+                 if cfg.attn_backend == "flex" and device.type != "cuda" else None)
+    outside = "not measured (the runtime allocates outside torch)"
+    memory = {p.label: (_peak_memory(p.step, device) if p.label not in _OUTSIDE_TORCH and untracked is None else
+                        {"peak_bytes": None, "method": untracked or outside, "largest_bytes": None,
+                         "largest_shape": None})
               for p in participants}
     flops = count_flops(name, cfg.batch_size, cfg.img_size, mode, cfg.model_kwargs)
     log(f"{name} [{mode}]: {cfg.rounds} rounds x {cfg.iters} iters")
@@ -495,7 +500,7 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
 
 def _peak_memory(step: Callable[[], Any], device: torch.device) -> dict[str, Any]:
     """:func:`measure_peak_memory`, or ``peak_bytes`` None where the step cannot run under the CPU tracker (a
-    dispatch mode: eager FlexAttention compiles its own wrapper, which torch refuses inside one)."""
+    dispatch mode)."""
     try:
         return measure_peak_memory(step, device)
     except Exception as e:
