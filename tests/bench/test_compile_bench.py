@@ -23,7 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `fun
 
 # graph breaks known and tracked (strict xfail) in tests/bench/test_compile_registry.py; a trace that breaks
 # in every block costs a minute here, so these families are left to that test
-BREAKING_FAMILIES = {"nat", "vil"}
+BREAKING_FAMILIES = {"vil"}
 
 
 def _reduced(name: str, **over: Any) -> BenchConfig:

@@ -28,10 +28,10 @@ from vit_attention.models import get_model_entry
 
 # Families whose mechanism builds its index plan with tensor -> Python reads inside an lru_cache'd
 # builder that dynamo traces through (it ignores the cache): the graph breaks in every block. The fix
-# belongs in those functional files (the builders become constants of the graph under dynamo, see
-# docs/benchmarks.md "torch.compile across the registry (issue 24)"); strict, so the fix shows here.
+# belongs in those functional files (the builders become constants or inputs of the graph under dynamo,
+# see docs/benchmarks.md "torch.compile across the registry (issue 24)"); strict, so the fix shows here.
+# (NAT / DiNAT had the same break in functional/neighborhood.py, fixed in 24e8b17.)
 KNOWN_BREAKS = {
-    "nat": "functional/neighborhood.py _axis_plan: int(start[0]) (Tensor.item()) in the cached tile plan",
     "vil": "functional/longformer2d.py plan builders: dynamic-shape operators in the cached plan",
 }
 
