@@ -21,11 +21,6 @@ from vit_attention.models import get_model_entry
 
 pytestmark = pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
 
-# graph breaks known and tracked (strict xfail) in tests/bench/test_compile_registry.py; a trace that breaks
-# in every block costs a minute here, so these families are left to that test
-BREAKING_FAMILIES = {"vil"}
-
-
 def _reduced(name: str, **over: Any) -> BenchConfig:
     kw = small_overrides(name)
     img = kw.pop("img_size", None)
@@ -34,8 +29,7 @@ def _reduced(name: str, **over: Any) -> BenchConfig:
 
 
 def _family_presets() -> list[Any]:
-    return [pytest.param(name, marks=pytest.mark.skip(reason="known graph breaks: test_compile_registry.py"))
-            if family in BREAKING_FAMILIES else name for family, name in sorted(first_preset_per_family().items())]
+    return [name for _, name in sorted(first_preset_per_family().items())]
 
 
 @pytest.mark.parametrize("name", _family_presets())

@@ -26,14 +26,10 @@ from torch import nn
 
 from vit_attention.models import get_model_entry
 
-# Families whose mechanism builds its index plan with tensor -> Python reads inside an lru_cache'd
-# builder that dynamo traces through (it ignores the cache): the graph breaks in every block. The fix
-# belongs in those functional files (the builders become constants or inputs of the graph under dynamo,
-# see docs/benchmarks.md "torch.compile across the registry (issue 24)"); strict, so the fix shows here.
-# (NAT / DiNAT had the same break in functional/neighborhood.py, fixed in 24e8b17.)
-KNOWN_BREAKS = {
-    "vil": "functional/longformer2d.py plan builders: dynamic-shape operators in the cached plan",
-}
+# Families whose graph still breaks (strict xfail, so a fix shows here). None now: NAT / DiNAT (24e8b17) and
+# ViL (longformer2d's plan builders, constants under compile) had tensor -> Python reads inside lru_cache'd
+# builders that dynamo traced through.
+KNOWN_BREAKS: dict[str, str] = {}
 
 
 # NaFlexViT's list / packed forms read each image's grid back from patch_coord (``.tolist()``, data-dependent)

@@ -71,7 +71,7 @@ class Longformer2DPlan:
         return self.chunks[0] * self.chunks[1]
 
 
-@_cached(maxsize=64)
+@_cached(maxsize=64, constant_under_compile=True)
 def _plan(H: int, W: int, w: int) -> Longformer2DPlan:
     mx, my = math.ceil(H / w), math.ceil(W / w)
     rows = torch.arange(mx * w, device=_CPU).view(mx, w)  # [mx, w]: padded row of chunk m, slot x
@@ -121,7 +121,7 @@ def longformer2d_rel_index(window_size: int) -> Tensor:
     return _rel_index(int(window_size))
 
 
-@_cached(maxsize=64)
+@_cached(maxsize=64, constant_under_compile=True)
 def longformer2d_device_plan(H: int, W: int, w: int, num_global: int, device: torch.device
                              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Plan tensors on ``device``: query gather ``[nc·w²]`` (map indices) and key gather

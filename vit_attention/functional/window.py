@@ -62,7 +62,7 @@ def to_pair(x: int | Sequence[int], name: str = "window_size") -> tuple[int, int
     return (operator.index(x[0]), operator.index(x[1]))
 
 
-def _cached(maxsize: int) -> Callable[[_F], _F]:
+def _cached(maxsize: int, *, constant_under_compile: bool = False) -> Callable[[_F], _F]:
     """``lru_cache`` whose tensors are built outside inference mode, so autograd may save them later.
 
     They are built outside ``torch.jit.trace`` and ``torch.export``'s fake mode too: a capture records
@@ -70,6 +70,12 @@ def _cached(maxsize: int) -> Callable[[_F], _F]:
     tracer's check runs twice), and a fake tensor never lands in the cache.
     Builders create their tensors on ``_CPU`` explicitly (whatever default device is active, e.g.
     meta, index arithmetic needs real values) and move the result to the requested device.
+
+    ``constant_under_compile``: dynamo ignores ``lru_cache`` and would trace the builder into every graph
+    (and break the graph where it reads a tensor back to Python: ``.item()``, ``nonzero``); marked so, the
+    builder runs once at trace time and its result is a constant of the graph (its arguments are sizes,
+    static for a model compiled at one input size). Opt-in: a builder whose result a graph must see as an
+    input (the flex paths' index tensors) stays unmarked.
     """
 
     def deco(fn: _F) -> _F:
@@ -90,7 +96,16 @@ def _cached(maxsize: int) -> Callable[[_F], _F]:
                 if tracing_state is not None:
                     torch._C._set_tracing_state(tracing_state)
 
-        return wrapper  # type: ignore[return-value]
+        if not constant_under_compile:
+            return wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def constant(*args: Any) -> Any:
+            return wrapper(*args)
+
+        constant.cache_clear = wrapper.cache_clear  # type: ignore[attr-defined]
+        constant.cache_info = wrapper.cache_info  # type: ignore[attr-defined]
+        return torch.compiler.assume_constant_result(constant)  # type: ignore[return-value]
 
     return deco
 
