@@ -51,7 +51,7 @@ def _bench(args: argparse.Namespace) -> int:
     cfg = BenchConfig(models=args.models, batch_size=args.batch_size, img_size=args.img_size, mode=args.mode,
                       compare=compare, compile=args.compile, compile_backend=args.compile_backend,
                       compile_mode=args.compile_mode, compile_freeze=args.compile_freeze,
-                      attn_backend=args.attn_backend,
+                      attn_backend=args.attn_backend, tome=args.tome,
                       channels_last=args.channels_last, amp=args.amp, device=args.device, threads=args.threads,
                       rounds=args.rounds, iters=args.iters, warmup=args.warmup, peak_size=args.peak_size,
                       clock=args.clock, runtimes=tuple(args.runtime or ()))
@@ -97,6 +97,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--attn-backend", choices=ATTN_BACKENDS, default=None,
                    help="build ours with create_model(attn_backend=...): auto, sdpa, explicit or flex "
                    "(FlexAttention; with --compile it is compiled with the model) (default: the models' own, auto)")
+    p.add_argument("--tome", type=int, default=0, metavar="R",
+                   help="also time ours with token merging (ToMe), R tokens merged per block ('ours+tome': its "
+                        "speed-up over ours per round and its FLOPs); token models only (default 0: not)")
     p.add_argument("--runtime", action="append", choices=RUNTIMES, default=None,
                    help="also time ours exported to this runtime (onnxruntime: ONNX, dynamic batch, CPU, fp32, "
                    "as many threads as torch), interleaved with eager; repeatable (default: none)")

@@ -59,6 +59,7 @@ class BenchConfig:
     compile_mode: str = "default"  # torch.compile(mode=): one of COMPILE_MODES (inductor only)
     compile_freeze: bool = False  # inductor freezing (weights folded as constants, prepacked GEMMs); inference
     attn_backend: str | None = None  # create_model(attn_backend=): "auto", "sdpa", "explicit", "flex"; None: default
+    tome: int = 0  # also time ours with token merging, this many tokens merged per block ("ours+tome"); 0: not
     channels_last: bool = False
     amp: str | None = None  # None or "bf16"
     device: str = "cpu"
@@ -94,6 +95,8 @@ class BenchConfig:
         if (self.compile_mode != "default" or self.compile_freeze) and self.compile_backend != "inductor":
             raise ValueError(f"--compile-mode / --compile-freeze apply to the inductor backend only, got "
                              f"--compile-backend {self.compile_backend!r}")
+        if not isinstance(self.tome, int) or isinstance(self.tome, bool) or self.tome < 0:
+            raise ValueError(f"--tome must be an int >= 0 (tokens merged per block; 0 = off), got {self.tome!r}")
         if self.attn_backend is not None and self.attn_backend not in ATTN_BACKENDS:
             raise ValueError(f"--attn-backend must be one of {', '.join(ATTN_BACKENDS)}, got {self.attn_backend!r}")
         for rt in self.runtimes:
@@ -156,11 +159,13 @@ def _sync(device: torch.device) -> None:
 
 
 def count_flops(name: str, batch_size: int, img_size: int | None, mode: str,
-                model_kwargs: dict[str, Any] | None = None) -> int | None:
+                model_kwargs: dict[str, Any] | None = None, *, tome: int = 0) -> int | None:
     """FLOPs (``2 x`` multiply-adds) of one step of ``name``, counted on the meta device.
 
     Forward only for ``"infer"``; forward + backward for ``"train"`` (the optimizer is not
     counted). Counted with torch's ``FlopCounterMode``: matmuls, convolutions, attention.
+    ``tome``: with token merging, this many tokens per block (the blocks at their merged sizes and the
+    matching products).
     """
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -171,6 +176,8 @@ def count_flops(name: str, batch_size: int, img_size: int | None, mode: str,
         with torch.device(device):
             model = create_model(name, img_size=img_size, **(model_kwargs or {}))
             x = torch.randn(batch, _in_chans(model), *_img_hw(model))
+        if tome:
+            model.set_token_merging(tome)
         model.train(mode == "train")
         # plain aten ops (matmuls the counter knows), not the fused kernels it cannot see into
         with FlopCounterMode(display=False) as counter, fast_linear(False), fused_attention(False):
@@ -431,6 +438,15 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
         participants.append(Participant("ours+compile", with_freezing(step) if cfg.compile_freeze else step,
                                         compiled_src, info={"settings": _compile_settings(cfg)}))
 
+    if cfg.tome:
+        merged = copy.deepcopy(ours)
+        try:
+            merged.set_token_merging(cfg.tome)
+        except (ValueError, AttributeError) as e:
+            raise ValueError(f"--tome {cfg.tome}: {e}") from None
+        participants.append(Participant("ours+tome", make_step(merged, x, mode, device, cfg.amp), merged,
+                                        info={"tome": cfg.tome}))
+
     for runtime in cfg.runtimes:
         rt = _runtime_participant(runtime, ours, x, mode, cfg, device, notes, log)
         if rt is not None:
@@ -456,12 +472,16 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
                          "largest_shape": None})
               for p in participants}
     flops = count_flops(name, cfg.batch_size, cfg.img_size, mode, cfg.model_kwargs)
+    flops_of = {p.label: flops for p in participants}
+    if cfg.tome:
+        flops_of["ours+tome"] = count_flops(name, cfg.batch_size, cfg.img_size, mode, cfg.model_kwargs, tome=cfg.tome)
     log(f"{name} [{mode}]: {cfg.rounds} rounds x {cfg.iters} iters")
     peaks = _rounds(participants, peak, cfg.rounds, cfg.iters, device, _CLOCKS[cfg.clock])
 
     rows = []
     base = {p.label: p for p in participants}
     for p in participants:
+        flops = flops_of[p.label]
         lat = summarise(p.times)
         row: dict[str, Any] = {
             "model": name, "mode": mode, "impl": p.label, "batch_size": cfg.batch_size, "img_size": list(size),
@@ -491,6 +511,9 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
             row["ratios"]["ours"] = {**summarise(per_round), "per_round": per_round}
         if p.label == "ours+compile":
             row["compile"] = p.info
+        if p.label == "ours+tome":
+            row["tome"] = {"r": cfg.tome, "flops_unmerged": flops_of["ours"],
+                           "flops_ratio": (flops_of["ours"] / flops) if flops and flops_of["ours"] else None}
         for runtime in cfg.runtimes:
             if runtime in p.info:
                 row[runtime] = p.info[runtime]
@@ -592,6 +615,12 @@ def format_table(report: dict[str, Any]) -> str:
             lines.append(f"compile {r['model']} [{r['mode']}]{how}: graphs {c.get('graphs')}, graph breaks "
                          f"{c.get('graph_breaks')}{' ' + str(c.get('break_reasons')) if c.get('break_reasons') else ''}"
                          f"{' error ' + c['error'] if c.get('error') else ''}")
+    for r in report["results"]:
+        t = r.get("tome")
+        if t and t.get("flops_ratio"):
+            lines.append(f"tome {r['model']} [{r['mode']}]: r = {t['r']} per block, FLOPs "
+                         f"{r['flops_per_step'] / 1e9:.2f} G vs {t['flops_unmerged'] / 1e9:.2f} G unmerged "
+                         f"({t['flops_ratio']:.2f}x fewer)")
     lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)
 
