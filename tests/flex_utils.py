@@ -100,3 +100,18 @@ def assert_flex_matches_explicit(module: nn.Module, make_inputs: Callable[[], Se
         if ge is not None:
             err = rel_err(gf, ge, floor)
             assert err <= rel, f"gradient of {name} differs: {err:.3g}"
+
+
+def assert_compiled_flex_matches_explicit(module: nn.Module, x: Tensor, rel: float = 1e-5) -> None:
+    """``torch.compile(module, fullgraph=True)`` on flex (inductor's FlexAttention kernel) gives the explicit
+    backend's output for ``x``, within ``rel`` (inference)."""
+    with torch.no_grad():
+        set_attention_backend(module, "explicit")
+        ref = module(x)
+        set_attention_backend(module, "flex")
+        torch._dynamo.reset()
+        try:
+            out = torch.compile(module, fullgraph=True)(x)
+        finally:
+            torch._dynamo.reset()
+    assert rel_err(out, ref) <= rel

@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 import torch
-from flex_utils import assert_flex_matches_explicit, flex_backward_on_cpu, recorded_patterns, rel_err
+from flex_utils import (
+    assert_compiled_flex_matches_explicit,
+    assert_flex_matches_explicit,
+    flex_backward_on_cpu,
+    recorded_patterns,
+    rel_err,
+)
 
 from vit_attention.attention import create_attention, set_attention_backend
 from vit_attention.functional import flex
@@ -186,11 +192,4 @@ def test_compiled_flex_inference_on_cpu() -> None:
     """torch.compile lowers the pattern (per-query relative logits in the score_mod) to FlexAttention's CPU kernel."""
     m = _module(block_size=3, halo_size=1, pad_mask=True).eval()
     x = _map(24, 23)[:1]  # block-major queries and tiled keys
-    with torch.no_grad():
-        set_attention_backend(m, "explicit")
-        ref = m(x)
-        set_attention_backend(m, "flex")
-        torch._dynamo.reset()
-        out = torch.compile(m, fullgraph=True)(x)
-        torch._dynamo.reset()
-    assert rel_err(out, ref) <= 1e-5
+    assert_compiled_flex_matches_explicit(m, x)

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from flex_utils import assert_flex_matches_explicit, recorded_patterns, rel_err
+from flex_utils import assert_compiled_flex_matches_explicit, assert_flex_matches_explicit, recorded_patterns, rel_err
 
 from vit_attention.attention import create_attention, set_attention_backend
 from vit_attention.functional import flex
@@ -261,11 +261,4 @@ def test_compiled_flex_inference_on_cpu() -> None:
     inputs, the only form that kernel template reads) and gives the explicit numbers."""
     m = _module(3, 2).eval()
     x = _map(9, 10)[:1]
-    with torch.no_grad():
-        set_attention_backend(m, "explicit")
-        ref = m(x)
-        set_attention_backend(m, "flex")
-        torch._dynamo.reset()
-        out = torch.compile(m, fullgraph=True)(x)
-        torch._dynamo.reset()
-    assert rel_err(out, ref) <= 1e-5
+    assert_compiled_flex_matches_explicit(m, x)

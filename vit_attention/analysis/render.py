@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,6 +34,17 @@ def _as_image(image: Tensor | np.ndarray) -> np.ndarray:
     return (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
 
 
+def _save(fig: Any, path: str | Path, suptitle: str = "") -> Path:
+    """Lay out ``fig`` (with ``suptitle``) and write it as a PNG at ``path`` (folders made; no timestamp)."""
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", metadata={"Software": None})
+    return path
+
+
 def save_heatmap(image: Tensor | np.ndarray, heat: Tensor, path: str | Path, *, title: str = "",
                  alpha: float = 0.55, cmap: str = "inferno") -> Path:
     """Write ``image`` next to ``heat`` (resized to the image) overlaid on it, as a PNG at ``path``."""
@@ -53,11 +65,7 @@ def save_heatmap(image: Tensor | np.ndarray, heat: Tensor, path: str | Path, *, 
     for ax in (ax1, ax2):
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", metadata={"Software": None})
-    return path
+    return _save(fig, path)
 
 
 def save_grid(maps: Sequence[Tensor], titles: Sequence[str], path: str | Path, *, suptitle: str = "",
@@ -78,13 +86,7 @@ def save_grid(maps: Sequence[Tensor], titles: Sequence[str], path: str | Path, *
         ax.set_title(t, fontsize=8)
         ax.set_xticks([])
         ax.set_yticks([])
-    if suptitle:
-        fig.suptitle(suptitle, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", metadata={"Software": None})
-    return path
+    return _save(fig, path, suptitle)
 
 
 def _merge_overlay(img: np.ndarray, groups: Tensor, palette: np.ndarray, alpha: float) -> np.ndarray:
@@ -123,10 +125,4 @@ def save_merge_groups(images: Sequence[Tensor | np.ndarray], groups: Sequence[Se
             ax.set_yticks([])
             if row == 0:
                 ax.set_title("input" if col == 0 else titles[col - 1], fontsize=8)
-    if suptitle:
-        fig.suptitle(suptitle, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", metadata={"Software": None})
-    return path
+    return _save(fig, path, suptitle)
