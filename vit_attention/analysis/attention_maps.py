@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from ..functional.attention import attention_context, register_attention_hook
 from ..functional.layout import AttentionLayout
+from ..functional.tome import expand_weights
 
 __all__ = ["AttentionRecord", "AttentionRecorder", "record_attention", "attention_rollout"]
 
@@ -246,6 +247,9 @@ def record_attention(model: nn.Module, *, grid: tuple[int, int] | None = None) -
             frames.pop().__exit__(None, None, None)
 
     def on_weights(weights: Tensor, info: dict[str, Any]) -> None:
+        if info.get("token_map") is not None:  # token merging: the weights among merged tokens, on the original ones
+            weights = expand_weights(weights, info["token_map"], info["token_size"])  # [B, nh, T0, T0]
+            info = {k: v for k, v in info.items() if k not in ("token_map", "token_size")}
         n, m = weights.shape[-2:]
         layout = info.get("layout")
         if not isinstance(layout, AttentionLayout):  # a call that did not say: token rows

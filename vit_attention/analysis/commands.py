@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..factory import create_model
+from ..models.backbone import apply_tome_option
 from ..models.registry import get_model_entry
 
 __all__ = ["add_commands", "build_model", "eval_data_config", "load_image", "attention_heatmap", "save_attention_png"]
@@ -327,6 +328,8 @@ def _attn(args: argparse.Namespace) -> int:
               "--checkpoint (a run folder or weights file) or --pretrained for a trained model's attention",
               file=sys.stderr)
     model = build_model(name, checkpoint=checkpoint, img_size=args.img_size, pretrained=args.pretrained)
+    if args.tome:
+        apply_tome_option(model, args.tome)  # the maps: each patch shows the token that covers it
     max_seq_len = _attn_naflex_budget(args, model, checkpoint)
     if max_seq_len is None:
         x, img = load_image(args.image, model.data_config)  # the model's eval preprocessing, as `predict`
@@ -458,6 +461,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                 help="output folder (default: attention_maps/ in the run folder, or beside the checkpoint file; "
                      "./attention_maps without a checkpoint)")
     p.add_argument("--save-map", action="store_true", help="also save the raw token-grid map as .npy")
+    p.add_argument("--tome", type=int, default=0, metavar="R",
+                   help="token merging (ToMe), R tokens merged per block of a token model; the maps stay in image "
+                        "space (each patch shows the merged token covering it, a key's weight shared by its "
+                        "patches) (default 0: off)")
     p.add_argument("--naflex", action="store_true",
                    help="NaFlex models (family naflexvit): the image at its own aspect, resized to at most "
                         "--max-seq-len patches as `train --naflex` reads it, the map on the image's own token grid "

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads, split_qkv
-from ..functional.attention import attention_observed
+from ..functional.attention import attention_context, attention_observed
 from ..functional.heads import split_packed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, linear
@@ -158,9 +159,12 @@ class MultiHeadSelfAttention(nn.Module):
         layout = token_layout(x.shape[1], feat_size, num_prefix_tokens,
                               num_context=None if context is None else context.shape[1]) \
             if attention_observed() and not merged else None  # where the rows sit on the grid (observers only)
-        x = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, scale=self.scale, layout=layout,
-                                         dropout_p=self.attn_drop if self.training else 0.0,
-                                         fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
+        frame = attention_context(**tome.observer_info()) if merged and attention_observed() else nullcontext()
+        with frame:  # observers place merged tokens' weights on the original ones (functional.tome.expand_weights)
+            x = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, scale=self.scale, layout=layout,
+                                             dropout_p=self.attn_drop if self.training else 0.0,
+                                             fused=self.fused_attention,
+                                             backend=self.attention_backend)  # [B, nh, N, hd]
         x = self.norm(merge_heads(x))  # [B, N, C]
         if not self.training:  # proj_drop is the identity
             return apply_linear(self.proj, x, residual=residual)  # [B, N, C]

@@ -9,11 +9,13 @@ force the explicit path (the fused kernel never sees the weights). Key names fol
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
-from ..functional.attention import attention_observed
+from ..functional.attention import attention_context, attention_observed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, hookless
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
@@ -130,10 +132,14 @@ class TalkingHeadsAttention(nn.Module):
                     return self._mix_logits(a) + size_bias  # [B, nh, N, N]
         layout = token_layout(x.shape[1], feat_size, num_prefix_tokens) if attention_observed() and not merged \
             else None
-        x = scaled_dot_product_attention(q, k, v, scale=1.0, logits_fn=logits_fn,  # scale: in _mix_logits
-                                         weights_fn=self._mix_weights, layout=layout,
-                                         dropout_p=self.attn_drop if self.training else 0.0,
-                                         fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
+        frame = (attention_context(**tome.observer_info()) if merged and tome is not None and attention_observed()
+                 else nullcontext())
+        with frame:  # observers place merged tokens' weights on the original ones
+            x = scaled_dot_product_attention(q, k, v, scale=1.0, logits_fn=logits_fn,  # scale: in _mix_logits
+                                             weights_fn=self._mix_weights, layout=layout,
+                                             dropout_p=self.attn_drop if self.training else 0.0,
+                                             fused=self.fused_attention,
+                                             backend=self.attention_backend)  # [B, nh, N, hd]
         x = merge_heads(x)  # [B, N, C]
         return self.proj_drop(apply_linear(self.proj, x))  # [B, N, C]
 

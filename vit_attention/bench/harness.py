@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..factory import create_model
+from ..models.backbone import apply_tome_option
 from ..models.registry import get_model_entry
 from .memory import measure_peak_memory
 from .peak import MatmulPeak
@@ -440,10 +441,7 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
 
     if cfg.tome:
         merged = copy.deepcopy(ours)
-        try:
-            merged.set_token_merging(cfg.tome)
-        except (ValueError, AttributeError) as e:
-            raise ValueError(f"--tome {cfg.tome}: {e}") from None
+        apply_tome_option(merged, cfg.tome)
         participants.append(Participant("ours+tome", make_step(merged, x, mode, device, cfg.amp), merged,
                                         info={"tome": cfg.tome}))
 

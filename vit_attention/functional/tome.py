@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["MergePlan", "bipartite_soft_matching", "merge_wavg", "size_bias", "follow", "unmerge",
-           "merge_schedule", "TokenMergeState", "matching_costs", "recording_merges"]
+           "merge_schedule", "TokenMergeState", "matching_costs", "recording_merges", "expand_weights"]
 
 # multiply-adds of the similarity products, collected while a matching_costs() block is open (FLOP counting)
 _COSTS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("vit_attention_tome_costs", default=None)
@@ -203,6 +203,20 @@ def unmerge(x: Tensor, token_map: Tensor) -> Tensor:
     return x.gather(1, idx)
 
 
+def expand_weights(weights: Tensor, token_map: Tensor, size: Tensor) -> Tensor:
+    """Attention weights among merged tokens placed on the original ones: ``[B, nh, T, T]`` -> ``[B, nh, T0, T0]``.
+
+    Original query ``i`` takes the row of the token covering it (``token_map [B, T0]``); a merged key's
+    weight is shared evenly by the ``size [B, T, 1]`` patches it covers, so each row still sums to 1.
+    """
+    B, nh, T, _ = weights.shape
+    T0 = token_map.shape[1]
+    idx = token_map.to(weights.device)
+    rows = weights.gather(2, idx[:, None, :, None].expand(B, nh, T0, T))  # [B, nh, T0, T]
+    per_patch = rows / size.to(weights.device, weights.dtype).view(B, 1, 1, T)  # each key's weight per patch
+    return per_patch.gather(3, idx[:, None, None, :].expand(B, nh, T0, T0))  # [B, nh, T0, T0]
+
+
 def merge_schedule(r: int | tuple[int, float] | Sequence[int], num_blocks: int) -> list[int]:
     """Tokens to merge in each of ``num_blocks`` blocks.
 
@@ -300,6 +314,13 @@ class TokenMergeState:
             self.coords = merge_wavg(plan, padded, size)[0][:, P:]  # [B, T - r - P, 2]
         self.token_map = follow(self.token_map, plan)
         return x
+
+    def observer_info(self) -> dict[str, Tensor]:
+        """What an attention observer needs to place this block's weights on the original tokens
+        (:func:`expand_weights`): ``token_map`` and ``token_size``; empty before the first merge."""
+        if self.token_map is None:
+            return {}
+        return {"token_map": self.token_map, "token_size": self.size}
 
     def unmerge(self, x: Tensor) -> Tensor:
         """Tokens ``[B, T, ...]`` back on the original ``T0`` tokens (each takes its covering token's value)."""

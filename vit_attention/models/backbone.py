@@ -41,7 +41,7 @@ from ..layers.head import reset_head
 from ..layers.stage import Tokens, resolve_indices, staged_intermediates
 from ._config import check_int, check_size
 
-__all__ = ["Backbone", "TokenMergingMixin", "isotropic_taps", "tokens_to_intermediates"]
+__all__ = ["Backbone", "TokenMergingMixin", "apply_tome_option", "isotropic_taps", "tokens_to_intermediates"]
 
 
 def _field_names(cfg: Any) -> set[str]:
@@ -317,6 +317,17 @@ class TokenMergingMixin:
             if indices and i in indices:
                 saved.append(state.unmerge(x))  # [B, P + N, C]
         return state.unmerge(x), saved
+
+
+def apply_tome_option(model: nn.Module, r: int) -> None:
+    """``model.set_token_merging(r)`` for the command line's ``--tome R``: a bad value, or a model that cannot
+    merge, raises a ``ValueError`` naming the option."""
+    if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+        raise ValueError(f"--tome must be an int >= 0 (tokens merged per block; 0 = off), got {r!r}")
+    try:
+        model.set_token_merging(r)  # type: ignore[operator]
+    except (ValueError, AttributeError) as e:
+        raise ValueError(f"--tome {r}: {e}") from None
 
 
 def isotropic_taps(indices: int | Sequence[int] | None, depth: int, output_fmt: str,

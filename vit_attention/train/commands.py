@@ -266,19 +266,10 @@ def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     model, meta = _load_checkpoint_for_inference(args)
     r = getattr(args, "tome", None)
     if r:
-        set_tome(model, r)
+        from ..models.backbone import apply_tome_option
+
+        apply_tome_option(model, r)
     return model, meta
-
-
-def set_tome(model: Any, r: int) -> None:
-    """``model.set_token_merging(r)`` for ``--tome R``: a bad value or a model that cannot merge raises a
-    ``ValueError`` naming the option."""
-    if not isinstance(r, int) or isinstance(r, bool) or r < 0:
-        raise ValueError(f"--tome must be an int >= 0 (tokens merged per block; 0 = off), got {r!r}")
-    try:
-        model.set_token_merging(r)
-    except (ValueError, AttributeError) as e:
-        raise ValueError(f"--tome {r}: {e}") from None
 
 
 def _load_checkpoint_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
