@@ -32,8 +32,8 @@ from vit_attention.models import get_model_entry
 KNOWN_BREAKS: dict[str, str] = {}
 
 
-# NaFlexViT's list / packed forms read each image's grid back from patch_coord (``.tolist()``, data-dependent)
-# to resample the position table per grid: a graph break at the embedding (the tensor form is one graph).
+# NaFlexViT's packed form reads each image's grid back from patch_coord (``.tolist()``, data-dependent) to
+# resample the position table per grid: a graph break at the embedding (the list and tensor forms are one graph).
 NAFLEX_BREAK = ("models/naflexvit.py NaFlexEmbeds.forward_packed: grids = (coord.amax(1) + 1).tolist() "
                 "(data-dependent grid per image)")
 
@@ -108,8 +108,8 @@ def _naflex() -> nn.Module:
     return model
 
 
-@pytest.mark.xfail(reason=f"known graph break: {NAFLEX_BREAK}", strict=True, raises=AssertionError)
 def test_naflexvit_list_of_images_one_graph() -> None:
+    """A list of images: the grids come from the images' sizes (nothing read back from patch_coord)."""
     model = _naflex()
     g = torch.Generator().manual_seed(0)
     imgs = [torch.randn(3, 16, 32, generator=g), torch.randn(3, 32, 16, generator=g)]

@@ -234,10 +234,13 @@ class NaFlexEmbeds(nn.Module):
         pos = self.pos_table(grid, x.dtype)
         return self._prefix(x if pos is None else x + pos)
 
-    def forward_packed(self, patches: Tensor, patch_coord: Tensor, patch_valid: Tensor) -> Tensor:
+    def forward_packed(self, patches: Tensor, patch_coord: Tensor, patch_valid: Tensor,
+                       grids: Sequence[tuple[int, int]] | None = None) -> Tensor:
         """Packed patches ``[B, L, ph·pw·Cin]``, ``patch_coord [B, L, 2]`` (y, x), ``patch_valid [B, L]``
         -> tokens ``[B, P + L, C]``; each valid patch gets the position of its coordinate in its image's
-        grid ``(max y + 1, max x + 1)``, padding rows none."""
+        grid ``(max y + 1, max x + 1)``, padding rows none. ``grids``: those grids when the caller knows them
+        (a list of images: from their sizes), so none is read back from ``patch_coord`` (a host sync, and a
+        graph break under ``torch.compile``)."""
         if patches.dim() != 3:
             raise ValueError(f"patches must be [B, L, ph·pw·Cin], got {tuple(patches.shape)}")
         B, L, _ = patches.shape
@@ -249,7 +252,10 @@ class NaFlexEmbeds(nn.Module):
             return self._prefix(x)
         valid = patch_valid.bool()
         coord = patch_coord.long() * valid[..., None]  # padding rows -> (0, 0)
-        grids = (coord.amax(dim=1) + 1).tolist()  # [B] of [h, w]
+        if grids is None:
+            grids = (coord.amax(dim=1) + 1).tolist()  # [B] of [h, w], read back from the coordinates
+        elif len(grids) != B:
+            raise ValueError(f"grids lists {len(grids)} grids for a batch of {B}")
         pos = x.new_zeros(B, L, x.shape[-1])
         by_grid: dict[tuple[int, int], list[int]] = {}
         for b, g in enumerate(grids):
@@ -414,7 +420,8 @@ class NaFlexVit(VisionTransformer):
         packed = self.pack(x, patch_coord, patch_valid)
         if packed is None:
             return super().forward_features(x)
-        t = self.embeds.forward_packed(packed["patches"], packed["patch_coord"], packed["patch_valid"])
+        grids = [self._grid(tuple(img.shape[-2:])) for img in x] if isinstance(x, (list, tuple)) else None
+        t = self.embeds.forward_packed(packed["patches"], packed["patch_coord"], packed["patch_valid"], grids)
         t = self.norm_pre(self.pos_drop(t))
         rope = self._uses_rope()  # each sample's RoPE grid from its own coordinates (RotaryEmbedding(coords=))
         t = self._run_masked(t, self.key_mask(packed["patch_valid"]),
