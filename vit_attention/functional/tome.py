@@ -29,6 +29,7 @@ import contextlib
 import contextvars
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -45,27 +46,26 @@ _RECORD: contextvars.ContextVar[list[Tensor] | None] = contextvars.ContextVar("v
 
 
 @contextlib.contextmanager
-def recording_merges() -> Iterator[list[Tensor]]:
+def _collecting(var: contextvars.ContextVar[list[Any] | None]) -> Iterator[list[Any]]:
+    """Open a fresh list in ``var`` for this thread inside the block; yields it."""
+    items: list[Any] = []
+    token = var.set(items)
+    try:
+        yield items
+    finally:
+        var.reset(token)
+
+
+def recording_merges() -> contextlib.AbstractContextManager[list[Tensor]]:
     """Inside the block, every :meth:`TokenMergeState.merge` of this thread appends a copy of the token map after
     it, ``[B, T0]`` (the merged token covering each original token; the identity where nothing merged yet)."""
-    maps: list[Tensor] = []
-    token = _RECORD.set(maps)
-    try:
-        yield maps
-    finally:
-        _RECORD.reset(token)
+    return _collecting(_RECORD)
 
 
-@contextlib.contextmanager
-def matching_costs() -> Iterator[list[int]]:
+def matching_costs() -> contextlib.AbstractContextManager[list[int]]:
     """Inside the block, every :func:`bipartite_soft_matching` of this thread appends the multiply-adds of its
     similarity product (``B·nA·nB·C'``) to the yielded list (``vit_attention.analysis.flops`` counts them)."""
-    costs: list[int] = []
-    token = _COSTS.set(costs)
-    try:
-        yield costs
-    finally:
-        _COSTS.reset(token)
+    return _collecting(_COSTS)
 
 
 @dataclass(frozen=True)
