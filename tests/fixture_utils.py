@@ -49,3 +49,19 @@ def perturb_like_trained(model):
                 m.running_mean.copy_(0.1 * torch.randn_like(m.running_mean))
                 m.running_var.copy_(0.5 + torch.rand_like(m.running_var))
     return model.eval()
+
+
+def meta_model_with_timm_params(name: str, params: int):
+    """``create_model(name)`` on the meta device, after checking it has exactly ``params`` parameters (timm 1.0.31
+    on the meta device) and that the registry's published figure says so (``published_params_m``, its source)."""
+    import torch
+
+    from vit_attention.models import create_model, get_model_entry
+
+    meta = get_model_entry(name).meta
+    assert meta["published_params_source"] == "timm 1.0.31 on the meta device"
+    with torch.device("meta"):
+        m = create_model(name)
+    assert sum(p.numel() for p in m.parameters()) == params
+    assert round(params / 1e6, 3) == meta["published_params_m"]
+    return m

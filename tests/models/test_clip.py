@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import assert_parity, load_fixture, meta_model_with_timm_params
 from transformers import CLIPConfig, CLIPModel, CLIPVisionConfig, CLIPVisionModel, CLIPVisionModelWithProjection
 
 from vit_attention import create_model
@@ -50,11 +50,7 @@ def test_structure_on_meta_equals_timm_counts(name):
 
 def test_huge_on_meta_equals_timm():
     """``vit_huge_patch14_clip_224``: timm 1.0.31 on the meta device, 632,047,080 parameters (1000 classes)."""
-    e = get_model_entry("vit_huge_patch14_clip_224")
-    assert e.meta["published_params_source"] == "timm 1.0.31 on the meta device"
-    with torch.device("meta"):
-        m = create_model("vit_huge_patch14_clip_224")
-    assert sum(p.numel() for p in m.parameters()) == 632_047_080 and e.meta["published_params_m"] == 632.047
+    m = meta_model_with_timm_params("vit_huge_patch14_clip_224", 632_047_080)
     assert m.embed_dim == 1280 and len(m.blocks) == 32 and m.pos_embed.shape == (1, 1 + 16 * 16, 1280)
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import assert_parity, load_fixture, meta_model_with_timm_params
 
 from vit_attention import create_model
 from vit_attention.attention.rope import RotaryEmbedding
@@ -98,12 +98,7 @@ def test_other_sizes_rescale_the_rope_grid():
 def test_new_presets_on_meta_equal_timm(name):
     """Fine-tuned classifiers (336 / 448, mean pool + fc_norm, 1000 classes) and EVA-CLIP towers (class token,
     final norm, inner attention norm, CLIP projection head): parameter counts equal timm's exactly."""
-    e = get_model_entry(name)
-    assert e.meta["published_params_source"] == "timm 1.0.31 on the meta device"
-    with torch.device("meta"):
-        m = create_model(name)
-    assert sum(p.numel() for p in m.parameters()) == TIMM_PARAMS[name]
-    assert round(TIMM_PARAMS[name] / 1e6, 3) == e.meta["published_params_m"]
+    m = meta_model_with_timm_params(name, TIMM_PARAMS[name])
     b = m.blocks[0]
     assert b.attn.rope.ref_feat_shape == (16, 16)
     if name in CLIP:

@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import assert_parity, load_fixture, meta_model_with_timm_params
 from transformers import SiglipConfig, SiglipModel, SiglipVisionConfig, SiglipVisionModel
 
 from vit_attention import create_model
@@ -177,12 +177,7 @@ def test_huggingface_resamples_otherwise():
 
 @pytest.mark.parametrize("name", sorted(TIMM_PARAMS))
 def test_new_presets_on_meta_equal_timm(name):
-    e = get_model_entry(name)
-    assert e.meta["published_params_source"] == "timm 1.0.31 on the meta device"
-    with torch.device("meta"):
-        m = create_model(name)
-    assert sum(p.numel() for p in m.parameters()) == TIMM_PARAMS[name]
-    assert round(TIMM_PARAMS[name] / 1e6, 3) == e.meta["published_params_m"]
+    m = meta_model_with_timm_params(name, TIMM_PARAMS[name])
     side = int(name.rsplit("_", 1)[1]) // m.patch_embed.patch_size[0]
     assert m.cls_token is None and m.pos_embed.shape == (1, side * side, m.embed_dim) and m.global_pool == "map"
 
