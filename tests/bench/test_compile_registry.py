@@ -24,19 +24,6 @@ import torch._dynamo
 from model_outputs import build, distinct_reduced_presets, small_overrides
 from torch import nn
 
-from vit_attention.models import get_model_entry
-
-# Families whose graph still breaks (strict xfail, so a fix shows here). None now: NAT / DiNAT (24e8b17) and
-# ViL (longformer2d's plan builders, constants under compile) had tensor -> Python reads inside lru_cache'd
-# builders that dynamo traced through.
-KNOWN_BREAKS: dict[str, str] = {}
-
-
-# NaFlexViT's packed form reads each image's grid back from patch_coord (``.tolist()``, data-dependent) to
-# resample the position table per grid: a graph break at the embedding (the list and tensor forms are one graph).
-NAFLEX_BREAK = ("models/naflexvit.py NaFlexEmbeds.forward_packed: grids = (coord.amax(1) + 1).tolist() "
-                "(data-dependent grid per image)")
-
 pytestmark = pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
 
 
@@ -82,16 +69,7 @@ def _close(a: Any, b: Any) -> None:
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-def _params(names: tuple[str, ...]) -> list[Any]:
-    out = []
-    for name in names:
-        why = KNOWN_BREAKS.get(get_model_entry(name).family)
-        marks = [pytest.mark.xfail(reason=f"known graph break: {why}", strict=True, raises=AssertionError)]
-        out.append(pytest.param(name, marks=marks if why else []))
-    return out
-
-
-@pytest.mark.parametrize("name", _params(distinct_reduced_presets()))
+@pytest.mark.parametrize("name", distinct_reduced_presets())
 def test_one_graph_and_same_output(name: str) -> None:
     model, x = build(name, small_overrides(name))
     with torch.inference_mode():
@@ -120,18 +98,29 @@ def test_naflexvit_list_of_images_one_graph() -> None:
     _close(out, ref)
 
 
-@pytest.mark.xfail(reason=f"known graph break: {NAFLEX_BREAK}", strict=True, raises=AssertionError)
-def test_naflexvit_packed_dict_one_graph() -> None:
+def test_naflexvit_packed_dict_compiles_to_eager_outputs() -> None:
+    """A packed dict from a user's ``patch_coord``: NaFlexEmbeds.forward_packed reads each image's grid back
+    (``(coord.amax(1) + 1).tolist()``, data-dependent) to resample the position table, so the graph breaks at
+    the embedding (the list and tensor forms are one graph); compiled, it still gives eager's outputs."""
     from vit_attention.models.naflexvit import patchify_images
 
     model = _naflex()
     g = torch.Generator().manual_seed(1)
     packed = patchify_images([torch.randn(3, 16, 32, generator=g), torch.randn(3, 16, 16, generator=g)],
                              model.patch_size)
+    graphs: list[torch.fx.GraphModule] = []
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
     with torch.inference_mode():
         ref = model.forward_features(packed)
-        out, graphs = _trace_once(model.forward_features, packed)
-    assert graphs == 1
+        try:
+            out = torch.compile(model.forward_features, backend=keep, dynamic=False)(packed)
+        finally:
+            torch._dynamo.reset()
+    assert graphs  # traced (in pieces)
     _close(out, ref)
 
 
