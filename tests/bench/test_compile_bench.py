@@ -24,10 +24,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `fun
 def _reduced(name: str, **over: Any) -> BenchConfig:
     kw = small_overrides(name)
     img = kw.pop("img_size", None)
-    # warmup=1 (the CLI's default): eager ours runs before the compiled copy is traced, as a user's model has
-    # (DiNAT's neighbourhood plans for mixed dilations are built eagerly at a first trace of a fresh process:
-    # traced before any eager call, that first trace breaks; docs/benchmarks.md, issue-24 section)
-    return BenchConfig(models=[name], model_kwargs=kw, img_size=img, batch_size=2, rounds=1, warmup=1, peak_size=64,
+    return BenchConfig(models=[name], model_kwargs=kw, img_size=img, batch_size=2, rounds=1, warmup=0, peak_size=64,
                        compile=True, compile_backend="eager", **over)
 
 

@@ -30,7 +30,9 @@ for ``d = 1``, grouped by residue ``(r mod d, c mod d)`` for a dilated window; :
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -163,23 +165,29 @@ def neighborhood_plan(H: int, W: int, kernel_size: int | tuple[int, int], dilati
 
 def _graph_inputs(builder: Callable[..., Any], maxsize: int = 64) -> Callable[..., Any]:
     """``builder`` (pure in its hashable arguments, returning index tensors) with its results kept in a store
-    that traced code reads: under ``torch.compile`` the build runs eagerly at trace time and the tensors enter the
-    graph as inputs (constants or in-graph builds leave FlexAttention's CPU kernel template without a buffer to
-    read: it fails to lower). A FIFO of ``maxsize`` results."""
+    that traced code reads by name: under ``torch.compile`` the build runs eagerly at trace time and the
+    tensors enter the graph as inputs (constants or in-graph builds leave FlexAttention's CPU kernel template
+    without a buffer to read: it fails to lower). A FIFO of ``maxsize`` results."""
     store: dict[tuple[Any, ...], Any] = {}
+    # one attribute per key, read by name: dynamo reads an attribute when traced code first asks for it, while a
+    # dict read in traced code would be the snapshot taken at the frame's first lookup (a later key: KeyError)
+    slots = types.SimpleNamespace()
+    names = itertools.count()
 
     @torch.compiler.assume_constant_result
-    def ensure(*key: Any) -> bool:
+    def ensure(*key: Any) -> str:
         if key not in store:
-            store[key] = builder(*key)
+            name = f"k{next(names)}"
+            store[key] = (name, builder(*key))
+            setattr(slots, name, store[key][1])
             if len(store) > maxsize:
-                store.pop(next(iter(store)))
-        return True
+                old, _ = store.pop(next(iter(store)))
+                delattr(slots, old)
+        return store[key][0]
 
     @functools.wraps(builder)
     def lookup(*key: Any) -> Any:
-        ensure(*key)
-        return store[key]
+        return getattr(slots, ensure(*key))
 
     return lookup
 
