@@ -113,7 +113,7 @@ def test_observers_and_logits_fn_take_the_explicit_path_on_flex() -> None:
     out, w = sdpa(q, k, v, backend="flex", return_weights=True)
     assert w.shape == (1, 2, 5, 5) and rel_err(out, sdpa(q, k, v, backend="explicit")) <= 1e-6
     assert rel_err(sdpa(q, k, v, backend="flex", logits_fn=lambda x: x * 2.0),
-                   sdpa(q, k, v, backend="explicit", scale=2.0 / 2.0)) <= 1e-6
+                   sdpa(q, k, v, backend="explicit", scale=2.0 * 4 ** -0.5)) <= 1e-6  # hd = 4
 
 
 def test_backend_names_are_checked() -> None:

@@ -286,7 +286,7 @@ def _flex(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | N
             m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
             mask_batch = B if m4.shape[0] != 1 else mask_batch
             mask_heads = H if m4.shape[1] != 1 else mask_heads
-        else:
+        else:  # the causal flag only: geometry, cacheable unless the pattern's own mask is uncached data
             key = None if key is None and pattern.mask_mod is not None else (key, "causal")
         own_mask = mask_mod
         mask_mod = dense_mask if own_mask is None else (
