@@ -64,6 +64,35 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.safetensors"]
 
 
+@pytest.mark.parametrize("call", ["atomic_write", "probe_writable"])
+def test_interrupt_just_after_the_temporary_file_is_made_leaves_nothing(tmp_path, monkeypatch, call):
+    # Ctrl-C (or training's SIGTERM exception) landing the instant the temporary file exists, before any
+    # name could have been returned to the caller: the file is still removed (a CI run once kept one)
+    from vit_attention.weights import io
+
+    path = tmp_path / "ckpt.safetensors"
+    save_weights({"a": torch.ones(2)}, path)
+    real_close = io.os.close
+    fired = []
+
+    def close_then_interrupt(fd):
+        real_close(fd)
+        if not fired:
+            fired.append(fd)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(io.os, "close", close_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        if call == "atomic_write":
+            atomic_write(path, lambda tmp: save_weights({"a": torch.zeros(2)}, tmp))
+        else:
+            io.probe_writable(tmp_path)
+    monkeypatch.undo()
+    assert fired
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.safetensors"]
+    assert torch.equal(read_checkpoint(path)[0]["a"], torch.ones(2))
+
+
 def test_strict_report_names_keys_and_shapes():
     model = _tiny()
     state = model.state_dict()

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import secrets
 import tarfile
-import tempfile
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,6 +47,23 @@ def _umask() -> int:
     return mask
 
 
+def _create_temp(folder: Path, prefix: str, suffix: str, made: list[str]) -> str:
+    """Create a new empty file ``folder/<prefix><random><suffix>`` (mode ``0o600``) and return its path.
+
+    Each name is appended to ``made`` *before* the file is created, so a caller's cleanup sees it
+    whatever instant an exception arrives.
+    """
+    for _ in range(100):
+        name = str(folder / f"{prefix}{secrets.token_hex(6)}{suffix}")
+        made.append(name)
+        try:
+            os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            return name
+        except FileExistsError:
+            made.pop()
+    raise FileExistsError(f"could not create a temporary file in {folder} (100 names taken)")
+
+
 def atomic_write(path: str | Path, write: Any) -> Path:
     """Call ``write(tmp_path)`` then atomically move the file to ``path``; returns ``path``.
 
@@ -56,17 +73,21 @@ def atomic_write(path: str | Path, write: Any) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    # The name is recorded before the file exists and the file is created inside ``try``: an interrupt
+    # (Ctrl-C, or SIGTERM turned into an exception by training) that lands just after the file is made,
+    # where ``mkstemp`` would not yet have returned its name, still finds the name to remove.
+    made: list[str] = []
     try:
+        tmp = _create_temp(path.parent, f".{path.name}.", ".tmp", made)
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for name in made:
+            if os.path.exists(name):
+                os.unlink(name)
         raise
     return path
 
@@ -78,9 +99,13 @@ def probe_writable(folder: str | Path) -> None:
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=folder)
-    os.close(fd)
-    os.unlink(probe)
+    made: list[str] = []
+    try:
+        _create_temp(folder, ".write-test.", "", made)
+    finally:
+        for name in made:
+            if os.path.exists(name):
+                os.unlink(name)
 
 
 def model_metadata(model: nn.Module) -> dict[str, str]:
