@@ -9,7 +9,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit_attention.analysis.flops import _extra_mapping
-from vit_attention.attention import CausalSelfAttention, KVCache, causal_mask, create_attention
+from vit_attention.attention import CausalSelfAttention, KVCache, StaticKVCache, causal_mask, create_attention
 from vit_attention.functional import switched
 
 TOL = dict(atol=1e-5, rtol=1e-4)
@@ -113,3 +113,38 @@ def test_step_takes_past_keys_and_values_and_returns_the_new_ones() -> None:
     torch.testing.assert_close(torch.cat(outs, dim=1), full, **TOL)
     with pytest.raises(ValueError, match="empty"):
         KVCache(1).get(0)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("chunks", [(1,) * 9, (4, 1, 3, 1)])
+def test_static_cache_steps_equal_one_full_forward(fused: bool, chunks: tuple[int, ...]) -> None:
+    # fixed shapes: every call attends over all max_len slots, the unwritten ones masked
+    attn, x = _attn(), torch.randn(2, sum(chunks), 32)
+    cache = StaticKVCache(1, batch_size=2, num_heads=4, max_len=12, head_dim=8)
+    outs, start = [], 0
+    with switched(attn, fused_attention=fused), torch.no_grad():
+        full = attn(x)
+        for n in chunks:
+            before = cache.position().clone()
+            outs.append(attn(x[:, start:start + n], cache=cache))
+            assert int(cache.position()) == int(before) + n and len(cache) == start + n
+            start += n
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, **TOL)
+    k, v, visible = cache.update(0, torch.zeros(2, 4, 1, 8), torch.zeros(2, 4, 1, 8))  # shapes stay fixed
+    assert k.shape == v.shape == (2, 4, 12, 8) and visible.shape == (1, 12)
+    assert visible[0].tolist() == [True] * (start + 1) + [False] * (12 - start - 1)
+    cache.reset()
+    assert len(cache) == 0 and not cache._k[0].any()
+
+
+def test_static_cache_refuses_what_does_not_fit() -> None:
+    with pytest.raises(ValueError, match="max_len must be a positive int"):
+        StaticKVCache(1, 2, 4, 0, 8)
+    with pytest.raises(ValueError, match="dtype must be a floating"):
+        StaticKVCache(1, 2, 4, 8, 8, dtype=torch.long)
+    cache = StaticKVCache(1, 2, 4, 8, 8)
+    with pytest.raises(ValueError, match=r"holds \[B, nh"):
+        cache.update(0, torch.zeros(3, 4, 1, 8), torch.zeros(3, 4, 1, 8))
+    with pytest.raises(ValueError, match="dtype=torch.float64"):
+        cache.update(0, torch.zeros(2, 4, 1, 8, dtype=torch.float64), torch.zeros(2, 4, 1, 8, dtype=torch.float64))
+    assert len(cache) == 0  # nothing was written by the refused calls

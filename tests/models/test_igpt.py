@@ -105,6 +105,47 @@ def test_cached_and_uncached_sampling_give_the_same_tokens(top_k: int | None) ->
     assert model.dequantize(cached).shape == (3, 3, 4, 4)
 
 
+@pytest.mark.parametrize("prompt_len", [0, 3])
+def test_static_cache_sampling_gives_the_dynamic_caches_tokens(prompt_len: int) -> None:
+    model = _small()
+    prompt = torch.randint(0, 512, (3, prompt_len)) if prompt_len else None
+    for kw in (dict(top_k=1), dict(temperature=0.9, seed=7)):
+        dynamic = model.generate(3, prompt=prompt, **kw)
+        static = model.generate(3, prompt=prompt, static_cache=True, **kw)
+        assert torch.equal(static, dynamic), kw
+    cache = model.new_static_cache(3)
+    assert cache.max_len == 16 and cache._k[0].shape == (3, 2, 16, 16) and len(cache._k) == 2
+    ids = torch.cat([torch.full((3, 1), 512), dynamic[:, :-1]], dim=1)
+    with torch.no_grad():
+        stepped = torch.cat([model.forward_logits(ids[:, :6], cache=cache),
+                             model.forward_logits(ids[:, 6:], cache=cache)], dim=1)
+        torch.testing.assert_close(stepped, model.forward_logits(ids), atol=1e-5, rtol=1e-4)
+        with pytest.raises(ValueError, match="do not fit: the StaticKVCache holds 16 of 16"):
+            model.forward_logits(ids[:, :1], cache=cache)
+    with pytest.raises(ValueError, match="compile_mode must be one of"):
+        model.generate(1, compile_mode="fast")
+    with pytest.raises(ValueError, match="need the key/value cache"):
+        model.generate(1, static_cache=True, use_cache=False)
+
+
+@pytest.mark.slow  # compiles (about 15 s on 2 cores)
+def test_compiled_sampling_is_one_graph_and_gives_the_eager_tokens() -> None:
+    from torch._dynamo.utils import counters
+
+    model = _small()
+    torch._dynamo.reset()
+    counters.clear()
+    eager = model.generate(2, top_k=1)
+    compiled = model.generate(2, top_k=1, compile_mode="default")
+    assert torch.equal(compiled, eager)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs == 1  # every one-token step after the prompt: one graph
+    again = model.generate(2, temperature=0.9, seed=3, compile_mode="default")  # a new cache: no recompilation
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert torch.equal(again, model.generate(2, temperature=0.9, seed=3, static_cache=True))
+    torch._dynamo.reset()
+
+
 def test_generate_top_k_1_is_greedy_and_prompt_is_kept() -> None:
     model = _small()
     greedy = model.generate(2, top_k=1, seed=0)
@@ -191,6 +232,7 @@ def test_generate_cli_writes_a_grid_and_benches(tmp_path, capsys) -> None:
     text = capsys.readouterr().out
     assert "wrote" in text and "tokens/s with the key/value cache" in text
     img = Image.open(out)
+    first = np.asarray(img).copy()
     assert img.mode == "L" and img.size == (3 * (4 * 16 + 2) + 2, 2 * (4 * 16 + 2) + 2)  # 3 per row, 2 rows
     expected = model.dequantize(model.generate(5, seed=3))  # the same seed draws the same images
     cell = np.asarray(img)[2:2 + 64:16, 2:2 + 64:16] / 255.0 * 2 - 1  # first image, one pixel per cell
@@ -200,6 +242,12 @@ def test_generate_cli_writes_a_grid_and_benches(tmp_path, capsys) -> None:
     assert "not a generative model" in capsys.readouterr().err
     assert main(["generate", "igpt_small", "--num", "0"]) == 2
     assert "--num" in capsys.readouterr().err
+    assert main(["generate", str(path.parent), "--num", "5", "--seed", "3", "--output", str(out),
+                 "--static-cache"]) == 0
+    assert "static cache" in capsys.readouterr().out
+    assert np.array_equal(np.asarray(Image.open(out)), first)  # the same images as the growing cache
+    assert main(["generate", str(path.parent), "--no-cache", "--compile", "default", "--output", str(out)]) == 2
+    assert "--no-cache cannot go with --static-cache / --compile" in capsys.readouterr().err
 
 
 def test_generative_training_on_the_digits(tmp_path, capsys) -> None:

@@ -2,8 +2,10 @@
 
     vit-attention generate igpt_digits --checkpoint runs/igpt_digits --num 16 --output grid.png
     vit-attention generate runs/igpt_digits --num 16 --bench     # also tokens/s with and without the cache
+    vit-attention generate igpt_small --device cuda --num 8 --compile reduce-overhead --bench   # CUDA graphs
 
-The model must have ``generate(num_images, *, temperature, top_k, seed, use_cache) -> tokens`` and
+The model must have ``generate(num_images, *, temperature, top_k, seed, use_cache, static_cache,
+compile_mode) -> tokens`` and
 ``dequantize(tokens) -> images [B, Cin, H, W]`` in ``[-1, 1]`` (:class:`vit_attention.models.igpt.ImageGPT`).
 :func:`generation_speed` measures tokens per second (what ``--bench`` prints).
 """
@@ -19,6 +21,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from ..functional.runtime import COMPILE_MODES
 
 __all__ = ["add_commands", "generation_speed", "save_image_grid"]
 
@@ -52,14 +56,26 @@ def save_image_grid(images: Tensor, path: str | Path, *, scale: int | None = Non
 
 @torch.no_grad()
 def generation_speed(model: nn.Module, num_images: int = 4, *, use_cache: bool = True, seed: int = 0,
-                     repeats: int = 1) -> float:
-    """Generated tokens per second of ``model.generate(num_images, use_cache=...)`` (best of ``repeats``)."""
+                     repeats: int = 1, **generate_kwargs: Any) -> float:
+    """Generated tokens per second of ``model.generate(num_images, use_cache=..., **generate_kwargs)``
+    (best of ``repeats``; a compiled sampler's first call, which compiles, is not timed)."""
+    if generate_kwargs.get("compile_mode"):
+        model.generate(num_images, seed=seed, use_cache=use_cache, **generate_kwargs)  # type: ignore[operator]
     best = math.inf
     for _ in range(max(1, repeats)):
+        _sync(model)
         start = time.perf_counter()
-        tokens = model.generate(num_images, seed=seed, use_cache=use_cache)  # type: ignore[operator]
+        tokens = model.generate(num_images, seed=seed, use_cache=use_cache, **generate_kwargs)  # type: ignore[operator]
+        _sync(model)
         best = min(best, time.perf_counter() - start)
     return tokens.numel() / best
+
+
+def _sync(model: nn.Module) -> None:
+    """Wait for the model's device (CUDA work is asynchronous)."""
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -93,17 +109,28 @@ def _run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
+    if args.no_cache and (args.static_cache or args.compile):
+        raise ValueError("--no-cache cannot go with --static-cache / --compile: they need the key/value cache")
+    sampler = dict(static_cache=args.static_cache, compile_mode=args.compile)
     tokens = model.generate(args.num, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
-                            use_cache=not args.no_cache)
+                            use_cache=not args.no_cache, **sampler)
     seconds = time.perf_counter() - start
     save_image_grid(model.dequantize(tokens), output)
-    print(f"wrote {output} ({args.num} images, {tokens.shape[1]} tokens each, {seconds:.2f} s, "
-          f"{tokens.numel() / seconds:,.0f} tokens/s{'' if not args.no_cache else ', no cache'})")
+    how = ", no cache" if args.no_cache else (f", compiled ({args.compile}), static cache" if args.compile
+                                              else ", static cache" if args.static_cache else "")
+    print(f"wrote {output} ({args.num} images, {tokens.shape[1]} tokens each, {seconds:.2f} s"
+          f"{', compilation included' if args.compile else ''}, {tokens.numel() / seconds:,.0f} tokens/s{how})")
     if args.bench:
         cached = generation_speed(model, args.num, use_cache=True, repeats=2)
         plain = generation_speed(model, args.num, use_cache=False, repeats=2)
         print(f"bench: {cached:,.0f} tokens/s with the key/value cache, {plain:,.0f} tokens/s without "
               f"({cached / plain:.1f}x), batch {args.num}, {tokens.shape[1]} tokens per image")
+        static = generation_speed(model, args.num, repeats=2, static_cache=True)
+        print(f"bench: {static:,.0f} tokens/s with the static cache, eager ({static / plain:.1f}x uncached)")
+        if args.compile:
+            compiled = generation_speed(model, args.num, repeats=2, compile_mode=args.compile)
+            print(f"bench: {compiled:,.0f} tokens/s compiled ({args.compile}) with the static cache "
+                  f"({compiled / plain:.1f}x uncached, {compiled / cached:.1f}x the eager cache)")
     return 0
 
 
@@ -122,8 +149,16 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely colours")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same images)")
     p.add_argument("--no-cache", action="store_true", help="rerun the whole prefix each step (O(N^2))")
+    p.add_argument("--static-cache", action="store_true",
+                   help="a fixed-shape key/value cache (every step attends over all N slots, masked)")
+    p.add_argument("--compile", default=None, choices=COMPILE_MODES, metavar="MODE",
+                   help="compile the one-token step with torch.compile(mode=MODE) over the static cache: "
+                        f"{', '.join(COMPILE_MODES)} (reduce-overhead = CUDA graphs on a GPU); the first "
+                        "call compiles (tens of seconds)")
     p.add_argument("--output", default="grid.png", help="PNG to write")
     p.add_argument("--device", default="cpu", help="torch device")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-    p.add_argument("--bench", action="store_true", help="also print tokens/s with and without the cache")
+    p.add_argument("--bench", action="store_true",
+                   help="also print tokens/s with and without the cache, with the static cache, and compiled "
+                        "(with --compile)")
     p.set_defaults(func=_run)

@@ -9,6 +9,12 @@ with a cache projects only the new tokens, writes their k / v after the cached o
 over all of them, so one new token costs ``O(M·C)`` attention (``M`` cached tokens), not
 ``O(M²·C)``. Key names follow GPT-2 / timm: ``qkv`` (packed ``[q | k | v]``), ``proj``.
 
+A :class:`StaticKVCache` is the same cache with fixed shapes, for ``torch.compile`` and CUDA graphs:
+one preallocated ``[B, nh, L, hd]`` buffer per layer written in place at a position held in a
+tensor, and every call attends over all ``L`` slots with a mask (the slots not yet written are
+masked). Each step then has the same shapes and addresses, so one compiled graph (one CUDA graph
+with ``mode="reduce-overhead"``) serves every step of a generation.
+
 On the ``"flex"`` backend every call runs the pattern of :func:`causal_pattern` (``kv <= q + M - N``,
 bottom-right aligned as :func:`causal_mask`; none for one new token), whose block mask skips the
 blocks above the diagonal.
@@ -28,7 +34,7 @@ from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ._common import check_heads, check_prob
 from .registry import register_attention
 
-__all__ = ["CausalSelfAttention", "KVCache", "causal_mask", "causal_pattern"]
+__all__ = ["CausalSelfAttention", "KVCache", "StaticKVCache", "causal_mask", "causal_pattern"]
 
 
 def causal_mask(num_queries: int, num_keys: int, *, device: torch.device | str | None = None) -> Tensor:
@@ -113,6 +119,93 @@ class KVCache:
         return buf_k[..., :L + N, :], buf_v[..., :L + N, :]  # [B, nh, M, hd]
 
 
+def _mark_static(t: Tensor) -> None:
+    """Tell dynamo (CUDA graphs) that ``t`` keeps its address across calls, without guarding on it."""
+    mark = getattr(getattr(torch, "_dynamo", None), "mark_static_address", None)
+    if mark is None:
+        return
+    try:
+        mark(t, guard=False)  # a new cache (a new generation) re-records instead of recompiling
+    except TypeError:  # an older torch without the guard argument
+        mark(t)
+
+
+class StaticKVCache:
+    """A key/value cache of fixed shapes: ``[B, nh, max_len, hd]`` per layer, written in place.
+
+    Layer ``i``'s mechanism calls :meth:`update` with its new ``k, v [B, nh, N, hd]``; they are
+    written at slots ``pos[i] .. pos[i] + N - 1`` (``pos`` a tensor, so no host sync and no
+    recompilation as it advances) and it gets back the whole buffers ``[B, nh, max_len, hd]`` with
+    the mask ``visible [N, max_len]`` (True = may attend: the slots written so far, causally). Every
+    call has the same shapes, which is what ``torch.compile`` and CUDA graphs need; the price is
+    attending over ``max_len`` slots each step instead of the ``M`` written ones.
+
+    Unwritten slots hold zeros and are masked. Writing past ``max_len`` is an index error (a device
+    assert on CUDA): :meth:`ImageGPT.generate` sizes the cache to the model's positions.
+    """
+
+    static = True  # what mechanisms test to take the fixed-shape path
+
+    def __init__(self, num_layers: int, batch_size: int, num_heads: int, max_len: int, head_dim: int, *,
+                 head_dim_v: int | None = None, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        for value, arg in ((num_layers, "num_layers"), (batch_size, "batch_size"), (num_heads, "num_heads"),
+                           (max_len, "max_len"), (head_dim, "head_dim"), (head_dim_v or head_dim, "head_dim_v")):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"StaticKVCache: {arg} must be a positive int, got {value!r}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"StaticKVCache: dtype must be a floating torch.dtype, got {dtype!r}")
+        hdv = head_dim_v or head_dim
+        self.max_len = max_len
+        self._k = [torch.zeros(batch_size, num_heads, max_len, head_dim, dtype=dtype, device=device)
+                   for _ in range(num_layers)]
+        self._v = [torch.zeros(batch_size, num_heads, max_len, hdv, dtype=dtype, device=device)
+                   for _ in range(num_layers)]
+        self.pos = torch.zeros(num_layers, dtype=torch.long, device=device)  # [num_layers]: slots written
+        self._slots = torch.arange(max_len, device=device)  # [max_len]
+        for t in (*self._k, *self._v, self.pos, self._slots):
+            _mark_static(t)
+
+    def __len__(self) -> int:
+        """Tokens written in layer 0 (reads ``pos`` back to the host: a sync on a GPU)."""
+        return int(self.pos[0])
+
+    def length(self, layer: int) -> int:
+        """Tokens written in ``layer`` (a host sync on a GPU)."""
+        return int(self.pos[layer])
+
+    def position(self, layer: int = 0) -> Tensor:
+        """The first free slot of ``layer``, a 0-d long tensor (no host sync)."""
+        return self.pos[layer]
+
+    def reset(self) -> None:
+        """Forget every token (the buffers are kept: unwritten slots are masked, whatever they hold)."""
+        self.pos.zero_()
+        for t in (*self._k, *self._v):
+            t.zero_()
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Write ``k [B, nh, N, hd]``, ``v [B, nh, N, hdv]`` at the next ``N`` slots of ``layer``.
+
+        Returns ``(keys [B, nh, max_len, hd], values [B, nh, max_len, hdv], visible [N, max_len])``:
+        new token ``i`` (slot ``p + i``) may attend to slots ``<= p + i``.
+        """
+        buf_k, buf_v = self._k[layer], self._v[layer]
+        if k.shape[:2] != buf_k.shape[:2] or k.shape[-1] != buf_k.shape[-1] or v.shape[-1] != buf_v.shape[-1]:
+            raise ValueError(f"StaticKVCache layer {layer} holds [B, nh, ·, hd] = "
+                             f"{[*buf_k.shape[:2], '·', buf_k.shape[-1]]}, got k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if k.dtype != buf_k.dtype:
+            raise ValueError(f"StaticKVCache holds {buf_k.dtype}, got k of {k.dtype}: build it with "
+                             f"dtype={k.dtype} (the dtype the attention computes in)")
+        N = k.shape[-2]
+        slots = self.pos[layer] + torch.arange(N, device=k.device)  # [N]
+        buf_k.index_copy_(2, slots, k)
+        buf_v.index_copy_(2, slots, v)
+        self.pos[layer] += N
+        visible = self._slots[None, :] <= slots[:, None]  # [N, max_len]
+        return buf_k, buf_v, visible
+
+
 @register_attention(
     "causal", layout="tokens", description="causal multi-head self-attention (GPT-2 / iGPT) with a key/value cache",
     paper="https://cdn.openai.com/papers/Generative_Pretraining_from_Pixels_V2.pdf",
@@ -159,14 +252,15 @@ class CausalSelfAttention(nn.Module):
     causal = True  # token i sees tokens <= i, and forward takes a KVCache (what autoregressive models require)
 
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None, residual: Tensor | None = None, cache: KVCache | None = None,
-                layer: int = 0) -> Tensor:
+                context: Tensor | None = None, residual: Tensor | None = None,
+                cache: KVCache | StaticKVCache | None = None, layer: int = 0) -> Tensor:
         """``x [B, N, C] -> [B, N, C]``, token ``i`` attending to tokens ``<= i``.
 
         ``feat_size`` only places recorded maps on the grid; prefix tokens are ordinary positions of
         the sequence. ``context`` is refused (a causal order needs one sequence).
         ``cache``: a :class:`KVCache`; ``x`` is then the next ``N`` tokens after the ``M - N`` cached
-        ones, their k / v are appended to the cache's ``layer`` and they attend to all ``M``.
+        ones, their k / v are appended to the cache's ``layer`` and they attend to all ``M``. A
+        :class:`StaticKVCache` does the same at fixed shapes (all its slots, the unwritten ones masked).
         ``residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
@@ -176,7 +270,11 @@ class CausalSelfAttention(nn.Module):
                              "(pass context=None)")
         q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
         dropout_p = self.attn_drop if self.training else 0.0
-        if use_flex(self.attention_backend, self.fused_attention, x.device, mechanism="causal"):
+        if getattr(cache, "static", False):  # fixed shapes: every slot, the unwritten ones masked
+            k, v, visible = cache.update(layer, k, v)  # [B, nh, L, hd] x 2, [N, L]
+            out = scaled_dot_product_attention(q, k, v, mask=visible, dropout_p=dropout_p, fused=self.fused_attention,
+                                               backend=self.attention_backend)  # [B, nh, N, hd]
+        elif use_flex(self.attention_backend, self.fused_attention, x.device, mechanism="causal"):
             if cache is not None:
                 k, v = cache.update(layer, k, v)  # [B, nh, M, hd]: cached keys, then the new ones
             out = scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, fused=self.fused_attention,

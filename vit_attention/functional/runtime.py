@@ -73,9 +73,12 @@ import torch
 
 __all__ = ["capturing", "cpu_kernel_supports", "override_cpu_kernel_support", "Switch", "switches", "switched",
            "set_switches", "FUSED_ATTENTION", "ATTENTION_BACKEND", "BACKENDS", "check_backend", "FAST_LINEAR",
-           "CHUNK_ELEMENTS"]
+           "CHUNK_ELEMENTS", "COMPILE_MODES"]
 
 _T = TypeVar("_T")
+
+# torch.compile(mode=...) values the library accepts (bench --compile-mode, ImageGPT.generate(compile_mode=)).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 class Switch(Generic[_T]):

@@ -43,8 +43,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import get_attention_spec, list_attention
-from ..attention.causal import KVCache
-from ..functional.runtime import capturing
+from ..attention.causal import KVCache, StaticKVCache
+from ..functional.runtime import COMPILE_MODES, capturing
 from ..layers import Block, drop_path_schedule, run_blocks_with_taps, stage_feature_info
 from ..layers.activation import QuickGELU  # re-exported: vit_attention.models.igpt.QuickGELU still imports
 from ._config import (
@@ -357,9 +357,16 @@ class ImageGPT(Backbone):
                              f"or token ids [B, n] (integers), got {x.dtype} {tuple(x.shape)}")
         return self.shift_right(self.quantize(x))
 
-    def _embed(self, ids: Tensor, start: int = 0) -> Tensor:  # type: ignore[override]
-        """Token ids ``[B, n]`` at positions ``start .. start + n - 1`` -> embeddings ``[B, n, C]``."""
+    def _embed(self, ids: Tensor, start: int | Tensor = 0) -> Tensor:  # type: ignore[override]
+        """Token ids ``[B, n]`` at positions ``start .. start + n - 1`` -> embeddings ``[B, n, C]``.
+
+        ``start`` may be a 0-d long tensor (a :class:`StaticKVCache`'s position: no host sync, one
+        compiled graph for every step); it is then not range-checked.
+        """
         n = ids.shape[1]
+        if isinstance(start, Tensor):
+            where = start + torch.arange(n, device=ids.device)  # [n]
+            return self.pos_drop(self.tok_embed(ids) + self.pos_embed[0].index_select(0, where))  # [B, n, C]
         if start + n > self.num_tokens:
             raise ValueError(f"{start + n} positions exceed the model's {self.num_tokens} "
                              f"(img_size {self.grid_size})")
@@ -372,28 +379,35 @@ class ImageGPT(Backbone):
         return run_blocks_with_taps(self.blocks, x, feat_size, 0, checkpoint=self.grad_checkpointing and self.training,
                                     taps=indices)
 
-    def forward_tokens(self, ids: Tensor, *, cache: KVCache | None = None) -> Tensor:
+    def forward_tokens(self, ids: Tensor, *, cache: KVCache | StaticKVCache | None = None) -> Tensor:
         """Token ids ``[B, n]`` -> final-norm hidden states ``[B, n, C]`` (Hugging Face ``ImageGPTModel``).
 
         With a :class:`~vit_attention.attention.causal.KVCache` the ids are the next ``n`` tokens after
-        the ``len(cache)`` already seen; each block's attention appends to the cache. Ids outside
+        the ``len(cache)`` already seen; each block's attention appends to the cache (a
+        :class:`~vit_attention.attention.causal.StaticKVCache` from :meth:`new_static_cache` works
+        the same, at fixed shapes). Ids outside
         ``0..K`` (colours ``0..K-1``, ``K`` the start token) raise ``ValueError``.
         """
         self._check_input_ids(ids, "ids")
+        if isinstance(cache, StaticKVCache):  # host reads are fine here: the id check above syncs already
+            room = min(cache.max_len, self.num_tokens) - len(cache)
+            if ids.shape[1] > room:
+                raise ValueError(f"ids: {ids.shape[1]} new tokens do not fit: the StaticKVCache holds {len(cache)} of "
+                                 f"{min(cache.max_len, self.num_tokens)} positions")
         return self._tokens(ids, cache)
 
-    def _tokens(self, ids: Tensor, cache: KVCache | None = None) -> Tensor:
+    def _tokens(self, ids: Tensor, cache: KVCache | StaticKVCache | None = None) -> Tensor:
         """:meth:`forward_tokens` without the id check: ``[B, n]`` -> ``[B, n, C]``."""
         if cache is None:
             x, _ = self._run_blocks(self._embed(ids), self.grid_size if ids.shape[1] == self.num_tokens else None)
             return self.norm(x)
-        x = self._embed(ids, len(cache))
+        x = self._embed(ids, cache.position() if isinstance(cache, StaticKVCache) else len(cache))
         for i, blk in enumerate(self.blocks):  # pre-norm GPT-2 block, its attention fed the cache
             x = x + blk.drop_path1(blk.attn(blk.norm1(x), cache=cache, layer=i))
             x = x + blk.drop_path2(blk.mlp(blk.norm2(x)))
         return self.norm(x)
 
-    def forward_logits(self, ids: Tensor, *, cache: KVCache | None = None) -> Tensor:
+    def forward_logits(self, ids: Tensor, *, cache: KVCache | StaticKVCache | None = None) -> Tensor:
         """Token ids ``[B, n]`` -> next-token logits ``[B, n, K]`` (``ImageGPTForCausalImageModeling``)."""
         return self.lm_head(self.forward_tokens(ids, cache=cache))
 
@@ -447,9 +461,22 @@ class ImageGPT(Backbone):
         return outs if intermediates_only else (self.norm(h), outs)
 
     # ------------------------------------------------------------------ generation
+    def new_static_cache(self, batch_size: int, *, dtype: torch.dtype | None = None,
+                         device: torch.device | str | None = None) -> StaticKVCache:
+        """A :class:`StaticKVCache` for this model: every block, ``batch_size`` rows, all ``N`` positions.
+
+        ``dtype`` defaults to the parameters' (give the autocast dtype when sampling under autocast),
+        ``device`` to theirs. Feed it to :meth:`forward_tokens` / :meth:`forward_logits` step by step.
+        """
+        attn = self.blocks[0].attn
+        return StaticKVCache(len(self.blocks), check_int(batch_size, "batch_size"), attn.num_heads, self.num_tokens,
+                             attn.head_dim, dtype=dtype or self.pos_embed.dtype,
+                             device=device if device is not None else self.pos_embed.device)
+
     @torch.no_grad()
     def generate(self, num_images: int, *, temperature: float = 1.0, top_k: int | None = None,
-                 seed: int | None = None, use_cache: bool = True, prompt: Tensor | None = None) -> Tensor:
+                 seed: int | None = None, use_cache: bool = True, prompt: Tensor | None = None,
+                 static_cache: bool = False, compile_mode: str | None = None) -> Tensor:
         """Sample ``num_images`` images pixel by pixel: tokens ``[num_images, N]`` (see :meth:`dequantize`).
 
         Args:
@@ -460,12 +487,25 @@ class ImageGPT(Backbone):
             use_cache: keep a key/value cache (each new pixel attends to the cached keys: ``O(N)``);
                 without it each step reruns the whole prefix (``O(N²)``). Both give the same tokens.
             prompt: optional first tokens ``[num_images, P]`` (image completion); generation continues after them.
+            static_cache: a :class:`StaticKVCache` (fixed shapes: each step attends over all ``N``
+                slots, the unwritten ones masked) instead of the growing :class:`KVCache`.
+            compile_mode: compile the one-token step with ``torch.compile(mode=compile_mode,
+                fullgraph=True)`` over a static cache (implies ``static_cache``): ``"default"``,
+                ``"reduce-overhead"`` (CUDA graphs on a GPU: one graph replayed per token, what a
+                launch-bound sampler needs), ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``.
+                The first call pays the compilation; later calls on the same model reuse it.
         """
         n = check_int(num_images, "num_images")
         check_float(temperature, "temperature", low=0.0, low_open=True)
         K, N = self.cfg.vocab_size, self.num_tokens
         if top_k is not None:
             top_k = min(check_int(top_k, "top_k"), K)
+        if compile_mode is not None and compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode must be one of {list(COMPILE_MODES)} or None, got {compile_mode!r}")
+        static = bool(static_cache) or compile_mode is not None
+        if static and not use_cache:
+            raise ValueError("static_cache / compile_mode need the key/value cache: use_cache=False reruns the "
+                             "whole prefix each step, at a new shape every step")
         device = self.pos_embed.device
         gen = torch.Generator(device=device).manual_seed(int(seed)) if seed is not None else None
         start = torch.full((n, 1), self.sos_token, dtype=torch.long, device=device)
@@ -478,17 +518,31 @@ class ImageGPT(Backbone):
         self.eval()
         try:
             seq = start  # [n, 1 + P]: SOS and the prompt
-            cache = KVCache(len(self.blocks), capacity=N) if use_cache else None
-            step_in = seq
-            while seq.shape[1] <= N:  # N tokens after SOS; the last needs no forward of its own
-                hidden = self._tokens(step_in, cache) if use_cache else self._tokens(seq)  # sampled ids: unchecked
-                logits = self.lm_head(hidden)[:, -1]  # [n, K]
+            cache: KVCache | StaticKVCache | None = None
+            if static:
+                autocast = torch.is_autocast_enabled(device.type)
+                cache = self.new_static_cache(n, dtype=torch.get_autocast_dtype(device.type) if autocast else None)
+            elif use_cache:
+                cache = KVCache(len(self.blocks), capacity=N)
+            step = _next_logits
+            if compile_mode is not None:  # the prompt runs eagerly (its own shape); every later step is one graph
+                step = torch.compile(_next_logits, mode=compile_mode, fullgraph=True, dynamic=False)
+            logits = _next_logits(self, seq, cache)  # [n, K]
+            while True:
                 nxt = _sample(logits.float(), temperature, top_k, gen)  # [n, 1]
                 seq = torch.cat([seq, nxt], dim=1)
-                step_in = nxt
+                if seq.shape[1] > N:  # N tokens after SOS; the last needs no forward of its own
+                    break
+                logits = step(self, nxt, cache) if use_cache else _next_logits(self, seq, None)  # [n, K]
         finally:
             self.train(was_training)
         return seq[:, 1:]  # [n, N]
+
+
+def _next_logits(model: ImageGPT, ids: Tensor, cache: KVCache | StaticKVCache | None) -> Tensor:
+    """The next-token logits after ``ids [B, n]`` (the next ``n`` tokens when ``cache`` holds the earlier
+    ones): ``[B, K]``. Sampled ids are not checked (no host sync)."""
+    return model.lm_head(model._tokens(ids, cache))[:, -1]
 
 
 def _sample(logits: Tensor, temperature: float, top_k: int | None, gen: torch.Generator | None) -> Tensor:
