@@ -155,3 +155,30 @@ def test_rope_in_a_block_gets_the_grid_from_the_model():
     assert all(isinstance(b.attn.rope, RotaryEmbedding) for b in m.blocks)
     with torch.no_grad():
         assert m(torch.randn(1, 3, 24, 40)).shape == (1, 1000)
+
+
+@pytest.mark.parametrize("kw", [dict(kind="axial", coords="index"), dict(kind="axial", coords="centered"),
+                                dict(kind="axial", coords="ref", ref_feat_shape=(4, 4)), dict(kind="mixed")])
+def test_batch_tables_give_each_sample_its_own_grids_tables_without_a_host_read(kw):
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(16, 2, **kw)
+    grids = [(3, 5), (4, 2), (1, 1)]
+    L = 16
+    coords = torch.zeros(3, L, 2, dtype=torch.long)
+    valid = torch.zeros(3, L, dtype=torch.bool)
+    for b, (h, w) in enumerate(grids):  # each image's tokens, shuffled, then padding
+        yx = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij"), -1).reshape(-1, 2)
+        order = torch.randperm(h * w)
+        coords[b, :h * w], valid[b, :h * w] = yx[order], True
+        coords[b, h * w:] = 7  # padding rows hold anything
+    cos, sin = rope.batch_tables(coords, valid)
+    lead = 1 if kw["kind"] == "axial" else 2
+    assert cos.shape == sin.shape == (3, lead, L, 16)
+    for b, (h, w) in enumerate(grids):  # the oracle: the sample's own grid table, gathered
+        tc, ts = rope.tables((h, w))
+        flat = coords[b, :h * w, 0] * w + coords[b, :h * w, 1]
+        torch.testing.assert_close(cos[b][:, :h * w], tc.reshape(-1, h * w, 16)[:, flat], atol=1e-6, rtol=0)
+        torch.testing.assert_close(sin[b][:, :h * w], ts.reshape(-1, h * w, 16)[:, flat], atol=1e-6, rtol=0)
+        assert (cos[b][:, h * w:] == 1).all() and (sin[b][:, h * w:] == 0).all()
+    explained = torch._dynamo.explain(rope.batch_tables)(coords, valid)  # grids stay on the device: one graph
+    assert explained.graph_break_count == 0 and explained.graph_count == 1

@@ -80,15 +80,17 @@ def test_one_graph_and_same_output(name: str) -> None:
     _close(out, ref)
 
 
-def _naflex() -> nn.Module:
+def _naflex(**over: object) -> nn.Module:
     name = "naflexvit_base_patch16_gap"
-    model, _ = build(name, small_overrides(name))
+    model, _ = build(name, {**small_overrides(name), **over})
     return model
 
 
-def test_naflexvit_list_of_images_one_graph() -> None:
-    """A list of images: the grids come from the images' sizes (nothing read back from patch_coord)."""
-    model = _naflex()
+@pytest.mark.parametrize("rope", [None, "axial", "mixed"])
+def test_naflexvit_list_of_images_one_graph(rope: str | None) -> None:
+    """A list of images: the grids come from the images' sizes (nothing read back from patch_coord); with
+    RoPE each block's per-sample tables keep the grids on the device (was a graph break per block)."""
+    model = _naflex(**({"rope": rope} if rope else {}))
     g = torch.Generator().manual_seed(0)
     imgs = [torch.randn(3, 16, 32, generator=g), torch.randn(3, 32, 16, generator=g)]
     with torch.inference_mode():

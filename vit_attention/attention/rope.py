@@ -133,31 +133,29 @@ class RotaryEmbedding(nn.Module):
         ``[B, nh, L, hd]`` (mixed), float32.
 
         Each sample's grid is ``(max y + 1, max x + 1)`` over its valid rows; a valid token gets the entry of
-        its coordinate in that grid's table (so ``coords`` of a full grid give :meth:`tables` exactly),
-        a padding row the identity rotation (cos 1, sin 0)."""
+        its coordinate in that grid's table (so ``coords`` of a full grid give :meth:`tables`), a padding
+        row the identity rotation (cos 1, sin 0). Computed per token with the grids kept on the device: no
+        host read and no loop over samples, so a packed batch stays one graph under ``torch.compile``."""
         B, L, _ = coords.shape
         valid_b = torch.ones(B, L, dtype=torch.bool, device=coords.device) if valid is None else valid.bool()
-        c = coords.long() * valid_b[..., None]
-        grids = (c.amax(dim=1) + 1).tolist()
-        lead = 1 if self.freqs is None else self.num_heads
-        cos = torch.ones(B, lead, L, self.head_dim, device=coords.device)
-        sin = torch.zeros(B, lead, L, self.head_dim, device=coords.device)
-        for b, (h, w) in enumerate(grids):
-            tc, ts = self.tables((int(h), int(w)), coords.device)  # [h·w, hd] or [nh, h·w, hd]
-            rows = valid_b[b].nonzero().flatten()
-            flat = c[b, rows, 0] * int(w) + c[b, rows, 1]
-            cos[b][:, rows] = tc.reshape(-1, int(h) * int(w), self.head_dim)[:, flat].to(cos.device)
-            sin[b][:, rows] = ts.reshape(-1, int(h) * int(w), self.head_dim)[:, flat].to(sin.device)
-        return cos, sin
+        c = coords.long() * valid_b[..., None]  # [B, L, 2]: padding rows -> (0, 0)
+        grids = c.amax(dim=1, keepdim=True) + 1  # [B, 1, 2]: each sample's (h, w), kept on the device (no sync)
+        cos, sin = self._tables_on(c.float(), grids)  # [B, 1 or nh, L, hd]
+        keep = valid_b[:, None, :, None]  # padding rows: the identity rotation
+        return torch.where(keep, cos, 1.0), torch.where(keep, sin, 0.0)
 
     def tables_at(self, positions: Tensor, feat_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
         """``(cos, sin)`` at grid ``positions [B, L, 2]`` (float ``(y, x)`` indices on the ``feat_size`` grid,
         fractional for merged tokens: :class:`~vit_attention.functional.tome.TokenMergeState`) ->
         ``[B, 1, L, hd]`` (axial) or ``[B, nh, L, hd]`` (mixed), float32. Integer positions of the whole
         grid give :meth:`tables`."""
+        return self._tables_on(positions, feat_size)
+
+    def _tables_on(self, positions: Tensor, feat_size: tuple[int, int] | Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`tables_at` where ``feat_size`` may also be a tensor ``[B, 1, 2]`` (one grid per sample)."""
         B, L, _ = positions.shape
-        c = grid_positions_to_coords(positions.reshape(B * L, 2), feat_size, self.coords,  # type: ignore[arg-type]
-                                     ref_feat_shape=self.ref_feat_shape)  # [B·L, 2]
+        c = grid_positions_to_coords(positions, feat_size, self.coords,  # type: ignore[arg-type]
+                                     ref_feat_shape=self.ref_feat_shape).reshape(B * L, 2)  # [B·L, 2]
         if self.freqs is None:
             angles = axial_rope_angles(c, self.head_dim, theta=self.theta, scale=self.scale,
                                        axes=self.axes)  # type: ignore[arg-type]

@@ -55,8 +55,9 @@ def _axis(length: int, coords: str, ref: float | None, device: torch.device | st
     return _map_axis(torch.arange(length, dtype=torch.float32, device=device), length, coords, ref)
 
 
-def _map_axis(t: Tensor, length: int, coords: str, ref: float | None) -> Tensor:
-    """Grid indices ``t`` (float, possibly fractional) on an axis of ``length`` tokens -> ``coords`` coordinates."""
+def _map_axis(t: Tensor, length: int | Tensor, coords: str, ref: float | None) -> Tensor:
+    """Grid indices ``t`` (float, possibly fractional) on an axis of ``length`` tokens (an int, or a tensor
+    broadcastable to ``t``: one length per sample) -> ``coords`` coordinates."""
     if coords == "index":
         return t
     if coords == "ref":
@@ -85,13 +86,20 @@ def rope_coords(feat_size: tuple[int, int], coords: RopeCoords = "index", *,
     return torch.stack([yy.reshape(-1), xx.reshape(-1)], dim=-1)  # [H·W, 2]
 
 
-def grid_positions_to_coords(positions: Tensor, feat_size: tuple[int, int], coords: RopeCoords = "index", *,
-                             ref_feat_shape: tuple[int, int] | None = None) -> Tensor:
+def grid_positions_to_coords(positions: Tensor, feat_size: tuple[int, int] | Tensor, coords: RopeCoords = "index",
+                             *, ref_feat_shape: tuple[int, int] | None = None) -> Tensor:
     """Grid positions ``[..., 2]`` (float ``(y, x)`` indices, fractional for merged tokens) on the ``feat_size``
-    grid -> the same points in ``coords`` coordinates (:func:`rope_coords` of integer positions)."""
+    grid -> the same points in ``coords`` coordinates (:func:`rope_coords` of integer positions).
+
+    ``feat_size``: ``(H, W)``, or a tensor ``[..., 2]`` broadcastable to ``positions`` (each sample's own
+    grid, e.g. ``[B, 1, 2]`` for positions ``[B, L, 2]``: no host read, one graph under ``torch.compile``)."""
     ref_h, ref_w = (None, None) if ref_feat_shape is None else ref_feat_shape
-    y = _map_axis(positions[..., 0].float(), int(feat_size[0]), coords, ref_h)
-    x = _map_axis(positions[..., 1].float(), int(feat_size[1]), coords, ref_w)
+    if isinstance(feat_size, Tensor):
+        h, w = feat_size[..., 0], feat_size[..., 1]
+    else:
+        h, w = int(feat_size[0]), int(feat_size[1])
+    y = _map_axis(positions[..., 0].float(), h, coords, ref_h)
+    x = _map_axis(positions[..., 1].float(), w, coords, ref_w)
     return torch.stack([y, x], dim=-1)
 
 
