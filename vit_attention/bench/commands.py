@@ -54,9 +54,15 @@ def _bench(args: argparse.Namespace) -> int:
                       attn_backend=args.attn_backend, tome=args.tome,
                       channels_last=args.channels_last, amp=args.amp, device=args.device, threads=args.threads,
                       rounds=args.rounds, iters=args.iters, warmup=args.warmup, peak_size=args.peak_size,
-                      clock=args.clock, runtimes=tuple(args.runtime or ()))
+                      clock=args.clock, runtimes=tuple(args.runtime or ()), keep_going=args.keep_going)
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if not args.quiet else None
-    report = run_benchmark(cfg, log=log)
+
+    def partial(report: dict) -> None:  # the report so far, after each model: a later crash keeps these rows
+        if args.json and args.json != "-":
+            with open(args.json, "w") as f:
+                f.write(json.dumps(report, indent=2) + "\n")
+
+    report = run_benchmark(cfg, log=log, progress=partial)
     if args.quiet:
         for note in report["notes"]:
             print(f"vit-attention bench: {note}", file=sys.stderr)
@@ -82,8 +88,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--img-size", type=int, default=None, help="input size (default: each preset's)")
     p.add_argument("--mode", choices=("infer", "train", "both"), default="infer",
                    help="inference forward, or forward + backward + AdamW step")
-    p.add_argument("--compare", default="", help="comma-separated references: timm,torchvision "
-                   "(same architecture, our weights loaded into both through our converters)")
+    p.add_argument("--compare", default="", help="comma-separated references: timm, torchvision, hf (transformers: "
+                   "ViTDet's VitDetModel, compared with our forward_features), each also as NAME-compiled (e.g. "
+                   "timm-compiled: torch.compile of it with the --compile-backend / --compile-mode / --compile-freeze "
+                   "settings, its own participant) (same architecture, our weights loaded into each through our "
+                   "converters; one that is missing here is reported unavailable and the run goes on)")
     p.add_argument("--compile", action="store_true", help="also time torch.compile(ours) (static shapes), "
                    "interleaved with eager ours (ratio 'vs ours'); report graph breaks")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend for --compile "
@@ -94,9 +103,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile-freeze", action="store_true",
                    help="inductor freezing for --compile (inference): parameters folded as constants, GEMM weights "
                    "prepacked; ignored in training")
-    p.add_argument("--attn-backend", choices=ATTN_BACKENDS, default=None,
-                   help="build ours with create_model(attn_backend=...): auto, sdpa, explicit or flex "
-                   "(FlexAttention; with --compile it is compiled with the model) (default: the models' own, auto)")
+    p.add_argument("--attn-backend", default=None, metavar="BACKEND[,BACKEND...]",
+                   help=f"build ours with create_model(attn_backend=...): one of {', '.join(ATTN_BACKENDS)} "
+                   "(flex: FlexAttention; with --compile it is compiled with the model), or a comma-separated list "
+                   "(e.g. flex,sdpa,explicit): one participant of ours per backend, ours[flex], ours[sdpa], ..., "
+                   "copies of one model (same weights), each timed in the same rounds with its ratio to the first "
+                   "and its parity with it; with --compile each gets its compiled twin (ours[flex]+compile, ...: "
+                   "one compilation per backend) (default: the models' own, auto)")
     p.add_argument("--tome", type=int, default=0, metavar="R",
                    help="also time ours with token merging (ToMe), R tokens merged per block ('ours+tome': its "
                         "speed-up over ours per round and its FLOPs); token models only (default 0: not)")
@@ -117,5 +130,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--peak-size", type=int, default=None, help="matrix size of the peak GEMM (default 2048 CPU)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="write the full report as JSON to PATH (or stdout with no PATH)")
+    p.add_argument("--keep-going", action="store_true", help="a model (or mode) that fails is recorded in the "
+                   "notes and the run goes on with the next (with --json PATH, the file is rewritten after each model)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=_bench)

@@ -9,6 +9,12 @@ of a model run back to back inside each round, in an order that rotates from rou
 noisy neighbour slows every participant of a round alike: the per-round ratio is the figure that
 holds on a shared machine; absolute times do not.
 
+``attn_backend="flex,sdpa,explicit"`` (a comma-separated list) times one participant of ours per attention
+backend (``ours[flex]``, ``ours[sdpa]``, ...), copies of the same model (same weights), each with its per-round
+ratio to the first one and its parity with it. A reference named ``timm-compiled`` (any reference with the
+suffix ``-compiled``) is that reference under ``torch.compile`` (the ``--compile-*`` settings), its own
+participant. ``keep_going=True`` records a model that fails in the notes and goes on with the next.
+
 ``run_benchmark(BenchConfig(models=[...], compare=["timm"]))`` returns a JSON-serialisable dict;
 :func:`format_table` renders it as Markdown.
 """
@@ -30,20 +36,44 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..attention import set_attention_backend
 from ..factory import create_model
 from ..models.backbone import apply_tome_option
 from ..models.registry import get_model_entry
 from .memory import measure_peak_memory
 from .peak import MatmulPeak
-from .reference import ReferenceFactory, ReferenceUnavailable, build_reference, library_version
+from .reference import (
+    REFERENCE_FACTORIES,
+    ReferenceFactory,
+    ReferenceUnavailable,
+    build_reference_spec,
+    known_references,
+    library_version,
+    split_compiled,
+)
 
 __all__ = ["BenchConfig", "Participant", "run_benchmark", "format_table", "count_flops", "summarise",
-           "explain_graph_breaks", "compile_model", "with_freezing", "COMPILE_MODES", "ATTN_BACKENDS"]
+           "explain_graph_breaks", "compile_model", "with_freezing", "parse_backends", "COMPILE_MODES",
+           "ATTN_BACKENDS"]
 
 
 RUNTIMES = ("onnxruntime",)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile(mode=)
 ATTN_BACKENDS = ("auto", "sdpa", "explicit", "flex")  # create_model(attn_backend=)
+
+
+def parse_backends(value: str | Sequence[str] | None) -> list[str | None]:
+    """``--attn-backend`` as a list: ``None`` -> ``[None]`` (the models' default), ``"flex,sdpa"`` ->
+    ``["flex", "sdpa"]``. Raises ``ValueError`` naming the option for an unknown, repeated or empty entry."""
+    if value is None:
+        return [None]
+    items = [v.strip() for v in (value.split(",") if isinstance(value, str) else value)]
+    expected = f"one of {', '.join(ATTN_BACKENDS)}, or a comma-separated list of them (e.g. flex,sdpa,explicit)"
+    if not items or any(not v or v not in ATTN_BACKENDS for v in items):
+        raise ValueError(f"--attn-backend must be {expected}, got {value!r}")
+    if len(set(items)) != len(items):
+        raise ValueError(f"--attn-backend lists a backend twice: {value!r} (expected {expected})")
+    return list(items)
 
 
 @dataclass
@@ -59,7 +89,8 @@ class BenchConfig:
     compile_backend: str = "inductor"
     compile_mode: str = "default"  # torch.compile(mode=): one of COMPILE_MODES (inductor only)
     compile_freeze: bool = False  # inductor freezing (weights folded as constants, prepacked GEMMs); inference
-    attn_backend: str | None = None  # create_model(attn_backend=): "auto", "sdpa", "explicit", "flex"; None: default
+    attn_backend: str | None = None  # create_model(attn_backend=): "auto", "sdpa", "explicit", "flex"; None: default;
+    #                                a comma-separated list ("flex,sdpa,explicit"): one participant of ours per backend
     tome: int = 0  # also time ours with token merging, this many tokens merged per block ("ours+tome"); 0: not
     channels_last: bool = False
     amp: str | None = None  # None or "bf16"
@@ -73,6 +104,11 @@ class BenchConfig:
     clock: str = "wall"  # "wall" (perf_counter) or "process" (CPU seconds of this process: robust to load
     #                      from other processes when threads=1; spin-waits count with more threads)
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    keep_going: bool = False  # a model (or mode) that fails is recorded in the notes; the run goes on
+
+    def backends(self) -> list[str | None]:
+        """The attention backends of ours, one participant each (:func:`parse_backends`)."""
+        return parse_backends(self.attn_backend)
 
     def validate(self) -> None:
         """Raise ValueError naming the option that is out of range."""
@@ -98,8 +134,11 @@ class BenchConfig:
                              f"--compile-backend {self.compile_backend!r}")
         if not isinstance(self.tome, int) or isinstance(self.tome, bool) or self.tome < 0:
             raise ValueError(f"--tome must be an int >= 0 (tokens merged per block; 0 = off), got {self.tome!r}")
-        if self.attn_backend is not None and self.attn_backend not in ATTN_BACKENDS:
-            raise ValueError(f"--attn-backend must be one of {', '.join(ATTN_BACKENDS)}, got {self.attn_backend!r}")
+        self.backends()
+        for lib in self.compare:
+            if not lib or split_compiled(lib)[0] == "":
+                raise ValueError(f"--compare: empty reference name in {list(self.compare)}; expected names from "
+                                 f"{known_references()}")
         for rt in self.runtimes:
             if rt not in RUNTIMES:
                 raise ValueError(f"--runtime must be one of {', '.join(RUNTIMES)}, got {rt!r}")
@@ -124,8 +163,23 @@ def _autocast(device: torch.device, amp: str | None) -> contextlib.AbstractConte
 
 
 def _loss(out: Any, target: Tensor) -> Tensor:
+    """Cross-entropy of logits ``[B, K]`` (averaged over a tuple of heads); the mean square of a feature map
+    ``[B, ...]`` of more dimensions (a backbone compared on its features)."""
     outs = out if isinstance(out, (tuple, list)) else (out,)
-    return sum(F.cross_entropy(o.float(), target) for o in outs) / len(outs)  # type: ignore[return-value]
+    return sum(F.cross_entropy(o.float(), target) if o.dim() == 2 else o.float().square().mean()
+               for o in outs) / len(outs)  # type: ignore[return-value]
+
+
+class _Method(nn.Module):
+    """Calls ``model.<method>(x)`` as its forward (ours compared on ``forward_features`` with a backbone-only
+    reference); the model is a submodule, so ``.to`` / ``.train`` / parameters / ``torch.compile`` see it."""
+
+    def __init__(self, model: nn.Module, method: str) -> None:
+        super().__init__()
+        self.model, self.method = model, method
+
+    def forward(self, x: Tensor) -> Any:
+        return getattr(self.model, self.method)(x)
 
 
 def make_step(model: nn.Module, x: Tensor, mode: str, device: torch.device, amp: str | None) -> Callable[[], Any]:
@@ -160,13 +214,13 @@ def _sync(device: torch.device) -> None:
 
 
 def count_flops(name: str, batch_size: int, img_size: int | None, mode: str,
-                model_kwargs: dict[str, Any] | None = None, *, tome: int = 0) -> int | None:
+                model_kwargs: dict[str, Any] | None = None, *, tome: int = 0, method: str | None = None) -> int | None:
     """FLOPs (``2 x`` multiply-adds) of one step of ``name``, counted on the meta device.
 
     Forward only for ``"infer"``; forward + backward for ``"train"`` (the optimizer is not
     counted). Counted with torch's ``FlopCounterMode``: matmuls, convolutions, attention.
     ``tome``: with token merging, this many tokens per block (the blocks at their merged sizes and the
-    matching products).
+    matching products). ``method``: count ``model.<method>(x)`` instead of ``model(x)`` (``"forward_features"``).
     """
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -180,13 +234,14 @@ def count_flops(name: str, batch_size: int, img_size: int | None, mode: str,
         if tome:
             model.set_token_merging(tome)
         model.train(mode == "train")
+        fwd = model if method is None else getattr(model, method)
         # plain aten ops (matmuls the counter knows), not the fused kernels it cannot see into
         with FlopCounterMode(display=False) as counter, fast_linear(False), fused_attention(False):
             if mode == "train":
-                _loss(model(x), torch.zeros(batch, dtype=torch.long, device=device)).backward()
+                _loss(fwd(x), torch.zeros(batch, dtype=torch.long, device=device)).backward()
             else:
                 with torch.no_grad():
-                    model(x)
+                    fwd(x)
         return int(counter.get_total_flops())
 
     try:
@@ -253,6 +308,7 @@ def machine_info(device: torch.device) -> dict[str, Any]:
         "device": str(device), "python": platform.python_version(), "torch": torch.__version__,
         "timm": library_version("timm") if "timm" in _imported() else None,
         "torchvision": library_version("torchvision") if "torchvision" in _imported() else None,
+        "transformers": library_version("transformers") if "transformers" in _imported() else None,
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
@@ -270,7 +326,7 @@ def machine_info(device: torch.device) -> dict[str, Any]:
 def _imported() -> set[str]:
     import sys
 
-    return {m for m in ("timm", "torchvision") if m in sys.modules}
+    return {m for m in ("timm", "torchvision", "transformers") if m in sys.modules}
 
 
 @contextlib.contextmanager
@@ -351,13 +407,19 @@ def explain_graph_breaks(model: nn.Module, x: Tensor) -> dict[str, Any]:
 
 
 def run_benchmark(cfg: BenchConfig, *, references: dict[str, ReferenceFactory] | None = None,
-                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
+                  log: Callable[[str], None] | None = None,
+                  progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Benchmark ``cfg.models``; returns ``{"machine", "config", "peak", "results", "notes"}``.
 
     ``references`` adds reference factories (name -> ``factory(name, ours, img_size)``) next to
-    the built-in timm and torchvision ones. ``results`` has one row per (model, mode, impl).
+    the built-in timm, torchvision and hf ones. ``results`` has one row per (model, mode, impl).
+    ``progress`` is called with the report so far after each (model, mode) (to write partial results).
     """
     cfg.validate()
+    table = {**REFERENCE_FACTORIES, **(references or {})}
+    for lib in cfg.compare:
+        if split_compiled(lib)[0] not in table:
+            raise ValueError(f"--compare: unknown reference {lib!r}; expected one of {known_references(references)}")
     if "onnxruntime" in cfg.runtimes:
         from ..export.core import require
 
@@ -376,108 +438,214 @@ def run_benchmark(cfg: BenchConfig, *, references: dict[str, ReferenceFactory] |
         log(f"matmul peak ({peak_dtype}, n={peak.n}): " + ", ".join(f"{k} {v:.1f} GFLOP/s"
                                                                    for k, v in peak_cal.items()))
         all_peaks: list[float] = []
+
+        def report() -> dict[str, Any]:
+            with contextlib.suppress(OSError, AttributeError):
+                info["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
+            for lib in ("timm", "torchvision", "transformers"):
+                info[lib] = library_version(lib) if lib in _imported() else info[lib]
+            return {
+                "machine": info,
+                "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+                "peak": {"dtype": str(peak_dtype).removeprefix("torch."), "n": peak.n, "kernel": peak.kernel,
+                         "calibration_gflops": peak_cal, "gflops_per_round": all_peaks,
+                         "gflops": summarise(all_peaks) if all_peaks else None},
+                "results": results,
+                "notes": notes,
+            }
+
         modes = ["infer", "train"] if cfg.mode == "both" else [cfg.mode]
         for name in cfg.models:
-            name = get_model_entry(name).name
             for mode in modes:
-                rows, peaks = _bench_one(name, mode, cfg, device, peak, references, notes, log)
+                try:
+                    name = get_model_entry(name).name
+                    rows, peaks = _bench_one(name, mode, cfg, device, peak, references, notes, log)
+                except Exception as e:
+                    if not cfg.keep_going:
+                        raise
+                    msg = f"{name} [{mode}] failed: {type(e).__name__}: {str(e).strip()[:300]}"
+                    notes.append(msg)
+                    log("NOTE " + msg)
+                    rows, peaks = [], []
+                    _release(device)
                 results += rows
                 all_peaks += peaks
-        with contextlib.suppress(OSError, AttributeError):
-            info["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
-        info["timm"] = library_version("timm") if "timm" in _imported() else info["timm"]
-        info["torchvision"] = library_version("torchvision") if "torchvision" in _imported() else info["torchvision"]
-    return {
-        "machine": info,
-        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
-        "peak": {"dtype": str(peak_dtype).removeprefix("torch."), "n": peak.n, "kernel": peak.kernel,
-                 "calibration_gflops": peak_cal, "gflops_per_round": all_peaks,
-                 "gflops": summarise(all_peaks) if all_peaks else None},
-        "results": results,
-        "notes": notes,
-    }
+                if progress is not None:
+                    progress(report())
+        return report()
+
+
+def _release(device: torch.device) -> None:
+    """Drop what a failed model left behind (compiled code keeps its graphs; the CUDA cache its blocks)."""
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _note(notes: list[str], log: Callable[[str], None], msg: str) -> None:
+    if msg not in notes:
+        notes.append(msg)
+        log("NOTE " + msg)
 
 
 def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, peak: MatmulPeak,
                references: dict[str, ReferenceFactory] | None, notes: list[str], log: Callable[[str], None]
                ) -> tuple[list[dict[str, Any]], list[float]]:
     torch.manual_seed(0)
-    backend_kw = {} if cfg.attn_backend is None else {"attn_backend": cfg.attn_backend}
+    backends = cfg.backends()
+    multi = len(backends) > 1
+    base = f"ours[{backends[0]}]" if multi else "ours"  # the first backend: the others' ratios are to it
+    backend_kw = {} if backends[0] is None else {"attn_backend": backends[0]}
     ours = create_model(name, img_size=cfg.img_size, **cfg.model_kwargs, **backend_kw)
     size = _img_hw(ours)
     x = torch.randn(cfg.batch_size, _in_chans(ours), *size, generator=torch.Generator().manual_seed(0))
-    refs: dict[str, nn.Module] = {}
+    refs: dict[str, nn.Module] = {}  # eager references (a compiled one is compiled below, after the move)
     twins: dict[str, nn.Module] = {}  # for parity: ours loaded with each reference's weights
+    method: str | None = None  # what of ours the references compute (None: forward)
     for lib in cfg.compare:
+        base_lib, compiled = split_compiled(lib)
         try:
+            if compiled and base_lib in refs:  # its eager twin is here: a copy of it (same weights), compiled
+                refs[lib], twins[lib] = copy.deepcopy(refs[base_lib]), twins[base_lib]
+                continue
             # ours keeps the first reference's weights; later ones are checked on a copy loaded with theirs
             target = ours if not refs else copy.deepcopy(ours)
-            refs[lib] = build_reference(lib, name, target, cfg.img_size, references)
-            twins[lib] = target
+            spec = build_reference_spec(base_lib, name, target, cfg.img_size, references)
+            if refs and spec.ours_method != method:
+                raise ReferenceUnavailable(f"it compares ours' {spec.ours_method or 'forward'}, the first reference "
+                                           f"ours' {method or 'forward'}: run them in separate benchmarks")
+            method = spec.ours_method
+            refs[lib], twins[lib] = spec.module, target
         except ReferenceUnavailable as e:
-            msg = f"{name}: reference {lib} unavailable: {e}"
-            if msg not in notes:
-                notes.append(msg)
-                log("NOTE " + msg)
+            _note(notes, log, f"{name}: reference {lib} unavailable: {e}")
+    if method is not None:
+        _note(notes, log, f"{name}: ours is timed and compared on {method} (what the references compute)")
+
+    def form(m: nn.Module) -> nn.Module:
+        return m if method is None else _Method(m, method)
+
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
     x = x.to(device).contiguous(memory_format=fmt)
-    models: dict[str, nn.Module] = {"ours": ours, **refs}
-    for m in [*models.values(), *twins.values()]:
+    for m in [ours, *refs.values(), *twins.values()]:
         m.to(device=device, memory_format=fmt)
+
+    eager: dict[str, nn.Module] = {base: form(ours)}  # ours per backend: copies of one model (same weights)
+    for b in backends[1:]:
+        try:
+            eager[f"ours[{b}]"] = form(set_attention_backend(copy.deepcopy(ours), b))  # type: ignore[arg-type]
+        except ValueError as e:
+            _note(notes, log, f"{name}: --attn-backend {b} skipped: {e}")
 
     parity: dict[str, float] = {}
     with torch.inference_mode():
         for lib, ref in refs.items():
-            parity[lib] = _parity(twins[lib].eval()(x), ref.eval()(x))
-    twins.clear()
+            if not split_compiled(lib)[1]:
+                parity[lib] = _parity(form(twins[lib]).eval()(x), ref.eval()(x))
+        if len(eager) > 1:
+            first = eager[base].eval()(x)
+            for label, m in list(eager.items())[1:]:
+                parity[label] = _parity(m.eval()(x), first)
+    backend_of = dict(zip([base, *(f"ours[{b}]" for b in backends[1:])], backends))
 
-    participants = [Participant(label, make_step(m, x, mode, device, cfg.amp), m) for label, m in models.items()]
+    def step(m: nn.Module) -> Callable[[], Any]:
+        return make_step(m, x, mode, device, cfg.amp)
+
+    participants = [Participant(label, step(m), m, info={"backend": backend_of[label]}) for label, m in eager.items()]
+    settings = _compile_settings(cfg)
+    for lib, ref in refs.items():
+        if not split_compiled(lib)[1]:
+            participants.append(Participant(lib, step(ref), ref))
+            continue
+        compiled = compile_model(ref, cfg.compile_backend, cfg.compile_mode)
+        st = step(compiled)
+        participants.append(Participant(lib, with_freezing(st) if cfg.compile_freeze else st, ref,
+                                        info={"settings": settings, "compiled": True,
+                                              "parity_with": form(twins[lib])}))
     if cfg.compile:
-        compiled_src = copy.deepcopy(ours)
-        compiled = compile_model(compiled_src, cfg.compile_backend, cfg.compile_mode)
-        step = make_step(compiled, x, mode, device, cfg.amp)
-        participants.append(Participant("ours+compile", with_freezing(step) if cfg.compile_freeze else step,
-                                        compiled_src, info={"settings": _compile_settings(cfg)}))
+        for label, m in eager.items():
+            src = copy.deepcopy(m)
+            st = step(compile_model(src, cfg.compile_backend, cfg.compile_mode))
+            participants.append(Participant(f"{label}+compile", with_freezing(st) if cfg.compile_freeze else st, src,
+                                            info={"settings": settings, "compiled": True, "eager": label,
+                                                  "backend": backend_of[label], "parity_with": m}))
 
     if cfg.tome:
         merged = copy.deepcopy(ours)
         apply_tome_option(merged, cfg.tome)
-        participants.append(Participant("ours+tome", make_step(merged, x, mode, device, cfg.amp), merged,
-                                        info={"tome": cfg.tome}))
+        participants.append(Participant(f"{base}+tome", step(form(merged)), merged,
+                                        info={"tome": cfg.tome, "eager": base, "backend": backends[0]}))
 
     for runtime in cfg.runtimes:
+        if method is not None:
+            _note(notes, log, f"{runtime} skipped: ours is compared on {method}, the export is of forward")
+            continue
         rt = _runtime_participant(runtime, ours, x, mode, cfg, device, notes, log)
         if rt is not None:
+            rt.label = f"{base}+{runtime}"
+            rt.info.update(eager=base, outside_torch=True)
             participants.append(rt)
             parity[rt.label] = rt.info[runtime]["parity"]
 
     log(f"{name} [{mode}]: warm-up ({', '.join(p.label for p in participants)})")
-    for p in participants:
+    for p in list(participants):
         t0 = time.perf_counter()
-        with _dynamo_graphs() if p.label == "ours+compile" else contextlib.nullcontext() as graphs:
-            for _ in range(max(cfg.warmup, 1 if p.label.startswith("ours+") else 0)):
-                p.step()
-        if p.label == "ours+compile":
+        try:
+            with _dynamo_graphs() if p.info.get("compiled") else contextlib.nullcontext() as graphs:
+                for _ in range(max(cfg.warmup, 1 if p.label != base and ("eager" in p.info or "compiled" in p.info)
+                                   else 0)):
+                    p.step()
+        except Exception as e:
+            if p.label == base:
+                raise
+            _note(notes, log, f"{name} [{mode}]: {p.label} failed in its warm-up and is left out: "
+                              f"{type(e).__name__}: {str(e).strip()[:300]}")
+            participants.remove(p)
+            _release(device)
+            continue
+        if p.info.get("compiled"):
             p.info["compile_warmup_s"] = time.perf_counter() - t0
             p.info["compile"] = graphs
+    if mode == "infer":  # compiled participants: parity with their eager twin, at the run's precision
+        for p in participants:
+            twin = p.info.pop("parity_with", None)
+            if twin is not None:
+                with torch.inference_mode(), _autocast(device, cfg.amp):
+                    theirs = twin.eval()(x)
+                    mine = p.step()
+                    parity[p.label] = _parity(theirs, mine) if p.label in refs else _parity(mine, theirs)
+    for p in participants:
+        p.info.pop("parity_with", None)
     # eager FlexAttention on CPU compiles its own wrapper, which torch refuses under the tracker's dispatch mode,
     # and the refusal sticks: later flex calls of the process fail too; so it is not even tried
-    untracked = ("not measured (FlexAttention cannot run under the CPU tensor tracker)"
-                 if cfg.attn_backend == "flex" and device.type != "cuda" else None)
+    untracked = "not measured (FlexAttention cannot run under the CPU tensor tracker)"
     outside = "not measured (the runtime allocates outside torch)"
-    memory = {p.label: (_peak_memory(p.step, device) if p.label not in _OUTSIDE_TORCH and untracked is None else
-                        {"peak_bytes": None, "method": untracked or outside, "largest_bytes": None,
-                         "largest_shape": None})
-              for p in participants}
-    flops = count_flops(name, cfg.batch_size, cfg.img_size, mode, cfg.model_kwargs)
+
+    def memory_of(p: Participant) -> dict[str, Any]:
+        why = (outside if p.info.get("outside_torch") else
+               untracked if p.info.get("backend") == "flex" and device.type != "cuda" else None)
+        if why is None:
+            return _peak_memory(p.step, device)
+        return {"peak_bytes": None, "method": why, "largest_bytes": None, "largest_shape": None}
+
+    memory = {p.label: memory_of(p) for p in participants}
+    flops = count_flops(name, cfg.batch_size, cfg.img_size, mode, cfg.model_kwargs, method=method)
     flops_of = {p.label: flops for p in participants}
     if cfg.tome:
-        flops_of["ours+tome"] = count_flops(name, cfg.batch_size, cfg.img_size, mode, cfg.model_kwargs, tome=cfg.tome)
+        flops_of[f"{base}+tome"] = count_flops(name, cfg.batch_size, cfg.img_size, mode, cfg.model_kwargs,
+                                               tome=cfg.tome, method=method)
     log(f"{name} [{mode}]: {cfg.rounds} rounds x {cfg.iters} iters")
     peaks = _rounds(participants, peak, cfg.rounds, cfg.iters, device, _CLOCKS[cfg.clock])
 
     rows = []
-    base = {p.label: p for p in participants}
+    by_label = {p.label: p for p in participants}
+    ref_labels = [lib for lib in refs if lib in by_label]
+
+    def ratio(p: Participant, other: str) -> dict[str, Any]:
+        per_round = [t_o / t_p for t_p, t_o in zip(p.times, by_label[other].times)]
+        return {**summarise(per_round), "per_round": per_round}
+
     for p in participants:
         flops = flops_of[p.label]
         lat = summarise(p.times)
@@ -491,6 +659,10 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
             "memory_method": memory[p.label]["method"], "largest_tensor_shape": memory[p.label]["largest_shape"],
             "gflops": None, "fraction_of_peak": None, "ratios": {}, "parity": None,
         }
+        if multi and p.label in backend_of:
+            row["backend"] = backend_of[p.label]
+        if method is not None and p.label not in refs:
+            row["ours_method"] = method
         if flops:
             achieved = [flops / t / 1e9 for t in p.times]
             row["gflops"] = summarise(achieved)
@@ -500,18 +672,21 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
             row["fraction_of_peak_per_round"] = summarise([a / pk for a, pk in zip(achieved, peaks)])
         if p.label in parity:
             row["parity"] = parity[p.label]
-        if p.label == "ours":
-            for lib in refs:
-                per_round = [t_ref / t_ours for t_ours, t_ref in zip(p.times, base[lib].times)]
-                row["ratios"][lib] = {**summarise(per_round), "per_round": per_round}
-        if p.label.startswith("ours+"):  # compiled / exported ours: per-round speed-up over eager ours
-            per_round = [t_e / t_c for t_c, t_e in zip(p.times, base["ours"].times)]
-            row["ratios"]["ours"] = {**summarise(per_round), "per_round": per_round}
-        if p.label == "ours+compile":
-            row["compile"] = p.info
-        if p.label == "ours+tome":
-            row["tome"] = {"r": cfg.tome, "flops_unmerged": flops_of["ours"],
-                           "flops_ratio": (flops_of["ours"] / flops) if flops and flops_of["ours"] else None}
+        if p.label in eager:  # ours per backend: vs the first backend, and vs every reference
+            if p.label != base and base in by_label:
+                row["ratios"][base] = ratio(p, base)
+            for lib in ref_labels:
+                row["ratios"][lib] = ratio(p, lib)
+        if "eager" in p.info and p.info["eager"] in by_label:  # compiled / merged / exported ours vs its eager self
+            row["ratios"][p.info["eager"]] = ratio(p, p.info["eager"])
+        base_lib, compiled = split_compiled(p.label)
+        if p.label in refs and compiled and base_lib in by_label:  # a compiled reference vs the eager one
+            row["ratios"][base_lib] = ratio(p, base_lib)
+        if p.info.get("compiled"):
+            row["compile"] = {k: v for k, v in p.info.items() if k not in ("eager", "backend", "compiled")}
+        if p.label == f"{base}+tome":
+            row["tome"] = {"r": cfg.tome, "flops_unmerged": flops_of[base],
+                           "flops_ratio": (flops_of[base] / flops) if flops and flops_of[base] else None}
         for runtime in cfg.runtimes:
             if runtime in p.info:
                 row[runtime] = p.info[runtime]
@@ -530,9 +705,6 @@ def _peak_memory(step: Callable[[], Any], device: torch.device) -> dict[str, Any
 
 
 # ---------------------------------------------------------------------------- exported runtimes
-_OUTSIDE_TORCH = {"ours+onnxruntime"}  # participants whose memory the torch-side trackers cannot see
-
-
 def _runtime_participant(runtime: str, ours: nn.Module, x: Tensor, mode: str, cfg: BenchConfig, device: torch.device,
                          notes: list[str], log: Callable[[str], None]) -> Participant | None:
     """``ours`` exported to ONNX (dynamic batch, like ``vit-attention export``) in an onnxruntime session
@@ -586,7 +758,8 @@ def format_table(report: dict[str, Any]) -> str:
         f"machine: {m['cpu']} ({m['cpu_count']} CPUs), device {m['device']}{' ' + m['gpu'] if m.get('gpu') else ''}, "
         f"{m['torch_threads']} threads; load average {m.get('loadavg_start')} -> {m.get('loadavg_end')}",
         f"versions: python {m['python']}, torch {m['torch']}, vit_attention {m['vit_attention']}, "
-        f"timm {m['timm']}, torchvision {m['torchvision']}",
+        f"timm {m['timm']}, torchvision {m['torchvision']}"
+        f"{', transformers ' + m['transformers'] if m.get('transformers') else ''}",
         f"settings: batch {cfg['batch_size']}, amp {cfg['amp'] or 'fp32'}, channels_last {cfg['channels_last']}, "
         f"rounds {cfg['rounds']} x iters {cfg['iters']} (ABBA), warmup {cfg['warmup']}, "
         f"clock {cfg.get('clock', 'wall')}, attention backend {cfg.get('attn_backend') or 'default'}",
@@ -610,7 +783,8 @@ def format_table(report: dict[str, Any]) -> str:
         if c:
             st = r["compile"].get("settings") or {}
             how = f" ({st['backend']}, mode {st['mode']}{', freezing' if st.get('freeze') else ''})" if st else ""
-            lines.append(f"compile {r['model']} [{r['mode']}]{how}: graphs {c.get('graphs')}, graph breaks "
+            who = "" if r["impl"] == "ours+compile" else f" {r['impl']}"
+            lines.append(f"compile {r['model']} [{r['mode']}]{who}{how}: graphs {c.get('graphs')}, graph breaks "
                          f"{c.get('graph_breaks')}{' ' + str(c.get('break_reasons')) if c.get('break_reasons') else ''}"
                          f"{' error ' + c['error'] if c.get('error') else ''}")
     for r in report["results"]:
