@@ -54,7 +54,8 @@ def _bench(args: argparse.Namespace) -> int:
                       attn_backend=args.attn_backend, tome=args.tome,
                       channels_last=args.channels_last, amp=args.amp, device=args.device, threads=args.threads,
                       rounds=args.rounds, iters=args.iters, warmup=args.warmup, peak_size=args.peak_size,
-                      clock=args.clock, runtimes=tuple(args.runtime or ()), keep_going=args.keep_going)
+                      clock=args.clock, runtimes=tuple(args.runtime or ()), keep_going=args.keep_going,
+                      recompile_limit=args.recompile_limit)
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if not args.quiet else None
 
     def partial(report: dict) -> None:  # the report so far, after each model: a later crash keeps these rows
@@ -132,5 +133,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="write the full report as JSON to PATH (or stdout with no PATH)")
     p.add_argument("--keep-going", action="store_true", help="a model (or mode) that fails is recorded in the "
                    "notes and the run goes on with the next (with --json PATH, the file is rewritten after each model)")
+    p.add_argument("--recompile-limit", type=int, default=None, metavar="N",
+                   help="torch._dynamo's recompile limit during the run (default: torch's, 8); past it a compiled "
+                   "function runs eagerly, FlexAttention's CUDA kernel included (one compilation per attention "
+                   "shape and pattern): raise it for models with many (e.g. 64)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=_bench)

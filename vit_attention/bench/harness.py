@@ -105,6 +105,8 @@ class BenchConfig:
     #                      from other processes when threads=1; spin-waits count with more threads)
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     keep_going: bool = False  # a model (or mode) that fails is recorded in the notes; the run goes on
+    recompile_limit: int | None = None  # torch._dynamo's recompile limit during the run (None: torch's, 8): the
+    #                                     compiled FlexAttention kernel recompiles per shape / pattern on CUDA
 
     def backends(self) -> list[str | None]:
         """The attention backends of ours, one participant each (:func:`parse_backends`)."""
@@ -139,6 +141,8 @@ class BenchConfig:
             if not lib or split_compiled(lib)[0] == "":
                 raise ValueError(f"--compare: empty reference name in {list(self.compare)}; expected names from "
                                  f"{known_references()}")
+        if self.recompile_limit is not None and (not isinstance(self.recompile_limit, int) or self.recompile_limit < 1):
+            raise ValueError(f"--recompile-limit must be an int >= 1, got {self.recompile_limit!r}")
         for rt in self.runtimes:
             if rt not in RUNTIMES:
                 raise ValueError(f"--runtime must be one of {', '.join(RUNTIMES)}, got {rt!r}")
@@ -330,6 +334,26 @@ def _imported() -> set[str]:
 
 
 @contextlib.contextmanager
+def recompile_limit(n: int | None) -> Iterator[None]:
+    """torch._dynamo's recompile limit set to ``n`` inside the block (``recompile_limit``, or ``cache_size_limit``
+    on a torch that predates the rename); None leaves it alone. Past the limit dynamo runs the function eagerly:
+    for the compiled FlexAttention kernel that means the unfused path, so a model with many attention shapes
+    (stages, shifted / plain windows, dilations, training and inference) needs more than the default 8."""
+    import torch._dynamo.config as dynamo_config
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    if n is None or not hasattr(dynamo_config, name):
+        yield
+        return
+    prev = getattr(dynamo_config, name)
+    setattr(dynamo_config, name, n)
+    try:
+        yield
+    finally:
+        setattr(dynamo_config, name, prev)
+
+
+@contextlib.contextmanager
 def _threads(n: int | None) -> Iterator[None]:
     prev = torch.get_num_threads()
     if n is not None:
@@ -430,7 +454,7 @@ def run_benchmark(cfg: BenchConfig, *, references: dict[str, ReferenceFactory] |
     notes: list[str] = []
     results: list[dict[str, Any]] = []
     peak_dtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float32
-    with _threads(cfg.threads):
+    with _threads(cfg.threads), recompile_limit(cfg.recompile_limit):
         info = machine_info(device)
         peak = MatmulPeak(device, peak_dtype, cfg.peak_size or (8192 if device.type == "cuda" else 2048),
                           clock=_CLOCKS[cfg.clock])
