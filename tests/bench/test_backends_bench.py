@@ -265,3 +265,27 @@ def test_cli_bad_backend_names_the_option(capsys: pytest.CaptureFixture[str]) ->
     err = capsys.readouterr().err
     assert "--attn-backend must be one of auto, sdpa, explicit, flex, or a comma-separated list" in err
     assert "'flex,natten'" in err
+
+
+# ------------------------------------------------------------------------------------------ --reduced, --model-arg
+def test_reduced_models_and_a_backend_that_cannot_train_is_left_out() -> None:
+    """``--reduced``: the family's reduced form (its image size too); in training on CPU, flex (no CPU backward)
+    fails in its warm-up and is left out with a note, the other backends are timed."""
+    report = run_benchmark(BenchConfig(models=["nat_tiny"], reduced=True, mode="train", batch_size=2, rounds=1,
+                                       warmup=0, peak_size=64, attn_backend="sdpa,flex,explicit"))
+    rows = _rows(report)
+    assert list(rows) == ["ours[sdpa]", "ours[explicit]"]
+    assert rows["ours[sdpa]"]["img_size"] == [64, 64]
+    assert any("ours[flex] failed in its warm-up" in n and "no backward on CPU" in n for n in report["notes"])
+    assert report["config"]["reduced"] is True
+
+
+def test_cli_model_arg_reaches_the_model(tmp_path) -> None:
+    out = tmp_path / "b.json"
+    assert main(["bench", VIT, "--img-size", "32", "--model-arg", "depth=1", "--model-arg", "embed_dim=32",
+                 "--model-arg", "num_heads=2", "--batch-size", "1", "--rounds", "1", "--warmup", "0", "--peak-size",
+                 "64", "--quiet", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["model_kwargs"] == {"depth": 1, "embed_dim": 32, "num_heads": 2}
+    full = run_benchmark(_cfg(VIT, rounds=1))["results"][0]["flops_per_step"]  # depth 1, width 192
+    assert 0 < report["results"][0]["flops_per_step"] < full / 10

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from ..models import list_models
 from .harness import (
@@ -16,6 +17,17 @@ from .harness import (
     graph_break_report,
     run_benchmark,
 )
+
+
+def _kv(text: str) -> tuple[str, Any]:
+    """``key=value`` with a JSON value (bare words stay strings): ``depth=2``, ``window_size=[7,7]``."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--model-arg: expected KEY=VALUE, got {text!r}")
+    k, v = text.split("=", 1)
+    try:
+        return k, json.loads(v)
+    except json.JSONDecodeError:
+        return k, v
 
 
 def _expand(patterns: list[str]) -> list[str]:
@@ -55,7 +67,8 @@ def _bench(args: argparse.Namespace) -> int:
                       channels_last=args.channels_last, amp=args.amp, device=args.device, threads=args.threads,
                       rounds=args.rounds, iters=args.iters, warmup=args.warmup, peak_size=args.peak_size,
                       clock=args.clock, runtimes=tuple(args.runtime or ()), keep_going=args.keep_going,
-                      recompile_limit=args.recompile_limit)
+                      recompile_limit=args.recompile_limit, reduced=args.reduced,
+                      model_kwargs=dict(args.model_arg or ()))
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if not args.quiet else None
 
     def partial(report: dict) -> None:  # the report so far, after each model: a later crash keeps these rows
@@ -137,5 +150,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="torch._dynamo's recompile limit during the run (default: torch's, 8); past it a compiled "
                    "function runs eagerly, FlexAttention's CUDA kernel included (one compilation per attention "
                    "shape and pattern): raise it for models with many (e.g. 64)")
+    p.add_argument("--model-arg", type=_kv, action="append", metavar="KEY=VALUE",
+                   help="model config override for every MODEL, repeatable, JSON values: --model-arg depth=2 "
+                   "(default: the presets')")
+    p.add_argument("--reduced", action="store_true", help="each model in its family's reduced form (every code "
+                   "path, a few tokens: a smoke run; references whose weights no longer fit are reported unavailable)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=_bench)

@@ -105,8 +105,20 @@ class BenchConfig:
     #                      from other processes when threads=1; spin-waits count with more threads)
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     keep_going: bool = False  # a model (or mode) that fails is recorded in the notes; the run goes on
+    reduced: bool = False  # each model in its family's reduced form (every code path, tiny: smoke runs)
     recompile_limit: int | None = None  # torch._dynamo's recompile limit during the run (None: torch's, 8): the
     #                                     compiled FlexAttention kernel recompiles per shape / pattern on CUDA
+
+    def model_args(self, name: str) -> tuple[dict[str, Any], int | None]:
+        """``(create_model keywords, img_size)`` of ``name`` in this run: the family's reduced overrides under
+        ``reduced`` (its image size unless ``img_size`` is given), then ``model_kwargs``."""
+        kwargs: dict[str, Any] = {}
+        img = self.img_size
+        if self.reduced:
+            kwargs = dict(get_model_entry(name).reduced_overrides())
+            size = kwargs.pop("img_size", None)
+            img = img if img is not None else size
+        return {**kwargs, **self.model_kwargs}, img
 
     def backends(self) -> list[str | None]:
         """The attention backends of ours, one participant each (:func:`parse_backends`)."""
@@ -522,7 +534,8 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
     multi = len(backends) > 1
     base = f"ours[{backends[0]}]" if multi else "ours"  # the first backend: the others' ratios are to it
     backend_kw = {} if backends[0] is None else {"attn_backend": backends[0]}
-    ours = create_model(name, img_size=cfg.img_size, **cfg.model_kwargs, **backend_kw)
+    model_kwargs, img_size = cfg.model_args(name)
+    ours = create_model(name, img_size=img_size, **model_kwargs, **backend_kw)
     size = _img_hw(ours)
     x = torch.randn(cfg.batch_size, _in_chans(ours), *size, generator=torch.Generator().manual_seed(0))
     refs: dict[str, nn.Module] = {}  # eager references (a compiled one is compiled below, after the move)
@@ -536,7 +549,7 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
                 continue
             # ours keeps the first reference's weights; later ones are checked on a copy loaded with theirs
             target = ours if not refs else copy.deepcopy(ours)
-            spec = build_reference_spec(base_lib, name, target, cfg.img_size, references)
+            spec = build_reference_spec(base_lib, name, target, img_size, references)
             if refs and spec.ours_method != method:
                 raise ReferenceUnavailable(f"it compares ours' {spec.ours_method or 'forward'}, the first reference "
                                            f"ours' {method or 'forward'}: run them in separate benchmarks")
@@ -617,8 +630,10 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
         t0 = time.perf_counter()
         try:
             with _dynamo_graphs() if p.info.get("compiled") else contextlib.nullcontext() as graphs:
-                for _ in range(max(cfg.warmup, 1 if p.label != base and ("eager" in p.info or "compiled" in p.info)
-                                   else 0)):
+                # compiled / merged / exported ours, compiled references and the other backends run at least once
+                # here: a compile, or a backend that cannot run this step (flex has no CPU backward), fails here
+                once = p.label != base and ("eager" in p.info or "compiled" in p.info or p.label in backend_of)
+                for _ in range(max(cfg.warmup, 1 if once else 0)):
                     p.step()
         except Exception as e:
             if p.label == base:
@@ -654,10 +669,10 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
         return {"peak_bytes": None, "method": why, "largest_bytes": None, "largest_shape": None}
 
     memory = {p.label: memory_of(p) for p in participants}
-    flops = count_flops(name, cfg.batch_size, cfg.img_size, mode, cfg.model_kwargs, method=method)
+    flops = count_flops(name, cfg.batch_size, img_size, mode, model_kwargs, method=method)
     flops_of = {p.label: flops for p in participants}
     if cfg.tome:
-        flops_of[f"{base}+tome"] = count_flops(name, cfg.batch_size, cfg.img_size, mode, cfg.model_kwargs,
+        flops_of[f"{base}+tome"] = count_flops(name, cfg.batch_size, img_size, mode, model_kwargs,
                                                tome=cfg.tome, method=method)
     log(f"{name} [{mode}]: {cfg.rounds} rounds x {cfg.iters} iters")
     peaks = _rounds(participants, peak, cfg.rounds, cfg.iters, device, _CLOCKS[cfg.clock])
