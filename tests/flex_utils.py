@@ -115,3 +115,21 @@ def assert_compiled_flex_matches_explicit(module: nn.Module, x: Tensor, rel: flo
         finally:
             torch._dynamo.reset()
     assert rel_err(out, ref) <= rel
+
+
+def count_graphs(module: nn.Module, *args: Any) -> int:
+    """How many graphs ``torch.compile(module, fullgraph=True)`` captures for ``module(*args)`` (inference);
+    a graph break raises (fullgraph). The graphs run as captured, no code generation (cheap)."""
+    graphs: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Tensor]) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            torch.compile(module, backend=backend, fullgraph=True)(*args)
+    finally:
+        torch._dynamo.reset()
+    return len(graphs)

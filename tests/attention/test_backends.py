@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flex_utils import assert_flex_matches_explicit
+from flex_utils import assert_flex_matches_explicit, count_graphs
 
 from vit_attention import create_attention, list_attention
 from vit_attention.attention import get_attention_spec, set_attention_backend
@@ -61,3 +61,17 @@ def test_every_listed_backend_is_known() -> None:
     for name in NAMES:
         spec = get_attention_spec(name)
         assert set(spec.backends) <= set(BACKENDS) and "auto" in spec.backends and "explicit" in spec.backends
+
+
+FLEX_NAMES = [n for n in NAMES if "flex" in get_attention_spec(n).backends]
+
+
+@pytest.mark.parametrize("name", FLEX_NAMES)
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_flex_compiles_as_one_graph(name: str) -> None:
+    # device-independent: what torch.compile sees on a GPU too (a pattern's plan read back to Python, e.g. a
+    # nonzero in an index builder, would break the graph there as well)
+    module, shape = _example(name)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(3))
+    set_attention_backend(module, "flex")
+    assert count_graphs(module, x) == 1

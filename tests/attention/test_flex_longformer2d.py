@@ -13,7 +13,7 @@ import itertools
 
 import pytest
 import torch
-from flex_utils import assert_flex_matches_explicit, recorded_patterns
+from flex_utils import assert_compiled_flex_matches_explicit, assert_flex_matches_explicit, recorded_patterns
 
 from vit_attention import create_attention
 from vit_attention.functional import flex
@@ -141,3 +141,22 @@ def test_block_mask_skips_blocks_at_vil_small_stage1() -> None:
     print("ViL-S stage 1 (56x56, w 7, G 1) block sparsity %:", {k: round(v, 1) for k, v in numbers.items()})
     assert numbers["row"] > 50 and numbers[DEFAULT_ORDER] == max(numbers.values()) > numbers["row"] + 10
 
+
+
+@pytest.mark.slow  # inductor codegen (about 10 s)
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_compiled_flex_inference_on_cpu() -> None:
+    """torch.compile lowers the whole-sequence pattern (globals, snake order, local table) to FlexAttention's CPU
+    kernel: the chunk order is a graph constant, q / k / v reach the kernel as 4-D buffers."""
+    G, H, W = 1, 7, 10
+    m = _module(G, False, True, 3)
+
+    class Call(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.m(x, feat_size=(H, W), num_prefix_tokens=G)
+
+    assert_compiled_flex_matches_explicit(Call(), torch.randn(1, G + H * W, m.dim))

@@ -39,3 +39,22 @@ def test_create_model_sets_every_mechanism_and_checks_the_name() -> None:
     assert backends == {"flex"}
     with pytest.raises(ValueError, match="attn_backend must be one of"):
         create_model(name, attn_backend="flash", **small_overrides(name))
+
+
+
+# the families whose mechanism runs a pattern of its own on flex (the others run the generic path, traced at
+# the mechanism level in tests/attention/test_backends.py): what `bench --compile --attn-backend flex` runs
+PATTERNED = {"swin", "nat", "halonet", "vil", "vitdet", "igpt"}  # SwinV2: Swin's pattern (mechanism level)
+
+
+@pytest.mark.parametrize(("family", "name"), [f for f in FAMILIES if f[0] in PATTERNED])
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_flex_model_compiles_as_one_graph(family: str, name: str) -> None:
+    # dynamo's trace is device-independent: a break here is a break on a GPU too
+    from flex_utils import count_graphs
+
+    from vit_attention.attention import set_attention_backend
+
+    model, x = build(name, small_overrides(name))
+    set_attention_backend(model.eval(), "flex")
+    assert count_graphs(model, x[:1]) == 1

@@ -215,6 +215,10 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, *, score_mod: ScoreMod | Non
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     kernel = _kernel(q.device)
+    if capturing() and q.device.type == "cpu":
+        # inductor's CPU FlexAttention template reads q / k / v sizes off their storage and fails on a view
+        # of the 2-D projection output (torch 2.13): hand it 4-D buffers
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if capturing() or q.device.type == "cuda":
         return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
     with warnings.catch_warnings():  # eager off CUDA is the documented choice: no "use torch.compile" advice

@@ -175,7 +175,7 @@ def _check_order(order: str) -> str:
     return order
 
 
-@_cached(maxsize=64)
+@_cached(maxsize=64, constant_under_compile=True)
 def _order(H: int, W: int, w: int, order: str) -> Tensor:
     if order == "row":
         return torch.arange(H * W, device=_CPU)
