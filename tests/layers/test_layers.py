@@ -56,6 +56,28 @@ def test_mlp_widths():
     assert mlp(torch.randn(3, 4, 8)).shape == (3, 4, 5)
 
 
+@pytest.mark.parametrize("act", [nn.GELU, nn.Tanh])  # fusable on CPU, and not
+@pytest.mark.parametrize("hooked", ["fc1", "act", "fc2", "drop1", "drop2", None])
+def test_mlp_inference_paths_equal_the_modules_in_order_and_honour_hooks(act, hooked):
+    # inference skips the identity dropouts and may fuse fc1 + act and fc2 + residual; a forward hook on any
+    # submodule sends it through every module call, so the hook sees what it always saw
+    torch.manual_seed(0)
+    mlp = Mlp(8, 16, 8, act_layer=act, drop=0.1).eval()
+    x, r = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    seen = []
+    if hooked:
+        getattr(mlp, hooked).register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    with torch.no_grad():
+        want = mlp.fc2(mlp.act(mlp.fc1(x)))  # the dropouts are the identity in eval
+        seen.clear()
+        torch.testing.assert_close(mlp(x), want, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(mlp(x, residual=r), r + want, atol=1e-6, rtol=1e-5)
+    assert len(seen) == (2 if hooked else 0)
+    mlp.train()
+    with torch.no_grad():  # training: dropout active
+        assert not torch.allclose(mlp(x), want)
+
+
 def test_drop_path_statistics_and_eval_identity():
     x = torch.ones(4000, 3)
     y = drop_path(x, 0.25, training=True)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.modules import module as _module
 
 from .runtime import FAST_LINEAR, capturing, cpu_kernel_supports
 
@@ -148,6 +149,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, act: str | 
     """
     if act is not None and act not in ACTIVATIONS:
         raise ValueError(f"act must be None or one of {sorted(ACTIVATIONS)}, got {act!r}")
+    if x.device.type != "cpu":  # the oneDNN paths are CPU-only: straight to F.linear (launch-bound GPUs)
+        out = F.linear(x, weight, bias)
+        if act is not None:
+            out = _eager_act(out, act)
+        return out if residual is None else residual + out
     if residual is not None and act is not None:  # oneDNN fuses one post-op at a time
         return residual + linear(x, weight, bias, act=act)
     if can_fuse(x, weight, bias, residual):
@@ -184,8 +190,9 @@ def hookless(*modules: torch.nn.Module) -> bool:
     Fused paths skip submodule calls (or change what a module returns), so they run only where
     no hook could observe the difference.
     """
-    from torch.nn.modules import module as _m
-
-    if _m._global_forward_hooks or _m._global_forward_pre_hooks:
+    if _module._global_forward_hooks or _module._global_forward_pre_hooks:
         return False
-    return not any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+    for m in modules:  # a plain loop: this runs several times per block, on every forward
+        if m._forward_hooks or m._forward_pre_hooks:
+            return False
+    return True

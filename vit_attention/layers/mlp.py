@@ -35,20 +35,26 @@ class Mlp(nn.Module):
 
     def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """``[..., C] -> [..., out]`` (plus ``residual [..., out]`` when given, fused into fc2 at inference)."""
-        act = fusable_activation(self.act)
-        if (act is not None and not self.training and type(self.fc1) is nn.Linear and type(self.fc2) is nn.Linear
-                and hookless(self.fc1, self.act, self.fc2) and can_fuse(x, self.fc1.weight)):
-            h = linear(x, self.fc1.weight, self.fc1.bias, act=act)  # fc1 + bias + act in one kernel
-            return linear(h, self.fc2.weight, self.fc2.bias, residual=residual)
-        if (type(self.act) is QuickGELU and not self.training and type(self.fc1) is nn.Linear
-                and type(self.fc2) is nn.Linear and hookless(self.fc1, self.act, self.fc2)
-                and can_fuse(x, self.fc1.weight)):
+        fc1, fc2, act_layer = self.fc1, self.fc2, self.act
+        if self.training:
+            out = self.drop2(apply_linear(fc2, self.drop1(act_layer(apply_linear(fc1, x)))))
+            return out if residual is None else residual + out
+        # inference: the dropouts are the identity; fused or skipped calls only where no hook could tell
+        plain = type(fc1) is nn.Linear and type(fc2) is nn.Linear and hookless(fc1, act_layer, fc2, self.drop1,
+                                                                               self.drop2)
+        act = fusable_activation(act_layer)
+        if act is not None and plain and can_fuse(x, fc1.weight):
+            h = linear(x, fc1.weight, fc1.bias, act=act)  # fc1 + bias + act in one kernel
+            return linear(h, fc2.weight, fc2.bias, residual=residual)
+        if type(act_layer) is QuickGELU and plain and can_fuse(x, fc1.weight):
             # x·σ(a·x) = silu(a·x) / a: fc1 scaled by a fuses with silu, fc2 takes the 1/a (same math)
             a = QuickGELU.alpha
             b1 = None if self.fc1.bias is None else self.fc1.bias * a
             h = linear(x, self.fc1.weight * a, b1, act="silu")  # a · quick_gelu(fc1(x)) in one kernel
             return linear(h, self.fc2.weight / a, self.fc2.bias, residual=residual)
-        out = self.drop2(apply_linear(self.fc2, self.drop1(self.act(apply_linear(self.fc1, x)))))
+        if plain:
+            return apply_linear(fc2, act_layer(apply_linear(fc1, x)), residual=residual)
+        out = self.drop2(apply_linear(fc2, self.drop1(act_layer(apply_linear(fc1, x)))))
         return out if residual is None else residual + out
 
 
