@@ -718,6 +718,9 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
                 row["ratios"][lib] = ratio(p, lib)
         if "eager" in p.info and p.info["eager"] in by_label:  # compiled / merged / exported ours vs its eager self
             row["ratios"][p.info["eager"]] = ratio(p, p.info["eager"])
+            if p.info.get("compiled"):  # and compiled ours vs every reference (compiled ones: like for like)
+                for lib in ref_labels:
+                    row["ratios"][lib] = ratio(p, lib)
         base_lib, compiled = split_compiled(p.label)
         if p.label in refs and compiled and base_lib in by_label:  # a compiled reference vs the eager one
             row["ratios"][base_lib] = ratio(p, base_lib)
