@@ -526,7 +526,7 @@ class ImageGPT(Backbone):
                 cache = KVCache(len(self.blocks), capacity=N)
             step = _next_logits
             if compile_mode is not None:  # the prompt runs eagerly (its own shape); every later step is one graph
-                step = torch.compile(_next_logits, mode=compile_mode, fullgraph=True, dynamic=False)
+                step = _compiled_step(compile_mode)
             logits = _next_logits(self, seq, cache)  # [n, K]
             while True:
                 nxt = _sample(logits.float(), temperature, top_k, gen)  # [n, 1]
@@ -537,6 +537,21 @@ class ImageGPT(Backbone):
         finally:
             self.train(was_training)
         return seq[:, 1:]  # [n, N]
+
+
+def _compiled_step(mode: str) -> Any:
+    """:func:`_next_logits` under ``torch.compile(mode=mode, fullgraph=True)``; each call first marks a new
+    CUDA-graph step (``reduce-overhead``: the previous step's logits were consumed, so its buffers may be
+    reused by the replay instead of a new recording)."""
+    compiled = torch.compile(_next_logits, mode=mode, fullgraph=True, dynamic=False)
+    mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None)
+
+    def step(model: ImageGPT, ids: Tensor, cache: KVCache | StaticKVCache | None) -> Tensor:
+        if mark is not None:
+            mark()
+        return compiled(model, ids, cache)
+
+    return step
 
 
 def _next_logits(model: ImageGPT, ids: Tensor, cache: KVCache | StaticKVCache | None) -> Tensor:
