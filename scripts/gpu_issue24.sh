@@ -10,7 +10,8 @@
 #   bash scripts/gpu_issue24.sh 1 --smoke   the same steps on CPU at tiny sizes (SMOKE=1 works too; minutes)
 #
 # Environment: OUT (default ./gpu_out), PYTHON (default python3; e.g. /tmp/ref/bin/python for a smoke run here),
-# BUDGET_S (seconds a phase may start steps in; default 480, smoke 200).
+# BUDGET_S (seconds a phase may start steps in; default 480, smoke 200), SKIP (comma-separated step names not to
+# run: those an earlier phase finished; phase 3 repeats the tails of phases 1 and 2 for what their budget cut).
 # Every phase writes under $OUT/phaseN/: one log and (where the tool has one) one JSON per step, steps.tsv (each
 # step's status, seconds and command) and summary.md; $OUT/issue24.md is the table over every phase run so far.
 # A step that fails or times out is recorded and the phase goes on; a step that would start past the budget is
@@ -89,6 +90,11 @@ step() {
   cmd=$(printf '%q ' "$@")
   cmd=${cmd//"$ROOT"/.}
   cmd=${cmd//"$OUT"/\$OUT}
+  if [[ ",${SKIP:-}," == *",$name,"* ]]; then
+    printf '%s\tskipped (SKIP)\t-\t0\t%s\n' "$name" "$cmd" >> "$PD/steps.tsv"
+    echo "== $name: skipped (in SKIP)"
+    return 0
+  fi
   if [ "$left" -lt "$MIN_S" ]; then
     printf '%s\tskipped (phase budget)\t-\t0\t%s\n' "$name" "$cmd" >> "$PD/steps.tsv"
     echo "== $name: skipped (phase budget of ${BUDGET_S} s spent)"
@@ -197,13 +203,14 @@ start_phase() {
 phase1() {
   start_phase 1
   env_step
-  e2e bf16 infer swin_tiny_patch4_window7_224 deit_tiny_patch16_224 vitdet_base_patch16_1024 nat_tiny dinat_tiny \
-    swinv2_tiny_window8_256 halonet26t vil_small
+  # the steps that carry the issue's targets first: Swin-T, DeiT-Ti, ViTDet vs HF, DeiT-Ti compiled, iGPT
+  e2e bf16 infer swin_tiny_patch4_window7_224 deit_tiny_patch16_224 vitdet_base_patch16_1024
   # launch-bound DeiT-Ti: ours compiled with CUDA graphs vs timm eager and timm compiled alike
   bench deit_ti_bf16_infer_compiled deit_tiny_patch16_224 bf16 infer --compile "${RO[@]}" --compare timm,timm-compiled
   igpt
   # ours compiled vs timm compiled (the like-for-like reading of "Swin-T >= 1.0x timm compiled")
   bench swin_t_bf16_infer_compiled swin_tiny_patch4_window7_224 bf16 infer --compile --compare timm,timm-compiled
+  e2e bf16 infer nat_tiny dinat_tiny swinv2_tiny_window8_256 halonet26t vil_small
   summary 1
 }
 
@@ -223,6 +230,11 @@ phase2() {
 
 phase3() {
   start_phase 3
+  env_step
+  # the tails of phases 1 and 2 again (SKIP= the steps they finished), then what no other phase has
+  e2e bf16 infer nat_tiny dinat_tiny swinv2_tiny_window8_256 halonet26t vil_small
+  e2e bf16 train swinv2_tiny_window8_256 dinat_tiny halonet26t vil_small
+  e2e fp32 infer swinv2_tiny_window8_256 dinat_tiny halonet26t vil_small
   step mechanisms_bf16_train 150 "$PY" -m vit_attention.bench.mechanisms "${MECH[@]}" --amp bf16 --mode train \
     --json "$PD/mechanisms_bf16_train.json" --markdown "$PD/mechanisms_bf16_train.md"
   step mechanisms_fp32_infer 120 "$PY" -m vit_attention.bench.mechanisms "${MECH[@]}" --mode infer \

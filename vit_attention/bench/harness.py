@@ -493,6 +493,7 @@ def run_benchmark(cfg: BenchConfig, *, references: dict[str, ReferenceFactory] |
         modes = ["infer", "train"] if cfg.mode == "both" else [cfg.mode]
         for name in cfg.models:
             for mode in modes:
+                failed = False
                 try:
                     name = get_model_entry(name).name
                     rows, peaks = _bench_one(name, mode, cfg, device, peak, references, notes, log)
@@ -502,7 +503,8 @@ def run_benchmark(cfg: BenchConfig, *, references: dict[str, ReferenceFactory] |
                     msg = f"{name} [{mode}] failed: {type(e).__name__}: {str(e).strip()[:300]}"
                     notes.append(msg)
                     log("NOTE " + msg)
-                    rows, peaks = [], []
+                    rows, peaks, failed = [], [], True
+                if failed:  # outside the handler: its traceback (holding the failed models' frames) is gone
                     _release(device)
                 results += rows
                 all_peaks += peaks
