@@ -30,6 +30,7 @@ SHORT = {
     "dinat_tiny": "DiNAT-T", "halonet26t": "HaloNet-26t", "vil_small": "ViL-S",
     "vitdet_base_patch16_1024": "ViTDet-B 1024", "deit_tiny_patch16_224": "DeiT-Ti",
 }
+_RUN_LABEL = {"compiled": " (compiled run)", "plain": " (default backend run)"}
 _IGPT = re.compile(r"bench: ([\d,.]+) tokens/s with the key/value cache, ([\d,.]+) tokens/s without \(([\d.]+)x\)")
 _IGPT_STATIC = re.compile(r"bench: ([\d,.]+) tokens/s with the static cache, eager")
 _IGPT_COMPILED = re.compile(r"bench: ([\d,.]+) tokens/s compiled \(([^)]+)\) with the static cache")
@@ -89,7 +90,9 @@ def _e2e(reports: list[tuple[Path, dict[str, Any]]]) -> tuple[list[str], dict[tu
     groups: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for _path, rep in reports:
         prec = rep["config"].get("amp") or "fp32"
-        run = "compiled" if rep["config"].get("compile") else "eager"
+        # a run with several backends, a --compile run, or a plain one (ours on its default backend)
+        run = ("compiled" if rep["config"].get("compile") else
+               "backends" if "," in (rep["config"].get("attn_backend") or "") else "plain")
         for r in rep["results"]:
             groups.setdefault((r["model"], prec, r["mode"], run), {})[r["impl"]] = r
     lines = ["| model | precision | mode | batch | ours auto img/s | flex | sdpa | explicit | timm | timm compiled "
@@ -106,7 +109,7 @@ def _e2e(reports: list[tuple[Path, dict[str, Any]]]) -> tuple[list[str], dict[tu
         pars = [r["parity"] for r in rows.values() if r.get("parity") is not None]
         par = f"{max(pars):.1e}" if pars else "-"
         batch = next(iter(rows.values()))["batch_size"]
-        label = SHORT.get(model, model) + (" (compiled run)" if run == "compiled" else "")
+        label = SHORT.get(model, model) + _RUN_LABEL.get(run, "")
         lines.append(
             f"| {label} | {prec} | {mode} | {batch} | {_med(base['images_per_s']) if base else '-'} "
             f"| {ips('ours[flex]')} | {ips('ours[sdpa]')} | {ips('ours[explicit]')} | {ips('timm')} "
@@ -117,14 +120,14 @@ def _e2e(reports: list[tuple[Path, dict[str, Any]]]) -> tuple[list[str], dict[tu
 
 
 def _median_ratio(groups: dict[tuple[str, str, str, str], Any], model: str, impl: str, ref: str,
-                  run: str = "eager", prec: str = "bf16", mode: str = "infer") -> float | None:
+                  run: str = "backends", prec: str = "bf16", mode: str = "infer") -> float | None:
     rows = groups.get((model, prec, mode, run)) or {}
     r = (rows.get(impl) or {}).get("ratios", {}).get(ref)
     return None if not r else float(r["median"])
 
 
 def _best_backend(groups: dict[tuple[str, str, str, str], Any], model: str, ref: str) -> str:
-    rows = groups.get((model, "bf16", "infer", "eager")) or {}
+    rows = groups.get((model, "bf16", "infer", "backends")) or {}
     best = [(r["ratios"][ref]["median"], k) for k, r in rows.items() if k.startswith("ours[") and ref in r["ratios"]]
     if not best:
         return ""
