@@ -264,6 +264,7 @@ def environment() -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m vit_attention.bench.issue24``: the table of an output folder (or ``--env``); returns 0."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", nargs="?", help="the runbook's output folder ($OUT, or one phase's folder)")
     ap.add_argument("--markdown", default=None, help="also write the Markdown here")

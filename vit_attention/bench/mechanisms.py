@@ -293,6 +293,7 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m vit_attention.bench.mechanisms``: run the cases, print (and write) the table; returns 0."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     ap.add_argument("--amp", choices=("bf16",), default=None, help="torch.autocast in bf16 (default fp32)")
