@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from ..attention import set_attention_backend
 from ..factory import create_model
+from ..functional.runtime import COMPILE_MODES
 from ..models.backbone import apply_tome_option
 from ..models.registry import get_model_entry
 from .memory import measure_peak_memory
@@ -58,7 +59,6 @@ __all__ = ["BenchConfig", "Participant", "run_benchmark", "format_table", "count
 
 
 RUNTIMES = ("onnxruntime",)
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile(mode=)
 ATTN_BACKENDS = ("auto", "sdpa", "explicit", "flex")  # create_model(attn_backend=)
 
 
