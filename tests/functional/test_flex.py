@@ -130,3 +130,27 @@ def test_pattern_needs_four_dims() -> None:
     q, k, v = _qkv(2, 2, 2, 40, 4)
     with pytest.raises(ValueError, match="4-D q"):
         sdpa(q, k, v, pattern=_band(2, 40), backend="explicit")
+
+
+def test_the_first_cuda_flex_kernel_raises_dynamos_recompile_limit() -> None:
+    # every pattern and shape is a compiled variant of ONE code object; past dynamo's default 8 (a Swin-T has 8)
+    # the kernel would silently run unfused on the GPU. torch.compile only wraps here: nothing needs CUDA.
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    saved, compiled = getattr(config, name), dict(flex._COMPILED)
+    try:
+        setattr(config, name, 8)
+        flex._COMPILED.clear()
+        kernel = flex._kernel(torch.device("cuda"))
+        assert kernel is flex._COMPILED["cuda"] and getattr(config, name) == flex.FLEX_RECOMPILE_LIMIT >= 64
+        setattr(config, name, 1000)
+        flex._COMPILED.clear()
+        flex._kernel(torch.device("cuda"))
+        assert getattr(config, name) == 1000  # never lowered
+        assert flex._kernel(torch.device("cpu")) is not flex._COMPILED["cuda"]  # CPU: the eager function
+    finally:
+        setattr(config, name, saved)
+        flex._COMPILED.clear()
+        flex._COMPILED.update(compiled)

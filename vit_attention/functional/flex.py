@@ -189,8 +189,27 @@ def _kernel(device: torch.device) -> Callable[..., Tensor]:
     if capturing() or device.type != "cuda":
         return flex
     if "cuda" not in _COMPILED:
+        _raise_recompile_limit(FLEX_RECOMPILE_LIMIT)
         _COMPILED["cuda"] = torch.compile(flex, dynamic=False)
     return _COMPILED["cuda"]
+
+
+# Each pattern (a mechanism's mods, their captured sizes and tensors) and each shape is one compiled variant
+# of the flex kernel, all counted against ONE code object: a Swin-T alone has 8 (4 stages, shifted or not),
+# DiNAT more. Past dynamo's default limit (8) the kernel would silently run unfused (its eager math: slow and
+# memory-hungry on a GPU), so the first flex call on CUDA raises the limit to at least this.
+FLEX_RECOMPILE_LIMIT = 64
+
+
+def _raise_recompile_limit(n: int) -> None:
+    """Raise torch._dynamo's per-code-object recompile limit to at least ``n`` (never lowers it); the name is
+    ``recompile_limit`` on torch >= 2.6, ``cache_size_limit`` before."""
+    import torch._dynamo  # noqa: F401 - imported by torch.compile anyway; here before its first call
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    if getattr(config, name) < n:
+        setattr(config, name, n)
 
 
 def _refuse_cpu_backward(q: Tensor, k: Tensor, v: Tensor) -> None:
