@@ -13,7 +13,7 @@ import torch
 from flex_utils import assert_flex_matches_explicit, recorded_patterns
 
 from vit_attention import create_attention
-from vit_attention.attention.causal import KVCache, causal_mask, causal_pattern
+from vit_attention.attention.causal import KVCache, StaticKVCache, causal_mask, causal_pattern
 from vit_attention.functional import flex
 
 
@@ -89,6 +89,20 @@ def test_sampling_on_flex_equals_the_full_sequence() -> None:
         parts = [m(x[:, :5], cache=cache)] + [m(x[:, i:i + 1], cache=cache) for i in range(5, 9)]
         parts.append(m(x[:, 9:], cache=cache))
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-6)
+
+
+def test_static_cache_sampling_on_flex_equals_the_full_sequence() -> None:
+    # the fixed-shape cache hands the core its visibility mask [N, max_len]: on flex, a mask_mod reading it
+    m = _module()
+    m.attention_backend = "flex"
+    x = _rand(2, 12, 16)
+    with torch.no_grad():
+        full = m(x)
+        cache = StaticKVCache(1, 2, 2, 16, 8)
+        parts = [m(x[:, :5], cache=cache)] + [m(x[:, i:i + 1], cache=cache) for i in range(5, 9)]
+        parts.append(m(x[:, 9:], cache=cache))
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-6)
+    assert len(cache) == 12
 
 
 def test_block_mask_is_reused_and_sparse_at_igpt_size() -> None:
