@@ -10,6 +10,8 @@ what ``pretrained`` names. Nothing below it imports it; ``vit_attention.models.c
 
 from __future__ import annotations
 
+import argparse
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,18 @@ def config_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``kwargs`` (``--model-arg`` values) without the run-time keywords of :data:`RUNTIME_MODEL_ARGS`: the
     config overrides."""
     return {k: v for k, v in kwargs.items() if k not in RUNTIME_MODEL_ARGS}
+
+
+def model_arg(text: str) -> tuple[str, Any]:
+    """One ``--model-arg`` value, ``key=value`` with a JSON value (bare words stay strings) -> ``(key, value)``:
+    ``depth=2``, ``window_size=[7,7]``, ``attn_layer=window``. An argparse ``type=`` (train, eval, bench ...)."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")  # argparse names the option
+    k, v = text.split("=", 1)
+    try:
+        return k, json.loads(v)
+    except json.JSONDecodeError:
+        return k, v
 
 
 def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any] | None = None,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
+from ..factory import model_arg
 from ..models import list_models
 from .harness import (
     ATTN_BACKENDS,
@@ -17,17 +17,6 @@ from .harness import (
     graph_break_report,
     run_benchmark,
 )
-
-
-def _kv(text: str) -> tuple[str, Any]:
-    """``key=value`` with a JSON value (bare words stay strings): ``depth=2``, ``window_size=[7,7]``."""
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"--model-arg: expected KEY=VALUE, got {text!r}")
-    k, v = text.split("=", 1)
-    try:
-        return k, json.loads(v)
-    except json.JSONDecodeError:
-        return k, v
 
 
 def _expand(patterns: list[str]) -> list[str]:
@@ -150,7 +139,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="torch._dynamo's recompile limit during the run (default: torch's, 8); past it a compiled "
                    "function runs eagerly, FlexAttention's CUDA kernel included (one compilation per attention "
                    "shape and pattern): raise it for models with many (e.g. 64)")
-    p.add_argument("--model-arg", type=_kv, action="append", metavar="KEY=VALUE",
+    p.add_argument("--model-arg", type=model_arg, action="append", metavar="KEY=VALUE",
                    help="model config override for every MODEL, repeatable, JSON values: --model-arg depth=2 "
                    "(default: the presets')")
     p.add_argument("--reduced", action="store_true", help="each model in its family's reduced form (every code "

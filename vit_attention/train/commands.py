@@ -9,20 +9,10 @@ from typing import Any
 
 from ..data.naflex import inference_meta as _inference_meta  # attn (analysis) reads runs the same way
 from ..data.naflex import naflex_budget as _naflex_budget
+from ..factory import model_arg
 from .presets import DEFAULT_MODEL
 
 __all__ = ["add_commands"]
-
-
-def _kv(text: str) -> tuple[str, Any]:
-    """``key=value`` with a JSON value (bare words stay strings): ``depth=2``, ``attn_layer=window``."""
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    k, v = text.split("=", 1)
-    try:
-        return k, json.loads(v)
-    except json.JSONDecodeError:
-        return k, v
 
 
 def _json_or_str(text: str) -> Any:
@@ -171,7 +161,7 @@ def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
     _track_given(p)
     g = p.add_argument_group("model and data")
     g.add_argument("--model", default=DEFAULT_MODEL, help="registered model name (vit-attention models lists them)")
-    g.add_argument("--model-arg", type=_kv, action="append", metavar="KEY=VALUE",
+    g.add_argument("--model-arg", type=model_arg, action="append", metavar="KEY=VALUE",
                    help="model config override, repeatable, JSON values: --model-arg depth=2 (default: the preset's); "
                         "also attn_backend=auto|sdpa|explicit|flex, how attention runs")
     g.add_argument("--data", default=None,
@@ -576,7 +566,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        help="with a file of ours: the model it must hold (it says which); with a foreign "
                             "checkpoint (timm, torchvision, ...) or --pretrained: build this registered model "
                             "(NAME.TAG picks a tag) and load it")
-        p.add_argument("--model-arg", type=_kv, action="append", metavar="KEY=VALUE",
+        p.add_argument("--model-arg", type=model_arg, action="append", metavar="KEY=VALUE",
                        help="config option for --model with a foreign checkpoint (must agree with a file of ours); "
                             "attn_backend=auto|sdpa|explicit|flex (how attention runs) goes with any checkpoint")
         p.add_argument("--num-classes", type=int, default=None,
