@@ -41,6 +41,16 @@ from ..factory import create_model
 from ..functional.runtime import COMPILE_MODES
 from ..models.backbone import apply_tome_option
 from ..models.registry import get_model_entry
+from .compile import (
+    compile_model,
+    dynamo_graphs,
+    explain_graph_breaks,
+    graph_break_report,
+    img_hw,
+    in_chans,
+    recompile_limit,
+    with_freezing,
+)
 from .memory import measure_peak_memory
 from .peak import MatmulPeak
 from .reference import (
@@ -52,9 +62,11 @@ from .reference import (
     library_version,
     split_compiled,
 )
+from .report import format_table
 
 __all__ = ["BenchConfig", "Participant", "run_benchmark", "format_table", "count_flops", "summarise",
-           "explain_graph_breaks", "compile_model", "with_freezing", "parse_backends", "COMPILE_MODES",
+           "explain_graph_breaks", "graph_break_report", "compile_model", "with_freezing", "recompile_limit",
+           "parse_backends", "COMPILE_MODES",
            "ATTN_BACKENDS"]
 
 
@@ -246,7 +258,7 @@ def count_flops(name: str, batch_size: int, img_size: int | None, mode: str,
     def count(device: str, batch: int) -> int:
         with torch.device(device):
             model = create_model(name, img_size=img_size, **(model_kwargs or {}))
-            x = torch.randn(batch, _in_chans(model), *_img_hw(model))
+            x = torch.randn(batch, in_chans(model), *img_hw(model))
         if tome:
             model.set_token_merging(tome)
         model.train(mode == "train")
@@ -267,15 +279,6 @@ def count_flops(name: str, batch_size: int, img_size: int | None, mode: str,
             return count("cpu", 1) * batch_size
         except Exception:
             return None
-
-
-def _img_hw(model: nn.Module) -> tuple[int, int]:
-    size = getattr(model.cfg, "img_size", 224)
-    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
-
-
-def _in_chans(model: nn.Module) -> int:
-    return int(getattr(model.cfg, "in_chans", 3))
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -346,26 +349,6 @@ def _imported() -> set[str]:
 
 
 @contextlib.contextmanager
-def recompile_limit(n: int | None) -> Iterator[None]:
-    """torch._dynamo's recompile limit set to ``n`` inside the block (``recompile_limit``, or ``cache_size_limit``
-    on a torch that predates the rename); None leaves it alone. Past the limit dynamo runs the function eagerly:
-    for the compiled FlexAttention kernel that means the unfused path, so a model with many attention shapes
-    (stages, shifted / plain windows, dilations, training and inference) needs more than the default 8."""
-    import torch._dynamo.config as dynamo_config
-
-    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-    if n is None or not hasattr(dynamo_config, name):
-        yield
-        return
-    prev = getattr(dynamo_config, name)
-    setattr(dynamo_config, name, n)
-    try:
-        yield
-    finally:
-        setattr(dynamo_config, name, prev)
-
-
-@contextlib.contextmanager
 def _threads(n: int | None) -> Iterator[None]:
     prev = torch.get_num_threads()
     if n is not None:
@@ -383,63 +366,8 @@ def _parity(a: Any, b: Any) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
 
 
-def compile_model(model: nn.Module, backend: str = "inductor", mode: str = "default") -> nn.Module:
-    """``torch.compile(model, backend=backend, mode=mode)`` with static shapes (the benchmark's batch never
-    changes). ``mode`` is one of :data:`COMPILE_MODES`: ``"reduce-overhead"`` records CUDA graphs on a GPU
-    (launch-bound small models), the ``max-autotune`` ones also tune GEMM / convolution templates."""
-    if mode not in COMPILE_MODES:
-        raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
-    return torch.compile(model, backend=backend, mode=None if mode == "default" else mode,  # type: ignore[return-value]
-                         dynamic=False)
-
-
-def with_freezing(step: Callable[[], Any]) -> Callable[[], Any]:
-    """``step`` with inductor's ``freezing`` on while it runs: the config is read when a graph compiles (the
-    first call, and any recompile), so every call is wrapped. Freezing folds the parameters into the
-    inference graph as constants and prepacks the GEMMs' weights (oneDNN / MKL); with autograd recording
-    (training) inductor ignores it."""
-    import torch._inductor.config as inductor_config
-
-    def frozen() -> Any:
-        with inductor_config.patch(freezing=True):
-            return step()
-    return frozen
-
-
 def _compile_settings(cfg: BenchConfig) -> dict[str, Any]:
     return {"backend": cfg.compile_backend, "mode": cfg.compile_mode, "freeze": cfg.compile_freeze}
-
-
-@contextlib.contextmanager
-def _dynamo_graphs() -> Iterator[dict[str, Any]]:
-    """Dynamo's counters over the block, filled into the yielded dict on exit: ``{"graphs", "graph_breaks",
-    "break_reasons"}`` of what compiled inside (the compiled participant's warm-up: no second trace)."""
-    from torch._dynamo.utils import counters
-
-    counters.clear()
-    info: dict[str, Any] = {}
-    try:
-        yield info
-    finally:
-        breaks = counters["graph_break"]
-        info.update(graphs=int(counters["stats"]["unique_graphs"]), graph_breaks=int(sum(breaks.values())),
-                    break_reasons=sorted({str(r).splitlines()[0][:160] for r in breaks}))
-
-
-def explain_graph_breaks(model: nn.Module, x: Tensor) -> dict[str, Any]:
-    """Trace ``model(x)`` with dynamo (no compilation): ``{"graphs", "graph_breaks", "break_reasons"}``."""
-    import torch._dynamo
-
-    try:
-        with torch.inference_mode():
-            model(x)  # warm the caches first: the second call is the one users repeat
-            ex = torch._dynamo.explain(model)(x)
-        return {"graphs": ex.graph_count, "graph_breaks": ex.graph_break_count,
-                "break_reasons": sorted({str(b.reason).splitlines()[0][:160] for b in ex.break_reasons})}
-    except Exception as e:
-        return {"graphs": None, "graph_breaks": None, "error": f"{type(e).__name__}: {str(e)[:200]}"}
-    finally:
-        torch._dynamo.reset()
 
 
 def run_benchmark(cfg: BenchConfig, *, references: dict[str, ReferenceFactory] | None = None,
@@ -538,8 +466,8 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
     backend_kw = {} if backends[0] is None else {"attn_backend": backends[0]}
     model_kwargs, img_size = cfg.model_args(name)
     ours = create_model(name, img_size=img_size, **model_kwargs, **backend_kw)
-    size = _img_hw(ours)
-    x = torch.randn(cfg.batch_size, _in_chans(ours), *size, generator=torch.Generator().manual_seed(0))
+    size = img_hw(ours)
+    x = torch.randn(cfg.batch_size, in_chans(ours), *size, generator=torch.Generator().manual_seed(0))
     refs: dict[str, nn.Module] = {}  # eager references (a compiled one is compiled below, after the move)
     twins: dict[str, nn.Module] = {}  # for parity: ours loaded with each reference's weights
     method: str | None = None  # what of ours the references compute (None: forward)
@@ -631,7 +559,7 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
     for p in list(participants):
         t0 = time.perf_counter()
         try:
-            with _dynamo_graphs() if p.info.get("compiled") else contextlib.nullcontext() as graphs:
+            with dynamo_graphs() if p.info.get("compiled") else contextlib.nullcontext() as graphs:
                 # compiled / merged / exported ours, compiled references and the other backends run at least once
                 # here: a compile, or a backend that cannot run this step (flex has no CPU backward), fails here
                 once = p.label != base and ("eager" in p.info or "compiled" in p.info or p.label in backend_of)
@@ -786,95 +714,3 @@ def _runtime_participant(runtime: str, ours: nn.Module, x: Tensor, mode: str, cf
             "parity": parity}
     log(f"{runtime}: exported and loaded in {export_s:.1f} s, parity {parity:.1e}")
     return Participant(f"ours+{runtime}", step, ours, info={runtime: info})
-
-
-# ---------------------------------------------------------------------------- report
-def _fmt_stat(s: dict[str, float] | None, spec: str = ".1f", scale: float = 1.0) -> str:
-    if not s:
-        return "-"
-    return f"{s['median'] * scale:{spec}} ({s['min'] * scale:{spec}}-{s['max'] * scale:{spec}})"
-
-
-def format_table(report: dict[str, Any]) -> str:
-    """Markdown table of a :func:`run_benchmark` report, plus machine, peak and notes lines."""
-    m, cfg, pk = report["machine"], report["config"], report["peak"]
-    lines = [
-        f"machine: {m['cpu']} ({m['cpu_count']} CPUs), device {m['device']}{' ' + m['gpu'] if m.get('gpu') else ''}, "
-        f"{m['torch_threads']} threads; load average {m.get('loadavg_start')} -> {m.get('loadavg_end')}",
-        f"versions: python {m['python']}, torch {m['torch']}, vit_attention {m['vit_attention']}, "
-        f"timm {m['timm']}, torchvision {m['torchvision']}"
-        f"{', transformers ' + m['transformers'] if m.get('transformers') else ''}",
-        f"settings: batch {cfg['batch_size']}, amp {cfg['amp'] or 'fp32'}, channels_last {cfg['channels_last']}, "
-        f"rounds {cfg['rounds']} x iters {cfg['iters']} (ABBA), warmup {cfg['warmup']}, "
-        f"clock {cfg.get('clock', 'wall')}, attention backend {cfg.get('attn_backend') or 'default'}",
-        f"matmul peak ({pk['dtype']}, {pk['n']}^3, {pk['kernel']}): {_fmt_stat(pk['gflops'])} GFLOP/s "
-        "(median (min-max) over rounds)",
-        "",
-        "| model | mode | impl | img/s | latency ms | GFLOP/s | % of peak (best/best) | peak mem MB "
-        "| speed ratio ours/ref | parity |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in report["results"]:
-        ratios = "; ".join(f"vs {k}: {_fmt_stat(v, '.2f')}x" for k, v in r["ratios"].items()) or "-"
-        par = f"{r['parity']:.1e}" if r["parity"] is not None else "-"
-        lines.append(
-            f"| {r['model']} | {r['mode']} | {r['impl']} | {r['images_per_s']['median']:.1f} | "
-            f"{_fmt_stat(r['latency_ms'], '.0f')} | {_fmt_stat(r['gflops'], '.1f')} | "
-            f"{'-' if r['fraction_of_peak'] is None else format(100 * r['fraction_of_peak'], '.0f')} |"
-            f" {'-' if r['peak_memory_mb'] is None else format(r['peak_memory_mb'], '.1f')} | {ratios} | {par} |")
-    for r in report["results"]:
-        c = r.get("compile", {}).get("compile")
-        if c:
-            st = r["compile"].get("settings") or {}
-            how = f" ({st['backend']}, mode {st['mode']}{', freezing' if st.get('freeze') else ''})" if st else ""
-            who = "" if r["impl"] == "ours+compile" else f" {r['impl']}"
-            lines.append(f"compile {r['model']} [{r['mode']}]{who}{how}: graphs {c.get('graphs')}, graph breaks "
-                         f"{c.get('graph_breaks')}{' ' + str(c.get('break_reasons')) if c.get('break_reasons') else ''}"
-                         f"{' error ' + c['error'] if c.get('error') else ''}")
-    for r in report["results"]:
-        t = r.get("tome")
-        if t and t.get("flops_ratio"):
-            lines.append(f"tome {r['model']} [{r['mode']}]: r = {t['r']} per block, FLOPs "
-                         f"{r['flops_per_step'] / 1e9:.2f} G vs {t['flops_unmerged'] / 1e9:.2f} G unmerged "
-                         f"({t['flops_ratio']:.2f}x fewer)")
-    lines += [f"note: {n}" for n in report["notes"]]
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------- graph breaks
-def _reduced_kwargs(name: str) -> dict[str, Any]:
-    """Config overrides that keep every code path of ``name`` but one block per stage."""
-    import dataclasses
-
-    entry = get_model_entry(name)
-    fields = {f.name for f in dataclasses.fields(entry.config_cls)}
-    kw: dict[str, Any] = {}
-    if "depth" in fields:
-        kw["depth"] = 1
-    if "depths" in fields:
-        kw["depths"] = tuple(1 for _ in entry.config().depths)
-    return kw
-
-
-def graph_break_report(names: Sequence[str], *, reduced: bool = True) -> list[dict[str, Any]]:
-    """Dynamo-trace each model on the meta device (``reduced``: one block per stage; the code
-    paths are the same) and return ``[{"model", "graphs", "graph_breaks", "break_reasons"}]``."""
-    import torch._dynamo
-
-    rows = []
-    for name in names:
-        name = get_model_entry(name).name
-        with torch.device("meta"):
-            model = create_model(name, **(_reduced_kwargs(name) if reduced else {})).eval()
-            x = torch.randn(1, _in_chans(model), *_img_hw(model))
-        try:
-            with torch.no_grad():
-                ex = torch._dynamo.explain(model)(x)
-            rows.append({"model": name, "graphs": ex.graph_count, "graph_breaks": ex.graph_break_count,
-                         "break_reasons": sorted({str(b.reason).splitlines()[0][:160] for b in ex.break_reasons})})
-        except Exception as e:
-            rows.append({"model": name, "graphs": None, "graph_breaks": None,
-                         "error": f"{type(e).__name__}: {str(e)[:200]}"})
-        finally:
-            torch._dynamo.reset()
-    return rows
