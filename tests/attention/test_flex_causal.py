@@ -79,26 +79,16 @@ def test_pattern_is_causal_mask(N: int, M: int) -> None:
         causal_pattern(M + 1, M)
 
 
-def test_sampling_on_flex_equals_the_full_sequence() -> None:
+@pytest.mark.parametrize("make_cache", [lambda: KVCache(1, capacity=4), lambda: StaticKVCache(1, 2, 2, 16, 8)],
+                         ids=["growing", "static"])
+def test_sampling_on_flex_equals_the_full_sequence(make_cache) -> None:
+    # the static cache hands the core its visibility mask [N, max_len]: on flex, a mask_mod reading it
     m = _module()
     m.attention_backend = "flex"
     x = _rand(2, 12, 16)
     with torch.no_grad():
         full = m(x)
-        cache = KVCache(1, capacity=4)
-        parts = [m(x[:, :5], cache=cache)] + [m(x[:, i:i + 1], cache=cache) for i in range(5, 9)]
-        parts.append(m(x[:, 9:], cache=cache))
-    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-6)
-
-
-def test_static_cache_sampling_on_flex_equals_the_full_sequence() -> None:
-    # the fixed-shape cache hands the core its visibility mask [N, max_len]: on flex, a mask_mod reading it
-    m = _module()
-    m.attention_backend = "flex"
-    x = _rand(2, 12, 16)
-    with torch.no_grad():
-        full = m(x)
-        cache = StaticKVCache(1, 2, 2, 16, 8)
+        cache = make_cache()
         parts = [m(x[:, :5], cache=cache)] + [m(x[:, i:i + 1], cache=cache) for i in range(5, 9)]
         parts.append(m(x[:, 9:], cache=cache))
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-6)
