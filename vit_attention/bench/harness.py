@@ -51,6 +51,7 @@ from .compile import (
     recompile_limit,
     with_freezing,
 )
+from .device import autocast, synchronize
 from .memory import measure_peak_memory
 from .peak import MatmulPeak
 from .reference import (
@@ -184,12 +185,6 @@ class Participant:
 
 
 # ---------------------------------------------------------------------------- steps
-def _autocast(device: torch.device, amp: str | None) -> contextlib.AbstractContextManager[Any]:
-    if amp == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 def _loss(out: Any, target: Tensor) -> Tensor:
     """Cross-entropy of logits ``[B, K]`` (averaged over a tuple of heads); the mean square of a feature map
     ``[B, ...]`` of more dimensions (a backbone compared on its features)."""
@@ -216,7 +211,7 @@ def make_step(model: nn.Module, x: Tensor, mode: str, device: torch.device, amp:
         model.eval()
 
         def infer() -> Any:
-            with torch.inference_mode(), _autocast(device, amp):
+            with torch.inference_mode(), autocast(device, amp):
                 return model(x)
         return infer
     model.train()
@@ -225,7 +220,7 @@ def make_step(model: nn.Module, x: Tensor, mode: str, device: torch.device, amp:
 
     def train() -> Any:
         opt.zero_grad(set_to_none=True)
-        with _autocast(device, amp):
+        with autocast(device, amp):
             loss = _loss(model(x), target)
         loss.backward()
         opt.step()
@@ -234,11 +229,6 @@ def make_step(model: nn.Module, x: Tensor, mode: str, device: torch.device, amp:
 
 
 _CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "process": time.process_time}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def count_flops(name: str, batch_size: int, img_size: int | None, mode: str,
@@ -299,11 +289,11 @@ def _rounds(participants: list[Participant], peak: MatmulPeak | None, rounds: in
         order = participants[k:] + participants[:k]
         spent = {id(p): 0.0 for p in participants}
         for p in order + order[::-1]:
-            _sync(device)
+            synchronize(device)
             t0 = clock()
             for _ in range(iters):
                 p.step()
-            _sync(device)
+            synchronize(device)
             spent[id(p)] += clock() - t0
         for p in participants:
             p.times.append(spent[id(p)] / (2 * iters))
@@ -580,7 +570,7 @@ def _bench_one(name: str, mode: str, cfg: BenchConfig, device: torch.device, pea
         for p in participants:
             twin = p.info.pop("parity_with", None)
             if twin is not None:
-                with torch.inference_mode(), _autocast(device, cfg.amp):
+                with torch.inference_mode(), autocast(device, cfg.amp):
                     theirs = twin.eval()(x)
                     mine = p.step()
                     parity[p.label] = _parity(theirs, mine) if p.label in refs else _parity(mine, theirs)

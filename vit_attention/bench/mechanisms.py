@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import create_attention, set_attention_backend
+from .device import autocast, synchronize
 from .harness import ATTN_BACKENDS, parse_backends, recompile_limit
 
 __all__ = ["Case", "CASES", "run_case", "run", "format_rows", "main"]
@@ -80,17 +81,6 @@ CASES: dict[str, Case] = {c.model: c for c in (
          smoke_kwargs=dict(window_size=0, input_size=8)),
     Case("igpt_s_causal", "causal", 512, 8, (32, 32), {}, batch=16),
 )}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _autocast(device: torch.device, amp: str | None) -> Any:
-    import contextlib
-
-    return torch.autocast(device.type, dtype=torch.bfloat16) if amp == "bf16" else contextlib.nullcontext()
 
 
 def _build(case: Case, smoke: bool, seed: int = 0) -> tuple[nn.Module, dict[str, Any]]:
@@ -142,7 +132,7 @@ def run_case(case: Case, *, backends: Sequence[str], device: torch.device, amp: 
             m.eval()
 
             def infer() -> Any:
-                with torch.inference_mode(), _autocast(device, amp):
+                with torch.inference_mode(), autocast(device, amp):
                     return m(x, **call)
             return infer
         m.train()
@@ -151,7 +141,7 @@ def run_case(case: Case, *, backends: Sequence[str], device: torch.device, amp: 
         def train() -> Any:
             m.zero_grad(set_to_none=True)
             xg.grad = None
-            with _autocast(device, amp):
+            with autocast(device, amp):
                 out = m(xg, **call)
             out.float().square().mean().backward()
             return out
@@ -163,7 +153,7 @@ def run_case(case: Case, *, backends: Sequence[str], device: torch.device, amp: 
         try:
             for _ in range(max(warmup, 1)):  # compiles flex's kernel on CUDA
                 st()
-            _sync(device)
+            synchronize(device)
             steps[be] = st
         except Exception as e:  # OOM, no CPU backward for flex, a compile failure: recorded, the others go on
             errors[be] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
@@ -184,11 +174,11 @@ def run_case(case: Case, *, backends: Sequence[str], device: torch.device, amp: 
     peak: dict[str, float | None] = {}
     for be, st in steps.items():
         if device.type == "cuda":
-            _sync(device)
+            synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
             st()
-            _sync(device)
+            synchronize(device)
             peak[be] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
         else:
             peak[be] = None
@@ -199,11 +189,11 @@ def run_case(case: Case, *, backends: Sequence[str], device: torch.device, amp: 
         rot = order[k:] + order[:k]
         spent = dict.fromkeys(order, 0.0)
         for be in rot + rot[::-1]:
-            _sync(device)
+            synchronize(device)
             t0 = time.perf_counter()
             for _ in range(iters):
                 steps[be]()
-            _sync(device)
+            synchronize(device)
             spent[be] += time.perf_counter() - t0
         for be in order:
             times[be].append(spent[be] / (2 * iters))

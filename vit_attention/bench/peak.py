@@ -14,13 +14,9 @@ from collections.abc import Callable
 import torch
 
 from ..functional.runtime import cpu_kernel_supports
+from .device import synchronize
 
 __all__ = ["MatmulPeak"]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class MatmulPeak:
@@ -59,10 +55,10 @@ class MatmulPeak:
         return best
 
     def _rate(self, fn: Callable[[], torch.Tensor]) -> float:
-        _sync(self.device)
+        synchronize(self.device)
         t0 = self.clock()
         fn()
-        _sync(self.device)
+        synchronize(self.device)
         return self.flops / max(self.clock() - t0, 1e-9) / 1e9
 
     def time_once(self) -> float:
