@@ -154,3 +154,34 @@ def test_the_first_cuda_flex_kernel_raises_dynamos_recompile_limit() -> None:
         setattr(config, name, saved)
         flex._COMPILED.clear()
         flex._COMPILED.update(compiled)
+
+
+@pytest.mark.slow  # inductor codegen (a few seconds)
+def test_compiled_cpu_flex_reads_views_at_an_offset_and_computed_captures() -> None:
+    # torch (2.11 - 2.13) inductor's CPU FlexAttention template reads a q / k / v view at an offset of its buffer
+    # from the buffer's start (here v, the second slice of `packed`: a silently wrong output), and fails to lower
+    # a score_mod capturing a tensor the graph computes pointwise (`bias * 2`); flex_attention hands it copies
+    from torch.nn.attention.flex_attention import flex_attention as torch_flex
+
+    packed = _qkv(2, 1, 2, 128, 16)[0]  # [2, B, nh, N, hd]: k | v
+    q, k = _qkv(1, 2, 128, 16)[:2]
+    bias = torch.randn(2, 128, 128, generator=torch.Generator().manual_seed(7))
+
+    def call(packed: torch.Tensor, q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        term = flex.flex_buffer(bias * 2)  # [nh, N, M], computed in the graph
+        return flex.flex_attention(q * 1.0, k * 1.0, packed.unbind(0)[1],
+                                   score_mod=lambda s, b, h, qi, ki: s + term[h, qi, ki])
+
+    with torch.no_grad():
+        ref = torch_flex(q, k, packed[1], score_mod=lambda s, b, h, qi, ki: s + 2 * bias[h, qi, ki])
+        torch._dynamo.reset()
+        try:
+            out = torch.compile(call, fullgraph=True)(packed, q, k, bias)
+        finally:
+            torch._dynamo.reset()
+    assert rel_err(out, ref) <= 1e-5
+
+
+def test_flex_buffer_is_the_tensor_itself_outside_a_cpu_compile() -> None:
+    t = torch.randn(3, 4)
+    assert flex.flex_buffer(t) is t

@@ -48,7 +48,7 @@ from .attention import attention_observed
 from .runtime import ATTENTION_BACKEND, BACKENDS, FUSED_ATTENTION, capturing, check_backend
 
 __all__ = ["BACKENDS", "check_backend", "AttentionPattern", "MaskMod", "ScoreMod", "flex_attention",
-           "block_mask_for", "clear_block_mask_cache", "dense_mods", "use_flex", "AUTO_FLEX"]
+           "block_mask_for", "clear_block_mask_cache", "dense_mods", "flex_buffer", "use_flex", "AUTO_FLEX"]
 
 # mechanisms for which "auto" picks flex on CUDA: those measured faster there than their SDPA path
 # (docs/benchmarks.md). Empty until a GPU measurement says so; "flex" asks for it explicitly.
@@ -236,13 +236,39 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, *, score_mod: ScoreMod | Non
     kernel = _kernel(q.device)
     if capturing() and q.device.type == "cpu":
         # inductor's CPU FlexAttention template reads q / k / v sizes off their storage and fails on a view
-        # of the 2-D projection output (torch 2.13): hand it 4-D buffers
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        # of the 2-D projection output, and it reads a view at an offset of its buffer (v sliced off a packed
+        # q|k|v gather) from the buffer's start (torch 2.13): hand it buffers of their own
+        q, k, v = (flex_buffer(t.contiguous()) for t in (q, k, v))
     if capturing() or q.device.type == "cuda":
         return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
     with warnings.catch_warnings():  # eager off CUDA is the documented choice: no "use torch.compile" advice
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
         return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+
+@torch.library.custom_op("vit_attention::flex_buffer", mutates_args=())
+def _flex_buffer(x: Tensor) -> Tensor:
+    """A copy of ``x``, opaque to inductor: its result is a realized buffer (:func:`flex_buffer`)."""
+    return x.clone()
+
+
+@_flex_buffer.register_fake
+def _(x: Tensor) -> Tensor:
+    return torch.empty_like(x)
+
+
+def flex_buffer(t: Tensor) -> Tensor:
+    """``t`` as a tensor a mod may capture: itself, except while torch.compile captures a graph on CPU.
+
+    Inductor's CPU FlexAttention template (torch 2.11 - 2.13) reads the tensors a ``score_mod`` /
+    ``mask_mod`` captures before it realizes them: a tensor the graph computes with pointwise ops (a
+    gathered bias table, a padded term, an index table built in the graph) fails to lower ("No choices",
+    "buffers ... should be in input_buffers"). Handed through an opaque copy there, it reaches the
+    template as a realized buffer; the Triton path on CUDA realizes captured tensors itself.
+    """
+    if t.device.type == "cpu" and torch.compiler.is_compiling() and not torch.compiler.is_exporting():
+        return _flex_buffer(t)
+    return t
 
 
 def dense_mods(bias: Tensor | None, mask: Tensor | None, is_causal: bool,
@@ -252,14 +278,14 @@ def dense_mods(bias: Tensor | None, mask: Tensor | None, is_causal: bool,
     B, H, N, M = logits_shape
     score_mod = mask_mod = None
     if bias is not None:
-        full_bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)).expand(B, H, N, M)
+        full_bias = flex_buffer(bias).reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)).expand(B, H, N, M)
 
         def score_mod(score: Tensor, b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
             return score + full_bias[b, h, q, kv]
 
     if mask is not None or is_causal:
-        full_mask = None if mask is None else mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).expand(
-            B, H, N, M)
+        full_mask = None if mask is None else flex_buffer(mask).reshape(
+            (1,) * (4 - mask.dim()) + tuple(mask.shape)).expand(B, H, N, M)
 
         def mask_mod(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
             keep = (kv <= q) if is_causal else None

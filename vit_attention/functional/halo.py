@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from .attention import attention_observed, scaled_dot_product_attention
-from .flex import AttentionPattern, use_flex
+from .flex import AttentionPattern, flex_buffer, use_flex
 from .layout import PAD, AttentionLayout
 from .neighborhood import _FLEX_BLOCK, _graph_inputs, token_order
 from .window import _CPU, _cached
@@ -292,8 +292,8 @@ def halo_pattern(Hp: int, Wp: int, block_size: int, halo_size: int, block_stride
         raise ValueError(f"orders must be one of {ORDERS} (query order, key order), got {orders!r}")
     H, W = (grid or (Hp, Wp)) if pad_mask else (Hp, Wp)  # the image matters to pad_mask only
     win = b + 2 * h
-    qperm, qinv, kperm, (wy, wx, base_y, base_x, ky, kx, inside) = _flex_index(
-        int(Hp), int(Wp), b, h, s, int(H), int(W), orders, torch.device(device))
+    qperm, qinv, kperm, tables = _flex_index(int(Hp), int(Wp), b, h, s, int(H), int(W), orders, torch.device(device))
+    wy, wx, base_y, base_x, ky, kx, inside = (flex_buffer(t) for t in tables)  # captured by the mods
 
     def mask_mod(bi: Tensor, hi: Tensor, q: Tensor, kv: Tensor) -> Tensor:
         dy, dx = ky[kv] - wy[q], kx[kv] - wx[q]
@@ -302,7 +302,7 @@ def halo_pattern(Hp: int, Wp: int, block_size: int, halo_size: int, block_stride
 
     score_mod = None
     if rel_logits is not None:
-        rel_h, rel_w = rel_logits
+        rel_h, rel_w = (flex_buffer(t) for t in rel_logits)
         if rel_h.shape[-1] != 2 * win - 1 or rel_w.shape[-1] != 2 * win - 1:
             raise ValueError(f"rel_logits must be [B, nh, Nq, {2 * win - 1}] each, got {tuple(rel_h.shape)}, "
                              f"{tuple(rel_w.shape)}")

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .flex import AttentionPattern
+from .flex import AttentionPattern, flex_buffer
 from .layout import PAD, AttentionLayout, prefix_code
 from .neighborhood import MASKED
 from .window import _CPU, _cached
@@ -263,7 +263,8 @@ def longformer2d_pattern(H: int, W: int, window_size: int, num_global: int, *, o
     H, W, w, G = int(H), int(W), int(window_size), int(num_global)
     split = bool(split_globals) and G > 0
     device = torch.device(device)
-    row, col, glob, q_part, k_row, k_col, k_glob, k_part = _tables(H, W, w, G, split, _check_order(order), device)
+    tables = _tables(H, W, w, G, split, _check_order(order), device)
+    row, col, glob, q_part, k_row, k_col, k_glob, k_part = (flex_buffer(t) for t in tables)
     N = G + H * W
 
     def mask_mod(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
@@ -274,7 +275,8 @@ def longformer2d_pattern(H: int, W: int, window_size: int, num_global: int, *, o
 
     score_mod = None
     if local_table is not None:
-        table, span, size = local_table, 4 * w - 1, local_table.shape[0]
+        table, span, size = flex_buffer(local_table), 4 * w - 1, local_table.shape[0]
+        g2l, g2g = (None if t is None else flex_buffer(t) for t in (g2l, g2g))
 
         def score_mod(score: Tensor, b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
             qr, qc, kr, kc = row[q], col[q], k_row[kv], k_col[kv]

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from .attention import attention_observed, scaled_dot_product_attention
-from .flex import AttentionPattern, use_flex
+from .flex import AttentionPattern, flex_buffer, use_flex
 from .layout import PAD, AttentionLayout
 from .window import _CPU, _cached
 
@@ -406,8 +406,9 @@ def neighborhood_pattern(Hp: int, Wp: int, kernel_size: int | tuple[int, int], d
     if order not in TOKEN_ORDERS:
         raise ValueError(f"order must be one of {TOKEN_ORDERS}, got {order!r}")
     device = torch.device(device)
-    perm, inverse, (row, lo_r, res_r, grp_r, col, lo_c, res_c, grp_c) = _flex_index(
-        int(Hp), int(Wp), (int(kh), int(kw)), (int(dh), int(dw)), order, int(tile), device)
+    perm, inverse, tables = _flex_index(int(Hp), int(Wp), (int(kh), int(kw)), (int(dh), int(dw)), order, int(tile),
+                                        device)
+    row, lo_r, res_r, grp_r, col, lo_c, res_c, grp_c = (flex_buffer(t) for t in tables)  # captured by the mods
     span_r, span_c = dh * (kh - 1), dw * (kw - 1)
 
     def mask_mod(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
@@ -419,6 +420,7 @@ def neighborhood_pattern(Hp: int, Wp: int, kernel_size: int | tuple[int, int], d
     if rpb is not None:
         if tuple(rpb.shape[1:]) != (2 * kh - 1, 2 * kw - 1):
             raise ValueError(f"rpb must be [nh, {2 * kh - 1}, {2 * kw - 1}], got {tuple(rpb.shape)}")
+        rpb = flex_buffer(rpb)
 
         def score_mod(score: Tensor, b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
             # outside the window (masked) the offset may leave the table: clamped, the value is never used

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .flex import AttentionPattern
+from .flex import AttentionPattern, flex_buffer
 from .window import to_pair
 
 __all__ = ["resize_rel_pos", "rel_pos_table", "decomposed_rel_pos_bias", "decomposed_rel_pos_qk",
@@ -155,7 +155,7 @@ def decomposed_rel_pos_pattern(q: Tensor, rel_pos_h: Tensor, rel_pos_w: Tensor, 
         raise ValueError(f"decomposed_rel_pos_pattern needs q [B, nh, N, hd], got shape {tuple(q.shape)}")
     rel_h, rel_w = _rel_terms(q, rel_pos_h, rel_pos_w, q_size, k_size)
     kh, kw = rel_h.shape[-1], rel_w.shape[-1]
-    rel_h, rel_w = rel_h.flatten(2, 3), rel_w.flatten(2, 3)  # [B, nh, N, kh], [B, nh, N, kw]
+    rel_h, rel_w = flex_buffer(rel_h.flatten(2, 3)), flex_buffer(rel_w.flatten(2, 3))  # [B, nh, N, kh], [.., kw]
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, qi: Tensor, kv: Tensor) -> Tensor:
         return score + rel_h[b, h, qi, kv // kw] + rel_w[b, h, qi, kv % kw]
