@@ -61,3 +61,17 @@ def test_cli_bad_input_names_the_option(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit):
         main(["--smoke", "--batch", "0"])
     assert "--batch must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # inductor codegen for two backends
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_compile_runs_every_backend_compiled_and_checks_parity() -> None:
+    # SwinV2's shifted cosine windows: compiled flex on CPU was silently wrong before flex_attention copied q / k / v
+    torch._dynamo.reset()
+    try:
+        rows = run_case(CASES["swinv2_t_s1"], backends=["auto", "flex"], mode="infer", compile=True, **KW)
+    finally:
+        torch._dynamo.reset()
+    assert [r["mode"] for r in rows] == ["infer+compile"] * 2
+    assert all(r["error"] is None and r["ms"] > 0 for r in rows) and rows[1]["parity"] < 1e-5
+    assert "| swinv2_t_s1 | cosine_window | infer+compile | fp32 |" in format_rows(rows)

@@ -3,7 +3,8 @@ models of issue 24, interleaved: time, peak memory, parity.
 
     python -m vit_attention.bench.mechanisms [--device cuda] [--amp bf16] [--mode infer|train|both]
         [--batch 64] [--cases swin_t_s1,nat_t_s1,...] [--backends auto,flex,sdpa,explicit]
-        [--rounds 5] [--iters 10] [--warmup 3] [--smoke] [--recompile-limit 64] [--json PATH] [--markdown PATH]
+        [--rounds 5] [--iters 10] [--warmup 3] [--compile] [--smoke] [--recompile-limit 64] [--json PATH]
+        [--markdown PATH]
 
 For each case (a mechanism built by ``create_attention`` with the keywords of one stage of a model, on that
 stage's map) one module is built with seeded weights and copied per backend
@@ -15,6 +16,9 @@ backend (max relative difference of the fp32 outputs, inference). A step is one 
 ``torch.inference_mode``) or forward + backward of the output's mean square (``train``). A backend that fails
 (out of memory, no CPU backward for flex) gets its error in the row and the others go on.
 
+``--compile``: every backend's module runs under ``torch.compile(fullgraph=True)`` (inductor; the rows' mode
+reads ``infer+compile``): on CPU the figures of docs/flex.md's compiled table, e.g.
+``--compile --backends auto,flex --batch 1``.
 ``--smoke``: the same cases at a tiny map and batch (CPU, seconds), to prove the command runs.
 On CPU, FlexAttention has no backward: ``train`` rows for flex say so.
 """
@@ -110,30 +114,34 @@ def _input(case: Case, batch: int, smoke: bool) -> tuple[Tensor, dict[str, Any]]
 
 
 def run_case(case: Case, *, backends: Sequence[str], device: torch.device, amp: str | None, mode: str,
-             batch: int, rounds: int, iters: int, warmup: int, smoke: bool = False,
+             batch: int, rounds: int, iters: int, warmup: int, smoke: bool = False, compile: bool = False,
              log: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
     """One row per backend: ``{"case", "mechanism", "backend", "mode", "amp", "batch", "grid", "ms", "ratio",
-    "parity", "peak_mb", "error"}`` (``ms`` median over rounds; ``ratio`` to the first backend that ran)."""
+    "parity", "peak_mb", "error"}`` (``ms`` median over rounds; ``ratio`` to the first backend that ran).
+    ``compile``: each backend's module is called through ``torch.compile(module, fullgraph=True)``."""
     module, kwargs = _build(case, smoke)
     b = case.batch if case.batch is not None and not smoke else batch
     x, call = _input(case, b, smoke)
     x = x.to(device)
     module.to(device)
     mods: dict[str, nn.Module] = {}
+    calls: dict[str, Callable[..., Any]] = {}  # the module, or its compiled form
     errors: dict[str, str] = {}
     for be in backends:
         try:
             mods[be] = set_attention_backend(copy.deepcopy(module), be)
+            calls[be] = torch.compile(mods[be], fullgraph=True, dynamic=False) if compile else mods[be]
         except ValueError as e:
             errors[be] = f"ValueError: {e}"
 
-    def make(m: nn.Module) -> Callable[[], Any]:
+    def make(be: str) -> Callable[[], Any]:
+        m, fn = mods[be], calls[be]
         if mode == "infer":
             m.eval()
 
             def infer() -> Any:
                 with torch.inference_mode(), autocast(device, amp):
-                    return m(x, **call)
+                    return fn(x, **call)
             return infer
         m.train()
         xg = x.detach().clone().requires_grad_(True)
@@ -142,14 +150,14 @@ def run_case(case: Case, *, backends: Sequence[str], device: torch.device, amp: 
             m.zero_grad(set_to_none=True)
             xg.grad = None
             with autocast(device, amp):
-                out = m(xg, **call)
+                out = fn(xg, **call)
             out.float().square().mean().backward()
             return out
         return train
 
     steps: dict[str, Callable[[], Any]] = {}
-    for be, m in mods.items():
-        st = make(m)
+    for be in mods:
+        st = make(be)
         try:
             for _ in range(max(warmup, 1)):  # compiles flex's kernel on CUDA
                 st()
@@ -163,10 +171,12 @@ def run_case(case: Case, *, backends: Sequence[str], device: torch.device, amp: 
     first = next(iter(steps), None)
     if first is not None:
         with torch.inference_mode():
-            ref = mods[first].eval()(x, **call).float()
+            mods[first].eval()
+            ref = calls[first](x, **call).float()
             for be in steps:
                 if be != first:
-                    out = mods[be].eval()(x, **call).float()
+                    mods[be].eval()
+                    out = calls[be](x, **call).float()
                     parity[be] = float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
         if mode == "train":
             for be in steps:
@@ -200,7 +210,8 @@ def run_case(case: Case, *, backends: Sequence[str], device: torch.device, amp: 
     H, W = case.smoke_grid if smoke else case.grid
     rows = []
     for be in backends:
-        row: dict[str, Any] = dict(case=case.model, mechanism=case.name, backend=be, mode=mode, amp=amp or "fp32",
+        row: dict[str, Any] = dict(case=case.model, mechanism=case.name, backend=be,
+                                   mode=f"{mode}+compile" if compile else mode, amp=amp or "fp32",
                                    batch=b, grid=[H, W], dim=x.shape[-1], heads=case.heads, kwargs=kwargs,
                                    ms=None, ratio=None, parity=parity.get(be), peak_mb=peak.get(be),
                                    error=errors.get(be))
@@ -218,7 +229,7 @@ def run_case(case: Case, *, backends: Sequence[str], device: torch.device, amp: 
 
 def run(cases: Sequence[str], *, backends: Sequence[str], device: str = "cpu", amp: str | None = None,
         modes: Sequence[str] = ("infer",), batch: int = 64, rounds: int = 5, iters: int = 10, warmup: int = 3,
-        smoke: bool = False, log: Callable[[str], None] = lambda s: None,
+        smoke: bool = False, compile: bool = False, log: Callable[[str], None] = lambda s: None,
         progress: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """:func:`run_case` over ``cases`` (names of :data:`CASES`) and ``modes``; a case that fails as a whole
     gives one row with its error."""
@@ -231,7 +242,8 @@ def run(cases: Sequence[str], *, backends: Sequence[str], device: str = "cpu", a
         for mode in modes:
             try:
                 rows += run_case(CASES[name], backends=backends, device=dev, amp=amp, mode=mode, batch=batch,
-                                 rounds=rounds, iters=iters, warmup=warmup, smoke=smoke, log=log)
+                                 rounds=rounds, iters=iters, warmup=warmup, smoke=smoke, compile=compile,
+                                 log=log)
             except Exception as e:
                 rows.append(dict(case=name, mechanism=CASES[name].name, backend=None, mode=mode, amp=amp or "fp32",
                                  ms=None, error=f"{type(e).__name__}: {str(e).strip()[:300]}"))
@@ -296,6 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=10, help="calls per backend per round")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls per backend (at least 1: flex compiles)")
+    ap.add_argument("--compile", action="store_true",
+                    help="call every backend's module through torch.compile(fullgraph=True) (inductor)")
     ap.add_argument("--smoke", action="store_true", help="tiny maps and batch: proves the command runs (CPU)")
     ap.add_argument("--recompile-limit", type=int, default=64,
                     help="torch._dynamo's recompile limit (flex's CUDA kernel compiles per shape; default 64)")
@@ -325,15 +339,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with recompile_limit(args.recompile_limit):
             rows = run(cases, backends=backends, device=args.device, amp=args.amp, modes=modes, batch=args.batch,
-                       rounds=args.rounds, iters=args.iters, warmup=args.warmup, smoke=args.smoke, log=log,
-                       progress=save)
+                       rounds=args.rounds, iters=args.iters, warmup=args.warmup, smoke=args.smoke,
+                       compile=args.compile, log=log, progress=save)
     except ValueError as e:
         ap.error(str(e))
     save(rows)
     table = format_rows(rows)
     head = (f"torch {torch.__version__}, device {args.device}"
             f"{' ' + torch.cuda.get_device_name() if args.device.startswith('cuda') else ''}, "
-            f"{args.amp or 'fp32'}, median of {args.rounds} rounds x {args.iters} calls (ABBA); 'B vs A' = "
+            f"{args.amp or 'fp32'}{', torch.compile' if args.compile else ''}, "
+            f"median of {args.rounds} rounds x {args.iters} calls (ABBA); 'B vs A' = "
             "A's time / B's per round, median (> 1: B faster); parity: max relative difference to the first backend")
     print(head + "\n\n" + table)
     if args.markdown:
