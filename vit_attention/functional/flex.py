@@ -237,7 +237,7 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, *, score_mod: ScoreMod | Non
     if capturing() and q.device.type == "cpu":
         # inductor's CPU FlexAttention template reads q / k / v sizes off their storage and fails on a view
         # of the 2-D projection output, and it reads a view at an offset of its buffer (v sliced off a packed
-        # q|k|v gather) from the buffer's start (torch 2.13): hand it buffers of their own
+        # q|k|v gather) from the buffer's start, a wrong output (torch 2.11 - 2.13): hand it buffers of their own
         q, k, v = (flex_buffer(t.contiguous()) for t in (q, k, v))
     if capturing() or q.device.type == "cuda":
         return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
@@ -258,13 +258,16 @@ def _(x: Tensor) -> Tensor:
 
 
 def flex_buffer(t: Tensor) -> Tensor:
-    """``t`` as a tensor a mod may capture: itself, except while torch.compile captures a graph on CPU.
+    """``t`` (any shape) as a tensor a mod may capture or the kernel may read: ``t`` itself, except while
+    torch.compile captures a graph on CPU, where it is a copy (same shape, its own buffer).
 
     Inductor's CPU FlexAttention template (torch 2.11 - 2.13) reads the tensors a ``score_mod`` /
     ``mask_mod`` captures before it realizes them: a tensor the graph computes with pointwise ops (a
     gathered bias table, a padded term, an index table built in the graph) fails to lower ("No choices",
-    "buffers ... should be in input_buffers"). Handed through an opaque copy there, it reaches the
-    template as a realized buffer; the Triton path on CUDA realizes captured tensors itself.
+    "buffers ... should be in input_buffers"). Handed through an opaque copy (a custom op) it reaches the
+    template as a realized buffer. :func:`flex_attention` passes q / k / v through it too there. Not applied
+    under ``torch.export`` (an exported program keeps only torch's ops) nor on CUDA, whose Triton template
+    is another lowering.
     """
     if t.device.type == "cpu" and torch.compiler.is_compiling() and not torch.compiler.is_exporting():
         return _flex_buffer(t)

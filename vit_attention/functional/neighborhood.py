@@ -166,8 +166,10 @@ def neighborhood_plan(H: int, W: int, kernel_size: int | tuple[int, int], dilati
 def _graph_inputs(builder: Callable[..., Any], maxsize: int = 64) -> Callable[..., Any]:
     """``builder`` (pure in its hashable arguments, returning index tensors) with its results kept in a store
     that traced code reads by name: under ``torch.compile`` the build runs eagerly at trace time and the
-    tensors enter the graph as inputs (constants or in-graph builds leave FlexAttention's CPU kernel template
-    without a buffer to read: it fails to lower). A FIFO of ``maxsize`` results."""
+    tensors enter the graph as inputs. Traced into the graph, the builders would break it (``nonzero``); as
+    ``assume_constant_result`` constants (:func:`.window._cached`'s ``constant_under_compile``) their tuples
+    with None entries trip a dynamo guard bug (torch 2.13: "Guard failed on the same frame it was created ...
+    name 'constant_0' is not defined"). A FIFO of ``maxsize`` results."""
     store: dict[tuple[Any, ...], Any] = {}
     # one attribute per key, read by name: dynamo reads an attribute when traced code first asks for it, while a
     # dict read in traced code would be the snapshot taken at the frame's first lookup (a later key: KeyError)
