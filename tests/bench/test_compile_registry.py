@@ -153,3 +153,40 @@ def test_igpt_cached_sampling_step_one_graph() -> None:
     for layer in range(len(model.blocks)):
         for a, b in zip(traced_cache.get(layer), eager_cache.get(layer)):
             _close(a, b)
+
+
+# families that take any map size and build index plans as graph constants: a second and a third input size make
+# torch.compile (default settings) recompile with dynamic sizes, which those builders specialise (the other
+# families were checked by hand: Swin, HaloNet, DaViT, PVTv2, CvT, ViT with dynamic_img_size had no break)
+ANY_SIZE = ("nat", "vil")
+
+
+@pytest.mark.slow  # dynamo traces each model three times, with symbolic sizes (about 20 s each)
+@pytest.mark.parametrize("family", ANY_SIZE)
+def test_new_input_sizes_compile_without_graph_breaks(family: str) -> None:
+    """``torch.compile(model)`` at three input sizes: at most one new graph per size (none broken), the eager
+    outputs. NAT and ViL broke into 2-8 graphs per new size before: dynamo made the map size symbolic, and their
+    index builders (``assume_constant_result``) refuse symbolic arguments
+    (:func:`~vit_attention.functional.window.static_args` now specialises them: one graph per size)."""
+    from model_outputs import first_preset_per_family
+
+    name = first_preset_per_family()[family]
+    model, x = build(name, small_overrides(name))
+    model.eval()
+    graphs: list[torch.fx.GraphModule] = []
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    s = x.shape[-1]
+    sizes = [(s, s), (s + 16, s + 32), (s + 32, s + 16)]
+    compiled = torch.compile(model, backend=keep)
+    try:
+        with torch.no_grad():
+            for i, size in enumerate(sizes, 1):
+                xi = nn.functional.interpolate(x[:1], size=size)
+                _close(compiled(xi), model(xi))
+                assert len(graphs) <= i, f"a graph break at input size {size}: {len(graphs)} graphs for {i} sizes"
+    finally:
+        torch._dynamo.reset()

@@ -42,7 +42,7 @@ from torch import Tensor
 from .attention import attention_observed, scaled_dot_product_attention
 from .flex import AttentionPattern, flex_buffer, use_flex
 from .layout import PAD, AttentionLayout
-from .window import _CPU, _cached
+from .window import _CPU, _cached, static_args
 
 __all__ = ["window_start", "neighborhood_plan", "NeighborhoodPlan", "default_tile_size", "neighborhood_attention",
            "neighborhood_bias", "neighborhood_layout", "MASKED", "token_order", "neighborhood_pattern",
@@ -189,7 +189,7 @@ def _graph_inputs(builder: Callable[..., Any], maxsize: int = 64) -> Callable[..
 
     @functools.wraps(builder)
     def lookup(*key: Any) -> Any:
-        return getattr(slots, ensure(*key))
+        return getattr(slots, ensure(*static_args(key)))
 
     return lookup
 

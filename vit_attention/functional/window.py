@@ -99,15 +99,30 @@ def _cached(maxsize: int, *, constant_under_compile: bool = False) -> Callable[[
         if not constant_under_compile:
             return wrapper  # type: ignore[return-value]
 
-        @functools.wraps(fn)
+        @torch.compiler.assume_constant_result
         def constant(*args: Any) -> Any:
             return wrapper(*args)
 
-        constant.cache_clear = wrapper.cache_clear  # type: ignore[attr-defined]
-        constant.cache_info = wrapper.cache_info  # type: ignore[attr-defined]
-        return torch.compiler.assume_constant_result(constant)  # type: ignore[return-value]
+        @functools.wraps(fn)
+        def call(*args: Any) -> Any:
+            return constant(*static_args(args))
+
+        call.cache_clear = wrapper.cache_clear  # type: ignore[attr-defined]
+        call.cache_info = wrapper.cache_info  # type: ignore[attr-defined]
+        return call  # type: ignore[return-value]
 
     return deco
+
+
+def static_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` with every ``torch.SymInt`` (a size torch.compile made dynamic, e.g. after a second input
+    resolution) made a Python int, also inside tuples: a builder whose result is a graph constant
+    (``assume_constant_result``) needs constant arguments, and a symbolic one breaks the graph. Specialising
+    adds a guard, so each map size gets its own graph, as a static compile has (dynamo specialises on
+    ``operator.index``; ``int()`` would keep the size symbolic)."""
+    # (a traced SymInt answers isinstance(a, int); operator.index is the identity on a Python int)
+    return tuple(operator.index(a) if isinstance(a, (int, torch.SymInt)) and not isinstance(a, bool)
+                 else static_args(a) if isinstance(a, tuple) else a for a in args)
 
 
 def _check_map(x: Tensor, what: str) -> None:
