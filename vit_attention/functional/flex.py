@@ -238,7 +238,7 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, *, score_mod: ScoreMod | Non
         # inductor's CPU FlexAttention template reads q / k / v sizes off their storage and fails on a view
         # of the 2-D projection output, and it reads a view at an offset of its buffer (v sliced off a packed
         # q|k|v gather) from the buffer's start, a wrong output (torch 2.11 - 2.13): hand it buffers of their own
-        q, k, v = (flex_buffer(t.contiguous()) for t in (q, k, v))
+        q, k, v = (flex_buffer(t).contiguous() for t in (q, k, v))  # one copy (a no-op contiguous) under compile
     if capturing() or q.device.type == "cuda":
         return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
     with warnings.catch_warnings():  # eager off CUDA is the documented choice: no "use torch.compile" advice
@@ -248,18 +248,18 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, *, score_mod: ScoreMod | Non
 
 @torch.library.custom_op("vit_attention::flex_buffer", mutates_args=())
 def _flex_buffer(x: Tensor) -> Tensor:
-    """A copy of ``x``, opaque to inductor: its result is a realized buffer (:func:`flex_buffer`)."""
-    return x.clone()
+    """A contiguous copy of ``x``, opaque to inductor: its result is a realized buffer (:func:`flex_buffer`)."""
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 @_flex_buffer.register_fake
 def _(x: Tensor) -> Tensor:
-    return torch.empty_like(x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def flex_buffer(t: Tensor) -> Tensor:
     """``t`` (any shape) as a tensor a mod may capture or the kernel may read: ``t`` itself, except while
-    torch.compile captures a graph on CPU, where it is a copy (same shape, its own buffer).
+    torch.compile captures a graph on CPU, where it is a contiguous copy (same shape, its own buffer).
 
     Inductor's CPU FlexAttention template (torch 2.11 - 2.13) reads the tensors a ``score_mod`` /
     ``mask_mod`` captures before it realizes them: a tensor the graph computes with pointwise ops (a
