@@ -39,7 +39,7 @@ import math
 import warnings
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch import Tensor
@@ -257,9 +257,16 @@ def _(x: Tensor) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def flex_buffer(t: Tensor) -> Tensor:
-    """``t`` (any shape) as a tensor a mod may capture or the kernel may read: ``t`` itself, except while
-    torch.compile captures a graph on CPU, where it is a contiguous copy (same shape, its own buffer).
+@overload
+def flex_buffer(t: Tensor) -> Tensor: ...
+@overload
+def flex_buffer(t: None) -> None: ...
+
+
+def flex_buffer(t: Tensor | None) -> Tensor | None:
+    """``t`` (any shape; None passes through) as a tensor a mod may capture or the kernel may read: ``t``
+    itself, except while torch.compile captures a graph on CPU, where it is a contiguous copy (same shape,
+    its own buffer).
 
     Inductor's CPU FlexAttention template (torch 2.11 - 2.13) reads the tensors a ``score_mod`` /
     ``mask_mod`` captures before it realizes them: a tensor the graph computes with pointwise ops (a
@@ -269,7 +276,8 @@ def flex_buffer(t: Tensor) -> Tensor:
     under ``torch.export`` (an exported program keeps only torch's ops) nor on CUDA, whose Triton template
     is another lowering.
     """
-    if t.device.type == "cpu" and torch.compiler.is_compiling() and not torch.compiler.is_exporting():
+    if (t is not None and t.device.type == "cpu" and torch.compiler.is_compiling()
+            and not torch.compiler.is_exporting()):
         return _flex_buffer(t)
     return t
 

@@ -276,7 +276,7 @@ def longformer2d_pattern(H: int, W: int, window_size: int, num_global: int, *, o
     score_mod = None
     if local_table is not None:
         table, span, size = flex_buffer(local_table), 4 * w - 1, local_table.shape[0]
-        g2l, g2g = (None if t is None else flex_buffer(t) for t in (g2l, g2g))
+        g2l, g2g = flex_buffer(g2l), flex_buffer(g2g)
 
         def score_mod(score: Tensor, b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
             qr, qc, kr, kc = row[q], col[q], k_row[kv], k_col[kv]

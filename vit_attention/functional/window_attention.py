@@ -123,7 +123,7 @@ def window_pattern(feat_size: tuple[int, int], window_size: int | Sequence[int],
     masked = mask_padding and (H % wh != 0 or W % ww != 0)  # padded keys exist only on a padded map
     region, valid = window_sequence_tables(H, W, (wh, ww), shift, pad_first=pad_first, stride=S,
                                            mask_padding=masked, device=device)  # [L], [L]
-    region, valid = (None if t is None else flex_buffer(t) for t in (region, valid))  # captured by the mods
+    region, valid = flex_buffer(region), flex_buffer(valid)  # captured by the mods
     L = region.numel()
     if masked or S != N:
         key: tuple[Any, ...] = ("window", N, S) + (("valid", H, W, wh, ww, shift, pad_first) if masked else ())
@@ -143,7 +143,7 @@ def window_pattern(feat_size: tuple[int, int], window_size: int | Sequence[int],
         pos = None if pos is None else F.pad(pos, (0, S - N, 0, S - N))  # [nh, S, S]
         qb = None if qb is None else F.pad(qb, (0, S - N))  # [B, nh, L, S]
     shifted = shift != (0, 0)
-    pos, qb = (None if t is None else flex_buffer(t) for t in (pos, qb))  # captured by score_mod
+    pos, qb = flex_buffer(pos), flex_buffer(qb)  # captured by score_mod
     score_mod = None
     if pos is not None or shifted or qb is not None:
         def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
