@@ -28,7 +28,7 @@ def flex_backward_on_cpu() -> Iterator[None]:
     import torch.nn.attention.flex_attention as fa
 
     with mock.patch.object(fa, "_validate_device", lambda *a: None), \
-            mock.patch.object(flex, "_refuse_cpu_backward", lambda *a: None):
+            mock.patch.object(flex, "_cpu_backward_refused", lambda *a: False):
         yield
 
 

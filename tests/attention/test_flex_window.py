@@ -173,7 +173,7 @@ def test_block_masks_are_reused_and_shared_by_shifted_and_plain_blocks() -> None
         assert len(flex._BLOCK_MASKS) == 2  # masked padding: its own key (the map geometry)
 
 
-def test_flex_forward_without_grad_and_cpu_training_refused() -> None:
+def test_flex_forward_in_any_grad_mode_and_cpu_training_refused() -> None:
     module = create_attention("window", 8, 2, window_size=4, shift_size=2, backend="flex")
     x = torch.randn(1, 7, 10, 8)
     with torch.no_grad():
@@ -182,8 +182,10 @@ def test_flex_forward_without_grad_and_cpu_training_refused() -> None:
     with torch.no_grad():
         torch.testing.assert_close(out, module(x))
     set_attention_backend(module, "flex")
+    y = module(x)  # grad mode: the forward runs, the backward raises
+    torch.testing.assert_close(y.detach(), out)
     with pytest.raises(NotImplementedError, match="no backward on CPU"):
-        module(x)
+        y.sum().backward()
 
 
 @pytest.mark.parametrize(("name", "hw"), [("window", (8, 8)), ("window", ODD), ("rel_pos", ODD), ("lsa", (8, 8))])

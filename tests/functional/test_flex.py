@@ -100,8 +100,13 @@ def test_block_masks_are_cached_per_key_and_device() -> None:
 
 def test_flex_refuses_cpu_backward_and_dropout_clearly() -> None:
     q, k, v = _qkv(1, 2, 5, 4, grad=True)
+    out = sdpa(q, k, v, backend="flex")  # the forward runs in grad mode (inference without no_grad works) ...
+    with torch.no_grad():
+        torch.testing.assert_close(out, sdpa(q, k, v, backend="explicit"))
+    assert out.requires_grad
     with pytest.raises(NotImplementedError, match="'flex' has no backward on CPU"):
-        sdpa(q, k, v, backend="flex")
+        out.sum().backward()  # ... and training fails at its backward, naming the backend
+    assert q.grad is None and k.grad is None and v.grad is None
     with torch.no_grad(), pytest.raises(ValueError, match="dropout_p=0.1.*'flex'"):
         sdpa(q, k, v, backend="flex", dropout_p=0.1)
     with torch.no_grad():

@@ -212,23 +212,43 @@ def _raise_recompile_limit(n: int) -> None:
         setattr(config, name, n)
 
 
-def _refuse_cpu_backward(q: Tensor, k: Tensor, v: Tensor) -> None:
-    """A CPU call that records gradients raises (torch's FlexAttention has no CPU backward), naming the backend."""
-    if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                                                or v.requires_grad):
-        raise NotImplementedError(
-            "attention backend 'flex' has no backward on CPU (torch's FlexAttention runs forward only there): "
-            "train on CPU with backend 'auto', 'sdpa' or 'explicit', or run the flex model under torch.no_grad()")
+_CPU_BACKWARD = ("attention backend 'flex' has no backward on CPU (torch's FlexAttention runs forward only there): "
+                 "train on CPU with backend 'auto', 'sdpa' or 'explicit'")
+
+
+def _cpu_backward_refused(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """True for a CPU call that records gradients (torch's FlexAttention has no CPU backward)."""
+    return q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                                   or v.requires_grad)
+
+
+class _ForwardOnlyOnCPU(torch.autograd.Function):
+    """A CPU flex call in grad mode: the forward runs (its inputs detached: ``forward`` runs without grad), so
+    a model used for inference without ``torch.no_grad()`` works as on any other backend; the backward raises
+    a ``NotImplementedError`` naming the backend, at ``loss.backward()`` rather than at the forward."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod | None, block_mask: Any,
+                scale: float | None) -> Tensor:
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> Any:
+        raise NotImplementedError(_CPU_BACKWARD)
 
 
 def flex_attention(q: Tensor, k: Tensor, v: Tensor, *, score_mod: ScoreMod | None = None,
                    block_mask: Any = None, scale: float | None = None) -> Tensor:
     """FlexAttention on ``q [B, nh, N, hd]``, ``k [B, nh, M, hd]``, ``v [B, nh, M, hdv]`` -> ``[B, nh, N, hdv]``.
 
-    Compiled on CUDA; on CPU eager for inference only: a CPU call that records gradients raises a
-    ``NotImplementedError`` naming the backend (torch's FlexAttention has no CPU backward).
+    Compiled on CUDA; on CPU eager, forward only: a CPU call that records gradients runs its forward, and
+    its backward raises a ``NotImplementedError`` naming the backend (torch's FlexAttention has no CPU
+    backward; under torch.compile the capture raises it, since the compiled graph would need that backward).
     """
-    _refuse_cpu_backward(q, k, v)
+    if _cpu_backward_refused(q, k, v):
+        if capturing():
+            raise NotImplementedError(_CPU_BACKWARD)
+        return _ForwardOnlyOnCPU.apply(q, k, v, score_mod, block_mask, scale)
     if not torch.is_grad_enabled():  # torch's front end refuses inputs that require grad on CPU even here
         q, k, v = q.detach(), k.detach(), v.detach()
     if scale is None:
