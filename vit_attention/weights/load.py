@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ from ..models.features import FeaturesMixin
 from .io import TRAIN_STATE_FORMAT, read_checkpoint, unwrap_state_dict
 from .layouts import adapters_for, converters_for, model_family
 
-__all__ = ["LoadReport", "CheckpointMismatchError", "load_weights", "convert_state_dict"]
+__all__ = ["LoadReport", "CheckpointMismatchError", "load_weights", "convert_state_dict", "adapt_input_channels"]
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -82,6 +83,46 @@ def convert_state_dict(state: Mapping[str, Tensor], model: nn.Module, *, format:
         report.layout = format
     for adapt in adapters_for(family) if family else []:
         state = adapt(state, model, report)
+    return adapt_input_channels(state, model, report)
+
+
+def _input_conv(model: nn.Module) -> tuple[str, nn.Conv2d] | None:
+    """The convolution that reads the image: the model's first ``Conv2d`` (registration order, as every family
+    registers its stem / patch embedding first) when its input channels are the model's ``in_chans``."""
+    in_chans = getattr(getattr(model, "cfg", None), "in_chans", None)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Conv2d):
+            return (name, module) if module.in_channels == in_chans and module.groups == 1 else None
+    return None
+
+
+def adapt_input_channels(state: dict[str, Tensor], model: nn.Module, report: LoadReport | None = None
+                         ) -> dict[str, Tensor]:
+    """A checkpoint's input-convolution weight ``[C, 3, kh, kw]`` fitted to a model of other ``in_chans``
+    -> ``[C, in_chans, kh, kw]``; every other entry unchanged.
+
+    One channel: the RGB kernels summed (a grey image ``g`` then gives what ``(g, g, g)`` gave). ``n`` channels:
+    the RGB kernels repeated cyclically and scaled by ``3 / n`` (the response to a constant image is kept).
+    Only the model's image-reading convolution is touched, and only when the checkpoint has 3 input channels
+    there; anything else is left for the strict shape check to report. The change is noted in ``report``.
+    """
+    found = _input_conv(model)
+    if found is None:
+        return state
+    key = f"{found[0]}.weight" if found[0] else "weight"
+    weight, want = state.get(key), found[1].in_channels
+    if weight is None or weight.dim() != 4 or weight.shape[1] == want or weight.shape[1] != 3:
+        return state
+    w = weight.float()
+    if want == 1:
+        w = w.sum(dim=1, keepdim=True)
+    else:
+        w = w.repeat(1, math.ceil(want / 3), 1, 1)[:, :want] * (3.0 / want)
+    state = dict(state)
+    state[key] = w.to(weight.dtype)
+    if report is not None:
+        how = "the RGB kernels summed" if want == 1 else f"the RGB kernels repeated, scaled by 3/{want}"
+        report.notes.append(f"input convolution {key} adapted from 3 to {want} channels ({how})")
     return state
 
 
