@@ -34,7 +34,7 @@ def _pair(kind: type) -> Any:
 # Where each TrainConfig field comes from on the command line (field -> option dest).
 _FIELD_DEST = {
     "model": "model", "model_kwargs": "model_arg", "data": "data", "img_size": "img_size", "in_chans": "in_chans",
-    "naflex": "naflex", "max_seq_len": "max_seq_len",
+    "naflex": "naflex", "max_seq_len": "max_seq_len", "pretrained": "pretrained",
     "val_fraction": "val_fraction", "epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "min_lr": "min_lr",
     "warmup_epochs": "warmup_epochs", "weight_decay": "weight_decay", "clip_grad": "clip_grad",
     "accum_steps": "accum_steps", "label_smoothing": "label_smoothing", "mixup": "mixup", "cutmix": "cutmix",
@@ -88,7 +88,8 @@ def _config_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, key, None):
             kwargs[key] = getattr(args, key)
     return dict(
-        model=args.model, model_kwargs=kwargs, data=args.data, img_size=args.img_size, in_chans=args.in_chans,
+        model=args.model, model_kwargs=kwargs, pretrained=args.pretrained, data=args.data, img_size=args.img_size,
+        in_chans=args.in_chans,
         naflex=args.naflex, max_seq_len=args.max_seq_len,
         val_fraction=args.val_fraction, output=args.output, epochs=args.epochs, batch_size=args.batch_size,
         lr=args.lr, min_lr=args.min_lr, warmup_epochs=args.warmup_epochs, weight_decay=args.weight_decay,
@@ -164,6 +165,13 @@ def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
     g.add_argument("--model-arg", type=model_arg, action="append", metavar="KEY=VALUE",
                    help="model config override, repeatable, JSON values: --model-arg depth=2 (default: the preset's); "
                         "also attn_backend=auto|sdpa|explicit|flex, how attention runs")
+    g.add_argument("--pretrained", nargs="?", const=True, default=False, metavar="SOURCE",
+                   help="fine-tune from pretrained weights: alone, the preset's published ones (Hugging Face cache); "
+                        "or a checkpoint file, a model folder or hf-hub:ORG/REPO (e.g. "
+                        "hf-hub:timm/vit_base_patch16_224.augreg_in21k). The classifier is re-made for the data's "
+                        "classes, the input convolution fitted to --in-chans, position tables resampled to "
+                        "--img-size; image folders are normalised with the weights' mean / std (default: random "
+                        "initialisation)")
     g.add_argument("--data", default=None,
                    help="image folder (ROOT/<class>/*.png or ROOT/{train,val}/<class>/...) (default: the embedded "
                         "digits)")

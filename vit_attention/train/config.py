@@ -24,6 +24,10 @@ class TrainConfig:
 
     model: str = presets.DEFAULT_MODEL
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # config overrides, e.g. {"attn_layer": "window"}
+    # start from these weights (create_model's pretrained=): True = the preset's published default, or a file,
+    # model folder or "hf-hub:ORG/REPO"; the head is re-made for the data's classes, the input conv fitted to
+    # in_chans, position tables resampled to img_size; image folders then use the weights' mean / std
+    pretrained: bool | str = False
     data: str | None = None  # None / "digits": the embedded set; else an image folder
     img_size: int | None = None  # None: 8 for digits, the model's for folders
     in_chans: int = 3  # image folders: 1 (grayscale) or 3 (RGB)

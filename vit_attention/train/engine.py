@@ -113,11 +113,22 @@ def _model_overrides(cfg: TrainConfig, data: DataBundle) -> dict[str, Any]:
     return kw
 
 
-def build_model_for_data(cfg: TrainConfig, data: DataBundle) -> nn.Module:
-    """The model ``cfg.model`` sized for ``data`` (classes, channels, image size); clear error if unknown."""
+def build_model_for_data(cfg: TrainConfig, data: DataBundle, *, pretrained: bool = True) -> nn.Module:
+    """The model ``cfg.model`` sized for ``data`` (classes, channels, image size), with ``cfg.pretrained``'s
+    weights unless ``pretrained=False`` (a resumed run: its checkpoint holds them); clear error if unknown."""
     get_model_entry(cfg.model)  # unknown names raise KeyError with suggestions
     return create_model(cfg.model, num_classes=data.num_classes, img_size=data.img_size,
+                        pretrained=cfg.pretrained if pretrained and cfg.pretrained else None,
                         **_model_overrides(cfg, data))
+
+
+def _pretrained_normalisation(cfg: TrainConfig, data: DataBundle, model: nn.Module) -> DataBundle:
+    """``data`` normalised as the pretrained weights were trained (their data config's mean / std), for an RGB
+    image folder fine-tuned from weights; ``data`` unchanged otherwise (the digits keep their own statistics)."""
+    pcfg = getattr(model, "pretrained_cfg", None) or {}
+    if not cfg.pretrained or data.name == "digits" or data.in_chans != 3 or "mean" not in pcfg:
+        return data
+    return DataBundle(**{**data.__dict__, "mean": tuple(pcfg["mean"]), "std": tuple(pcfg["std"])})
 
 
 def _make_transform(cfg: TrainConfig, data: DataBundle) -> BatchTransform:
@@ -319,7 +330,8 @@ def _setup(cfg: TrainConfig, info: DistInfo, data: DataBundle, tqdm: Any,
 
     Returns the run and where its training starts (epoch 0, or the checkpoint's position, RNG restored).
     """
-    model = build_model_for_data(cfg, data)
+    model = build_model_for_data(cfg, data, pretrained=not cfg.resume)
+    data = _pretrained_normalisation(cfg, data, model)
     generative = is_generative(model)
     if generative:  # trained on its own pixels (train/generative.py): images in [-1, 1], no labels, no teacher
         for name, bad in (("teacher", cfg.teacher), ("mixup", cfg.mixup), ("cutmix", cfg.cutmix)):
@@ -331,6 +343,8 @@ def _setup(cfg: TrainConfig, info: DistInfo, data: DataBundle, tqdm: Any,
     model_cfg = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else {}
     out = Path(cfg.output) if cfg.output else Path("runs") / f"{cfg.model}-<time>"  # created by _open_run_folder
     ckpt = _load_checkpoint(cfg, info, model, model_cfg, out)
+    if ckpt is not None and not generative and "mean" in ckpt.state:  # a resumed run normalises as it began
+        data = DataBundle(**{**data.__dict__, "mean": tuple(ckpt.state["mean"]), "std": tuple(ckpt.state["std"])})
     teacher = None
     if cfg.teacher:
         teacher = build_teacher(cfg.teacher, num_classes=data.num_classes, img_size=data.img_size,
@@ -396,7 +410,9 @@ def _open_run_folder(run: _Run) -> None:
         raise ValueError(problem)
     run.out = Path(shared)
     run.progress.out, run.progress.step = run.out, run.step
-    _say(info, f"model {cfg.model}: {run.n_params:,} parameters; data {data.name}: {len(data.train)} train / "
+    weights = "" if not cfg.pretrained else (
+        f" from {cfg.pretrained}" if isinstance(cfg.pretrained, str) else " from the preset's published weights")
+    _say(info, f"model {cfg.model}{weights}: {run.n_params:,} parameters; data {data.name}: {len(data.train)} train / "
                f"{len(data.test)} test images, {data.num_classes} classes; {info.world_size} process(es) on "
                f"{info.device.type}; output {run.out}")
     run.config_text = json.dumps({"train": cfg.to_dict(), "model_name": run.model.registry_name,

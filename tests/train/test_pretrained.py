@@ -1,0 +1,80 @@
+"""``train --pretrained``: fine-tuning starts from the weights (a file here; the hub path is create_model's, tested
+in tests/weights), re-makes the head, fits the input channels, normalises with the weights' statistics, and a
+resumed run never reloads them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vit_attention as va
+from vit_attention.cli import main
+
+from ._utils import TINY, TINY_KWARGS
+
+QUICK = [*TINY, "--epochs", "1", "--batch-size", "128", "--no-progress", "--no-plot"]
+# a SigLIP tower (mean / std 0.5: not the image folders' ImageNet default), reduced
+SIGLIP = "vit_base_patch16_siglip_224"
+SIGLIP_ARGS = {"depth": 1, "embed_dim": 32, "num_heads": 2}
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "model.safetensors"))
+
+
+def test_fine_tuning_starts_from_the_weights(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["train", *QUICK, "--output", str(tmp_path / "a")]) == 0
+    start = tmp_path / "a" / "model.safetensors"
+    # a learning rate too small to move anything: the fine-tuned run ends where its weights began
+    still = ["--lr", "1e-12", "--min-lr", "1e-12"]
+    assert main(["train", *QUICK, *still, "--pretrained", str(start), "--output", str(tmp_path / "b")]) == 0
+    assert main(["train", *QUICK, *still, "--output", str(tmp_path / "scratch")]) == 0
+    a, b, scratch = _weights(tmp_path / "a"), _weights(tmp_path / "b"), _weights(tmp_path / "scratch")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
+    assert any(not torch.allclose(scratch[k], a[k]) for k in a)  # without --pretrained: a fresh model
+    accs = [json.loads((tmp_path / r / "metrics.json").read_text())[-1]["test_acc"] for r in ("a", "b")]
+    assert accs[0] == accs[1]
+    saved = json.loads((tmp_path / "b" / "config.json").read_text())["train"]
+    assert saved["pretrained"] == str(start)
+
+
+def test_pretrained_rgb_weights_on_a_grey_folder_and_an_rgb_one(tmp_path: Path, image_folder: Path) -> None:
+    tower = va.create_model(SIGLIP, num_classes=1000, **SIGLIP_ARGS)
+    va.save_weights(tower, tmp_path / "tower.safetensors")
+    args = ["--model", SIGLIP, *[a for k, v in SIGLIP_ARGS.items() for a in ("--model-arg", f"{k}={v}")],
+            "--img-size", "32", "--data", str(image_folder), "--epochs", "1", "--batch-size", "8",
+            "--lr", "1e-12", "--min-lr", "1e-12", "--no-progress", "--no-plot",
+            "--pretrained", str(tmp_path / "tower.safetensors")]
+    own = tower.state_dict()
+    for chans in ("3", "1"):
+        out = tmp_path / f"run{chans}"
+        assert main(["train", *args, "--in-chans", chans, "--output", str(out)]) == 0
+        got = _weights(out)
+        assert got["head.weight"].shape == (3, 32)  # the folder's three classes: a new head
+        torch.testing.assert_close(got["blocks.0.mlp.fc1.weight"], own["blocks.0.mlp.fc1.weight"], rtol=0, atol=1e-6)
+        conv = own["patch_embed.proj.weight"]
+        torch.testing.assert_close(got["patch_embed.proj.weight"], conv if chans == "3" else conv.sum(1, keepdim=True),
+                                   rtol=0, atol=1e-5)
+        config = json.loads((out / "config.json").read_text())
+        # RGB: normalised as the tower was trained (SigLIP: 0.5), not with the folders' ImageNet default
+        want = [0.5, 0.5, 0.5] if chans == "3" else [0.5]
+        assert config["mean"] == want and config["std"] == want
+
+
+def test_resumed_fine_tuning_does_not_reload_the_weights(tmp_path: Path) -> None:
+    start = tmp_path / "start.safetensors"
+    va.save_weights(va.create_model("vit_digits_patch2_8", num_classes=10, in_chans=1, **TINY_KWARGS), start)
+    two = [*TINY, "--epochs", "2", "--batch-size", "128", "--no-progress", "--no-plot", "--pretrained", str(start)]
+    assert main(["train", *two, "--output", str(tmp_path / "ref")]) == 0
+    assert main(["train", *two, "--stop-after", "12", "--output", str(tmp_path / "cut")]) == 0
+    start.unlink()  # the run continues from its checkpoint, which holds the weights
+    assert main(["train", *two, "--resume", "--output", str(tmp_path / "cut")]) == 0
+    ref, cut = _weights(tmp_path / "ref"), _weights(tmp_path / "cut")
+    for k in ref:
+        torch.testing.assert_close(cut[k], ref[k], rtol=0, atol=0, msg=k)
