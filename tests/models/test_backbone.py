@@ -119,3 +119,54 @@ def test_bare_linear_heads_use_the_base_forward_head(name: str) -> None:
         pooled = model.forward_head(feats, pre_logits=True)
         torch.testing.assert_close(pooled, model.pool(feats))
         torch.testing.assert_close(model.forward_head(feats), model.head(pooled))
+
+
+def _timm_grouping(matcher: dict, names: list[str]) -> dict[str, tuple[int, ...]]:
+    """What timm's ``group_with_matcher`` makes of a ``group_matcher`` dict: the ordinal of each name (its first
+    matching rule in order: the stem's, then the blocks'), written here from timm's documented format."""
+    import re
+
+    rules = [(re.compile(matcher["stem"]), (0,), ())]
+    rules += [(re.compile(rx), (1,), suffix) for rx, suffix in matcher["blocks"]]
+    out = {}
+    for name in names:
+        hit = next(((prefix + tuple(suffix)) for rx, prefix, suffix in rules if rx.match(name)), None)
+        assert hit is not None, f"{name} matches no rule"
+        out[name] = hit
+    return out
+
+
+@pytest.mark.parametrize("family,name", FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_layer_ids_and_group_matcher(family: str, name: str) -> None:
+    with torch.device("meta"):
+        model = create_model(name, num_classes=10)
+    ids, depth = model.layer_ids()
+    blocks = model.block_names()
+    params = [n for n, _ in model.named_parameters()]
+    assert depth == len(blocks) > 0 and set(ids) == set(params)
+    for i, block in enumerate(blocks, 1):  # every block's parameters are its layer, in forward order
+        inside = [n for n in params if n.startswith(block + ".")]
+        assert inside and all(ids[n] == i for n in inside), block
+    assert set(ids.values()) == set(range(depth + 2))  # a stem, every block, a head
+    head = model.get_classifier()
+    assert isinstance(head, torch.nn.Linear) and head.out_features == 10
+    assert all(ids[n] == depth + 1 for n in params if n in {f"{k}.weight" for k, m in model.named_modules()
+                                                              if m is head})
+    # the image is read in the stem: the patch embedding (or conv stem) is layer 0
+    first = next(n for n, p in model.named_parameters() if p.dim() == 4 or "embed" in n)
+    assert ids[first] == 0, first
+    # timm's group_with_matcher reading our group_matcher gives the same grouping as layer_ids
+    grouping = _timm_grouping(model.group_matcher(), params)
+    order = sorted(set(grouping.values()))
+    assert [order.index(grouping[n]) for n in params] == [ids[n] for n in params]
+    coarse = _timm_grouping(model.group_matcher(coarse=True), params)
+    assert len(set(coarse.values())) <= len(order)
+    assert model.default_cfg is model.pretrained_cfg
+
+
+def test_get_classifier_and_reset() -> None:
+    model = create_model("swin_tiny_patch4_window7_224", num_classes=5, depths=(1, 1, 1, 1), embed_dim=32,
+                         num_heads=(1, 1, 1, 1))
+    assert model.get_classifier() is model.head.fc and model.get_classifier().out_features == 5
+    model.reset_classifier(0)
+    assert isinstance(model.get_classifier(), torch.nn.Identity)

@@ -254,6 +254,98 @@ class Backbone(nn.Module):
         keys = self.no_weight_decay_keys
         return {n for n, _ in self.named_parameters() if any(k in n for k in keys)}
 
+    # ------------------------------------------------------------------ timm's classifier / config accessors
+    def get_classifier(self) -> nn.Module:
+        """The final linear classifier (``Identity`` with ``num_classes=0``), timm's ``get_classifier``."""
+        return getattr(self.head, self.head_fc) if self.head_fc is not None else self.head
+
+    @property
+    def default_cfg(self) -> dict[str, Any]:
+        """timm's older name of ``pretrained_cfg`` (the data config, hub id, license and tag of the weights)."""
+        return getattr(self, "pretrained_cfg", {})
+
+    # ------------------------------------------------------------------ parameter groups (layer-wise decay)
+    def block_names(self) -> list[str]:
+        """The module names of the model's blocks in the order the forward runs them: ``blocks.{i}`` (isotropic
+        models), ``{stages_attr}.{s}.blocks.{j}``, or ``{stages_attr}.{s}.{j}`` for a stage that is a plain
+        sequence of blocks (HaloNet, MobileViT). The unit that layer-wise learning-rate decay counts."""
+        stages = getattr(self, self.stages_attr, None)
+        if not isinstance(stages, nn.Sequential):  # isotropic: one run of blocks
+            return [f"blocks.{j}" for j in range(len(self.blocks))]
+        names: list[str] = []
+        for s, stage in enumerate(stages):
+            inner = getattr(stage, "blocks", None)
+            prefix = f"{self.stages_attr}.{s}" + (".blocks" if inner is not None else "")
+            names += [f"{prefix}.{j}" for j in range(len(inner if inner is not None else stage))]
+        return names
+
+    # top-level modules that belong to the stem although they are registered after the blocks
+    late_stem_modules: ClassVar[tuple[str, ...]] = ()
+
+    def layer_ids(self) -> tuple[dict[str, int], int]:
+        """``({parameter name: layer}, L)`` for ``L`` = ``len(block_names())``: layer ``i`` (1..L) is the i-th
+        block; 0 the stem (top-level parameters such as class / register tokens and position tables, and the
+        top-level modules registered before the blocks: patch embedding, pre-norm); ``L + 1`` what comes after
+        (final norm, pooling, neck, head). A stage's own modules go with its first block when registered before
+        its blocks (a downsampling; the stage's own parameters, such as CvT's class token, too; in the first stage
+        they are the stem: the patch embedding of CvT, Twins, ViL) and with its last block otherwise (a closing
+        norm, a positional conv)."""
+        blocks = self.block_names()
+        layer_of = {name: i + 1 for i, name in enumerate(blocks)}
+        containers = {name.split(".")[0] for name in blocks} | {self.stages_attr}
+        top = [name for name, _ in self.named_children()]
+        first_container = min(top.index(c) for c in containers if c in top)
+        stage_blocks: dict[str, list[str]] = {}
+        for name in blocks:
+            parts = name.split(".")
+            if parts[0] == self.stages_attr:
+                stage_blocks.setdefault(".".join(parts[:2]), []).append(name)
+        ids: dict[str, int] = {}
+        for pname, _ in self.named_parameters():
+            parts = pname.split(".")
+            block = next((".".join(parts[:k]) for k in range(len(parts) - 1, 0, -1)
+                          if ".".join(parts[:k]) in layer_of), None)
+            if block is not None:
+                ids[pname] = layer_of[block]
+            elif len(parts) > 2 and ".".join(parts[:2]) in stage_blocks:  # a stage's own module
+                stage = ".".join(parts[:2])
+                mine = stage_blocks[stage]
+                children = [n for n, _ in self.get_submodule(stage).named_children()]
+                # a parameter of the stage itself (CvT's class token) goes in with the stage's input
+                before = parts[2] not in children or children.index(parts[2]) < children.index(mine[0].split(".")[2])
+                # the first stage's input modules are the stem (CvT, Twins and ViL embed the patches there)
+                ids[pname] = 0 if before and layer_of[mine[0]] == 1 else layer_of[mine[0] if before else mine[-1]]
+            elif len(parts) == 1 or parts[0] in self.late_stem_modules or top.index(parts[0]) < first_container:
+                ids[pname] = 0
+            else:
+                ids[pname] = len(blocks) + 1
+        return ids, len(blocks)
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm's parameter grouping (what ``timm.optim``'s layer-wise decay reads): ``{"stem": regex,
+        "blocks": [(regex, (ordinal,)), ...]}`` from :meth:`layer_ids`, one group per block (``coarse``: per
+        stage for hierarchical models), the parameters after the blocks last (ordinal 99999)."""
+        import re
+
+        ids, n = self.layer_ids()
+        blocks = self.block_names()
+
+        def ordinal(layer: int) -> int:
+            if layer > n:
+                return 99999
+            parts = blocks[layer - 1].split(".")
+            return int(parts[1]) if coarse and parts[0] == self.stages_attr else layer - 1
+
+        by: dict[int, list[str]] = {}
+        for name, layer in ids.items():
+            by.setdefault(-1 if layer == 0 else ordinal(layer), []).append(name)
+
+        def pattern(names: list[str]) -> str:
+            return "^(?:" + "|".join(re.escape(x) for x in names) + ")$"
+
+        return {"stem": pattern(by.pop(-1, [])),
+                "blocks": [(pattern(names), (o,)) for o, names in sorted(by.items())]}
+
 
 # ---- isotropic models (ViT, CaiT, ViTDet, iGPT)
 class TokenMergingMixin:

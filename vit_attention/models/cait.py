@@ -224,6 +224,10 @@ class Cait(TokenMergingMixin, Backbone):
             cls = blk(cls, feat_size, context=x)  # [B, 1, C]
         return torch.cat([cls, x], dim=1)  # [B, 1 + N, C]
 
+    def block_names(self) -> list[str]:
+        """The self-attention blocks, then the class-attention ones (the order the forward runs them)."""
+        return super().block_names() + [f"blocks_token_only.{j}" for j in range(len(self.blocks_token_only))]
+
     def forward_features(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> normalised tokens ``[B, 1 + N, C]``."""
         x, feat_size = self._embed(x)

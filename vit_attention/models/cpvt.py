@@ -33,6 +33,7 @@ class CPVT(VisionTransformer):
     """
 
     family = "cpvt"
+    late_stem_modules = ("pos_block",)  # the PEG (after block 0): positions, grouped with the stem as tables are
 
 
 _SIZES: dict[str, dict[str, Any]] = {

@@ -295,6 +295,7 @@ class NaFlexVit(VisionTransformer):
                          "per-sample grids; use a fixed-size ViT")
 
     family = "naflexvit"
+    late_stem_modules = ("embeds",)  # the patch / position embedding, registered after the head
     config_cls = NaFlexVitConfig
     no_weight_decay_keys = ("pos_embed", "cls_token", "reg_token", "rope.freqs")
 

@@ -36,7 +36,8 @@ _FIELD_DEST = {
     "model": "model", "model_kwargs": "model_arg", "data": "data", "img_size": "img_size", "in_chans": "in_chans",
     "naflex": "naflex", "max_seq_len": "max_seq_len", "pretrained": "pretrained",
     "val_fraction": "val_fraction", "epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "min_lr": "min_lr",
-    "warmup_epochs": "warmup_epochs", "weight_decay": "weight_decay", "clip_grad": "clip_grad",
+    "warmup_epochs": "warmup_epochs", "weight_decay": "weight_decay", "layer_decay": "layer_decay",
+    "clip_grad": "clip_grad",
     "accum_steps": "accum_steps", "label_smoothing": "label_smoothing", "mixup": "mixup", "cutmix": "cutmix",
     "randaugment": "randaugment", "hflip": "hflip", "affine": "affine", "drop_rate": "drop",
     "drop_path_rate": "drop_path", "attn_drop_rate": "attn_drop", "grad_checkpointing": "grad_checkpointing",
@@ -93,6 +94,7 @@ def _config_from_args(args: argparse.Namespace) -> dict[str, Any]:
         naflex=args.naflex, max_seq_len=args.max_seq_len,
         val_fraction=args.val_fraction, output=args.output, epochs=args.epochs, batch_size=args.batch_size,
         lr=args.lr, min_lr=args.min_lr, warmup_epochs=args.warmup_epochs, weight_decay=args.weight_decay,
+        layer_decay=args.layer_decay,
         clip_grad=args.clip_grad or None, accum_steps=args.accum_steps, label_smoothing=args.label_smoothing,
         mixup=args.mixup, cutmix=args.cutmix, randaugment=args.randaugment, hflip=args.hflip, affine=args.affine,
         drop_rate=args.drop, drop_path_rate=args.drop_path, attn_drop_rate=args.attn_drop,
@@ -194,6 +196,10 @@ def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
     g.add_argument("--warmup-epochs", type=float, default=3.0, help="linear warm-up length in epochs")
     g.add_argument("--weight-decay", type=float, default=0.05,
                    help="AdamW weight decay (not on biases, norms, position embeddings, tokens)")
+    g.add_argument("--layer-decay", type=float, default=None, metavar="RATE",
+                   help="layer-wise learning-rate decay for fine-tuning (e.g. 0.75 with --pretrained): the head "
+                        "trains at --lr, each block below at RATE times the one above, the patch embedding last "
+                        "(default: off)")
     g.add_argument("--clip-grad", type=float, default=1.0, help="max gradient norm (0: off)")
     g.add_argument("--accum-steps", type=int, default=1, help="gradient accumulation micro-steps")
     g.add_argument("--grad-checkpointing", action="store_true", help="recompute activations (less memory)")

@@ -42,6 +42,7 @@ class TrainConfig:
     min_lr: float = 1e-5
     warmup_epochs: float = 3.0
     weight_decay: float = 0.05
+    layer_decay: float | None = None  # layer-wise lr decay: block i of L trains at lr · layer_decay ** (L + 1 - i)
     clip_grad: float | None = 1.0
     accum_steps: int = 1
     label_smoothing: float = 0.1
@@ -84,6 +85,8 @@ class TrainConfig:
             (self.batch_size > 0, f"batch_size must be positive, got {self.batch_size}"),
             (self.accum_steps > 0, f"accum_steps must be positive, got {self.accum_steps}"),
             (self.lr > 0, f"lr must be positive, got {self.lr}"),
+            (self.layer_decay is None or 0 < self.layer_decay <= 1,
+             f"layer_decay must be in (0, 1] (e.g. 0.75), got {self.layer_decay}"),
             (self.warmup_epochs >= 0, f"warmup_epochs must be >= 0, got {self.warmup_epochs}"),
             (0 <= self.label_smoothing < 1, f"label_smoothing must be in [0, 1), got {self.label_smoothing}"),
             (self.mixup >= 0 and self.cutmix >= 0, "mixup and cutmix must be >= 0 (0 = off)"),

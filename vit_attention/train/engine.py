@@ -359,7 +359,8 @@ def _setup(cfg: TrainConfig, info: DistInfo, data: DataBundle, tqdm: Any,
     if ema is not None and ckpt is not None and ckpt.ema:
         ema.module.load_state_dict(ckpt.ema)
     net = wrap_model(model, info, fsdp=cfg.fsdp)
-    optimizer = torch.optim.AdamW(param_groups(net, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.999))
+    optimizer = torch.optim.AdamW(param_groups(net, cfg.weight_decay, cfg.layer_decay), lr=cfg.lr,
+                                  betas=(0.9, 0.999))
     if ckpt is not None:
         load_optimizer_state(net, optimizer, optimizer_state_from_safe(ckpt.optim, ckpt.state["optimizer"]))
     transform = _make_transform(cfg, data).to(info.device)
@@ -524,7 +525,7 @@ def _train_step(run: _Run, batch: list[int], epoch: int, sums: Tensor) -> float:
     seed_step(cfg.seed, run.step, info.rank)
     lr = run.lr(run.step)
     for group in run.optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)  # layer-wise decay (--layer-decay) scales each group
     local = shard_indices(batch, info.rank, info.world_size)
     micro = [shard_indices(local, i, cfg.accum_steps) for i in range(cfg.accum_steps)]
     run.optimizer.zero_grad(set_to_none=True)

@@ -1,5 +1,6 @@
 """The optimizer-step pieces of the engine: the learning-rate schedule (linear warm-up, cosine decay),
-AdamW parameter groups (no weight decay on biases, norms, position embeddings, tokens), the EMA of
+AdamW parameter groups (no weight decay on biases, norms, position embeddings, tokens; optional layer-wise
+learning-rate decay), the EMA of
 the weights, per-step seeding of the random generators, and the bf16 autocast choice."""
 
 from __future__ import annotations
@@ -25,16 +26,36 @@ def lr_at(step: int, *, total_steps: int, warmup_steps: int, lr: float, min_lr: 
     return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, t)))
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: decay for weight matrices, none for biases, norms, position embeddings and tokens."""
-    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
-    decay, no_decay = [], []
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict[str, Any]]:
+    """AdamW groups: decay for weight matrices, none for biases, norms, position embeddings and tokens.
+
+    ``layer_decay`` (in (0, 1]; None = off): layer-wise learning-rate decay, the fine-tuning recipe of BEiT,
+    MAE, DINOv2 and EVA. Each group also carries ``lr_scale = layer_decay ** (L + 1 - layer)`` from the
+    model's :meth:`~vit_attention.models.backbone.Backbone.layer_ids` (stem 0, blocks 1..L, head L + 1: the
+    head trains at the full rate, each block below it at ``layer_decay`` times the one above); the engine
+    multiplies the scheduled rate by it. ``model`` may be wrapped (DDP / FSDP2 keep the parameter names).
+    """
+    bare_model = unwrap_model(model)
+    skip = set(bare_model.no_weight_decay()) if hasattr(bare_model, "no_weight_decay") else set()
+    if layer_decay is not None and not hasattr(bare_model, "layer_ids"):
+        raise ValueError(f"layer_decay needs a model with layer_ids() (every registered model has it); "
+                         f"got {type(bare_model).__name__}")
+    ids, depth = bare_model.layer_ids() if layer_decay is not None else ({}, 0)
+    groups: dict[tuple[int, bool], dict[str, Any]] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         bare = name.removeprefix("module.").removeprefix("_fsdp_wrapped_module.")
-        (no_decay if p.ndim <= 1 or bare in skip or name.endswith(".bias") else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        no_decay = p.ndim <= 1 or bare in skip or name.endswith(".bias")
+        layer = ids.get(bare, depth + 1) if layer_decay is not None else 0
+        group = groups.setdefault((layer, no_decay), {"params": [], "weight_decay": 0.0 if no_decay else weight_decay})
+        if layer_decay is not None:
+            group["lr_scale"] = layer_decay ** (depth + 1 - layer)
+        group["params"].append(p)
+    if layer_decay is None:  # the two groups, decay first, even when one is empty (optimizer states line up)
+        return [groups.get((0, False), {"params": [], "weight_decay": weight_decay}),
+                groups.get((0, True), {"params": [], "weight_decay": 0.0})]
+    return [groups[k] for k in sorted(groups)]
 
 
 class ModelEma(nn.Module):
