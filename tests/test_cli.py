@@ -43,6 +43,14 @@ def test_lists_that_match_nothing_say_so(capsys):
     assert "no registered mechanism matches 'nosuch'" in err and "mhsa" in err
 
 
+def test_a_glob_that_matches_no_start_lists_the_names_holding_it(capsys):
+    assert main(["models", "dino*"]) == 0  # the DINO names read vit_base_patch14_dinov2 ...
+    out, err = capsys.readouterr()
+    assert "no registered model matches 'dino*'; these match '*dino*'" in err
+    names = out.split()
+    assert "vit_base_patch14_dinov2" in names and all("dino" in n for n in names)
+
+
 def test_a_reader_that_leaves_early_is_not_an_error():
     """`vit-attention models | head -1`: no BrokenPipeError traceback, exit 0."""
     proc = subprocess.Popen([sys.executable, "-m", "vit_attention.cli", "models", "--aliases"],

@@ -43,6 +43,12 @@ def _summary(args: argparse.Namespace) -> int:
 
 def _models(args: argparse.Namespace) -> int:
     names = list_models(args.pattern, include_aliases=args.aliases)
+    wider = f"*{args.pattern.strip('*')}*"
+    if not names and wider != args.pattern and list_models(wider, include_aliases=args.aliases):
+        # 'dino*' finds nothing (the names read vit_base_patch14_dinov2): the name holding it is what was meant
+        print(f"vit-attention models: no registered model matches {args.pattern!r}; these match {wider!r}:",
+              file=sys.stderr)
+        names = list_models(wider, include_aliases=args.aliases)
     if not names:
         print(f"vit-attention models: no registered model matches {args.pattern!r} "
               "(a glob: 'swin*', '*deit*'; `vit-attention models` lists them all)", file=sys.stderr)
