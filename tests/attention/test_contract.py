@@ -215,3 +215,17 @@ def test_a_token_mechanism_that_needs_the_grid_is_told_so_by_the_adapter(monkeyp
     with pytest.raises(ValueError, match="feat_size"):
         apply_attention(attn, torch.randn(1, 5, 32))
     assert apply_attention(attn, torch.randn(1, 5, 32), feat_size=(1, 5)).shape == (1, 5, 32)
+
+
+SPATIAL = [n for n in NAMES if len(get_attention_spec(n).example()[1]) == 4]  # the map mechanisms
+
+
+@pytest.mark.parametrize("name", SPATIAL)
+def test_a_spatial_mechanism_names_the_layout_it_was_given(name: str) -> None:
+    """A CNN's ``[B, C, H, W]`` map or flat tokens get an error that says how to hand the map over."""
+    attn, shape = get_attention_spec(name).example()
+    B, H, W, C = shape
+    with pytest.raises(ValueError, match=r"\[B, C, H, W\] feature map: pass x.permute\(0, 2, 3, 1\).*plug"):
+        attn(torch.randn(B, C, H + 1, W + 2))
+    with pytest.raises(ValueError, match=rf"tokens \[B, N, C\] of a known grid pass x.reshape\(B, H, W, {C}\)"):
+        attn(torch.randn(B, H * W, C))

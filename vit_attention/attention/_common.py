@@ -39,7 +39,14 @@ def check_spatial_call(module: Any, x: Any, feat_size: Any, num_prefix_tokens: i
     """
     name = type(module).__name__
     if x.dim() != 4 or x.shape[-1] != module.dim:
-        raise ValueError(f"{name} expects a channels-last map [B, H, W, {module.dim}], got shape {tuple(x.shape)}")
+        hint = ""
+        if x.dim() == 4 and x.shape[1] == module.dim:  # a CNN's [B, C, H, W] feature map
+            hint = ("; this looks like a [B, C, H, W] feature map: pass x.permute(0, 2, 3, 1), or wrap the "
+                    "mechanism with vit_attention.plug(...), which takes and returns [B, C, H, W]")
+        elif x.dim() == 3:
+            hint = (f"; for tokens [B, N, C] of a known grid pass x.reshape(B, H, W, {module.dim})")
+        raise ValueError(f"{name} expects a channels-last map [B, H, W, {module.dim}], got shape "
+                         f"{tuple(x.shape)}{hint}")
     B, H, W, C = x.shape
     if feat_size is not None and tuple(feat_size) != (H, W):
         raise ValueError(f"feat_size={tuple(feat_size)} does not match the map's {H}x{W}")
