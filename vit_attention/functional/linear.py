@@ -149,7 +149,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, act: str | 
     """
     if act is not None and act not in ACTIVATIONS:
         raise ValueError(f"act must be None or one of {sorted(ACTIVATIONS)}, got {act!r}")
-    if x.device.type != "cpu":  # the oneDNN paths are CPU-only: straight to F.linear (launch-bound GPUs)
+    if x.device.type != "cpu" or not FAST_LINEAR.get():
+        # the oneDNN paths are CPU-only (switched off: the same F.linear path as a GPU's, which
+        # scripts/host_overhead.py then measures): straight to F.linear, launch-bound GPUs pay nothing more
         out = F.linear(x, weight, bias)
         if act is not None:
             out = _eager_act(out, act)
