@@ -133,3 +133,13 @@ def test_generate_without_checkpoint_warns_like_export(tmp_path, capsys):
     va.save_weights(va.create_model("igpt_digits"), tmp_path / "run" / "model.safetensors")
     assert main(["generate", str(tmp_path / "run"), "--num", "1", "--output", str(tmp_path / "grid.png")]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_models_pretrained_lists_the_tags_that_load(capsys):
+    assert main(["models", "--pretrained", "deit_tiny_patch16_224"]) == 0  # a bare name: its tags
+    assert capsys.readouterr().out.split() == ["deit_tiny_patch16_224.fb_in1k"]
+    assert main(["models", "--pretrained", "vit_base_patch16_224*"]) == 0
+    listed = capsys.readouterr().out.split()
+    assert "vit_base_patch16_224.augreg_in21k" in listed and all("." in n for n in listed)
+    assert main(["models", "--pretrained", "vit_digits*"]) == 1  # the digits presets publish no weights
+    assert "no registered model with published weights matches 'vit_digits*'" in capsys.readouterr().err

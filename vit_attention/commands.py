@@ -42,15 +42,23 @@ def _summary(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    names = list_models(args.pattern, include_aliases=args.aliases)
+    from .weights.hub import list_pretrained
+
+    def lister(pattern: str) -> list[str]:
+        if args.pretrained:  # NAME.TAG pairs with published weights, what --pretrained can load
+            return list_pretrained(pattern if pattern.endswith("*") else pattern + ".*")
+        return list_models(pattern, include_aliases=args.aliases)
+
+    what = "model with published weights" if args.pretrained else "model"
+    names = lister(args.pattern)
     wider = f"*{args.pattern.strip('*')}*"
-    if not names and wider != args.pattern and list_models(wider, include_aliases=args.aliases):
+    if not names and wider != args.pattern and lister(wider):
         # 'dino*' finds nothing (the names read vit_base_patch14_dinov2): the name holding it is what was meant
-        print(f"vit-attention models: no registered model matches {args.pattern!r}; these match {wider!r}:",
+        print(f"vit-attention models: no registered {what} matches {args.pattern!r}; these match {wider!r}:",
               file=sys.stderr)
-        names = list_models(wider, include_aliases=args.aliases)
+        names = lister(wider)
     if not names:
-        print(f"vit-attention models: no registered model matches {args.pattern!r} "
+        print(f"vit-attention models: no registered {what} matches {args.pattern!r} "
               "(a glob: 'swin*', '*deit*'; `vit-attention models` lists them all)", file=sys.stderr)
         return 1
     for name in names:
@@ -83,6 +91,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list registered model names")
     p.add_argument("pattern", nargs="?", default="*", help="glob, e.g. 'swin*'")
     p.add_argument("--aliases", action="store_true", help="include torchvision-style aliases")
+    p.add_argument("--pretrained", action="store_true",
+                   help="list NAME.TAG for every preset tag with published weights (what --pretrained loads)")
     p.set_defaults(func=_models)
     p = sub.add_parser("attention", help="list registered attention mechanisms")
     p.add_argument("pattern", nargs="?", default="*", help="glob, e.g. 'window*' (default: all)")

@@ -78,3 +78,17 @@ def test_resumed_fine_tuning_does_not_reload_the_weights(tmp_path: Path) -> None
     ref, cut = _weights(tmp_path / "ref"), _weights(tmp_path / "cut")
     for k in ref:
         torch.testing.assert_close(cut[k], ref[k], rtol=0, atol=0, msg=k)
+
+
+def test_a_tagged_name_trains_like_eval_and_predict_take_it(tmp_path: Path, image_folder: Path) -> None:
+    tiny = {"depth": 1, "embed_dim": 32, "num_heads": 2}
+    start = tmp_path / "deit.safetensors"
+    va.save_weights(va.create_model("deit_tiny_patch16_224", **tiny), start)
+    args = ["--model", "deit_tiny_patch16_224.fb_in1k",
+            *[a for k, v in tiny.items() for a in ("--model-arg", f"{k}={v}")], "--img-size", "32",
+            "--data", str(image_folder), "--epochs", "1", "--batch-size", "8", "--no-progress", "--no-plot",
+            "--pretrained", str(start), "--output", str(tmp_path / "run")]
+    assert main(["train", *args]) == 0
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["model_name"] == "deit_tiny_patch16_224" and config["train"]["model"].endswith(".fb_in1k")
+    assert va.load_model(tmp_path / "run").num_classes == 3

@@ -163,7 +163,9 @@ def _train(args: argparse.Namespace) -> int:
 def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
     _track_given(p)
     g = p.add_argument_group("model and data")
-    g.add_argument("--model", default=DEFAULT_MODEL, help="registered model name (vit-attention models lists them)")
+    g.add_argument("--model", default=DEFAULT_MODEL,
+                   help="registered model name (vit-attention models lists them); NAME.TAG picks the published "
+                        "weights --pretrained loads (vit-attention models --pretrained lists the tags)")
     g.add_argument("--model-arg", type=model_arg, action="append", metavar="KEY=VALUE",
                    help="model config override, repeatable, JSON values: --model-arg depth=2 (default: the preset's); "
                         "also attn_backend=auto|sdpa|explicit|flex, how attention runs")

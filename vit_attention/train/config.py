@@ -13,6 +13,7 @@ from typing import Any
 from ..factory import config_kwargs
 from ..functional.runtime import check_backend
 from ..models.registry import get_model_entry
+from ..weights.hub import split_model_tag
 from . import presets
 
 __all__ = ["TrainConfig", "check_model_kwargs"]
@@ -109,7 +110,7 @@ class TrainConfig:
             if self.max_seq_len != 576:
                 raise ValueError(f"--max-seq-len {self.max_seq_len} applies with --naflex only")
             return
-        family = get_model_entry(self.model).family
+        family = model_entry(self.model).family
         if family != "naflexvit":
             raise ValueError(f"--naflex needs a NaFlex model (family naflexvit, e.g. naflexvit_base_patch16_gap); "
                              f"{self.model} is a {family} model, which takes fixed-size image tensors")
@@ -182,6 +183,12 @@ def _matches(value: Any, tp: Any) -> bool:
     return not isinstance(tp, type) or isinstance(value, tp)
 
 
+def model_entry(model: str) -> Any:
+    """The registry entry of ``--model``: a registered name or alias, optionally ``NAME.TAG`` (the tag picks the
+    published weights ``--pretrained`` loads, as in ``eval`` / ``predict``); unknown names raise ``KeyError``."""
+    return get_model_entry(split_model_tag(model)[0])
+
+
 def check_model_kwargs(model: str, kwargs: dict[str, Any]) -> None:
     """Raise ``ValueError`` naming the option and its expected type when a ``--model-arg`` value has the wrong type.
 
@@ -191,7 +198,7 @@ def check_model_kwargs(model: str, kwargs: dict[str, Any]) -> None:
     if "attn_backend" in kwargs:
         check_backend(kwargs["attn_backend"], "--model-arg attn_backend")
     kwargs = config_kwargs(kwargs)
-    entry = get_model_entry(model)
+    entry = model_entry(model)
     try:
         hints = typing.get_type_hints(entry.config_cls)
     except Exception:  # noqa: BLE001 - an annotation we cannot resolve: the config checks its own values

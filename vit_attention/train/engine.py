@@ -46,7 +46,6 @@ import torch
 from torch import Tensor, nn
 
 from ..factory import config_kwargs, create_model
-from ..models.registry import get_model_entry
 from ..weights.io import atomic_write, save_weights
 from . import presets  # noqa: F401  (registers the digits presets)
 from .checkpoint import (
@@ -58,7 +57,7 @@ from .checkpoint import (
     restore_rng_state,
     save_training_state,
 )
-from .config import TrainConfig, check_model_kwargs
+from .config import TrainConfig, check_model_kwargs, model_entry
 from .data import (
     BatchTransform,
     DataBundle,
@@ -116,7 +115,7 @@ def _model_overrides(cfg: TrainConfig, data: DataBundle) -> dict[str, Any]:
 def build_model_for_data(cfg: TrainConfig, data: DataBundle, *, pretrained: bool = True) -> nn.Module:
     """The model ``cfg.model`` sized for ``data`` (classes, channels, image size), with ``cfg.pretrained``'s
     weights unless ``pretrained=False`` (a resumed run: its checkpoint holds them); clear error if unknown."""
-    get_model_entry(cfg.model)  # unknown names raise KeyError with suggestions
+    model_entry(cfg.model)  # unknown names raise KeyError with suggestions
     return create_model(cfg.model, num_classes=data.num_classes, img_size=data.img_size,
                         pretrained=cfg.pretrained if pretrained and cfg.pretrained else None,
                         **_model_overrides(cfg, data))
@@ -278,12 +277,12 @@ def _load_data(cfg: TrainConfig, info: DistInfo) -> DataBundle:
     """
     img_size, source = cfg.img_size, "--img-size"
     if img_size is None and cfg.data not in (None, "digits"):  # image folders: the model's input size
-        size = get_model_entry(cfg.model).config(**config_kwargs(cfg.model_kwargs)).img_size
+        size = model_entry(cfg.model).config(**config_kwargs(cfg.model_kwargs)).img_size
         img_size = size if isinstance(size, int) else int(size[0])
         source = f"the model's default, {cfg.model}; --img-size to change"
     elif img_size is None:
         source = "the digits' default; --img-size to change"
-    naflex_patch = (get_model_entry(cfg.model).config(**config_kwargs(cfg.model_kwargs)).patch_size if cfg.naflex
+    naflex_patch = (model_entry(cfg.model).config(**config_kwargs(cfg.model_kwargs)).patch_size if cfg.naflex
                     else None)
     data = build_data(cfg.data, img_size=img_size, in_chans=cfg.in_chans, val_fraction=cfg.val_fraction,
                       crop_pct=cfg.crop_pct, seed=cfg.seed, naflex_patch=naflex_patch, max_seq_len=cfg.max_seq_len)
