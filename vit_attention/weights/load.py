@@ -102,7 +102,8 @@ def adapt_input_channels(state: dict[str, Tensor], model: nn.Module, report: Loa
     -> ``[C, in_chans, kh, kw]``; every other entry unchanged.
 
     One channel: the RGB kernels summed (a grey image ``g`` then gives what ``(g, g, g)`` gave). ``n`` channels:
-    the RGB kernels repeated cyclically and scaled by ``3 / n`` (the response to a constant image is kept).
+    the RGB kernels repeated cyclically and scaled by ``3 / n`` (timm's rule; exact when ``n`` is a multiple of 3
+    and the image repeats its RGB channels: six channels ``(x, x)`` give what ``x`` gave).
     Only the model's image-reading convolution is touched, and only when the checkpoint has 3 input channels
     there; anything else is left for the strict shape check to report. The change is noted in ``report``.
     """
