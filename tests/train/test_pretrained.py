@@ -92,3 +92,21 @@ def test_a_tagged_name_trains_like_eval_and_predict_take_it(tmp_path: Path, imag
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["model_name"] == "deit_tiny_patch16_224" and config["train"]["model"].endswith(".fb_in1k")
     assert va.load_model(tmp_path / "run").num_classes == 3
+
+
+def test_a_tag_trained_at_another_size_sets_the_folders_default(image_folder: Path,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    from vit_attention.train.config import TrainConfig
+    from vit_attention.train.distributed import DistInfo
+    from vit_attention.train.engine import _load_data
+
+    # MobileViT v2 1.5x: the preset is 256 px, its cvnets_in22k_ft_in1k_384 weights were trained at 384
+    name = "mobilevitv2_150.cvnets_in22k_ft_in1k_384"
+    data = _load_data(TrainConfig(model=name, data=str(image_folder), batch_size=8), DistInfo())
+    assert data.img_size == (384, 384)
+    assert capsys.readouterr().out.startswith(f"input 384x384 px (the input size of {name}'s weights")
+    # the bare preset, or an explicit size, keep theirs
+    assert _load_data(TrainConfig(model="mobilevitv2_150", data=str(image_folder), batch_size=8),
+                      DistInfo()).img_size == (256, 256)
+    assert _load_data(TrainConfig(model=name, data=str(image_folder), batch_size=8, img_size=64),
+                      DistInfo()).img_size == (64, 64)

@@ -46,6 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from ..factory import config_kwargs, create_model
+from ..weights.hub import pretrained_cfg_for, split_model_tag
 from ..weights.io import atomic_write, save_weights
 from . import presets  # noqa: F401  (registers the digits presets)
 from .checkpoint import (
@@ -276,7 +277,12 @@ def _load_data(cfg: TrainConfig, info: DistInfo) -> DataBundle:
     Raises ``ValueError`` when the batch does not fit the training set or the processes x accumulation steps.
     """
     img_size, source = cfg.img_size, "--img-size"
-    if img_size is None and cfg.data not in (None, "digits"):  # image folders: the model's input size
+    base, tag = split_model_tag(cfg.model)
+    if img_size is None and cfg.data not in (None, "digits") and tag and "img_size" not in cfg.model_kwargs:
+        # NAME.TAG: the size its weights were trained at (MobileViT v2's _384 tags: 384 for a 256 preset)
+        img_size = int(pretrained_cfg_for(base, tag)["input_size"][-1])
+        source = f"the input size of {cfg.model}'s weights; --img-size to change"
+    elif img_size is None and cfg.data not in (None, "digits"):  # image folders: the model's input size
         size = model_entry(cfg.model).config(**config_kwargs(cfg.model_kwargs)).img_size
         img_size = size if isinstance(size, int) else int(size[0])
         source = f"the model's default, {cfg.model}; --img-size to change"
