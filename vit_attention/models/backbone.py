@@ -324,17 +324,17 @@ class Backbone(nn.Module):
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's parameter grouping (what ``timm.optim``'s layer-wise decay reads): ``{"stem": regex,
         "blocks": [(regex, (ordinal,)), ...]}`` from :meth:`layer_ids`, one group per block (``coarse``: per
-        stage for hierarchical models), the parameters after the blocks last (ordinal 99999)."""
+        stage for hierarchical models), the parameters after the blocks in a group of their own, last. (Not
+        timm's ``(99999,)``, which means "join the previous group": our head keeps its own rate.)"""
         import re
 
         ids, n = self.layer_ids()
         blocks = self.block_names()
 
         def ordinal(layer: int) -> int:
-            if layer > n:
-                return 99999
-            parts = blocks[layer - 1].split(".")
-            return int(parts[1]) if coarse and parts[0] == self.stages_attr else layer - 1
+            parts = blocks[min(layer, n) - 1].split(".")
+            last = int(parts[1]) if coarse and parts[0] == self.stages_attr else min(layer, n) - 1
+            return last + 1 if layer > n else last  # after the blocks: one past the last block's (or stage's)
 
         by: dict[int, list[str]] = {}
         for name, layer in ids.items():
