@@ -12,6 +12,7 @@ from vit_attention import create_model
 from vit_attention.models import get_model_entry
 from vit_attention.models.backbone import Backbone
 from vit_attention.models.registry import builtin_families
+from vit_attention.weights.load import _input_conv
 
 FAMILIES = sorted(first_preset_per_family().items())
 # What the base writes once; a family that defines one of these again must have a reason (listed here).
@@ -152,8 +153,10 @@ def test_layer_ids_and_group_matcher(family: str, name: str) -> None:
     assert isinstance(head, torch.nn.Linear) and head.out_features == 10
     assert all(ids[n] == depth + 1 for n in params if n in {f"{k}.weight" for k, m in model.named_modules()
                                                               if m is head})
-    # the image is read in the stem: the patch embedding (or conv stem) is layer 0
-    first = next(n for n, p in model.named_parameters() if p.dim() == 4 or "embed" in n)
+    # the image is read in the stem: the convolution that reads it (the loader's, weights/load.py) is layer 0;
+    # iGPT and NaFlexViT read it through an embedding table / a Linear, registered first or as late stem
+    conv = _input_conv(model)
+    first = f"{conv[0]}.weight" if conv else next(n for n in params if "embed" in n)
     assert ids[first] == 0, first
     # timm's group_with_matcher reading our group_matcher gives the same grouping as layer_ids (checked against
     # timm 1.0.31's param_groups_layer_decay itself on every family, docs/training.md); no rule uses timm's

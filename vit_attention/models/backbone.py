@@ -30,6 +30,7 @@ The attributes the API reads: ``cfg``, ``num_classes``, ``num_features``, ``glob
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
@@ -326,8 +327,6 @@ class Backbone(nn.Module):
         "blocks": [(regex, (ordinal,)), ...]}`` from :meth:`layer_ids`, one group per block (``coarse``: per
         stage for hierarchical models), the parameters after the blocks in a group of their own, last. (Not
         timm's ``(99999,)``, which means "join the previous group": our head keeps its own rate.)"""
-        import re
-
         ids, n = self.layer_ids()
         blocks = self.block_names()
 

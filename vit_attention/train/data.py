@@ -22,7 +22,7 @@ import math
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,10 @@ class DataBundle:
     def num_classes(self) -> int:
         """Number of classes."""
         return len(self.classes)
+
+    def normalised_with(self, mean: Sequence[float], std: Sequence[float]) -> DataBundle:
+        """The same splits, normalised with ``mean`` / ``std`` (one value per channel) instead."""
+        return replace(self, mean=tuple(mean), std=tuple(std))
 
 
 class TensorImageDataset(Dataset):

@@ -128,7 +128,7 @@ def _pretrained_normalisation(cfg: TrainConfig, data: DataBundle, model: nn.Modu
     pcfg = getattr(model, "pretrained_cfg", None) or {}
     if not cfg.pretrained or data.name == "digits" or data.in_chans != 3 or "mean" not in pcfg:
         return data
-    return DataBundle(**{**data.__dict__, "mean": tuple(pcfg["mean"]), "std": tuple(pcfg["std"])})
+    return data.normalised_with(pcfg["mean"], pcfg["std"])
 
 
 def _make_transform(cfg: TrainConfig, data: DataBundle) -> BatchTransform:
@@ -343,13 +343,13 @@ def _setup(cfg: TrainConfig, info: DistInfo, data: DataBundle, tqdm: Any,
             if bad:
                 raise ValueError(f"{cfg.model} trains generatively (next-pixel loss): --{name} does not apply")
         m = NextPixelObjective.normalization
-        data = DataBundle(**{**data.__dict__, "mean": (m,) * data.in_chans, "std": (m,) * data.in_chans})
+        data = data.normalised_with((m,) * data.in_chans, (m,) * data.in_chans)
     _set_threads(cfg, info, model)
     model_cfg = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else {}
     out = Path(cfg.output) if cfg.output else Path("runs") / f"{cfg.model}-<time>"  # created by _open_run_folder
     ckpt = _load_checkpoint(cfg, info, model, model_cfg, out)
     if ckpt is not None and not generative and "mean" in ckpt.state:  # a resumed run normalises as it began
-        data = DataBundle(**{**data.__dict__, "mean": tuple(ckpt.state["mean"]), "std": tuple(ckpt.state["std"])})
+        data = data.normalised_with(ckpt.state["mean"], ckpt.state["std"])
     teacher = None
     if cfg.teacher:
         teacher = build_teacher(cfg.teacher, num_classes=data.num_classes, img_size=data.img_size,
