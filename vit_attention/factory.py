@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from .attention import set_attention_backend
 from .functional.runtime import check_backend
 from .models.features import as_features_model
 from .models.registry import get_model_entry
-from .weights import load_weights
+from .weights import describe_checkpoint, load_weights, transfer_weights
 from .weights.hub import resolve_pretrained, split_model_tag
 
 __all__ = ["create_model"]
@@ -50,6 +51,40 @@ def model_arg(text: str) -> tuple[str, Any]:
         return k, v
 
 
+def _load_swapped(model: nn.Module, entry: Any, source: Any, overrides: Mapping[str, Any], *, features: Any,
+                  checkpoint_format: str, strict: bool) -> bool:
+    """When ``overrides`` swap an attention mechanism of the weights' model (a config field ``*attn_layer``:
+    ViT's ``attn_layer``, DaViT's ``spatial_attn_layer`` ...): build that model (the donor: the overrides
+    without the swapped fields and their ``*attn_kwargs``, which are the new mechanism's), load the weights
+    into it (``strict`` applies there; a file of ours gives the donor the mechanisms and options it records),
+    carry them into ``model`` (:func:`~vit_attention.weights.transfer_weights`)
+    and warn with its report -> True; else False (the weights load directly)."""
+    layers = {k for k in overrides if k.endswith("attn_layer")}
+    if not layers:
+        return False
+    kwargs = {k[: -len("layer")] + "kwargs" for k in layers}
+    recorded: dict[str, Any] = {}  # a file of ours says which mechanisms and options its weights were trained with
+    saved = describe_checkpoint(source.weights) if isinstance(source.weights, (str, Path)) else None
+    if saved is not None and get_model_entry(saved.model_name).name == entry.name:
+        recorded = {k: v for k, v in saved.config.items() if k in layers | kwargs}
+    donor_cfg = entry.config(**{**source.config_overrides,
+                                **{k: v for k, v in overrides.items() if k not in layers | kwargs}, **recorded})
+    changed = {k: getattr(donor_cfg, k) for k in sorted(layers) if getattr(donor_cfg, k) != getattr(model.cfg, k)}
+    if not changed:
+        return False
+    donor = entry.model_cls(donor_cfg)
+    if features is not None:
+        donor = as_features_model(donor, *features[0], **features[1])
+    load_weights(donor, source.weights, format=checkpoint_format, strict=strict)
+    report = transfer_weights(donor, model)
+    was = ", ".join(f"{k}={v!r}" for k, v in changed.items())
+    now = ", ".join(f"{k}={getattr(model.cfg, k)!r}" for k in changed)
+    missing = f"; {len(report.missing)} other entries keep their initialisation" if report.missing else ""
+    warnings.warn(f"{entry.name}: weights trained with {was} transferred to {now}: "
+                  f"{'; '.join(report.notes) or 'nothing to carry'}{missing}", stacklevel=3)
+    return True
+
+
 def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any] | None = None,
                  num_classes: int | None = None, img_size: int | tuple[int, int] | None = None,
                  checkpoint_format: str = "auto", strict: bool = True, features_only: bool = False,
@@ -65,7 +100,13 @@ def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any]
     ``config.json`` configures the model: eps, activation, image size, labels ...); a checkpoint
     path or a state dict (layout detected, see :func:`vit_attention.weights.load_weights`).
     A ``num_classes`` other than the weights' drops their head with a warning. Options given here
-    win over what the weights say. The model's ``pretrained_cfg`` (a dict: data config, hub id,
+    win over what the weights say. Options that swap attention mechanisms (``attn_layer``, DaViT's
+    ``spatial_attn_layer`` ...; ``attn_kwargs`` then configure the new one) with ``pretrained``: the weights
+    load into the model they were trained for, then go into this one
+    (:func:`~vit_attention.weights.transfer_weights`: everything but the attention by name, each swapped
+    mechanism's q / k / v / output projections carried over, what has no counterpart set to add nothing,
+    such as a zero position table) with a warning saying what was carried.
+    The model's ``pretrained_cfg`` (a dict: data config, hub id,
     license, tag) is what :func:`vit_attention.data.resolve_data_config` reads. Build on the meta
     device with ``with torch.device("meta"): create_model(...)``.
     ``features_only``: return the backbone as a features model (see :mod:`vit_attention.models.features`;
@@ -96,11 +137,13 @@ def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any]
     model = entry.model_cls(entry.config(**{**source.config_overrides, **overrides}))
     model.registry_name = entry.name  # type: ignore[assignment]
     model.pretrained_cfg = source.pretrained_cfg  # type: ignore[assignment]
+    features = None
     if features_only:  # before loading: the head is gone, so a features model's file (no head) loads strictly
         saved = source.features or {}  # what a features model's file of ours records, unless given here
-        model = as_features_model(model, saved.get("out_indices") if out_indices is None else out_indices,
-                                  output_fmt=output_fmt or saved.get("output_fmt", "NCHW"),
-                                  norm=saved.get("norm", False))
-    if source.weights is not None:
+        features = ((saved.get("out_indices") if out_indices is None else out_indices,),
+                    {"output_fmt": output_fmt or saved.get("output_fmt", "NCHW"), "norm": saved.get("norm", False)})
+        model = as_features_model(model, *features[0], **features[1])
+    if source.weights is not None and not _load_swapped(model, entry, source, overrides, features=features,
+                                                        checkpoint_format=checkpoint_format, strict=strict):
         load_weights(model, source.weights, format=checkpoint_format, strict=strict)
     return model if attn_backend is None else set_attention_backend(model, attn_backend)

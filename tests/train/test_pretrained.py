@@ -110,3 +110,26 @@ def test_a_tag_trained_at_another_size_sets_the_folders_default(image_folder: Pa
                       DistInfo()).img_size == (256, 256)
     assert _load_data(TrainConfig(model=name, data=str(image_folder), batch_size=8, img_size=64),
                       DistInfo()).img_size == (64, 64)
+
+
+def test_compare_mechanisms_from_pretrained_weights(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``compare --attention A,B --pretrained FILE``: each mechanism starts from the file's weights (the swapped one
+    through the transfer: its projections are the file's, its new parameters neutral)."""
+    start = va.create_model("vit_digits_patch2_8_gap", num_classes=10)
+    va.save_weights(start, tmp_path / "start.safetensors")
+    out = tmp_path / "cmp"
+    with pytest.warns(UserWarning, match="attn_layer='mhsa' transferred to attn_layer='talking_heads'"):
+        assert main(["compare", "--attention", "mhsa,talking_heads", "--quick", "--batch-size", "128",
+                     "--lr", "1e-12", "--min-lr", "1e-12", "--no-progress", "--no-plot",
+                     "--pretrained", str(tmp_path / "start.safetensors"), "--output", str(out)]) == 0
+    own = start.state_dict()
+    runs = sorted(out.glob("*-vit_digits_patch2_8_gap"))
+    assert len(runs) == 2
+    for run in runs:
+        got = _weights(run)
+        for key in ("patch_embed.proj.3.weight", "blocks.3.attn.qkv.weight", "blocks.3.attn.proj.bias"):
+            torch.testing.assert_close(got[key], own[key], rtol=0, atol=1e-6, msg=f"{run.name} {key}")
+    heads = _weights(runs[1])["blocks.0.attn.proj_l.weight"]
+    torch.testing.assert_close(heads, torch.eye(heads.shape[0]), rtol=0, atol=1e-6)  # the identity mixing
+    rows = json.loads((out / "compare.json").read_text())
+    assert rows[0]["test_acc"] == pytest.approx(rows[1]["test_acc"], abs=0.01)  # the same model, to rounding

@@ -33,6 +33,7 @@ from ..functional.linear import apply_linear
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ._common import check_heads, check_prob
 from .registry import register_attention
+from .transfer import PACKED_QKV_SLOTS
 
 __all__ = ["CausalSelfAttention", "KVCache", "StaticKVCache", "causal_mask", "causal_pattern"]
 
@@ -228,6 +229,9 @@ class CausalSelfAttention(nn.Module):
     ``c_proj``, stored as ``nn.Linear``). Cost: ``4·N·C² + 2·N²·C`` multiply-adds.
     """
 
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = PACKED_QKV_SLOTS
+
     def __init__(
         self,
         dim: int,
@@ -243,6 +247,7 @@ class CausalSelfAttention(nn.Module):
         self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
+        self.scale = self.head_dim ** -0.5  # the logit scale (torch's default; read by attention.transfer)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.proj = nn.Linear(dim, dim, bias=proj_bias)

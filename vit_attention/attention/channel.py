@@ -35,6 +35,7 @@ from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.window import _CPU, _cached
 from ._common import check_heads, check_prob
 from .registry import register_attention
+from .transfer import PACKED_QKV_SLOTS
 
 __all__ = ["ChannelAttention", "channel_layout", "CHANNEL_FORMS"]
 
@@ -88,6 +89,9 @@ class ChannelAttention(nn.Module):
     Prefix tokens (and ``feat_size``) change nothing: every token is one coordinate of the channel
     vectors. Cost: ``4·N·C² + 2·N·C·hd`` multiply-adds.
     """
+
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = PACKED_QKV_SLOTS
 
     accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
 

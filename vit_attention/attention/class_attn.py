@@ -44,6 +44,9 @@ class ClassAttention(nn.Module):
     ``2·N·C² + 2·M·C² + 2·N·M·C`` multiply-adds.
     """
 
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = {"q": "q", "k": "k", "v": "v", "o": "proj"}
+
     def __init__(
         self,
         dim: int,

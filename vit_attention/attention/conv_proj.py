@@ -107,6 +107,9 @@ class ConvProjectionAttention(nn.Module):
     Cost: see :meth:`flops`.
     """
 
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = {"q": "proj_q", "k": "proj_k", "v": "proj_v", "o": "proj"}
+
     accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
 
     def __init__(
@@ -153,6 +156,25 @@ class ConvProjectionAttention(nn.Module):
         self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
+
+    def transfer_init(self) -> list[str]:
+        """Each depthwise conv + BatchNorm as the identity at inference (centre tap 1, BatchNorm undoing its eps),
+        so the queries are the carried projection's; keys and values keep the stride ``stride_kv``."""
+        done = []
+        with torch.no_grad():
+            for name in ("conv_proj_q", "conv_proj_k", "conv_proj_v"):
+                m = getattr(self, name)
+                if isinstance(m, ConvProjection):
+                    k = m.conv.kernel_size[0] // 2
+                    m.conv.weight.zero_()
+                    m.conv.weight[:, :, k, k] = 1.0
+                    m.bn.running_mean.zero_()
+                    m.bn.running_var.fill_(1.0)
+                    m.bn.weight.fill_((1.0 + m.bn.eps) ** 0.5)
+                    m.bn.bias.zero_()
+                    done.append(name)
+        return [f"{', '.join(done)}: identity at inference (depthwise centre tap 1, BatchNorm neutral; keys / values "
+                f"still subsampled by stride_kv={self.stride_kv})"] if done else []
 
     def key_grid(self, H: int, W: int) -> tuple[int, int]:
         """The keys' grid ``(h, w)`` for a query grid ``(H, W)``."""

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from ..functional.linear import apply_linear, linear
 from ..functional.window import log_relative_coords_table, relative_position_index, to_pair
 from .registry import register_attention, small_window_kwargs
+from .transfer import PACKED_QKV_SLOTS
 from .window import WindowAttentionBase
 
 __all__ = ["CosineWindowAttention"]
@@ -62,6 +63,9 @@ class CosineWindowAttention(WindowAttentionBase):
         pretrained_window_size: window the coordinates are normalised by (0 = own window).
         cpb_hidden: width of the continuous position bias MLP.
     """
+
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = PACKED_QKV_SLOTS
 
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 8,
                  shift_size: int | Sequence[int] = 0, qkv_bias: bool = True, attn_drop: float = 0.0,

@@ -126,6 +126,22 @@ class HaloAttention(nn.Module):
         nn.init.trunc_normal_(self.pos_embed.height_rel, std=self.scale)
         nn.init.trunc_normal_(self.pos_embed.width_rel, std=self.scale)
 
+    # ---- attention.transfer: another mechanism's weights into this one
+    @property
+    def transfer_slots(self) -> dict[str, str]:
+        """``q``, and the key / value rows of ``kv`` (per head: the key then the value channels) when they are
+        the same size; no output projection (HaloNet's blocks have it outside the mechanism)."""
+        if self.dim_head_qk != self.dim_head_v:
+            return {"q": "q"}
+        return {"q": "q", "k": "kv:0/2h", "v": "kv:1/2h"}
+
+    def transfer_init(self) -> list[str]:
+        """Zero relative tables: no position term beyond what the carried projections compute."""
+        with torch.no_grad():
+            self.pos_embed.height_rel.zero_()
+            self.pos_embed.width_rel.zero_()
+        return ["pos_embed: zeros (no position term)"]
+
     def padded_size(self, H: int, W: int) -> tuple[int, int]:
         """The map size attention runs on: each side rounded up to a multiple of ``block_size``."""
         b = self.block_size

@@ -110,6 +110,10 @@ class Longformer2DAttention(nn.Module):
         attn_drop, proj_drop: dropout on the weights / after the projection.
     """
 
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = {"q": ("query", "query_global"), "k": ("kv:0/2", "kv_global:0/2"),
+                      "v": ("kv:1/2", "kv_global:1/2"), "o": ("proj", "proj_global")}
+
     def __init__(self, dim: int, num_heads: int = 8, *, window_size: int = 7, share_weights: bool = True,
                  rel_pos_bias: bool = False, num_global_tokens: int = 1, qkv_bias: bool = True,
                  qk_scale: float | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from ..functional.linear import apply_linear
 from .registry import register_attention, small_window_kwargs
+from .transfer import PACKED_QKV_SLOTS
 from .window import WindowAttentionBase
 
 __all__ = ["LocallyGroupedAttention"]
@@ -58,6 +59,9 @@ class LocallyGroupedAttention(WindowAttentionBase):
         pad_mask: mask padded keys (True) or let the zero-padded tokens attend (False, timm).
         allow_padding: pad maps that are not group multiples (else raise).
     """
+
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = PACKED_QKV_SLOTS
 
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 7, qkv_bias: bool = True,
                  qk_scale: float | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0,

@@ -59,6 +59,9 @@ class MultiHeadAttention(nn.Module):
         attn_drop: dropout on the weights (alias ``dropout``, torch's name). proj_drop: on the output.
     """
 
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj"}
+
     def __init__(
         self,
         dim: int | None = None,
@@ -79,6 +82,7 @@ class MultiHeadAttention(nn.Module):
         self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         dim = _pick("dim", dim, "embed_dim", embed_dim, None)
         self.head_dim = check_heads(dim, num_heads)  # type: ignore[arg-type]
+        self.scale = self.head_dim ** -0.5  # the logit scale (torch's default; read by attention.transfer)
         self.dim = self.embed_dim = int(dim)  # type: ignore[arg-type]
         self.num_heads = num_heads
         self.kdim, self.vdim = kdim or self.dim, vdim or self.dim

@@ -20,6 +20,7 @@ from ..functional.tome import TokenMergeState
 from ._common import check_heads, check_prob
 from .registry import register_attention
 from .rope import make_rope
+from .transfer import PACKED_QKV_SLOTS
 
 __all__ = ["MultiHeadSelfAttention"]
 
@@ -50,6 +51,9 @@ class MultiHeadSelfAttention(nn.Module):
     attention, before ``proj`` (EVA-CLIP's ``inner_attn_ln``; timm Eva ``scale_attn_inner=True``, key
     ``norm``). Cost: ``4·N·C² + 2·N²·C`` multiply-adds (+ ``4·N·C`` with RoPE).
     """
+
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = PACKED_QKV_SLOTS
 
     def __init__(
         self,

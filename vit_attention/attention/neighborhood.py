@@ -31,6 +31,7 @@ from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION, capturing
 from ..functional.window import to_pair
 from ._common import ParamCache, check_heads, check_prob, check_spatial_call, uncacheable
 from .registry import register_attention
+from .transfer import PACKED_QKV_SLOTS
 
 __all__ = ["NeighborhoodAttention", "SmallMapWarning"]
 
@@ -86,6 +87,9 @@ class NeighborhoodAttention(nn.Module):
     original's behaviour); the first such call of each instance warns (:class:`SmallMapWarning`).
     """
 
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = PACKED_QKV_SLOTS
+
     def __init__(self, dim: int, num_heads: int, *, kernel_size: int | tuple[int, int] = 7,
                  dilation: int | tuple[int, int] = 1, qkv_bias: bool = True, qk_scale: float | None = None,
                  rel_pos_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
@@ -115,6 +119,39 @@ class NeighborhoodAttention(nn.Module):
         self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self._bias_cache = ParamCache()  # the tiles' bias, while rpb holds the same values
         self._warned_small_map = False  # SmallMapWarning: once per instance
+
+    # ---- attention.transfer: another mechanism's weights into this one
+    offset_bias_params = ("rpb",)
+
+    def transfer_init(self) -> list[str]:
+        """A zero ``rpb``: no position term beyond what the carried projections compute."""
+        if self.rpb is None:
+            return []
+        with torch.no_grad():
+            self.rpb.zero_()
+        return ["rpb: zeros (no position term)"]
+
+    def get_offset_bias(self) -> Tensor | None:
+        """``rpb`` ``[nh, 2Kh-1, 2Kw-1]`` is already an offset grid (key minus query) when undilated; None with
+        dilation (its entries are offsets in steps of ``d``) or without ``rpb``."""
+        if self.rpb is None or self.dilation != (1, 1):
+            return None
+        return self.rpb.detach().clone()
+
+    def set_offset_bias(self, grid: Tensor) -> bool:
+        """Read ``rpb`` off an offset grid ``[nh, 2a-1, 2b-1]``: entry ``(i, j)`` is the offset
+        ``((i - Kh + 1)·dh, (j - Kw + 1)·dw)``, zero beyond the grid's reach -> whether it was written."""
+        if self.rpb is None or grid.shape[0] != self.num_heads:
+            return False
+        (kh, kw), (dh, dw) = self.kernel_size, self.dilation
+        a, b = (grid.shape[1] + 1) // 2, (grid.shape[2] + 1) // 2
+        rows = torch.arange(-(kh - 1), kh) * dh + a - 1  # grid rows of this table's offsets
+        cols = torch.arange(-(kw - 1), kw) * dw + b - 1
+        ok = ((rows >= 0) & (rows < grid.shape[1]))[:, None] & ((cols >= 0) & (cols < grid.shape[2]))[None, :]
+        picked = grid[:, rows.clamp(0, grid.shape[1] - 1)][:, :, cols.clamp(0, grid.shape[2] - 1)]
+        with torch.no_grad():
+            self.rpb.copy_(torch.where(ok.to(grid.device), picked, torch.zeros_like(picked)))
+        return True
 
     def padded_size(self, H: int, W: int) -> tuple[int, int]:
         """The map size attention runs on: each side at least ``K·d`` (zero padding bottom / right)."""

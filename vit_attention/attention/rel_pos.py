@@ -52,6 +52,7 @@ from ..functional.window import to_pair
 from ..functional.window_attention import window_attention, window_tokens
 from ._common import check_heads, check_prob, check_spatial_call
 from .registry import register_attention, small_window_kwargs
+from .transfer import PACKED_QKV_SLOTS
 
 __all__ = ["RelPosAttention"]
 
@@ -99,6 +100,9 @@ class RelPosAttention(nn.Module):
         attn_drop, proj_drop: dropout on the weights and after ``proj``.
     """
 
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = PACKED_QKV_SLOTS
+
     accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
 
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 0,
@@ -132,6 +136,15 @@ class RelPosAttention(nn.Module):
             if not rel_pos_zero_init:
                 nn.init.trunc_normal_(self.rel_pos_h, std=0.02)
                 nn.init.trunc_normal_(self.rel_pos_w, std=0.02)
+
+    def transfer_init(self) -> list[str]:
+        """Zero ``rel_pos_h`` / ``rel_pos_w``: no position term beyond what the carried projections compute."""
+        if not self.use_rel_pos:
+            return []
+        with torch.no_grad():
+            self.rel_pos_h.zero_()
+            self.rel_pos_w.zero_()
+        return ["rel_pos_h, rel_pos_w: zeros (no position term)"]
 
     @property
     def is_windowed(self) -> bool:

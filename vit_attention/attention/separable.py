@@ -64,6 +64,9 @@ class SeparableAttention(nn.Module):
             proj_drop: after ``out_proj``.
     """
 
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = {"o": "out_proj"}
+
     accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into out_proj)
 
     def __init__(self, dim: int, num_heads: int = 1, *, patch_size: int = 1, qkv_bias: bool = True,

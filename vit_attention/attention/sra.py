@@ -93,6 +93,9 @@ class SpatialReductionAttention(nn.Module):
     (plus the LayerNorm), see :meth:`flops`.
     """
 
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = {"q": "q", "k": "kv:0/2", "v": "kv:1/2", "o": "proj"}
+
     accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
 
     def __init__(

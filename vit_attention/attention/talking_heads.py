@@ -22,6 +22,7 @@ from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.tome import TokenMergeState
 from ._common import check_heads, check_prob
 from .registry import register_attention
+from .transfer import PACKED_QKV_SLOTS
 
 __all__ = ["TalkingHeadsAttention", "mix_heads"]
 
@@ -74,6 +75,9 @@ class TalkingHeadsAttention(nn.Module):
     ``4·N·C² + 2·N²·C + 2·N²·nh²`` multiply-adds.
     """
 
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = PACKED_QKV_SLOTS
+
     def __init__(
         self,
         dim: int,
@@ -106,6 +110,14 @@ class TalkingHeadsAttention(nn.Module):
         return mix_heads(a, self.proj_w)  # [B, nh, N, N]
 
     supports_token_merging = True  # forward(x, tome=state): proportional attention, sets the merge metric
+
+    def transfer_init(self) -> list[str]:
+        """The head mixings before and after the softmax as the identity: the attention of the carried projections."""
+        with torch.no_grad():
+            for layer in (self.proj_l, self.proj_w):
+                layer.weight.copy_(torch.eye(self.num_heads))
+                layer.bias.zero_()
+        return ["proj_l, proj_w: identity (no mixing of the heads)"]
 
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
                 context: Tensor | None = None, tome: TokenMergeState | None = None) -> Tensor:

@@ -32,6 +32,7 @@ from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.unfold import patch_grid, patch_key_mask, unfold_layout
 from ._common import check_heads, check_prob, check_spatial_call
 from .registry import register_attention
+from .transfer import PACKED_QKV_SLOTS
 
 __all__ = ["UnfoldAttention"]
 
@@ -73,6 +74,9 @@ class UnfoldAttention(nn.Module):
         resize: ``"bilinear"`` (reference rule) or ``"mask"`` for maps that are not patch multiples.
         qkv_bias, qk_scale, attn_drop, proj_drop: as in ViT's attention.
     """
+
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = PACKED_QKV_SLOTS
 
     accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
 

@@ -34,6 +34,7 @@ from ..functional.window import relative_position_index, to_pair
 from ..functional.window_attention import window_attention, window_tokens
 from ._common import ParamCache, check_heads, check_prob, check_spatial_call, uncacheable
 from .registry import register_attention, small_window_kwargs
+from .transfer import PACKED_QKV_SLOTS, fit_offset_grid
 
 __all__ = ["WindowAttentionBase", "WindowAttention", "resize_window_bias_table"]
 
@@ -284,6 +285,9 @@ class WindowAttention(WindowAttentionBase):
         allow_padding: pad maps that are not window multiples (else raise).
     """
 
+    # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
+    transfer_slots = PACKED_QKV_SLOTS
+
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 7,
                  shift_size: int | Sequence[int] = 0, qkv_bias: bool = True, qk_scale: float | None = None,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, pad_first: bool = True,
@@ -317,4 +321,30 @@ class WindowAttention(WindowAttentionBase):
         index = relative_position_index(self.window_size, device=table.device)  # [N, N]
         N = index.shape[0]
         return table[index.view(-1)].view(N, N, -1).permute(2, 0, 1).contiguous()  # [nh, N, N]
+
+    # ---- attention.transfer: another mechanism's weights into this one
+    offset_bias_params = ("relative_position_bias_table",)
+
+    def transfer_init(self) -> list[str]:
+        """A zero table: no position term beyond what the carried projections compute."""
+        with torch.no_grad():
+            self.relative_position_bias_table.zero_()
+        return ["relative_position_bias_table: zeros (no position term)"]
+
+    def get_offset_bias(self) -> Tensor:
+        """The table as an offset grid ``[nh, 2Wh-1, 2Ww-1]`` (key minus query; the table is indexed by query
+        minus key, hence the flips)."""
+        (wh, ww), table = self.window_size, self.relative_position_bias_table.detach()
+        return table.view(2 * wh - 1, 2 * ww - 1, -1).permute(2, 0, 1).flip(1, 2).clone()
+
+    def set_offset_bias(self, grid: Tensor) -> bool:
+        """Write an offset grid ``[nh, 2a-1, 2b-1]`` (:func:`~vit_attention.attention.transfer.fit_offset_grid`:
+        offsets beyond its reach are zero) -> whether the heads matched."""
+        wh, ww = self.window_size
+        if grid.shape[0] != self.num_heads:
+            return False
+        fitted = fit_offset_grid(grid, (2 * wh - 1, 2 * ww - 1)).flip(1, 2).permute(1, 2, 0)
+        with torch.no_grad():
+            self.relative_position_bias_table.copy_(fitted.reshape(-1, self.num_heads))
+        return True
 

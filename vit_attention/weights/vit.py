@@ -129,10 +129,11 @@ _adapt_vit = vit_adapter()
 
 
 def drop_mismatched_heads(state: State, own: Mapping[str, Tensor], prefixes: tuple[str, ...], report: Any) -> State:
-    """Remove classifier tensors whose shape differs from the model's (a different ``num_classes``)."""
+    """Remove classifier tensors for another number of classes than the model's (a different ``num_classes``); a
+    head of another width (the checkpoint is another architecture) stays, for the shape check to report."""
     for prefix in prefixes:
         w = state.get(prefix + "weight")
-        if w is not None and prefix + "weight" in own and w.shape != own[prefix + "weight"].shape:
+        if w is not None and prefix + "weight" in own and w.shape[0] != own[prefix + "weight"].shape[0]:
             for key in [k for k in state if k.startswith(prefix)]:
                 del state[key]
             msg = (f"classifier {prefix.rstrip('.')} has {w.shape[0]} classes in the checkpoint and "
