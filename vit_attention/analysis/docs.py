@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..attention import create_attention, get_attention_spec, list_attention
+from ..attention.transfer import describe_transfer
 from ..factory import create_model
 from ..models import list_models
 from ..models.registry import aliases_of, get_model_entry
@@ -87,7 +88,12 @@ def mechanism_page(name: str, image: str | None = None) -> str:
              "`vit_attention.analysis.flops`, next to the Swin paper's Ω formulas for global (MSA) and 7×7 "
              "window (W-MSA) attention. The analytic count equals `torch.utils.flop_counter` (tested).", "",
              "| feature map h×w×C | heads | this mechanism | Ω(MSA) | Ω(W-MSA), M=7 |",
-             "|---|---:|---:|---:|---:|", *_cost_rows(name), ""]
+             "|---|---:|---:|---:|---:|", *_cost_rows(name), "",
+             "## Pretrained weights from another mechanism", "",
+             f"`create_model(NAME, attn_layer={name!r}, pretrained=...)` on a model trained with another mechanism "
+             "(and `compare --attention ... --pretrained`) carries the weights over "
+             "(`vit_attention.weights.transfer_weights`, from what this mechanism declares in its file):", "",
+             *describe_transfer(attn), ""]
     if image and _records_channels(name):  # attention over channels: its matrices, not a map
         lines += ["## Attention pattern", "",
                   f"![attention pattern of {name}]({image})", "",

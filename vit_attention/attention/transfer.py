@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-__all__ = ["PACKED_QKV_SLOTS", "ROLES", "Projections", "carry_attention", "fit_offset_grid", "get_projections",
-           "set_projections"]
+__all__ = ["PACKED_QKV_SLOTS", "ROLES", "Projections", "carry_attention", "describe_transfer", "fit_offset_grid",
+           "get_projections", "set_projections"]
 
 ROLES = ("q", "k", "v", "o")
 _BIAS_ATTR = {"q": "q_bias", "v": "v_bias"}  # separate biases (qkv_bias="qv"); the key has none
@@ -209,3 +209,31 @@ def carry_attention(source: nn.Module, target: nn.Module) -> tuple[list[str], li
 
 # where most mechanisms keep their projections: one packed Linear(C, 3C) [q | k | v] and ``proj``
 PACKED_QKV_SLOTS: dict[str, str] = {"q": "qkv:0/3", "k": "qkv:1/3", "v": "qkv:2/3", "o": "proj"}
+
+
+def _slot_text(path: str) -> str:
+    attr, i, n, per_head = _parse(path)
+    if n == 1:
+        return f"`{attr}`"
+    return f"`{attr}` (rows {i + 1} of {n}{', per head' if per_head else ''})"
+
+
+def describe_transfer(module: nn.Module) -> list[str]:
+    """What :func:`carry_attention` does with ``module`` as the target, as Markdown lines (the docs' pages):
+    where each role is written, what is set neutral (``transfer_init`` run on a copy), the offset bias."""
+    import copy
+
+    slots = _slots(module)
+    roles = ", ".join(f"{role} -> {' and '.join(_slot_text(p) for p in slots[role])}"
+                      for role in ROLES if role in slots)
+    lines = [f"* projections carried in: {roles}" if roles else "* no projection is carried in"]
+    missing = [r for r in ROLES if r not in slots]
+    if missing:
+        lines.append(f"* no counterpart for: {', '.join(missing)} (another mechanism's are left behind)")
+    init = getattr(copy.deepcopy(module), "transfer_init", None)
+    notes = init() if callable(init) else []
+    lines += [f"* set to add nothing: {n}" for n in notes]
+    if callable(getattr(module, "set_offset_bias", None)):
+        lines.append("* offset bias exchanged with the other mechanisms that have one (Swin's table, NAT's `rpb`): "
+                     "exact on the offsets both cover, zero beyond the source's")
+    return lines
