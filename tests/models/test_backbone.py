@@ -177,3 +177,53 @@ def test_get_classifier_and_reset() -> None:
     assert model.get_classifier() is model.head.fc and model.get_classifier().out_features == 5
     model.reset_classifier(0)
     assert isinstance(model.get_classifier(), torch.nn.Identity)
+
+
+def _count_module_calls(model: torch.nn.Module, fn) -> int:
+    """How many submodule forwards ``fn()`` runs."""
+    calls = [0]
+    hooks = [m.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            fn()
+    finally:
+        for h in hooks:
+            h.remove()
+    return calls[0]
+
+
+@pytest.mark.parametrize("family,name", FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_intermediates_only_stops_at_the_last_level_and_pruning_keeps_the_maps(family: str, name: str) -> None:
+    """``forward_intermediates(..., intermediates_only=True)`` runs nothing after the last chosen level, and
+    ``prune_intermediate_layers`` (timm's API) removes it for good: the chosen maps stay the same."""
+    import copy
+
+    from model_outputs import build
+
+    model, x = build(name, small_overrides(name))
+    levels = len(model.feature_info)
+    first = model.forward_intermediates(x, [0], intermediates_only=True)
+    full = _count_module_calls(model, lambda: model.forward_intermediates(x, [0]))
+    only = _count_module_calls(model, lambda: model.forward_intermediates(x, [0], intermediates_only=True))
+    from_last_block = bool(getattr(model, "pyramid_levels", None))  # ViTDet's pyramid: every level from the end
+    assert only == full if from_last_block else only < full
+    for indices in ([0], [levels - 2] if levels > 1 else [0]):
+        pruned = copy.deepcopy(model)
+        take = pruned.prune_intermediate_layers(indices)
+        assert take == indices and pruned.num_classes == 0
+        assert sum(p.numel() for p in pruned.parameters()) < sum(p.numel() for p in model.parameters())
+        with torch.no_grad():
+            got = pruned.forward_intermediates(x, take, intermediates_only=True)
+            want = model.forward_intermediates(x, take, intermediates_only=True)
+            pruned.forward_intermediates(x, take)  # the final output still computes
+        assert len(got) == len(want) == 1
+        torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    torch.testing.assert_close(first[0], model.forward_intermediates(x, [0])[1][0], rtol=0, atol=0)
+    assert model.head_hidden_size == (getattr(model.cfg, "representation_size", None) or model.num_features)
+
+
+def test_head_hidden_size_is_the_representation_layer_where_there_is_one() -> None:
+    model = create_model("vit_base_patch16_224_in21k", depth=1, embed_dim=32, num_heads=2, representation_size=48)
+    assert model.head_hidden_size == 48 == model.get_classifier().in_features
+    plain = create_model("vit_base_patch16_224", depth=1, embed_dim=32, num_heads=2)
+    assert plain.head_hidden_size == 32 == plain.get_classifier().in_features

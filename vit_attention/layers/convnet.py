@@ -44,6 +44,12 @@ class ConvStagesMixin:
         with ``global_pool=""`` the channels-last map, per position)."""
         return self.head(self.pool(x.permute(0, 2, 3, 1)), pre_logits=pre_logits)
 
+    def _prune_after(self, last: int) -> None:
+        """Keep stages ``0..last`` (``prune_intermediate_layers``); ``final_conv`` goes with the last stage."""
+        if last < len(self.stages) - 1:
+            self.stages = self.stages[:last + 1]
+            self.final_conv = nn.Identity()
+
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
                               ) -> Any:
@@ -65,6 +71,8 @@ class ConvStagesMixin:
                 x = self.final_conv(x)
             if i in take:
                 outs.append(x if output_fmt == "NCHW" else x.permute(0, 2, 3, 1))
+                if intermediates_only and i == max(take):
+                    break  # the stages after the last chosen one are not needed
         if intermediates_only:
             return outs
         return x, outs

@@ -107,9 +107,11 @@ def run_blocks(blocks: Iterable[nn.Module], x: Tensor, *args: Any, checkpoint: b
 
 def run_blocks_with_taps(blocks: Sequence[nn.Module], x: Tensor, *args: Any, checkpoint: bool = False,
                          taps: Collection[int] | None = None, after: Mapping[int, Callable[..., Tensor]] | None = None,
-                         ) -> tuple[Tensor, list[Tensor]]:
+                         stop_at_last_tap: bool = False) -> tuple[Tensor, list[Tensor]]:
     """:func:`run_blocks` that also returns the outputs of blocks ``taps`` (in order) and runs ``after[i](x, *args)``
-    on the output of block ``i`` (a PEG: CPVT, Twins), before it is tapped: ``x -> (x, [tapped x])``."""
+    on the output of block ``i`` (a PEG: CPVT, Twins), before it is tapped: ``x -> (x, [tapped x])``.
+    ``stop_at_last_tap``: the blocks after the last tap (and PEG) are not run (``forward_intermediates(...,
+    intermediates_only=True)``, features models); ``x`` is then the last tapped output."""
     if not taps and not after:
         return run_blocks(blocks, x, *args, checkpoint=checkpoint), []
     seq = list(blocks)
@@ -122,6 +124,8 @@ def run_blocks_with_taps(blocks: Sequence[nn.Module], x: Tensor, *args: Any, che
         if taps and i in taps:
             saved.append(x)
         start = i + 1
+    if stop_at_last_tap and taps:
+        return x, saved
     return run_blocks(seq[start:], x, *args, checkpoint=checkpoint), saved
 
 
@@ -186,11 +190,13 @@ class Stage(nn.Module):
 
 def run_stages(stages: Iterable[nn.Module], x: Tensor | Tokens, take: Collection[int] = (), *,
                last_norm: Callable[[Tensor], Tensor] | None = None,
-               output_fmt: Literal["NCHW", "NHWC"] = "NCHW") -> tuple[Tensor | Tokens, list[Tensor]]:
+               output_fmt: Literal["NCHW", "NHWC"] = "NCHW", stop_at_last_tap: bool = False,
+               ) -> tuple[Tensor | Tokens, list[Tensor]]:
     """The stages in order, ``x -> (last stage's output, [maps of stages take])``.
 
     A tapped stage gives its map (:func:`as_map`: prefix tokens left out), ``[B, C_i, H_i, W_i]``
     (``NCHW``) or ``[B, H_i, W_i, C_i]`` (``NHWC``); ``last_norm`` is applied to the last stage's map.
+    ``stop_at_last_tap``: the stages after the last one in ``take`` are not run (then ``x`` is its output).
     """
     if output_fmt not in ("NCHW", "NHWC"):
         raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
@@ -203,6 +209,8 @@ def run_stages(stages: Iterable[nn.Module], x: Tensor | Tokens, take: Collection
             if last_norm is not None and i == len(stages) - 1:
                 y = last_norm(y)
             outs.append(rearrange(y, "b h w c -> b c h w") if output_fmt == "NCHW" else y)
+            if stop_at_last_tap and i == max(take):
+                break
     return x, outs
 
 
@@ -213,10 +221,11 @@ def staged_intermediates(stages: Sequence[nn.Module], x: Tensor | Tokens, indice
 
     ``indices`` as :func:`resolve_indices` (stages); maps as :func:`run_stages` (``norm``: ``final_norm`` on the
     last stage's map); ``final``: ``final_norm`` of the last stage's output (its tokens when it gives
-    :class:`Tokens`, else its map).
+    :class:`Tokens`, else its map). With ``intermediates_only`` the stages after the last chosen one do not run.
     """
     take = resolve_indices(indices, len(stages), "stage")
-    x, outs = run_stages(stages, x, take, last_norm=final_norm if norm else None, output_fmt=output_fmt)
+    x, outs = run_stages(stages, x, take, last_norm=final_norm if norm else None, output_fmt=output_fmt,
+                         stop_at_last_tap=intermediates_only)
     if intermediates_only:
         return outs
     return final_norm(x.x if isinstance(x, Tokens) else x), outs

@@ -191,6 +191,63 @@ class Backbone(nn.Module):
         return staged_intermediates(self._stages(), self._embed(x), indices, self.norm, norm=norm,
                                     output_fmt=output_fmt, intermediates_only=intermediates_only)
 
+    # ------------------------------------------------------------------ pruning (timm's prune_intermediate_layers)
+    def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        """Remove what :meth:`forward_intermediates` ``(x, indices)`` does not need, in place (timm's API, for
+        feature extraction): the blocks / stages after the last chosen level, and the classifier.
+
+        ``indices`` as :meth:`forward_intermediates` takes them (an int ``n`` = the last ``n`` levels, or level
+        indices, negative allowed). ``prune_norm``: the final norm too (it is removed anyway when stages of a
+        hierarchical model are cut: it belongs to the last stage's width). ``prune_head``: the classifier and
+        the parts before it (``fc_norm``, attention pooling, CaiT's class-attention blocks); ``num_classes``
+        becomes 0. Returns the levels as absolute indices into the model's levels, which stay numbered as
+        before: pass them to :meth:`forward_intermediates`. ``feature_info`` is unchanged.
+        """
+        take = resolve_indices(indices, self._num_levels(), "feature level")
+        self._prune_after(max(take))
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self._prune_head()
+        return take
+
+    def _num_levels(self) -> int:
+        """How many levels :meth:`forward_intermediates` indexes: the blocks (isotropic) or the stages."""
+        stages = getattr(self, self.stages_attr, None)
+        return len(stages) if isinstance(stages, nn.Sequential) else len(self.blocks)
+
+    def _prune_after(self, last: int) -> None:
+        """Keep levels ``0..last``: the first ``last + 1`` stages (and no final norm if stages went), or blocks
+        (and no PEG after a removed block)."""
+        stages = getattr(self, self.stages_attr, None)
+        if isinstance(stages, nn.Sequential):
+            if last < len(stages) - 1:
+                setattr(self, self.stages_attr, stages[:last + 1])
+                self.norm = nn.Identity()  # the last stage's width: gone with it
+            return
+        self.blocks = self.blocks[:last + 1]
+        pegs = getattr(self, "pos_block", None)
+        if isinstance(pegs, nn.ModuleDict):
+            for key in [k for k in pegs if int(k) > last]:
+                del pegs[key]
+
+    def _prune_head(self) -> None:
+        """No classifier (``num_classes=0``, no pooling where the family allows ``global_pool=""``) and no part
+        that only feeds it."""
+        self.reset_classifier(0, "" if "" in self.pools and self.global_pool != "" else None)
+        if isinstance(getattr(self, "fc_norm", None), nn.Module):
+            self.fc_norm = nn.Identity()
+        if getattr(self, "attn_pool", None) is not None:
+            self.attn_pool = None
+
+    @property
+    def head_hidden_size(self) -> int:
+        """Width of the features the classifier's ``Linear`` reads (timm's ``head_hidden_size``): the
+        representation layer's (original ViT-21k's ``pre_logits``) where there is one, else ``num_features``."""
+        rep = getattr(self.cfg, "representation_size", None)
+        return int(rep) if rep else int(self.num_features)
+
     # ------------------------------------------------------------------ input size
     def set_input_size(self, img_size: int | tuple[int, int] | None = None) -> None:
         """Change the nominal input size permanently, in place (timm's ``set_input_size``), for a family
@@ -394,10 +451,12 @@ class TokenMergingMixin:
         self.token_merging = (schedule, bool(prop_attn))
 
     def _run_blocks_merging(self, x: Tensor, feat_size: tuple[int, int], indices: set[int] | None, *,
-                            rope_grid: bool = False, num_prefix: int | None = None) -> tuple[Tensor, list[Tensor]]:
+                            rope_grid: bool = False, num_prefix: int | None = None, stop: bool = False,
+                            ) -> tuple[Tensor, list[Tensor]]:
         """``x [B, P + N, C]`` through ``blocks`` merging as they go: ``-> (tokens, [outputs of blocks indices])``,
         both back on the ``P + N`` original tokens. ``rope_grid``: carry grid positions for RoPE;
-        ``num_prefix``: ``P`` of the blocks' input (default ``num_prefix_tokens``)."""
+        ``num_prefix``: ``P`` of the blocks' input (default ``num_prefix_tokens``); ``stop``: no block after
+        the last of ``indices`` runs."""
         assert self.token_merging is not None
         schedule, prop_attn = self.token_merging
         P = self.num_prefix_tokens if num_prefix is None else num_prefix
@@ -407,6 +466,8 @@ class TokenMergingMixin:
             x = blk(x, feat_size, P, tome=state)  # [B, T_i, C]
             if indices and i in indices:
                 saved.append(state.unmerge(x))  # [B, P + N, C]
+                if stop and i == max(indices):
+                    break
         return state.unmerge(x), saved
 
 

@@ -203,15 +203,16 @@ class Cait(TokenMergingMixin, Backbone):
             pos = resample_abs_pos_embed(pos, feat_size, self.grid_size, num_prefix_tokens=0)
         return self.pos_drop(x + pos), feat_size
 
-    def _run_blocks(self, x: Tensor, feat_size: tuple[int, int], indices: set[int] | None = None
-                    ) -> tuple[Tensor, list[Tensor]]:
+    def _run_blocks(self, x: Tensor, feat_size: tuple[int, int], indices: set[int] | None = None, *,
+                    stop: bool = False) -> tuple[Tensor, list[Tensor]]:
         """Patch tokens ``[B, N, C]`` through the self-attention blocks:
         ``-> (tokens [B, N, C], [outputs of blocks indices])``; with token merging (:meth:`set_token_merging`) the
-        self-attention blocks merge and the class-attention stage sees the tokens back in image space."""
+        self-attention blocks merge and the class-attention stage sees the tokens back in image space.
+        ``stop``: no block after the last of ``indices`` runs."""
         if self.token_merging is not None:
-            return self._run_blocks_merging(x, feat_size, indices, num_prefix=0)
+            return self._run_blocks_merging(x, feat_size, indices, num_prefix=0, stop=stop)
         return run_blocks_with_taps(self.blocks, x, feat_size, 0, checkpoint=self.grad_checkpointing and self.training,
-                                    taps=indices)
+                                    taps=indices, stop_at_last_tap=stop)
 
     def forward_cls(self, x: Tensor, feat_size: tuple[int, int] | None = None) -> Tensor:
         """Class-attention stage: patch tokens ``[B, N, C]`` -> ``[B, 1 + N, C]`` (class token first).
@@ -223,6 +224,11 @@ class Cait(TokenMergingMixin, Backbone):
         for blk in self.blocks_token_only:
             cls = blk(cls, feat_size, context=x)  # [B, 1, C]
         return torch.cat([cls, x], dim=1)  # [B, 1 + N, C]
+
+    def _prune_head(self) -> None:
+        """The classifier and the class-attention stage that only feeds it (``prune_intermediate_layers``)."""
+        super()._prune_head()
+        self.blocks_token_only = nn.ModuleList()
 
     def block_names(self) -> list[str]:
         """The self-attention blocks, then the class-attention ones (the order the forward runs them)."""
@@ -247,7 +253,7 @@ class Cait(TokenMergingMixin, Backbone):
         """
         take = isotropic_taps(indices, len(self.blocks), output_fmt)
         x, feat_size = self._embed(x)
-        x, saved = self._run_blocks(x, feat_size, set(take))
+        x, saved = self._run_blocks(x, feat_size, set(take), stop=intermediates_only)
         outs = tokens_to_intermediates(saved, feat_size, norm=self.norm if norm else None, output_fmt=output_fmt)
         if intermediates_only:
             return outs

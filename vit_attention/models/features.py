@@ -10,6 +10,8 @@ returns a list of maps, one per entry of ``out_indices``:
 * It works for every family that has what DESIGN.md §3 asks of every model: ``feature_info``
   (one dict per block or stage: ``num_chs``, ``reduction``, ``module``) and
   ``forward_intermediates(x, indices, norm=, output_fmt=, intermediates_only=True)``.
+* Nothing after the last ``out_indices`` entry runs (``forward_intermediates(..., intermediates_only=True)``
+  stops there); the modules stay, so a full checkpoint still loads (``prune_intermediate_layers`` removes them).
 * Default ``out_indices``: a model's own ``default_out_indices`` if it declares one; else every
   stage of a hierarchical model (strides differ), and the last 3 blocks of a plain (isotropic)
   one such as ViT (timm 1.0.31: ``out_indices=3`` for ``vision_transformer``, all stages for Swin).

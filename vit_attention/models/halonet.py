@@ -341,6 +341,19 @@ class HaloNet(ConvStagesMixin, Backbone):
     # ------------------------------------------------------------------ API
     # forward_features / forward_head: ConvStagesMixin; forward / reset_classifier / pooling / checkpointing /
     # no_weight_decay: Backbone. The feature levels are timm's (stem taps, the maps before each stride).
+    def _num_levels(self) -> int:
+        return len(self._taps)
+
+    def _prune_after(self, last: int) -> None:
+        """Keep what feature level ``last`` needs (``prune_intermediate_layers``): the stem, the stages up to
+        the one it taps, ``final_conv`` only for the last level."""
+        tap = self._taps[last]
+        if tap == "final_conv":
+            return
+        keep = int(tap.split(".")[1]) + 1 if tap.startswith("stages.") else 0
+        self.stages = self.stages[:keep]
+        self.final_conv = nn.Identity()
+
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
                               ) -> Any:
@@ -359,8 +372,11 @@ class HaloNet(ConvStagesMixin, Backbone):
             maps[f"stem.{self.stem.tap}"] = tap
         maps["stem"] = x
         for i, stage in enumerate(self.stages):
+            if intermediates_only and take <= maps.keys():
+                break  # the stages after the last chosen level are not needed
             x = maps[f"stages.{i}"] = stage(x)
-        x = maps["final_conv"] = self.final_conv(x)
+        else:
+            x = maps["final_conv"] = self.final_conv(x)
         outs = [maps[m] if output_fmt == "NCHW" else maps[m].permute(0, 2, 3, 1) for m in self._taps if m in take]
         if intermediates_only:
             return outs

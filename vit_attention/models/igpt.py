@@ -372,12 +372,12 @@ class ImageGPT(Backbone):
                              f"(img_size {self.grid_size})")
         return self.pos_drop(self.tok_embed(ids) + self.pos_embed[:, start:start + n])  # [B, n, C]
 
-    def _run_blocks(self, x: Tensor, feat_size: tuple[int, int] | None, indices: set[int] | None = None
-                    ) -> tuple[Tensor, list[Tensor]]:
+    def _run_blocks(self, x: Tensor, feat_size: tuple[int, int] | None, indices: set[int] | None = None, *,
+                    stop: bool = False) -> tuple[Tensor, list[Tensor]]:
         """Embeddings ``[B, n, C]`` through the blocks (``feat_size``: the pixel grid when ``n = N``, else None):
-        ``-> (hidden [B, n, C], [outputs of blocks indices])``."""
+        ``-> (hidden [B, n, C], [outputs of blocks indices])``; ``stop``: none after the last of ``indices``."""
         return run_blocks_with_taps(self.blocks, x, feat_size, 0, checkpoint=self.grad_checkpointing and self.training,
-                                    taps=indices)
+                                    taps=indices, stop_at_last_tap=stop)
 
     def forward_tokens(self, ids: Tensor, *, cache: KVCache | StaticKVCache | None = None) -> Tensor:
         """Token ids ``[B, n]`` -> final-norm hidden states ``[B, n, C]`` (Hugging Face ``ImageGPTModel``).
@@ -456,7 +456,7 @@ class ImageGPT(Backbone):
         ids = self._input_ids(x)
         if ids.shape[1] != self.num_tokens:
             raise ValueError(f"forward_intermediates needs all {self.num_tokens} tokens, got {ids.shape[1]}")
-        h, saved = self._run_blocks(self._embed(ids), self.grid_size, set(take))
+        h, saved = self._run_blocks(self._embed(ids), self.grid_size, set(take), stop=intermediates_only)
         outs = tokens_to_intermediates(saved, self.grid_size, norm=self.norm if norm else None, output_fmt=output_fmt)
         return outs if intermediates_only else (self.norm(h), outs)
 

@@ -348,15 +348,16 @@ class VisionTransformer(TokenMergingMixin, Backbone):
             return f"{type(self).__name__} runs position convolutions (PEG) between blocks, which need the token grid"
         return None
 
-    def _run_blocks(self, x: Tensor, feat_size: tuple[int, int], indices: set[int] | None = None
-                    ) -> tuple[Tensor, list[Tensor]]:
+    def _run_blocks(self, x: Tensor, feat_size: tuple[int, int], indices: set[int] | None = None, *,
+                    stop: bool = False) -> tuple[Tensor, list[Tensor]]:
         """Tokens ``[B, P + N, C]`` through the blocks (the PEGs after blocks ``peg_after``):
-        ``-> (tokens [B, P + N, C], [outputs of blocks indices])``."""
+        ``-> (tokens [B, P + N, C], [outputs of blocks indices])``; ``stop``: none after the last of ``indices``."""
         if self.token_merging is not None:
-            return self._run_blocks_merging(x, feat_size, indices, rope_grid=self.cfg.rope is not None)
+            return self._run_blocks_merging(x, feat_size, indices, rope_grid=self.cfg.rope is not None, stop=stop)
         after = {int(i): peg for i, peg in self.pos_block.items()} if self.pos_block is not None else None
         return run_blocks_with_taps(self.blocks, x, feat_size, self.num_prefix_tokens,
-                                    checkpoint=self.grad_checkpointing and self.training, taps=indices, after=after)
+                                    checkpoint=self.grad_checkpointing and self.training, taps=indices, after=after,
+                                    stop_at_last_tap=stop)
 
     def _embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:  # type: ignore[override]
         """Images ``[B, Cin, H, W]`` -> the blocks' input ``[B, P + N, C]`` (prefix tokens, positions) and the grid."""
@@ -408,7 +409,7 @@ class VisionTransformer(TokenMergingMixin, Backbone):
         """
         take = isotropic_taps(indices, len(self.blocks), output_fmt)
         x, feat_size = self._embed(x)
-        x, saved = self._run_blocks(x, feat_size, set(take))
+        x, saved = self._run_blocks(x, feat_size, set(take), stop=intermediates_only)
         outs = tokens_to_intermediates(saved, feat_size, self.num_prefix_tokens, norm=self.norm if norm else None,
                                        output_fmt=output_fmt, return_prefix_tokens=return_prefix_tokens)
         if intermediates_only:

@@ -328,9 +328,12 @@ class ViTDet(Backbone):
             x = x + self.abs_pos((x.shape[1], x.shape[2]))
         return x
 
-    def _run_blocks(self, x: Tensor, indices: set[int] | None = None) -> tuple[Tensor, list[Tensor]]:
-        """Map ``[B, H', W', C]`` through the blocks: ``-> (map [B, H', W', C], [outputs of blocks indices])``."""
-        return run_blocks_with_taps(self.blocks, x, checkpoint=self.grad_checkpointing and self.training, taps=indices)
+    def _run_blocks(self, x: Tensor, indices: set[int] | None = None, *, stop: bool = False
+                    ) -> tuple[Tensor, list[Tensor]]:
+        """Map ``[B, H', W', C]`` through the blocks: ``-> (map [B, H', W', C], [outputs of blocks indices])``;
+        ``stop``: none after the last of ``indices``."""
+        return run_blocks_with_taps(self.blocks, x, checkpoint=self.grad_checkpointing and self.training, taps=indices,
+                                    stop_at_last_tap=stop)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> the last backbone map ``[B, H/16, W/16, C]`` (channels-last)."""
@@ -350,6 +353,15 @@ class ViTDet(Backbone):
         """Images ``[B, Cin, H, W]`` -> ``{"p2", "p3", "p4", "p5", "p6"}`` maps ``[B, 256, H/s, W/s]``
         (``s`` = 4 ... 64, :meth:`output_shape`), as detectron2's ``SimpleFeaturePyramid`` returns."""
         return self.pyramid_from_map(self.forward_features(x))
+
+    def _num_levels(self) -> int:
+        return len(self.pyramid_levels) if self.pyramid_levels else len(self.blocks)
+
+    def _prune_after(self, last: int) -> None:
+        """Without a pyramid, the blocks after block ``last`` go (``prune_intermediate_layers``); with one, nothing:
+        every level comes from the last block (the pyramid's own convolutions are a small share)."""
+        if not self.pyramid_levels:
+            self.blocks = self.blocks[:last + 1]
 
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
@@ -371,7 +383,7 @@ class ViTDet(Backbone):
             if output_fmt == "NHWC":
                 outs = [o.permute(0, 2, 3, 1) for o in outs]
         else:
-            last, outs = self._run_blocks(self._embed(x), set(take))  # [B, H', W', C] each
+            last, outs = self._run_blocks(self._embed(x), set(take), stop=intermediates_only)  # [B, H', W', C] each
             if output_fmt == "NCHW":
                 outs = [o.permute(0, 3, 1, 2) for o in outs]
         if intermediates_only:
