@@ -64,7 +64,10 @@ def _load_swapped(model: nn.Module, entry: Any, source: Any, overrides: Mapping[
         return False
     kwargs = {k[: -len("layer")] + "kwargs" for k in layers}
     recorded: dict[str, Any] = {}  # a file of ours says which mechanisms and options its weights were trained with
-    saved = describe_checkpoint(source.weights) if isinstance(source.weights, (str, Path)) else None
+    try:  # a transformers folder, a timm or torchvision file: no record of ours (the preset's mechanisms, then)
+        saved = describe_checkpoint(source.weights) if isinstance(source.weights, (str, Path)) else None
+    except (OSError, ValueError):
+        saved = None
     if saved is not None and get_model_entry(saved.model_name).name == entry.name:
         recorded = {k: v for k, v in saved.config.items() if k in layers | kwargs}
     donor_cfg = entry.config(**{**source.config_overrides,

@@ -102,3 +102,23 @@ def test_transfer_report_lists_what_it_could_not_copy() -> None:
     report = transfer_weights(donor, target)
     assert report.layout == "transfer" and not report.missing and not report.unexpected
     assert any("sra -> mhsa" in n and "not carried from the source: norm, sr" in n for n in report.notes)
+
+
+def test_a_transformers_folder_into_another_mechanism(tmp_path: Path) -> None:
+    """Foreign weights (a transformers ViT folder: converted, configured by its config.json) into talking heads:
+    the donor is the preset with the folder's config, and the identity head mixing keeps the HF model's logits."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    ref = tf.ViTForImageClassification(tf.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                                    num_attention_heads=2, intermediate_size=64, num_labels=3)).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # biases off zero: a dropped bias would show
+    ref.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match="attn_layer='mhsa' transferred to attn_layer='talking_heads'"):
+        model = va.create_model("vit_base_patch16_224", attn_layer="talking_heads", pretrained=tmp_path).eval()
+    assert model.cfg.embed_dim == 32 and model.num_classes == 3
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(pixel_values=x).logits, rtol=1e-4, atol=1e-4)
