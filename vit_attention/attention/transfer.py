@@ -191,16 +191,16 @@ def carry_attention(source: nn.Module, target: nn.Module) -> tuple[list[str], li
             table = set(getattr(target, "offset_bias_params", ()))
             written |= table
             notes = [n for n in notes if n.split(":")[0] not in table]  # its neutral value was overwritten
-    own = target.state_dict()
-    same = [k for k, v in source.state_dict().items()
+    own, theirs = target.state_dict(), source.state_dict()
+    same = [k for k, v in theirs.items()
             if k in own and k.rsplit(".", 1)[0] not in written and k not in written and own[k].shape == v.shape]
     if same:
-        target.load_state_dict({k: source.state_dict()[k] for k in same}, strict=False)
+        target.load_state_dict({k: theirs[k] for k in same}, strict=False)
         carried.append(", ".join(sorted({k.split(".")[0] for k in same if k.split(".")[0] not in written})))
     read = {p.split(":")[0] for paths in _slots(source).values() for p in paths} | set(_BIAS_ATTR.values())
     if "offset bias" in carried:
         read |= set(getattr(source, "offset_bias_params", ()))
-    behind = sorted({k.split(".")[0] for k in source.state_dict()
+    behind = sorted({k.split(".")[0] for k in theirs
                      if k not in same and k.split(".")[0] not in read and k.rsplit(".", 1)[0] not in read})
     if behind:
         notes.append(f"not carried from the source: {', '.join(behind)}")

@@ -202,6 +202,7 @@ def run_stages(stages: Iterable[nn.Module], x: Tensor | Tokens, take: Collection
         raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
     stages = list(stages)
     outs: list[Tensor] = []
+    last = max(take) if stop_at_last_tap and take else None
     for i, stage in enumerate(stages):
         x = stage(x)
         if i in take:
@@ -209,7 +210,7 @@ def run_stages(stages: Iterable[nn.Module], x: Tensor | Tokens, take: Collection
             if last_norm is not None and i == len(stages) - 1:
                 y = last_norm(y)
             outs.append(rearrange(y, "b h w c -> b c h w") if output_fmt == "NCHW" else y)
-            if stop_at_last_tap and i == max(take):
+            if i == last:
                 break
     return x, outs
 

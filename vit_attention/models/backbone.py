@@ -235,7 +235,7 @@ class Backbone(nn.Module):
     def _prune_head(self) -> None:
         """No classifier (``num_classes=0``, no pooling where the family allows ``global_pool=""``) and no part
         that only feeds it."""
-        self.reset_classifier(0, "" if "" in self.pools and self.global_pool != "" else None)
+        self.reset_classifier(0, "" if "" in self.pools else None)
         if isinstance(getattr(self, "fc_norm", None), nn.Module):
             self.fc_norm = nn.Identity()
         if getattr(self, "attn_pool", None) is not None:
@@ -462,12 +462,13 @@ class TokenMergingMixin:
         P = self.num_prefix_tokens if num_prefix is None else num_prefix
         state = TokenMergeState(x, P, schedule, prop_attn=prop_attn, grid=feat_size if rope_grid else None)
         saved: list[Tensor] = []
+        last = max(indices) if stop and indices else None
         for i, blk in enumerate(self.blocks):
             x = blk(x, feat_size, P, tome=state)  # [B, T_i, C]
             if indices and i in indices:
                 saved.append(state.unmerge(x))  # [B, P + N, C]
-                if stop and i == max(indices):
-                    break
+            if i == last:
+                break
         return state.unmerge(x), saved
 
 
