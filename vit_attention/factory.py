@@ -92,7 +92,8 @@ def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any]
                  num_classes: int | None = None, img_size: int | tuple[int, int] | None = None,
                  checkpoint_format: str = "auto", strict: bool = True, features_only: bool = False,
                  out_indices: int | Sequence[int] | None = None, output_fmt: str | None = None,
-                 attn_backend: str | None = None, **overrides: Any) -> nn.Module:
+                 feature_prune: bool | None = None, attn_backend: str | None = None,
+                 **overrides: Any) -> nn.Module:
     """Build registered model ``name`` (or alias, optionally ``NAME.TAG``) with config ``overrides``.
 
     ``num_classes`` defaults to the preset's (its default tag's head, as in timm: 0 for towers published
@@ -119,13 +120,16 @@ def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any]
     ``out_indices`` entry (an int ``k`` = the last ``k``, negative indices allowed; default: every
     stage, or the last 3 blocks of ViT), ``model.feature_info.channels()`` / ``.reduction()`` in
     that order; ``output_fmt`` ``"NCHW"`` (default), ``"NHWC"`` (hierarchical) or ``"NLC"`` (ViT).
+    ``feature_prune`` (default True, or what a features model's file records): remove the layers after
+    the last ``out_indices`` entry and what only fed the classifier, as timm's features models do (no
+    parameter without a gradient under DDP); False keeps them (they do not run either way).
     ``attn_backend``: ``"auto"`` (default), ``"sdpa"``, ``"explicit"`` or ``"flex"``, the attention
     backend of every mechanism in the model (:func:`vit_attention.attention.set_attention_backend`;
     a run-time choice, not part of the config: the weights are the same on every backend).
     Returns the model (images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``).
     """
-    if not features_only and (out_indices is not None or output_fmt is not None):
-        raise ValueError("out_indices and output_fmt are options of features_only=True")
+    if not features_only and (out_indices is not None or output_fmt is not None or feature_prune is not None):
+        raise ValueError("out_indices, output_fmt and feature_prune are options of features_only=True")
     if attn_backend is not None:
         check_backend(attn_backend, "attn_backend")
     base, tag = split_model_tag(name) if isinstance(name, str) else (name, None)
@@ -144,7 +148,8 @@ def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any]
     if features_only:  # before loading: the head is gone, so a features model's file (no head) loads strictly
         saved = source.features or {}  # what a features model's file of ours records, unless given here
         features = ((saved.get("out_indices") if out_indices is None else out_indices,),
-                    {"output_fmt": output_fmt or saved.get("output_fmt", "NCHW"), "norm": saved.get("norm", False)})
+                    {"output_fmt": output_fmt or saved.get("output_fmt", "NCHW"), "norm": saved.get("norm", False),
+                     "prune": saved.get("prune", True) if feature_prune is None else bool(feature_prune)})
         model = as_features_model(model, *features[0], **features[1])
     if source.weights is not None and not _load_swapped(model, entry, source, overrides, features=features,
                                                         checkpoint_format=checkpoint_format, strict=strict):

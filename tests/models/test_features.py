@@ -77,11 +77,15 @@ def test_options_need_features_only() -> None:
 
 @pytest.mark.parametrize("name", ["deit_tiny_distilled_patch16_224", "swinv2_tiny_window8_256"])
 def test_maps_equal_the_full_models_intermediates(name: str) -> None:
-    """A full model's state dict (head included) loads strictly; maps are its forward_intermediates."""
+    """A full model's state dict (head included) loads strictly; maps are its forward_intermediates. Without
+    pruning the features model keeps every backbone key; with it (the default), what it lacks is ``pruned_keys``."""
     over = small_overrides(name)
     full = create_model(name, **over).eval()
+    kept = create_model(name, features_only=True, out_indices=(-1, 0), feature_prune=False, **over)
+    backbone = {k for k in full.state_dict() if not k.startswith(HEAD_PREFIXES)}
+    assert set(kept.state_dict()) == backbone and not kept.pruned_keys
     feats = create_model(name, features_only=True, out_indices=(-1, 0), **over).eval()
-    assert set(feats.state_dict()) == {k for k in full.state_dict() if not k.startswith(HEAD_PREFIXES)}
+    assert set(feats.state_dict()) == backbone - feats.pruned_keys and feats.pruned_keys <= set(full.state_dict())
     feats.load_state_dict(full.state_dict())  # strict: head keys ignored, nothing missing
     x = _input(full)
     with torch.no_grad():
@@ -233,3 +237,43 @@ def test_saved_features_model_loads_back_by_both_routes(name: str, tmp_path) -> 
         assert all(torch.equal(a, b) for a, b in zip(from_plain(x), ref_plain, strict=True))
     with pytest.raises(CheckpointMismatchError, match="features_only=True"):
         create_model(name, pretrained=path, **over)
+
+
+@pytest.mark.parametrize("name", distinct_reduced_presets())
+def test_pruned_features_model_keeps_only_what_its_maps_need(name: str) -> None:
+    """``out_indices=(0,)`` (the first level): the layers after it and the final norm are gone (fewer parameters
+    whenever the model has more than one level), a full checkpoint still loads strictly, the map equals the full
+    model's, and every parameter left gets a gradient from it (DDP needs no ``find_unused_parameters``)."""
+    over = small_overrides(name)
+    full = create_model(name, **over).eval()
+    feats = create_model(name, features_only=True, out_indices=(0,), **over)
+    feats.load_state_dict(full.state_dict())  # strict: the pruned layers' keys are ignored like the head's
+    x = _input(full)
+    with torch.no_grad():
+        ref = full.forward_intermediates(x, indices=(0,), intermediates_only=True)[0]
+        torch.testing.assert_close(feats.eval()(x)[0], ref)
+    if len(full.feature_info) > 1:
+        assert feats.pruned_keys and sum(p.numel() for p in feats.parameters()) < sum(
+            p.numel() for p in full.parameters())
+    feats.train()
+    feats(x)[0].float().square().mean().backward()
+    unused = [n for n, p in feats.named_parameters() if p.requires_grad and p.grad is None]
+    assert not unused, f"parameters without a gradient: {unused[:6]}"
+
+
+def test_feature_prune_is_recorded_and_needs_features_only(tmp_path) -> None:
+    """A pruned features model's file says so and loads back pruned; a full file loads into it; the option
+    outside ``features_only`` raises, naming it."""
+    from vit_attention import load_model, save_weights
+    from vit_attention.weights.load import CheckpointMismatchError
+
+    name = "vit_digits_patch2_8"
+    feats = create_model(name, features_only=True, out_indices=(1,))
+    assert len(feats.blocks) == 2 and feats.feature_prune
+    path = save_weights(feats, tmp_path / "pruned.safetensors")
+    back = load_model(path)
+    assert back.feature_prune and len(back.blocks) == 2 and back.pruned_keys == feats.pruned_keys
+    with pytest.raises(CheckpointMismatchError, match="blocks.2"):  # deeper levels are not in the file
+        create_model(name, features_only=True, pretrained=path, out_indices=(1, 3))
+    with pytest.raises(ValueError, match="feature_prune"):
+        create_model(name, feature_prune=False)

@@ -234,8 +234,12 @@ class Backbone(nn.Module):
 
     def _prune_head(self) -> None:
         """No classifier (``num_classes=0``, no pooling where the family allows ``global_pool=""``) and no part
-        that only feeds it."""
+        that only feeds it. The config keeps its ``global_pool``: it says how the backbone was built (EVA's
+        final norm depends on it), and a pruned features model is rebuilt from it."""
+        pool = getattr(self.cfg, "global_pool", None)
         self.reset_classifier(0, "" if "" in self.pools else None)
+        if pool is not None:
+            self.cfg.global_pool = pool
         if isinstance(getattr(self, "fc_norm", None), nn.Module):
             self.fc_norm = nn.Identity()
         if getattr(self, "attn_pool", None) is not None:

@@ -218,17 +218,22 @@ class Cait(TokenMergingMixin, Backbone):
         """Class-attention stage: patch tokens ``[B, N, C]`` -> ``[B, 1 + N, C]`` (class token first).
 
         Only the class token changes; the patch tokens are the keys' and values' source, unchanged.
-        ``feat_size``: their grid (recorded class-attention maps are placed on it).
+        ``feat_size``: their grid (recorded class-attention maps are placed on it). After
+        ``prune_intermediate_layers(prune_head=True)`` there is no class token: ``x`` is returned.
         """
+        if self.cls_token is None:
+            return x
         cls = self.cls_token.expand(x.shape[0], -1, -1)  # [B, 1, C]
         for blk in self.blocks_token_only:
             cls = blk(cls, feat_size, context=x)  # [B, 1, C]
         return torch.cat([cls, x], dim=1)  # [B, 1 + N, C]
 
     def _prune_head(self) -> None:
-        """The classifier and the class-attention stage that only feeds it (``prune_intermediate_layers``)."""
+        """The classifier, and the class-attention stage and class token that only feed it
+        (``prune_intermediate_layers``): the features are then the normalised patch tokens ``[B, N, C]``."""
         super()._prune_head()
         self.blocks_token_only = nn.ModuleList()
+        self.cls_token = None  # type: ignore[assignment]
 
     def block_names(self) -> list[str]:
         """The self-attention blocks, then the class-attention ones (the order the forward runs them)."""

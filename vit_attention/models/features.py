@@ -10,15 +10,19 @@ returns a list of maps, one per entry of ``out_indices``:
 * It works for every family that has what DESIGN.md §3 asks of every model: ``feature_info``
   (one dict per block or stage: ``num_chs``, ``reduction``, ``module``) and
   ``forward_intermediates(x, indices, norm=, output_fmt=, intermediates_only=True)``.
-* Nothing after the last ``out_indices`` entry runs (``forward_intermediates(..., intermediates_only=True)``
-  stops there); the modules stay, so a full checkpoint still loads (``prune_intermediate_layers`` removes them).
+* Nothing after the last ``out_indices`` entry runs, and by default nothing after it is kept: the blocks /
+  stages after it, the final norm when ``norm=False``, and whatever only feeds the classifier are removed
+  (``prune_intermediate_layers``, as timm's features models do). So the model holds no parameter that gets
+  no gradient (DDP needs no ``find_unused_parameters``) and no memory for layers it never runs.
+  ``prune=False`` keeps them (``forward_intermediates(..., intermediates_only=True)`` still stops early).
 * Default ``out_indices``: a model's own ``default_out_indices`` if it declares one; else every
   stage of a hierarchical model (strides differ), and the last 3 blocks of a plain (isotropic)
   one such as ViT (timm 1.0.31: ``out_indices=3`` for ``vision_transformer``, all stages for Swin).
 * State-dict keys stay the backbone's (no ``model.`` prefix): the head's modules (``head``,
   ``head_dist``, ``fc_norm``, ``pre_logits``, ``attn_pool``) become ``nn.Identity`` and a
   checkpoint of the full model loads into the features model with ``load_state_dict`` (its
-  head keys are ignored; any missing backbone key still raises with ``strict=True``).
+  head keys and the keys of pruned layers, ``pruned_keys``, are ignored; any missing backbone key
+  still raises with ``strict=True``).
 
 How: the model's class is swapped for a subclass that puts :class:`FeaturesMixin` first (one
 cached per backbone class), so the model keeps its parameters, key names, ``isinstance`` and
@@ -151,6 +155,8 @@ class FeaturesMixin:
     output_fmt: str
     feature_norm: bool
     removed_head: tuple[str, ...]
+    pruned_keys: frozenset[str] = frozenset()  # state-dict keys of the layers pruned away (prune=True)
+    feature_prune: bool = False
     backbone_class: type[nn.Module]
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
@@ -166,9 +172,11 @@ class FeaturesMixin:
         return [by_index[i] for i in self.out_indices]
 
     def _drop_head_keys(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-        """Load-state-dict pre-hook: a full model's head keys are ignored, not unexpected."""
+        """Load-state-dict pre-hook: a full model's head keys, and those of pruned layers, are ignored, not
+        unexpected."""
         heads = tuple(f"{prefix}{name}." for name in self.removed_head)
-        for key in [k for k in state_dict if k.startswith(heads)]:
+        for key in [k for k in state_dict if k.startswith(heads)
+                    or (k.startswith(prefix) and k[len(prefix):] in self.pruned_keys)]:
             del state_dict[key]
 
 
@@ -194,7 +202,7 @@ def _features_class(cls: type[nn.Module]) -> type[nn.Module]:
 
 
 def as_features_model(model: nn.Module, out_indices: int | Sequence[int] | None = None, *,
-                      output_fmt: str = "NCHW", norm: bool = False) -> nn.Module:
+                      output_fmt: str = "NCHW", norm: bool = False, prune: bool = True) -> nn.Module:
     """Turn ``model`` (in place) into a features model and return it.
 
     ``out_indices``: which blocks / stages (an int ``k`` = the last ``k``; negative indices
@@ -203,6 +211,9 @@ def as_features_model(model: nn.Module, out_indices: int | Sequence[int] | None 
     declares (:func:`supported_output_formats`); another raises here, naming ``output_fmt``.
     ``norm``: apply the final norm to the last stage's map (hierarchical) or to every map (ViT),
     as ``forward_intermediates(norm=True)`` does.
+    ``prune``: remove what the maps do not need (the layers after the last ``out_indices`` entry, the
+    final norm unless ``norm``, the parts that only fed the classifier: ``prune_intermediate_layers``);
+    their keys are listed in ``model.pruned_keys`` and ignored when a full checkpoint loads.
     Load weights before or after (``create_model(pretrained=...)`` loads after: a full model's head
     keys are ignored by ``load_state_dict`` / ``load_weights``, a features model's file has none).
     """
@@ -231,4 +242,10 @@ def as_features_model(model: nn.Module, out_indices: int | Sequence[int] | None 
     model.register_load_state_dict_pre_hook(model._drop_head_keys)  # type: ignore[attr-defined]
     if getattr(model, "num_classes", None) is not None:
         model.num_classes = 0  # type: ignore[assignment]
+    model.feature_prune = bool(prune and hasattr(model, "prune_intermediate_layers"))  # type: ignore[assignment]
+    if model.feature_prune:
+        before = set(model.state_dict())
+        model.prune_intermediate_layers(sorted(set(take)), prune_norm=not norm,  # type: ignore[attr-defined]
+                                        prune_head=True)
+        model.pruned_keys = frozenset(before - set(model.state_dict()))  # type: ignore[assignment]
     return model

@@ -350,6 +350,10 @@ class HaloNet(ConvStagesMixin, Backbone):
         tap = self._taps[last]
         if tap == "final_conv":
             return
+        if tap.startswith("stem."):  # a tap inside the stem (stem.convN): the stem's later convs go too
+            later = self.stem.convs[self.stem.convs.index(tap.split(".")[1]) + 1:]
+            for name in later:
+                setattr(self.stem, name, nn.Identity())
         keep = int(tap.split(".")[1]) + 1 if tap.startswith("stages.") else 0
         self.stages = self.stages[:keep]
         self.final_conv = nn.Identity()

@@ -56,6 +56,7 @@ from ._config import (
     check_width_heads,
 )
 from .backbone import Backbone, isotropic_taps, tokens_to_intermediates
+from .features import HEAD_MODULES
 from .registry import register_family
 
 __all__ = ["ImageGPTConfig", "ImageGPT", "PaletteQuantizer", "QuickGELU", "RMSNorm", "quantize", "dequantize",
@@ -263,6 +264,7 @@ class ImageGPT(Backbone):
     no_weight_decay_keys = ("pos_embed", "tok_embed")
     pools = ("avg",)
     head_fc = None
+    head_modules = (*HEAD_MODULES, "lm_head")  # a features model has neither classifier (models/features.py)
     generative = True  # trained on its own pixels: the training loop uses the next-pixel objective
 
     def __init__(self, cfg: ImageGPTConfig | None = None, **overrides: Any) -> None:

@@ -339,15 +339,21 @@ class ViTDet(Backbone):
         """Images ``[B, Cin, H, W]`` -> the last backbone map ``[B, H/16, W/16, C]`` (channels-last)."""
         return self._run_blocks(self._embed(x))[0]
 
-    def pyramid_from_map(self, x: Tensor) -> dict[str, Tensor]:
-        """Last backbone map ``[B, H', W', C]`` -> the pyramid ``{"p2": [B, 256, 4H', 4W'], ..., "p6": ...}``."""
+    def pyramid_from_map(self, x: Tensor, levels: Sequence[str] | None = None) -> dict[str, Tensor]:
+        """Last backbone map ``[B, H', W', C]`` -> the pyramid ``{"p2": [B, 256, 4H', 4W'], ..., "p6": ...}``
+        (only ``levels``, in the model's order, when given: ``forward_intermediates`` computes what it returns)."""
         if not self.pyramid_levels:
             raise ValueError("this model was built with pyramid=False: it has no feature pyramid")
+        want = set(self.pyramid_levels if levels is None else levels)
+        convs = self.pyramid_levels[:len(self.cfg.scale_factors)]  # then "p6", the top block, unless pruned away
+        top = self.pyramid_levels[len(convs):]
+        if top and top[0] in want:
+            want.add(convs[-1])  # detectron2's LastLevelMaxPool reads the last conv level
         feat = x.permute(0, 3, 1, 2)  # [B, C, H', W']
-        maps = [getattr(self, f"simfp_{p[1:]}")(feat) for p in self.pyramid_levels[:len(self.cfg.scale_factors)]]
-        if self.cfg.top_block:
-            maps.append(F.max_pool2d(maps[-1], kernel_size=1, stride=2, padding=0))  # detectron2's LastLevelMaxPool
-        return dict(zip(self.pyramid_levels, maps))
+        maps = {p: getattr(self, f"simfp_{p[1:]}")(feat) for p in convs if p in want}
+        if top and top[0] in want:
+            maps[top[0]] = F.max_pool2d(maps[convs[-1]], kernel_size=1, stride=2, padding=0)
+        return {p: maps[p] for p in self.pyramid_levels if p in want}
 
     def forward_pyramid(self, x: Tensor) -> dict[str, Tensor]:
         """Images ``[B, Cin, H, W]`` -> ``{"p2", "p3", "p4", "p5", "p6"}`` maps ``[B, 256, H/s, W/s]``
@@ -358,10 +364,15 @@ class ViTDet(Backbone):
         return len(self.pyramid_levels) if self.pyramid_levels else len(self.blocks)
 
     def _prune_after(self, last: int) -> None:
-        """Without a pyramid, the blocks after block ``last`` go (``prune_intermediate_layers``); with one, nothing:
-        every level comes from the last block (the pyramid's own convolutions are a small share)."""
+        """Without a pyramid, the blocks after block ``last`` go (``prune_intermediate_layers``); with one, the
+        pyramid levels after level ``last`` (every level comes from the last block, which stays)."""
         if not self.pyramid_levels:
             self.blocks = self.blocks[:last + 1]
+            return
+        for p in self.pyramid_levels[last + 1:]:
+            if hasattr(self, f"simfp_{p[1:]}"):
+                delattr(self, f"simfp_{p[1:]}")
+        self.pyramid_levels = self.pyramid_levels[:last + 1]
 
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
@@ -378,7 +389,7 @@ class ViTDet(Backbone):
         take = isotropic_taps(indices, levels_total, output_fmt, ("NCHW", "NHWC"), "feature level")
         if self.pyramid_levels:
             last, _ = self._run_blocks(self._embed(x))
-            levels = self.pyramid_from_map(last)
+            levels = self.pyramid_from_map(last, [self.pyramid_levels[i] for i in take])
             outs = [levels[self.pyramid_levels[i]] for i in take]  # [B, 256, H/s, W/s]
             if output_fmt == "NHWC":
                 outs = [o.permute(0, 2, 3, 1) for o in outs]

@@ -112,7 +112,7 @@ def model_metadata(model: nn.Module) -> dict[str, str]:
     """What :func:`save_weights` records about ``model``: format, registered name, config and data config (JSON).
 
     A features model (``create_model(..., features_only=True)``) also records ``features``: its
-    ``out_indices``, ``output_fmt`` and ``norm`` (see :func:`features_metadata`).
+    ``out_indices``, ``output_fmt``, ``norm`` and ``prune`` (see :func:`features_metadata`).
     """
     from ..models.features import FeaturesMixin  # weights sits above models
 
@@ -128,12 +128,13 @@ def model_metadata(model: nn.Module) -> dict[str, str]:
                                          sort_keys=True)
     if isinstance(model, FeaturesMixin):
         meta["features"] = json.dumps({"out_indices": list(model.out_indices), "output_fmt": model.output_fmt,
-                                       "norm": bool(model.feature_norm)})
+                                       "norm": bool(model.feature_norm), "prune": bool(model.feature_prune)})
     return meta
 
 
 def features_metadata(meta: Mapping[str, Any], where: str | Path = "checkpoint") -> dict[str, Any] | None:
-    """The features-model settings a file's metadata records (``out_indices``, ``output_fmt``, ``norm``), or ``None``.
+    """The features-model settings a file's metadata records (``out_indices``, ``output_fmt``, ``norm``, ``prune``),
+    or ``None``.
 
     ``meta``: the raw string metadata (:func:`read_metadata`) or JSON-decoded values. A record that
     is not what :func:`model_metadata` writes raises ``ValueError`` naming ``where``.
@@ -147,12 +148,14 @@ def features_metadata(meta: Mapping[str, Any], where: str | Path = "checkpoint")
         value = None
     ok = isinstance(value, Mapping) and isinstance(value.get("out_indices"), list) and all(
         isinstance(i, int) and not isinstance(i, bool) for i in value["out_indices"]) and value["out_indices"] \
-        and isinstance(value.get("output_fmt"), str) and isinstance(value.get("norm", False), bool)
+        and isinstance(value.get("output_fmt"), str) and isinstance(value.get("norm", False), bool) \
+        and isinstance(value.get("prune", False), bool)
     if not ok:
         raise ValueError(f"{where}: its 'features' metadata is not a features-model record "
-                         f"(out_indices, output_fmt, norm): {str(raw)[:80]!r}")
+                         f"(out_indices, output_fmt, norm, prune): {str(raw)[:80]!r}")
     return {"out_indices": tuple(value["out_indices"]), "output_fmt": value["output_fmt"],
-            "norm": bool(value.get("norm", False))}
+            "norm": bool(value.get("norm", False)),
+            "prune": bool(value.get("prune", False))}  # files from before pruning kept every layer
 
 
 def save_weights(model_or_state: nn.Module | Mapping[str, Tensor], path: str | Path,

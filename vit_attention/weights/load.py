@@ -135,7 +135,8 @@ def load_weights(model: nn.Module, source: str | Path | Mapping[str, Any], *, fo
     state dict, in our own, timm, torchvision, Hugging Face (or the family's original-repo)
     layout; the layout is detected unless ``format`` names it. Position embeddings are resampled
     to the model's grid; a classifier for a different number of classes is dropped with a
-    warning; the head of a ``features_only`` model (``model.removed_head``) is ignored. ``strict``
+    warning; the head of a ``features_only`` model (``model.removed_head``) and the layers it pruned
+    (``model.pruned_keys``) are ignored. ``strict``
     raises :class:`CheckpointMismatchError` listing missing / unexpected / mismatched keys; otherwise
     those are skipped and reported. Pickles are loaded with ``weights_only=True``, so a checkpoint
     holding arbitrary objects is refused.
@@ -150,8 +151,9 @@ def load_weights(model: nn.Module, source: str | Path | Mapping[str, Any], *, fo
     report = LoadReport()
     state = convert_state_dict(unwrap_state_dict(raw), model, format=format, report=report)
     removed = tuple(f"{name}." for name in getattr(model, "removed_head", ()))  # a features_only model's head
-    if removed:
-        state = {k: v for k, v in state.items() if not k.startswith(removed)}
+    pruned = getattr(model, "pruned_keys", frozenset())  # and the layers it pruned away
+    if removed or pruned:
+        state = {k: v for k, v in state.items() if not k.startswith(removed) and k not in pruned}
     own = model.state_dict()
     for key, value in state.items():
         if key not in own:

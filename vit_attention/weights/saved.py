@@ -176,7 +176,7 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, mo
     if features is not None:  # saved with features_only=True: the same features model, its head left out
         try:
             net = as_features_model(net, features["out_indices"], output_fmt=features["output_fmt"],
-                                    norm=features["norm"])
+                                    norm=features["norm"], prune=features["prune"])
         except (TypeError, ValueError) as e:
             raise ValueError(f"{saved.path} holds a features model of {saved.model_name} that does not build: {e}"
                              ) from None
