@@ -97,6 +97,38 @@ def test_backbone_docstrings_name_shapes() -> None:
         assert fn.__doc__, f"Backbone.{name} has no docstring"
 
 
+POOL_SWITCH_CASES = sorted({*(n for _, n in FAMILIES), "vit_base_patch16_224", "eva02_base_patch14_224",
+                            "vit_base_patch16_siglip_224"})
+
+
+@pytest.mark.parametrize("name", POOL_SWITCH_CASES)
+def test_a_model_with_another_pool_saves_and_loads_back_as_it_is(name: str, tmp_path) -> None:
+    """``reset_classifier(n, global_pool=p)`` then ``save_weights`` / ``load_model``: the same keys and logits for
+    every pool the model can switch to (ViT derives fc_norm / norm and the attention-pool head from the pooling
+    it was built with: those must not change on the rebuild)."""
+    from vit_attention import load_model, save_weights
+
+    base = create_model(name, **small_overrides(name)).eval()
+    x = torch.randn(2, *_input_shape(base), generator=torch.Generator().manual_seed(0))
+    pools = [p for p in type(base).pools if p != base.global_pool and not (p == "token" and not base.num_prefix_tokens)
+             and p != "map"]
+    for pool in pools:
+        model = create_model(name, **small_overrides(name)).eval()
+        if pool == "token" and not getattr(model.cfg, "class_token", True):  # prefix tokens, but registers only
+            with pytest.raises(ValueError, match="global_pool='token'.*class_token"):
+                model.reset_classifier(3, global_pool=pool)
+            assert model.global_pool == base.global_pool and model.num_classes == base.num_classes
+            continue
+        model.reset_classifier(3, global_pool=pool)
+        back = load_model(save_weights(model, tmp_path / f"{pool or 'none'}.safetensors")).eval()
+        assert back.global_pool == pool and back.state_dict().keys() == model.state_dict().keys()
+        with torch.no_grad():
+            torch.testing.assert_close(back(x), model(x), rtol=0, atol=0)
+    if getattr(base, "attn_pool", None) is not None:  # leaving "map" removes the attention-pool head (timm)
+        base.reset_classifier(3, global_pool="avg")
+        assert base.attn_pool is None and not any(k.startswith("attn_pool.") for k in base.state_dict())
+
+
 def test_reset_classifier_checks_every_argument_before_changing_anything() -> None:
     name = first_preset_per_family()["vit"]
     model = create_model(name, **small_overrides(name))

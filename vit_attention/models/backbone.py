@@ -112,8 +112,11 @@ class Backbone(nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """A fresh classifier for ``num_classes`` (0 = none); ``global_pool`` (one of ``pools``; None = keep).
 
-        ``"token"`` needs a prefix token and ``"map"`` the attention-pooling head built with the model.
-        Every argument is checked before anything changes.
+        ``"token"`` needs a prefix token and ``"map"`` the attention-pooling head built with the model;
+        leaving ``"map"`` removes that head (as timm). The config follows, so ``save_weights`` then
+        ``load_model`` rebuild this model: its ``fc_norm`` choice, which ViT derives from the pooling when
+        unset, is pinned to the norms the model was built with. Every argument is checked before anything
+        changes.
         """
         check_int(num_classes, "num_classes", min_value=0)
         if global_pool is not None:
@@ -122,8 +125,18 @@ class Backbone(nn.Module):
                                  f"got {global_pool!r}")
             if global_pool == "token" and not self.num_prefix_tokens:
                 raise ValueError("global_pool='token' needs a class token; this model has none")
+            if hasattr(self.cfg, "global_pool"):  # the family's own rules (ViT: registers are no class token)
+                try:
+                    dataclasses.replace(self.cfg, global_pool=global_pool)
+                except ValueError as e:
+                    raise ValueError(f"global_pool={global_pool!r}: {e}") from None
             if global_pool == "map" and getattr(self, "attn_pool", None) is None:
                 raise ValueError("cannot switch to global_pool='map' after construction (no attention-pool head)")
+            if getattr(self.cfg, "fc_norm", False) is None:  # derived from the pooling: pin what was built
+                self.cfg.fc_norm = isinstance(getattr(self, "fc_norm", None), nn.Module) \
+                    and not isinstance(self.fc_norm, nn.Identity)
+            if global_pool != "map" and getattr(self, "attn_pool", None) is not None:
+                self.attn_pool = None
             self.global_pool = global_pool
             if hasattr(self.cfg, "global_pool"):
                 self.cfg.global_pool = global_pool

@@ -70,6 +70,7 @@ class CvtConfig(ConfigMixin):
     stride_kv: int = 2
     proj_method: Literal["dw_bn", "avg", "linear"] = "dw_bn"
     cls_token: bool = True  # a class token in the last stage (False: the head averages the tokens)
+    global_pool: Literal["token", "avg", ""] | None = None  # None: "token" with a class token, else "avg"
     act_layer: str = "quick_gelu"  # the original's; Hugging Face's port uses "gelu"
     norm_eps: float = 1e-5
     bn_eps: float = 1e-5
@@ -104,6 +105,10 @@ class CvtConfig(ConfigMixin):
         for rate in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
             check_float(getattr(self, rate), rate, low=0.0, high=1.0)
         check_attn_layer(self.attn_layer, self.attn_kwargs, layout="tokens")
+        if self.global_pool is not None:
+            check_choice(self.global_pool, "global_pool", ("token", "avg", ""))
+            if self.global_pool == "token" and not self.cls_token:
+                raise ValueError("global_pool='token' needs cls_token=True")
 
 
 class ConvEmbed(SharedConvEmbed):
@@ -177,7 +182,7 @@ class Cvt(Backbone):
         n = len(cfg.depths)
         self.num_features = self.embed_dim = cfg.embed_dims[-1]
         self.num_prefix_tokens = 1 if cfg.cls_token else 0
-        self.global_pool = "token" if cfg.cls_token else "avg"
+        self.global_pool = cfg.global_pool if cfg.global_pool is not None else ("token" if cfg.cls_token else "avg")
         norm_layer = partial(nn.LayerNorm, eps=cfg.norm_eps)
         act_layer = get_act_layer(cfg.act_layer)
         conv_kwargs = accepted_kwargs(cfg.attn_layer, dict(kernel_size=cfg.kernel_size, stride_kv=cfg.stride_kv,
