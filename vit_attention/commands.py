@@ -8,7 +8,7 @@ import sys
 import torch
 
 from .attention import get_attention_spec, list_attention
-from .factory import create_model
+from .factory import add_model_arg_option, create_model
 from .models import list_models
 from .models.registry import aliases_of, get_model_entry
 
@@ -24,7 +24,7 @@ def _summary(args: argparse.Namespace) -> int:
     meta = args.meta or args.device == "meta"
     device = torch.device("meta" if meta else args.device)
     with device:
-        model = create_model(entry.name, img_size=img, **overrides)
+        model = create_model(entry.name, img_size=img, **overrides, **dict(args.model_arg or ()))
     model.eval()
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
@@ -87,6 +87,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=1, help="batch of the random input (default: 1)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, or meta (shapes only, no memory)")
     p.add_argument("--meta", action="store_true", help="build on the meta device (instant for giant models)")
+    add_model_arg_option(p)
     p.set_defaults(func=_summary)
     p = sub.add_parser("models", help="list registered model names")
     p.add_argument("pattern", nargs="?", default="*", help="glob, e.g. 'swin*'")

@@ -39,6 +39,15 @@ def config_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k not in RUNTIME_MODEL_ARGS}
 
 
+def add_model_arg_option(parser: argparse.ArgumentParser) -> None:
+    """``--model-arg KEY=VALUE`` (repeatable) on a command that builds one model by name: ``args.model_arg`` is
+    then a list of ``(key, value)`` pairs (:func:`model_arg`) or None; ``dict(args.model_arg or ())`` goes to
+    :func:`create_model`."""
+    parser.add_argument("--model-arg", type=model_arg, action="append", metavar="KEY=VALUE",
+                        help="model config override, repeatable, JSON values: --model-arg depth=6, "
+                             "--model-arg attn_layer=neighborhood (default: the preset's)")
+
+
 def model_arg(text: str) -> tuple[str, Any]:
     """One ``--model-arg`` value, ``key=value`` with a JSON value (bare words stay strings) -> ``(key, value)``:
     ``depth=2``, ``window_size=[7,7]``, ``attn_layer=window``. An argparse ``type=`` (train, eval, bench ...)."""

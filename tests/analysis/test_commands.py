@@ -32,6 +32,25 @@ def test_info_command(capsys):
     assert "unknown model" in capsys.readouterr().err
 
 
+def test_model_arg_reaches_the_model_in_summary_trace_and_info(capsys):
+    """``--model-arg`` on the commands that show a model: the overridden model is what they describe (a
+    shallower ViT, Swin with another mechanism), and an unknown option names itself."""
+    assert main(["trace", "deit_tiny_patch16_224", "--flow", "--model-arg", "depth=2"]) == 0
+    flow = capsys.readouterr().out
+    assert "blocks.1 →" in flow and "blocks.2" not in flow
+    assert main(["summary", "deit_tiny_patch16_224", "--meta", "--model-arg", "depth=2"]) == 0
+    assert '"depth": 2' in capsys.readouterr().out
+    base = model_info("swin_t")
+    nat = model_info("swin_t", attn_layer="neighborhood", attn_kwargs={"kernel_size": 7})
+    assert nat.config["attn_layer"] == "neighborhood" and base.config["attn_layer"] == "window"
+    assert nat.macs != base.macs  # 7x7 neighbourhoods cost other MACs than 7x7 windows (same 13x13 bias tables)
+    assert main(["info", "swin_t", "--model-arg", "attn_layer=neighborhood",
+                 "--model-arg", 'attn_kwargs={"kernel_size": 7}']) == 0
+    assert f"GMACs:         {nat.macs / 1e9:.3f}" in capsys.readouterr().out
+    assert main(["info", "swin_t", "--model-arg", "nosuch=1"]) == 2
+    assert "nosuch" in capsys.readouterr().err
+
+
 def test_model_info_fields():
     info = model_info("vit_base_patch16_224", batch_size=4)
     assert info.input_shape == (4, 3, 224, 224) and info.output_shapes == [(4, 1000)]

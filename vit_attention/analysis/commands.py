@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..factory import create_model
+from ..factory import add_model_arg_option, create_model
 from ..models.backbone import apply_tome_option
 from ..models.registry import get_model_entry
 
@@ -221,7 +221,7 @@ def _heads(head: int | None, num_heads: int, where: str = "") -> str:
 def _meta_model(args: argparse.Namespace) -> tuple[nn.Module, tuple[int, ...]]:
     entry = get_model_entry(args.model)
     with torch.device("meta"):
-        model = create_model(entry.name, img_size=args.img_size).eval()
+        model = create_model(entry.name, img_size=args.img_size, **dict(args.model_arg or ())).eval()
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
     return model, (args.batch_size, cfg.in_chans, *size)
@@ -239,7 +239,8 @@ def _trace(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from .info import model_info
 
-    print(model_info(args.model, img_size=args.img_size, batch_size=args.batch_size).format())
+    print(model_info(args.model, img_size=args.img_size, batch_size=args.batch_size,
+                     **dict(args.model_arg or ())).format())
     return 0
 
 
@@ -426,12 +427,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--depth", type=int, default=None, help="show modules nested at most this deep")
     p.add_argument("--all", action="store_true", help="also list shape-preserving Identity / Dropout")
     p.add_argument("--flow", action="store_true", help="one-line arrow summary instead of the table")
+    add_model_arg_option(p)
     p.set_defaults(func=_trace)
 
     p = sub.add_parser("info", help="params and GMACs per stage, shapes, activation memory, aliases, layouts")
     p.add_argument("model", help="registered model name or alias")
     p.add_argument("--img-size", type=int, default=None, help="input size (default: the preset's)")
     p.add_argument("--batch-size", type=int, default=1, help="batch for FLOPs and activation memory (default: 1)")
+    add_model_arg_option(p)
     p.set_defaults(func=_info)
 
     p = sub.add_parser("attn", help="write attention heat maps over an image as PNG",

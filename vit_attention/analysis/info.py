@@ -78,16 +78,17 @@ def activation_bytes(model: nn.Module, input_shape: tuple[int, ...], *, bytes_pe
     return total * bytes_per_element
 
 
-def model_info(name: str, *, img_size: int | None = None, batch_size: int = 1, num_classes: int | None = None
-               ) -> ModelInfo:
-    """Build ``name`` on the meta device and collect its :class:`ModelInfo` (instant for any size)."""
+def model_info(name: str, *, img_size: int | None = None, batch_size: int = 1, num_classes: int | None = None,
+               **overrides: Any) -> ModelInfo:
+    """Build ``name`` on the meta device (``overrides``: config options, as :func:`create_model` takes them) and
+    collect its :class:`ModelInfo` (instant for any size)."""
     from ..weights.layouts import converters_for  # weights sits above models; imported lazily
 
     if not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     entry = get_model_entry(name)
     with torch.device("meta"):
-        model = create_model(entry.name, img_size=img_size, num_classes=num_classes).eval()
+        model = create_model(entry.name, img_size=img_size, num_classes=num_classes, **overrides).eval()
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
     shape = (batch_size, cfg.in_chans, *size)
