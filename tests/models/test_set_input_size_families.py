@@ -276,3 +276,31 @@ def test_vil_tables_follow_the_new_size_as_the_forward_resamples_them():
         model.set_input_size("big")
     assert model.cfg.img_size == (96, 128)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+
+
+# Where loading at another size and set_input_size legitimately differ: Swin's set_input_size also scales the
+# window with the image (timm's rule), loading keeps the preset's window and resamples the bias tables; FlexiViT
+# checkpoints resample by their own rule (bilinear, no anti-aliasing), set_input_size by timm's ViT rule.
+_LOAD_DIFFERS = {"swin": "window scaled by set_input_size", "flexivit": "the FlexiViT checkpoint resampling rule"}
+
+
+@pytest.mark.parametrize("name", sorted(n for f, n in FAMILIES.items() if BEHAVIOUR[f] != "not_implemented"))
+def test_weights_saved_at_one_size_load_at_another(name, tmp_path):
+    """``create_model(name, pretrained=FILE, img_size=2·s)`` with weights trained at ``s`` loads strictly (every
+    size-dependent table resampled, ViL's row / column tables included), runs, and, where the two rules agree,
+    equals ``set_input_size(2·s)`` on the same weights."""
+    from vit_attention import save_weights
+
+    over = small_overrides(name)
+    model = create_model(name, **over).eval()
+    size = model.cfg.img_size if isinstance(model.cfg.img_size, int) else model.cfg.img_size[0]
+    path = save_weights(model, tmp_path / "w.safetensors")
+    big = create_model(name, pretrained=path, img_size=2 * size,
+                       **{k: v for k, v in over.items() if k != "img_size"}).eval()
+    x = torch.randn(1, model.cfg.in_chans, 2 * size, 2 * size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = big(x)
+        assert out.shape == (1, model.num_classes) and torch.isfinite(out).all()
+        if get_model_entry(name).family not in _LOAD_DIFFERS:
+            model.set_input_size(2 * size)
+            torch.testing.assert_close(out, model(x), rtol=0, atol=0)

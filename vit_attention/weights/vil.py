@@ -69,9 +69,27 @@ def from_original_vil(state: Mapping[str, Tensor], model: nn.Module | None = Non
     return out
 
 
+_POS_TABLE = re.compile(r"^stages\.(\d+)\.downsample\.[xy]_pos_embed$")
+
+
 def _adapt_vil(state: State, model: nn.Module, report: Any) -> State:
-    """Drop a classifier for a different number of classes (left freshly initialised)."""
-    return drop_mismatched_heads(state, model.state_dict(), ("head.",), report)
+    """Each stage's row / column position tables ``[1, L, C/2]`` resampled to the model's grid (weights trained
+    at another image size: the rule of :meth:`~vit_attention.models.vil.VilEmbed._table`, linear, which
+    ``set_input_size`` and the forward at another size use too); a classifier for a different number of
+    classes dropped (left freshly initialised)."""
+    from ..models.vil import VilEmbed  # weights sits above models
+
+    own = model.state_dict()
+    resized = []
+    for key in [k for k in state if _POS_TABLE.match(k)]:
+        table, want = state[key], own.get(key)
+        if want is not None and table.dim() == want.dim() == 3 and table.shape[::2] == want.shape[::2] \
+                and table.shape[1] != want.shape[1]:
+            state[key] = VilEmbed._table(table, want.shape[1]).contiguous()
+            resized.append(f"{key.split('.')[-1]} of stage {key.split('.')[1]} {table.shape[1]} -> {want.shape[1]}")
+    if resized:
+        report.notes.append("position tables resampled (linear): " + ", ".join(resized))
+    return drop_mismatched_heads(state, own, ("head.",), report)
 
 
 register_converter("vil", "original", _is_original, from_original_vil)
