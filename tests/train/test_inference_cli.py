@@ -60,6 +60,16 @@ def test_predict_crop_pct_zero_names_the_option(run: Path, digit_png: Path, caps
         assert "--crop-pct must be in (0, 1]" in err and "cannot read image" not in err
 
 
+def test_predict_with_the_model_name_as_an_image_says_to_use_model(digit_png: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """``predict MODEL IMAGE`` (the model given where images go): the error says to pass ``--model MODEL``."""
+    assert main(["predict", "deit_tiny_patch16_224", str(digit_png), "--pretrained"]) == 2
+    err = _err(capsys)
+    assert "image(s) not found: deit_tiny_patch16_224" in err and "--model deit_tiny_patch16_224" in err
+    assert main(["predict", "no_such_file.png"]) == 2
+    assert "--model" not in _err(capsys)
+
+
 def test_predict_topk_zero_and_too_large(run: Path, digit_png: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["predict", str(digit_png), "--checkpoint", str(run), "--topk", "0"]) == 2
     assert "--topk must be an int >= 1" in _err(capsys)

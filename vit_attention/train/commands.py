@@ -454,7 +454,13 @@ def _predict(args: argparse.Namespace) -> int:
                          f"got {args.crop_pct}")
     missing = [p for p in args.images if not Path(p).exists()]
     if missing:
-        raise FileNotFoundError(f"image(s) not found: {', '.join(missing)}")
+        from ..models import list_models
+
+        names = set(list_models(include_aliases=True))
+        model_like = [p for p in missing if p.split(".")[0] in names]  # `predict MODEL IMAGE`: a name is no image
+        hint = (f"; {model_like[0]!r} is a model name: give it as --model {model_like[0]} (with --pretrained or "
+                "--checkpoint), then the images") if model_like else ""
+        raise FileNotFoundError(f"image(s) not found: {', '.join(missing)}{hint}")
     model, meta = _load_for_inference(args)
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, int) else tuple(cfg.img_size)
