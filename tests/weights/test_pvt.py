@@ -134,6 +134,13 @@ def test_original_and_timm_layouts_load_exactly(name: str) -> None:
         assert report.layout == layout and report.ok, (layout, str(report))
         with torch.no_grad():
             torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
+        # into a features model pruned after stage 0 (the converter reads the config, not the pruned stages)
+        feats = create_model(name, num_classes=10, img_size=64, features_only=True, out_indices=(0,), **_OURS)
+        report = load_weights(feats, sd)
+        assert report.ok, (layout, str(report))
+        with torch.no_grad():
+            torch.testing.assert_close(feats.eval()(x)[0], src.eval().forward_intermediates(
+                x, [0], intermediates_only=True)[0], rtol=0, atol=0)
 
 
 def test_v1_position_tables_are_resampled_for_another_size() -> None:

@@ -81,7 +81,7 @@ def _from_original_v2(state: State, model: nn.Module) -> State:
 
 
 def _from_original_v1(state: State, model: nn.Module) -> State:
-    last = len(model.stages) - 1  # type: ignore[arg-type]
+    last = len(model.cfg.depths) - 1  # type: ignore[union-attr]  # the config's: a pruned features model has fewer
     state = rename(state, [*_ORIGINAL_COMMON, (r"^pos_embed1$", "patch_embed.pos_embed"),
                            (r"^pos_embed(\d+)$", lambda m: f"stages.{int(m.group(1)) - 1}.downsample.pos_embed"),
                            (r"^cls_token$", f"stages.{last}.downsample.cls_token")])  # type: ignore[list-item]
