@@ -94,3 +94,28 @@ def test_context_is_cross_attention():
     torch.testing.assert_close(out, ours(x, ctx, ctx)[0])
     with pytest.raises(ValueError, match="either context or key"):
         ours(x, ctx, context=ctx)
+
+
+@pytest.mark.parametrize("name", ["mha", "causal"])
+def test_the_scale_attribute_is_the_logit_scale_the_forward_uses(name: str) -> None:
+    """``module.scale`` (torch's ``hd^-1/2`` by default; attention.transfer reads it) is what the forward applies:
+    doubling it equals doubling the query projection."""
+    from vit_attention.attention import create_attention
+
+    torch.manual_seed(0)
+    m = create_attention(name, 16, 2).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        ref = m(x)
+        m.scale = m.scale * 2
+        doubled = m(x)
+        m.scale = m.scale / 2
+        q = m.q_proj if name == "mha" else None
+        if q is not None:
+            q.weight.mul_(2)
+            q.bias.mul_(2)
+        else:
+            m.qkv.weight[:16].mul_(2)
+            m.qkv.bias[:16].mul_(2)
+        torch.testing.assert_close(doubled, m(x))
+    assert not torch.allclose(ref, doubled)

@@ -247,7 +247,7 @@ class CausalSelfAttention(nn.Module):
         self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
-        self.scale = self.head_dim ** -0.5  # the logit scale (torch's default; read by attention.transfer)
+        self.scale = self.head_dim ** -0.5  # the logit scale (torch's default; the forward and transfer read it)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
@@ -277,27 +277,29 @@ class CausalSelfAttention(nn.Module):
         dropout_p = self.attn_drop if self.training else 0.0
         if getattr(cache, "static", False):  # fixed shapes: every slot, the unwritten ones masked
             k, v, visible = cache.update(layer, k, v)  # [B, nh, L, hd] x 2, [N, L]
-            out = scaled_dot_product_attention(q, k, v, mask=visible, dropout_p=dropout_p, fused=self.fused_attention,
+            out = scaled_dot_product_attention(q, k, v, scale=self.scale, mask=visible, dropout_p=dropout_p,
+                                               fused=self.fused_attention,
                                                backend=self.attention_backend)  # [B, nh, N, hd]
         elif use_flex(self.attention_backend, self.fused_attention, x.device, mechanism="causal"):
             if cache is not None:
                 k, v = cache.update(layer, k, v)  # [B, nh, M, hd]: cached keys, then the new ones
-            out = scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, fused=self.fused_attention,
-                                               backend=self.attention_backend,
+            out = scaled_dot_product_attention(q, k, v, scale=self.scale, dropout_p=dropout_p,
+                                               fused=self.fused_attention, backend=self.attention_backend,
                                                pattern=causal_pattern(q.shape[-2], k.shape[-2]))  # [B, nh, N, hd]
         elif cache is None or cache.length(layer) == 0:
             if cache is not None:
                 k, v = cache.update(layer, k, v)  # [B, nh, N, hd]
             layout = token_layout(x.shape[1], feat_size, num_prefix_tokens) \
                 if attention_observed() else None  # where the rows sit on the grid (observers only)
-            out = scaled_dot_product_attention(q, k, v, is_causal=True, layout=layout,
+            out = scaled_dot_product_attention(q, k, v, scale=self.scale, is_causal=True, layout=layout,
                                                dropout_p=dropout_p, fused=self.fused_attention,
                                                backend=self.attention_backend)  # [B, nh, N, hd]
         else:
             k, v = cache.update(layer, k, v)  # [B, nh, M, hd]: cached keys, then the new ones
             N, M = q.shape[-2], k.shape[-2]
             mask = None if N == 1 else causal_mask(N, M, device=q.device)  # one new token sees every key
-            out = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p, fused=self.fused_attention,
+            out = scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask, dropout_p=dropout_p,
+                                               fused=self.fused_attention,
                                                backend=self.attention_backend)  # [B, nh, N, hd]
         out = merge_heads(out)  # [B, N, C]
         if not self.training:  # proj_drop is the identity

@@ -82,7 +82,7 @@ class MultiHeadAttention(nn.Module):
         self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         dim = _pick("dim", dim, "embed_dim", embed_dim, None)
         self.head_dim = check_heads(dim, num_heads)  # type: ignore[arg-type]
-        self.scale = self.head_dim ** -0.5  # the logit scale (torch's default; read by attention.transfer)
+        self.scale = self.head_dim ** -0.5  # the logit scale (torch's default; the forward and transfer read it)
         self.dim = self.embed_dim = int(dim)  # type: ignore[arg-type]
         self.num_heads = num_heads
         self.kdim, self.vdim = kdim or self.dim, vdim or self.dim
@@ -176,12 +176,13 @@ class MultiHeadAttention(nn.Module):
             if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
         weights: Tensor | None = None
         if need_weights:
-            out, weights = scaled_dot_product_attention(q, k, v, bias=bias, mask=mask, dropout_p=drop,
+            out, weights = scaled_dot_product_attention(q, k, v, scale=self.scale, bias=bias, mask=mask, dropout_p=drop,
                                                         layout=layout, return_weights=True,
                                                         fused=self.fused_attention, backend=self.attention_backend)
         else:
-            out = scaled_dot_product_attention(q, k, v, bias=bias, mask=mask, dropout_p=drop, layout=layout,
-                                               fused=self.fused_attention, backend=self.attention_backend)
+            out = scaled_dot_product_attention(q, k, v, scale=self.scale, bias=bias, mask=mask, dropout_p=drop,
+                                               layout=layout, fused=self.fused_attention,
+                                               backend=self.attention_backend)
         out = self.proj_drop(self.out_proj(merge_heads(out)))  # [B, N, E]
         if contract_call:
             return out
