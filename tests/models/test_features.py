@@ -277,3 +277,29 @@ def test_feature_prune_is_recorded_and_needs_features_only(tmp_path) -> None:
         create_model(name, features_only=True, pretrained=path, out_indices=(1, 3))
     with pytest.raises(ValueError, match="feature_prune"):
         create_model(name, feature_prune=False)
+
+
+@pytest.mark.parametrize("out_indices", [(1, 3), (4,), (0, 2, 4)])
+def test_vitdet_features_keep_only_the_pyramid_branches_they_read(out_indices: tuple[int, ...]) -> None:
+    """ViTDet's pyramid levels are parallel branches of the last block: a features model keeps the ones its
+    levels read (p6 reads p5's), so every parameter gets a gradient; the maps equal the full model's."""
+    name = "vitdet_base_patch16_1024"
+    over = small_overrides(name)
+    full = create_model(name, **over).eval()
+    feats = create_model(name, features_only=True, out_indices=out_indices, **over)
+    feats.load_state_dict(full.state_dict())
+    levels = full.pyramid_levels
+    kept = {f"simfp_{levels[i][1:]}" for i in out_indices if levels[i] != "p6"} | (
+        {"simfp_5"} if "p6" in [levels[i] for i in out_indices] else set())
+    assert {n for n, m in feats.named_children() if n.startswith("simfp_") and m is not None} == kept
+    x = _input(full)
+    with torch.no_grad():
+        want = full.forward_intermediates(x, list(out_indices), intermediates_only=True)
+        for got, ref in zip(feats.eval()(x), want, strict=True):
+            torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert set(feats.output_shape()) == {levels[i] for i in out_indices} | ({"p5"} if "simfp_5" in kept else set())
+    feats.train()
+    sum(m.square().mean() for m in feats(x)).backward()
+    assert not [n for n, p in feats.named_parameters() if p.grad is None]
+    with pytest.raises(ValueError, match="removed by prune_intermediate_layers"):
+        feats.pyramid_from_map(torch.zeros(1, 2, 2, feats.embed_dim), ["p2", "p3"])

@@ -132,15 +132,17 @@ class Backbone(nn.Module):
                     raise ValueError(f"global_pool={global_pool!r}: {e}") from None
             if global_pool == "map" and getattr(self, "attn_pool", None) is None:
                 raise ValueError("cannot switch to global_pool='map' after construction (no attention-pool head)")
-            if getattr(self.cfg, "fc_norm", False) is None:  # derived from the pooling: pin what was built
-                self.cfg.fc_norm = isinstance(getattr(self, "fc_norm", None), nn.Module) \
-                    and not isinstance(self.fc_norm, nn.Identity)
+            self._pin_pooling_choices()
             if global_pool != "map" and getattr(self, "attn_pool", None) is not None:
                 self.attn_pool = None
             self.global_pool = global_pool
             if hasattr(self.cfg, "global_pool"):
                 self.cfg.global_pool = global_pool
         reset_head(self, num_classes, None, fc_attr=self.head_fc)
+
+    def _pin_pooling_choices(self) -> None:
+        """Before ``cfg.global_pool`` changes: write into the config every choice the family derived from the
+        pooling at build time, so the config still rebuilds this model (ViT: ``fc_norm``). Default: none."""
 
     def pool(self, x: Tensor) -> Tensor:
         """Features -> pooled ``[B, C]`` per ``global_pool``.
@@ -218,12 +220,17 @@ class Backbone(nn.Module):
         before: pass them to :meth:`forward_intermediates`. ``feature_info`` is unchanged.
         """
         take = resolve_indices(indices, self._num_levels(), "feature level")
-        self._prune_after(max(take))
+        self._prune_levels(take)
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:
             self._prune_head()
         return take
+
+    def _prune_levels(self, take: Sequence[int]) -> None:
+        """Remove what levels ``take`` do not need: in a chain of blocks / stages, all after the last of them
+        (:meth:`_prune_after`); a family whose levels are parallel branches (ViTDet's pyramid) overrides this."""
+        self._prune_after(max(take))
 
     def _num_levels(self) -> int:
         """How many levels :meth:`forward_intermediates` indexes: the blocks (isotropic) or the stages."""

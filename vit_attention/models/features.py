@@ -11,7 +11,8 @@ returns a list of maps, one per entry of ``out_indices``:
   (one dict per block or stage: ``num_chs``, ``reduction``, ``module``) and
   ``forward_intermediates(x, indices, norm=, output_fmt=, intermediates_only=True)``.
 * Nothing after the last ``out_indices`` entry runs, and by default nothing after it is kept: the blocks /
-  stages after it, the final norm when ``norm=False``, and whatever only feeds the classifier are removed
+  stages after it, the final norm when ``norm=False``, whatever only feeds the classifier and, where levels
+  are parallel branches (ViTDet's pyramid), the branches no chosen level reads are removed
   (``prune_intermediate_layers``, as timm's features models do). So the model holds no parameter that gets
   no gradient (DDP needs no ``find_unused_parameters``) and no memory for layers it never runs.
   ``prune=False`` keeps them (``forward_intermediates(..., intermediates_only=True)`` still stops early).

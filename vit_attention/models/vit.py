@@ -275,6 +275,12 @@ class VisionTransformer(TokenMergingMixin, Backbone):
                 nn.init.trunc_normal_(m.weight.view(m.weight.shape[0], -1), std=0.02)
 
     # ------------------------------------------------------------------ API
+    def _pin_pooling_choices(self) -> None:
+        """``fc_norm=None`` means "the pooling decides" (``"avg"``: ``fc_norm`` after pooling, no final norm):
+        pinned to what this model was built with before ``global_pool`` changes."""
+        if self.cfg.fc_norm is None:
+            self.cfg.fc_norm = self.cfg.global_pool == "avg"
+
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the classifier(s) with fresh ones for ``num_classes`` (0 = no head); ``global_pool``:
         one of ``pools`` (None = keep). The base's reset, plus a fresh distillation head (DeiT)."""

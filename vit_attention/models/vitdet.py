@@ -280,7 +280,9 @@ class ViTDet(Backbone):
         ``"last_feat"`` for a model built with ``pyramid=False`` (detectron2's ``output_shape``)."""
         if not self.pyramid_levels:
             return {"last_feat": ShapeSpec(self.embed_dim, self.cfg.patch_size)}
-        return {p: ShapeSpec(self.cfg.pyramid_channels, self._strides[p]) for p in self.pyramid_levels}
+        pruned = {p for p in self.pyramid_levels if getattr(self, f"simfp_{p[1:]}", True) is None}
+        return {p: ShapeSpec(self.cfg.pyramid_channels, self._strides[p]) for p in self.pyramid_levels
+                if p not in pruned}
 
     def set_input_size(self, img_size: int | tuple[int, int] | None = None) -> None:
         """Change the nominal input size for good (issue 23), as a model built at it with the same weights.
@@ -344,9 +346,17 @@ class ViTDet(Backbone):
         (only ``levels``, in the model's order, when given: ``forward_intermediates`` computes what it returns)."""
         if not self.pyramid_levels:
             raise ValueError("this model was built with pyramid=False: it has no feature pyramid")
-        want = set(self.pyramid_levels if levels is None else levels)
         convs = self.pyramid_levels[:len(self.cfg.scale_factors)]  # then "p6", the top block, unless pruned away
         top = self.pyramid_levels[len(convs):]
+        have = [p for p in convs if getattr(self, f"simfp_{p[1:]}") is not None]  # pruned branches are None
+        if levels is None:
+            want = set(have) | (set(top) if convs and convs[-1] in have else set())
+        else:
+            want = set(levels)
+            gone = sorted(p for p in want if p in convs and p not in have)
+            if gone:
+                raise ValueError(f"pyramid level(s) {gone} were removed by prune_intermediate_layers; "
+                                 f"this model computes {sorted(have + top)}")
         if top and top[0] in want:
             want.add(convs[-1])  # detectron2's LastLevelMaxPool reads the last conv level
         feat = x.permute(0, 3, 1, 2)  # [B, C, H', W']
@@ -363,16 +373,22 @@ class ViTDet(Backbone):
     def _num_levels(self) -> int:
         return len(self.pyramid_levels) if self.pyramid_levels else len(self.blocks)
 
-    def _prune_after(self, last: int) -> None:
-        """Without a pyramid, the blocks after block ``last`` go (``prune_intermediate_layers``); with one, the
-        pyramid levels after level ``last`` (every level comes from the last block, which stays)."""
+    def _prune_levels(self, take: Sequence[int]) -> None:
+        """Without a pyramid, the blocks after the last level in ``take`` go (``prune_intermediate_layers``); with
+        one, every pyramid branch no level in ``take`` reads (the top level reads the last convolution level):
+        the levels after the last one leave ``pyramid_levels``, a skipped one in between keeps its place (the
+        indices stay) with its branch set to None. Every level comes from the last block, which stays."""
         if not self.pyramid_levels:
-            self.blocks = self.blocks[:last + 1]
+            self.blocks = self.blocks[:max(take) + 1]
             return
-        for p in self.pyramid_levels[last + 1:]:
-            if hasattr(self, f"simfp_{p[1:]}"):
-                delattr(self, f"simfp_{p[1:]}")
-        self.pyramid_levels = self.pyramid_levels[:last + 1]
+        convs = self.pyramid_levels[:len(self.cfg.scale_factors)]
+        keep = {self.pyramid_levels[i] for i in take}
+        if len(self.pyramid_levels) > len(convs) and self.pyramid_levels[-1] in keep:
+            keep.add(convs[-1])  # detectron2's LastLevelMaxPool reads the last convolution level
+        for p in convs:
+            if p not in keep:
+                setattr(self, f"simfp_{p[1:]}", None)
+        self.pyramid_levels = self.pyramid_levels[:max(take) + 1]
 
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
