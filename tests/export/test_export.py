@@ -112,6 +112,22 @@ def test_cli_checkpoint_of_ours_run_folder_and_verify(tmp_path: Path, capsys: py
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.load
+def test_cli_run_folder_as_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``export RUN`` (as ``attn RUN IMAGE``): the run folder in MODEL's place is the checkpoint; no warning about
+    random weights, and the file holds the run's weights."""
+    model = _model(num_classes=7).eval()
+    save_weights(model, tmp_path / "run" / "model.safetensors")
+    out_file = tmp_path / "m.pt"
+    code, out, err = _run(["export", str(tmp_path / "run"), "--format", "torchscript", "--output", str(out_file)],
+                          capsys)
+    assert code == 0, err
+    assert "random" not in err and "logits [batch, 7]" in out
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.load(str(out_file))(x), model(x))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.load
 def test_cli_foreign_checkpoint_needs_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = create_model(DIGITS, num_classes=10).eval()
     fill_by_key(model)

@@ -70,6 +70,20 @@ def test_predict_with_the_model_name_as_an_image_says_to_use_model(digit_png: Pa
     assert "--model" not in _err(capsys)
 
 
+def test_eval_takes_the_run_as_its_argument_and_says_what_is_missing(run: Path, capsys: pytest.CaptureFixture,
+                                                                     tmp_path: Path) -> None:
+    """``eval RUN`` is ``eval --checkpoint RUN``; both at once, or neither (nor --pretrained), is a clear error."""
+    assert main(["eval", "--checkpoint", str(run), "--confusion", str(tmp_path / "a.png")]) == 0
+    by_option = capsys.readouterr().out
+    assert main(["eval", str(run), "--confusion", str(tmp_path / "b.png")]) == 0
+    assert capsys.readouterr().out == by_option.replace("a.png", "b.png") and "accuracy" in by_option
+    assert main(["eval", str(run), "--checkpoint", str(run)]) == 2
+    assert "give one" in _err(capsys)
+    assert main(["eval"]) == 2
+    err = _err(capsys)
+    assert "give --checkpoint" in err and "NoneType" not in err
+
+
 def test_predict_topk_zero_and_too_large(run: Path, digit_png: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["predict", str(digit_png), "--checkpoint", str(run), "--topk", "0"]) == 2
     assert "--topk must be an int >= 1" in _err(capsys)

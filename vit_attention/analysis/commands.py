@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from ..factory import add_model_arg_option, create_model
 from ..models.backbone import apply_tome_option
 from ..models.registry import get_model_entry
+from ..weights.saved import is_checkpoint_path
 
 __all__ = ["add_commands", "build_model", "eval_data_config", "load_image", "attention_heatmap", "save_attention_png"]
 
@@ -244,15 +245,6 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-_CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
-
-
-def _is_checkpoint_path(text: str) -> bool:
-    """``text`` names an existing run folder or checkpoint file (not a registered model name)."""
-    p = Path(text)
-    return p.exists() and (p.is_dir() or p.suffix in _CHECKPOINT_SUFFIXES)
-
-
 def _output_folder(out: str | None, checkpoint: str | None) -> Path:
     """``--output``, else ``attention_maps/`` in the run folder (or beside the checkpoint file), else in the cwd."""
     if out is not None:
@@ -316,7 +308,7 @@ _COLORBAR = {"rollout": "rollout weight (share of the class token's attention)",
 def _attn(args: argparse.Namespace) -> int:
     name: str | None = args.model
     checkpoint: str | None = args.checkpoint
-    if _is_checkpoint_path(args.model):  # `attn runs/<run> IMAGE`: the run says which model it is
+    if is_checkpoint_path(args.model):  # `attn runs/<run> IMAGE`: the run says which model it is
         if checkpoint is not None:
             raise ValueError(f"model {args.model!r} is a path and --checkpoint {checkpoint} is given too; give the "
                              "registered model name (or only the run folder / checkpoint)")

@@ -80,11 +80,12 @@ def _sync(model: nn.Module) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from ..weights.io import probe_writable
-    from .commands import _is_checkpoint_path, build_model
+    from ..weights.saved import is_checkpoint_path
+    from .commands import build_model
 
     name: str | None = args.model
     checkpoint: str | None = args.checkpoint
-    if _is_checkpoint_path(args.model):
+    if is_checkpoint_path(args.model):
         if checkpoint is not None:
             raise ValueError(f"model {args.model!r} is a path and --checkpoint {checkpoint} is given too")
         name, checkpoint = None, args.model

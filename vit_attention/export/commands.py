@@ -26,8 +26,10 @@ def load_for_export(name: str | None, checkpoint: str | Path | None, *, img_size
     ``num_classes`` the classifier's size (a foreign checkpoint's head of that size loads with it).
     """
     from ..factory import create_model
-    from ..weights.saved import check_model_name, describe_checkpoint, load_model
+    from ..weights.saved import check_model_name, describe_checkpoint, is_checkpoint_path, load_model
 
+    if checkpoint is None and is_checkpoint_path(name):  # `export RUN`: the run says which model it holds
+        name, checkpoint = None, name
     if checkpoint is None:
         if name is None:
             raise ValueError("give MODEL (a registered name, see `vit-attention models`) or --checkpoint PATH")

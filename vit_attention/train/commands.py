@@ -389,8 +389,18 @@ def _eval(args: argparse.Namespace) -> int:
     from .engine import evaluate
     from .plots import plot_confusion
 
-    ckpt = Path(args.checkpoint)
-    out = Path(args.confusion) if args.confusion else (ckpt if ckpt.is_dir() else ckpt.parent) / "confusion.png"
+    if args.run is not None:  # `eval RUN`
+        if args.checkpoint is not None:
+            raise ValueError(f"RUN {args.run} and --checkpoint {args.checkpoint} both give the model; give one")
+        args.checkpoint = args.run
+    local = args.checkpoint is not None and Path(args.checkpoint).exists()  # a run folder / file: the PNG goes there
+    ckpt = Path(args.checkpoint) if local else None
+    if args.confusion:
+        out = Path(args.confusion)
+    elif ckpt is not None:
+        out = (ckpt if ckpt.is_dir() else ckpt.parent) / "confusion.png"
+    else:  # --pretrained, a hub id: the current folder
+        out = Path("confusion.png")
     if args.confusion:
         _check_writable_png(out, "--confusion")
     model, meta = _load_for_inference(args)
@@ -603,6 +613,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--max-seq-len", type=int, default=None,
                        help="with --naflex: the patch budget per image (default: the run's --max-seq-len, else 576)")
         if name == "eval":
+            p.add_argument("run", nargs="?", default=None, metavar="RUN",
+                           help="run folder or checkpoint file of ours (the same as --checkpoint RUN)")
             p.add_argument("--data", default=None, help="image folder with the training classes (default: the "
                                                         "data the model was trained on)")
             p.add_argument("--split", default="test", choices=("test", "train"),

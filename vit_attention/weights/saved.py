@@ -31,10 +31,20 @@ from .io import TRAIN_STATE_FORMAT, features_metadata, read_checkpoint, read_met
 from .load import CheckpointMismatchError, load_weights
 
 __all__ = ["SavedModel", "resolve_model_file", "describe_checkpoint", "load_model", "check_model_name",
-           "saved_data_config", "RUN_FILES"]
+           "saved_data_config", "is_checkpoint_path", "RUN_FILES"]
 
 # What a run folder holds, in the order load_model prefers them.
 RUN_FILES = ("model.safetensors", "checkpoint.safetensors")
+_CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
+
+
+def is_checkpoint_path(text: str | Path | None) -> bool:
+    """``text`` names an existing run folder or checkpoint file (so a command's MODEL argument is a run, not a
+    registered model name: ``attn RUN IMAGE``, ``export RUN``, ``generate RUN``)."""
+    if text is None:
+        return False
+    p = Path(text)
+    return p.exists() and (p.is_dir() or p.suffix in _CHECKPOINT_SUFFIXES)
 
 
 @dataclass(frozen=True)
