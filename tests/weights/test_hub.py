@@ -302,3 +302,28 @@ def test_transformers_folder_of_another_family_is_refused(tmp_path):
     ref.save_pretrained(tmp_path / "swin")
     with pytest.raises(ValueError, match="transformers 'swin' model, which is no vit model.*swin preset"):
         create_model("vit_base_patch16_224", pretrained=tmp_path / "swin")
+
+
+def test_cli_eval_of_published_weights_on_an_image_folder(hub, tmp_path, monkeypatch, capsys):
+    """``eval --model NAME --pretrained --data FOLDER`` (no run folder): scores the published weights, the
+    confusion matrix lands in the current folder (it used to fail before loading, on the missing --checkpoint)."""
+    import numpy as np
+    from PIL import Image
+
+    from vit_attention.cli import main
+
+    src = create_model("vit_base_patch16_224", num_classes=2, **SMALL)
+    place(hub, "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k",
+          {"model.safetensors": save_weights(src.state_dict(), tmp_path / "w.safetensors")})
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (tmp_path / "data" / c).mkdir(parents=True)
+        for i in range(2):
+            Image.fromarray((rng.random((40, 40, 3)) * 255).astype("uint8")).save(tmp_path / "data" / c / f"{i}.png")
+    monkeypatch.chdir(tmp_path)
+    args = ["eval", "--model", "vit_base_patch16_224", "--pretrained", "--num-classes", "2",
+            "--data", str(tmp_path / "data"), "--val-fraction", "0.5"]
+    for k, v in SMALL.items():
+        args += ["--model-arg", f"{k}={v}"]
+    assert main(args) == 0, capsys.readouterr().err
+    assert "top-1 accuracy" in capsys.readouterr().out and (tmp_path / "confusion.png").stat().st_size > 1000
