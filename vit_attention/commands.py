@@ -8,7 +8,7 @@ import sys
 import torch
 
 from .attention import get_attention_spec, list_attention
-from .factory import add_model_arg_option, create_model
+from .factory import add_model_arg_option, create_model, merged_model_args
 from .models import list_models
 from .models.registry import aliases_of, get_model_entry
 
@@ -24,7 +24,7 @@ def _summary(args: argparse.Namespace) -> int:
     meta = args.meta or args.device == "meta"
     device = torch.device("meta" if meta else args.device)
     with device:
-        model = create_model(entry.name, img_size=img, **overrides, **dict(args.model_arg or ()))
+        model = create_model(entry.name, **merged_model_args(args.model_arg, img_size=img, **overrides))
     model.eval()
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)

@@ -48,6 +48,15 @@ def add_model_arg_option(parser: argparse.ArgumentParser) -> None:
                              "--model-arg attn_layer=neighborhood (default: the preset's)")
 
 
+def merged_model_args(model_args: Sequence[tuple[str, Any]] | Mapping[str, Any] | None,
+                      **options: Any) -> dict[str, Any]:
+    """``--model-arg`` pairs plus a command's own options (``img_size=args.img_size`` ...) as one ``create_model``
+    keyword dict: an option given (not None) wins over the same key in ``model_args``."""
+    kwargs = dict(model_args or ())
+    kwargs.update({k: v for k, v in options.items() if v is not None})
+    return kwargs
+
+
 def model_arg(text: str) -> tuple[str, Any]:
     """One ``--model-arg`` value, ``key=value`` with a JSON value (bare words stay strings) -> ``(key, value)``:
     ``depth=2``, ``window_size=[7,7]``, ``attn_layer=window``. An argparse ``type=`` (train, eval, bench ...)."""

@@ -60,6 +60,20 @@ def test_attn_refuses_a_model_that_contradicts_the_checkpoint(run: Path, image: 
     assert "Traceback" not in err and not list(tmp_path.glob("*.png"))
 
 
+def test_attn_model_args(run: Path, image: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--model-arg`` on ``attn``: builds the named model with those options (another mechanism here), may repeat
+    what a run records, never contradict it (the option is named); ``attn_backend`` goes with a run too."""
+    assert main(["attn", "vit_digits_patch2_8", str(image), "--output", str(tmp_path), "--model-arg", "in_chans=1",
+                 "--model-arg", "attn_layer=talking_heads", "--model-arg", "depth=1", "--layer", "0"]) == 0
+    assert "layer 1 of 1 (blocks.0.attn)" in capsys.readouterr().out and list(tmp_path.glob("*.png"))  # depth=1
+    assert main(["attn", str(run), str(image), "--output", str(tmp_path / "same"), "--model-arg", "depth=2",
+                 "--model-arg", "attn_backend=explicit"]) == 0
+    capsys.readouterr()
+    assert main(["attn", str(run), str(image), "--output", str(tmp_path / "other"), "--model-arg", "depth=3"]) == 2
+    err = capsys.readouterr().err
+    assert "--model-arg depth 3 contradicts the checkpoint" in err and "Traceback" not in err
+
+
 def test_attn_on_a_non_image_file_names_it(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("not an image")

@@ -40,6 +40,11 @@ def test_model_arg_reaches_the_model_in_summary_trace_and_info(capsys):
     assert "blocks.1 →" in flow and "blocks.2" not in flow
     assert main(["summary", "deit_tiny_patch16_224", "--meta", "--model-arg", "depth=2"]) == 0
     assert '"depth": 2' in capsys.readouterr().out
+    # a --model-arg that is also an option of the command: the option given wins, no clash
+    assert main(["summary", "deit_tiny_patch16_224", "--meta", "--model-arg", "img_size=64", "--img-size", "32"]) == 0
+    assert "input shape:  [1, 3, 32, 32]" in capsys.readouterr().out
+    assert main(["info", "deit_tiny_patch16_224", "--model-arg", "img_size=64"]) == 0
+    assert "[1, 3, 64, 64]" in capsys.readouterr().out
     base = model_info("swin_t")
     nat = model_info("swin_t", attn_layer="neighborhood", attn_kwargs={"kernel_size": 7})
     assert nat.config["attn_layer"] == "neighborhood" and base.config["attn_layer"] == "window"

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..factory import add_model_arg_option, create_model
+from ..factory import add_model_arg_option, create_model, merged_model_args
 from ..models.backbone import apply_tome_option
 from ..models.registry import get_model_entry
 from ..weights.saved import is_checkpoint_path
@@ -29,8 +29,8 @@ _IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
 def build_model(name: str | None, *, checkpoint: str | Path | None = None, img_size: int | None = None,
-                num_classes: int | None = None, device: str | torch.device = "cpu", pretrained: bool = False
-                ) -> nn.Module:
+                num_classes: int | None = None, device: str | torch.device = "cpu", pretrained: bool = False,
+                model_kwargs: Mapping[str, Any] | None = None) -> nn.Module:
     """Model ``name``, or the model a checkpoint of ours describes (its saved config wins), with weights, in eval mode.
 
     A file written by :func:`vit_attention.save_weights`, a training ``checkpoint.safetensors`` or
@@ -38,15 +38,23 @@ def build_model(name: str | None, *, checkpoint: str | Path | None = None, img_s
     (:func:`vit_attention.load_model`); ``name`` may be ``None`` or must be that model (else
     ``ValueError``). Other checkpoints (timm, torchvision, Hugging Face ...) are loaded into
     ``name`` built with the given options (``checkpoint`` may also be ``hf-hub:ORG/REPO``);
-    ``pretrained=True`` loads ``name``'s published weights (``NAME.TAG`` picks a tag). Sets
+    ``pretrained=True`` loads ``name``'s published weights (``NAME.TAG`` picks a tag). ``model_kwargs``
+    (``--model-arg``): config options for ``name`` (with ``pretrained``, another ``attn_layer`` gets the
+    weights carried over), which a file of ours must agree with; ``attn_backend`` goes with any. Sets
     ``model.data_config`` (:func:`eval_data_config`: how ``attn`` and ``predict`` read images for
     it), ``model.normalization`` (its mean, std) and ``model.class_names`` (recorded or the
     weights' names; ImageNet-1k's for a 1000-class model with weights; else ``None``).
     """
+    from ..attention import set_attention_backend
     from ..data import imagenet_class_names
     from ..weights import CheckpointMismatchError, describe_checkpoint, load_model
-    from ..weights.saved import check_model_name
+    from ..weights.saved import check_model_name, check_options_agree
 
+    kw = dict(model_kwargs or {})  # --model-arg; img_size / num_classes given as options win over theirs
+    img_size, num_classes = (img_size if img_size is not None else kw.get("img_size"),
+                             num_classes if num_classes is not None else kw.get("num_classes"))
+    kw.pop("img_size", None)
+    kw.pop("num_classes", None)
     saved = describe_checkpoint(checkpoint) if checkpoint is not None else None
     meta: Mapping[str, Any] = {}
     if saved is not None:
@@ -59,7 +67,11 @@ def build_model(name: str | None, *, checkpoint: str | Path | None = None, img_s
         saved_size = saved.config.get("img_size")
         if img_size is not None and img_size != saved_size and [img_size] * 2 != saved_size:
             overrides["img_size"] = img_size  # position embeddings resampled to the new grid
+        backend = kw.pop("attn_backend", None)  # how it runs, not what it is: never in the saved config
+        check_options_agree(saved, kw)
         model = load_model(saved.path, device=device, **overrides)
+        if backend is not None:
+            set_attention_backend(model, backend)
         meta = saved.metadata
     else:
         if name is None:
@@ -69,7 +81,7 @@ def build_model(name: str | None, *, checkpoint: str | Path | None = None, img_s
         try:
             with torch.device(device):
                 model = create_model(name, img_size=img_size, num_classes=num_classes,
-                                     pretrained=True if pretrained else checkpoint)
+                                     pretrained=True if pretrained else checkpoint, **kw)
         except CheckpointMismatchError as e:
             raise ValueError(f"checkpoint {checkpoint} does not fit model {name}: {e}") from None
     data_config = eval_data_config(model, saved)
@@ -222,7 +234,7 @@ def _heads(head: int | None, num_heads: int, where: str = "") -> str:
 def _meta_model(args: argparse.Namespace) -> tuple[nn.Module, tuple[int, ...]]:
     entry = get_model_entry(args.model)
     with torch.device("meta"):
-        model = create_model(entry.name, img_size=args.img_size, **dict(args.model_arg or ())).eval()
+        model = create_model(entry.name, **merged_model_args(args.model_arg, img_size=args.img_size)).eval()
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
     return model, (args.batch_size, cfg.in_chans, *size)
@@ -240,8 +252,8 @@ def _trace(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from .info import model_info
 
-    print(model_info(args.model, img_size=args.img_size, batch_size=args.batch_size,
-                     **dict(args.model_arg or ())).format())
+    print(model_info(args.model, batch_size=args.batch_size,
+                     **merged_model_args(args.model_arg, img_size=args.img_size)).format())
     return 0
 
 
@@ -320,7 +332,8 @@ def _attn(args: argparse.Namespace) -> int:
         print(f"warning: no --checkpoint: these maps show {name} with random (untrained) weights; give "
               "--checkpoint (a run folder or weights file) or --pretrained for a trained model's attention",
               file=sys.stderr)
-    model = build_model(name, checkpoint=checkpoint, img_size=args.img_size, pretrained=args.pretrained)
+    model = build_model(name, checkpoint=checkpoint, img_size=args.img_size, pretrained=args.pretrained,
+                        model_kwargs=dict(args.model_arg or ()))
     if args.tome:
         apply_tome_option(model, args.tome)  # the maps: each patch shows the token that covers it
     max_seq_len = _attn_naflex_budget(args, model, checkpoint)
@@ -467,6 +480,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "path: resize, centre crop)")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="with --naflex: the patch budget (default: the run's --max-seq-len, else 576)")
+    add_model_arg_option(p)
     p.set_defaults(func=_attn)
 
     p = sub.add_parser("docs", help="regenerate docs/attention/*.md and docs/models.md from the library")

@@ -293,7 +293,7 @@ def _load_checkpoint_for_inference(args: argparse.Namespace) -> tuple[Any, dict[
     from ..functional.runtime import check_backend
     from ..weights import CheckpointMismatchError, describe_checkpoint, load_model, read_checkpoint
     from ..weights.hub import HF_HUB_PREFIX
-    from ..weights.saved import check_model_name, resolve_model_file
+    from ..weights.saved import check_model_name, check_options_agree, resolve_model_file
 
     kw: dict[str, Any] = dict(args.model_arg or [])
     if args.num_classes is not None:
@@ -327,15 +327,8 @@ def _load_checkpoint_for_inference(args: argparse.Namespace) -> tuple[Any, dict[
             raise ValueError(f"--checkpoint {path} does not fit --model {args.model}: {e}") from None
         return model.eval(), _data_meta(model)
     check_model_name(saved, args.model, option="--model")
-    options = {"num_classes": "--num-classes"}
     backend = kw.pop("attn_backend", None)  # how it runs, not what it is: never in the saved config
-    for key, value in kw.items():
-        if key in saved.config and json.dumps(saved.config[key]) != json.dumps(value):
-            option = options.get(key, f"--model-arg {key}")
-            raise ValueError(f"{option} {value!r} contradicts the checkpoint: {saved.path} holds a "
-                             f"{saved.model_name} with {key}={saved.config[key]!r}; leave the option out")
-        if key not in saved.config:
-            raise ValueError(f"--model-arg {key}: {saved.model_name} has no config option {key!r}")
+    check_options_agree(saved, kw, {"num_classes": "--num-classes"})
     model = load_model(saved.path)
     if backend is not None:
         set_attention_backend(model, check_backend(backend, "--model-arg attn_backend"))

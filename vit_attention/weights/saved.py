@@ -126,6 +126,21 @@ def check_model_name(saved: SavedModel, name: str | None, *, option: str = "mode
                          f"{saved.model_name!r}; {advice}")
 
 
+def check_options_agree(saved: SavedModel, options: Mapping[str, Any], names: Mapping[str, str] | None = None
+                        ) -> None:
+    """Config ``options`` given beside a file of ours may repeat what it records, never contradict it: a value
+    other than the saved one, or an option its model does not have, raises ``ValueError`` naming it as the
+    command line does (``names``: key -> option, default ``--model-arg KEY``)."""
+    names = names or {}
+    for key, value in options.items():
+        option = names.get(key, f"--model-arg {key}")
+        if key not in saved.config:
+            raise ValueError(f"{option}: {saved.model_name} has no config option {key!r}")
+        if json.dumps(saved.config[key]) != json.dumps(value):
+            raise ValueError(f"{option} {value!r} contradicts the checkpoint: {saved.path} holds a "
+                             f"{saved.model_name} with {key}={saved.config[key]!r}; leave the option out")
+
+
 def _build(saved: SavedModel, overrides: Mapping[str, Any], device: str | torch.device | None) -> nn.Module:
     try:
         entry = get_model_entry(saved.model_name)
