@@ -94,6 +94,24 @@ def test_compare_attention_table_and_plot(capsys: pytest.CaptureFixture, tmp_pat
     assert (out / "accuracy_vs_flops.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_compare_model_args_reach_every_entry(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    """``compare --attention A,B --model-arg depth=1``: every entry gets the option (the entry's mechanism wins);
+    an option training takes from the data is refused before anything trains, naming what to give instead."""
+    out = tmp_path / "cmp"
+    assert main(["compare", "--attention", "mhsa,window", "--model-arg", "depth=1", "--epochs", "1",
+                 "--batch-size", "256", "--no-progress", "--no-plot", "--output", str(out)]) == 0
+    capsys.readouterr()
+    rows = json.loads((out / "compare.json").read_text())
+    assert [r["model_kwargs"]["depth"] for r in rows] == [1, 1]
+    assert rows[1]["model_kwargs"]["attn_layer"] == "window"
+    assert main(["compare", "--attention", "mhsa", "--model-arg", "num_classes=3", "--output",
+                 str(tmp_path / "bad")]) == 2
+    assert "--model-arg num_classes: training sets it from the data" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    assert main(["train", "--model-arg", "img_size=16", "--output", str(tmp_path / "bad2")]) == 2
+    assert "give --img-size" in capsys.readouterr().err
+
+
 def test_default_compare_entries_cover_mhsa_and_windows() -> None:
     from vit_attention.train.compare import default_entries
 

@@ -132,6 +132,8 @@ def run_compare(cfg: TrainConfig, *, models: list[str] | None = None, attention:
         entries = [_mechanism_entry(m, backbone) for m in attention]
     else:
         entries = default_entries()
+    if not models and cfg.model_kwargs:  # --model-arg applies to every entry (the entry's mechanism wins)
+        entries = [dataclasses.replace(e, model_kwargs={**cfg.model_kwargs, **e.model_kwargs}) for e in entries]
     for e in entries:  # every name and option before the first entry trains
         check_model_kwargs(e.model, e.model_kwargs)
     if resume and not output:

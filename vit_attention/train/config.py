@@ -189,6 +189,11 @@ def model_entry(model: str) -> Any:
     return get_model_entry(split_model_tag(model)[0])
 
 
+# Config options training derives from the data, so a --model-arg for them is refused with what to give instead.
+_FROM_THE_DATA = {"img_size": "give --img-size (the size the images are read at)",
+                  "num_classes": "the classes of --data decide it (a classifier for another count is re-made)"}
+
+
 def check_model_kwargs(model: str, kwargs: dict[str, Any]) -> None:
     """Raise ``ValueError`` naming the option and its expected type when a ``--model-arg`` value has the wrong type.
 
@@ -197,6 +202,9 @@ def check_model_kwargs(model: str, kwargs: dict[str, Any]) -> None:
     """
     if "attn_backend" in kwargs:
         check_backend(kwargs["attn_backend"], "--model-arg attn_backend")
+    for key, instead in _FROM_THE_DATA.items():
+        if key in kwargs:
+            raise ValueError(f"--model-arg {key}: training sets it from the data; {instead}")
     kwargs = config_kwargs(kwargs)
     entry = model_entry(model)
     try:
