@@ -131,3 +131,30 @@ def test_mechanisms_called_with_grid_and_residual_keywords_are_costed_by_their_f
     own = attn.flops((2, 4, 6, DIM) if spatial else shape, **grid)
     assert report.modules == {"attn": own} and report.kinds["attn"] == name
     assert report.total == pytest.approx(measure_flops(_Caller(attn), shape, device=None)[0], rel=0.01)
+
+
+def _fast_meta_cases() -> list[str]:
+    from model_outputs import distinct_reduced_presets
+
+    return distinct_reduced_presets()
+
+
+@pytest.mark.parametrize("name", _fast_meta_cases())
+def test_fast_meta_records_what_torch_meta_kernels_record(name: str) -> None:
+    """``record_forward`` on meta answers layer norm / addmm / softmax / GELU with their empty outputs
+    (``_FastMeta``): every module and attention call records the same shapes as with torch's own meta kernels,
+    so FLOPs, traces and the generated docs are unchanged."""
+    from model_outputs import small_overrides
+
+    from vit_attention.analysis._run import record_forward
+
+    with torch.device("meta"):
+        model = create_model(name, **small_overrides(name)).eval()
+    size = model.cfg.img_size if isinstance(model.cfg.img_size, (tuple, list)) else (model.cfg.img_size,) * 2
+    shape = (2, model.cfg.in_chans, *size)
+    slow, fast = record_forward(model, shape, fast_meta=False), record_forward(model, shape)
+    assert fast.output_shapes == slow.output_shapes
+    assert [(c.name, c.in_shapes, c.out_shapes) for c in fast.calls] == \
+        [(c.name, c.in_shapes, c.out_shapes) for c in slow.calls]
+    assert [(a.module, a.q, a.k, a.v) for a in fast.attention] == \
+        [(a.module, a.q, a.k, a.v) for a in slow.attention]
