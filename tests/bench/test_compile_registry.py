@@ -190,3 +190,22 @@ def test_new_input_sizes_compile_without_graph_breaks(family: str) -> None:
                 assert len(graphs) <= i, f"a graph break at input size {size}: {len(graphs)} graphs for {i} sizes"
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", ["swin_tiny_patch4_window7_224", "deit_small_patch16_224", "vitdet_base_patch16_1024",
+                                  "halonet26t", "cait_xxs24_224"])
+def test_features_models_trace_as_one_graph(name: str) -> None:
+    """A pruned features model (early stop, ViTDet's chosen pyramid branches, CaiT without its class stage) is
+    one graph too, and the traced maps are the eager ones."""
+    from vit_attention import create_model
+
+    model = create_model(name, features_only=True, out_indices=(0, 1), **small_overrides(name)).eval()
+    size = model.cfg.img_size if isinstance(model.cfg.img_size, (tuple, list)) else (model.cfg.img_size,) * 2
+    x = torch.randn(2, model.cfg.in_chans, *size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ref = model(x)
+        model(x)
+        out, graphs = _trace_once(model, x)
+    assert graphs == 1 and len(out) == len(ref) == 2
+    for a, b in zip(out, ref, strict=True):
+        _close(a, b)
