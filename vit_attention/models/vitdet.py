@@ -346,8 +346,7 @@ class ViTDet(Backbone):
         (only ``levels``, in the model's order, when given: ``forward_intermediates`` computes what it returns)."""
         if not self.pyramid_levels:
             raise ValueError("this model was built with pyramid=False: it has no feature pyramid")
-        convs = self.pyramid_levels[:len(self.cfg.scale_factors)]  # then "p6", the top block, unless pruned away
-        top = self.pyramid_levels[len(convs):]
+        convs, top = self._pyramid_parts()
         have = [p for p in convs if getattr(self, f"simfp_{p[1:]}") is not None]  # pruned branches are None
         if levels is None:
             want = set(have) | (set(top) if convs and convs[-1] in have else set())
@@ -357,8 +356,7 @@ class ViTDet(Backbone):
             if gone:
                 raise ValueError(f"pyramid level(s) {gone} were removed by prune_intermediate_layers; "
                                  f"this model computes {sorted(have + top)}")
-        if top and top[0] in want:
-            want.add(convs[-1])  # detectron2's LastLevelMaxPool reads the last conv level
+        want = self._levels_read(want)
         feat = x.permute(0, 3, 1, 2)  # [B, C, H', W']
         maps = {p: getattr(self, f"simfp_{p[1:]}")(feat) for p in convs if p in want}
         if top and top[0] in want:
@@ -373,6 +371,16 @@ class ViTDet(Backbone):
     def _num_levels(self) -> int:
         return len(self.pyramid_levels) if self.pyramid_levels else len(self.blocks)
 
+    def _pyramid_parts(self) -> tuple[list[str], list[str]]:
+        """``(the convolution levels "p2" ..., ["p6"] for the top block unless pruned away, else [])``."""
+        n = len(self.cfg.scale_factors)
+        return self.pyramid_levels[:n], self.pyramid_levels[n:]
+
+    def _levels_read(self, levels: set[str]) -> set[str]:
+        """``levels`` plus the convolution level the top one reads (detectron2's LastLevelMaxPool: the last)."""
+        convs, top = self._pyramid_parts()
+        return levels | ({convs[-1]} if top and top[0] in levels else set())
+
     def _prune_levels(self, take: Sequence[int]) -> None:
         """Without a pyramid, the blocks after the last level in ``take`` go (``prune_intermediate_layers``); with
         one, every pyramid branch no level in ``take`` reads (the top level reads the last convolution level):
@@ -381,10 +389,8 @@ class ViTDet(Backbone):
         if not self.pyramid_levels:
             self.blocks = self.blocks[:max(take) + 1]
             return
-        convs = self.pyramid_levels[:len(self.cfg.scale_factors)]
-        keep = {self.pyramid_levels[i] for i in take}
-        if len(self.pyramid_levels) > len(convs) and self.pyramid_levels[-1] in keep:
-            keep.add(convs[-1])  # detectron2's LastLevelMaxPool reads the last convolution level
+        convs, _ = self._pyramid_parts()
+        keep = self._levels_read({self.pyramid_levels[i] for i in take})
         for p in convs:
             if p not in keep:
                 setattr(self, f"simfp_{p[1:]}", None)
