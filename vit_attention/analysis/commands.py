@@ -18,9 +18,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..factory import add_model_arg_option, create_model, merged_model_args
+from ..factory import add_model_arg_option, create_model, merged_model_args, positive_int
 from ..models.backbone import apply_tome_option
 from ..models.registry import get_model_entry
+from ..weights.io import atomic_write
 from ..weights.saved import is_checkpoint_path
 
 __all__ = ["add_commands", "build_model", "eval_data_config", "load_image", "attention_heatmap", "save_attention_png"]
@@ -305,9 +306,8 @@ def save_attention_png(image: Tensor, heat: Tensor, path: str | Path, *, title: 
     fig.text(0.5, 0.02, "\n".join(textwrap.wrap(description, 95)), ha="center", va="bottom", fontsize=8)
     fig.tight_layout(rect=(0, 0.1, 1, 0.95))
     path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png", metadata={"Software": None})
+    try:  # atomically: a symlink planted at ``path`` is replaced, its target untouched
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", metadata={"Software": None}))
     except OSError as e:
         raise ValueError(f"--output {path.parent}: cannot write {path.name} there ({e.strerror or e})") from None
     return path
@@ -365,7 +365,11 @@ def _attn(args: argparse.Namespace) -> int:
     out = save_attention_png(img, heat, _output_folder(args.output, checkpoint) / f"{fname}.png", title=title,
                              description=what, colorbar_label=_COLORBAR.get(tag, "attention weight"))
     if args.save_map:
-        np.save(out.with_suffix(".npy"), heat.numpy())
+        def write_npy(tmp: str) -> None:
+            with open(tmp, "wb") as f:  # a file object: np.save would append ".npy" to the temporary name
+                np.save(f, heat.numpy())
+
+        atomic_write(out.with_suffix(".npy"), write_npy)
     print(f"{out}  ({what}; token grid {tuple(heat.shape)}; predicted {label} {float(p):.3f})")
     return 0
 
@@ -427,7 +431,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``trace``, ``info``, ``attn`` and ``docs``."""
     p = sub.add_parser("trace", help="print the shape at every module (meta device, instant)")
     p.add_argument("model", help="registered model name or alias")
-    p.add_argument("--img-size", type=int, default=None, help="input size (default: the preset's)")
+    p.add_argument("--img-size", type=positive_int, default=None, help="input size (default: the preset's)")
     p.add_argument("--batch-size", type=int, default=1, help="batch size of the traced input (default: 1)")
     p.add_argument("--depth", type=int, default=None, help="show modules nested at most this deep")
     p.add_argument("--all", action="store_true", help="also list shape-preserving Identity / Dropout")
@@ -437,7 +441,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("info", help="params and GMACs per stage, shapes, activation memory, aliases, layouts")
     p.add_argument("model", help="registered model name or alias")
-    p.add_argument("--img-size", type=int, default=None, help="input size (default: the preset's)")
+    p.add_argument("--img-size", type=positive_int, default=None, help="input size (default: the preset's)")
     p.add_argument("--batch-size", type=int, default=1, help="batch for FLOPs and activation memory (default: 1)")
     add_model_arg_option(p)
     p.set_defaults(func=_info)
@@ -463,7 +467,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="rollout: through all layers from the class token; mean: every layer's map averaged; "
                         "layer: one layer (--layer); auto: layer with --layer, else rollout where the model has a "
                         "class token and global attention, else mean (default: auto)")
-    p.add_argument("--img-size", type=int, default=None,
+    p.add_argument("--img-size", type=positive_int, default=None,
                    help="input size; position embeddings are resampled (default: the model's or checkpoint's)")
     _add_output(p, default=None,
                 help="output folder (default: attention_maps/ in the run folder, or beside the checkpoint file; "

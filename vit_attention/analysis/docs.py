@@ -26,6 +26,7 @@ from ..attention.transfer import describe_transfer
 from ..factory import create_model
 from ..models import list_models
 from ..models.registry import aliases_of, get_model_entry
+from ..weights.io import atomic_write_text
 from .flops import attention_complexity, complexity_table, flops
 from .published import published_gmacs
 from .trace import trace
@@ -214,8 +215,7 @@ def generate_docs(out: str | Path = "docs", *, images: bool = True, models: bool
     written = []
     for rel, text in _pages(models).items():
         path = out / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        atomic_write_text(path, text)
         written.append(path)
     if images:
         for n in list_attention():

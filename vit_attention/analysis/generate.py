@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.runtime import COMPILE_MODES
+from ..weights.io import atomic_write
 
 __all__ = ["add_commands", "generation_speed", "save_image_grid"]
 
@@ -48,10 +49,8 @@ def save_image_grid(images: Tensor, path: str | Path, *, scale: int | None = Non
         y, x = gap + r * (H * scale + gap), gap + c * (W * scale + gap)
         grid[:, y:y + H * scale, x:x + W * scale] = big[i]
     array = (grid * 255).round().to(torch.uint8).permute(1, 2, 0).squeeze(-1).numpy()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(array).save(path, format="PNG")
-    return path
+    # atomically, through a temporary file: a symlink planted at ``path`` is replaced, its target untouched
+    return atomic_write(path, lambda tmp: Image.fromarray(array).save(tmp, format="PNG"))
 
 
 @torch.no_grad()

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..weights.io import atomic_write
+
 __all__ = ["upsample_map", "save_heatmap", "save_grid", "save_merge_groups"]
 
 
@@ -39,10 +41,8 @@ def _save(fig: Any, path: str | Path, suptitle: str = "") -> Path:
     if suptitle:
         fig.suptitle(suptitle, fontsize=9)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", metadata={"Software": None})
-    return path
+    # atomically, through a temporary file: a symlink planted at ``path`` is replaced, its target untouched
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", metadata={"Software": None}))
 
 
 def save_heatmap(image: Tensor | np.ndarray, heat: Tensor, path: str | Path, *, title: str = "",

@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 
-from ..factory import model_arg
+from ..factory import model_arg, positive_int
 from ..models import list_models
+from ..weights.io import atomic_write_text
 from .harness import (
     ATTN_BACKENDS,
     COMPILE_MODES,
@@ -62,8 +63,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     def partial(report: dict) -> None:  # the report so far, after each model: a later crash keeps these rows
         if args.json and args.json != "-":
-            with open(args.json, "w") as f:
-                f.write(json.dumps(report, indent=2) + "\n")
+            atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
 
     report = run_benchmark(cfg, log=log, progress=partial)
     if args.quiet:
@@ -74,8 +74,7 @@ def _bench(args: argparse.Namespace) -> int:
         if args.json == "-":
             print(text)
         else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
+            atomic_write_text(args.json, text + "\n")
             print(format_table(report))
     else:
         print(format_table(report))
@@ -88,7 +87,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        "optionally side by side with timm / torchvision")
     p.add_argument("models", nargs="+", metavar="MODEL", help="registered model names, aliases or globs")
     p.add_argument("--batch-size", type=int, default=8, help="images per step (default: 8)")
-    p.add_argument("--img-size", type=int, default=None, help="input size (default: each preset's)")
+    p.add_argument("--img-size", type=positive_int, default=None, help="input size (default: each preset's)")
     p.add_argument("--mode", choices=("infer", "train", "both"), default="infer",
                    help="inference forward, or forward + backward + AdamW step")
     p.add_argument("--compare", default="", help="comma-separated references: timm, torchvision, hf (transformers: "

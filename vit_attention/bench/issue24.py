@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..weights.io import atomic_write_text
+
 __all__ = ["collect", "render", "environment", "main"]
 
 SHORT = {
@@ -272,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.env:
         env = environment()
-        Path(args.env).write_text(json.dumps(env, indent=1) + "\n")
+        atomic_write_text(args.env, json.dumps(env, indent=1) + "\n")
         print(json.dumps(env, indent=1))
         return 0
     if args.out is None:
@@ -282,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = render(collect(args.out))
     print(text, end="")
     if args.markdown:
-        Path(args.markdown).write_text(text)
+        atomic_write_text(args.markdown, text)
     return 0
 
 

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from ..functional.attention import scaled_dot_product_attention
 from ..functional.neighborhood import neighborhood_attention, window_start
+from ..weights.io import atomic_write_text
 from .memory import measure_peak_memory
 
 __all__ = ["dense_neighborhood_mask", "run", "main"]
@@ -159,8 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"K={args.kernel}, batch {args.batch}, median of {args.rounds} rounds (ABBA)")
     print(format_rows(rows))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        atomic_write_text(args.json, json.dumps(rows, indent=1))
     return 0
 
 

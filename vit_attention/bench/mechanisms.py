@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import create_attention, set_attention_backend
+from ..weights.io import atomic_write_text
 from .device import autocast, synchronize
 from .harness import ATTN_BACKENDS, parse_backends, recompile_limit
 
@@ -328,10 +329,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def save(rows: list[dict[str, Any]]) -> None:
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"torch": torch.__version__, "device": args.device,
-                           "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
-                           "rows": rows}, f, indent=1)
+            atomic_write_text(args.json, json.dumps({
+                "torch": torch.__version__, "device": args.device,
+                "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None, "rows": rows},
+                indent=1))
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -352,8 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "A's time / B's per round, median (> 1: B faster); parity: max relative difference to the first backend")
     print(head + "\n\n" + table)
     if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(head + "\n\n" + table + "\n")
+        atomic_write_text(args.markdown, head + "\n\n" + table + "\n")
     return 0
 
 

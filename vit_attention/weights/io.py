@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 __all__ = ["UnsafeCheckpointError", "read_checkpoint", "unwrap_state_dict", "save_weights", "atomic_write",
+           "atomic_write_text",
            "read_metadata", "model_metadata", "features_metadata", "TRAIN_STATE_FORMAT"]
 
 # The ``format`` metadata of a training checkpoint (vit_attention.train.checkpoint writes it); its model
@@ -90,6 +91,15 @@ def atomic_write(path: str | Path, write: Any) -> Path:
                 os.unlink(name)
         raise
     return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` through :func:`atomic_write`; returns ``path``.
+
+    Every text file the library writes (JSON reports, Markdown, generated docs) goes through here: a
+    symlink planted at ``path`` is replaced by the new file, never written through.
+    """
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def probe_writable(folder: str | Path) -> None:
