@@ -143,3 +143,51 @@ def test_models_pretrained_lists_the_tags_that_load(capsys):
     assert "vit_base_patch16_224.augreg_in21k" in listed and all("." in n for n in listed)
     assert main(["models", "--pretrained", "vit_digits*"]) == 1  # the digits presets publish no weights
     assert "no registered model with published weights matches 'vit_digits*'" in capsys.readouterr().err
+
+
+def _size_options() -> list[tuple[str, str]]:
+    """(sub-command, option) for every size option of every sub-command (``--img-size``)."""
+    import argparse
+
+    from vit_attention.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    return [(name, opt) for name, sub in commands.items() for action in sub._actions
+            for opt in action.option_strings if opt == "--img-size"]
+
+
+def test_size_options_refuse_zero_and_negatives_in_every_command(capsys):
+    """`train --img-size 0` (digits or a folder), `compare --quick --img-size 0`, `summary`, `attn` ...: the same
+    argparse error naming the option, before anything is built."""
+    import pytest
+
+    found = _size_options()
+    assert {"train", "compare", "summary", "export", "info", "trace"} <= {name for name, _ in found}
+    for name, opt in found:
+        for bad in ("0", "-3"):
+            with pytest.raises(SystemExit) as e:
+                main([name, opt, bad])
+            err = capsys.readouterr().err
+            assert e.value.code == 2, (name, bad)
+            assert f"argument {opt}: expected a positive integer" in err and bad in err, (name, err)
+
+
+def test_export_refuses_num_classes_contradicting_the_run(tmp_path, capsys):
+    """A run of 10 classes exported with --num-classes 5: refused naming the option (no random head)."""
+    import vit_attention as va
+
+    va.save_weights(va.create_model("vit_digits_patch2_8", num_classes=10), tmp_path / "run" / "model.safetensors")
+    out = tmp_path / "m.pt"
+    assert main(["export", str(tmp_path / "run"), "--num-classes", "5", "--format", "torchscript",
+                 "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--num-classes 5 contradicts the checkpoint" in err and "num_classes=10" in err
+    assert not out.exists()
+
+
+def test_options_without_a_sub_command_go_to_train(tmp_path, capsys):
+    """`vit-attention --epochs 1`: the default sub-command (train) with those options, not 'invalid choice'."""
+    assert main(["--epochs", "1", "--model-arg", "depth=1", "--batch-size", "128", "--no-progress", "--no-plot",
+                 "--output", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "epoch 1/1:" in out and out.strip().splitlines()[-1].startswith("test accuracy: ")

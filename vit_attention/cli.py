@@ -49,9 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``vit-attention`` script; returns the exit code."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        # no sub-command: the main job's, with any options given (`vit-attention --epochs 1` trains 1 epoch)
         default = "train" if "train" in parser._subparsers._group_actions[0].choices else "summary"  # type: ignore
-        argv = [default]
+        argv = [default, *argv]
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

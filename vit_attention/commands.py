@@ -8,7 +8,7 @@ import sys
 import torch
 
 from .attention import get_attention_spec, list_attention
-from .factory import add_model_arg_option, create_model, merged_model_args
+from .factory import add_model_arg_option, create_model, merged_model_args, positive_int
 from .models import list_models
 from .models.registry import aliases_of, get_model_entry
 
@@ -82,7 +82,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``summary``, ``models`` and ``attention``."""
     p = sub.add_parser("summary", help="build a model by name and print params and output shape")
     p.add_argument("model", nargs="?", default="vit_tiny_patch16_224", help="registered name or alias")
-    p.add_argument("--img-size", type=int, default=None, help="input size (default: the preset's)")
+    p.add_argument("--img-size", type=positive_int, default=None, help="input size (default: the preset's)")
     p.add_argument("--num-classes", type=int, default=None, help="classifier size (default: the preset's)")
     p.add_argument("--batch-size", type=int, default=1, help="batch of the random input (default: 1)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, or meta (shapes only, no memory)")

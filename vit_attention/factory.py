@@ -69,6 +69,18 @@ def model_arg(text: str) -> tuple[str, Any]:
         return k, v
 
 
+def positive_int(text: str) -> int:
+    """A size option's value (``--img-size 224``) -> the int, refusing 0 and negatives at parse time: an argparse
+    ``type=`` shared by every command's size options, so argparse's error names the option."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer (>= 1), got {value}")
+    return value
+
+
 def _load_swapped(model: nn.Module, entry: Any, source: Any, overrides: Mapping[str, Any], *, features: Any,
                   checkpoint_format: str, strict: bool) -> bool:
     """When ``overrides`` swap an attention mechanism of the weights' model (a config field ``*attn_layer``:

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..factory import positive_int
 from .core import DEFAULT_OPSET, FORMATS, INPUT_NAME, MAX_OPSET, MIN_OPSET, OUTPUT_NAME, check_output_path
 
 VERIFY_RTOL = 1e-4
@@ -23,10 +24,18 @@ def load_for_export(name: str | None, checkpoint: str | Path | None, *, img_size
     (``name``, if given, must agree); any other checkpoint (timm, torchvision, a bare state dict)
     loads into ``create_model(name, pretrained=checkpoint)``. No checkpoint: ``name`` with its
     initial (random) weights. ``img_size`` overrides the input size (position embeddings resampled);
-    ``num_classes`` the classifier's size (a foreign checkpoint's head of that size loads with it).
+    ``num_classes`` the classifier's size (a foreign checkpoint's head of that size loads with it); with a file
+    of ours it may repeat the recorded size but never contradict it (``ValueError`` naming ``--num-classes``: a
+    new head would be random, not the trained one).
     """
     from ..factory import create_model
-    from ..weights.saved import check_model_name, describe_checkpoint, is_checkpoint_path, load_model
+    from ..weights.saved import (
+        check_model_name,
+        check_options_agree,
+        describe_checkpoint,
+        is_checkpoint_path,
+        load_model,
+    )
 
     if checkpoint is None and is_checkpoint_path(name):  # `export RUN`: the run says which model it holds
         name, checkpoint = None, name
@@ -39,6 +48,9 @@ def load_for_export(name: str | None, checkpoint: str | Path | None, *, img_size
     saved = describe_checkpoint(checkpoint)
     if saved is not None:
         check_model_name(saved, name, option="MODEL")
+        if num_classes is not None:  # the trained head is what export carries; another size would be random
+            check_options_agree(saved, {"num_classes": num_classes}, {"num_classes": "--num-classes"})
+            overrides.pop("num_classes")
         return load_model(checkpoint, **overrides).eval()
     if name is None:
         raise ValueError(f"--checkpoint {checkpoint} does not record which model it holds (a timm / torchvision / "
@@ -53,8 +65,6 @@ def _export(args: argparse.Namespace) -> int:
         raise ValueError(f"--opset must be in [{MIN_OPSET}, {MAX_OPSET}], got {args.opset}")
     if args.verify and args.format != "onnx":
         raise ValueError(f"--verify runs the file in onnxruntime: it needs --format onnx, got {args.format!r}")
-    if args.img_size is not None and args.img_size < 1:
-        raise ValueError(f"--img-size must be >= 1, got {args.img_size}")
     if args.num_classes is not None and args.num_classes < 0:
         raise ValueError(f"--num-classes must be >= 0, got {args.num_classes}")
     output = check_output_path(args.output, option="--output")
@@ -121,7 +131,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help=f"ONNX opset, {MIN_OPSET}-{MAX_OPSET} (default: %(default)s)")
     p.add_argument("--static-batch", action="store_true",
                    help="fix the batch dimension at 2 (default: dynamic batch; ONNX and exported-program)")
-    p.add_argument("--img-size", type=int, default=None,
+    p.add_argument("--img-size", type=positive_int, default=None,
                    help="input size H = W (default: the model's; position embeddings are resampled)")
     p.add_argument("--num-classes", type=int, default=None,
                    help="classifier size (default: the checkpoint's for files of ours, else the preset's; a "

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..data.naflex import inference_meta as _inference_meta  # attn (analysis) reads runs the same way
 from ..data.naflex import naflex_budget as _naflex_budget
-from ..factory import model_arg
+from ..factory import model_arg, positive_int
 from .presets import DEFAULT_MODEL
 
 __all__ = ["add_commands"]
@@ -179,7 +179,7 @@ def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
     g.add_argument("--data", default=None,
                    help="image folder (ROOT/<class>/*.png or ROOT/{train,val}/<class>/...) (default: the embedded "
                         "digits)")
-    g.add_argument("--img-size", type=int, default=None,
+    g.add_argument("--img-size", type=positive_int, default=None,
                    help="input size (default: 8 for the digits, the model's for image folders)")
     g.add_argument("--in-chans", type=int, default=3, choices=(1, 3), help="image folders: 1 grayscale, 3 RGB")
     g.add_argument("--val-fraction", type=float, default=0.1, help="held-out share when the folder has no val/")

@@ -83,6 +83,7 @@ class TrainConfig:
         """Raise ``ValueError`` naming the first bad option."""
         checks = [
             (self.epochs > 0, f"epochs must be positive, got {self.epochs}"),
+            (self.img_size is None or self.img_size > 0, f"img_size must be positive, got {self.img_size}"),
             (self.batch_size > 0, f"batch_size must be positive, got {self.batch_size}"),
             (self.accum_steps > 0, f"accum_steps must be positive, got {self.accum_steps}"),
             (self.lr > 0, f"lr must be positive, got {self.lr}"),
