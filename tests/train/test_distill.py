@@ -75,3 +75,29 @@ def test_distilled_deit_learns_from_a_teacher_checkpoint(tmp_path: Path) -> None
     assert len(losses) == 3  # the teacher changes the objective, differently for hard and soft
     assert 0.0 <= hard["test_acc"] <= 1.0
     assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())
+
+
+def test_teacher_by_name_needs_its_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`train --teacher NAME` without --teacher-checkpoint: refused (a random teacher distils noise), saying what
+    to give; nothing is trained or written."""
+    from vit_attention.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--teacher", "vit_digits_patch2_8", "--model-arg", "depth=1", "--epochs", "1",
+                 "--no-progress", "--no-plot", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--teacher vit_digits_patch2_8 is a model name without weights" in err and "--teacher-checkpoint" in err
+    assert not out.exists()
+    with pytest.raises(ValueError, match="--teacher-checkpoint"):
+        build_teacher("deit_tiny_patch16_224.fb_in1k", num_classes=10, img_size=(8, 8), in_chans=1)
+
+
+def test_teacher_of_another_input_size_is_named(tmp_path: Path) -> None:
+    """A teacher file trained at 8 px for a student at 16 px: the error says teacher and both sizes."""
+    from vit_attention import create_model, save_weights
+
+    save_weights(create_model("vit_digits_patch2_8", depth=1, num_classes=10, in_chans=1),
+                 tmp_path / "t" / "model.safetensors")
+    with pytest.raises(ValueError, match=r"--teacher .* takes 8x8 px images, the student trains at 16x16 px"):
+        build_teacher(str(tmp_path / "t"), num_classes=10, img_size=(16, 16), in_chans=1)
+    assert build_teacher(str(tmp_path / "t"), num_classes=10, img_size=(8, 8), in_chans=1) is not None

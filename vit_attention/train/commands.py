@@ -225,7 +225,8 @@ def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
     g.add_argument("--teacher", default=None,
                    help="teacher: registered model name or a .safetensors checkpoint (default: no distillation)")
     g.add_argument("--teacher-checkpoint", default=None,
-                   help="weights for a --teacher given by name (default: none, the teacher as built)")
+                   help="weights for a --teacher given by name: a checkpoint file, a model folder or hf-hub:ORG/REPO "
+                        "(required with a name; a run folder or .safetensors of ours as --teacher carries its own)")
     g.add_argument("--distill-type", default="hard", choices=("soft", "hard"), help="DeiT distillation target")
     g.add_argument("--distill-alpha", type=float, default=0.5, help="weight of the distillation loss")
     g.add_argument("--distill-tau", type=float, default=1.0, help="temperature of soft distillation")

@@ -32,19 +32,38 @@ def soft_target_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
 
 def build_teacher(name_or_path: str, *, num_classes: int, img_size: tuple[int, int], in_chans: int,
                   checkpoint: str | Path | None = None) -> nn.Module:
-    """A frozen teacher in eval mode: a registered model name (weights from ``checkpoint``) or a checkpoint file."""
+    """A frozen teacher in eval mode: a registered model name (weights from ``checkpoint``) or a checkpoint file.
+
+    Refuses (``ValueError`` naming ``--teacher`` / ``--teacher-checkpoint``) a name without weights (a random
+    teacher would distil noise), a teacher of another class count, and one that takes another input size than
+    the student's ``img_size`` ``(H, W)``.
+    """
     from ..factory import create_model
     from ..weights import load_model
 
     p = Path(name_or_path)
-    if checkpoint is None and (p.suffix == ".safetensors" or p.is_dir()):
+    from_file = checkpoint is None and (p.suffix == ".safetensors" or p.is_dir())
+    if checkpoint is None and not from_file:
+        if p.exists():
+            raise ValueError(f"--teacher {name_or_path}: expected a run folder or a .safetensors file of ours, or a "
+                             "registered model name with --teacher-checkpoint")
+        raise ValueError(f"--teacher {name_or_path} is a model name without weights: a random teacher would distil "
+                         "noise. Give its weights with --teacher-checkpoint FILE (a checkpoint file, a model folder "
+                         "or hf-hub:ORG/REPO), or pass a run folder / model.safetensors of ours as --teacher")
+    if from_file:
         teacher = load_model(p)  # name + config from the file's metadata
     else:
         teacher = create_model(name_or_path, num_classes=num_classes, img_size=img_size, in_chans=in_chans,
                                pretrained=checkpoint)
     out = getattr(teacher, "num_classes", num_classes)
     if out != num_classes:
-        raise ValueError(f"teacher {name_or_path} predicts {out} classes, the data has {num_classes}")
+        raise ValueError(f"--teacher {name_or_path} predicts {out} classes, the data has {num_classes}")
+    size = getattr(getattr(teacher, "cfg", None), "img_size", None)
+    size = (size, size) if isinstance(size, int) else tuple(size) if size is not None else None
+    if size is not None and size != tuple(img_size) and not getattr(teacher.cfg, "dynamic_img_size", False):
+        raise ValueError(f"--teacher {name_or_path} takes {size[0]}x{size[1]} px images, the student trains at "
+                         f"{img_size[0]}x{img_size[1]} px (--img-size); give a teacher trained at that size, or "
+                         f"train the student at --img-size {size[0]}")
     teacher.eval()
     for q in teacher.parameters():
         q.requires_grad_(False)
