@@ -194,3 +194,50 @@ def test_attn_output_and_its_deprecated_out_alias(run: Path, image: Path, tmp_pa
         main(["attn", "--help"])
     text = capsys.readouterr().out
     assert "--output" in text and "--out " not in text  # the old name is hidden
+
+
+def _spy_titles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record ``title | description | colorbar label`` of every attention PNG the command writes."""
+    import vit_attention.analysis.commands as commands
+
+    titles: list[str] = []
+    real = commands.save_attention_png
+
+    def spy(*args: object, **kwargs: object) -> Path:
+        titles.append(f"{kwargs['title']} | {kwargs['description']} | {kwargs['colorbar_label']}")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(commands, "save_attention_png", spy)
+    return titles
+
+
+def test_rollout_without_a_class_token_is_not_labelled_class_token(image: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GAP ViT (no prefix tokens): the rollout map is what each patch receives, and says so; with a class
+    token it stays class token -> patches."""
+    titles = _spy_titles(monkeypatch)
+    root = tmp_path / "gap"
+    va.save_weights(va.create_model("vit_digits_patch2_8", num_classes=10, in_chans=1, depth=2, class_token=False,
+                                    global_pool="avg"), root / "model.safetensors")
+    assert main(["attn", str(root), str(image), "--method", "rollout", "--output", str(tmp_path / "m")]) == 0
+    capsys.readouterr()
+    assert "class token" in titles[-1] and "class token -> patches" not in titles[-1]
+    assert "no class token: the rolled-out attention each patch receives, mean over all tokens" in titles[-1]
+    assert "share of the class token's attention" not in titles[-1]
+    cls = tmp_path / "cls"
+    va.save_weights(va.create_model("vit_digits_patch2_8", num_classes=10, in_chans=1, depth=2),
+                    cls / "model.safetensors")
+    assert main(["attn", str(cls), str(image), "--method", "rollout", "--output", str(tmp_path / "m")]) == 0
+    assert "class token -> patches" in titles[-1] and "share of the class token's attention" in titles[-1]
+
+
+def test_token_merging_shows_in_the_picture_and_the_file_name(run: Path, image: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    titles = _spy_titles(monkeypatch)
+    assert main(["attn", str(run), str(image), "--tome", "2", "--output", str(tmp_path)]) == 0
+    assert "ToMe r=2" in titles[-1].split(" | ")[0] and "ToMe r=2" in titles[-1].split(" | ")[1]
+    assert (tmp_path / "digit_vit_digits_patch2_8_rollout_tome2.png").is_file()
+    assert main(["attn", str(run), str(image), "--output", str(tmp_path)]) == 0  # without: neither
+    assert "ToMe" not in titles[-1] and (tmp_path / "digit_vit_digits_patch2_8_rollout.png").is_file()

@@ -183,9 +183,13 @@ def _heatmap_and_logits(model: nn.Module, x: Tensor, *, layer: int | None, head:
     n = len(recs)
     if method == "rollout":
         heat = rec.rollout(head)[0]
-        n_global = sum(r.is_global for r in recs)
+        globals_ = [r for r in recs if r.is_global]
+        n_global = len(globals_)
         heads = _heads(head, recs[0].weights.shape[1] if recs else 0, "in each layer")
-        return heat, f"attention rollout through all {n_global} layers: class token -> patches, {heads}" \
+        # the class token's row of the rolled-out matrix; without prefix tokens, what each patch receives
+        flow = ("class token -> patches" if globals_[-1].num_prefix_tokens > 0 else
+                "no class token: the rolled-out attention each patch receives, mean over all tokens")
+        return heat, f"attention rollout through all {n_global} layers: {flow}, {heads}" \
             + _register_row(model, recs[-1], head).replace("; registers", "; in the last layer registers"), \
             method, logits
     if method == "mean":
@@ -314,6 +318,7 @@ def save_attention_png(image: Tensor, heat: Tensor, path: str | Path, *, title: 
 
 
 _COLORBAR = {"rollout": "rollout weight (share of the class token's attention)",
+             "rollout-received": "rollout weight (received, mean over all tokens)",
              "mean": "attention relative to the layer mean (1 = uniform)"}
 
 
@@ -359,11 +364,15 @@ def _attn(args: argparse.Namespace) -> int:
         weights = "weights: " + (f"{ckpt.name}/" if ckpt.is_dir() else ckpt.name)
     else:
         weights = "RANDOM weights (no --checkpoint)"
-    title = f"{model_name}, {weights}; predicted: {label} ({float(p):.1%})"
+    tome = f"ToMe r={args.tome}" if args.tome else ""  # merged tokens: the map is not the unmerged model's
+    title = f"{model_name}, {weights}" + (f", {tome}" if tome else "") + f"; predicted: {label} ({float(p):.1%})"
     stem = Path(args.image).stem
-    fname = f"{stem}_{model_name}_{tag}" + ("" if args.head is None else f"_head{args.head}")
+    fname = (f"{stem}_{model_name}_{tag}" + ("" if args.head is None else f"_head{args.head}")
+             + (f"_tome{args.tome}" if args.tome else ""))
+    bar = "rollout-received" if tag == "rollout" and "class token -> patches" not in what else tag
     out = save_attention_png(img, heat, _output_folder(args.output, checkpoint) / f"{fname}.png", title=title,
-                             description=what, colorbar_label=_COLORBAR.get(tag, "attention weight"))
+                             description=what + (f"; {tome}: tokens merged in every block" if tome else ""),
+                             colorbar_label=_COLORBAR.get(bar, "attention weight"))
     if args.save_map:
         def write_npy(tmp: str) -> None:
             with open(tmp, "wb") as f:  # a file object: np.save would append ".npy" to the temporary name
