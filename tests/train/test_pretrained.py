@@ -133,3 +133,28 @@ def test_compare_mechanisms_from_pretrained_weights(tmp_path: Path, capsys: pyte
     torch.testing.assert_close(heads, torch.eye(heads.shape[0]), rtol=0, atol=1e-6)  # the identity mixing
     rows = json.loads((out / "compare.json").read_text())
     assert rows[0]["test_acc"] == pytest.approx(rows[1]["test_acc"], abs=0.01)  # the same model, to rounding
+
+
+def test_pretrained_run_of_another_model_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`train --model A --pretrained RUN` where RUN holds a B: one line saying it contradicts, no traceback, no
+    run folder."""
+    run = tmp_path / "vit"
+    va.save_weights(va.create_model("vit_digits_patch2_8", depth=1, num_classes=10, in_chans=1),
+                    run / "model.safetensors")
+    out = tmp_path / "deit"
+    assert main(["train", *QUICK, "--model", "deit_digits_distilled_patch2_8", "--pretrained", str(run),
+                 "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "shape mismatch" not in err
+    assert (f"--pretrained {run} holds a vit_digits_patch2_8 (the file records its model), which contradicts "
+            "--model deit_digits_distilled_patch2_8") in err
+    assert not out.exists()
+    # a foreign file (no record of its model) that does not fit: one line too, the first problem and a count
+    bare = tmp_path / "bare.pth"
+    torch.save(va.create_model("vit_digits_patch2_8", depth=1, num_classes=10, in_chans=1).state_dict(), bare)
+    assert main(["train", *QUICK, "--model", "deit_digits_distilled_patch2_8", "--pretrained", str(bare),
+                 "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--pretrained {bare} does not fit --model deit_digits_distilled_patch2_8" in err
+    assert "more)" in err
+    assert not out.exists()

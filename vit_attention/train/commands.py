@@ -147,11 +147,38 @@ def _report_failure(command: str, e: BaseException) -> int:
     return e.exit_code if isinstance(e, TrainingInterrupted) else 1
 
 
+def _check_pretrained_model(cfg: Any) -> None:
+    """``--pretrained RUN`` of ours records its model: one that contradicts ``--model`` is refused in one line
+    (``ValueError`` naming both options) before anything is built, as ``eval`` and ``attn`` refuse it."""
+    from ..models.registry import resolve_model_name
+    from ..weights import describe_checkpoint
+    from ..weights.hub import HF_HUB_PREFIX, split_model_tag
+
+    source = cfg.pretrained
+    if not isinstance(source, str) or source.startswith(HF_HUB_PREFIX) or not Path(source).exists():
+        return
+    saved = describe_checkpoint(source)
+    if saved is None:
+        return
+    name = split_model_tag(cfg.model)[0]
+    if resolve_model_name(name) != resolve_model_name(saved.model_name):
+        raise ValueError(f"--pretrained {source} holds a {saved.model_name} (the file records its model), which "
+                         f"contradicts --model {cfg.model}; give --model {saved.model_name}, or weights of "
+                         f"{cfg.model}")
+
+
 def _train(args: argparse.Namespace) -> int:
+    from ..weights import CheckpointMismatchError
     from .engine import TrainingDiverged, TrainingInterrupted, train
 
     try:
-        train(_train_config(args))
+        cfg = _train_config(args)
+        _check_pretrained_model(cfg)
+        train(cfg)
+    except CheckpointMismatchError as e:  # foreign weights that do not fit: one line, the first problem and a count
+        problems = [line for line in str(e).splitlines()[1:] if not line.startswith("checkpoint layout")]
+        raise ValueError(f"--pretrained {cfg.pretrained} does not fit --model {cfg.model}: "
+                         + (f"{problems[0]} (and {len(problems) - 1} more)" if problems else str(e))) from None
     except (TrainingDiverged, TrainingInterrupted) as e:
         return _report_failure("train", e)
     except KeyboardInterrupt:
