@@ -37,7 +37,7 @@ from .attention import attention_observed, scaled_dot_product_attention
 from .flex import AttentionPattern, flex_buffer, use_flex
 from .layout import PAD, AttentionLayout
 from .neighborhood import _FLEX_BLOCK, _graph_inputs, token_order
-from .window import _CPU, _cached
+from .window import _CPU, _cached, assume_constant_result
 
 __all__ = ["halo_key_index", "halo_rel_index", "halo_rel_bias", "halo_layout", "halo_attention", "halo_pattern",
            "halo_rel_logits", "ORDERS"]
@@ -228,7 +228,7 @@ def _visited_blocks(Hp: int, Wp: int, block_size: int, halo_size: int, stride: i
     return int(visited.sum())
 
 
-@torch.compiler.assume_constant_result  # under torch.compile: counted eagerly (a Python pair)
+@assume_constant_result  # under torch.compile: counted eagerly (a Python pair)
 def _flex_orders(Hp: int, Wp: int, block_size: int, halo_size: int, stride: int) -> tuple[str, str]:
     """The pair of :data:`ORDERS` whose block mask visits the fewest blocks (the first of equals)."""
     if FLEX_ORDER is not None:

@@ -42,7 +42,7 @@ from torch import Tensor
 from .attention import attention_observed, scaled_dot_product_attention
 from .flex import AttentionPattern, flex_buffer, use_flex
 from .layout import PAD, AttentionLayout
-from .window import _CPU, _cached, static_args
+from .window import _CPU, _cached, assume_constant_result, static_args
 
 __all__ = ["window_start", "neighborhood_plan", "NeighborhoodPlan", "default_tile_size", "neighborhood_attention",
            "neighborhood_bias", "neighborhood_layout", "MASKED", "token_order", "neighborhood_pattern",
@@ -176,7 +176,7 @@ def _graph_inputs(builder: Callable[..., Any], maxsize: int = 64) -> Callable[..
     slots = types.SimpleNamespace()
     names = itertools.count()
 
-    @torch.compiler.assume_constant_result
+    @assume_constant_result
     def ensure(*key: Any) -> str:
         if key not in store:
             name = f"k{next(names)}"
@@ -328,7 +328,7 @@ def _visited_blocks(Hp: int, Wp: int, kernel_size: tuple[int, int], dilation: tu
     return int(visited.sum())
 
 
-@torch.compiler.assume_constant_result  # under torch.compile: counted eagerly (a Python pair)
+@assume_constant_result  # under torch.compile: counted eagerly (a Python pair)
 def _flex_order(Hp: int, Wp: int, kernel_size: tuple[int, int], dilation: tuple[int, int]) -> tuple[str, int]:
     """The (order, tile) of :data:`ORDER_CANDIDATES` whose block mask visits the fewest blocks (the first of equals),
     or :data:`FLEX_ORDER` when set."""

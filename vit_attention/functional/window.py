@@ -20,8 +20,9 @@ import contextlib
 import functools
 import math
 import operator
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -62,8 +63,27 @@ def to_pair(x: int | Sequence[int], name: str = "window_size") -> tuple[int, int
     return (operator.index(x[0]), operator.index(x[1]))
 
 
+class CacheInfo(NamedTuple):
+    """Counters of a :func:`_cached` builder (``functools.lru_cache``'s ``cache_info`` fields)."""
+
+    hits: int
+    misses: int
+    maxsize: int
+    currsize: int
+
+
+def assume_constant_result(fn: _F) -> _F:
+    """``torch.compiler.assume_constant_result`` without importing ``torch._dynamo`` (over half of
+    ``import torch``'s time again) when this package is imported: the mark is the attribute torch's own
+    decorator sets (torch 2.14: ``fn._dynamo_marked_constant = True``; a test checks they agree). Under
+    ``torch.compile`` ``fn`` runs eagerly at trace time and its result is a constant of the graph."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
 def _cached(maxsize: int, *, constant_under_compile: bool = False) -> Callable[[_F], _F]:
-    """``lru_cache`` whose tensors are built outside inference mode, so autograd may save them later.
+    """A least-recently-used cache (``maxsize`` entries, ``cache_info`` / ``cache_clear`` as
+    ``functools.lru_cache``) whose tensors are built outside inference mode, so autograd may save them later.
 
     They are built outside ``torch.jit.trace`` and ``torch.export``'s fake mode too: a capture records
     them as constants whether the first call builds them or a later call finds them cached (the
@@ -71,17 +91,17 @@ def _cached(maxsize: int, *, constant_under_compile: bool = False) -> Callable[[
     Builders create their tensors on ``_CPU`` explicitly (whatever default device is active, e.g.
     meta, index arithmetic needs real values) and move the result to the requested device.
 
-    ``constant_under_compile``: dynamo ignores ``lru_cache`` and would trace the builder into every graph
-    (and break the graph where it reads a tensor back to Python: ``.item()``, ``nonzero``); marked so, the
-    builder runs once at trace time and its result is a constant of the graph (its arguments are sizes,
-    static for a model compiled at one input size). Opt-in: a builder whose result a graph must see as an
-    input (the flex paths' index tensors) stays unmarked.
+    Under ``torch.compile`` the cache is bypassed and dynamo traces the builder into the graph (what it
+    does with an ``lru_cache``, which it ignores with a warning per function; this plain store gives
+    none). ``constant_under_compile``: the builder would break the graph where it reads a tensor back
+    to Python (``.item()``, ``nonzero``); marked so (:func:`assume_constant_result`), it runs once at
+    trace time and its result is a constant of the graph (its arguments are sizes, static for a model
+    compiled at one input size). Opt-in: a builder whose result a graph must see as an input (the flex
+    paths' index tensors) stays unmarked.
     """
 
     def deco(fn: _F) -> _F:
-        @functools.lru_cache(maxsize=maxsize)
-        @functools.wraps(fn)
-        def wrapper(*args: Any) -> Any:
+        def build(*args: Any) -> Any:
             tracing_state = torch._C._get_tracing_state()
             if tracing_state is not None:
                 torch._C._set_tracing_state(None)
@@ -96,10 +116,36 @@ def _cached(maxsize: int, *, constant_under_compile: bool = False) -> Callable[[
                 if tracing_state is not None:
                     torch._C._set_tracing_state(tracing_state)
 
+        store: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        counts = [0, 0]  # hits, misses
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any) -> Any:
+            if torch.compiler.is_dynamo_compiling():
+                return build(*args)
+            if args in store:
+                store.move_to_end(args)
+                counts[0] += 1
+                return store[args]
+            counts[1] += 1
+            value = store[args] = build(*args)
+            if len(store) > maxsize:
+                store.popitem(last=False)
+            return value
+
+        def cache_info() -> CacheInfo:
+            return CacheInfo(counts[0], counts[1], maxsize, len(store))
+
+        def cache_clear() -> None:
+            store.clear()
+            counts[:] = [0, 0]
+
+        wrapper.cache_info = cache_info  # type: ignore[attr-defined]
+        wrapper.cache_clear = cache_clear  # type: ignore[attr-defined]
         if not constant_under_compile:
             return wrapper  # type: ignore[return-value]
 
-        @torch.compiler.assume_constant_result
+        @assume_constant_result
         def constant(*args: Any) -> Any:
             return wrapper(*args)
 
@@ -107,8 +153,8 @@ def _cached(maxsize: int, *, constant_under_compile: bool = False) -> Callable[[
         def call(*args: Any) -> Any:
             return constant(*static_args(args))
 
-        call.cache_clear = wrapper.cache_clear  # type: ignore[attr-defined]
-        call.cache_info = wrapper.cache_info  # type: ignore[attr-defined]
+        call.cache_clear = cache_clear  # type: ignore[attr-defined]
+        call.cache_info = cache_info  # type: ignore[attr-defined]
         return call  # type: ignore[return-value]
 
     return deco
@@ -294,7 +340,7 @@ def window_head_gather_index(H: int, W: int, window_size: int | Sequence[int], s
 FLEX_BLOCK = 128  # FlexAttention's default block size (its block masks are built on this grid)
 
 
-@functools.lru_cache(maxsize=256)
+@_cached(maxsize=256)
 def _computed_blocks(num_windows: int, N: int, stride: int, block: int) -> int:
     """Blocks of the ``L x L`` logits (``L = nW·stride``) a block-diagonal mask of ``N``-token windows touches."""
     pairs: set[tuple[int, int]] = set()
