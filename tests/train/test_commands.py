@@ -148,3 +148,22 @@ def test_folder_of_large_images_says_the_input_size_and_warns(tmp_path: Path, ca
     assert lines[0] == "input 8x8 px (the model's default, vit_digits_patch2_8; --img-size to change)"
     assert lines[1].startswith("warning: the images are much larger than the model's input: their median shorter "
                                "side is 48 px, the input 8x8 px") and lines[1].endswith("(e.g. --img-size 32)")
+
+
+def test_a_folder_smaller_than_the_batch_trains_on_one_partial_batch(image_folder: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    """36 images at the default --batch-size 64: one batch of every training image per epoch, with a note."""
+    out = tmp_path / "small"
+    assert main(["train", *TINY, "--epochs", "2", "--warmup-epochs", "0.5", "--no-progress", "--no-plot",
+                 "--model-arg", "patch_size=4", "--img-size", "16", "--data", str(image_folder),
+                 "--val-fraction", "0.25", "--output", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "note: the 27 training images are fewer than --batch-size 64: each epoch is one batch of all 27" in text
+    assert [r["step"] for r in json.loads((out / "metrics.json").read_text())] == [1, 2]
+    assert "never decays" not in text
+
+
+def test_warm_up_as_long_as_the_run_is_warned(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["train", *QUICK, "--warmup-epochs", "1", "--output", str(tmp_path / "run")]) == 0
+    assert ("warning: --warmup-epochs 1 >= --epochs 1: the learning rate warms up for the whole run and never "
+            "decays") in capsys.readouterr().out

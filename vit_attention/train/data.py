@@ -356,7 +356,11 @@ def check_classifiable(data: DataBundle, *, val_fraction: float | None = None) -
 # ---------------------------------------------------------------------------- batching
 def batch_indices(n: int, global_batch: int, *, epoch: int, seed: int, shuffle: bool = True,
                   drop_last: bool = False) -> list[list[int]]:
-    """The global batches of one epoch: a permutation seeded by ``(seed, epoch)`` cut into ``global_batch``."""
+    """The global batches of one epoch: a permutation seeded by ``(seed, epoch)`` cut into ``global_batch``.
+
+    ``drop_last`` drops the last partial batch, unless it is the only one: fewer than ``global_batch``
+    images make one batch of all ``n`` (a small image folder trains at the default batch size).
+    """
     if global_batch <= 0:
         raise ValueError(f"batch size must be positive, got {global_batch}")
     if shuffle:
@@ -364,7 +368,7 @@ def batch_indices(n: int, global_batch: int, *, epoch: int, seed: int, shuffle: 
         order = torch.randperm(n, generator=g).tolist()
     else:
         order = list(range(n))
-    stop = n - n % global_batch if drop_last else n
+    stop = n - n % global_batch if drop_last and n >= global_batch else n
     return [order[i:i + global_batch] for i in range(0, stop, global_batch)]
 
 

@@ -302,11 +302,15 @@ def _load_data(cfg: TrainConfig, info: DistInfo) -> DataBundle:
     for warning in check_classifiable(data, val_fraction=cfg.val_fraction):
         _say(info, f"warning: {warning}")
     n_train = len(data.train)
-    if n_train < cfg.batch_size:
-        raise ValueError(f"batch_size={cfg.batch_size} is larger than the {n_train} training images")
-    if cfg.batch_size < info.world_size * cfg.accum_steps:
-        raise ValueError(f"batch_size={cfg.batch_size} must be at least world_size x accum_steps "
+    if n_train < cfg.batch_size:  # a small folder: each epoch is one batch of every image (batch_indices)
+        _say(info, f"note: the {n_train} training images are fewer than --batch-size {cfg.batch_size}: each epoch "
+                   f"is one batch of all {n_train}")
+    if min(cfg.batch_size, n_train) < info.world_size * cfg.accum_steps:
+        raise ValueError(f"batch_size={min(cfg.batch_size, n_train)} must be at least world_size x accum_steps "
                          f"= {info.world_size * cfg.accum_steps}")
+    if cfg.warmup_epochs >= cfg.epochs:
+        _say(info, f"warning: --warmup-epochs {cfg.warmup_epochs:g} >= --epochs {cfg.epochs}: the learning rate "
+                   "warms up for the whole run and never decays; give fewer warm-up epochs or more epochs")
     return data
 
 
@@ -374,7 +378,7 @@ def _setup(cfg: TrainConfig, info: DistInfo, data: DataBundle, tqdm: Any,
                                  alpha=cfg.distill_alpha, tau=cfg.distill_tau) if not generative \
         else NextPixelObjective(model)
 
-    steps_per_epoch = len(data.train) // cfg.batch_size
+    steps_per_epoch = max(1, len(data.train) // cfg.batch_size)  # fewer images than a batch: one
     total_steps = steps_per_epoch * cfg.epochs
     run = _Run(cfg=cfg, info=info, progress=progress, tqdm=tqdm, data=data, model=model, model_cfg=model_cfg,
                net=net, optimizer=optimizer, ema=ema, transform=transform, criterion=criterion, out=out,
