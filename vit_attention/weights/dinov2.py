@@ -39,8 +39,8 @@ def fold_class_pos_embed(state: State, model: nn.Module | None) -> State:
     """Move the class slot of ``pos_embed [1, 1 + N, C]`` into ``cls_token`` when ``model`` has ``no_embed_class``."""
     cfg = getattr(model, "cfg", None)
     pos, cls = state.get("pos_embed"), state.get("cls_token")
-    if cfg is None or not cfg.no_embed_class or pos is None or cls is None:
-        return state
+    if cfg is None or not cfg.no_embed_class or pos is None or cls is None or pos.dim() != 3:
+        return state  # a table of another rank is left for the shape check to report
     own = model.state_dict().get("pos_embed") if model is not None else None
     n_grid = own.shape[1] if own is not None else None
     if n_grid is not None and pos.shape[1] == n_grid:
@@ -107,7 +107,8 @@ def _adapt_dinov2(state: State, model: nn.Module, report: Any) -> State:
     """A timm-layout file with a class slot loaded into a ``no_embed_class`` model of the same grid is
     folded (:func:`fold_class_pos_embed`), then ViT's adapter (table resampling, heads)."""
     own, pos = model.state_dict().get("pos_embed"), state.get("pos_embed")
-    if model.cfg.no_embed_class and own is not None and pos is not None and pos.shape[1] == own.shape[1] + 1:
+    if model.cfg.no_embed_class and own is not None and pos is not None and pos.dim() == own.dim() == 3 \
+            and pos.shape[1] == own.shape[1] + 1:
         state = fold_class_pos_embed(state, model)
         report.notes.append("class slot of pos_embed folded into cls_token (no_embed_class)")
     return _adapt_vit(state, model, report)

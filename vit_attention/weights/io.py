@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import secrets
+import stat
 import tarfile
 import zipfile
 from collections.abc import Mapping
@@ -27,6 +29,7 @@ from torch import Tensor, nn
 
 __all__ = ["UnsafeCheckpointError", "read_checkpoint", "unwrap_state_dict", "save_weights", "atomic_write",
            "atomic_write_text",
+           "regular_file", "shard_files",
            "read_metadata", "model_metadata", "features_metadata", "TRAIN_STATE_FORMAT"]
 
 # The ``format`` metadata of a training checkpoint (vit_attention.train.checkpoint writes it); its model
@@ -122,7 +125,8 @@ def model_metadata(model: nn.Module) -> dict[str, str]:
     """What :func:`save_weights` records about ``model``: format, registered name, config and data config (JSON).
 
     A features model (``create_model(..., features_only=True)``) also records ``features``: its
-    ``out_indices``, ``output_fmt``, ``norm`` and ``prune`` (see :func:`features_metadata`).
+    ``out_indices``, ``output_fmt``, ``norm`` and ``prune`` (see :func:`features_metadata`); a model with
+    token merging on records ``token_merging``: its per-block schedule and ``prop_attn``.
     """
     from ..models.features import FeaturesMixin  # weights sits above models
 
@@ -139,6 +143,9 @@ def model_metadata(model: nn.Module) -> dict[str, str]:
     if isinstance(model, FeaturesMixin):
         meta["features"] = json.dumps({"out_indices": list(model.out_indices), "output_fmt": model.output_fmt,
                                        "norm": bool(model.feature_norm), "prune": bool(model.feature_prune)})
+    merging = getattr(model, "token_merging", None)
+    if merging is not None:  # set_token_merging's per-block schedule and prop_attn (load_model sets them again)
+        meta["token_merging"] = json.dumps({"schedule": [int(r) for r in merging[0]], "prop_attn": bool(merging[1])})
     return meta
 
 
@@ -195,6 +202,25 @@ def save_weights(model_or_state: nn.Module | Mapping[str, Tensor], path: str | P
     return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
+def regular_file(path: str | Path) -> Path:
+    """``path`` when it is (or links to) a regular file; otherwise an error naming it, before anything is opened.
+
+    A FIFO would block the reader forever and a device such as ``/dev/zero`` would be read without
+    end: only regular files are read. A missing path raises ``FileNotFoundError``, anything else
+    that is not a regular file (FIFO, device, socket, folder) ``ValueError``.
+    """
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode  # follows symlinks: the file that would be read
+    except FileNotFoundError:
+        raise FileNotFoundError(f"checkpoint not found: {path}") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "a folder" if stat.S_ISDIR(mode) else "not a file")
+        raise ValueError(f"{path} is {kind}, not a regular file: only regular files are read as checkpoints")
+    return path
+
+
 def _unreadable_safetensors(path: Path, err: BaseException) -> ValueError:
     size = path.stat().st_size if path.exists() else 0
     return ValueError(f"cannot read {path}: not a complete safetensors file ({size} bytes; {err}). It may be "
@@ -207,8 +233,7 @@ def read_metadata(path: str | Path) -> dict[str, str]:
     path = Path(path)
     if path.suffix != ".safetensors":
         return {}
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+    regular_file(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             return dict(f.metadata() or {})
@@ -230,64 +255,141 @@ def _read_safetensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
     return state, meta
 
 
-def _torch_load_safe(path: Path) -> Any:
+def _check_inflated_sizes(path: Path, max_bytes: int | None) -> None:
+    """Refuse a zip-format torch checkpoint whose compressed entries would inflate past ``max_bytes`` in all.
+
+    torch.save stores entries uncompressed (their size is the file's own); a compressed entry is
+    inflated in full by ``torch.load`` before any shape can be checked, so its declared size (the zip
+    directory, read without inflating anything) is checked first.
+    """
+    if max_bytes is None:
+        return
+    with zipfile.ZipFile(path) as z:
+        inflated = [(i.filename, i.file_size) for i in z.infolist() if i.compress_type != zipfile.ZIP_STORED]
+    total = sum(size for _, size in inflated)
+    if total > max_bytes:
+        name, size = max(inflated, key=lambda item: item[1])
+        raise ValueError(f"refusing to load {path}: its compressed entries inflate to {total:,} bytes (the "
+                         f"largest, {name!r}, {size:,}), more than the {max_bytes:,} bytes this model's weights "
+                         "could need; the file is damaged or not a checkpoint for this model")
+
+
+def _torch_load_safe(path: Path, max_bytes: int | None = None) -> Any:
     with open(path, "rb") as f:
         head = f.read(4)
+    is_zip = zipfile.is_zipfile(path)
+    if is_zip:
+        try:
+            _check_inflated_sizes(path, max_bytes)
+        except zipfile.BadZipFile as e:
+            raise ValueError(f"{path} is not a readable torch checkpoint (truncated or damaged?): {e}") from None
     # torch.save writes a zip archive (PK..); the legacy format and plain pickles start with PROTO (0x80).
-    if not (zipfile.is_zipfile(path) or head[:1] == b"\x80" or tarfile.is_tarfile(path)):
+    if not (is_zip or head[:1] == b"\x80" or tarfile.is_tarfile(path)):
         raise ValueError(f"{path} is not a torch checkpoint: torch.save writes a zip archive or a pickle, and this "
                          f"file is neither (it starts with {head!r}). Check the path; a safetensors file must "
                          "be named *.safetensors")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise UnsafeCheckpointError(
-            f"refusing to load {path}: it is a pickle holding objects other than tensors and plain containers, "
-            "and unpickling those can run arbitrary code. Re-save it as safetensors (or as a plain state "
-            f"dict) in a trusted environment. Detail: {str(e).splitlines()[0]}"
-        ) from None
+        raise UnsafeCheckpointError(_unsafe_pickle_message(path, e)) from None
     except (EOFError, LookupError, RuntimeError, ValueError, zipfile.BadZipFile, OSError) as e:
         raise ValueError(f"{path} is not a readable torch checkpoint (truncated or damaged?): "
                          f"{type(e).__name__}: {e}") from None
 
 
-def _read_hf_folder(path: Path) -> dict[str, Tensor]:
+def _unsafe_pickle_message(path: Path, e: pickle.UnpicklingError) -> str:
+    """Why ``path`` is refused and how to convert it safely (rather than torch's hint to load it unrestricted)."""
+    found = re.search(r"Unsupported (?:global|operand)[^\n]*?(?= was not an allowed|\. Please|\n|$)", str(e))
+    what = f" ({found.group(0)})" if found else ""
+    return (f"refusing to load {path}: it is a pickle holding objects other than tensors and plain containers{what}, "
+            "and unpickling those can run arbitrary code. Convert it once, in a throwaway sandbox (a container or VM "
+            "without your files or credentials): load it there, keep only its tensors (the state dict) and write them "
+            "with safetensors.torch.save_file(state_dict, 'model.safetensors'); then load that .safetensors file")
+
+
+_SHARD_SUFFIXES = (".safetensors", ".bin")
+
+
+def shard_files(folder: str | Path) -> list[Path] | None:
+    """The shard files a Hugging Face folder's index names (sorted, each once), or ``None`` without an index.
+
+    The index (``model.safetensors.index.json`` / ``pytorch_model.bin.index.json``) must hold a
+    ``weight_map`` object of tensor name -> file name; each file must be a ``.safetensors`` /
+    ``.bin`` file inside ``folder`` (no absolute paths, no ``..``, no symlink leading out, not the
+    folder itself). Anything else raises ``ValueError`` naming the index and the entry.
+    """
+    folder = Path(folder)
     for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        index = path / index_name
-        if index.exists():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            state: dict[str, Tensor] = {}
-            for shard in shards:
-                state.update(read_checkpoint(path / shard)[0])
-            return state
+        index = folder / index_name
+        if not index.exists():
+            continue
+        try:
+            data = json.loads(regular_file(index).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read shard index {index}: {e}") from None
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index}: 'weight_map' must be a non-empty object of tensor name -> shard file, got "
+                             f"{type(weight_map).__name__}")
+        root = folder.resolve()
+        names: set[str] = set()
+        for name in weight_map.values():
+            ok = isinstance(name, str) and name and not Path(name).is_absolute() \
+                and Path(name).suffix in _SHARD_SUFFIXES
+            target = (folder / name).resolve() if ok else root
+            if target == root or not target.is_relative_to(root):
+                raise ValueError(f"{index}: weight_map names shard {name!r}; a shard must be a .safetensors or "
+                                 f".bin file inside {folder} (no absolute path, no '..')")
+            names.add(name)
+        return [folder / name for name in sorted(names)]
+    return None
+
+
+def _read_hf_folder(path: Path, max_bytes: int | None = None) -> dict[str, Tensor]:
+    shards = shard_files(path)
+    if shards is not None:
+        state: dict[str, Tensor] = {}
+        for shard in shards:
+            state.update(_read_file(shard, max_bytes)[0])
+        return state
     for name in ("model.safetensors", "pytorch_model.bin", "model.pth"):
         if (path / name).exists():
-            return read_checkpoint(path / name)[0]
+            return _read_file(path / name, max_bytes)[0]
     raise FileNotFoundError(f"{path} is a folder without model.safetensors, pytorch_model.bin or a shard index")
 
 
-def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+def read_checkpoint(path: str | Path, *, max_bytes: int | None = None) -> tuple[dict[str, Tensor], dict[str, str]]:
     """Read tensors and metadata from a file or Hugging Face folder, safely.
 
     Returns ``(state_dict, metadata)``; wrappers such as ``{'model': ...}`` are not removed here
     (see :func:`unwrap_state_dict`). A training checkpoint gives its model tensors (no optimizer,
-    EMA or RNG state). Files that are not what their name says raise ``ValueError`` naming them.
+    EMA or RNG state). Files that are not what their name says raise ``ValueError`` naming them;
+    only regular files are read (:func:`regular_file`); a folder's shards must lie inside it
+    (:func:`shard_files`). ``max_bytes``: the most a zip-format torch file's compressed entries may
+    inflate to, checked from the zip directory before inflating anything (``None``: no bound).
     """
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if path.is_dir():
-        meta = {"hf_config": (path / "config.json").read_text()} if (path / "config.json").exists() else {}
-        return _read_hf_folder(path), meta
+        config = path / "config.json"
+        meta = {"hf_config": regular_file(config).read_text()} if config.exists() else {}
+        return _read_hf_folder(path, max_bytes), meta
+    return _read_file(path, max_bytes)
+
+
+def _read_file(path: Path, max_bytes: int | None) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """:func:`read_checkpoint` of one file."""
+    if path.suffix not in (".safetensors", *_TORCH_SUFFIXES):
+        raise ValueError(f"unsupported checkpoint {path.name!r}: expected .safetensors, .pth, .pt, .bin, .ckpt "
+                         "or a Hugging Face model folder")
+    regular_file(path)
     if path.suffix == ".safetensors":
         return _read_safetensors(path)
-    if path.suffix in _TORCH_SUFFIXES:
-        obj = _torch_load_safe(path)
-        if not isinstance(obj, Mapping):
-            raise ValueError(f"{path} holds a {type(obj).__name__}, expected a state dict (mapping of tensors)")
-        return dict(obj), {}
-    raise ValueError(f"unsupported checkpoint {path.name!r}: expected .safetensors, .pth, .pt, .bin, .ckpt "
-                     "or a Hugging Face model folder")
+    obj = _torch_load_safe(path, max_bytes)
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"{path} holds a {type(obj).__name__}, expected a state dict (mapping of tensors)")
+    return dict(obj), {}
 
 
 def unwrap_state_dict(obj: Mapping[str, Any]) -> dict[str, Tensor]:

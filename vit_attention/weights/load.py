@@ -15,7 +15,8 @@ from ..models.features import FeaturesMixin
 from .io import TRAIN_STATE_FORMAT, read_checkpoint, unwrap_state_dict
 from .layouts import adapters_for, converters_for, model_family
 
-__all__ = ["LoadReport", "CheckpointMismatchError", "load_weights", "convert_state_dict", "adapt_input_channels"]
+__all__ = ["LoadReport", "CheckpointMismatchError", "load_weights", "convert_state_dict", "adapt_input_channels",
+           "check_dtypes", "check_finite", "inflate_budget"]
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -127,6 +128,54 @@ def adapt_input_channels(state: dict[str, Tensor], model: nn.Module, report: Loa
     return state
 
 
+# Room for what a checkpoint may hold beside the model's tensors (EMA copy, optimizer moments, float64 copies).
+_INFLATE_FACTOR = 8
+_INFLATE_SLACK = 64 * 2**20
+
+
+def inflate_budget(model: nn.Module) -> int:
+    """The most bytes a checkpoint for ``model`` may inflate to: ``8 x`` its state's bytes + 64 MiB.
+
+    A zip-format ``.pth`` whose compressed entries declare more is refused before anything is
+    inflated (:func:`~vit_attention.weights.io.read_checkpoint`'s ``max_bytes``).
+    """
+    own = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return _INFLATE_FACTOR * own + _INFLATE_SLACK
+
+
+def _kind(t: Tensor) -> str:
+    if t.dtype == torch.bool:
+        return "bool"
+    return "floating" if t.is_floating_point() else "complex" if t.is_complex() else "integer"
+
+
+def check_dtypes(state: Mapping[str, Tensor], own: Mapping[str, Tensor], where: str = "checkpoint") -> None:
+    """Refuse tensors whose kind of dtype cannot be the model's (``ValueError`` naming them).
+
+    A float parameter takes any float dtype (cast on load); an integer or bool tensor would be cast
+    silently into floats (a bool file gives all-1.0 weights), so kinds (floating, integer, bool,
+    complex) must agree.
+    """
+    wrong = [(k, v.dtype, own[k].dtype) for k, v in state.items() if k in own and _kind(v) != _kind(own[k])]
+    if wrong:
+        shown = ", ".join(f"{k} ({str(a).removeprefix('torch.')}, model {str(b).removeprefix('torch.')})"
+                          for k, a, b in wrong[:8])
+        more = f", ... (+{len(wrong) - 8})" if len(wrong) > 8 else ""
+        raise ValueError(f"{where}: {len(wrong)} tensor(s) of a dtype the model's cannot be: {shown}{more}; "
+                         "the file is damaged or not weights of this model")
+
+
+def check_finite(state: Mapping[str, Tensor], where: str = "checkpoint") -> None:
+    """Refuse floating tensors holding NaN or infinity (``ValueError`` naming them): such weights give NaN
+    outputs, and a diverged run's file is better refused at load than found out from its predictions."""
+    bad = [k for k, v in state.items() if (v.is_floating_point() or v.is_complex()) and v.numel()
+           and not bool(torch.isfinite(v).all())]
+    if bad:
+        shown = ", ".join(bad[:8]) + (f", ... (+{len(bad) - 8})" if len(bad) > 8 else "")
+        raise ValueError(f"{where}: {len(bad)} tensor(s) hold NaN or infinite values: {shown}; the weights are "
+                         "damaged (or saved from a diverged run)")
+
+
 def load_weights(model: nn.Module, source: str | Path | Mapping[str, Any], *, format: str = "auto",
                  strict: bool = True) -> LoadReport:
     """Load a checkpoint into ``model`` in place and return a :class:`LoadReport`.
@@ -139,11 +188,13 @@ def load_weights(model: nn.Module, source: str | Path | Mapping[str, Any], *, fo
     (``model.pruned_keys``) are ignored. ``strict``
     raises :class:`CheckpointMismatchError` listing missing / unexpected / mismatched keys; otherwise
     those are skipped and reported. Pickles are loaded with ``weights_only=True``, so a checkpoint
-    holding arbitrary objects is refused.
+    holding arbitrary objects is refused. Whatever ``strict``, tensors of a dtype kind the model's cannot
+    be (integer or bool into float) and tensors holding NaN / infinity raise ``ValueError`` naming them,
+    and a compressed ``.pth`` declaring more than :func:`inflate_budget` is refused before inflating.
     """
     meta: dict[str, str] = {}
     if isinstance(source, (str, Path)):
-        raw, meta = read_checkpoint(source)
+        raw, meta = read_checkpoint(source, max_bytes=inflate_budget(model))
     elif isinstance(source, Mapping):
         raw = dict(source)
     else:
@@ -174,6 +225,9 @@ def load_weights(model: nn.Module, source: str | Path | Mapping[str, Any], *, fo
         raise CheckpointMismatchError(f"checkpoint does not fit {type(model).__name__}:\n{report}{hint}")
     bad = set(report.unexpected) | {k for k, _, _ in report.mismatched}
     loadable = {k: v for k, v in state.items() if k not in bad}
+    where = str(source) if isinstance(source, (str, Path)) else "checkpoint"
+    check_dtypes(loadable, own, where)
+    check_finite(loadable, where)
     with torch.no_grad():
         model.load_state_dict(loadable, strict=False)
     return report

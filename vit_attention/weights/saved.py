@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ..models.features import as_features_model
 from ..models.registry import get_model_entry, resolve_model_name
-from .io import TRAIN_STATE_FORMAT, features_metadata, read_checkpoint, read_metadata
+from .io import TRAIN_STATE_FORMAT, features_metadata, read_checkpoint, read_metadata, regular_file
 from .load import CheckpointMismatchError, load_weights
 
 __all__ = ["SavedModel", "resolve_model_file", "describe_checkpoint", "load_model", "check_model_name",
@@ -66,7 +66,8 @@ class SavedModel:
 def resolve_model_file(path: str | Path) -> Path:
     """A run folder -> its ``model.safetensors`` (else ``checkpoint.safetensors``); a file -> itself.
 
-    Raises ``FileNotFoundError`` naming the path when it does not exist or a folder holds neither.
+    Raises ``FileNotFoundError`` naming the path when it does not exist or a folder holds neither,
+    ``ValueError`` when it is not a regular file (a FIFO, a device).
     """
     path = Path(path)
     if path.is_dir():
@@ -75,9 +76,7 @@ def resolve_model_file(path: str | Path) -> Path:
                 return path / name
         raise FileNotFoundError(f"{path} is a folder without {' or '.join(RUN_FILES)}; expected a run folder "
                                 "written by `vit-attention train` or a file written by save_weights")
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    return path
+    return regular_file(path)  # missing -> FileNotFoundError; a FIFO or device -> ValueError, nothing opened
 
 
 def _json(text: str) -> Any:
@@ -181,7 +180,8 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, mo
     (``num_classes``, ``in_chans``, ``img_size``, depth ...) come from the file, so
     ``load_model(save_weights(m, p))`` gives back ``m`` exactly (same outputs, bit for bit, same
     dtype), a features model (``create_model(..., features_only=True)``) as a features model with
-    its ``out_indices``, ``output_fmt`` and ``norm``. ``model``: a name the file must describe
+    its ``out_indices``, ``output_fmt`` and ``norm``, token merging (``set_token_merging``) as it was set.
+    ``model``: a name the file must describe
     (aliases allowed; a different one raises ``ValueError`` saying which model the file holds).
     ``overrides``: config fields to change
     (e.g. ``img_size`` resamples position embeddings; ``num_classes`` re-makes the head with a
@@ -215,6 +215,12 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, mo
         load_weights(net, state, format="vit_attention", strict=True)
     except CheckpointMismatchError as e:
         raise ValueError(f"{saved.path} does not fit the {saved.model_name} it describes: {e}") from None
+    merging = saved.metadata.get("token_merging")
+    if merging is not None:  # save_weights of a model with set_token_merging: merging as it was
+        if not isinstance(merging, dict) or not isinstance(merging.get("schedule"), list):
+            raise ValueError(f"{saved.path}: its 'token_merging' metadata is not a record of schedule and prop_attn: "
+                             f"{str(merging)[:80]!r}")
+        net.set_token_merging(merging["schedule"], prop_attn=bool(merging.get("prop_attn", True)))  # type: ignore
     pcfg = saved_data_config(saved)
     if pcfg is not None:
         net.pretrained_cfg = pcfg  # type: ignore[assignment]

@@ -104,9 +104,10 @@ def vit_adapter(interpolation: str = "bicubic", antialias: bool = True) -> Calla
     def adapt(state: State, model: nn.Module, report: Any) -> State:
         own = model.state_dict()
         pos = state.get("pos_embed")
-        if pos is not None and "pos_embed" in own and pos.shape != own["pos_embed"].shape:
+        if pos is not None and "pos_embed" in own and pos.shape != own["pos_embed"].shape and pos.dim() == 3:
             n_prefix = 0 if model.cfg.no_embed_class else model.num_prefix_tokens
-            grid = _checkpoint_grid(state, model, pos.shape[1] - n_prefix)
+            # a table without grid rows (empty, or only the prefix tokens') is left for the shape check to report
+            grid = _checkpoint_grid(state, model, pos.shape[1] - n_prefix) if pos.shape[1] > n_prefix else None
             if grid is not None and pos.shape[-1] == own["pos_embed"].shape[-1]:
                 state["pos_embed"] = resample_abs_pos_embed(pos, model.grid_size, grid, num_prefix_tokens=n_prefix,
                                                             interpolation=interpolation, antialias=antialias,
