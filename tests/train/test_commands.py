@@ -167,3 +167,45 @@ def test_warm_up_as_long_as_the_run_is_warned(tmp_path: Path, capsys: pytest.Cap
     assert main(["train", *QUICK, "--warmup-epochs", "1", "--output", str(tmp_path / "run")]) == 0
     assert ("warning: --warmup-epochs 1 >= --epochs 1: the learning rate warms up for the whole run and never "
             "decays") in capsys.readouterr().out
+
+
+def test_predict_scores_every_readable_image_and_names_the_bad_ones(trained_run: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """`predict a.png bad.png c.png`: a and c are scored, bad.png reported, the exit code says not all were read."""
+    from PIL import Image
+
+    for name in ("a", "c"):
+        Image.fromarray((np.arange(64).reshape(8, 8) * 4).astype(np.uint8), mode="L").save(tmp_path / f"{name}.png")
+    (tmp_path / "bad.png").write_bytes(b"garbage")
+    paths = [str(tmp_path / n) for n in ("a.png", "bad.png", "missing.png", "c.png")]
+    assert main(["predict", *paths, "--checkpoint", str(trained_run)]) == 2
+    out, err = capsys.readouterr()
+    scored = [line.split(":")[0] for line in out.strip().splitlines()]
+    assert scored == [paths[0], paths[3]]
+    assert f"cannot read image {paths[1]}" in err and f"cannot read image {paths[2]}" in err
+    assert err.strip().splitlines()[-1] == (f"vit-attention predict: error: 2 of 4 image(s) could not be read: "
+                                            f"{paths[1]}, {paths[2]}")
+
+
+def test_eval_prints_its_scores_when_the_run_folder_is_read_only(trained_run: Path, capsys: pytest.CaptureFixture,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only run folder: the scores are printed, the confusion matrix is a warning that never names
+    --confusion as given; an explicit --confusion that fails is an error after the scores."""
+    import errno
+
+    import vit_attention.train.plots as plots
+
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(plots, "plot_confusion", read_only)
+    assert main(["eval", str(trained_run)]) == 0
+    out, err = capsys.readouterr()
+    want = json.loads((trained_run / "metrics.json").read_text())[-1]["test_acc"]
+    assert out.strip().splitlines()[-1] == f"top-1 accuracy: {want:.4f}" and "top-5 accuracy" in out
+    assert "cannot write the confusion matrix" in err and "Read-only file system" in err
+    assert "--confusion PNG" in err and "error" not in err
+    assert main(["eval", str(trained_run), "--confusion", str(trained_run / "c.png")]) == 2
+    out, err = capsys.readouterr()
+    assert f"top-1 accuracy: {want:.4f}" in out
+    assert "error: --confusion" in err and "Read-only file system" in err

@@ -182,8 +182,9 @@ def _train(args: argparse.Namespace) -> int:
     except (TrainingDiverged, TrainingInterrupted) as e:
         return _report_failure("train", e)
     except KeyboardInterrupt:
-        return _report_failure("train", TrainingInterrupted("interrupted before training started; nothing was "
-                                                            "written"))
+        where = (f"the run in {args.output} was not changed and can be resumed again with: vit-attention train "
+                 f"--resume --output {args.output}") if args.resume and args.output else "nothing was written"
+        return _report_failure("train", TrainingInterrupted(f"interrupted before training started; {where}"))
     return 0
 
 
@@ -404,6 +405,8 @@ def _check_classes(trained: list[str] | None, data_classes: list[str], data_arg:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    import sys
+
     import torch
 
     from .data import BatchTransform, build_data
@@ -458,17 +461,30 @@ def _eval(args: argparse.Namespace) -> int:
     k = data.num_classes
     conf = torch.zeros(k, k, dtype=torch.long)
     conf.index_put_((res["target"], res["pred"]), torch.ones_like(res["pred"]), accumulate=True)
+    print(f"images: {res['n']}")  # the scores first: a confusion matrix that cannot be written loses none of them
+    print(f"loss: {res['loss']:.4f}")
+    print(f"top-5 accuracy: {res['top5']:.4f}")
+    code = 0
     try:
         plot_confusion(conf, data.classes, out, title=f"{getattr(model, 'registry_name', '')} on {data.name} "
                                                          f"({args.split}), top-1 {res['top1']:.4f}")
+        print(f"confusion matrix: {out}")
     except OSError as e:
-        raise ValueError(f"--confusion {out}: cannot write the confusion matrix ({e.strerror or e})") from None
-    print(f"images: {res['n']}")
-    print(f"loss: {res['loss']:.4f}")
-    print(f"top-5 accuracy: {res['top5']:.4f}")
-    print(f"confusion matrix: {out}")
+        why = _os_reason(e)
+        if args.confusion:  # asked for: an error (after the scores)
+            print(f"vit-attention eval: error: --confusion {out}: cannot write the confusion matrix ({why})",
+                  file=sys.stderr)
+            code = 2
+        else:  # the default place beside the checkpoint (a read-only run folder): the scores stand
+            print(f"warning: cannot write the confusion matrix to {out} ({why}); give --confusion PNG to write "
+                  "it elsewhere", file=sys.stderr)
     print(f"top-1 accuracy: {res['top1']:.4f}")
-    return 0
+    return code
+
+
+def _os_reason(e: OSError) -> str:
+    """An ``OSError`` in words: its ``strerror`` (``Read-only file system``, ``Permission denied`` ...)."""
+    return e.strerror or str(e)
 
 
 def _predict(args: argparse.Namespace) -> int:
@@ -491,7 +507,8 @@ def _predict(args: argparse.Namespace) -> int:
         model_like = [p for p in missing if p.split(".")[0] in names]  # `predict MODEL IMAGE`: a name is no image
         hint = (f"; {model_like[0]!r} is a model name: give it as --model {model_like[0]} (with --pretrained or "
                 "--checkpoint), then the images") if model_like else ""
-        raise FileNotFoundError(f"image(s) not found: {', '.join(missing)}{hint}")
+        if model_like or len(missing) == len(args.images):  # nothing to score: refuse before loading the model
+            raise FileNotFoundError(f"image(s) not found: {', '.join(missing)}{hint}")
     model, meta = _load_for_inference(args)
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, int) else tuple(cfg.img_size)
@@ -518,21 +535,45 @@ def _predict(args: argparse.Namespace) -> int:
         from ..data import create_transform
 
         transform = create_transform(dataclasses.replace(meta["data_config"], crop_pct=crop))
+    bad: list[str] = []
     for path in args.images:
         try:
+            if not Path(path).exists():
+                raise FileNotFoundError("not found")
             if transform is not None:
                 x = transform(path)[None]
             else:  # a model trained here: images read as training read them
                 x = (load_image(path, size, in_chans=cfg.in_chans, crop_pct=crop)[None] - mean) / std
         except Exception as e:  # noqa: BLE001 - Pillow raises many types
-            raise ValueError(f"cannot read image {path}: {e}") from None
+            _unreadable(path, e, bad)
+            continue
         with torch.no_grad():
             logits = model(x)
         prob = logits.float().softmax(-1)[0]
         top = prob.topk(k)
         ranked = ", ".join(f"{classes[i]} ({p:.3f})" for p, i in zip(top.values.tolist(), top.indices.tolist()))
-        print(f"{path}: {ranked}")
-    return 0
+        print(f"{path}: {ranked}", flush=True)
+    return _predict_exit(bad, len(args.images))
+
+
+def _unreadable(path: str, e: BaseException, bad: list[str]) -> None:
+    """Report image ``path`` that cannot be read (one line on stderr) and add it to ``bad``; the rest are scored."""
+    import sys
+
+    print(f"vit-attention predict: cannot read image {path}: {e}", file=sys.stderr, flush=True)
+    bad.append(path)
+
+
+def _predict_exit(bad: list[str], total: int) -> int:
+    """``predict``'s exit code: 0 when every image was scored, else 2 (the commands' error code) after a line
+    naming the unreadable ones."""
+    import sys
+
+    if not bad:
+        return 0
+    print(f"vit-attention predict: error: {len(bad)} of {total} image(s) could not be read: {', '.join(bad)}",
+          file=sys.stderr)
+    return 2
 
 
 def _predict_naflex(args: argparse.Namespace, model: Any, classes: list[str], mean: Any, std: Any, k: int,
@@ -544,21 +585,26 @@ def _predict_naflex(args: argparse.Namespace, model: Any, classes: list[str], me
     from ..data.naflex import load_naflex_image
 
     cfg = model.cfg
-    images = []
+    images, read, bad = [], [], []
     for path in args.images:
         try:
+            if not Path(path).exists():
+                raise FileNotFoundError("not found")
             img = load_naflex_image(path, cfg.patch_size, max_seq_len, in_chans=cfg.in_chans)
         except Exception as e:  # noqa: BLE001 - Pillow raises many types
-            raise ValueError(f"cannot read image {path}: {e}") from None
+            _unreadable(path, e, bad)
+            continue
         images.append((img - mean[0]) / std[0])  # [C, H', W'] normalised
-    with torch.no_grad():
-        logits = model(images)
-    prob = (logits[0] if isinstance(logits, tuple) else logits).float().softmax(-1)
-    for path, row in zip(args.images, prob):
-        top = row.topk(k)
-        ranked = ", ".join(f"{classes[i]} ({p:.3f})" for p, i in zip(top.values.tolist(), top.indices.tolist()))
-        print(f"{path}: {ranked}")
-    return 0
+        read.append(path)
+    if images:
+        with torch.no_grad():
+            logits = model(images)
+        prob = (logits[0] if isinstance(logits, tuple) else logits).float().softmax(-1)
+        for path, row in zip(read, prob):
+            top = row.topk(k)
+            ranked = ", ".join(f"{classes[i]} ({p:.3f})" for p, i in zip(top.values.tolist(), top.indices.tolist()))
+            print(f"{path}: {ranked}")
+    return _predict_exit(bad, len(args.images))
 
 
 def _compare(args: argparse.Namespace) -> int:
