@@ -11,6 +11,7 @@ previous checkpoint or the new one. A readable copy of the JSON goes to ``checkp
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from ..weights.io import atomic_write
 
 __all__ = ["CHECKPOINT_NAME", "TrainingState", "optimizer_state_to_safe", "optimizer_state_from_safe",
            "capture_rng_state", "restore_rng_state", "save_training_state", "load_training_state",
-           "check_resume_compatible", "read_saved_config"]
+           "check_resume_compatible", "read_saved_config", "check_training_state"]
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 FORMAT = "vit_attention.train_state"
@@ -142,11 +143,78 @@ def load_training_state(path: str | Path) -> TrainingState:
                 raise ValueError(f"{path} is not a vit-attention training checkpoint (format "
                                  f"{meta.get('format')!r}); resume needs the {CHECKPOINT_NAME} a training run wrote")
             for key in f.keys():
-                prefix, name = key.split(".", 1)
+                prefix, _, name = key.partition(".")
+                if prefix not in groups or not name:
+                    raise _damaged(path, f"the tensor {key!r} is not under model., ema., optim. or rng.")
                 groups[prefix][name] = f.get_tensor(key)
     except (OSError, RuntimeError, SafetensorError) as e:  # damaged or foreign files
         raise ValueError(f"cannot read checkpoint {path}: {e}") from None
-    return TrainingState(groups["model"], groups["ema"], groups["optim"], groups["rng"], json.loads(meta["state"]))
+    state = _parse_state(meta, path)
+    return TrainingState(groups["model"], groups["ema"], groups["optim"], groups["rng"], state)
+
+
+def _damaged(path: Path, problem: str) -> ValueError:
+    return ValueError(f"checkpoint {path} is damaged or was edited: {problem}; resume from an intact checkpoint, "
+                      "or start a new run in another --output")
+
+
+def _parse_state(meta: Mapping[str, str], path: Path) -> dict[str, Any]:
+    """The JSON ``state`` of a checkpoint's metadata (``ValueError`` naming the file when absent or not an object)."""
+    try:
+        state = json.loads(meta["state"])
+    except KeyError:
+        raise _damaged(path, "its metadata has no 'state' entry") from None
+    except json.JSONDecodeError as e:
+        raise _damaged(path, f"its 'state' metadata is not valid JSON ({e})") from None
+    if not isinstance(state, dict):
+        raise _damaged(path, f"its 'state' metadata must be a JSON object, got {type(state).__name__}")
+    return state
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+# The state fields a resume reads: (field, check, what is expected).
+_STATE_FIELDS: tuple[tuple[str, Any, str], ...] = (
+    ("epoch", _is_count, "a non-negative integer (full epochs done)"),
+    ("step_in_epoch", _is_count, "a non-negative integer (steps done in the current epoch)"),
+    ("global_step", _is_count, "a non-negative integer (optimizer steps done)"),
+    ("epoch_sums", lambda v: isinstance(v, list) and len(v) == 3 and all(map(_is_number, v)),
+     "a list of 3 finite non-negative numbers (the epoch's loss sum, correct and count)"),
+    ("epoch_train_time", _is_number, "a finite non-negative number of seconds"),
+    ("history", lambda v: isinstance(v, list) and all(isinstance(h, dict) for h in v),
+     "a list of metrics rows (objects)"),
+    ("config", lambda v: isinstance(v, dict), "an object (the training options)"),
+    ("model_name", lambda v: isinstance(v, str) and bool(v), "a registered model name"),
+    ("model_config", lambda v: isinstance(v, dict), "an object (the model's config)"),
+    ("optimizer", lambda v: isinstance(v, dict) and isinstance(v.get("param_groups"), list)
+     and isinstance(v.get("scalars"), dict) and isinstance(v.get("key_types"), dict),
+     "an object with param_groups, scalars and key_types"),
+    ("rng", lambda v: isinstance(v, dict) and isinstance(v.get("numpy"), list) and len(v["numpy"]) == 4
+     and isinstance(v.get("python"), list) and len(v["python"]) == 3, "an object with the numpy and python states"),
+)
+
+
+def check_training_state(state: Mapping[str, Any], rng: Mapping[str, Tensor], path: str | Path) -> None:
+    """Raise ``ValueError`` naming the field and ``path`` when a checkpoint's state cannot be resumed from.
+
+    Every field a resume reads must be present with its type and range (:data:`_STATE_FIELDS`), e.g.
+    ``epoch`` a non-negative integer; the RNG tensors ``rng.torch`` / ``rng.numpy`` must be there.
+    """
+    path = Path(path)
+    for name, ok, expected in _STATE_FIELDS:
+        if name not in state:
+            raise _damaged(path, f"its state has no {name!r} field (expected {expected})")
+        if not ok(state[name]):
+            raise _damaged(path, f"its state field {name!r} must be {expected}, got {state[name]!r}"[:400])
+    for name in ("torch", "numpy"):
+        if name not in rng:
+            raise _damaged(path, f"the tensor 'rng.{name}' (a random generator's state) is missing")
 
 
 def read_saved_config(output: str | Path) -> dict[str, Any]:
@@ -164,10 +232,13 @@ def read_saved_config(output: str | Path) -> dict[str, Any]:
             meta = f.metadata() or {}
     except (OSError, RuntimeError, SafetensorError) as e:
         raise ValueError(f"cannot read checkpoint {path} (--output): {e}") from None
-    if meta.get("format") != FORMAT or "state" not in meta:
+    if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a vit-attention training checkpoint (format {meta.get('format')!r}); "
                          f"--resume needs the {CHECKPOINT_NAME} a training run wrote")
-    return dict(json.loads(meta["state"]).get("config", {}))
+    config = _parse_state(meta, path).get("config", {})
+    if not isinstance(config, dict):
+        raise _damaged(path, f"its state field 'config' must be an object (the training options), got {config!r}")
+    return dict(config)
 
 
 def check_resume_compatible(ckpt: TrainingState, model_name: str, model_config: Mapping[str, Any],

@@ -5,6 +5,7 @@ annotations of the model's config class and names the expected type."""
 from __future__ import annotations
 
 import json
+import math
 import types
 import typing
 from dataclasses import asdict, dataclass, field
@@ -103,7 +104,29 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
+        self._validate_numbers()
         self._validate_naflex()
+
+    def _validate_numbers(self) -> None:
+        """Every float option finite (``--lr inf`` / ``nan`` are refused), and >= 0 where a negative means nothing."""
+        floats = {"lr": self.lr, "min_lr": self.min_lr, "warmup_epochs": self.warmup_epochs,
+                  "weight_decay": self.weight_decay, "layer_decay": self.layer_decay, "clip_grad": self.clip_grad,
+                  "label_smoothing": self.label_smoothing, "mixup": self.mixup, "cutmix": self.cutmix,
+                  "hflip": self.hflip, "affine": self.affine, "drop_rate": self.drop_rate,
+                  "drop_path_rate": self.drop_path_rate, "attn_drop_rate": self.attn_drop_rate,
+                  "ema_decay": self.ema_decay, "val_fraction": self.val_fraction, "crop_pct": self.crop_pct,
+                  "distill_alpha": self.distill_alpha, "distill_tau": self.distill_tau}
+        for name, value in floats.items():
+            if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            option = "--" + name.replace("_", "-")
+            if not math.isfinite(value):
+                raise ValueError(f"{option} must be a finite number, got {value}")
+            if value < 0 and name in ("min_lr", "weight_decay", "clip_grad", "hflip", "affine", "drop_rate",
+                                      "drop_path_rate", "attn_drop_rate", "distill_alpha"):
+                raise ValueError(f"{option} must be >= 0, got {value}")
+        if self.distill_tau <= 0:
+            raise ValueError(f"--distill-tau must be positive (a softmax temperature), got {self.distill_tau}")
 
     def _validate_naflex(self) -> None:
         """``--naflex`` needs a NaFlex model and an image folder, and excludes the tensor-batch augmentations."""

@@ -53,6 +53,7 @@ from .checkpoint import (
     CHECKPOINT_NAME,
     TrainingState,
     check_resume_compatible,
+    check_training_state,
     load_training_state,
     optimizer_state_from_safe,
     restore_rng_state,
@@ -86,22 +87,27 @@ from .distributed import (
     wrap_model,
 )
 from .errors import (
+    RunWriteError,
     TrainingDiverged,
     TrainingInterrupted,
+    TrainingOutOfMemory,
     _check_finite_state,
+    _out_of_memory,
+    _out_of_memory_error,
     _Progress,
     _sigterm_as_interrupt,
     _Terminated,
+    _writing,
 )
 from .generative import NextPixelObjective, is_generative, probe_datasets
 from .metrics import METRIC_COLUMNS, _write_metrics, evaluate  # noqa: F401  (METRIC_COLUMNS: re-exported)
 from .optim import ModelEma, _autocast, lr_at, param_groups, seed_step
 from .plots import plot_curves
-from .run_folder import _make_output, check_output_folder, create_run_folder
+from .run_folder import RunLock, check_output_folder, claim_run_folder, create_run_folder
 
 __all__ = ["TrainConfig", "ModelEma", "lr_at", "param_groups", "evaluate", "train", "plot_curves", "seed_step",
-           "TrainingDiverged", "TrainingInterrupted", "create_run_folder", "check_model_kwargs",
-           "check_output_folder"]
+           "TrainingDiverged", "TrainingInterrupted", "RunWriteError", "TrainingOutOfMemory", "create_run_folder",
+           "check_model_kwargs", "check_output_folder"]
 
 
 def _model_overrides(cfg: TrainConfig, data: DataBundle) -> dict[str, Any]:
@@ -184,8 +190,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     ``config.json``. Prints ``test accuracy: X`` as its last line.
 
     Raises :class:`TrainingDiverged` on a non-finite loss (before the optimizer step; nothing
-    non-finite is written) and :class:`TrainingInterrupted` on Ctrl-C or SIGTERM; both messages say
-    where the last good checkpoint is and how to resume.
+    non-finite is written), :class:`TrainingInterrupted` on Ctrl-C or SIGTERM, :class:`RunWriteError`
+    when a file cannot be written (a full disk) and :class:`TrainingOutOfMemory` when an allocation
+    fails; their messages say where the last good checkpoint is and how to resume. The run folder is
+    locked for the run's life: a second run on it is refused (``RunFolderBusy``, a ``ValueError``).
     """
     from tqdm.auto import tqdm
 
@@ -197,6 +205,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     info = init_distributed(cfg.device)
     threads = torch.get_num_threads()
     progress = _Progress()
+    progress.resuming = Path(cfg.output) if cfg.resume and cfg.output else None
     try:
         with _sigterm_as_interrupt():
             try:
@@ -205,6 +214,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 term = isinstance(e, _Terminated)
                 raise TrainingInterrupted(f"interrupted by {'SIGTERM' if term else 'Ctrl-C (SIGINT)'} at step "
                                           f"{progress.step}; {progress.where()}", 143 if term else 130) from None
+            except (MemoryError, RuntimeError) as e:
+                if isinstance(e, TrainingOutOfMemory) or not _out_of_memory(e):
+                    raise
+                raise _out_of_memory_error(e, progress, cfg) from None
         cleanup_distributed(sync=True)  # every rank done (rank 0 may still be writing) before leaving
         return result
     finally:
@@ -263,10 +276,36 @@ def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any, progress: _Progress) -> 
     """One run on this rank: data, model and state (resumed or new), the epochs, then the final weights."""
     torch.manual_seed(cfg.seed)
     data = _load_data(cfg, info)
-    run, start = _setup(cfg, info, data, tqdm, progress)
-    _open_run_folder(run)
-    stopped = _train_epochs(run, start)
-    return stopped if stopped is not None else _finish(run)
+    out, lock = _claim_run_folder(cfg, info)
+    try:
+        run, start = _setup(cfg, info, data, tqdm, progress, out)
+        _open_run_folder(run)
+        stopped = _train_epochs(run, start)
+        return stopped if stopped is not None else _finish(run)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _claim_run_folder(cfg: TrainConfig, info: DistInfo) -> tuple[Path, RunLock | None]:
+    """Rank 0 creates and locks the run folder (``--output``, or a new ``runs/<model>-<time>``); every rank gets it.
+
+    Returns the folder and rank 0's held lock (``None`` on other ranks). The lock makes this process
+    the folder's only writer until the run ends; a new run is refused, under the lock, when the folder
+    holds files a run writes. A refusal raises ``ValueError`` on every rank (rank 0 decides, then one
+    broadcast: no rank waits for another that already failed).
+    """
+    lock, problem, out = None, None, Path(cfg.output or ".")
+    if info.is_main:
+        try:
+            out = Path(cfg.output) if cfg.output else create_run_folder(cfg.model)
+            lock = claim_run_folder(out, resume=cfg.resume, new=not cfg.output)
+        except ValueError as e:
+            problem = str(e)
+    shared, problem = broadcast_object((str(out), problem))
+    if problem:
+        raise ValueError(problem)
+    return Path(shared), lock
 
 
 def _load_data(cfg: TrainConfig, info: DistInfo) -> DataBundle:
@@ -318,24 +357,24 @@ def _load_checkpoint(cfg: TrainConfig, info: DistInfo, model: nn.Module, model_c
                      out: Path) -> TrainingState | None:
     """With ``cfg.resume``: the checkpoint in ``out``, checked against ``model`` and loaded into it.
 
-    Without: ``None``, after refusing an ``out`` that already holds a run (``ValueError``).
+    Without: ``None`` (a new run; :func:`_claim_run_folder` refused a folder that holds one).
     """
+    if not cfg.resume:
+        return None
     ckpt_path = out / CHECKPOINT_NAME
-    if cfg.resume:
-        ckpt = load_training_state(ckpt_path)
-        check_resume_compatible(ckpt, model.registry_name, model_cfg, ckpt_path)
-        _warn_changed_options(info, cfg, ckpt.state.get("config", {}))
-        model.load_state_dict(ckpt.model)
-        return ckpt
-    if ckpt_path.exists() or (out / "metrics.json").exists():
-        raise ValueError(f"output folder {out} already holds a run; pass --resume to continue it, or choose "
-                         "another --output (nothing was overwritten)")
-    return None
+    ckpt = load_training_state(ckpt_path)
+    check_training_state(ckpt.state, ckpt.rng, ckpt_path)  # every field the resume reads, before it reads one
+    check_resume_compatible(ckpt, model.registry_name, model_cfg, ckpt_path)
+    _warn_changed_options(info, cfg, ckpt.state.get("config", {}))
+    model.load_state_dict(ckpt.model)
+    return ckpt
 
 
 def _setup(cfg: TrainConfig, info: DistInfo, data: DataBundle, tqdm: Any,
-           progress: _Progress) -> tuple[_Run, _Start]:
+           progress: _Progress, out: Path) -> tuple[_Run, _Start]:
     """Model, teacher, EMA, optimizer, transform and loss for ``data``, resumed from the checkpoint with ``cfg.resume``.
+
+    ``out``: the run folder (claimed by :func:`_claim_run_folder`).
 
     Returns the run and where its training starts (epoch 0, or the checkpoint's position, RNG restored).
     """
@@ -350,7 +389,6 @@ def _setup(cfg: TrainConfig, info: DistInfo, data: DataBundle, tqdm: Any,
         data = data.normalised_with((m,) * data.in_chans, (m,) * data.in_chans)
     _set_threads(cfg, info, model)
     model_cfg = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else {}
-    out = Path(cfg.output) if cfg.output else Path("runs") / f"{cfg.model}-<time>"  # created by _open_run_folder
     ckpt = _load_checkpoint(cfg, info, model, model_cfg, out)
     if ckpt is not None and not generative and "mean" in ckpt.state:  # a resumed run normalises as it began
         data = data.normalised_with(ckpt.state["mean"], ckpt.state["std"])
@@ -401,25 +439,18 @@ def _setup(cfg: TrainConfig, info: DistInfo, data: DataBundle, tqdm: Any,
 
 
 def _open_run_folder(run: _Run) -> None:
-    """Create the run folder on rank 0 (``--output``, or a new ``runs/<model>-<time>``) and share it with every rank.
+    """Start writing in the run folder: a resumed run's metrics files rewritten from its checkpoint (rank 0).
 
-    Sets ``run.out``, the progress bars' switch and ``config.json``'s text; prints the run's summary line.
-    A folder rank 0 cannot create raises ``ValueError`` on every rank.
+    Sets the progress record, the progress bars' switch and ``config.json``'s text; prints the run's
+    summary line. The metrics files follow the checkpoint: a run killed between an epoch's checkpoint
+    and its metrics (or after) gets them back whole, whatever epoch it resumes at.
     """
     cfg, info, data = run.cfg, run.info, run.data
     run.n_params = sum(p.numel() for p in run.model.parameters())
-    problem = None
-    out = run.out
-    if info.is_main:
-        try:
-            out = _make_output(out) if cfg.output else create_run_folder(cfg.model)
-        except ValueError as e:
-            problem = str(e)
-    shared, problem = broadcast_object((str(out), problem))  # every rank writes to (or fails on) rank 0's folder
-    if problem:
-        raise ValueError(problem)
-    run.out = Path(shared)
     run.progress.out, run.progress.step = run.out, run.step
+    if cfg.resume and info.is_main:
+        with _writing(run.out / "metrics.json", run.progress):
+            _write_metrics(run.out, run.history)
     weights = "" if not cfg.pretrained else (
         f" from {cfg.pretrained}" if isinstance(cfg.pretrained, str) else " from the preset's published weights")
     _say(info, f"model {cfg.model}{weights}: {run.n_params:,} parameters; data {data.name}: {len(data.train)} train / "
@@ -446,16 +477,19 @@ def _save_checkpoint(run: _Run, epoch: int, in_epoch: int, sums: Tensor, train_t
         if run.ema is not None:
             _check_finite_state(run.ema.module.state_dict(), progress, run.cfg)
         data = run.data
-        save_training_state(run.out / CHECKPOINT_NAME, model_state=msd, optimizer_state=osd,
-                            ema_state=run.ema.module.state_dict() if run.ema else None,
-                            state={"epoch": epoch, "step_in_epoch": in_epoch, "global_step": run.step,
-                                   "epoch_sums": g_sums.tolist(), "epoch_train_time": train_time,
-                                   "history": run.history, "config": run.cfg.to_dict(),
-                                   "model_name": run.model.registry_name, "model_config": run.model_cfg,
-                                   "world_size": info.world_size, "classes": data.classes,
-                                   "mean": list(data.mean), "std": list(data.std)})
+        with _writing(run.out / CHECKPOINT_NAME, progress):
+            save_training_state(run.out / CHECKPOINT_NAME, model_state=msd, optimizer_state=osd,
+                                ema_state=run.ema.module.state_dict() if run.ema else None,
+                                state={"epoch": epoch, "step_in_epoch": in_epoch, "global_step": run.step,
+                                       "epoch_sums": g_sums.tolist(), "epoch_train_time": train_time,
+                                       "history": run.history, "config": run.cfg.to_dict(),
+                                       "model_name": run.model.registry_name, "model_config": run.model_cfg,
+                                       "world_size": info.world_size, "classes": data.classes,
+                                       "mean": list(data.mean), "std": list(data.std)})
+        progress.ckpt = (epoch, run.step)  # the checkpoint is whole on disk from here on
         if not progress.config_written:
-            atomic_write(run.out / "config.json", lambda tmp: Path(tmp).write_text(run.config_text))
+            with _writing(run.out / "config.json", progress):
+                atomic_write(run.out / "config.json", lambda tmp: Path(tmp).write_text(run.config_text))
             progress.config_written = True
     progress.ckpt = (epoch, run.step)
 
@@ -593,7 +627,8 @@ def _end_epoch(run: _Run, epoch: int, sums: Tensor, train_time: float) -> dict[s
     run.history.append(row)
     _save_checkpoint(run, epoch + 1, 0, torch.zeros(3, dtype=torch.float64, device=info.device), 0.0)
     if info.is_main:
-        _write_metrics(run.out, run.history)
+        with _writing(run.out / "metrics.json", run.progress):
+            _write_metrics(run.out, run.history)
     return row
 
 
@@ -627,13 +662,16 @@ def _finish(run: _Run) -> dict[str, Any]:
             "config": bare.cfg.to_json()}
     if cfg.naflex:  # eval / predict read the images as training did: aspect kept, this patch budget
         meta.update(naflex=True, max_seq_len=cfg.max_seq_len)
-    save_weights(msd, run.out / "model.safetensors", metadata=meta)
+    with _writing(run.out / "model.safetensors", run.progress):
+        save_weights(msd, run.out / "model.safetensors", metadata=meta)
     if ema is not None:
         _check_finite_state(ema.module.state_dict(), run.progress, cfg)
-        save_weights(ema.module.state_dict(), run.out / "model_ema.safetensors",
-                     metadata={**meta, "test_acc": result["test_acc_ema"]})
+        with _writing(run.out / "model_ema.safetensors", run.progress):
+            save_weights(ema.module.state_dict(), run.out / "model_ema.safetensors",
+                         metadata={**meta, "test_acc": result["test_acc_ema"]})
     if cfg.plot and run.history:
-        plot_curves(run.history, run.out / "curves.png", title=f"{cfg.model} on {data.name}")
+        with _writing(run.out / "curves.png", run.progress):
+            plot_curves(run.history, run.out / "curves.png", title=f"{cfg.model} on {data.name}")
     print(f"wrote {run.out}/ (model.safetensors, checkpoint.safetensors, metrics.csv, metrics.json"
           + (", curves.png" if cfg.plot else "") + ")", flush=True)
     print(f"test top-5 accuracy: {final['top5']:.4f}", flush=True)

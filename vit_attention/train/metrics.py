@@ -81,7 +81,14 @@ METRIC_COLUMNS = ("epoch", "step", "lr", "train_loss", "train_acc", "test_loss",
 
 
 def _write_metrics(out: Path, history: list[dict[str, Any]]) -> None:
-    """``metrics.csv`` / ``metrics.json``: one row per epoch, columns in :data:`METRIC_COLUMNS` order."""
+    """``metrics.csv`` / ``metrics.json``: one row per epoch, columns in :data:`METRIC_COLUMNS` order.
+
+    An empty ``history`` (a run resumed before its first epoch ended) removes both files.
+    """
+    if not history:
+        for name in ("metrics.csv", "metrics.json"):
+            (out / name).unlink(missing_ok=True)
+        return
     keys = [k for k in METRIC_COLUMNS if any(k in h for h in history)]
     for h in history:
         keys += [k for k in h if k not in keys]
