@@ -96,8 +96,17 @@ def test_schedules() -> None:
     ramp = merge_schedule((16, -1.0), 12)
     assert ramp[0] == 32 and ramp[-1] == 0 and ramp[1] == 29
     assert merge_schedule((4, 0.0), 5) == [4] * 5
-    for bad in (-1, True, [1, 2], (4, 2.0), [1, -1, 0]):
-        with pytest.raises(ValueError, match="r"):
+    # ToMe's parse_r: any pair is (r, inflection), an int inflection too; a per-block schedule is a list
+    assert merge_schedule((2, 1), 3) == merge_schedule((2, 1.0), 3) == [0, 2, 4]
+    assert merge_schedule((4, 0), 5) == [4] * 5
+    # the ramp averages r before truncation: its total is at most num_blocks·r, here below it
+    assert sum(merge_schedule((8, -1.0), 12)) == 91
+    for (r, inflect), n in (((8, -1.0), 12), ((5, 0.3), 7), ((3, 1.0), 4), ((7, -0.5), 12)):
+        assert sum(merge_schedule((r, inflect), n)) <= n * r
+    for bad in (-1, True, 2.5, [1, 2], (4, 2.0), (1.5, 0.0), (2, 1, 0), (2,), [1, -1, 0], [1, 2.0, 0], "3", None):
+        with pytest.raises(ValueError, match=r"\br\b"):
             merge_schedule(bad, 3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"r must be an int >= 0 .*\(r, inflection\).*list of ints"):
+        merge_schedule(2.5, 3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="r must be an int >= 0"):
         bipartite_soft_matching(torch.randn(1, 4, 2), -1)

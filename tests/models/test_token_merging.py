@@ -101,8 +101,26 @@ def test_families_without_token_blocks_refuse_by_name(name: str) -> None:
         model.set_token_merging(2)
 
 
+@pytest.mark.parametrize("name", sorted(set(MERGING + EXTRA)))
+def test_save_weights_and_load_model_keep_token_merging(name: str, tmp_path) -> None:
+    """load_model gives back the merged model bit for bit: the schedule and prop_attn travel in the file."""
+    from vit_attention import load_model, save_weights
+
+    model, x = _model(name)
+    for r, prop_attn in ((3, True), ((4, -1.0), False)):
+        model.set_token_merging(r, prop_attn=prop_attn)
+        loaded = load_model(save_weights(model, tmp_path / "m.safetensors"))
+        assert loaded.token_merging == model.token_merging
+        with torch.no_grad():
+            assert torch.equal(loaded(x), model(x))
+    model.set_token_merging(0)  # off is recorded as off
+    assert load_model(save_weights(model, tmp_path / "off.safetensors")).token_merging is None
+
+
 def test_bad_schedules_are_refused() -> None:
     model, _ = _model(FAMILIES["vit"], depth=2)
+    with pytest.raises(ValueError, match="r must be an int >= 0"):
+        model.set_token_merging(2.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="per-block r must list 2 ints"):
         model.set_token_merging([1, 2, 3])
     with pytest.raises(ValueError, match="r must be >= 0"):

@@ -217,32 +217,49 @@ def expand_weights(weights: Tensor, token_map: Tensor, size: Tensor) -> Tensor:
     return per_patch.gather(3, idx[:, None, None, :].expand(B, nh, T0, T0))  # [B, nh, T0, T0]
 
 
-def merge_schedule(r: int | tuple[int, float] | Sequence[int], num_blocks: int) -> list[int]:
-    """Tokens to merge in each of ``num_blocks`` blocks.
+_FORMS = ("an int >= 0 (the same in every block), (r, inflection) (a ramp: an int r >= 0 and a number "
+          "-1 <= inflection <= 1) or a list of ints >= 0 (one per block)")
 
-    ``r``: an int (the same in every block), a per-block sequence of ints (its length must be
-    ``num_blocks``), or ``(r, inflection)``: a linear ramp as the ToMe reference's ``parse_r`` with
-    the same total as a constant ``r`` (``inflection`` -1 = decreasing to 0, 0 = constant, 1 = increasing
-    from 0). Every value is an int >= 0; the cap of half the tokens is applied per block when merging.
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def merge_schedule(r: int | tuple[int, float] | list[int], num_blocks: int) -> list[int]:
+    """Tokens to merge in each of ``num_blocks`` blocks, as the ToMe reference's ``parse_r``
+    (facebookresearch/ToMe ``tome/utils.py``) reads ``r``:
+
+    * an int ``r >= 0``: ``r`` in every block;
+    * a tuple ``(r, inflection)``: a linear ramp from ``int(r·(1 - inflection))`` in the first block to
+      ``2r`` minus that in the last, each block's value truncated to an int (``inflection`` -1 =
+      decreasing to 0, the paper's "decreasing schedule"; 0 = constant ``r``; 1 = increasing from 0;
+      any value between). Before truncation the ramp averages ``r``, so its total is at most
+      ``num_blocks·r`` (less by the truncation: ``(8, -1.0)`` over 12 blocks merges 91 tokens, not 96);
+    * a list of ints ``>= 0``: one per block (its length must be ``num_blocks``).
+
+    Anything else (a float such as 2.5, a negative value, a bool, a tuple of another length) raises
+    ``ValueError`` naming ``r`` and these forms. The cap of half the tokens is applied per block when merging.
     """
-    if isinstance(r, bool):
-        raise ValueError(f"r must be an int, (r, inflection) or a list of ints, got {r!r}")
-    if isinstance(r, int):
-        if r < 0:
-            raise ValueError(f"r must be >= 0, got {r}")
-        return [r] * num_blocks
-    if isinstance(r, tuple) and len(r) == 2 and isinstance(r[1], float):
-        base, inflect = r
-        if not isinstance(base, int) or base < 0 or not -1.0 <= inflect <= 1.0:
-            raise ValueError(f"(r, inflection) needs an int r >= 0 and -1 <= inflection <= 1, got {r!r}")
+    if _is_int(r):
+        if r < 0:  # type: ignore[operator]
+            raise ValueError(f"r must be >= 0, got {r}; r is {_FORMS}")
+        return [int(r)] * num_blocks  # type: ignore[call-overload]
+    if isinstance(r, tuple):
+        ok = len(r) == 2 and _is_int(r[0]) and r[0] >= 0 and isinstance(r[1], (int, float)) \
+            and not isinstance(r[1], bool) and -1.0 <= r[1] <= 1.0
+        if not ok:
+            raise ValueError(f"a tuple r is (r, inflection), an int r >= 0 and -1 <= inflection <= 1, got {r!r} "
+                             f"(a per-block schedule is a list); r is {_FORMS}")
+        base, inflect = int(r[0]), float(r[1])
         lo = int(base * (1.0 - inflect))
         hi = 2 * base - lo
         step = (hi - lo) / max(num_blocks - 1, 1)
         return [int(lo + step * i) for i in range(num_blocks)]
-    values = list(r)
-    if len(values) != num_blocks or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
-        raise ValueError(f"a per-block r must list {num_blocks} ints >= 0 (one per block), got {values!r}")
-    return values
+    if isinstance(r, list):
+        if len(r) != num_blocks or not all(_is_int(v) and v >= 0 for v in r):
+            raise ValueError(f"a per-block r must list {num_blocks} ints >= 0 (one per block), got {r!r}")
+        return [int(v) for v in r]
+    raise ValueError(f"r must be {_FORMS}; got {r!r}")
 
 
 class TokenMergeState:

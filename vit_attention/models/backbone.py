@@ -316,7 +316,7 @@ class Backbone(nn.Module):
     token_merging_note: ClassVar[str] = ("its blocks attend within windows or on a spatial map, whose grid merged "
                                          "tokens would no longer fill")
 
-    def set_token_merging(self, r: int | tuple[int, float] | Sequence[int], *, prop_attn: bool = True) -> None:
+    def set_token_merging(self, r: int | tuple[int, float] | list[int], *, prop_attn: bool = True) -> None:
         """Token merging (ToMe) in every block: ``r`` tokens merged per block (a schedule: see
         :func:`vit_attention.functional.tome.merge_schedule`); ``r=0`` turns it off. Only token models support
         it (ViT and its relatives); here it raises ``ValueError`` naming why it has no meaning for this family."""
@@ -443,20 +443,20 @@ class TokenMergingMixin:
         """Why this model's tokens cannot merge although its blocks could (None: nothing stands in the way)."""
         return None
 
-    def set_token_merging(self, r: int | tuple[int, float] | Sequence[int], *, prop_attn: bool = True) -> None:
+    def set_token_merging(self, r: int | tuple[int, float] | list[int], *, prop_attn: bool = True) -> None:
         """Token merging (ToMe, Bolya et al. 2023) in every block of ``blocks``, at inference and in training.
 
-        ``r``: tokens merged per block (an int; ``0`` = off), a per-block list, or ``(r, inflection)`` (a
-        ramp: :func:`~vit_attention.functional.tome.merge_schedule`); each block merges at most half its
-        mergeable tokens. ``prop_attn``: attention proportional to token size (``+ log(size)`` on the
-        logits). Prefix tokens (class, distillation, registers) are never merged; LayerScale, QK-norm and
-        the fused kernel are kept; RoPE turns each merged token by its size-weighted grid position.
-        Outputs stay in image space: the tokens leaving the blocks and every tapped intermediate give each
-        original token the value of the merged token that covers it, so pooling (``avg`` then
-        size-weighted), heads and feature maps work unchanged. A block that cannot merge (a position
-        layer, a mechanism without ``supports_token_merging``) or :meth:`_merging_obstacle` makes this
-        raise ``ValueError`` naming it, and nothing changes. Gradient checkpointing is not applied while
-        merging (the blocks change the token count).
+        ``r``: tokens merged per block (an int; ``0`` = off), a per-block list of ints, or the tuple ``(r,
+        inflection)``, ToMe's ramp (:func:`~vit_attention.functional.tome.merge_schedule`; anything else, such as
+        2.5, raises ``ValueError`` naming ``r``); each block merges at most half its mergeable tokens. The setting
+        is recorded by ``save_weights`` and restored by ``load_model``. ``prop_attn``: attention proportional to
+        token size (``+ log(size)`` on the logits). Prefix tokens (class, distillation, registers) are never merged;
+        LayerScale, QK-norm and the fused kernel are kept; RoPE turns each merged token by its size-weighted grid
+        position. Outputs stay in image space: the tokens leaving the blocks and every tapped intermediate give each
+        original token the value of the merged token that covers it, so pooling (``avg`` then size-weighted), heads
+        and feature maps work unchanged. A block that cannot merge (a position layer, a mechanism without
+        ``supports_token_merging``) or :meth:`_merging_obstacle` makes this raise ``ValueError`` naming it, and
+        nothing changes. Gradient checkpointing is not applied while merging (the blocks change the token count).
         """
         if isinstance(r, int) and not isinstance(r, bool) and r == 0:
             self.token_merging = None

@@ -287,7 +287,7 @@ class NaFlexVit(VisionTransformer):
     ``rope_coords`` / ``rope_valid``).
     """
 
-    def set_token_merging(self, r: int | tuple[int, float] | Sequence[int], *, prop_attn: bool = True) -> None:
+    def set_token_merging(self, r: int | tuple[int, float] | list[int], *, prop_attn: bool = True) -> None:
         """Not supported: packed NaFlex batches carry padding masks and per-sample grids (``r=0`` is accepted)."""
         if isinstance(r, int) and not isinstance(r, bool) and r == 0:
             return
