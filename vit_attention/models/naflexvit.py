@@ -38,6 +38,7 @@ from torch.utils.checkpoint import checkpoint
 from ..functional import resample_abs_pos_embed, resample_patch_embed
 from ._config import check_choice, check_size
 from ._pretrained import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
+from .backbone import isotropic_taps
 from .registry import register_family
 from .vit import VisionTransformer, VisionTransformerConfig
 
@@ -378,6 +379,7 @@ class NaFlexVit(VisionTransformer):
             packed.setdefault("patch_coord", patch_coord)  # type: ignore[arg-type]
             packed.setdefault("patch_valid", patch_valid)  # type: ignore[arg-type]
         elif isinstance(x, (list, tuple)):
+            self.check_images(x)
             return patchify_images(x, self.patch_size, pad=self.cfg.dynamic_img_pad)
         elif patch_coord is not None or patch_valid is not None or (isinstance(x, Tensor) and x.dim() == 3):
             packed = {"patches": x, "patch_coord": patch_coord, "patch_valid": patch_valid}  # type: ignore[dict-item]
@@ -389,24 +391,63 @@ class NaFlexVit(VisionTransformer):
                              f"{', '.join(missing)}")
         return packed
 
+    def check_images(self, images: Sequence[Any]) -> None:
+        """A list of images, checked before anything runs: each a floating tensor ``[Cin, H_i, W_i]`` with this
+        model's ``in_chans``, sides multiples of the patch (unless ``dynamic_img_pad``), all on one device;
+        ``ValueError`` (``TypeError`` for a non-tensor) naming the index of the first that is not."""
+        if len(images) == 0:
+            raise ValueError("images: the list is empty; expected at least one image [Cin, H, W]")
+        (ph, pw), cin = self.patch_size, self.embeds.in_chans
+        first = images[0]
+        for i, img in enumerate(images):
+            if not isinstance(img, Tensor):
+                hint = " (torch.from_numpy(a).permute(2, 0, 1) for an [H, W, C] array)" \
+                    if type(img).__module__ == "numpy" else ""
+                raise TypeError(f"images[{i}] is a {type(img).__module__}.{type(img).__name__}; expected a torch "
+                                f"tensor [Cin, H, W]{hint}")
+            if img.dim() != 3:
+                raise ValueError(f"images[{i}] has shape {tuple(img.shape)}; expected [Cin, H, W] (one image, no batch "
+                                 "dimension)")
+            if img.shape[0] != cin:
+                raise ValueError(f"images[{i}] has {img.shape[0]} channels ({tuple(img.shape)}); this model takes "
+                                 f"in_chans={cin}")
+            if not img.is_floating_point():
+                raise ValueError(f"images[{i}] has dtype {img.dtype}; expected a floating-point tensor (e.g. .float())")
+            if img.shape[1] == 0 or img.shape[2] == 0:
+                raise ValueError(f"images[{i}] is empty: {tuple(img.shape)}")
+            if not self.cfg.dynamic_img_pad and (img.shape[1] % ph or img.shape[2] % pw):
+                raise ValueError(f"images[{i}] is {img.shape[1]}x{img.shape[2]}, not a multiple of the patch size "
+                                 f"{ph}x{pw}; resize it, or build the model with dynamic_img_pad=True to pad")
+            if img.device != first.device or img.dtype != first.dtype:
+                raise ValueError(f"images[{i}] is {img.dtype} on {img.device}, images[0] {first.dtype} on "
+                                 f"{first.device}; give every image the same dtype and device")
+
     def _uses_rope(self) -> bool:
         """Whether any block's mechanism carries a rotary embedding (``rope`` config field or ``attn_kwargs``)."""
         return any(getattr(getattr(blk, "attn", None), "rope", None) is not None for blk in self.blocks)
 
     def _run_masked(self, x: Tensor, mask: Tensor, patch_coord: Tensor | None = None,
-                    patch_valid: Tensor | None = None) -> Tensor:
+                    patch_valid: Tensor | None = None, taps: set[int] | None = None, stop: bool = False,
+                    ) -> tuple[Tensor, list[Tensor]]:
         """Tokens ``[B, P + L, C]`` through the blocks with the key mask ``[B, 1, 1, P + L]``; with RoPE, the
-        per-sample grids ``patch_coord [B, L, 2]`` / ``patch_valid [B, L]`` go to every block too."""
+        per-sample grids ``patch_coord [B, L, 2]`` / ``patch_valid [B, L]`` go to every block too.
+        ``-> (tokens, [outputs of the blocks in taps])``; ``stop``: no block after the last tap runs."""
         kw: dict[str, Tensor] = {"mask": mask}
         if patch_coord is not None:
             kw.update(rope_coords=patch_coord, rope_valid=patch_valid)  # type: ignore[arg-type]
         ckpt = self.grad_checkpointing and self.training
-        for blk in self.blocks:
+        saved: list[Tensor] = []
+        last = max(taps) if stop and taps else None
+        for i, blk in enumerate(self.blocks):
             if ckpt:
                 x = checkpoint(blk, x, None, self.num_prefix_tokens, use_reentrant=False, **kw)
             else:
                 x = blk(x, None, self.num_prefix_tokens, **kw)
-        return x
+            if taps and i in taps:
+                saved.append(x)
+            if i == last:
+                break
+        return x, saved
 
     def key_mask(self, patch_valid: Tensor) -> Tensor:
         """``patch_valid [B, L]`` -> the blocks' key mask ``[B, 1, 1, P + L]`` bool (prefix always True)."""
@@ -421,14 +462,62 @@ class NaFlexVit(VisionTransformer):
         packed = self.pack(x, patch_coord, patch_valid)
         if packed is None:
             return super().forward_features(x)
+        t, _, _ = self._forward_packed(x, packed)
+        return {"patches": self.norm(t), "patch_valid": packed["patch_valid"].bool()}
+
+    def _forward_packed(self, x: Any, packed: Mapping[str, Tensor], taps: set[int] | None = None,
+                        stop: bool = False) -> tuple[Tensor, list[Tensor], list[tuple[int, int]] | None]:
+        """A packed batch (``x``: what :meth:`pack` packed, a list of images gives the grids from their sizes)
+        through the embedding and the masked blocks: ``-> (tokens [B, P + L, C], [tapped block outputs],
+        grids or None)``."""
         grids = [self._grid(tuple(img.shape[-2:])) for img in x] if isinstance(x, (list, tuple)) else None
         t = self.embeds.forward_packed(packed["patches"], packed["patch_coord"], packed["patch_valid"], grids)
         t = self.norm_pre(self.pos_drop(t))
         rope = self._uses_rope()  # each sample's RoPE grid from its own coordinates (RotaryEmbedding(coords=))
-        t = self._run_masked(t, self.key_mask(packed["patch_valid"]),
-                             packed["patch_coord"].long() if rope else None,
-                             packed["patch_valid"].bool() if rope else None)
-        return {"patches": self.norm(t), "patch_valid": packed["patch_valid"].bool()}
+        t, saved = self._run_masked(t, self.key_mask(packed["patch_valid"]),
+                                    packed["patch_coord"].long() if rope else None,
+                                    packed["patch_valid"].bool() if rope else None, taps, stop)
+        return t, saved, grids
+
+    def forward_intermediates(  # type: ignore[override]
+        self, x: Any, indices: int | Sequence[int] | None = None, *, norm: bool = False,
+        output_fmt: Literal["NCHW", "NLC"] = "NCHW", return_prefix_tokens: bool = False,
+        intermediates_only: bool = False, patch_coord: Tensor | None = None, patch_valid: Tensor | None = None,
+    ) -> Any:
+        """The final tokens plus the outputs of chosen blocks, for every input form of :meth:`forward_features`.
+
+        A tensor ``[B, Cin, H, W]``: as the ViT (``(final [B, P + N, C], [[B, C, H', W'] per index])``).
+        A list of images or a packed batch: each intermediate is a list with one map per image, on that
+        image's own grid ``(h_i, w_i)``: ``[C, h_i, w_i]`` (``NCHW``) or ``[h_i·w_i, C]`` (``NLC``; with
+        ``return_prefix_tokens`` the pair ``(map, prefix [P, C])``), equal to that image run alone; the final
+        output is :meth:`forward_features`' dict. ``indices``, ``norm``, ``intermediates_only`` as the ViT.
+        """
+        packed = self.pack(x, patch_coord, patch_valid)
+        if packed is None:
+            return super().forward_intermediates(x, indices, norm=norm, output_fmt=output_fmt,
+                                                 return_prefix_tokens=return_prefix_tokens,
+                                                 intermediates_only=intermediates_only)
+        take = isotropic_taps(indices, len(self.blocks), output_fmt)
+        t, saved, grids = self._forward_packed(x, packed, set(take), stop=intermediates_only)
+        valid = packed["patch_valid"].bool()
+        coord = packed["patch_coord"].long() * valid[..., None]
+        if grids is None:
+            grids = [(int(h), int(w)) for h, w in (coord.amax(dim=1) + 1).tolist()]
+        P = self.num_prefix_tokens
+        outs: list[list[Any]] = []
+        for tapped in saved:
+            tapped = self.norm(tapped) if norm else tapped
+            per_image: list[Any] = []
+            for b, (h, w) in enumerate(grids):
+                rows = tapped[b, P:][valid[b]]  # [n_b, C], the image's patches in their packed order
+                flat = coord[b][valid[b]]
+                grid = rows.new_zeros(h * w, rows.shape[-1]).index_copy(0, flat[:, 0] * w + flat[:, 1], rows)
+                out = grid.reshape(h, w, -1).permute(2, 0, 1) if output_fmt == "NCHW" else grid  # [C, h, w] / [h·w, C]
+                per_image.append((out, tapped[b, :P]) if return_prefix_tokens else out)
+            outs.append(per_image)
+        if intermediates_only:
+            return outs
+        return {"patches": self.norm(t), "patch_valid": valid}, outs
 
     def pool(self, x: Tensor, patch_valid: Tensor | None = None) -> Tensor:  # type: ignore[override]
         """Tokens ``[B, P + L, C]`` -> ``[B, C]``: MAP with the key mask, the mean of the valid grid tokens
