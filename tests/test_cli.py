@@ -191,3 +191,36 @@ def test_options_without_a_sub_command_go_to_train(tmp_path, capsys):
                  "--output", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert "epoch 1/1:" in out and out.strip().splitlines()[-1].startswith("test accuracy: ")
+
+
+def test_summary_needs_a_model_and_names_the_argument(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        main(["summary"])
+    assert e.value.code == 2 and "the following arguments are required: model" in capsys.readouterr().err
+
+
+def test_summary_info_and_trace_take_a_run_folder(tmp_path, capsys):
+    """The run records its model: summary / info / trace build that one (as attn, eval, generate take runs)."""
+    import vit_attention as va
+
+    run = tmp_path / "run"
+    va.save_weights(va.create_model("vit_digits_patch2_8", depth=1, num_classes=7, in_chans=1),
+                    run / "model.safetensors")
+    assert main(["summary", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "model:        vit_digits_patch2_8" in out and "output shape: [1, 7]" in out and "[1, 1, 8, 8]" in out
+    assert main(["info", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "vit_digits_patch2_8" in out and "output shape:  [1, 7]" in out
+    assert main(["trace", str(run), "--depth", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "[1, 1, 8, 8] -> [1, 7]" in out and "blocks.1" not in out
+    assert main(["trace", str(run), "--model-arg", "depth=3"]) == 2  # may repeat the run, never contradict it
+    assert "--model-arg depth 3 contradicts the checkpoint" in capsys.readouterr().err
+
+
+def test_trace_negative_depth_is_an_error(capsys):
+    assert main(["trace", "vit_digits_patch2_8", "--depth", "-1"]) == 2
+    assert "--depth must be >= 0" in capsys.readouterr().err

@@ -14,9 +14,12 @@ from .models.registry import aliases_of, get_model_entry
 
 
 def _summary(args: argparse.Namespace) -> int:
+    from .analysis.commands import name_and_options
+
     if args.batch_size < 0:
         raise ValueError(f"--batch-size must be >= 0, got {args.batch_size}")
-    entry = get_model_entry(args.model)
+    name, options = name_and_options(args.model, args.model_arg)  # a run folder: the model it records
+    entry = get_model_entry(name)
     img = args.img_size
     overrides = {}
     if args.num_classes is not None:
@@ -24,7 +27,7 @@ def _summary(args: argparse.Namespace) -> int:
     meta = args.meta or args.device == "meta"
     device = torch.device("meta" if meta else args.device)
     with device:
-        model = create_model(entry.name, **merged_model_args(args.model_arg, img_size=img, **overrides))
+        model = create_model(entry.name, **merged_model_args(options, img_size=img, **overrides))
     model.eval()
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
@@ -81,7 +84,8 @@ def _attention(args: argparse.Namespace) -> int:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``summary``, ``models`` and ``attention``."""
     p = sub.add_parser("summary", help="build a model by name and print params and output shape")
-    p.add_argument("model", nargs="?", default="vit_tiny_patch16_224", help="registered name or alias")
+    p.add_argument("model", help="registered name or alias (vit-attention models lists them), or a run folder / "
+                                 "checkpoint file of ours")
     p.add_argument("--img-size", type=positive_int, default=None, help="input size (default: the preset's)")
     p.add_argument("--num-classes", type=int, default=None, help="classifier size (default: the preset's)")
     p.add_argument("--batch-size", type=int, default=1, help="batch of the random input (default: 1)")

@@ -83,3 +83,16 @@ def test_resume_keeps_the_metrics_csv_column_order(tmp_path: Path, capsys: pytes
     assert rows[1] == first[1].split(",")  # the first epoch's row unchanged, aligned with the header
     assert [r[0] for r in rows[1:]] == ["1", "2"] and all(len(r) == len(header) for r in rows)
     assert list(json.loads((tmp_path / "run" / "metrics.json").read_text())[1]) == header
+
+
+def test_resuming_a_finished_run_says_so(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from vit_attention.cli import main
+
+    quick = ["train", *TINY, "--epochs", "1", "--batch-size", "128", "--no-progress", "--no-plot",
+             "--output", str(tmp_path / "run")]
+    assert main(quick) == 0
+    capsys.readouterr()
+    assert main([*quick, "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert f"the run in {tmp_path / 'run'} has finished its 1 epoch(s)" in out and "nothing to train" in out
+    assert "with --resume to train it further" in out and "resuming " not in out

@@ -24,7 +24,8 @@ from ..models.registry import get_model_entry
 from ..weights.io import atomic_write
 from ..weights.saved import is_checkpoint_path
 
-__all__ = ["add_commands", "build_model", "eval_data_config", "load_image", "attention_heatmap", "save_attention_png"]
+__all__ = ["add_commands", "build_model", "name_and_options", "eval_data_config", "load_image", "attention_heatmap",
+           "save_attention_png"]
 
 _IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
@@ -236,10 +237,33 @@ def _heads(head: int | None, num_heads: int, where: str = "") -> str:
 
 
 # ----------------------------------------------------------------------------- commands
+def name_and_options(model: str, model_args: Any = None) -> tuple[str, dict[str, Any]]:
+    """A command's MODEL argument -> ``(registered name, config options)``: a name with its ``--model-arg``
+    pairs, or a run folder / checkpoint file of ours with the config it records (``--model-arg`` may repeat
+    it, never contradict it: ``ValueError`` naming the option), so ``summary``, ``info`` and ``trace`` take
+    the runs ``attn``, ``eval`` and ``generate`` take."""
+    from ..weights.saved import check_options_agree, describe_checkpoint
+
+    options = dict(model_args or ())
+    if not is_checkpoint_path(model):
+        return model, options
+    saved = describe_checkpoint(model)
+    if saved is None:
+        raise ValueError(f"MODEL {model} is a checkpoint that does not record which model it holds (not written "
+                         "by vit-attention); give a registered model name")
+    backend = options.pop("attn_backend", None)  # how it runs, never in the saved config
+    check_options_agree(saved, options)
+    config = dict(saved.config)
+    if backend is not None:
+        config["attn_backend"] = backend
+    return saved.model_name, config
+
+
 def _meta_model(args: argparse.Namespace) -> tuple[nn.Module, tuple[int, ...]]:
-    entry = get_model_entry(args.model)
+    name, options = name_and_options(args.model, args.model_arg)
+    entry = get_model_entry(name)
     with torch.device("meta"):
-        model = create_model(entry.name, **merged_model_args(args.model_arg, img_size=args.img_size)).eval()
+        model = create_model(entry.name, **merged_model_args(options, img_size=args.img_size)).eval()
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
     return model, (args.batch_size, cfg.in_chans, *size)
@@ -248,6 +272,9 @@ def _meta_model(args: argparse.Namespace) -> tuple[nn.Module, tuple[int, ...]]:
 def _trace(args: argparse.Namespace) -> int:
     from .trace import trace
 
+    if args.depth is not None and args.depth < 0:
+        raise ValueError(f"--depth must be >= 0 (how deep nested modules are shown; 0 = the model only), got "
+                         f"{args.depth}")
     model, shape = _meta_model(args)
     t = trace(model, shape, max_depth=args.depth, show_all=args.all)
     print(t.flow(max_depth=args.depth or 1) if args.flow else t.format())
@@ -257,8 +284,8 @@ def _trace(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from .info import model_info
 
-    print(model_info(args.model, batch_size=args.batch_size,
-                     **merged_model_args(args.model_arg, img_size=args.img_size)).format())
+    name, options = name_and_options(args.model, args.model_arg)
+    print(model_info(name, batch_size=args.batch_size, **merged_model_args(options, img_size=args.img_size)).format())
     return 0
 
 
@@ -439,17 +466,17 @@ def _add_output(p: argparse.ArgumentParser, *, default: str | None, help: str) -
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``trace``, ``info``, ``attn`` and ``docs``."""
     p = sub.add_parser("trace", help="print the shape at every module (meta device, instant)")
-    p.add_argument("model", help="registered model name or alias")
+    p.add_argument("model", help="registered model name or alias, or a run folder / checkpoint file of ours")
     p.add_argument("--img-size", type=positive_int, default=None, help="input size (default: the preset's)")
     p.add_argument("--batch-size", type=int, default=1, help="batch size of the traced input (default: 1)")
-    p.add_argument("--depth", type=int, default=None, help="show modules nested at most this deep")
+    p.add_argument("--depth", type=int, default=None, help="show modules nested at most this deep (>= 0)")
     p.add_argument("--all", action="store_true", help="also list shape-preserving Identity / Dropout")
     p.add_argument("--flow", action="store_true", help="one-line arrow summary instead of the table")
     add_model_arg_option(p)
     p.set_defaults(func=_trace)
 
     p = sub.add_parser("info", help="params and GMACs per stage, shapes, activation memory, aliases, layouts")
-    p.add_argument("model", help="registered model name or alias")
+    p.add_argument("model", help="registered model name or alias, or a run folder / checkpoint file of ours")
     p.add_argument("--img-size", type=positive_int, default=None, help="input size (default: the preset's)")
     p.add_argument("--batch-size", type=int, default=1, help="batch for FLOPs and activation memory (default: 1)")
     add_model_arg_option(p)

@@ -432,7 +432,11 @@ def _setup(cfg: TrainConfig, info: DistInfo, data: DataBundle, tqdm: Any,
         run.step, run.history = st["global_step"], list(st["history"])
         restore_rng_state(ckpt.rng, st["rng"])
         progress.ckpt = (start.epoch, run.step)
-        _say(info, f"resuming {out} at epoch {start.epoch + 1}, step {run.step}")
+        if start.epoch >= cfg.epochs:  # nothing left: say so (the final scores and weights are written again)
+            _say(info, f"the run in {out} has finished its {cfg.epochs} epoch(s) (step {run.step}): nothing to "
+                       f"train; give a larger --epochs with --resume to train it further")
+        else:
+            _say(info, f"resuming {out} at epoch {start.epoch + 1}, step {run.step}")
     if cfg.stop_after is not None and run.step >= cfg.stop_after:
         raise ValueError(f"stop_after={cfg.stop_after} is not after the checkpoint's step {run.step}")
     return run, start
