@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from vit_attention import list_attention
+from vit_attention import create_attention, list_attention
 from vit_attention.attention import get_attention_spec
 from vit_attention.functional import register_attention_hook, scaled_dot_product_attention
 
@@ -149,7 +149,7 @@ def test_identity_weights_fn_changes_nothing(name: str) -> None:
 def test_spec_is_complete_and_its_example_runs(name: str) -> None:
     spec = get_attention_spec(name)
     assert spec.formula and spec.cost and spec.description and spec.paper
-    assert spec.prefix_tokens in ("attend", "bypass")
+    assert spec.prefix_tokens == ("global" if spec.layout == "spatial" else "attend")
     assert spec.needs_feat_size or spec.layout == "tokens"  # every spatial mechanism needs the grid
     assert spec.cls.attention_name == name and spec.cls.layout == spec.layout
     assert {"dim", "num_heads", "qkv_bias", "attn_drop"} <= spec.init_kwargs and not spec.init_accepts_any
@@ -229,3 +229,36 @@ def test_a_spatial_mechanism_names_the_layout_it_was_given(name: str) -> None:
         attn(torch.randn(B, C, H + 1, W + 2))
     with pytest.raises(ValueError, match=rf"tokens \[B, N, C\] of a known grid pass x.reshape\(B, H, W, {C}\)"):
         attn(torch.randn(B, H * W, C))
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if get_attention_spec(n).layout == "spatial"])
+def test_spatial_mechanisms_prefix_tokens_attend_to_every_token_with_their_own_projections(name: str) -> None:
+    """``attend_prefix``: softmax attention of the prefix queries over all tokens' keys / values (no position
+    term), written out from the mechanism's own weights; SwinV2: cosine logits times its temperature."""
+    import torch.nn.functional as F
+
+    attn = create_attention(name, 32, 4, **get_attention_spec(name).example_kwargs).eval()
+    B, P, N, nh = 2, 2, 2 + 12, 4
+    tokens = torch.randn(B, N, 32)
+    with torch.no_grad():
+        out = attn.attend_prefix(tokens[:, :P], tokens)
+        if name == "separable":
+            s, k, v = attn.qkv_proj(tokens).split([nh, 32, 32], dim=-1)
+            ctx = torch.einsum("bnh,bnhd->bhd", s.softmax(dim=1), k.reshape(B, N, nh, 8)).reshape(B, 1, 32)
+            ref = attn.out_proj(F.relu(v[:, :P]) * ctx)
+        else:
+            if name == "halo":
+                q = F.linear(tokens[:, :P], attn.q.weight.flatten(1), attn.q.bias).reshape(B, P, nh, -1)
+                kv = F.linear(tokens, attn.kv.weight.flatten(1), attn.kv.bias).reshape(B, N, nh, -1)
+                k, v = kv.split([attn.dim_head_qk, attn.dim_head_v], dim=-1)
+            else:
+                qkv = attn.project_qkv(tokens) if hasattr(attn, "project_qkv") else attn.qkv(tokens)
+                q, k, v = (t.reshape(B, -1, nh, 8) for t in (qkv[:, :P, :32], qkv[..., 32:64], qkv[..., 64:]))
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, nh, *, hd]
+            if name == "cosine_window":
+                logits = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1) * attn.logit_temperature()
+            else:
+                logits = q @ k.transpose(-2, -1) * attn.scale
+            ref = (logits.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, P, -1)
+            ref = ref if name == "halo" else attn.proj(ref)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

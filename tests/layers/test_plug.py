@@ -81,7 +81,7 @@ def test_readme_example_trains():
 
 # ----------------------------------------------------------------------------- the adapter (blocks and plug)
 @pytest.mark.parametrize("name", list_attention())
-def test_adapter_takes_tokens_or_maps_and_passes_prefix_tokens_around_spatial_mechanisms(name):
+def test_adapter_takes_tokens_or_maps_and_prefix_tokens_attend_globally_in_spatial_mechanisms(name):
     from vit_attention.layers.adapter import apply_attention
 
     spec = get_attention_spec(name)
@@ -96,10 +96,14 @@ def test_adapter_takes_tokens_or_maps_and_passes_prefix_tokens_around_spatial_me
         with_res = apply_attention(attn, tokens, feat_size=(H, W), num_prefix_tokens=P, residual=tokens)
     assert out_map.shape == fmap.shape and out_tok.shape == tokens.shape
     torch.testing.assert_close(with_res, tokens + out_tok, atol=1e-5, rtol=1e-5)
-    if spec.prefix_tokens == "bypass":
-        assert out_tok[:, :P].abs().max() == 0  # a zero update ...
-        assert torch.equal(with_res[:, :P], tokens[:, :P])  # ... so, with the residual, unchanged
-        torch.testing.assert_close(out_tok[:, P:].reshape(B, H, W, DIM), out_map)
+    if spec.prefix_tokens == "global":
+        torch.testing.assert_close(out_tok[:, P:].reshape(B, H, W, DIM), out_map)  # the grid: its own pattern
+        moved = tokens.clone()
+        moved[:, P:] += torch.randn(B, H * W, DIM)  # another image, the same prefix tokens
+        with torch.no_grad():
+            prefix = apply_attention(attn, moved, feat_size=(H, W), num_prefix_tokens=P)[:, :P]
+            torch.testing.assert_close(out_tok[:, :P], attn.attend_prefix(tokens[:, :P], tokens))
+        assert not torch.allclose(prefix, out_tok[:, :P])  # the prefix tokens read the grid
         with pytest.raises(ValueError, match="feat_size"):
             apply_attention(attn, tokens, num_prefix_tokens=P)
     else:

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch import Tensor
 
 from ..functional.runtime import capturing
 
@@ -58,6 +60,49 @@ def check_spatial_call(module: Any, x: Any, feat_size: Any, num_prefix_tokens: i
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"residual must have the input's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
     return B, H, W, C
+
+
+def prefix_attention(q: Tensor, k: Tensor, v: Tensor, num_heads: int, *, scale: float | Tensor,
+                     dropout_p: float = 0.0, fused: bool | None = None, backend: str | None = None) -> Tensor:
+    """Global attention of the prefix tokens of a spatial mechanism: ``[B, P, nh·hd]`` queries over every token.
+
+    ``q [B, P, nh·hd]`` (the class / distillation / register tokens), ``k [B, N, nh·hd]`` and
+    ``v [B, N, nh·hdv]`` of all ``N = P + H·W`` tokens -> ``[B, P, nh·hdv]`` (heads merged, before the output
+    projection). ``scale``: a float, or a per-head temperature ``[nh, 1, 1]`` (cosine attention: ``q`` and
+    ``k`` come normalized). Plain softmax attention through the library's core (no position term: prefix
+    tokens have no grid position); ``fused`` / ``backend``: the mechanism's captured switches (``"flex"``
+    runs torch's kernel: ``P`` dense query rows have no block sparsity to use).
+    """
+    from ..functional.attention import scaled_dot_product_attention
+
+    B, P, _ = q.shape
+    N = k.shape[1]
+    q = q.reshape(B, P, num_heads, -1).transpose(1, 2)  # [B, nh, P, hd]
+    k = k.reshape(B, N, num_heads, -1).transpose(1, 2)  # [B, nh, N, hd]
+    v = v.reshape(B, N, num_heads, -1).transpose(1, 2)  # [B, nh, N, hdv]
+    if isinstance(scale, Tensor):
+        q, scale = q * scale.to(q.dtype), 1.0
+    out = scaled_dot_product_attention(q, k, v, scale=scale, dropout_p=dropout_p, fused=fused,
+                                       backend="sdpa" if backend == "flex" else backend)  # [B, nh, P, hdv]
+    return out.transpose(1, 2).reshape(B, P, -1)
+
+
+def packed_prefix_attention(module: Any, prefix: Tensor, tokens: Tensor, qkv: Tensor, *,
+                            scale: float | Tensor) -> Tensor:
+    """:func:`prefix_attention` of a mechanism with a packed ``[q | k | v]`` projection and ``proj``.
+
+    ``qkv [B, N, 3C]``: the projection of ``tokens [B, N, C]`` whose first ``P = prefix.shape[1]`` rows
+    are the prefix tokens; returns the prefix tokens' update ``[B, P, C]`` after ``proj`` (and its dropout).
+    """
+    P, C = prefix.shape[1], prefix.shape[-1]
+    q, k, v = qkv[:, :P, :C], qkv[..., C:2 * C], qkv[..., 2 * C:]
+    if isinstance(scale, Tensor):  # cosine attention: normalized queries and keys
+        q, k = F.normalize(q.reshape(*q.shape[:2], module.num_heads, -1), dim=-1).flatten(2), \
+            F.normalize(k.reshape(*k.shape[:2], module.num_heads, -1), dim=-1).flatten(2)
+    out = prefix_attention(q, k, v, module.num_heads, scale=scale,
+                           dropout_p=module.attn_drop if module.training else 0.0,
+                           fused=module.fused_attention, backend=module.attention_backend)  # [B, P, C]
+    return module.proj_drop(module.proj(out))
 
 
 def grid_of(num_grid_tokens: int, feat_size: Any = None) -> tuple[int, int]:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ..functional.halo import halo_attention
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.sizes import make_divisible
-from ._common import check_heads, check_prob, check_spatial_call
+from ._common import check_heads, check_prob, check_spatial_call, prefix_attention
 from .registry import register_attention
 
 __all__ = ["HaloAttention"]
@@ -167,6 +167,22 @@ class HaloAttention(nn.Module):
         if not isinstance(self.pool, nn.Identity):
             out = self.pool(out.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
         return out
+
+    def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
+        """Prefix tokens ``[B, P, C]`` attend globally to ``tokens [B, P + H·W, C]`` (all of them): ``[B, P, dim_out]``.
+
+        The adapter's rule for class / register tokens in front of the grid (the blocks keep their
+        halo pattern): the same ``q`` / ``kv`` projections, no relative position term (stride 1 only).
+        """
+        if self.stride != 1:
+            raise ValueError(f"halo with stride={self.stride} downsamples the map: it cannot run with prefix tokens")
+        nh, dqk, dv = self.num_heads, self.dim_head_qk, self.dim_head_v
+        B, N, _ = tokens.shape
+        q = _conv1x1(prefix, self.q)  # [B, P, nh·hd_qk]
+        kv = _conv1x1(tokens, self.kv).reshape(B, N, nh, dqk + dv)  # per head k then v
+        k, v = kv[..., :dqk].flatten(2), kv[..., dqk:].flatten(2)
+        return prefix_attention(q, k, v, nh, scale=self.scale, dropout_p=self.attn_drop if self.training else 0.0,
+                                fused=self.fused_attention, backend=self.attention_backend)
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``(B, H, W, C)``: q, kv, the blocks' logits and values, the relative logits."""

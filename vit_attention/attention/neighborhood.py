@@ -29,7 +29,7 @@ from ..functional.linear import apply_linear
 from ..functional.neighborhood import default_tile_size, neighborhood_attention, neighborhood_bias, neighborhood_plan
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION, capturing
 from ..functional.window import to_pair
-from ._common import ParamCache, check_heads, check_prob, check_spatial_call, uncacheable
+from ._common import ParamCache, check_heads, check_prob, check_spatial_call, packed_prefix_attention, uncacheable
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -228,6 +228,14 @@ class NeighborhoodAttention(nn.Module):
         if not self._bias_cache.lookup(params, key):
             self._bias_cache.store(params, key, compute())
         return self._bias_cache.value
+
+    def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
+        """Prefix tokens ``[B, P, C]`` attend globally to ``tokens [B, P + H·W, C]`` (all of them): ``[B, P, C]``.
+
+        The adapter's rule for class / register tokens in front of the grid (the grid keeps this
+        mechanism's pattern): the same q / k / v and output projections, no position term.
+        """
+        return packed_prefix_attention(self, prefix, tokens, apply_linear(self.qkv, tokens), scale=self.scale)
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``(B, H, W, C)``: qkv on the (padded) map, the tiles' ``2·nT·T²·R²·C``, proj on ``H·W``."""

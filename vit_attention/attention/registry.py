@@ -24,7 +24,7 @@ __all__ = ["AttentionSpec", "register_attention", "list_attention", "create_atte
 Layout = Literal["tokens", "spatial"]
 
 
-PrefixTokens = Literal["attend", "bypass"]
+PrefixTokens = Literal["attend", "global"]
 
 
 def small_window_kwargs(grid: tuple[int, int]) -> dict[str, Any]:
@@ -43,7 +43,8 @@ class AttentionSpec:
         needs_feat_size: called on tokens it needs the grid ``feat_size=(H, W)`` (token mechanisms
             that use the map, and every spatial mechanism: the adapter builds the map from it).
         prefix_tokens: what class / distillation tokens do: ``"attend"`` (ordinary tokens of the
-            sequence) or ``"bypass"`` (passed around the mechanism unchanged: spatial mechanisms).
+            sequence) or ``"global"`` (spatial mechanisms: the grid keeps the mechanism's pattern and
+            the prefix tokens attend globally to every token, the mechanism's ``attend_prefix``).
         fused: the fused attention kernel applies (no weights needed inside the mechanism).
         normalized_weights: the weights the core records are probability rows (non-negative, each
             query's row sums to 1); False where a ``weights_fn`` transforms them after the softmax
@@ -116,15 +117,15 @@ def register_attention(
 ) -> Callable[[type[nn.Module]], type[nn.Module]]:
     """Class decorator adding a mechanism to the registry under ``name``; see :class:`AttentionSpec`.
 
-    Defaults by layout: a spatial mechanism needs ``feat_size`` and its prefix tokens bypass it; a
+    Defaults by layout: a spatial mechanism needs ``feat_size`` and its prefix tokens attend globally; a
     token mechanism does not and they attend. The small example defaults to ``[2, 11, 32]`` tokens or
     a ``[2, 7, 9, 32]`` map (non-square, not a window multiple).
     """
     if layout not in ("tokens", "spatial"):
         raise ValueError(f"layout must be 'tokens' or 'spatial', got {layout!r}")
     spatial = layout == "spatial"
-    if prefix_tokens not in (None, "attend", "bypass"):
-        raise ValueError(f"prefix_tokens must be 'attend' or 'bypass', got {prefix_tokens!r}")
+    if prefix_tokens not in (None, "attend", "global"):
+        raise ValueError(f"prefix_tokens must be 'attend' or 'global', got {prefix_tokens!r}")
 
     def deco(cls: type[nn.Module]) -> type[nn.Module]:
         if name in _ATTENTION and _ATTENTION[name].cls is not cls:
@@ -133,7 +134,7 @@ def register_attention(
         _ATTENTION[name] = AttentionSpec(
             name, cls, layout, description or (cls.__doc__ or "").split("\n")[0], dict(example_kwargs or {}), paper,
             needs_feat_size=spatial if needs_feat_size is None else needs_feat_size,
-            prefix_tokens=prefix_tokens or ("bypass" if spatial else "attend"), fused=fused,
+            prefix_tokens=prefix_tokens or ("global" if spatial else "attend"), fused=fused,
             normalized_weights=normalized_weights, supports_context=supports_context, formula=formula, cost=cost,
             example_shape=example_shape or ((2, 7, 9, 32) if spatial else (2, 11, 32)), example_heads=example_heads,
             doc_example=doc_example or (dict(example_kwargs or {}), (1, 14, 14, 96) if spatial else (1, 197, 96)),

@@ -50,7 +50,7 @@ from ..functional.rel_pos import decomposed_rel_pos_bias, decomposed_rel_pos_pat
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.window import to_pair
 from ..functional.window_attention import window_attention, window_tokens
-from ._common import check_heads, check_prob, check_spatial_call
+from ._common import check_heads, check_prob, check_spatial_call, packed_prefix_attention
 from .registry import register_attention, small_window_kwargs
 from .transfer import PACKED_QKV_SLOTS
 
@@ -195,6 +195,14 @@ class RelPosAttention(nn.Module):
             return apply_linear(self.proj, out, residual=res).view(B, H, W, C)  # proj + residual, one kernel
         out = self.proj_drop(apply_linear(self.proj, out)).view(B, H, W, C)  # [B, H, W, C]
         return out if residual is None else residual + out
+
+    def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
+        """Prefix tokens ``[B, P, C]`` attend globally to ``tokens [B, P + H·W, C]`` (all of them): ``[B, P, C]``.
+
+        The adapter's rule for class / register tokens in front of the grid (the grid keeps this
+        mechanism's pattern): the same q / k / v and output projections, no position term.
+        """
+        return packed_prefix_attention(self, prefix, tokens, apply_linear(self.qkv, tokens), scale=self.scale)
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``input_shape = (B, H, W, C)``.

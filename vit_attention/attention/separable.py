@@ -116,6 +116,25 @@ class SeparableAttention(nn.Module):
         out = self.proj_drop(apply_linear(self.out_proj, out))
         return out if residual is None else residual + out
 
+    def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
+        """Prefix tokens ``[B, P, C]`` read one context vector of all ``tokens [B, P + H·W, C]``: ``[B, P, C]``.
+
+        The adapter's rule for class / register tokens in front of the grid: the separable attention of
+        the whole sequence (per head, the softmax of the scores over every token weighs the keys), gating
+        the prefix tokens' ReLU values, through the same ``qkv_proj`` / ``out_proj``.
+        """
+        B, N, C = tokens.shape
+        P, nh = prefix.shape[1], self.num_heads
+        scores, keys, values = apply_linear(self.qkv_proj, tokens).split([nh, C, C], dim=-1)
+        s = scores.transpose(1, 2).unsqueeze(-1)  # [B, nh, N, 1]
+        k = keys.reshape(B, N, nh, C // nh).transpose(1, 2)  # [B, nh, N, hd]
+        ones = s.new_ones(1, 1, 1, 1).expand(B, nh, 1, 1)  # the all-ones query: softmax over the scores
+        backend = "sdpa" if self.attention_backend == "flex" else self.attention_backend  # no sparsity to use
+        ctx = scaled_dot_product_attention(ones, s, k, scale=1.0, dropout_p=self.attn_drop if self.training else 0.0,
+                                           fused=self.fused_attention, backend=backend)
+        ctx = ctx.reshape(B, 1, C)  # [B, 1, C]: one context vector of the whole sequence
+        return self.proj_drop(apply_linear(self.out_proj, F.relu(values[:, :P]) * ctx))  # [B, P, C]
+
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``input_shape = (B, H, W, C)``: ``hw·C·(2C + nh) + hw·C² + hw_p·(nh + C)``.
 

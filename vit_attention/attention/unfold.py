@@ -30,7 +30,7 @@ from ..functional.attention import attention_observed
 from ..functional.linear import apply_linear
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.unfold import patch_grid, patch_key_mask, unfold_layout
-from ._common import check_heads, check_prob, check_spatial_call
+from ._common import check_heads, check_prob, check_spatial_call, packed_prefix_attention
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -140,6 +140,14 @@ class UnfoldAttention(nn.Module):
                                 align_corners=False).permute(0, 2, 3, 1)  # [B, H, W, C]
             out = out if res is None else res + out
         return out
+
+    def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
+        """Prefix tokens ``[B, P, C]`` attend globally to ``tokens [B, P + H·W, C]`` (all of them): ``[B, P, C]``.
+
+        The adapter's rule for class / register tokens in front of the grid (the grid keeps this
+        mechanism's pattern): the same q / k / v and output projections, no position term.
+        """
+        return packed_prefix_attention(self, prefix, tokens, apply_linear(self.qkv, tokens), scale=self.scale)
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``input_shape = (B, H, W, C)``: ``4·hw·C² + 2·hw_p·N·C``.

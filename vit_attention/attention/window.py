@@ -32,7 +32,7 @@ from ..functional.linear import apply_linear
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.window import relative_position_index, to_pair
 from ..functional.window_attention import window_attention, window_tokens
-from ._common import ParamCache, check_heads, check_prob, check_spatial_call, uncacheable
+from ._common import ParamCache, check_heads, check_prob, check_spatial_call, packed_prefix_attention, uncacheable
 from .registry import register_attention, small_window_kwargs
 from .transfer import PACKED_QKV_SLOTS, fit_offset_grid
 
@@ -235,6 +235,17 @@ class WindowAttentionBase(nn.Module):
             return apply_linear(self.proj, out, residual=res).view(B, H, W, C)  # proj + residual, one kernel
         out = self.proj_drop(apply_linear(self.proj, out)).view(B, H, W, C)  # [B, H, W, C]
         return out if residual is None else residual + out
+
+    def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
+        """Prefix tokens ``[B, P, C]`` attend globally to ``tokens [B, P + H·W, C]`` (all of them): ``[B, P, C]``.
+
+        The adapter's rule for class / register tokens in front of the grid (the windows keep their
+        pattern): the same q / k / v and output projections and logit scaling (SwinV2: cosine with the
+        per-head temperature), no position bias and no shift.
+        """
+        temperature = self.logit_temperature()
+        return packed_prefix_attention(self, prefix, tokens, self.project_qkv(tokens),
+                                       scale=self.scale if temperature is None else temperature)
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``input_shape = (B, H, W, C)``: ``4·hw·C² + 2·M·hw_p·C`` per image.

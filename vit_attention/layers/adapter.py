@@ -6,8 +6,11 @@ channels-last map ``[B, H, W, C]``; a mechanism takes tokens (``layout = "tokens
 
 * a token mechanism gets every token, with ``feat_size`` and ``num_prefix_tokens`` (a map is
   flattened to ``[B, H·W, C]`` with ``feat_size = (H, W)``);
-* a spatial mechanism gets the grid as ``[B, H, W, C]``; prefix tokens pass around it unchanged
-  (their attention-branch output is zero, so with the residual they keep their value).
+* a spatial mechanism gets the grid as ``[B, H, W, C]`` (grid tokens keep its pattern and do not see
+  the prefix tokens); prefix tokens attend globally to every token, prefix and grid, through the
+  mechanism's own q / k / v and output projections (its ``attend_prefix``), with no position term. So
+  a class token reads the image in every block, as with global attention, and pretrained projections
+  carry over (the class token of ViTDet-style / EVA windowed backbones is kept apart the same way).
 
 ``residual`` (a private speed path of the blocks) returns ``residual + attn(x)``, fused into the
 mechanism's output projection when it offers that (``accepts_residual``) and no forward hook
@@ -120,5 +123,21 @@ def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | 
     grid = _call(attn, x[:, P:].reshape(B, H, W, C), res, context=context).reshape(B, H * W, C)  # [B, H·W, C]
     if P == 0:
         return grid
-    prefix = residual[:, :P] if residual is not None else x.new_zeros(B, P, C)  # unchanged: a zero update
+    prefix = _attend_prefix(attn)(x[:, :P], x)  # [B, P, C]: global attention over all P + H·W tokens
+    if residual is not None:
+        prefix = residual[:, :P] + prefix
     return torch.cat([prefix, grid], dim=1)  # [B, P + H·W, C]
+
+
+def _attend_prefix(attn: nn.Module) -> Any:
+    """The spatial mechanism's ``attend_prefix(prefix [B, P, C], tokens [B, N, C]) -> [B, P, C]``; raise without one.
+
+    Without it the prefix tokens could not see the grid, and a class-token model's output would not
+    depend on its input: refused, naming the fix.
+    """
+    fn = getattr(attn, "attend_prefix", None)
+    if fn is None:
+        raise ValueError(f"{type(attn).__name__} is a spatial mechanism without attend_prefix: prefix (class / "
+                         "register) tokens could not see the image; build the model without prefix tokens "
+                         "(class_token=False, global_pool='avg')")
+    return fn

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from ..attention import get_attention_spec, list_attention
 from ..functional import resample_abs_pos_embed, sincos_2d_pos_embed
 from ..functional.pos_embed import POS_EMBED_RESIZE_RULES
 from ..layers import (
@@ -137,6 +138,11 @@ class VisionTransformerConfig(ConfigMixin):
             check_choice(self.rope, "rope", ("axial", "mixed"))
             if "rope" in self.attn_kwargs:
                 raise ValueError("rope is given twice: as a config field and in attn_kwargs; keep the field")
+            rotary = [n for n in list_attention() if "rope" in get_attention_spec(n).init_kwargs]
+            if self.attn_layer in list_attention() and self.attn_layer not in rotary:
+                raise ValueError(f"rope={self.rope!r} rotates the attention's queries and keys, but "
+                                 f"attn_layer={self.attn_layer!r} has no rotary embedding: set rope=None (with "
+                                 f"pos_embed='learn' for positions) or attn_layer={' / '.join(map(repr, rotary))}")
         elif self.rope_kwargs:
             raise ValueError("rope_kwargs given without rope; set rope='axial' or 'mixed'")
         if self.init_values is not None:
