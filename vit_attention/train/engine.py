@@ -187,7 +187,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
     Writes into ``cfg.output`` (rank 0): ``checkpoint.safetensors`` (+ ``.json``), ``metrics.csv``,
     ``metrics.json``, ``model.safetensors`` (+ ``model_ema.safetensors``), ``curves.png``,
-    ``config.json``. Prints ``test accuracy: X`` as its last line.
+    ``config.json``. Prints ``test accuracy: X`` as its last line (``test next-pixel accuracy: X`` for a
+    generative model: its accuracy is of the next pixel, not of the labels).
 
     Raises :class:`TrainingDiverged` on a non-finite loss (before the optimizer step; nothing
     non-finite is written), :class:`TrainingInterrupted` on Ctrl-C or SIGTERM, :class:`RunWriteError`
@@ -517,8 +518,9 @@ def _train_epochs(run: _Run, start: _Start) -> dict[str, Any] | None:
             epoch_bar.set_postfix(loss=f"{row['train_loss']:.3f}", test_acc=f"{row['test_acc']:.4f}")
             epoch_bar.update(1)
             if not run.show:
-                _say(info, f"epoch {epoch + 1}/{cfg.epochs}: train loss {row['train_loss']:.4f} acc "
-                           f"{row['train_acc']:.4f} | test loss {row['test_loss']:.4f} acc {row['test_acc']:.4f} | "
+                acc = "next-pixel acc" if "test_bpd" in row else "acc"  # generative: the accuracy of the pixels
+                _say(info, f"epoch {epoch + 1}/{cfg.epochs}: train loss {row['train_loss']:.4f} {acc} "
+                           f"{row['train_acc']:.4f} | test loss {row['test_loss']:.4f} {acc} {row['test_acc']:.4f} | "
                            f"{row['train_img_s']:.0f} img/s"
                            + (f" | test {row['test_bpd']:.3f} bits/dim" if "test_bpd" in row else ""))
             stopped = cfg.stop_after is not None and run.step >= cfg.stop_after and epoch + 1 < cfg.epochs
@@ -681,8 +683,10 @@ def _finish(run: _Run) -> dict[str, Any]:
     print(f"test top-5 accuracy: {final['top5']:.4f}", flush=True)
     if ema is not None:
         print(f"test accuracy (EMA weights): {result['test_acc_ema']:.4f}", flush=True)
-    if "bpd" in final:
-        print(f"test next-pixel loss: {final['bpd']:.4f} bits/dim (pixel accuracy {final['top1']:.4f}); linear probe "
-              f"of block {result['probe_layer']} on the labels: test accuracy {result['probe_acc']:.4f}", flush=True)
-    print(f"test accuracy: {final['top1']:.4f}", flush=True)
+    if "bpd" in final:  # generative: its accuracy is of the next pixel, and its last line says so
+        print(f"test next-pixel loss: {final['bpd']:.4f} bits/dim; linear probe of block {result['probe_layer']} on "
+              f"the labels: test accuracy {result['probe_acc']:.4f}", flush=True)
+        print(f"test next-pixel accuracy: {final['top1']:.4f}", flush=True)
+    else:
+        print(f"test accuracy: {final['top1']:.4f}", flush=True)
     return result
