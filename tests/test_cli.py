@@ -224,3 +224,46 @@ def test_summary_info_and_trace_take_a_run_folder(tmp_path, capsys):
 def test_trace_negative_depth_is_an_error(capsys):
     assert main(["trace", "vit_digits_patch2_8", "--depth", "-1"]) == 2
     assert "--depth must be >= 0" in capsys.readouterr().err
+
+
+def test_command_line_errors_use_command_line_spellings(tmp_path, capsys):
+    """An unknown mechanism and missing hub weights point at the commands and options, not Python calls."""
+    from pathlib import Path
+
+    from vit_attention.weights.hub import _how_to_place
+
+    assert main(["summary", "vit_digits_patch2_8", "--model-arg", "attn_layer=nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown attention mechanism 'nosuch'" in err and "`vit-attention attention` lists them" in err
+    assert "list_attention()" not in err
+    advice = _how_to_place("timm/vit_tiny_patch16_224.augreg_in21k", "model.safetensors", Path("/cache"))
+    assert "--pretrained PATH" in advice and "pretrained=" not in advice
+
+
+def test_a_read_only_file_system_is_not_called_a_permission_problem(tmp_path, capsys, monkeypatch):
+    import os
+
+    class ReadOnly:
+        f_flag = os.ST_RDONLY
+
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: False if str(p) == str(tmp_path) else real_access(p, mode))
+    monkeypatch.setattr(os, "statvfs", lambda p: ReadOnly())
+    assert main(["export", "vit_digits_patch2_8", "-o", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "read-only file system" in err and "--output" in err and "no permission" not in err
+
+
+def test_a_decompression_bomb_is_called_too_large_not_a_non_image(tmp_path, monkeypatch):
+    import numpy as np
+    import pytest
+    from PIL import Image
+
+    from vit_attention.data import read_image
+
+    path = tmp_path / "big.png"
+    Image.fromarray(np.zeros((64, 64), dtype=np.uint8), mode="L").save(path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 4,096 pixels: over twice the limit, as a real bomb is
+    with pytest.raises(ValueError, match="too large to read safely") as e:
+        read_image(path)
+    assert "not an image file" not in str(e.value) and "MAX_IMAGE_PIXELS" in str(e.value)

@@ -160,7 +160,7 @@ def get_attention_spec(name: str) -> AttentionSpec:
     except KeyError:
         close = difflib.get_close_matches(name, list(_ATTENTION), n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        raise KeyError(f"unknown attention mechanism {name!r}{hint} (see list_attention())") from None
+        raise KeyError(f"unknown attention mechanism {name!r}{hint} (`vit-attention attention` lists them)") from None
 
 
 def set_attention_backend(module: nn.Module, backend: str) -> nn.Module:

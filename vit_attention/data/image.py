@@ -65,6 +65,10 @@ def _open(path: Path) -> Any:
             out = im.copy()
             out.format = im.format  # copy() forgets where the pixels came from; the PGM rule needs it
             return out
+    except Image.DecompressionBombError as e:  # an image, but larger than Pillow's safety limit
+        raise ValueError(f"{path} is too large to read safely ({e}); Pillow refuses images over twice "
+                         f"PIL.Image.MAX_IMAGE_PIXELS ({Image.MAX_IMAGE_PIXELS:,} pixels) as possible "
+                         "decompression bombs: downscale it first") from None
     except Exception as e:  # noqa: BLE001 - Pillow raises many types for bad files
         raise ValueError(f"{path} is not an image file Pillow can read (PNG, JPEG, BMP, TIFF, ...): "
                          f"{type(e).__name__}: {e}") from None

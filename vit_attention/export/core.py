@@ -29,6 +29,7 @@ graph: a ``view`` of the attention output that its decomposition of SDPA makes n
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import io
 import os
@@ -110,8 +111,19 @@ def check_output_path(path: str | Path, *, option: str = "path") -> Path:
     if not parent.is_dir():
         raise NotADirectoryError(f"{option} {path}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
+        if _read_only(parent):  # a read-only mount: permissions would not help
+            raise OSError(errno.EROFS, f"{option} {path}: {parent} is on a read-only file system; give a path on a "
+                                       "writable one")
         raise PermissionError(f"{option} {path}: no permission to write in {parent}")
     return path
+
+
+def _read_only(folder: Path) -> bool:
+    """Whether ``folder`` lies on a file system mounted read-only (``statvfs``'s ``ST_RDONLY``; False where unknown)."""
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (AttributeError, OSError):  # no statvfs (Windows)
+        return False
 
 
 @contextlib.contextmanager

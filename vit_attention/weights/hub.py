@@ -209,7 +209,7 @@ def _how_to_place(repo_id: str, filename: str, cache: Path) -> str:
     return (f"On a machine with network: `hf download {repo_id} {filename}` (or huggingface_hub.hf_hub_download) "
             f"and copy its cache folder to {folder}; or place the file by hand as "
             f"{folder}/snapshots/<any-name>/{filename} and write <any-name> into {folder}/refs/main; "
-            f"or download the file anywhere and pass pretrained=<path to {filename}>")
+            f"or download the file anywhere and give its path as the weights (--pretrained PATH, --checkpoint PATH)")
 
 
 def hub_download(repo_id: str, filename: str = DEFAULT_FILENAME, *, revision: str | None = None) -> Path:
