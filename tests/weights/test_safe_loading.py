@@ -157,3 +157,79 @@ def test_malformed_tensors_are_refused_for_every_model(name: str) -> None:
             with pytest.raises(CheckpointMismatchError, match=key.replace(".", r"\.")):
                 load_weights(model, {**state, key: broken})
     assert load_weights(model, state).ok
+
+
+# ------------------------------------------------------------------------------ config against the header
+def _with_config(path: Path, out: Path, **changes: object) -> Path:
+    """``path`` (save_weights) rewritten to ``out`` with its recorded config changed, tensors as they were."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    meta["config"] = json.dumps({**json.loads(meta["config"]), **changes})
+    save_file(tensors, str(out), metadata=meta)
+    return out
+
+
+@pytest.mark.parametrize("changes", [{"embed_dim": 30000}, {"depth": 1000000}])
+def test_huge_config_beside_small_tensors_is_refused_before_allocating(tmp_path: Path, changes: dict) -> None:
+    """Under a second and under 500 MB (a fresh process's peak RSS): the config is read against the header, the
+    model is never built for real (built, ``embed_dim=30000`` asks for 10.8 GB; ``depth=1e6`` grows for minutes)."""
+    torch.manual_seed(0)
+    small = va.create_model("vit_tiny_patch16_224", depth=2, num_classes=10).eval()
+    path = _with_config(va.save_weights(small, tmp_path / "m.safetensors"), tmp_path / "bad.safetensors", **changes)
+    assert path.stat().st_size < 25 * 2**20
+    field = next(iter(changes))
+    code = ("import resource, sys, time, vit_attention as va\n"
+            "va.load_model(sys.argv[2])\n"  # imports and first-call costs paid on the good file
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "t = time.perf_counter()\n"
+            "try:\n"
+            "    va.load_model(sys.argv[1])\n"
+            "except ValueError as e:\n"
+            "    msg = str(e)\n"
+            "else:\n"
+            "    raise SystemExit('loaded')\n"
+            "took = time.perf_counter() - t\n"
+            "grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024\n"
+            "print(took, grew, msg)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "m.safetensors")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    took, grew, msg = out.stdout.split(" ", 2)
+    assert float(took) < 1.0 and float(grew) < 500 * 2**20, out.stdout
+    assert f"{field}={changes[field]}" in msg and str(path) in msg
+
+
+def test_pos_embed_contradicting_the_recorded_config_is_refused_not_resampled(tmp_path: Path) -> None:
+    """The file's config says 32 px (a 2x2 grid); its pos_embed is a 4x4 grid's: "rebuilt exactly" would be a
+    lie after resampling, so the contradiction is refused naming img_size."""
+    torch.manual_seed(0)
+    big = va.create_model("vit_tiny_patch16_224", img_size=64, depth=1, num_classes=4).eval()
+    path = _with_config(va.save_weights(big, tmp_path / "m.safetensors"), tmp_path / "bad.safetensors", img_size=32)
+    with pytest.raises(ValueError, match=r"img_size=32.*pos_embed: file \[1, 17, 192\] vs config \[1, 5, 192\]"):
+        va.load_model(path)
+    assert va.load_model(va.save_weights(big, tmp_path / "ok.safetensors")).cfg.img_size == 64
+
+
+WIDTH_AND_DEPTH = ("depth", "depths", "transformer_depths", "block_types", "embed_dim", "embed_dims", "channels",
+                   "transformer_dims")
+
+
+@pytest.mark.parametrize("name", distinct_reduced_presets())
+def test_contradicting_depth_or_width_is_refused_for_every_model(name: str, tmp_path: Path) -> None:
+    """Every distinct reduced model: its recorded depth(s) or width(s) changed while its tensors stay is refused
+    by load_model naming the field, before the model is built."""
+    torch.manual_seed(0)
+    model = va.create_model(name, **small_overrides(name)).eval()
+    path = va.save_weights(model, tmp_path / "m.safetensors")
+    config = json.loads(va.weights.io.read_metadata(path)["config"])
+    fields = [k for k in WIDTH_AND_DEPTH if isinstance(config.get(k), (int, list))]
+    assert fields, f"{name} records none of {WIDTH_AND_DEPTH}"
+    for field in fields:
+        value = config[field]
+        changed = value * 2 if isinstance(value, int) else [v * 2 for v in value]  # "bb" -> "bbbb" (HaloNet)
+        bad = _with_config(path, tmp_path / f"{field}.safetensors", **{field: changed})
+        with pytest.raises(ValueError, match=f"{field}=") as err:
+            va.load_model(bad)
+        assert "contradict" in str(err.value)

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from ..models.features import as_features_model
 from ..models.registry import get_model_entry, resolve_model_name
+from .header import check_saved_model
 from .io import TRAIN_STATE_FORMAT, features_metadata, read_checkpoint, read_metadata, regular_file
 from .load import CheckpointMismatchError, load_weights
 
@@ -187,7 +188,9 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, mo
     (e.g. ``img_size`` resamples position embeddings; ``num_classes`` re-makes the head with a
     warning). The data config the file records (``save_weights`` of a pretrained model, or a
     training run's mean / std / crop / classes) becomes ``model.pretrained_cfg``, which
-    :func:`vit_attention.data.resolve_data_config` reads. Returns the model (images
+    :func:`vit_attention.data.resolve_data_config` reads. A recorded config that contradicts the file's
+    tensors (their names and shapes, read from the header) raises ``ValueError`` naming the field before
+    anything is allocated (:mod:`vit_attention.weights.header`). Returns the model (images
     ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``; a features model -> its list of maps).
     """
     saved = describe_checkpoint(path)
@@ -196,6 +199,7 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, mo
                          "'config' metadata: not written by save_weights or a training run); build the model "
                          "first: create_model(NAME, pretrained=path)")
     check_model_name(saved, model)
+    check_saved_model(saved)  # the recorded config against the file's tensor header, before allocating anything
     net = _build(saved, overrides, device)
     features = features_metadata(saved.metadata, saved.path)
     if features is not None:  # saved with features_only=True: the same features model, its head left out
