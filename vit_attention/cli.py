@@ -11,7 +11,9 @@ import argparse
 import importlib
 import re
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import TextIO
 
 from . import __version__
 
@@ -59,7 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():  # Python warnings on the command line: one plain line each
+            warnings.showwarning = _plain_warning
+            return int(args.func(args) or 0)
     except BrokenPipeError:  # `vit-attention models | head`: the reader left; not an error of ours
         _silence_stdout()
         return 0
@@ -100,6 +104,13 @@ def user_error_message(e: BaseException) -> str | None:
         return (f"out of memory{f' ({detail})' if detail else ''}: use a smaller --batch-size, a smaller "
                 "--img-size or a smaller model, or run on a machine with more memory")
     return None
+
+
+def _plain_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                   file: TextIO | None = None, line: str | None = None) -> None:
+    """``warnings.showwarning`` for the command line: ``warning: MESSAGE`` on stderr, one line, without the
+    Python file, line number and source line (a skipped corrupt image is one plain line per file)."""
+    print(f"warning: {message}", file=file or sys.stderr, flush=True)
 
 
 def _silence_stdout() -> None:

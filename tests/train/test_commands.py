@@ -209,3 +209,17 @@ def test_eval_prints_its_scores_when_the_run_folder_is_read_only(trained_run: Pa
     out, err = capsys.readouterr()
     assert f"top-1 accuracy: {want:.4f}" in out
     assert "error: --confusion" in err and "Read-only file system" in err
+
+
+def test_corrupt_images_are_one_plain_line_each(image_folder: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture) -> None:
+    """Skipped corrupt files: `warning: skipping corrupt image PATH`, one line per file, no Python source line."""
+    (image_folder / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
+    (image_folder / "cat" / "truncated.png").write_bytes((image_folder / "cat" / "0.png").read_bytes()[:60])
+    assert main(["train", *QUICK, "--batch-size", "9", "--model-arg", "patch_size=4", "--img-size", "16",
+                 "--data", str(image_folder), "--output", str(tmp_path / "run")]) == 0
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if "corrupt" in line]
+    assert sorted(lines) == sorted(f"warning: skipping corrupt image {image_folder / d / f}"
+                                   for d, f in (("dog", "broken.png"), ("cat", "truncated.png")))
+    assert "warnings.warn" not in err and ".py:" not in err and "skipped" not in out

@@ -337,8 +337,6 @@ def _load_data(cfg: TrainConfig, info: DistInfo) -> DataBundle:
                    f"packed to {cfg.max_seq_len} (--max-seq-len)")
     for line in ([] if cfg.naflex else describe_input_size(data, source)):  # NaFlex: its own line above
         _say(info, line)
-    if data.skipped:
-        _say(info, f"warning: skipped {len(data.skipped)} corrupt image(s), e.g. {data.skipped[0]}")
     for warning in check_classifiable(data, val_fraction=cfg.val_fraction):
         _say(info, f"warning: {warning}")
     n_train = len(data.train)
