@@ -82,6 +82,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad option."""
+        self._validate_numbers()
         checks = [
             (self.epochs > 0, f"epochs must be positive, got {self.epochs}"),
             (self.img_size is None or self.img_size > 0, f"img_size must be positive, got {self.img_size}"),
@@ -104,7 +105,6 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
-        self._validate_numbers()
         self._validate_naflex()
 
     def _validate_numbers(self) -> None:
