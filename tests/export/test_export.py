@@ -60,6 +60,41 @@ def test_static_batch_fixes_the_batch(tmp_path: Path) -> None:
     assert onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 2
 
 
+@pytest.mark.parametrize("argv, batch", [([], 1), (["--batch-size", "4"], 4)])
+def test_cli_static_batch_is_the_batch_asked(argv: list[str], batch: int, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import onnx
+
+    out_file = tmp_path / "m.onnx"
+    code, out, err = _run(["export", DIGITS, "-o", str(out_file), "--static-batch", *argv, "--verify"], capsys)
+    assert code == 0, err
+    assert onnx.load(str(out_file)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == batch
+    assert f"pixel_values [{batch}, 3, 8, 8]" in out and f"batch {batch}:" in out  # verified at its own batch
+    path = export_model(_model(), tmp_path / "m.pt2", "exported-program", dynamic_batch=False,
+                        example_input=torch.randn(batch, 3, 6, 6))
+    loaded = torch.export.load(str(path)).module()
+    with pytest.raises(Exception):  # noqa: B017 - the program's own guard error, whatever its class
+        loaded(torch.randn(batch + 1, 3, 6, 6))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.load
+def test_cli_exports_a_naflexvit_run_with_a_resized_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name = "naflexvit_base_patch16_siglip"  # bilinear, anti-aliased: no ONNX op for it
+    model = create_model(name, **{**small_overrides(name), "pos_embed_grid_size": (3, 5)}).eval()
+    fill_by_key(model)
+    save_weights(model, tmp_path / "run" / "model.safetensors")
+    for fmt, file in (("onnx", "m.onnx"), ("torchscript", "m.pt"), ("exported-program", "m.pt2")):
+        argv = ["export", str(tmp_path / "run"), "--format", fmt, "-o", str(tmp_path / file)]
+        code, out, err = _run(argv + (["--verify"] if fmt == "onnx" else []), capsys)
+        assert code == 0, err
+    assert max(verify_onnx(model, tmp_path / "m.onnx").values()) < 1e-4
+    x = torch.randn(3, 3, 16, 24)
+    with torch.no_grad():
+        ref = model(x)
+        for loaded in (torch.jit.load(str(tmp_path / "m.pt")), torch.export.load(str(tmp_path / "m.pt2")).module()):
+            torch.testing.assert_close(loaded(x), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_write_is_atomic_and_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "m.onnx"
     path.write_bytes(b"old")
@@ -156,6 +191,8 @@ def test_cli_model_contradicting_the_checkpoint(tmp_path: Path, capsys: pytest.C
     (["--opset", "9"], ["--opset", "9"]),
     (["--verify", "--format", "torchscript"], ["--verify", "--format onnx"]),
     (["--format", "exported-program"], ["--output", ".pt2"]),
+    (["--batch-size", "4"], ["--batch-size", "--static-batch"]),
+    (["--static-batch", "--format", "torchscript"], ["--static-batch", "torchscript"]),
 ])
 def test_cli_bad_options_name_the_option(argv: list[str], words: list[str], tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -187,7 +224,7 @@ def test_help_lists_every_option_with_defaults(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit):
         main(["export", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for opt in ("--checkpoint", "--format", "--output", "--opset", "--static-batch", "--img-size", "--num-classes",
-                "--verify"):
+    for opt in ("--checkpoint", "--format", "--output", "--opset", "--static-batch", "--batch-size", "--img-size",
+                "--num-classes", "--verify"):
         assert opt in text
     assert "(default: onnx)" in text and "(default: 17)" in text and "pixel_values" in text

@@ -18,8 +18,8 @@ import torch
 from model_outputs import fill_by_key, first_preset_per_family, small_overrides
 
 from vit_attention.attention import get_attention_spec, list_attention
-from vit_attention.export import INPUT_NAME, OUTPUT_NAME, to_onnx, verify_onnx
-from vit_attention.models import create_model
+from vit_attention.export import INPUT_NAME, MAX_OPSET, MIN_OPSET, OUTPUT_NAME, to_onnx, verify_onnx
+from vit_attention.models import create_model, list_models
 
 RTOL = 1e-4
 BATCHES = (1, 3)
@@ -65,3 +65,24 @@ def test_every_mechanism_in_a_vit_matches_eager(mech: str, tmp_path: Path) -> No
     assert any(isinstance(m, get_attention_spec(mech).cls) for m in model.modules())
     fill_by_key(model)
     _check(model, tmp_path / f"{mech}.onnx")
+
+
+NAFLEX_TABLE = (3, 5)  # a position table the reduced 2x3 grid must be resized to (anti-aliased bicubic / bilinear)
+
+
+@pytest.mark.parametrize("name", list_models("naflexvit*"))
+def test_every_naflexvit_preset_with_a_resized_table_matches_eager(name: str, tmp_path: Path) -> None:
+    """ONNX has no anti-aliased resize: the table of the exported (fixed) grid is a constant of the graph."""
+    model = create_model(name, **{**small_overrides(name), "pos_embed_grid_size": NAFLEX_TABLE}).eval()
+    fill_by_key(model)
+    assert model.embeds.pos_table(model.grid_size, torch.float32).shape[0] == 6  # the 2x3 grid, resized
+    _check(model, tmp_path / f"{name}.onnx")
+
+
+@pytest.mark.parametrize("opset", [MIN_OPSET, MAX_OPSET])
+def test_naflexvit_exports_at_every_opset(opset: int, tmp_path: Path) -> None:
+    name = "naflexvit_base_patch16_gap"
+    model = create_model(name, **{**small_overrides(name), "pos_embed_grid_size": NAFLEX_TABLE}).eval()
+    fill_by_key(model)
+    to_onnx(model, tmp_path / "m.onnx", opset=opset)
+    assert max(verify_onnx(model, tmp_path / "m.onnx", batch_sizes=BATCHES).values()) <= RTOL

@@ -59,7 +59,7 @@ def load_for_export(name: str | None, checkpoint: str | Path | None, *, img_size
 
 
 def _export(args: argparse.Namespace) -> int:
-    from .core import export_model, verify_onnx
+    from .core import example_input, export_model, verify_onnx
 
     if not MIN_OPSET <= args.opset <= MAX_OPSET:
         raise ValueError(f"--opset must be in [{MIN_OPSET}, {MAX_OPSET}], got {args.opset}")
@@ -67,6 +67,13 @@ def _export(args: argparse.Namespace) -> int:
         raise ValueError(f"--verify runs the file in onnxruntime: it needs --format onnx, got {args.format!r}")
     if args.num_classes is not None and args.num_classes < 0:
         raise ValueError(f"--num-classes must be >= 0, got {args.num_classes}")
+    if args.batch_size is not None and not args.static_batch:
+        raise ValueError(f"--batch-size {args.batch_size} is the batch of a static graph: give --static-batch too "
+                         "(without it the batch is free)")
+    if args.static_batch and args.format == "torchscript":
+        raise ValueError("--static-batch applies to --format onnx and exported-program; a --format torchscript "
+                         "trace keeps the batch free")
+    static = (args.batch_size or 1) if args.static_batch else None  # the batch the graph is fixed at
     output = check_output_path(args.output, option="--output")
     if args.format == "exported-program" and output.suffix != ".pt2":
         raise ValueError(f"--output {output} must end in '.pt2' for --format exported-program "
@@ -84,14 +91,18 @@ def _export(args: argparse.Namespace) -> int:
             print(f"vit-attention export: the weights are {str(dtype).removeprefix('torch.')}; exporting in "
                   "float32", file=sys.stderr)
             model.float()
-        export_model(model, output, args.format, dynamic_batch=not args.static_batch, opset=args.opset)
-        errors = verify_onnx(model, output) if args.verify else {}
+        example = None if static is None else example_input(model, static)
+        export_model(model, output, args.format, dynamic_batch=static is None, opset=args.opset,
+                     example_input=example)
+        errors = {}
+        if args.verify:  # a free batch at 1 and 3; a static graph at its own batch
+            errors = verify_onnx(model, output, **({} if static is None else {"batch_sizes": (static,)}))
     except ModuleNotFoundError as e:
         print(f"vit-attention export: error: {e}", file=sys.stderr)
         return 2
     cfg = model.cfg
     size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
-    batch = "2" if args.static_batch and args.format != "torchscript" else "batch"
+    batch = "batch" if static is None else str(static)
     inp, out = f"[{batch}, {cfg.in_chans}, {size[0]}, {size[1]}]", f"[{batch}, {cfg.num_classes}]"
     if args.format == "onnx":
         what = f"ONNX opset {args.opset}: {INPUT_NAME} {inp} -> {OUTPUT_NAME} {out}"
@@ -130,13 +141,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
                    help=f"ONNX opset, {MIN_OPSET}-{MAX_OPSET} (default: %(default)s)")
     p.add_argument("--static-batch", action="store_true",
-                   help="fix the batch dimension at 2 (default: dynamic batch; ONNX and exported-program)")
+                   help="fix the batch dimension at --batch-size (default: dynamic batch; ONNX and exported-program)")
+    p.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
+                   help="the batch a --static-batch graph takes (default: 1)")
     p.add_argument("--img-size", type=positive_int, default=None,
                    help="input size H = W (default: the model's; position embeddings are resampled)")
     p.add_argument("--num-classes", type=int, default=None,
                    help="classifier size (default: the checkpoint's for files of ours, else the preset's; a "
                    "foreign checkpoint with another head size needs it)")
     p.add_argument("--verify", action="store_true",
-                   help=f"run the ONNX file in onnxruntime at batch 1 and 3 and compare with eager PyTorch; exit 1 "
+                   help="run the ONNX file in onnxruntime at batch 1 and 3 (a --static-batch file: at its batch) and "
+                   "compare with eager PyTorch; exit 1 "
                    f"above {VERIFY_RTOL:.0e} relative difference (default: off)")
     p.set_defaults(func=_export)

@@ -202,7 +202,24 @@ class NaFlexEmbeds(nn.Module):
                 nn.init.normal_(t, std=1e-6)
 
     def pos_table(self, grid: tuple[int, int], dtype: torch.dtype) -> Tensor | None:
-        """The position embedding of a ``(h, w)`` grid, row-major: ``[h·w, C]`` (None without a table)."""
+        """The position embedding of a ``(h, w)`` grid, row-major: ``[h·w, C]`` (None without a table).
+
+        During an ONNX export the table of the traced grid is computed eagerly, outside the trace, and enters
+        the graph as a constant: the exported graph's input size is fixed, so the table is too, and ONNX has
+        no anti-aliased resize (``aten::_upsample_bicubic2d_aa`` / ``_bilinear2d_aa``). The constant is the
+        eager table itself, so the file computes what eager does."""
+        if torch.onnx.is_in_onnx_export() and torch.jit.is_tracing():
+            state = torch._C._get_tracing_state()
+            torch._C._set_tracing_state(None)  # not recorded: the result is a constant of the graph
+            try:
+                table = self._pos_table(grid, dtype)
+                table = None if table is None else table.detach().clone()
+            finally:
+                torch._C._set_tracing_state(state)
+            return table
+        return self._pos_table(grid, dtype)
+
+    def _pos_table(self, grid: tuple[int, int], dtype: torch.dtype) -> Tensor | None:
         h, w = int(grid[0]), int(grid[1])
         size = (max(h, w), max(h, w)) if self.ar_preserving else (h, w)
         if self.pos_embed is not None:
@@ -585,9 +602,9 @@ def _meta(name: str) -> dict[str, Any]:
 
 def reduced_config(cfg: VisionTransformerConfig) -> dict[str, Any]:
     """Overrides that shrink a NaFlexViT preset for tests: width 32, 2 heads, 2 blocks, 8 px patches, a 2x3
-    position table and a 16x24 px input (its 2x3 grid: no table resize at the default size, so the ONNX
-    export needs no anti-aliased resize; resizing is covered by the parity tests); tokens, pooling,
-    LayerScale, table kind and activation kept."""
+    position table and a 16x24 px input (its 2x3 grid: no table resize at the default size; resizing is
+    covered by the parity tests and the ONNX export tests); tokens, pooling, LayerScale, table kind and
+    activation kept."""
     return dict(embed_dim=32, num_heads=2, depth=2, mlp_dim=None, patch_size=8, img_size=(16, 24),
                 pos_embed_grid_size=(2, 3))
 
