@@ -87,3 +87,37 @@ def test_generate_docs_writes_pages_and_pictures(tmp_path):
     for mech in list_attention():
         assert f"{mech}.md" in names and f"{mech}.png" in names
     assert (tmp_path / "attention" / "img" / "window.png").stat().st_size > 1000
+
+
+def test_docs_writes_the_checkouts_docs_wherever_it_runs(tmp_path, monkeypatch, capsys):
+    """`vit-attention docs` from another folder regenerates the checkout's docs/, never ./docs; outside a
+    checkout it asks for --output."""
+    import vit_attention.analysis.docs as docs
+    from vit_attention.cli import main
+
+    seen = []
+    monkeypatch.setattr(docs, "generate_docs", lambda out, images=True: seen.append(Path(out)) or [])
+    monkeypatch.chdir(tmp_path)
+    assert main(["docs", "--no-images"]) == 0
+    assert seen == [DOCS] and not (tmp_path / "docs").exists()
+    assert main(["docs", "--output", str(tmp_path / "mine")]) == 0 and seen[-1] == tmp_path / "mine"
+    monkeypatch.setattr(docs, "__file__", str(tmp_path / "site-packages" / "vit_attention" / "analysis" / "docs.py"))
+    assert main(["docs"]) == 2
+    assert "give --output DIR" in capsys.readouterr().err and len(seen) == 2
+
+
+def test_regenerated_pictures_are_the_checkouts_bytes(tmp_path):
+    """Regenerating the docs pictures rewrites the same bytes (float64 maps rounded before drawing, no timestamp),
+    whatever the thread count, so `vit-attention docs` leaves the checkout's PNGs unchanged."""
+    import torch
+
+    from vit_attention.analysis.docs import mechanism_picture
+
+    threads = torch.get_num_threads()
+    try:
+        for i, name in enumerate(list_attention()):
+            torch.set_num_threads(1 + i % 2)
+            got = mechanism_picture(name, tmp_path / f"{name}.png").read_bytes()
+            assert got == (DOCS / "attention" / "img" / f"{name}.png").read_bytes(), name
+    finally:
+        torch.set_num_threads(threads)

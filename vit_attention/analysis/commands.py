@@ -429,16 +429,17 @@ def _attn_naflex_budget(args: argparse.Namespace, model: nn.Module, checkpoint: 
 
 
 def _docs(args: argparse.Namespace) -> int:
-    from .docs import check_docs, generate_docs
+    from .docs import check_docs, default_docs_folder, generate_docs
 
+    out = Path(args.output) if args.output else default_docs_folder()  # not ./docs of wherever it runs
     if args.check:
-        stale = check_docs(Path(args.output))
+        stale = check_docs(out)
         for path in stale:
             print(f"stale: {path}")
         print("docs are up to date" if not stale else f"{len(stale)} generated file(s) are stale; "
               "run `vit-attention docs` to regenerate")
         return 1 if stale else 0
-    for path in generate_docs(Path(args.output), images=not args.no_images):
+    for path in generate_docs(out, images=not args.no_images):
         print(path)
     return 0
 
@@ -524,7 +525,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_attn)
 
     p = sub.add_parser("docs", help="regenerate docs/attention/*.md and docs/models.md from the library")
-    _add_output(p, default="docs", help="docs folder to write (default: docs)")
+    _add_output(p, default=None, help="docs folder to write (default: the docs/ folder of the checkout the package "
+                                      "runs from, wherever the command runs; outside a checkout, required)")
     p.add_argument("--check", action="store_true", help="only check the generated text is up to date")
     p.add_argument("--no-images", action="store_true", help="skip the PNG pictures")
     p.set_defaults(func=_docs)

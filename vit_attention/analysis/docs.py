@@ -31,7 +31,7 @@ from .flops import attention_complexity, complexity_table, flops
 from .published import published_gmacs
 from .trace import trace
 
-__all__ = ["generate_docs", "check_docs", "mechanism_page", "models_page"]
+__all__ = ["generate_docs", "check_docs", "default_docs_folder", "mechanism_page", "models_page"]
 
 # Each mechanism's formula, cost, and documented example live in its registry spec (``formula``,
 # ``doc_example``); the pages below only lay them out.
@@ -121,19 +121,28 @@ def mechanism_picture(name: str, path: Path) -> Path:
     kwargs = _doc_example(name)[0]
     H, W = _picture_size(name)
     torch.manual_seed(0)
-    attn = create_attention(name, 48, 3, **kwargs).eval()
-    x = torch.randn(1, H, W, 48)
+    # float64, then rounded: the pixels do not depend on the machine's float32 kernels or thread count, so a
+    # rerun writes the same bytes (with matplotlib's Agg and no timestamp in the PNG, see render._save)
+    attn = create_attention(name, 48, 3, **kwargs).eval().double()
+    x = torch.randn(1, H, W, 48, dtype=torch.float64)
     with record_attention(attn, grid=(H, W)) as rec, torch.no_grad():
         attn(x if spec.layout == "spatial" else x.reshape(1, H * W, 48))
     r = rec.records[0]
     if r.layout.axis == "channels":  # [B, nh, hd, hd]: one channel-by-channel matrix per group
         groups = list(range(min(3, r.weights.shape[1])))
-        return save_grid([r.weights[0, g] for g in groups], [f"group {g}: channel -> channels" for g in groups],
+        return save_grid([_settled(r.weights[0, g]) for g in groups],
+                         [f"group {g}: channel -> channels" for g in groups],
                          path, suptitle=f"{name}: attention among the channels of three groups")
     queries = [(2, 2), (H // 2, W // 2 - 1), (H - 2, W - 2)]
-    maps = [r.query_map(q)[0] for q in queries]
+    maps = [_settled(r.query_map(q)[0]) for q in queries]
     return save_grid(maps, [f"query {q}" for q in queries], path, marks=queries,
                      suptitle=f"{name}: attention of three query tokens over a {H}×{W} map")
+
+
+def _settled(weights: torch.Tensor) -> torch.Tensor:
+    """Attention weights rounded to 6 decimals (float32): the last-bit noise of another machine's kernels never
+    reaches the picture's pixels. Same shape."""
+    return (weights.double() * 1e6).round().div(1e6).float()
 
 
 def _records_channels(name: str) -> bool:
@@ -208,6 +217,17 @@ def _pages(models: bool = True) -> dict[str, str]:
     return pages
 
 
+def default_docs_folder() -> Path:
+    """The ``docs/`` folder of the checkout this package is imported from: where ``vit-attention docs`` writes
+    by default, whatever the current folder. Outside a checkout (an installed package) ``ValueError`` asking
+    for ``--output``."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file() and (root / "docs").is_dir():
+        return root / "docs"
+    raise ValueError("the package does not run from a checkout of its repository (no docs/ beside it), so there "
+                     "is no docs folder to regenerate; give --output DIR to write the pages there")
+
+
 def generate_docs(out: str | Path = "docs", *, images: bool = True, models: bool = True) -> list[Path]:
     """Write every generated page under ``out`` (``images``: the PNG pictures too; ``models``: the
     model table, the slow part); returns the paths written."""
@@ -240,10 +260,11 @@ def check_docs(out: str | Path = "docs") -> list[Path]:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m vit_attention.analysis.docs [--out docs] [--check] [--no-images]``."""
     p = argparse.ArgumentParser(prog="python -m vit_attention.analysis.docs", description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="docs")
+    p.add_argument("--out", default=None, help="docs folder (default: the checkout's docs/)")
     p.add_argument("--check", action="store_true")
     p.add_argument("--no-images", action="store_true")
     args = p.parse_args(argv)
+    args.out = args.out or default_docs_folder()
     if args.check:
         stale = check_docs(args.out)
         for s in stale:
