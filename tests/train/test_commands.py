@@ -223,3 +223,20 @@ def test_corrupt_images_are_one_plain_line_each(image_folder: Path, tmp_path: Pa
     assert sorted(lines) == sorted(f"warning: skipping corrupt image {image_folder / d / f}"
                                    for d, f in (("dog", "broken.png"), ("cat", "truncated.png")))
     assert "warnings.warn" not in err and ".py:" not in err and "skipped" not in out
+
+
+def test_a_terminal_run_keeps_every_epoch_line_and_ends_with_a_summary(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    """With progress bars (a terminal): one line per epoch stays (written above the bars), and the run ends
+    with its best epoch, best accuracy, wall time and where the weights are, before `test accuracy: X`."""
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--epochs", "2", "--batch-size", "128", "--warmup-epochs", "0.5", "--progress",
+                 "--no-plot", "--output", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(":")[0] for line in lines if line.startswith("epoch ")] == ["epoch 1/2", "epoch 2/2"]
+    history = json.loads((out / "metrics.json").read_text())
+    best = max(history, key=lambda r: r["test_acc"])
+    summary = next(line for line in lines if line.startswith("best epoch "))
+    assert summary.startswith(f"best epoch {best['epoch']}/2: test accuracy {best['test_acc']:.4f}; wall time ")
+    assert f"weights: {out}/model.safetensors (the last epoch's" in summary
+    assert lines.index(summary) < len(lines) - 1 and lines[-1].startswith("test accuracy: ")

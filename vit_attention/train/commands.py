@@ -273,8 +273,8 @@ def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
     g.add_argument("--fsdp", action="store_true", help="shard the model with FSDP (torchrun)")
     g.add_argument("--workers", type=int, default=0, help="data loader processes for image folders")
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bars; --no-progress: one line per epoch (default: bars only when stderr is a "
-                        "terminal)")
+                   help="progress bars below the per-epoch lines; --no-progress: the lines only (default: bars "
+                        "only when stderr is a terminal)")
     g.add_argument("--no-plot", action="store_true", help="do not write curves.png")
 
 

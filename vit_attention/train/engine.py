@@ -256,6 +256,7 @@ class _Run:
     show: bool = False  # progress bars (else one line per epoch)
     config_text: str = ""  # config.json, written with the first checkpoint
     forward_kwargs: dict[str, Any] = field(default_factory=dict)  # generative models: {"objective": "generative"}
+    started: float = field(default_factory=time.perf_counter)  # this invocation's start (the wall time summary)
 
     def lr(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` in this run's schedule."""
@@ -275,11 +276,13 @@ class _Start:
 
 def _train(cfg: TrainConfig, info: DistInfo, tqdm: Any, progress: _Progress) -> dict[str, Any]:
     """One run on this rank: data, model and state (resumed or new), the epochs, then the final weights."""
+    started = time.perf_counter()
     torch.manual_seed(cfg.seed)
     data = _load_data(cfg, info)
     out, lock = _claim_run_folder(cfg, info)
     try:
         run, start = _setup(cfg, info, data, tqdm, progress, out)
+        run.started = started
         _open_run_folder(run)
         stopped = _train_epochs(run, start)
         return stopped if stopped is not None else _finish(run)
@@ -515,12 +518,15 @@ def _train_epochs(run: _Run, start: _Start) -> dict[str, Any] | None:
             row = _end_epoch(run, epoch, sums, train_time)
             epoch_bar.set_postfix(loss=f"{row['train_loss']:.3f}", test_acc=f"{row['test_acc']:.4f}")
             epoch_bar.update(1)
-            if not run.show:
-                acc = "next-pixel acc" if "test_bpd" in row else "acc"  # generative: the accuracy of the pixels
-                _say(info, f"epoch {epoch + 1}/{cfg.epochs}: train loss {row['train_loss']:.4f} {acc} "
-                           f"{row['train_acc']:.4f} | test loss {row['test_loss']:.4f} {acc} {row['test_acc']:.4f} | "
-                           f"{row['train_img_s']:.0f} img/s"
-                           + (f" | test {row['test_bpd']:.3f} bits/dim" if "test_bpd" in row else ""))
+            acc = "next-pixel acc" if "test_bpd" in row else "acc"  # generative: the accuracy of the pixels
+            line = (f"epoch {epoch + 1}/{cfg.epochs}: train loss {row['train_loss']:.4f} {acc} "
+                    f"{row['train_acc']:.4f} | test loss {row['test_loss']:.4f} {acc} {row['test_acc']:.4f} | "
+                    f"{row['train_img_s']:.0f} img/s" + (f" | test {row['test_bpd']:.3f} bits/dim" if "test_bpd" in row
+                                                         else ""))
+            if run.show:  # above the bars, which stay at the bottom: every epoch keeps its line in the terminal
+                run.tqdm.write(line, file=sys.stdout)
+            else:
+                _say(info, line)
             stopped = cfg.stop_after is not None and run.step >= cfg.stop_after and epoch + 1 < cfg.epochs
         if stopped:
             epoch_bar.close()
@@ -636,6 +642,20 @@ def _end_epoch(run: _Run, epoch: int, sums: Tensor, train_time: float) -> dict[s
     return row
 
 
+def _run_summary(run: _Run) -> str:
+    """One line after the run: its best epoch and accuracy, the wall time, and which weights ``model.safetensors``
+    holds (the last epoch's; no separate best-epoch file is written)."""
+    acc = "next-pixel accuracy" if "test_bpd" in run.history[-1] else "accuracy"
+    best = max(run.history, key=lambda r: r["test_acc"])
+    last = run.history[-1]
+    secs = time.perf_counter() - run.started
+    wall = f"{int(secs // 60)} min {int(secs % 60)} s" if secs >= 60 else f"{secs:.1f} s"
+    where = ("the last epoch's, the best" if best is last else
+             f"the last epoch's ({last['epoch']}, test {acc} {last['test_acc']:.4f})")
+    return (f"best epoch {best['epoch']}/{run.cfg.epochs}: test {acc} {best['test_acc']:.4f}; wall time {wall}; "
+            f"weights: {run.out}/model.safetensors ({where})")
+
+
 def _finish(run: _Run) -> dict[str, Any]:
     """Score the final weights, write them (and the EMA's) with their metadata, the curves, and print the results.
 
@@ -678,6 +698,8 @@ def _finish(run: _Run) -> dict[str, Any]:
             plot_curves(run.history, run.out / "curves.png", title=f"{cfg.model} on {data.name}")
     print(f"wrote {run.out}/ (model.safetensors, checkpoint.safetensors, metrics.csv, metrics.json"
           + (", curves.png" if cfg.plot else "") + ")", flush=True)
+    if run.history:
+        print(_run_summary(run), flush=True)
     print(f"test top-5 accuracy: {final['top5']:.4f}", flush=True)
     if ema is not None:
         print(f"test accuracy (EMA weights): {result['test_acc_ema']:.4f}", flush=True)
