@@ -119,9 +119,10 @@ def run_compare(cfg: TrainConfig, *, models: list[str] | None = None, attention:
     """Train every entry with ``cfg``'s budget; print the table, write ``compare.json`` / ``.txt`` and a PNG.
 
     ``models``: registered names; ``attention``: mechanisms inside ``cfg.model`` (the digits ViT
-    with mean pooling by default: no class token's global read beside a local mechanism); neither: :func:`default_entries`. ``resume``: continue the
-    comparison in ``output`` (each entry from its checkpoint; entries without one start). Every
-    name is checked before training starts. Returns one row per entry.
+    with mean pooling by default: no class token's global read beside a local mechanism); neither:
+    :func:`default_entries`. ``resume``: continue the comparison in ``output`` (each entry from its
+    checkpoint; entries without one start). Every name is checked before training starts. Returns
+    one row per entry.
     """
     if models and attention:
         raise ValueError("give either --models or --attention, not both")
