@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -14,9 +15,11 @@ import pytest
 import torch
 from model_outputs import distinct_reduced_presets, small_overrides
 from safetensors.torch import save_file
+from weights.test_hf_folders import CASES as HF_CASES  # the transformers folder cases, one per model type
 
 import vit_attention as va
 from vit_attention.weights import CheckpointMismatchError, load_weights, read_checkpoint
+from vit_attention.weights.hub import hf_config_overrides
 
 
 def _tiny(**kw: object) -> torch.nn.Module:
@@ -233,3 +236,41 @@ def test_contradicting_depth_or_width_is_refused_for_every_model(name: str, tmp_
         with pytest.raises(ValueError, match=f"{field}=") as err:
             va.load_model(bad)
         assert "contradict" in str(err.value)
+
+
+# transformers config.json keys that state a width or a depth, and the contradicting values written over them
+def _wider(v: object) -> object:
+    return [x * 2 for x in v] if isinstance(v, list) else v * 2  # type: ignore[operator]
+
+
+def _deeper(v: object) -> object:
+    return [1000000] * len(v) if isinstance(v, list) else 1000000  # type: ignore[arg-type]
+
+
+_HF_STRUCTURE = {"hidden_size": _wider, "embed_dim": _wider, "hidden_sizes": _wider, "width_multiplier": _wider,
+                 "num_hidden_layers": _deeper, "depth": _deeper, "depths": _deeper}
+
+
+@pytest.mark.parametrize("model_type", sorted(HF_CASES))
+def test_transformers_folder_config_contradicting_its_weights_is_refused(model_type: str, tmp_path: Path) -> None:
+    """Every transformers model type with a folder case: its ``config.json`` with a width doubled or a depth of a
+    million (the weights as saved) is refused by ``create_model(preset, pretrained=folder)`` naming the field,
+    before anything is built (not a warning and a multi-gigabyte model)."""
+    case = HF_CASES[model_type]
+    torch.manual_seed(0)
+    case.hf().save_pretrained(tmp_path / "ok")
+    config = json.loads((tmp_path / "ok" / "config.json").read_text())
+    read = hf_config_overrides(config)
+    keys = [k for k in _HF_STRUCTURE if k in config  # the keys our reader takes (swin's hidden_size is derived)
+            and hf_config_overrides({**config, k: _HF_STRUCTURE[k](config[k])}) != read]
+    assert keys, f"{model_type}: config.json states none of {sorted(_HF_STRUCTURE)} that we read"
+    for key in keys:
+        folder = tmp_path / key
+        folder.mkdir()
+        (folder / "model.safetensors").symlink_to(tmp_path / "ok" / "model.safetensors")
+        (folder / "config.json").write_text(json.dumps({**config, key: _HF_STRUCTURE[key](config[key])}))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(ValueError, match=r"contradict.*refusing to build") as err:
+                va.create_model(case.preset, pretrained=folder, **case.options)
+        assert str(folder) in str(err.value) and "its config field" in str(err.value)

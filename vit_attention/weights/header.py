@@ -12,14 +12,16 @@ naming the config field where one can be told.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+import json
+import warnings
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 
-__all__ = ["header_shapes", "check_config_against_header"]
+__all__ = ["header_shapes", "check_config_against_header", "check_saved_model", "check_folder_config"]
 
 
 def header_shapes(path: str | Path, prefix: str = "") -> dict[str, tuple[int, ...]]:
@@ -57,27 +59,42 @@ def _layers(value: Any) -> int:
 
 
 def check_config_against_header(entry: Any, config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
-                                where: str, *, partial: bool = False) -> None:
+                                where: str, *, partial: bool = False, foreign: bool = False,
+                                only: Collection[str] | None = None) -> None:
     """Raise ``ValueError`` naming the field when ``config`` (a registry ``entry``'s fields) contradicts ``shapes``.
 
-    ``shapes``: the file's tensors in the model's own layout (:func:`header_shapes`). ``partial``: the
-    file may lack some of the model's tensors (a features model's head and pruned layers), so only
-    tensors the file has are compared. Cost: the model built once on the meta device.
+    ``shapes``: the file's tensors (:func:`header_shapes`), in the model's own layout unless ``foreign``
+    (another library's: converted on the meta device as ``load_weights`` would convert them, then only
+    the tensors both have compared). ``partial``: the file may lack some of the model's tensors (a
+    features model's head and pruned layers), so only tensors the file has are compared. Cost: the
+    model built once on the meta device. ``only``: the fields the file itself states (others may come from the
+    caller's options, which the real load checks); a contradiction is refused only when one of them is named.
     """
     n = len(shapes)
-    for name in _depth_fields(config):
+    for name in [f for f in _depth_fields(config) if only is None or f in only]:
         layers = _layers(config[name])
         if layers > n:
-            raise ValueError(f"{where}: its config says {name}={config[name]!r} ({layers} layers), but the file "
-                             f"holds only {n} tensors: the config contradicts the weights; refusing to build it")
+            raise ValueError(f"{where}: its config field {name}={config[name]!r} asks for {layers} layers, which "
+                             f"contradicts the {n} tensors it holds; refusing to build the model")
     try:
         cfg = entry.config_cls.from_dict(dict(config))
+        with torch.device("meta"):
+            model = entry.model_cls(cfg)
     except (TypeError, ValueError):
-        return  # the real build reports a config that does not build, naming the file
-    with torch.device("meta"):
-        model = entry.model_cls(cfg)
+        return  # a config that does not build alone (options create_model adds) is reported by the real build
     own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    unexpected = sorted(set(shapes) - set(own))
+    if foreign:
+        from .load import convert_state_dict
+
+        try:
+            with torch.device("meta"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a dropped head is warned about by the real load
+                converted = convert_state_dict({k: torch.empty(v) for k, v in shapes.items()}, model)
+        except Exception:  # noqa: BLE001 - a layout the converters cannot take is reported by the real load
+            return
+        shapes = {k: tuple(v.shape) for k, v in converted.items()}
+        partial = True
+    unexpected = [] if foreign else sorted(set(shapes) - set(own))
     missing = [] if partial else sorted(set(own) - set(shapes))
     mismatched = [(k, shapes[k], own[k]) for k in shapes if k in own and shapes[k] != own[k]]
     if not (unexpected or missing or mismatched):
@@ -99,6 +116,8 @@ def check_config_against_header(entry: Any, config: Mapping[str, Any], shapes: M
            if missing else [])
         + ([f"{len(unexpected)} tensor(s) in the file the config has no place for ({', '.join(unexpected[:3])} ...)"]
            if unexpected else []))
+    if only is not None and not set(named) & set(only):
+        return  # not the file's own statement: the real load reports what does not fit
     what = ("its config field(s) " + ", ".join(f"{f}={fields[f]!r}" for f in named)) if named else "its config"
     raise ValueError(f"{where}: {what} contradict(s) the tensors it holds ({detail}); refusing to build the model")
 
@@ -115,3 +134,29 @@ def check_saved_model(saved: Any) -> None:
     shapes = header_shapes(saved.path, "model." if saved.kind == "train_state" else "")
     check_config_against_header(entry, saved.config, shapes, str(saved.path),
                                 partial="features" in saved.metadata)
+
+
+def check_folder_config(entry: Any, overrides: Mapping[str, Any], weights: str | Path | None, where: str) -> None:
+    """A Hugging Face folder's (or hub repository's) ``config.json``, as the config ``overrides`` it gives
+    registry ``entry``'s preset, against its weights' header: a contradiction raises ``ValueError`` naming
+    the field before ``create_model`` allocates anything. ``weights``: its ``.safetensors`` file, or the
+    folder (its shard index read); ``.bin`` files have no header to read without unpickling and are
+    checked by the load itself."""
+    from .io import shard_files
+
+    if weights is None:
+        return
+    weights = Path(weights)
+    if weights.is_dir():
+        shards = shard_files(weights)
+        files = [f for f in shards if f.suffix == ".safetensors"] if shards is not None else (
+            [weights / "model.safetensors"] if (weights / "model.safetensors").is_file() else [])
+    else:
+        files = [weights] if weights.suffix == ".safetensors" else []
+    if not files:
+        return
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        shapes.update(header_shapes(file))
+    config = {**json.loads(entry.config().to_json()), **overrides}
+    check_config_against_header(entry, config, shapes, where, foreign=True, only=set(overrides))

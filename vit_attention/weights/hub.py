@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..models.registry import get_model_entry, list_models
+from .header import check_folder_config
 from .io import features_metadata, read_metadata
 
 __all__ = ["HF_HUB_PREFIX", "PretrainedNotAvailableError", "PretrainedSource", "split_model_tag",
@@ -455,6 +456,8 @@ def resolve_pretrained(name: str, tag: str | None, pretrained: Any) -> Pretraine
             config = _read_json(path / "config.json")
             more, pcfg = _from_config_json(config, entry, base_cfg, str(path))
             _hf_pooler_overrides(config, _weights_file(path), more, entry)
+            if "model_type" in config:  # a transformers config.json states the structure: against the weights first
+                check_folder_config(entry, more, path, str(path))
             return PretrainedSource(path, pcfg, {**overrides, **more})
         features = features_metadata(read_metadata(path), path) if path.is_file() else None
         return PretrainedSource(path, base_cfg, overrides, features)
@@ -474,4 +477,6 @@ def _from_repo(entry: Any, repo: str, revision: str | None, base_cfg: dict[str, 
     config = _read_json(config_path)
     more, pcfg = _from_config_json(config, entry, base_cfg, f"hf-hub:{repo}")
     _hf_pooler_overrides(config, weights, more, entry)
+    if "model_type" in config:  # a transformers config.json states the structure: against the weights first
+        check_folder_config(entry, more, weights, f"hf-hub:{repo}")
     return PretrainedSource(weights, pcfg, {**overrides, **more})
