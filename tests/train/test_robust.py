@@ -279,6 +279,6 @@ def test_compare_checks_names_first_resumes_and_times_with_the_training_threads(
     # --resume continues the comparison with its saved options (no --models, no model args)
     assert main(["compare", "--resume", "--output", str(out), "--no-progress"]) == 0
     text = capsys.readouterr().out
-    assert "resuming" in text and "vit_digits_patch2_8" in text
+    assert "has finished its 1 epoch(s)" in text and "nothing to train" in text and "vit_digits_patch2_8" in text
     assert json.loads((out / "compare.json").read_text())[0]["test_acc"] == pytest.approx(rows[0]["test_acc"])
     assert math.isfinite(rows[0]["test_acc"])
