@@ -23,12 +23,13 @@ Anything else (``I`` / ``F`` values outside those ranges, NaN, an unknown mode) 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["read_image", "UnsupportedImageError", "WHITE", "WIDE_MODES"]
+__all__ = ["read_image", "UnsupportedImageError", "WHITE", "WIDE_MODES", "printable_name"]
 
 WHITE = (255, 255, 255)
 _COLOUR = ("RGB", "RGBX", "CMYK", "YCbCr", "LAB", "HSV")
@@ -144,3 +145,15 @@ def read_image(image: str | Path | Any, *, channels: int = 3, background: tuple[
         return rgb if target == "RGB" else rgb.convert("L")
     raise UnsupportedImageError(f"{name}: Pillow mode {mode!r} is not one this reader knows how to turn into RGB; "
                                 "convert it to RGB (or L) first")
+
+
+# C0 / C1 controls, DEL, the Unicode line and paragraph separators, and lone surrogates (undecodable bytes of a
+# file name): what could end a line, move the cursor or fail to print
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def printable_name(text: str | Path) -> str:
+    """``text`` (a file name, a class name) with control characters escaped as Python writes them (``\\n``,
+    ``\\x1b``, ``\\udcff``), for one line of a command's output: a name holding a newline cannot forge
+    another output line, nor an escape sequence rewrite the terminal. Printable text is unchanged."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))

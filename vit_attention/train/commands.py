@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..data.image import printable_name
 from ..data.naflex import inference_meta as _inference_meta  # attn (analysis) reads runs the same way
 from ..data.naflex import naflex_budget as _naflex_budget
 from ..factory import model_arg, positive_int
@@ -515,6 +516,7 @@ def _predict(args: argparse.Namespace) -> int:
     classes = meta.get("classes") or meta.get("label_names")
     if not classes or len(classes) != model.num_classes:
         classes = [str(i) for i in range(model.num_classes)]
+    classes = [printable_name(c) for c in classes]  # names from a file: one output line per image, whatever they hold
     mean = torch.tensor(meta.get("mean", [0.5] * cfg.in_chans)).view(1, -1, 1, 1)
     std = torch.tensor(meta.get("std", [0.5] * cfg.in_chans)).view(1, -1, 1, 1)
     k = min(args.topk, len(classes))
@@ -552,7 +554,7 @@ def _predict(args: argparse.Namespace) -> int:
         prob = logits.float().softmax(-1)[0]
         top = prob.topk(k)
         ranked = ", ".join(f"{classes[i]} ({p:.3f})" for p, i in zip(top.values.tolist(), top.indices.tolist()))
-        print(f"{path}: {ranked}", flush=True)
+        print(f"{printable_name(path)}: {ranked}", flush=True)
     return _predict_exit(bad, len(args.images))
 
 
@@ -560,7 +562,8 @@ def _unreadable(path: str, e: BaseException, bad: list[str]) -> None:
     """Report image ``path`` that cannot be read (one line on stderr) and add it to ``bad``; the rest are scored."""
     import sys
 
-    print(f"vit-attention predict: cannot read image {path}: {e}", file=sys.stderr, flush=True)
+    print(f"vit-attention predict: cannot read image {printable_name(path)}: {printable_name(str(e))}",
+          file=sys.stderr, flush=True)
     bad.append(path)
 
 
@@ -571,7 +574,8 @@ def _predict_exit(bad: list[str], total: int) -> int:
 
     if not bad:
         return 0
-    print(f"vit-attention predict: error: {len(bad)} of {total} image(s) could not be read: {', '.join(bad)}",
+    print(f"vit-attention predict: error: {len(bad)} of {total} image(s) could not be read: "
+          f"{', '.join(map(printable_name, bad))}",
           file=sys.stderr)
     return 2
 
@@ -603,7 +607,7 @@ def _predict_naflex(args: argparse.Namespace, model: Any, classes: list[str], me
         for path, row in zip(read, prob):
             top = row.topk(k)
             ranked = ", ".join(f"{classes[i]} ({p:.3f})" for p, i in zip(top.values.tolist(), top.indices.tolist()))
-            print(f"{path}: {ranked}")
+            print(f"{printable_name(path)}: {ranked}")
     return _predict_exit(bad, len(args.images))
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,14 +104,47 @@ def describe_checkpoint(path: str | Path) -> SavedModel | None:
             raise ValueError(f"{file} is a training checkpoint without model_name / model_config in its state; "
                              "it cannot say which model it holds")
         meta = {k: v for k, v in state.items() if k not in ("optimizer", "rng")}
-        return SavedModel(file, "train_state", str(state["model_name"]), dict(state["model_config"]), meta)
+        return _check_recorded_data(SavedModel(file, "train_state", str(state["model_name"]),
+                                               dict(state["model_config"]), meta))
     if "model" in raw and "config" in raw:
         meta = {k: _json(v) for k, v in raw.items() if k not in ("model", "config")}
         config = _json(raw["config"])
         if not isinstance(config, dict):
             raise ValueError(f"{file}: its 'config' metadata is not a JSON object: {raw['config'][:80]!r}")
-        return SavedModel(file, "weights", raw["model"], config, meta)
+        return _check_recorded_data(SavedModel(file, "weights", raw["model"], config, meta))
     return None
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_recorded_data(saved: SavedModel) -> SavedModel:
+    """``saved`` when the data fields its file records are what training writes; else ``ValueError`` naming the
+    file and the field, at once (not "new(): invalid data type 'str'" once the first image is read).
+
+    ``mean`` / ``std``: lists of finite numbers, one per input channel (or one for all), ``std`` positive;
+    ``crop_pct``: a number in (0, 1]; ``classes``: a list (of names).
+    """
+    md = saved.metadata
+    channels = saved.config.get("in_chans")
+    for key in ("mean", "std"):
+        if key not in md:
+            continue
+        v = md[key]
+        ok = isinstance(v, list) and v and all(_is_number(x) for x in v) \
+            and (not isinstance(channels, int) or len(v) in (1, channels)) \
+            and (key == "mean" or all(x > 0 for x in v))
+        if not ok:
+            raise ValueError(f"{saved.path}: its recorded {key!r} must be a list of finite numbers, one per input "
+                             f"channel ({channels}){', positive' if key == 'std' else ''}; got {str(v)[:80]!r}")
+    crop = md.get("crop_pct")
+    if crop is not None and not (_is_number(crop) and 0 < crop <= 1):
+        raise ValueError(f"{saved.path}: its recorded 'crop_pct' must be a number in (0, 1]; got {str(crop)[:80]!r}")
+    if "classes" in md and not isinstance(md["classes"], list):
+        raise ValueError(f"{saved.path}: its recorded 'classes' must be a list of class names; got "
+                         f"{str(md['classes'])[:80]!r}")
+    return saved
 
 
 def check_model_name(saved: SavedModel, name: str | None, *, option: str = "model", hint: str | None = None) -> None:
