@@ -17,7 +17,10 @@ original / Hugging Face repositories otherwise). A repository is read in either 
   widths, labels ...), through the family's reader (:func:`register_hf_config_reader`), so
   ``google/vit-base-patch16-224`` gets LayerNorm eps 1e-12 as in transformers.
 
-Options given to ``create_model`` always win over what a repository or folder says.
+Options given to ``create_model`` always win over what a repository or folder says. The widths and
+depths a transformers ``config.json`` states are checked against its safetensors weights' header
+before anything is built (:func:`~vit_attention.weights.header.check_folder_config`): a folder
+that contradicts itself is refused naming the field.
 """
 
 from __future__ import annotations

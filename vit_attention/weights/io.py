@@ -3,9 +3,13 @@
 Reading: ``.safetensors`` (preferred), ``.pth`` / ``.pt`` / ``.bin`` / ``.ckpt`` through
 ``torch.load(weights_only=True)``, or a Hugging Face model folder (single or sharded files).
 A training ``checkpoint.safetensors`` (format ``vit_attention.train_state``) reads as its model
-tensors only. Damaged, truncated or foreign files raise ``ValueError`` naming the file.
+tensors only. Damaged, truncated or foreign files raise ``ValueError`` naming the file; only regular
+files are read (no FIFO, no device), a sharded folder's shards must lie inside it, and a compressed
+``.pth`` is size-checked from its zip directory before anything is inflated (docs/safe_loading.md).
 Writing: safetensors to a temporary file in the same folder, fsync, then ``os.replace``; only to
 a ``.safetensors`` path (a ``.pth`` name holding safetensors bytes would mislead every reader).
+Every other file the library writes goes through the same :func:`atomic_write` (text:
+:func:`atomic_write_text`): a symlink at the target is replaced, never written through.
 """
 
 from __future__ import annotations
