@@ -241,3 +241,17 @@ def test_token_merging_shows_in_the_picture_and_the_file_name(run: Path, image: 
     assert (tmp_path / "digit_vit_digits_patch2_8_rollout_tome2.png").is_file()
     assert main(["attn", str(run), str(image), "--output", str(tmp_path)]) == 0  # without: neither
     assert "ToMe" not in titles[-1] and (tmp_path / "digit_vit_digits_patch2_8_rollout.png").is_file()
+
+
+def test_registers_without_a_class_token_are_not_called_a_class_token(image: Path) -> None:
+    """Registers only: rollout (the class token's row) is refused naming what to use; mean / layer maps read
+    register 0's row and say so."""
+    model = va.create_model("vit_digits_patch2_8", num_classes=10, in_chans=1, depth=2, class_token=False,
+                            global_pool="avg", reg_tokens=2).eval()
+    x = torch.randn(1, 1, 8, 8)
+    with pytest.raises(ValueError, match="register tokens but no class token; use --method mean"):
+        _heatmap_and_logits(model, x, layer=None, head=None, method="rollout")
+    for method, layer in (("auto", None), ("mean", None), ("layer", -1)):
+        _, what, tag, _ = _heatmap_and_logits(model, x, layer=layer, head=None, method=method)
+        assert tag != "rollout" and "class token to" not in what and "class token's" not in what, what
+        assert "register token 0" in what and "no class token" in what, what
