@@ -159,6 +159,35 @@ def test_refusal_under_torchrun_ends_every_rank(tmp_path: Path) -> None:
     assert proc.stderr.count(f"--output {out} is in use") == 2, proc.stderr  # each rank's one line
 
 
+_FULL_DISK_ON_RANK0 = """
+import os, sys
+from safetensors import SafetensorError
+from vit_attention.cli import main
+from vit_attention.train import checkpoint
+real, calls = checkpoint.save_file, []
+def full_on_second(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2 and os.environ["RANK"] == "0":
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })")
+    return real(*args, **kwargs)
+checkpoint.save_file = full_on_second
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # two torchrun processes (~15 s)
+def test_full_disk_on_rank0_under_torchrun_ends_every_rank(tmp_path: Path) -> None:
+    """Only rank 0 writes: its failed write is shared, so the other rank stops too instead of waiting."""
+    script, out = tmp_path / "full_disk.py", tmp_path / "ddp"
+    script.write_text(_FULL_DISK_ON_RANK0)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script), "train", *QUICK, "--epochs", "3", "--device", "cpu", "--output", str(out)],
+                          capture_output=True, text=True, timeout=240, env=cli_env())
+    assert proc.returncode != 0
+    assert proc.stderr.count("the disk is full; free some space") == 2, proc.stderr  # each rank's one line
+    assert f"vit-attention train --resume --output {out}" in proc.stderr
+
+
 # ---------------------------------------------------------------------------- what a folder may hold
 @pytest.mark.parametrize("name", RUN_FILES)
 def test_new_run_refuses_a_folder_holding_a_file_it_writes(tmp_path: Path, name: str,

@@ -14,15 +14,18 @@ are the same after a resume as in an uninterrupted run.
 Runs never lose work: a non-finite loss stops the run before the optimizer step
 (:class:`TrainingDiverged`) and non-finite weights are never written, so the last good checkpoint
 stays resumable; Ctrl-C and SIGTERM end the run with :class:`TrainingInterrupted`, whose message
-says how to resume (temporary files of a write in progress are removed); a default run folder
-``runs/<model>-<time>`` is created exclusively (``-1``, ``-2``, ... on collision), so two runs
-started in the same second never share one.
+says how to resume (temporary files of a write in progress are removed); a full disk ends it with
+:class:`RunWriteError`, which says the same. A default run folder ``runs/<model>-<time>`` is created
+exclusively (``-1``, ``-2``, ... on collision), and every run folder is locked for the run's life
+(:class:`~.run_folder.RunLock`), so two runs never write one folder; a resume rewrites the metrics
+files from the checkpoint, so they always agree with it.
 
 One run is a few named steps sharing a ``_Run`` (options, data, model, optimizer, step, history):
-``_load_data``; ``_setup`` (model, teacher, EMA, optimizer; the checkpoint and its position with
-``resume``); ``_open_run_folder``; ``_train_epochs``, which runs ``_train_epoch`` (its
-``_train_step`` calls and the ``--ckpt-every`` / ``--stop-after`` checkpoints) and ``_end_epoch``
-(evaluation, metrics row, epoch checkpoint) per epoch; and ``_finish`` (final score, weights, curves).
+``_load_data``; ``_claim_run_folder`` (rank 0 creates and locks the folder); ``_setup`` (model,
+teacher, EMA, optimizer; the checkpoint and its position with ``resume``); ``_open_run_folder``;
+``_train_epochs``, which runs ``_train_epoch`` (its ``_train_step`` calls and the ``--ckpt-every`` /
+``--stop-after`` checkpoints) and ``_end_epoch`` (evaluation, metrics row, epoch checkpoint) per
+epoch; and ``_finish`` (final score, weights, curves).
 ``train`` around them checks the options, sets up the processes and turns signals into
 :class:`TrainingInterrupted`.
 
@@ -38,6 +41,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -454,9 +458,12 @@ def _open_run_folder(run: _Run) -> None:
     cfg, info, data = run.cfg, run.info, run.data
     run.n_params = sum(p.numel() for p in run.model.parameters())
     run.progress.out, run.progress.step = run.out, run.step
-    if cfg.resume and info.is_main:
-        with _writing(run.out / "metrics.json", run.progress):
-            _write_metrics(run.out, run.history)
+    if cfg.resume:
+        def write() -> None:
+            with _writing(run.out / "metrics.json", run.progress):
+                _write_metrics(run.out, run.history)
+
+        _on_rank0(info, write)
     weights = "" if not cfg.pretrained else (
         f" from {cfg.pretrained}" if isinstance(cfg.pretrained, str) else " from the preset's published weights")
     _say(info, f"model {cfg.model}{weights}: {run.n_params:,} parameters; data {data.name}: {len(data.train)} train / "
@@ -478,7 +485,8 @@ def _save_checkpoint(run: _Run, epoch: int, in_epoch: int, sums: Tensor, train_t
     info, progress = run.info, run.progress
     g_sums = all_reduce_sum(sums.clone())
     msd, osd = full_state_dict(run.net), full_optimizer_state(run.net, run.optimizer)
-    if info.is_main:
+
+    def write() -> None:
         _check_finite_state(msd, progress, run.cfg)
         if run.ema is not None:
             _check_finite_state(run.ema.module.state_dict(), progress, run.cfg)
@@ -497,7 +505,27 @@ def _save_checkpoint(run: _Run, epoch: int, in_epoch: int, sums: Tensor, train_t
             with _writing(run.out / "config.json", progress):
                 atomic_write(run.out / "config.json", lambda tmp: Path(tmp).write_text(run.config_text))
             progress.config_written = True
+
+    _on_rank0(info, write)
     progress.ckpt = (epoch, run.step)
+
+
+def _on_rank0(info: DistInfo, write: Callable[[], None]) -> None:
+    """Run ``write`` on rank 0 and share how it ended: when it raises :class:`TrainingDiverged` or
+    :class:`RunWriteError` (a full disk), every rank raises the same error (one broadcast) instead of
+    the others waiting for rank 0 in the next collective."""
+    if not info.enabled:
+        write()
+        return
+    failure: tuple[bool, str] | None = None
+    if info.is_main:
+        try:
+            write()
+        except (TrainingDiverged, RunWriteError) as e:
+            failure = (isinstance(e, TrainingDiverged), str(e))
+    failure = broadcast_object(failure)
+    if failure is not None:
+        raise (TrainingDiverged if failure[0] else RunWriteError)(failure[1])
 
 
 def _train_epochs(run: _Run, start: _Start) -> dict[str, Any] | None:
@@ -636,9 +664,12 @@ def _end_epoch(run: _Run, epoch: int, sums: Tensor, train_time: float) -> dict[s
                                        workers=cfg.workers)["top1"]
     run.history.append(row)
     _save_checkpoint(run, epoch + 1, 0, torch.zeros(3, dtype=torch.float64, device=info.device), 0.0)
-    if info.is_main:
+
+    def write() -> None:
         with _writing(run.out / "metrics.json", run.progress):
             _write_metrics(run.out, run.history)
+
+    _on_rank0(info, write)
     return row
 
 
