@@ -43,10 +43,11 @@ def spaced_windows(extra: int) -> Iterator[None]:
 
 
 def _geometry(module: torch.nn.Module, hw: tuple[int, int]) -> tuple[int, int]:
-    """``(nW, N)`` of the module's windows on an ``hw`` map."""
-    (Hp, Wp), _ = window_geometry(*hw, module.window_size, getattr(module, "shift_size", 0),
-                                  pad_first=getattr(module, "pad_first", True))
-    wh, ww = module.window_size
+    """``(nW, N)`` of the module's windows on an ``hw`` map (the window clamped to a smaller map)."""
+    fitted = module.fitted_window(*hw)
+    window, shift = fitted if isinstance(fitted[0], tuple) else (fitted, 0)  # window attention | rel_pos
+    (Hp, Wp), _ = window_geometry(*hw, window, shift, pad_first=getattr(module, "pad_first", True))
+    wh, ww = window
     return (Hp // wh) * (Wp // ww), wh * ww
 
 

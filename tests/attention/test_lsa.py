@@ -13,7 +13,7 @@ from vit_attention.functional import register_attention_hook, switched
 def _oracle(attn: LocallyGroupedAttention, x: torch.Tensor, *, pad_mask: bool) -> torch.Tensor:
     """Per-group attention with plain ops: zero-pad, project every slot, attend (padded keys masked or not), crop."""
     B, H, W, C = x.shape
-    ws_h, ws_w = attn.window_size
+    ws_h, ws_w = attn.fitted_window(H, W)[0]  # the window, clamped to a smaller map unless clamp_window=False
     nh, hd = attn.num_heads, attn.head_dim
     ph, pw = (-H) % ws_h, (-W) % ws_w
     xp = F.pad(x, (0, 0, 0, pw, 0, ph))  # [B, Hp, Wp, C]
@@ -40,11 +40,13 @@ def _randomise(m: torch.nn.Module) -> torch.nn.Module:
     return m.eval()
 
 
+@pytest.mark.parametrize("clamp", [True, False])
 @pytest.mark.parametrize("pad_mask", [False, True])
 @pytest.mark.parametrize("hw", [(8, 12), (7, 9), (3, 5), (10, 4)])
-def test_equals_oracle_both_padding_policies(hw, pad_mask):
+def test_equals_oracle_both_padding_policies(hw, pad_mask, clamp):
     torch.manual_seed(0)
-    attn = _randomise(LocallyGroupedAttention(24, 3, window_size=4, pad_mask=pad_mask))
+    attn = _randomise(LocallyGroupedAttention(24, 3, window_size=4, pad_mask=pad_mask, clamp_window=clamp))
+    assert attn.fitted_window(*hw)[0] == ((min(hw[0], 4), min(hw[1], 4)) if clamp else (4, 4))
     x = torch.randn(2, *hw, 24)
     with torch.no_grad():
         ref = _oracle(attn, x, pad_mask=pad_mask)

@@ -20,7 +20,8 @@ DIM, HEADS = 24, 3
 def _pair(window_size: int, input_size: tuple[int, int]) -> tuple[RelPosAttention, VitDetAttention]:
     """Ours and HF's with the same (perturbed) weights; HF sizes its tables by input_size = window or grid."""
     torch.manual_seed(0)
-    ours = RelPosAttention(DIM, HEADS, window_size=window_size, input_size=input_size)
+    ours = RelPosAttention(DIM, HEADS, window_size=window_size, input_size=input_size,
+                           clamp_window=False)  # HF pads a map smaller than the window
     with torch.no_grad():
         for p in ours.parameters():
             p.add_(0.3 * torch.randn_like(p))

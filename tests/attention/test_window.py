@@ -269,9 +269,14 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="divisible by num_heads"):
         create_attention("window", 30, 4, window_size=7)
     attn = WindowAttention(32, 4, window_size=7, allow_padding=False)
-    with pytest.raises(ValueError, match="does not tile the 5x5 map and allow_padding=False"):
-        attn(torch.randn(1, 5, 5, 32))
+    with pytest.raises(ValueError, match="does not tile the 9x9 map and allow_padding=False"):
+        attn(torch.randn(1, 9, 9, 32))
     assert attn(torch.randn(1, 14, 7, 32)).shape == (1, 14, 7, 32)
+    assert attn(torch.randn(1, 5, 5, 32)).shape == (1, 5, 5, 32)  # the window clamped to the 5x5 map
+    with pytest.raises(ValueError, match="does not tile the 5x5 map and allow_padding=False"):
+        WindowAttention(32, 4, window_size=7, allow_padding=False, clamp_window=False)(torch.randn(1, 5, 5, 32))
+    with pytest.raises(TypeError, match="clamp_window must be a bool"):
+        WindowAttention(32, 4, clamp_window="yes")
     with pytest.raises(ValueError, match=r"\[B, H, W, 32\]"):
         attn(torch.randn(1, 49, 32))
 
@@ -364,3 +369,72 @@ def test_bias_cache_is_a_cpu_inference_saving_only() -> None:
         assert not uncacheable([p])
         assert uncacheable([p.to("meta")])
     assert uncacheable([p])  # grad enabled, requires_grad
+
+
+def _clamped_pair(name: str, kwargs: dict, **small: object) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """``name`` built with a 256 window and with the map's 4 window, the second holding the same weights
+    (a relative table: the first's central offsets, the entries the clamped window reads)."""
+    torch.manual_seed(0)
+    big = create_attention(name, 16, 2, window_size=256, **kwargs).eval()
+    fitted = create_attention(name, 16, 2, window_size=4, **small).eval()
+    with torch.no_grad():
+        for p in big.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+        state = dict(big.state_dict())
+        if "relative_position_bias_table" in state:
+            state["relative_position_bias_table"] = state["relative_position_bias_table"].view(511, 511, -1)[
+                252:259, 252:259].reshape(49, -1)
+        for key in ("rel_pos_h", "rel_pos_w"):
+            if key in state:
+                state[key] = state[key][252:259]
+    fitted.load_state_dict(state)
+    return big, fitted
+
+
+@pytest.mark.parametrize(("name", "kwargs", "small"), [
+    ("window", dict(shift_size=128), {}),  # a window the map fits in: no shift, as Swin's stages
+    ("cosine_window", dict(shift_size=100), {}),
+    ("lsa", {}, {}),
+    ("rel_pos", dict(rel_pos_zero_init=False), dict(rel_pos_zero_init=False)),
+])
+def test_a_window_larger_than_the_map_is_clamped_to_it(name: str, kwargs: dict, small: dict) -> None:
+    """``window_size=256`` on a 4x4 map attends over the 16 tokens of the map (padding it would ask for
+    65,536-token windows, tens of GB) and equals ``window_size=4`` with the same weights."""
+    big, fitted = _clamped_pair(name, kwargs, **small)
+    x = torch.randn(2, 4, 4, 16)
+    keys: list[int] = []
+    handle = register_attention_hook(lambda q, k, v, info: keys.append(k.shape[-2]), weights=False)
+    try:
+        with torch.no_grad():
+            out = big(x)
+    finally:
+        handle.remove()
+    assert keys and max(keys) == 16  # one 4x4 window: no padded 256x256 window
+    with torch.no_grad():
+        torch.testing.assert_close(out, fitted(x), atol=1e-5, rtol=1e-5)
+    assert big.flops((2, 4, 4, 16)) == fitted.flops((2, 4, 4, 16))
+
+
+def test_window_clamp_per_axis_and_opt_out() -> None:
+    attn = WindowAttention(16, 2, window_size=(8, 3), shift_size=(4, 1))
+    assert attn.fitted_window(5, 9) == ((5, 3), (0, 1))  # height clamped (unshifted), width kept
+    assert attn.fitted_window(16, 16) == ((8, 3), (4, 1))
+    kept = WindowAttention(16, 2, window_size=(8, 3), shift_size=(4, 1), clamp_window=False)
+    assert kept.fitted_window(5, 9) == ((8, 3), (4, 1))  # padded up to the window (Swin / Twins / DaViT models)
+
+
+def test_a_plugged_window_larger_than_the_token_grid_runs_in_a_vit() -> None:
+    from vit_attention import create_model
+
+    model = create_model("vit_digits_patch2_8", num_classes=3, attn_layer="window",
+                         attn_kwargs={"window_size": 256}).eval()
+    ref = create_model("vit_digits_patch2_8", num_classes=3, attn_layer="window",
+                       attn_kwargs={"window_size": 4}).eval()
+    state = model.state_dict()
+    for k, v in state.items():
+        if k.endswith("relative_position_bias_table"):
+            state[k] = v.view(511, 511, -1)[252:259, 252:259].reshape(49, -1)
+    ref.load_state_dict(state)
+    x = torch.randn(2, model.cfg.in_chans, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), atol=1e-5, rtol=1e-5)

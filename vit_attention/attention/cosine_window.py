@@ -57,7 +57,7 @@ class CosineWindowAttention(WindowAttentionBase):
     on ``(2Wh-1)(2Ww-1)`` coordinates.
 
     Args:
-        dim, num_heads, window_size, shift_size, attn_drop, proj_drop, pad_first, allow_padding:
+        dim, num_heads, window_size, shift_size, attn_drop, proj_drop, pad_first, allow_padding, clamp_window:
             as :class:`~vit_attention.attention.window.WindowAttention`.
         qkv_bias: learn ``q_bias`` and ``v_bias`` (the k bias is always zero).
         pretrained_window_size: window the coordinates are normalised by (0 = own window).
@@ -70,9 +70,10 @@ class CosineWindowAttention(WindowAttentionBase):
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 8,
                  shift_size: int | Sequence[int] = 0, qkv_bias: bool = True, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, pretrained_window_size: int | Sequence[int] = 0, cpb_hidden: int = 512,
-                 pad_first: bool = True, allow_padding: bool = True) -> None:
+                 pad_first: bool = True, allow_padding: bool = True, clamp_window: bool = True) -> None:
         super().__init__(dim, num_heads, window_size=window_size, shift_size=shift_size, attn_drop=attn_drop,
-                         proj_drop=proj_drop, pad_first=pad_first, allow_padding=allow_padding)
+                         proj_drop=proj_drop, pad_first=pad_first, allow_padding=allow_padding,
+                         clamp_window=clamp_window)
         self.pretrained_window_size = to_pair(pretrained_window_size, "pretrained_window_size")
         self.logit_scale = nn.Parameter(torch.full((num_heads, 1, 1), math.log(10.0)))
         self.cpb_mlp = nn.Sequential(nn.Linear(2, cpb_hidden), nn.ReLU(inplace=True),
@@ -95,12 +96,13 @@ class CosineWindowAttention(WindowAttentionBase):
         """The CPB MLP parameters."""
         return list(self.cpb_mlp.parameters())
 
-    def compute_position_bias(self) -> Tensor:
-        """``16·sigmoid(cpb_mlp(log coords))`` gathered by relative offset: ``[nh, N, N]``."""
+    def compute_position_bias(self, window: tuple[int, int]) -> Tensor:
+        """``16·sigmoid(cpb_mlp(log coords))`` of ``window`` gathered by relative offset: ``[nh, N, N]`` (a clamped
+        window's coordinates as a module built with that window: normalised by it, or by the pretrained one)."""
         w = self.cpb_mlp[0].weight
-        coords = log_relative_coords_table(self.window_size, self.pretrained_window_size, device=w.device)
-        table = self.cpb_mlp(coords.to(w.dtype).view(-1, 2))  # [(2Wh-1)(2Ww-1), nh]
-        index = relative_position_index(self.window_size, device=w.device)  # [N, N]
+        coords = log_relative_coords_table(window, self.pretrained_window_size, device=w.device)
+        table = self.cpb_mlp(coords.to(w.dtype).view(-1, 2))  # [(2h-1)(2w-1), nh]
+        index = relative_position_index(window, device=w.device)  # [N, N]
         N = index.shape[0]
         bias = table[index.view(-1)].view(N, N, -1).permute(2, 0, 1)  # [nh, N, N]
         return (16 * torch.sigmoid(bias)).contiguous()
@@ -110,8 +112,8 @@ class CosineWindowAttention(WindowAttentionBase):
         return torch.clamp(self.logit_scale, max=LOGIT_SCALE_MAX).exp()  # [nh, 1, 1]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
-        """W-MSA multiply-adds plus the CPB MLP (once per forward)."""
-        wh, ww = self.window_size
+        """W-MSA multiply-adds plus the CPB MLP (once per forward, on the clamped window's coordinates)."""
+        wh, ww = self.fitted_window(input_shape[1], input_shape[2])[0]
         n_coords = (2 * wh - 1) * (2 * ww - 1)
         hidden = self.cpb_mlp[0].out_features
         return super().flops(input_shape) + n_coords * (2 * hidden + hidden * self.num_heads)

@@ -58,6 +58,8 @@ class LocallyGroupedAttention(WindowAttentionBase):
         attn_drop, proj_drop: dropout on the weights and after ``proj``.
         pad_mask: mask padded keys (True) or let the zero-padded tokens attend (False, timm).
         allow_padding: pad maps that are not group multiples (else raise).
+        clamp_window: an axis of the map no longer than the group gets group = that side (at forward
+            time, as :class:`~vit_attention.attention.window.WindowAttention`); False pads it (Twins, DaViT).
     """
 
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
@@ -65,9 +67,10 @@ class LocallyGroupedAttention(WindowAttentionBase):
 
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 7, qkv_bias: bool = True,
                  qk_scale: float | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0,
-                 pad_mask: bool = False, allow_padding: bool = True) -> None:
+                 pad_mask: bool = False, allow_padding: bool = True, clamp_window: bool = True) -> None:
         super().__init__(dim, num_heads, window_size=window_size, shift_size=0, attn_drop=attn_drop,
-                         proj_drop=proj_drop, pad_first=True, allow_padding=allow_padding)
+                         proj_drop=proj_drop, pad_first=True, allow_padding=allow_padding,
+                         clamp_window=clamp_window)
         if not isinstance(pad_mask, bool):
             raise TypeError(f"pad_mask must be a bool (True = mask padded keys), got {pad_mask!r}")
         self.pad_mask = pad_mask
@@ -82,7 +85,7 @@ class LocallyGroupedAttention(WindowAttentionBase):
         """No position bias: nothing to key a cache on."""
         return []
 
-    def compute_position_bias(self) -> None:
+    def compute_position_bias(self, window: tuple[int, int]) -> None:
         """LSA has no position bias."""
         return None
 

@@ -98,6 +98,9 @@ class RelPosAttention(nn.Module):
             the same logits through augmented q / k, O(N) memory in the fused kernel; module docstring).
         qkv_bias: bias on the qkv projection. qk_scale: logit scale (default ``hd ** -0.5``).
         attn_drop, proj_drop: dropout on the weights and after ``proj``.
+        clamp_window: window mode, an axis of the map no longer than the window gets window = that side
+            (Swin's rule at forward time, :meth:`fitted_window`: ``window_size=256`` on a 4x4 map runs as
+            ``4``); False pads the map up to the window (ViTDet, as detectron2 and timm).
     """
 
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
@@ -108,7 +111,7 @@ class RelPosAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 0,
                  input_size: int | Sequence[int] = 14, use_rel_pos: bool = True, rel_pos_zero_init: bool = True,
                  rel_pos_impl: str = "bias", qkv_bias: bool = True, qk_scale: float | None = None,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, clamp_window: bool = True) -> None:
         super().__init__()
         self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
         self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
@@ -117,6 +120,9 @@ class RelPosAttention(nn.Module):
         self.window_size = to_pair(window_size, "window_size")
         if min(self.window_size) < 0 or (0 in self.window_size and max(self.window_size) > 0):
             raise ValueError(f"window_size must be positive, or 0 for global attention, got {window_size!r}")
+        if not isinstance(clamp_window, bool):
+            raise TypeError(f"clamp_window must be a bool, got {clamp_window!r}")
+        self.clamp_window = clamp_window
         self.input_size = to_pair(input_size, "input_size")
         if min(self.input_size) <= 0:
             raise ValueError(f"input_size must be a positive token grid (H, W), got {input_size!r}")
@@ -151,13 +157,29 @@ class RelPosAttention(nn.Module):
         """True in window mode (``window_size > 0``), False for global attention."""
         return self.window_size[0] > 0
 
+    def fitted_window(self, H: int, W: int) -> tuple[int, int]:
+        """The window used on an ``H x W`` map (window mode): with ``clamp_window`` each axis the window
+        covers whole gets window = the map's side (no padding up to a larger window), else the own window."""
+        if not self.clamp_window:
+            return self.window_size
+        return min(H, self.window_size[0]), min(W, self.window_size[1])
+
     def rel_pos_bias(self, q: Tensor, grid: tuple[int, int]) -> Tensor:
-        """Decomposed bias for queries ``q [*b, nh, N, hd]`` on a ``grid`` (keys on it too): ``[*b, nh, N, N]``."""
-        return decomposed_rel_pos_bias(q, self.rel_pos_h, self.rel_pos_w, grid, grid)
+        """Decomposed bias for queries ``q [*b, nh, N, hd]`` on a ``grid`` (keys on it too): ``[*b, nh, N, N]``.
+
+        A clamped window (``grid`` smaller than the window the tables were built for) reads the tables'
+        central ``2h - 1`` / ``2w - 1`` rows: each offset keeps its own entry.
+        """
+        rel_h, rel_w = self.rel_pos_h, self.rel_pos_w
+        if self.is_windowed and tuple(grid) != self.window_size:
+            (kh, kw), (h, w) = self.window_size, grid
+            rel_h, rel_w = rel_h[kh - h:kh + h - 1], rel_w[kw - w:kw + w - 1]
+        return decomposed_rel_pos_bias(q, rel_h, rel_w, grid, grid)
 
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
                 context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
-        """``[B, H, W, C] -> [B, H, W, C]``; any ``H, W`` (padded to the window in window mode).
+        """``[B, H, W, C] -> [B, H, W, C]``; any ``H, W`` (padded to the window in window mode; a window
+        larger than the map is clamped to it, :meth:`fitted_window`).
 
         The contract's keywords: ``feat_size`` is the map's own ``(H, W)`` when given; a spatial
         mechanism never sees prefix tokens (``num_prefix_tokens`` must be 0) nor a ``context``.
@@ -166,10 +188,11 @@ class RelPosAttention(nn.Module):
         B, H, W, C = check_spatial_call(self, x, feat_size, num_prefix_tokens, context, residual)
         dropout = self.attn_drop if self.training else 0.0
         if self.is_windowed:
-            qkv = apply_linear(self.qkv, window_tokens(x, self.window_size))  # [B·nW, N, 3C] | [B, H·W (+1), 3C]
-            query_bias = partial(self.rel_pos_bias, grid=self.window_size) if self.use_rel_pos else None
+            window = self.fitted_window(H, W)
+            qkv = apply_linear(self.qkv, window_tokens(x, window))  # [B·nW, N, 3C] | [B, H·W (+1), 3C]
+            query_bias = partial(self.rel_pos_bias, grid=window) if self.use_rel_pos else None
             out = window_attention(qkv, None, feat_size=(H, W), num_heads=self.num_heads,
-                                   window_size=self.window_size, scale=self.scale, attn_drop=self.attn_drop,
+                                   window_size=window, scale=self.scale, attn_drop=self.attn_drop,
                                    training=self.training, mechanism=self.attention_name,  # type: ignore[attr-defined]
                                    query_bias=query_bias,
                                    fused=self.fused_attention, backend=self.attention_backend)  # [B, H·W, C]
@@ -217,7 +240,7 @@ class RelPosAttention(nn.Module):
         hw = H * W
         rel = self.use_rel_pos
         if self.is_windowed:
-            wh, ww = self.window_size
+            wh, ww = self.fitted_window(H, W)
             hwp = (H + (-H) % wh) * (W + (-W) % ww)
             t = hw + (hwp != hw)
             return B * (3 * t * C * C + hw * C * C + 2 * wh * ww * hwp * C + rel * (wh + ww) * hwp * C)

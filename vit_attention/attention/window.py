@@ -113,7 +113,7 @@ class WindowAttentionBase(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 7,
                  shift_size: int | Sequence[int] = 0, attn_drop: float = 0.0, proj_drop: float = 0.0,
-                 pad_first: bool = True, allow_padding: bool = True) -> None:
+                 pad_first: bool = True, allow_padding: bool = True, clamp_window: bool = True) -> None:
         super().__init__()
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
@@ -127,6 +127,9 @@ class WindowAttentionBase(nn.Module):
                                  f"{window_size!r} (a shift of a whole window is no shift)")
         self.pad_first = bool(pad_first)
         self.allow_padding = bool(allow_padding)
+        if not isinstance(clamp_window, bool):
+            raise TypeError(f"clamp_window must be a bool, got {clamp_window!r}")
+        self.clamp_window = clamp_window
         self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
@@ -140,8 +143,9 @@ class WindowAttentionBase(nn.Module):
         """Windows ``[B·nW, N, C]`` or map tokens ``[B, T, C]`` (:func:`window_tokens`) -> packed ``[..., 3C]``."""
         raise NotImplementedError
 
-    def compute_position_bias(self) -> Tensor | None:
-        """Per-head additive bias ``[nh, N, N]`` (uncached); None = no position bias."""
+    def compute_position_bias(self, window: tuple[int, int]) -> Tensor | None:
+        """Per-head additive bias ``[nh, N, N]`` of a ``window`` (``N = h·w``; the own window, or the clamped
+        window of a smaller map, :meth:`fitted_window`), uncached; None = no position bias."""
         raise NotImplementedError
 
     def bias_parameters(self) -> list[Tensor]:
@@ -179,8 +183,23 @@ class WindowAttentionBase(nn.Module):
     def _resize_position_bias(self, old_window: tuple[int, int]) -> None:
         """Refit learned position-bias parameters from ``old_window`` to ``self.window_size`` (none here)."""
 
+    def fitted_window(self, H: int, W: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The window and shift used on an ``H x W`` map: ``((wh, ww), (sh, sw))``.
+
+        With ``clamp_window`` (default) each axis the window covers whole gets window = the map's side
+        and no shift, Swin's per-stage rule (timm) applied at forward time: a window larger than the map
+        never pads it (``window_size=256`` on a 4x4 map runs as ``window_size=4``). Without it (the
+        Swin / Twins / DaViT models, which set their windows per stage as their references do) the
+        configured window and shift, the map padded up to the window.
+        """
+        if not self.clamp_window:
+            return self.window_size, self.shift_size
+        win = (min(H, self.window_size[0]), min(W, self.window_size[1]))
+        shift = tuple(0 if n <= w else s for n, w, s in zip((H, W), self.window_size, self.shift_size))
+        return win, shift  # type: ignore[return-value]
+
     # ---------------------------------------------------------------- bias and masks
-    def position_bias(self) -> Tensor | None:
+    def position_bias(self, window: tuple[int, int] | None = None) -> Tensor | None:
         """Per-head bias ``[nh, N, N]`` (None: none, Twins LSA), cached while no gradient is recorded.
 
         What invalidates the cache: any change of the :meth:`bias_parameters`' values, dtype, device
@@ -189,26 +208,28 @@ class WindowAttentionBase(nn.Module):
         ``.to()`` all refresh it, and nothing has to be cleared by hand; entering or leaving
         ``torch.inference_mode``. The ``[1, nW·nh, N, N]`` bias + shift masks built from it are
         dropped with it. Not cached (computed on each call) while autograd records through a bias
-        parameter, while torch captures a graph, or on the meta device.
+        parameter, while torch captures a graph, or on the meta device. ``window``: the (clamped)
+        window to build it for (default: the own window).
         """
-        return self._position_bias()[0]
+        return self._position_bias(window or self.window_size)[0]
 
-    def _position_bias(self) -> tuple[Tensor | None, bool]:
+    def _position_bias(self, window: tuple[int, int]) -> tuple[Tensor | None, bool]:
         """:meth:`position_bias` and whether it is the cached one (the masks built from it may be reused)."""
         params = self.bias_parameters()
         if uncacheable(params):
             self._bias_cache.clear()
-            return self.compute_position_bias(), False
-        key = torch.is_inference_mode_enabled()  # an inference tensor must not reach autograd later
+            return self.compute_position_bias(window), False
+        key = (torch.is_inference_mode_enabled(), window)  # an inference tensor must not reach autograd later
         if not self._bias_cache.lookup(params, key):
             self._mask_cache.clear()
-            self._bias_cache.store(params, key, self.compute_position_bias())
+            self._bias_cache.store(params, key, self.compute_position_bias(window))
         return self._bias_cache.value, True
 
     # ---------------------------------------------------------------- forward
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
                 context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
-        """``[B, H, W, C] -> [B, H, W, C]``; any ``H, W`` (padded to the window internally).
+        """``[B, H, W, C] -> [B, H, W, C]``; any ``H, W`` (padded to the window internally; a window
+        larger than the map is clamped to it, :meth:`fitted_window`).
 
         The contract's keywords: ``feat_size`` is the map's own ``(H, W)`` when given; a spatial
         mechanism never sees prefix tokens (``num_prefix_tokens`` must be 0) nor a ``context``.
@@ -216,14 +237,15 @@ class WindowAttentionBase(nn.Module):
         fused into ``proj`` at inference.
         """
         B, H, W, C = check_spatial_call(self, x, feat_size, num_prefix_tokens, context, residual)
-        wh, ww = self.window_size
+        window, shift = self.fitted_window(H, W)
+        wh, ww = window
         if (H % wh or W % ww) and not self.allow_padding:
-            raise ValueError(f"window_size={self.window_size} does not tile the {H}x{W} map and "
+            raise ValueError(f"window_size={window} does not tile the {H}x{W} map and "
                              "allow_padding=False; pad the map or build with allow_padding=True")
-        tokens = window_tokens(x, self.window_size, self.shift_size, pad_first=self.pad_first)  # windows or tokens
-        position_bias, cached = self._position_bias()  # [nh, N, N]
+        tokens = window_tokens(x, window, shift, pad_first=self.pad_first)  # windows or tokens
+        position_bias, cached = self._position_bias(window)  # [nh, N, N]
         out = window_attention(self.project_qkv(tokens), position_bias, feat_size=(H, W), num_heads=self.num_heads,
-                               window_size=self.window_size, shift_size=self.shift_size, pad_first=self.pad_first,
+                               window_size=window, shift_size=shift, pad_first=self.pad_first,
                                scale=self.scale, logit_scale=self.logit_temperature(),
                                attn_drop=self.attn_drop, training=self.training,
                                bias_cache=self._mask_cache if cached else None,
@@ -255,7 +277,7 @@ class WindowAttentionBase(nn.Module):
         ``hw_p`` and ``M = Wh·Ww`` is the tokens of a window (the paper's ``M²``).
         """
         B, H, W, C = input_shape
-        wh, ww = self.window_size
+        wh, ww = self.fitted_window(H, W)[0]
         hw = H * W
         hwp = (H + (-H) % wh) * (W + (-W) % ww)
         qkv_tokens = hw + (hwp != hw)
@@ -263,7 +285,7 @@ class WindowAttentionBase(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, "
-                f"shift_size={self.shift_size}, pad_first={self.pad_first}")
+                f"shift_size={self.shift_size}, pad_first={self.pad_first}, clamp_window={self.clamp_window}")
 
 
 @register_attention(
@@ -294,6 +316,9 @@ class WindowAttention(WindowAttentionBase):
         qkv_bias: bias on the qkv projection. qk_scale: logit scale (default ``hd ** -0.5``).
         pad_first: pad before the shift (default; torchvision order), else timm's roll-then-pad.
         allow_padding: pad maps that are not window multiples (else raise).
+        clamp_window: an axis of the map no longer than the window gets window = that side, no shift
+            (Swin's rule, at forward time; :meth:`~WindowAttentionBase.fitted_window`); False pads the map
+            up to the window (the Swin / Twins / DaViT models, which set their windows per stage).
     """
 
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
@@ -302,9 +327,10 @@ class WindowAttention(WindowAttentionBase):
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 7,
                  shift_size: int | Sequence[int] = 0, qkv_bias: bool = True, qk_scale: float | None = None,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, pad_first: bool = True,
-                 allow_padding: bool = True) -> None:
+                 allow_padding: bool = True, clamp_window: bool = True) -> None:
         super().__init__(dim, num_heads, window_size=window_size, shift_size=shift_size, attn_drop=attn_drop,
-                         proj_drop=proj_drop, pad_first=pad_first, allow_padding=allow_padding)
+                         proj_drop=proj_drop, pad_first=pad_first, allow_padding=allow_padding,
+                         clamp_window=clamp_window)
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         wh, ww = self.window_size
@@ -326,10 +352,15 @@ class WindowAttention(WindowAttentionBase):
             new = resize_window_bias_table(old.detach(), old_window, self.window_size)
         self.relative_position_bias_table = nn.Parameter(new.contiguous(), requires_grad=old.requires_grad)
 
-    def compute_position_bias(self) -> Tensor:
-        """Gather the table by relative offset: ``[nh, N, N]``."""
+    def compute_position_bias(self, window: tuple[int, int]) -> Tensor:
+        """Gather the table by relative offset: ``[nh, N, N]``; a clamped (smaller) window reads the table's
+        central ``(2h-1) x (2w-1)`` offsets, the same entries each offset has in the full window."""
         table = self.relative_position_bias_table
-        index = relative_position_index(self.window_size, device=table.device)  # [N, N]
+        (wh, ww), (h, w) = self.window_size, window
+        if (h, w) != (wh, ww):
+            table = table.view(2 * wh - 1, 2 * ww - 1, -1)[wh - h:wh + h - 1, ww - w:ww + w - 1]
+            table = table.reshape((2 * h - 1) * (2 * w - 1), -1)  # [(2h-1)(2w-1), nh]
+        index = relative_position_index(window, device=table.device)  # [N, N]
         N = index.shape[0]
         return table[index.view(-1)].view(N, N, -1).permute(2, 0, 1).contiguous()  # [nh, N, N]
 

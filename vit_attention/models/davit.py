@@ -200,7 +200,7 @@ class DaVit(Backbone):
         self.num_features = dims[-1]
         norm_layer = partial(nn.LayerNorm, eps=cfg.norm_eps)
         self.stem = DaVitStem(cfg.in_chans, dims[0], eps=cfg.norm_eps)
-        spatial_kw = {**accepted_kwargs(cfg.spatial_attn_layer, dict(window_size=cfg.window_size)),
+        spatial_kw = {**accepted_kwargs(cfg.spatial_attn_layer, dict(window_size=cfg.window_size, clamp_window=False)),
                       **cfg.spatial_attn_kwargs}
         channel_kw = {**accepted_kwargs(cfg.channel_attn_layer, dict(form=cfg.channel_form)), **cfg.channel_attn_kwargs}
         block = partial(Block, style="pre", mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop=cfg.proj_drop_rate,

@@ -237,7 +237,8 @@ class SwinTransformer(Backbone):
                 shift = (0, 0) if j % 2 == 0 else (window[0] // 2, window[1] // 2)
                 win, sft = stage_windows(res, window, shift, clamp)
                 swin_kwargs = dict(window_size=win, shift_size=sft, pad_first=cfg.pad_mode != "timm",
-                                   pretrained_window_size=pws[i])  # given where the mechanism takes them
+                                   pretrained_window_size=pws[i],  # given where the mechanism takes them
+                                   clamp_window=False)  # the stage windows above follow the config's rule
                 blocks.append(Block(
                     dims[i], cfg.num_heads[i], style="res_post" if cfg.res_post_norm else "pre",
                     mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop=cfg.proj_drop_rate,

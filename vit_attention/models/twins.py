@@ -167,7 +167,8 @@ class Twins(MinInputSizeMixin, Backbone):
             blocks = []
             for j in range(cfg.depths[i]):
                 if cfg.wss is not None and j % 2 == 0:  # SVT: LSA on even blocks
-                    attn_layer, attn_kwargs = "lsa", dict(window_size=cfg.wss[i], pad_mask=cfg.lsa_pad_mask)
+                    attn_layer, attn_kwargs = "lsa", dict(window_size=cfg.wss[i], pad_mask=cfg.lsa_pad_mask,
+                                                         clamp_window=False)  # pads small maps, as timm
                 else:  # GSA
                     attn_layer, attn_kwargs = "sra", dict(sr_ratio=cfg.sr_ratios[i], norm_eps=cfg.sr_norm_eps)
                 blocks.append(Block(dims[i], cfg.num_heads[i], mlp_ratio=cfg.mlp_ratios[i], qkv_bias=cfg.qkv_bias,

@@ -239,7 +239,7 @@ class ViTDet(Backbone):
         for i in range(cfg.depth):
             ws = 0 if i in cfg.global_block_indices else cfg.window_size
             own = dict(window_size=ws, input_size=self.grid_size, use_rel_pos=cfg.use_rel_pos,
-                       rel_pos_impl=cfg.rel_pos_impl)
+                       rel_pos_impl=cfg.rel_pos_impl, clamp_window=False)  # pads small maps, as detectron2
             blocks.append(Block(C, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop_path=dpr[i],
                                 norm_layer=norm_layer, attn_layer=cfg.attn_layer,
                                 attn_kwargs={**accepted_kwargs(cfg.attn_layer, own), **cfg.attn_kwargs}))
