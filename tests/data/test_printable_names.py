@@ -57,3 +57,10 @@ def test_a_bad_recorded_normalisation_is_named_at_once(tmp_path: Path, key: str,
     assert main(["predict", "--checkpoint", str(run), str(_image(tmp_path / "x.png"))]) == 2
     err = capsys.readouterr().err
     assert f"'{key}'" in err and "invalid data type" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("data_config", ["abc", {"mean": "abc"}, {"std": [0.2, -1.0, 0.2]}])
+def test_a_bad_recorded_data_config_is_named_at_once(tmp_path: Path, data_config: object) -> None:
+    run = _run(tmp_path / "run", data_config=data_config)
+    with pytest.raises(ValueError, match=r"its recorded 'data_config"):
+        va.load_model(run)

@@ -51,6 +51,22 @@ def test_fifo_and_device_named_as_checkpoints_are_refused_at_once(tmp_path: Path
     assert out.returncode == 0 and out.stdout.strip() == "refused", out.stderr[-2000:]
 
 
+def test_fifo_config_json_in_a_folder_is_refused_at_once(tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_file({k: v.contiguous() for k, v in _tiny().state_dict().items()}, str(folder / "model.safetensors"))
+    os.mkfifo(folder / "config.json")
+    code = ("import sys, vit_attention as va\n"
+            "from vit_attention.weights import load_weights\n"
+            "m = va.create_model('vit_tiny_patch16_224', img_size=32, depth=1, num_classes=4)\n"
+            "try:\n"
+            "    load_weights(m, sys.argv[1])\n"
+            "except ValueError as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, timeout=120)
+    assert f"{folder / 'config.json'} is a FIFO, not a regular file" in out.stdout, out.stderr[-2000:]
+
+
 # ------------------------------------------------------------------------------ shards inside their folder
 def _sharded_folder(tmp_path: Path, weight_map: object) -> Path:
     folder = tmp_path / "model"

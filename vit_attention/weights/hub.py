@@ -35,7 +35,7 @@ from typing import Any
 
 from ..models.registry import get_model_entry, list_models
 from .header import check_folder_config
-from .io import features_metadata, read_metadata
+from .io import features_metadata, read_metadata, regular_file
 
 __all__ = ["HF_HUB_PREFIX", "PretrainedNotAvailableError", "PretrainedSource", "split_model_tag",
            "pretrained_cfg_for", "list_pretrained", "list_pretrained_tags", "hub_download", "hub_cache_dir",
@@ -313,7 +313,7 @@ def hf_config_overrides(config: Mapping[str, Any], config_cls: type | None = Non
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(regular_file(path).read_text())  # a FIFO named config.json would block the read
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read {path}: {e}") from None
     if not isinstance(data, dict):

@@ -123,21 +123,24 @@ def _check_recorded_data(saved: SavedModel) -> SavedModel:
     """``saved`` when the data fields its file records are what training writes; else ``ValueError`` naming the
     file and the field, at once (not "new(): invalid data type 'str'" once the first image is read).
 
-    ``mean`` / ``std``: lists of finite numbers, one per input channel (or one for all), ``std`` positive;
+    ``mean`` / ``std``: lists of finite numbers, one per input channel (or one for all), ``std`` positive
+    (those of a recorded ``data_config`` too: a pretrained model's RGB values, fitted to the channels later);
     ``crop_pct``: a number in (0, 1]; ``classes``: a list (of names).
     """
     md = saved.metadata
     channels = saved.config.get("in_chans")
-    for key in ("mean", "std"):
-        if key not in md:
-            continue
-        v = md[key]
+    data_config = md.get("data_config")
+    if data_config is not None and not isinstance(data_config, dict):
+        raise ValueError(f"{saved.path}: its recorded 'data_config' must be a JSON object; got "
+                         f"{str(data_config)[:80]!r}")
+    for key, v in [(k, md[k]) for k in ("mean", "std") if k in md] + [
+            (f"data_config.{k}", data_config[k]) for k in ("mean", "std") if data_config and k in data_config]:
         ok = isinstance(v, list) and v and all(_is_number(x) for x in v) \
-            and (not isinstance(channels, int) or len(v) in (1, channels)) \
-            and (key == "mean" or all(x > 0 for x in v))
+            and (key.startswith("data_config") or not isinstance(channels, int) or len(v) in (1, channels)) \
+            and (not key.endswith("std") or all(x > 0 for x in v))
         if not ok:
             raise ValueError(f"{saved.path}: its recorded {key!r} must be a list of finite numbers, one per input "
-                             f"channel ({channels}){', positive' if key == 'std' else ''}; got {str(v)[:80]!r}")
+                             f"channel ({channels}){', positive' if key.endswith('std') else ''}; got {str(v)[:80]!r}")
     crop = md.get("crop_pct")
     if crop is not None and not (_is_number(crop) and 0 < crop <= 1):
         raise ValueError(f"{saved.path}: its recorded 'crop_pct' must be a number in (0, 1]; got {str(crop)[:80]!r}")
