@@ -161,7 +161,8 @@ def test_non_finite_weights_are_reported_by_name(tmp_path: Path, bad: float) -> 
 @pytest.mark.parametrize("name", distinct_reduced_presets())
 def test_malformed_tensors_are_refused_for_every_model(name: str) -> None:
     """Every distinct reduced model: bool weights and a NaN are refused naming the tensor; each position table
-    (any key naming a position embedding) made 1-D or empty is a shape mismatch, not an IndexError."""
+    (any key naming a position embedding or relative-position table) made 1-D, 2-D, one rank higher or empty
+    is a shape mismatch, not an IndexError."""
     torch.manual_seed(0)
     model = va.create_model(name, **small_overrides(name)).eval()
     state = model.state_dict()
@@ -171,8 +172,12 @@ def test_malformed_tensors_are_refused_for_every_model(name: str) -> None:
         load_weights(model, {**state, first: state[first].bool()})
     with pytest.raises(ValueError, match=f"NaN or infinite values: {first}"):
         load_weights(model, {**state, first: torch.full_like(state[first], float("nan"))})
-    for key in [k for k in floats if "pos" in k and "embed" in k]:
-        for broken in (state[key].flatten(), state[key].flatten()[:0], state[key][..., :0]):
+    for key in [k for k in floats if ("pos" in k and "embed" in k) or "relative_position" in k]:
+        width = state[key].shape[-1]
+        for broken in (state[key].flatten(), state[key].flatten()[:0], state[key][..., :0],
+                       state[key].flatten()[:width], state[key].reshape(-1, width), state[key][None]):
+            if broken.shape == state[key].shape:  # a table that is 1-D / 2-D already
+                continue
             with pytest.raises(CheckpointMismatchError, match=key.replace(".", r"\.")):
                 load_weights(model, {**state, key: broken})
     assert load_weights(model, state).ok

@@ -151,8 +151,8 @@ def _adapt_pvt(state: State, model: nn.Module, report: Any) -> State:
     resampled = 0
     for key, v in list(state.items()):
         if not key.endswith("pos_embed") or key not in own or v.shape == own[key].shape or v.shape[-1] != \
-                own[key].shape[-1]:
-            continue
+                own[key].shape[-1] or v.dim() != 3:
+            continue  # another rank (1-D, 2-D ...) is left for the shape check to report
         embed = model.get_submodule(key.rsplit(".", 1)[0])
         P = getattr(embed, "num_prefix_tokens", 0)
         side = math.isqrt(v.shape[1] - P)

@@ -171,7 +171,7 @@ def _adapt_swin(state: State, model: nn.Module, report: Any) -> State:
     resized = 0
     for key, v in list(state.items()):
         if key.endswith("relative_position_bias_table") and key in own and v.shape != own[key].shape \
-                and v.shape[1] == own[key].shape[1]:
+                and v.dim() == 2 and v.shape[1] == own[key].shape[1]:
             attn = model.get_submodule(key.rsplit(".", 1)[0])
             state[key] = resize_relative_position_bias_table(v, attn.window_size)
             resized += 1
@@ -179,7 +179,7 @@ def _adapt_swin(state: State, model: nn.Module, report: Any) -> State:
         report.notes.append(f"{resized} relative_position_bias_table(s) resized bicubically to the model's windows")
     pos = state.get("absolute_pos_embed")
     if pos is not None and "absolute_pos_embed" in own and pos.shape != own["absolute_pos_embed"].shape \
-            and pos.shape[-1] == own["absolute_pos_embed"].shape[-1]:
+            and pos.shape[-1] == own["absolute_pos_embed"].shape[-1] and pos.dim() == 3:
         state["absolute_pos_embed"] = resample_abs_pos_embed(pos, model.grid_size, num_prefix_tokens=0)
         report.notes.append(f"absolute_pos_embed resampled to {model.grid_size}")
     return drop_mismatched_heads(state, own, ("head.fc.",), report)
