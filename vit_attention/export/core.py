@@ -277,7 +277,7 @@ def to_exported_program(model: nn.Module, path: str | Path, *, dynamic_batch: bo
 
     def write(tmp: str) -> None:
         with _eval_mode(model):
-            # strict: dynamo traces the index builders' lru_caches through; the non-strict tracer would
+            # strict: dynamo traces the index builders' caches through; the non-strict tracer would
             # call them under fake mode and leave fake tensors in the caches for later eager calls
             program = torch.export.export(model, (x,), dynamic_shapes=shapes, strict=True)
         buf = io.BytesIO()  # torch.export.save wants a .pt2 name or a buffer; the temp file is neither
