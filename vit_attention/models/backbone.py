@@ -30,10 +30,12 @@ The attributes the API reads: ``cfg``, ``num_classes``, ``num_features``, ``glob
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
+import torch
 from torch import Tensor, nn
 
 from ..functional.tome import TokenMergeState, merge_schedule
@@ -43,6 +45,21 @@ from ..layers.stage import Tokens, resolve_indices, staged_intermediates
 from ._config import check_int, check_size
 
 __all__ = ["Backbone", "TokenMergingMixin", "apply_tome_option", "isotropic_taps", "tokens_to_intermediates"]
+
+
+_ENTRY_POINTS = ("forward", "forward_features", "forward_intermediates")
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu")
+
+
+def _checked_entry(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn(self, x, ...)`` that first runs ``self.check_input(x, fn.__name__)`` (type / dtype / rank only)."""
+    @functools.wraps(fn)
+    def entry(self: Backbone, x: Any, *args: Any, **kwargs: Any) -> Any:
+        self.check_input(x, fn.__name__)
+        return fn(self, x, *args, **kwargs)
+
+    entry._checks_input = True  # type: ignore[attr-defined]
+    return entry
 
 
 def _field_names(cfg: Any) -> set[str]:
@@ -57,6 +74,14 @@ class Backbone(nn.Module):
     :meth:`reset_classifier` takes), ``avg_pool_prefix`` (the average includes the prefix tokens,
     as ViL), ``head_fc`` (where the classifier's ``Linear`` sits in ``head``; None = ``head`` itself) and
     ``resize_needs`` (non-empty: what :meth:`set_input_size` would need that is not implemented).
+
+    Input check: ``forward``, ``forward_features`` and ``forward_intermediates`` (a family's own too:
+    :meth:`__init_subclass__` wraps them) first run :meth:`check_input`, which refuses by name what no
+    family can take (a NumPy array, a Pillow image, a list, None, an integer or other-dtype tensor)
+    instead of torch's ``AttributeError`` or raw convolution error. ``input_ranks`` (tensor ranks a
+    family takes, default images ``[B, Cin, H, W]``), ``input_int_ranks`` (integer tensors it takes:
+    iGPT's token ids ``[B, n]``) and ``input_containers`` (Python types its own code checks: NaFlexViT's
+    lists of images and packed dicts) widen it.
     """
 
     family: ClassVar[str] = ""
@@ -67,6 +92,9 @@ class Backbone(nn.Module):
     avg_pool_prefix: ClassVar[bool] = False
     head_fc: ClassVar[str | None] = "fc"
     resize_needs: ClassVar[str] = ""
+    input_ranks: ClassVar[tuple[int, ...]] = (4,)
+    input_int_ranks: ClassVar[tuple[int, ...]] = ()
+    input_containers: ClassVar[tuple[type, ...]] = ()
 
     cfg: Any
     num_classes: int
@@ -81,6 +109,53 @@ class Backbone(nn.Module):
         super().__init__()
         self.cfg = self.resolve_config(cfg, **overrides)
         self.num_classes = self.cfg.num_classes
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every family's input entry points check their input first (:meth:`check_input`): its own, and one a
+        mixin brings (the features models' ``forward``); Backbone's own are checked already."""
+        super().__init_subclass__(**kwargs)
+        for name in _ENTRY_POINTS:
+            fn = getattr(cls, name, None)
+            if fn is not None and not getattr(fn, "_checks_input", False):
+                setattr(cls, name, _checked_entry(fn))
+
+    def check_input(self, x: Any, entry: str = "forward") -> None:
+        """Refuse an input no family takes, naming it and what is expected; ``entry`` names the method called.
+
+        Expected: a floating-point tensor ``[B, Cin, H, W]`` in the model's dtype (images: a
+        :func:`~vit_attention.data.create_transform` per image, then ``torch.stack``). ``TypeError`` for
+        anything that is not a tensor, ``ValueError`` for an integer / bool tensor, a floating tensor of
+        another dtype than the model's (outside autocast) or of another rank. Python checks on type,
+        dtype and rank only (no data read): free at run time and invisible to ``torch.compile`` /
+        ``jit.trace`` / ONNX export. Shape details (channels, size) are the embedding's to check.
+        """
+        cin = getattr(self.cfg, "in_chans", "Cin")
+        want = f"a floating-point tensor [B, {cin}, H, W] in the model's dtype"
+        where = f"{type(self).__name__}.{entry}(x)"
+        if isinstance(x, Tensor):
+            if x.is_floating_point():
+                if x.dim() not in self.input_ranks:
+                    raise ValueError(f"{where}: x has shape {tuple(x.shape)}; expected {want} (a batch of images; "
+                                     "one image [C, H, W]: x.unsqueeze(0))")
+                dtype = next((p.dtype for p in self.parameters() if p.is_floating_point()), x.dtype)
+                if x.dtype != dtype and not (x.device.type in _AUTOCAST_DEVICES
+                                             and torch.is_autocast_enabled(x.device.type)):
+                    raise ValueError(f"{where}: x is {x.dtype}, the model {dtype}; pass x.to({dtype}) "
+                                     f"(or move the model: model.to({x.dtype}))")
+                return
+            if x.dim() in self.input_int_ranks and x.dtype not in (torch.bool, torch.complex64, torch.complex128):
+                return
+            raise ValueError(f"{where}: x has dtype {x.dtype}; expected {want} (uint8 images: convert and "
+                             "normalise them with vit_attention.data.create_transform, or x.float() / 255 and the "
+                             "model's mean / std)")
+        if isinstance(x, self.input_containers):
+            return
+        module = type(x).__module__
+        kind = "None" if x is None else f"a {'' if module == 'builtins' else module + '.'}{type(x).__name__}"
+        hint = " (torch.from_numpy(a).permute(0, 3, 1, 2).float() for [B, H, W, C] arrays)" \
+            if module == "numpy" else ""
+        raise TypeError(f"{where}: x is {kind}; expected {want}{hint}; images (Pillow, files) become tensors "
+                        "with vit_attention.data.create_transform (one [C, H, W] each, then torch.stack)")
 
     # ------------------------------------------------------------------ config
     @classmethod
@@ -183,16 +258,19 @@ class Backbone(nn.Module):
     def _stages(self) -> nn.Sequential:
         return getattr(self, self.stages_attr)
 
+    @_checked_entry
     def forward_features(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> the normalised last stage: a map ``[B, H', W', C]``, or tokens
         ``[B, P + H'·W', C]`` when its embedding adds prefix tokens."""
         x = self._stages()(self._embed(x))
         return self.norm(x.x if isinstance(x, Tokens) else x)
 
+    @_checked_entry
     def forward(self, x: Tensor) -> Any:
         """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
         return self.forward_head(self.forward_features(x))
 
+    @_checked_entry
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
                               ) -> Any:

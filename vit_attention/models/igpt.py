@@ -258,6 +258,8 @@ class ImageGPT(Backbone):
                                          "would break the order generation and the loss need")
 
     family = "igpt"
+    input_ranks = (4,)
+    input_int_ranks = (2,)  # token ids [B, n] (colours and the start token), checked by _input_ids
     resize_needs = ("the learned position table of the H·W pixel sequence (pos_embed) extended or resampled, "
                     "and the autoregressive order over the new sequence")
     config_cls = ImageGPTConfig

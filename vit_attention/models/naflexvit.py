@@ -316,6 +316,8 @@ class NaFlexVit(VisionTransformer):
     late_stem_modules = ("embeds",)  # the patch / position embedding, registered after the head
     config_cls = NaFlexVitConfig
     no_weight_decay_keys = ("pos_embed", "cls_token", "reg_token", "rope.freqs")
+    input_ranks = (4, 3)  # images, or packed patches [B, L, P·P·Cin] (with patch_coord / patch_valid)
+    input_containers = (list, tuple, Mapping)  # lists of images, packed dicts: checked by pack / check_images
 
     def __init__(self, cfg: NaFlexVitConfig | None = None, **overrides: Any) -> None:
         super().__init__(cfg, **overrides)
