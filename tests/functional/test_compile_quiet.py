@@ -15,7 +15,7 @@ import vit_attention as va
 from vit_attention.functional.window import _cached, assume_constant_result
 
 HEAVY = ("torch._dynamo", "sympy", "matplotlib", "transformers", "onnx", "onnxruntime", "onnxscript", "kornia",
-         "scipy", "pandas", "PIL", "huggingface_hub")
+         "scipy", "pandas", "PIL", "huggingface_hub", "safetensors", "sklearn")
 
 
 def test_import_leaves_heavy_optional_modules_unloaded() -> None:
