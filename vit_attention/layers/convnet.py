@@ -52,12 +52,14 @@ class ConvStagesMixin:
 
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
-                              ) -> Any:
+                              stop_early: bool = False) -> Any:
         """Final map plus the map of each chosen stage (the last one after ``final_conv``).
 
         ``indices``: an int ``n`` = the last ``n`` stages, or stage indices (negative allowed); default
         all. ``norm`` has no effect (no final norm). Maps ``[B, C_i, H_i, W_i]`` (``NCHW``) or
         channels-last (``NHWC``). Returns ``(final [B, C, H', W'], [maps])`` or only the list.
+        ``stop_early`` (timm): no stage after the last chosen one runs, ``final`` is its map;
+        ``intermediates_only`` always stops there.
         """
         if output_fmt not in ("NCHW", "NHWC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
@@ -71,7 +73,7 @@ class ConvStagesMixin:
                 x = self.final_conv(x)
             if i in take:
                 outs.append(x if output_fmt == "NCHW" else x.permute(0, 2, 3, 1))
-                if intermediates_only and i == max(take):
+                if (intermediates_only or stop_early) and i == max(take):
                     break  # the stages after the last chosen one are not needed
         if intermediates_only:
             return outs

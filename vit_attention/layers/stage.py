@@ -217,19 +217,24 @@ def run_stages(stages: Iterable[nn.Module], x: Tensor | Tokens, take: Collection
 
 def staged_intermediates(stages: Sequence[nn.Module], x: Tensor | Tokens, indices: int | Sequence[int] | None,
                          final_norm: Callable[[Tensor], Tensor], *, norm: bool = False,
-                         output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False) -> Any:
+                         output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
+                         stop_early: bool = False) -> Any:
     """``forward_intermediates`` of a staged model, given its embedded input ``x``: ``(final, [maps])`` or the list.
 
     ``indices`` as :func:`resolve_indices` (stages); maps as :func:`run_stages` (``norm``: ``final_norm`` on the
     last stage's map); ``final``: ``final_norm`` of the last stage's output (its tokens when it gives
-    :class:`Tokens`, else its map). With ``intermediates_only`` the stages after the last chosen one do not run.
+    :class:`Tokens`, else its map). With ``intermediates_only`` or ``stop_early`` (timm's keyword) the stages after
+    the last chosen one do not run; ``final`` is then that stage's output, through ``final_norm`` only when it is the
+    last stage (the norm has the last stage's width).
     """
     take = resolve_indices(indices, len(stages), "stage")
+    stop = intermediates_only or stop_early
     x, outs = run_stages(stages, x, take, last_norm=final_norm if norm else None, output_fmt=output_fmt,
-                         stop_at_last_tap=intermediates_only)
+                         stop_at_last_tap=stop)
     if intermediates_only:
         return outs
-    return final_norm(x.x if isinstance(x, Tokens) else x), outs
+    x = x.x if isinstance(x, Tokens) else x
+    return (x if stop and max(take) < len(stages) - 1 else final_norm(x)), outs
 
 
 def stage_feature_info(dims: Sequence[int], reductions: Sequence[int], module: str = "stages"
@@ -275,13 +280,15 @@ class HierarchicalMixin:
 
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
-                              ) -> Any:
+                              stop_early: bool = False) -> Any:
         """Final normalised map plus each chosen stage's output map.
 
         ``indices``: an int ``n`` = the last ``n`` stages, or stage indices (negative allowed);
         default all. Stage ``i`` gives ``[B, C_i, H_i, W_i]`` (``NCHW``, channels and stride in
         ``feature_info``) or the channels-last map (``NHWC``); ``norm`` applies the final norm to
-        the last stage's map. Returns ``(final [B, H', W', C'], [maps])`` or only the list.
+        the last stage's map. Returns ``(final [B, H', W', C'], [maps])`` or only the list. ``stop_early``
+        (timm): no stage after the last chosen one runs (:func:`staged_intermediates`).
         """
         return staged_intermediates(self._stages(), self._embed(x), indices, self.norm, norm=norm,
-                                    output_fmt=output_fmt, intermediates_only=intermediates_only)
+                                    output_fmt=output_fmt, intermediates_only=intermediates_only,
+                                    stop_early=stop_early)

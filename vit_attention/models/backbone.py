@@ -223,18 +223,24 @@ class Backbone(nn.Module):
         """Features -> pooled ``[B, C]`` per ``global_pool``.
 
         ``x``: tokens ``[B, P + N, C]`` or a map ``[B, H, W, C]``. ``"token"``: the first token;
-        ``"avg"``: the mean of the grid tokens (of all tokens with ``avg_pool_prefix``) or of the map;
-        ``"map"``: ``attn_pool`` of the grid tokens (prefix tokens left out, as timm); ``""``: ``x`` unchanged.
+        ``"avg"``: the mean of the grid tokens or of the map; ``"map"``: ``attn_pool`` of the grid tokens
+        (prefix tokens left out, as timm); both over every token, prefix tokens included, with the config's
+        ``pool_include_prefix`` (timm's option; ViT-like families) or the family's ``avg_pool_prefix`` (ViL's
+        average); ``""``: ``x`` unchanged.
         """
         if self.global_pool == "avg":
             if x.dim() == 4:
                 return x.mean(dim=(1, 2))
-            return x[:, 0 if self.avg_pool_prefix else self.num_prefix_tokens:].mean(dim=1)
+            return x[:, 0 if self.avg_pool_prefix or self._pool_prefix() else self.num_prefix_tokens:].mean(dim=1)
         if self.global_pool == "token":
             return x[:, 0]
-        if self.global_pool == "map":  # over the grid tokens, as timm (pool_include_prefix=False)
-            return self.attn_pool(x if x.dim() == 4 else x[:, self.num_prefix_tokens:])
+        if self.global_pool == "map":  # over the grid tokens, as timm (unless pool_include_prefix)
+            return self.attn_pool(x if x.dim() == 4 or self._pool_prefix() else x[:, self.num_prefix_tokens:])
         return x
+
+    def _pool_prefix(self) -> bool:
+        """The config's ``pool_include_prefix`` (False for a family without the option)."""
+        return bool(getattr(self.cfg, "pool_include_prefix", False))
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Features (as :meth:`forward_features` gives them) -> logits ``[B, num_classes]``
@@ -273,16 +279,19 @@ class Backbone(nn.Module):
     @_checked_entry
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
-                              ) -> Any:
+                              stop_early: bool = False) -> Any:
         """The final output (as :meth:`forward_features`) plus each chosen stage's map.
 
         ``indices``: an int ``n`` = the last ``n`` stages, or stage indices (negative allowed);
         default all. Stage ``i`` gives ``[B, C_i, H_i, W_i]`` (``NCHW``; channels and stride in
         ``feature_info``) or ``[B, H_i, W_i, C_i]`` (``NHWC``), prefix tokens left out; ``norm``
         applies the final norm to the last stage's map. Returns ``(final, [maps])`` or only the list.
+        ``stop_early`` (timm): no stage after the last chosen one runs; ``final`` is then its output (through
+        the final norm when it is the last stage); ``intermediates_only`` always stops there.
         """
         return staged_intermediates(self._stages(), self._embed(x), indices, self.norm, norm=norm,
-                                    output_fmt=output_fmt, intermediates_only=intermediates_only)
+                                    output_fmt=output_fmt, intermediates_only=intermediates_only,
+                                    stop_early=stop_early)
 
     # ------------------------------------------------------------------ pruning (timm's prune_intermediate_layers)
     def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False,

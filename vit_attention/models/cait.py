@@ -247,18 +247,19 @@ class Cait(TokenMergingMixin, Backbone):
 
     def forward_intermediates(
         self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
-        output_fmt: Literal["NCHW", "NLC"] = "NCHW", intermediates_only: bool = False,
+        output_fmt: Literal["NCHW", "NLC"] = "NCHW", intermediates_only: bool = False, stop_early: bool = False,
     ) -> Any:
         """Final tokens plus the outputs of chosen self-attention blocks (patch tokens; no class token).
 
         ``indices``: an int ``n`` = the last ``n`` blocks, or explicit block indices (negative
         allowed); default all. Intermediates are ``[B, C, H', W']`` (``NCHW``) or ``[B, N, C]``
         (``NLC``), through the final norm when ``norm``. Returns ``(final [B, 1 + N, C],
-        [intermediates])`` or only the list.
+        [intermediates])`` or only the list. ``stop_early`` (timm): no self-attention block after the last
+        chosen one runs, the class-attention blocks read its tokens; ``intermediates_only`` always stops there.
         """
         take = isotropic_taps(indices, len(self.blocks), output_fmt)
         x, feat_size = self._embed(x)
-        x, saved = self._run_blocks(x, feat_size, set(take), stop=intermediates_only)
+        x, saved = self._run_blocks(x, feat_size, set(take), stop=intermediates_only or stop_early)
         outs = tokens_to_intermediates(saved, feat_size, norm=self.norm if norm else None, output_fmt=output_fmt)
         if intermediates_only:
             return outs

@@ -360,12 +360,14 @@ class HaloNet(ConvStagesMixin, Backbone):
 
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
-                              ) -> Any:
+                              stop_early: bool = False) -> Any:
         """Final map plus the map of each chosen ``feature_info`` level.
 
         ``indices``: an int ``n`` = the last ``n`` levels, or level indices (negative allowed); default
         all. ``norm`` has no effect (no final norm). ``[B, C_i, H_i, W_i]`` (``NCHW``) or channels-last
-        (``NHWC``). Returns ``(final [B, C, H', W'], [maps])`` or only the list.
+        (``NHWC``). Returns ``(final [B, C, H', W'], [maps])`` or only the list. ``stop_early`` (timm): no
+        stage after the last chosen level runs, and ``final`` is the last run stage's map (``final_conv`` only
+        when every stage ran); ``intermediates_only`` always stops there.
         """
         if output_fmt not in ("NCHW", "NHWC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
@@ -376,7 +378,7 @@ class HaloNet(ConvStagesMixin, Backbone):
             maps[f"stem.{self.stem.tap}"] = tap
         maps["stem"] = x
         for i, stage in enumerate(self.stages):
-            if intermediates_only and take <= maps.keys():
+            if (intermediates_only or stop_early) and take <= maps.keys():
                 break  # the stages after the last chosen level are not needed
             x = maps[f"stages.{i}"] = stage(x)
         else:

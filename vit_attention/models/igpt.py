@@ -448,19 +448,21 @@ class ImageGPT(Backbone):
 
     def forward_intermediates(
         self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
-        output_fmt: Literal["NCHW", "NLC"] = "NCHW", intermediates_only: bool = False,
+        output_fmt: Literal["NCHW", "NLC"] = "NCHW", intermediates_only: bool = False, stop_early: bool = False,
     ) -> Any:
         """Final hidden states plus the outputs of chosen blocks (linear probes).
 
         ``indices``: an int ``n`` = the last ``n`` blocks, or block indices (negative allowed);
         default all. Intermediates are ``[B, C, H, W]`` (``NCHW``, one cell per pixel) or ``[B, N, C]``
         (``NLC``); ``norm`` applies the final norm to them. Returns ``(final [B, N, C], [maps])`` or the list.
+        ``stop_early`` (timm): no block after the last chosen one runs, and the final output is that block's
+        (through the final norm); ``intermediates_only`` always stops there.
         """
         take = isotropic_taps(indices, len(self.blocks), output_fmt)
         ids = self._input_ids(x)
         if ids.shape[1] != self.num_tokens:
             raise ValueError(f"forward_intermediates needs all {self.num_tokens} tokens, got {ids.shape[1]}")
-        h, saved = self._run_blocks(self._embed(ids), self.grid_size, set(take), stop=intermediates_only)
+        h, saved = self._run_blocks(self._embed(ids), self.grid_size, set(take), stop=intermediates_only or stop_early)
         outs = tokens_to_intermediates(saved, self.grid_size, norm=self.norm if norm else None, output_fmt=output_fmt)
         return outs if intermediates_only else (self.norm(h), outs)
 

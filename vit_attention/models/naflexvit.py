@@ -502,6 +502,7 @@ class NaFlexVit(VisionTransformer):
         self, x: Any, indices: int | Sequence[int] | None = None, *, norm: bool = False,
         output_fmt: Literal["NCHW", "NLC"] = "NCHW", return_prefix_tokens: bool = False,
         intermediates_only: bool = False, patch_coord: Tensor | None = None, patch_valid: Tensor | None = None,
+        stop_early: bool = False,
     ) -> Any:
         """The final tokens plus the outputs of chosen blocks, for every input form of :meth:`forward_features`.
 
@@ -509,15 +510,16 @@ class NaFlexVit(VisionTransformer):
         A list of images or a packed batch: each intermediate is a list with one map per image, on that
         image's own grid ``(h_i, w_i)``: ``[C, h_i, w_i]`` (``NCHW``) or ``[h_i·w_i, C]`` (``NLC``; with
         ``return_prefix_tokens`` the pair ``(map, prefix [P, C])``), equal to that image run alone; the final
-        output is :meth:`forward_features`' dict. ``indices``, ``norm``, ``intermediates_only`` as the ViT.
+        output is :meth:`forward_features`' dict. ``indices``, ``norm``, ``intermediates_only``, ``stop_early``
+        as the ViT.
         """
         packed = self.pack(x, patch_coord, patch_valid)
         if packed is None:
             return super().forward_intermediates(x, indices, norm=norm, output_fmt=output_fmt,
                                                  return_prefix_tokens=return_prefix_tokens,
-                                                 intermediates_only=intermediates_only)
+                                                 intermediates_only=intermediates_only, stop_early=stop_early)
         take = isotropic_taps(indices, len(self.blocks), output_fmt)
-        t, saved, grids = self._forward_packed(x, packed, set(take), stop=intermediates_only)
+        t, saved, grids = self._forward_packed(x, packed, set(take), stop=intermediates_only or stop_early)
         valid = packed["patch_valid"].bool()
         coord = packed["patch_coord"].long() * valid[..., None]
         if grids is None:
@@ -543,8 +545,11 @@ class NaFlexVit(VisionTransformer):
         (``avg``), the class token (``token``); ``""``: ``x`` unchanged."""
         if patch_valid is None:
             return super().pool(x)
-        grid = x[:, self.num_prefix_tokens:]
         valid = patch_valid.bool()
+        if self._pool_prefix():  # pool_include_prefix: the prefix tokens are always valid keys / terms
+            grid, valid = x, torch.cat([valid.new_ones(x.shape[0], self.num_prefix_tokens), valid], dim=1)
+        else:
+            grid = x[:, self.num_prefix_tokens:]
         if self.global_pool == "map":
             return self.attn_pool(grid, key_mask=valid)
         if self.global_pool == "avg":

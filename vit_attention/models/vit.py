@@ -64,6 +64,7 @@ class VisionTransformerConfig(ConfigMixin):
     in_chans: int = 3
     num_classes: int = 1000
     global_pool: Literal["token", "avg", "map", ""] = "token"
+    pool_include_prefix: bool = False  # "avg" / "map" pool the prefix (class, register) tokens too (timm's option)
     embed_dim: int = 768
     depth: int = 12
     num_heads: int = 12
@@ -116,6 +117,8 @@ class VisionTransformerConfig(ConfigMixin):
         check_int(self.in_chans, "in_chans")
         check_int(self.num_classes, "num_classes", min_value=0)
         check_choice(self.global_pool, "global_pool", ("token", "avg", "map", ""))
+        if not isinstance(self.pool_include_prefix, bool):
+            raise TypeError(f"pool_include_prefix must be a bool, got {self.pool_include_prefix!r}")
         dim, heads = check_width_heads(self)
         check_int(self.depth, "depth", min_value=0)
         check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
@@ -410,7 +413,7 @@ class VisionTransformer(TokenMergingMixin, Backbone):
     def forward_intermediates(
         self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
         output_fmt: Literal["NCHW", "NLC"] = "NCHW", return_prefix_tokens: bool = False,
-        intermediates_only: bool = False,
+        intermediates_only: bool = False, stop_early: bool = False,
     ) -> Any:
         """Final tokens plus the outputs of chosen blocks.
 
@@ -418,10 +421,12 @@ class VisionTransformer(TokenMergingMixin, Backbone):
         allowed); default all. Intermediates are ``[B, C, H', W']`` (``NCHW``) or ``[B, N, C]``
         (``NLC``), through the final norm when ``norm``; with ``return_prefix_tokens`` each is a pair
         ``(grid, prefix [B, P, C])``. Returns ``(final [B, P + N, C], [intermediates])`` or only the list.
+        ``stop_early`` (timm): no block after the last chosen one runs, and the final output is that block's
+        (through the final norm); ``intermediates_only`` always stops there.
         """
         take = isotropic_taps(indices, len(self.blocks), output_fmt)
         x, feat_size = self._embed(x)
-        x, saved = self._run_blocks(x, feat_size, set(take), stop=intermediates_only)
+        x, saved = self._run_blocks(x, feat_size, set(take), stop=intermediates_only or stop_early)
         outs = tokens_to_intermediates(saved, feat_size, self.num_prefix_tokens, norm=self.norm if norm else None,
                                        output_fmt=output_fmt, return_prefix_tokens=return_prefix_tokens)
         if intermediates_only:

@@ -398,13 +398,15 @@ class ViTDet(Backbone):
 
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
-                              ) -> Any:
+                              stop_early: bool = False) -> Any:
         """Last backbone map plus the chosen pyramid levels (or blocks, with ``pyramid=False``).
 
         ``indices`` index :attr:`feature_info` (an int ``n`` = the last ``n``; negative allowed;
         default all): the levels ``p2 ... p6`` ``[B, 256, H/s, W/s]`` (``NCHW``) or channels-last
         (``NHWC``). ``norm`` is accepted for the contract and changes nothing (ViTDet has no final
-        norm). Returns ``(last map [B, H', W', C], [maps])`` or only the list.
+        norm). Returns ``(last map [B, H', W', C], [maps])`` or only the list. ``stop_early`` (timm): with
+        blocks, none after the last chosen one runs and the "last map" is its output; the pyramid levels all
+        read the last block's map, so every block runs there.
         """
         # counted from the model's own levels / blocks: a features model narrows feature_info to its picks
         levels_total = len(self.pyramid_levels) if self.pyramid_levels else len(self.blocks)
@@ -416,7 +418,8 @@ class ViTDet(Backbone):
             if output_fmt == "NHWC":
                 outs = [o.permute(0, 2, 3, 1) for o in outs]
         else:
-            last, outs = self._run_blocks(self._embed(x), set(take), stop=intermediates_only)  # [B, H', W', C] each
+            last, outs = self._run_blocks(self._embed(x), set(take),
+                                          stop=intermediates_only or stop_early)  # [B, H', W', C] each
             if output_fmt == "NCHW":
                 outs = [o.permute(0, 3, 1, 2) for o in outs]
         if intermediates_only:
