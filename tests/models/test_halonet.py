@@ -62,9 +62,11 @@ def test_sizes_that_are_not_block_multiples_run() -> None:
         assert model(torch.randn(1, 3, 72, 72)).shape == (1, 5)
 
 
-@pytest.mark.parametrize("mechanism", ["neighborhood", "window", "mhsa"])
+@pytest.mark.parametrize("mechanism", ["neighborhood", "window", "cosine_window", "mhsa"])
 def test_any_mechanism_replaces_halo(mechanism: str) -> None:
-    kwargs = {"neighborhood": {"kernel_size": 3}, "window": {"window_size": 2}, "mhsa": {}}[mechanism]
+    # cosine_window builds its projections without bias: the family's init must not assume one
+    kwargs = {"neighborhood": {"kernel_size": 3}, "window": {"window_size": 2}, "cosine_window": {"window_size": 2},
+              "mhsa": {}}[mechanism]
     model = create_model("halonet26t", **{**SMALL, "attn_layer": mechanism, "attn_kwargs": kwargs}).eval()
     blocks = [m for m in model.modules() if isinstance(m, SelfAttnBlock)]
     assert blocks and all(b.self_attn.attention_name == mechanism for b in blocks)

@@ -29,12 +29,13 @@ from typing import Any, Literal
 from torch import Tensor, nn
 
 from ..attention import create_attention
+from ..functional.sizes import make_divisible
 from ..layers import ClassifierHead, accepted_kwargs, resolve_indices
 from ..layers.activation import get_act_layer
 from ..layers.adapter import apply_attention
 from ..layers.convnet import ConvStagesMixin
 from ..layers.drop_path import DropPath
-from ..layers.mbconv import ConvNormAct, act_fresh, make_divisible
+from ..layers.mbconv import ConvNormAct, act_fresh
 from ..layers.stage import drop_path_schedule
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
 from ._pretrained import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
@@ -333,7 +334,8 @@ class HaloNet(ConvStagesMixin, Backbone):
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.01)
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:  # a plugged mechanism may build its projections without bias
+                    nn.init.zeros_(m.bias)
         for m in self.modules():
             if hasattr(m, "reset_parameters") and getattr(m, "attention_name", None) is not None:
                 m.reset_parameters()  # the mechanism's own init (halo: timm's)
