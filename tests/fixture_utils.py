@@ -56,7 +56,8 @@ def meta_model_with_timm_params(name: str, params: int):
     on the meta device) and that the registry's published figure says so (``published_params_m``, its source)."""
     import torch
 
-    from vit_attention.models import create_model, get_model_entry
+    from vit_attention import create_model
+    from vit_attention.models import get_model_entry
 
     meta = get_model_entry(name).meta
     assert meta["published_params_source"] == "timm 1.0.31 on the meta device"

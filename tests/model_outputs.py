@@ -36,7 +36,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from vit_attention.models import create_model, get_model_entry, list_models, model_config
+from vit_attention import create_model
+from vit_attention.models import get_model_entry, list_models, model_config
 
 FOLDER = Path(__file__).resolve().parent / "fixtures" / "model_outputs"
 

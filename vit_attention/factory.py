@@ -4,8 +4,7 @@ This module sits above both halves it joins, as timm's ``_factory.py`` sits abov
 and ``_hub.py``: :mod:`vit_attention.models` (families and the registry: which class and config a
 name builds) knows nothing of checkpoints, :mod:`vit_attention.weights` (reading, converting and
 fetching them) may ask the registry, and only this module imports both to build a model and load
-what ``pretrained`` names. Nothing below it imports it; ``vit_attention.models.create_model`` and
-``vit_attention.models.registry.create_model`` reach it through a lazy compatibility path.
+what ``pretrained`` names. Nothing below it imports it.
 """
 
 from __future__ import annotations

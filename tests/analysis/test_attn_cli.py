@@ -119,7 +119,7 @@ def test_titles_name_layer_heads_and_prediction(run: Path, image: Path, tmp_path
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(commands, "save_attention_png", spy)
-    assert main(["attn", str(run), str(image), "--layer", "0", "--head", "1", "--out", str(tmp_path)]) == 0
+    assert main(["attn", str(run), str(image), "--layer", "0", "--head", "1", "--output", str(tmp_path)]) == 0
     model = build_model(None, checkpoint=run)
     from vit_attention.analysis.commands import load_image
 
@@ -182,18 +182,21 @@ def test_attn_and_predict_give_the_same_probabilities(folder_run: Path, tmp_path
             assert abs(prob[i].item() - float(shown[name])) <= 5e-4, (weights.name, name)
 
 
-def test_attn_output_and_its_deprecated_out_alias(run: Path, image: Path, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture) -> None:
+def test_attn_writes_to_output_and_refuses_out(run: Path, image: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture) -> None:
+    """``--output DIR`` is the one spelling: ``--out`` (nor its abbreviation of ``--output``) is no option of attn."""
     png = "digit_vit_digits_patch2_8_rollout.png"
     assert main(["attn", str(run), str(image), "--output", str(tmp_path / "new")]) == 0
-    assert (tmp_path / "new" / png).is_file() and "deprecated" not in capsys.readouterr().err
-    assert main(["attn", str(run), str(image), "--out", str(tmp_path / "old")]) == 0
-    assert (tmp_path / "old" / png).is_file()
-    assert "--out is deprecated; use --output" in capsys.readouterr().err
+    assert (tmp_path / "new" / png).is_file()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["attn", str(run), str(image), "--out", str(tmp_path / "old")])
+    assert e.value.code == 2 and "unrecognized arguments: --out" in capsys.readouterr().err
+    assert not (tmp_path / "old").exists()
     with pytest.raises(SystemExit):
         main(["attn", "--help"])
     text = capsys.readouterr().out
-    assert "--output" in text and "--out " not in text  # the old name is hidden
+    assert "--output" in text and "--out " not in text
 
 
 def _spy_titles(monkeypatch: pytest.MonkeyPatch) -> list[str]:

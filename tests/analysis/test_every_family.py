@@ -15,10 +15,11 @@ import pytest
 import torch
 from model_outputs import first_preset_per_family
 
+from vit_attention import create_model
 from vit_attention.analysis.info import activation_bytes, model_info
 from vit_attention.analysis.trace import trace
 from vit_attention.cli import main
-from vit_attention.models import create_model, get_model_entry, list_models
+from vit_attention.models import get_model_entry, list_models
 from vit_attention.models.registry import builtin_families
 
 FAMILIES = first_preset_per_family()

@@ -15,11 +15,11 @@ import pytest
 import torch
 import torch._dynamo
 
+from vit_attention import create_model
 from vit_attention.bench import BenchConfig, format_table, run_benchmark
 from vit_attention.bench.harness import parse_backends
 from vit_attention.bench.reference import build_reference_spec, known_references, split_compiled
 from vit_attention.cli import main
-from vit_attention.models import create_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
 

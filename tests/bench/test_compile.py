@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch._dynamo
 
+from vit_attention import create_model
 from vit_attention.bench.harness import explain_graph_breaks
-from vit_attention.models import create_model
 
 SMALL = {
     "vit_tiny_patch16_224": (dict(depth=1), 32),

@@ -10,10 +10,10 @@ import sys
 import pytest
 import torch
 
+from vit_attention import create_model
 from vit_attention.bench import BenchConfig, format_table, run_benchmark, summarise
 from vit_attention.bench.reference import ReferenceUnavailable, build_reference
 from vit_attention.cli import main
-from vit_attention.models import create_model
 
 TINY = dict(models=["vit_tiny_patch16_224"], img_size=32, batch_size=2, rounds=2, warmup=0, peak_size=128,
             model_kwargs=dict(depth=1))

@@ -11,9 +11,9 @@ import pytest
 import torch
 from model_outputs import fill_by_key, small_overrides
 
+from vit_attention import create_model
 from vit_attention.cli import main
 from vit_attention.export import MAX_OPSET, MIN_OPSET, export_model, to_onnx, verify_onnx
-from vit_attention.models import create_model
 from vit_attention.weights import save_weights
 
 DIGITS = "vit_digits_patch2_8"  # 8 px, a few hundred thousand parameters: quick to export

@@ -17,9 +17,10 @@ import pytest
 import torch
 from model_outputs import fill_by_key, first_preset_per_family, small_overrides
 
+from vit_attention import create_model
 from vit_attention.attention import get_attention_spec, list_attention
 from vit_attention.export import INPUT_NAME, MAX_OPSET, MIN_OPSET, OUTPUT_NAME, to_onnx, verify_onnx
-from vit_attention.models import create_model, list_models
+from vit_attention.models import list_models
 
 RTOL = 1e-4
 BATCHES = (1, 3)

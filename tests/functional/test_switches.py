@@ -14,7 +14,7 @@ from vit_attention.functional.runtime import switched
 
 @pytest.mark.parametrize("switch, getter, setter, context, good", [
     (runtime.FUSED_ATTENTION, attention.fused_attention_enabled, attention.set_fused_attention,
-     attention.fused_attention, False),
+     runtime.FUSED_ATTENTION.override, False),
     (runtime.FAST_LINEAR, linear.fast_linear_enabled, linear.set_fast_linear, linear.fast_linear, False),
     (runtime.CHUNK_ELEMENTS, chunking.chunk_elements, chunking.set_chunk_elements, None, 123),
 ])
@@ -126,8 +126,8 @@ def test_switched_overrides_a_process_wide_switch_for_this_thread() -> None:
     assert chunking.chunk_elements() == before and linear.fast_linear_enabled() == runtime.FAST_LINEAR.default
 
 
-def test_the_old_context_manager_still_reaches_built_modules_in_this_thread_only(monkeypatch) -> None:
-    """``fused_attention(False)`` keeps its meaning for the thread that opens it; another thread does not see it."""
+def test_an_override_reaches_built_modules_in_this_thread_only(monkeypatch) -> None:
+    """``FUSED_ATTENTION.override(False)`` holds for the thread that opens it; another thread does not see it."""
     calls = _count_fused(monkeypatch)
     attn = runtime.set_switches(create_attention("mhsa", 16, 2).eval(), fused_attention=True)
     x = torch.randn(2, 5, 16)
@@ -136,7 +136,7 @@ def test_the_old_context_manager_still_reaches_built_modules_in_this_thread_only
     def other_thread() -> None:
         seen["enabled"] = attention.fused_attention_enabled()
 
-    with torch.no_grad(), attention.fused_attention(False):
+    with torch.no_grad(), runtime.FUSED_ATTENTION.override(False):
         attn(x)
         assert calls == [] and not attention.fused_attention_enabled()
         t = threading.Thread(target=other_thread)

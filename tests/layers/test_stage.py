@@ -9,7 +9,6 @@ from torch import Tensor, nn
 from vit_attention.layers import (
     Block,
     ClassifierHead,
-    HierarchicalMixin,
     PatchMerging,
     Stage,
     Tokens,
@@ -21,6 +20,7 @@ from vit_attention.layers import (
     run_stages,
     stage_feature_info,
 )
+from vit_attention.layers.stage import staged_intermediates
 
 
 def test_drop_path_schedule_is_linear_over_all_blocks() -> None:
@@ -73,34 +73,24 @@ def test_gradient_checkpointing_gives_the_same_gradients() -> None:
     torch.testing.assert_close(run_blocks([lin, lin], torch.ones(1, 3), checkpoint=True), lin(lin(torch.ones(1, 3))))
 
 
-class _Toy(HierarchicalMixin, nn.Module):
-    """Two stages of the scaffold: the least a new hierarchical family writes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, 16, 4, stride=4)
-        self.stages = nn.Sequential(Stage([Block(16, 2)]), _stage())
-        self.norm = nn.LayerNorm(32)
-        self.head = ClassifierHead(32, 5)
-        self.feature_info = stage_feature_info((16, 32), (4, 8))
-
-    def _embed(self, x: Tensor) -> Tensor:
-        return self.stem(x).permute(0, 2, 3, 1)  # [B, H/4, W/4, 16]
-
-
-def test_hierarchical_mixin_intermediates_and_checkpointing() -> None:
-    model = _Toy().eval()
+def test_staged_intermediates_gives_each_stage_map_and_the_final_normalised_map() -> None:
+    """Two stages of the scaffold, the least a hierarchical family writes: stage maps, final norm, checkpointing."""
+    torch.manual_seed(0)
+    stem = nn.Conv2d(3, 16, 4, stride=4)
+    stages = nn.Sequential(Stage([Block(16, 2)]), _stage()).eval()
+    norm = nn.LayerNorm(32)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        final, maps = model.forward_intermediates(x)
-        only = model.forward_intermediates(x, indices=[-1], output_fmt="NHWC", intermediates_only=True)
+        embedded = stem(x).permute(0, 2, 3, 1)  # [B, H/4, W/4, 16]
+        final, maps = staged_intermediates(stages, embedded, None, norm)
+        only = staged_intermediates(stages, embedded, [-1], norm, output_fmt="NHWC", intermediates_only=True)
+        torch.testing.assert_close(final, norm(stages(embedded)))
     assert [tuple(m.shape) for m in maps] == [(2, 16, 8, 8), (2, 32, 4, 4)]
-    assert final.shape == (2, 4, 4, 32) and model.head(final).shape == (2, 5)
+    assert final.shape == (2, 4, 4, 32) and ClassifierHead(32, 5)(final).shape == (2, 5)
     torch.testing.assert_close(only[0], maps[1].permute(0, 2, 3, 1))
     with pytest.raises(ValueError, match="output_fmt"):
-        model.forward_intermediates(x, output_fmt="NLC")
-    model.set_grad_checkpointing()
-    assert all(s.grad_checkpointing for s in model.stages)
+        staged_intermediates(stages, embedded, None, norm, output_fmt="NLC")
+    assert stage_feature_info((16, 32), (4, 8))[1] == dict(num_chs=32, reduction=8, module="stages.1")
 
 
 class _ClassTokenEmbed(nn.Module):

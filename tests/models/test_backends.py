@@ -11,8 +11,8 @@ import torch
 from flex_utils import assert_flex_matches_explicit
 from model_outputs import build, first_preset_per_family, small_overrides
 
+from vit_attention import create_model
 from vit_attention.attention import get_attention_spec
-from vit_attention.models import create_model
 
 FAMILIES = sorted(first_preset_per_family().items())
 

@@ -6,9 +6,10 @@ The PEG itself is checked against timm's Twins PosConv in tests/layers/test_peg.
 import pytest
 import torch
 
+from vit_attention import create_model
 from vit_attention.analysis.flops import flops
 from vit_attention.layers import PosConv
-from vit_attention.models import create_model, get_model_entry, list_models
+from vit_attention.models import get_model_entry, list_models
 from vit_attention.models.cpvt import CPVT
 
 NAMES = [f"cpvt_{g}{s}_patch16_224" for g in ("", "gap_") for s in ("tiny", "small", "base")]

@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from vit_attention import create_model
 from vit_attention.layers import Block, PosConv
-from vit_attention.models import create_model, model_config
+from vit_attention.models import model_config
 
 SMALL = dict(depths=(1, 2), embed_dims=(16, 32), num_heads=(2, 4), num_classes=5)
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 from model_outputs import distinct_reduced_presets, small_overrides
 
-from vit_attention.models import create_model, list_models
+from vit_attention import create_model
+from vit_attention.models import list_models
 from vit_attention.models.features import FeatureInfo, as_features_model, resolve_out_indices
 
 HEAD_PREFIXES = ("head.", "head_dist.", "fc_norm.", "pre_logits.", "attn_pool.")

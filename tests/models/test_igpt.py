@@ -191,14 +191,14 @@ def test_block_parts_are_ours_with_rms_norm_and_quick_gelu() -> None:
 
 def test_quick_gelu_is_the_shared_one_and_the_mlp_fuses_it_in_eval(monkeypatch) -> None:
     """iGPT builds its MLPs with layers.activation.QuickGELU (the class layers.Mlp recognises), so CPU inference
-    takes the fused silu path (fc1 scaled by 1.702); the old import path still names the same class."""
+    takes the fused silu path (fc1 scaled by 1.702); models.igpt exports no activation of its own."""
     from vit_attention.functional.linear import can_fuse
     from vit_attention.functional.runtime import FAST_LINEAR
     from vit_attention.layers import mlp as mlp_module
     from vit_attention.layers.activation import QuickGELU
     from vit_attention.models import igpt
 
-    assert igpt.QuickGELU is QuickGELU
+    assert "QuickGELU" not in igpt.__all__
     model = _small()
     assert all(type(blk.mlp.act) is QuickGELU for blk in model.blocks)
     mlp = model.blocks[0].mlp

@@ -159,13 +159,13 @@ def test_padding_content_does_not_leak():
 
 
 def test_fused_and_explicit_attention_agree_with_mask():
-    from vit_attention.functional.attention import fused_attention
+    from vit_attention.functional.runtime import FUSED_ATTENTION
     model = _tiny(global_pool="avg", reg_tokens=1)
     imgs = [torch.randn(3, 24, 40), torch.randn(3, 48, 16)]
     with torch.no_grad():
-        with fused_attention(True):
+        with FUSED_ATTENTION.override(True):
             a = model(imgs)
-        with fused_attention(False):
+        with FUSED_ATTENTION.override(False):
             b = model(imgs)
     assert_parity(a, b)
 

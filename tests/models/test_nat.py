@@ -8,10 +8,11 @@ import math
 import pytest
 import torch
 
+from vit_attention import create_model
 from vit_attention.analysis.flops import flops
 from vit_attention.analysis.published import matches_published
 from vit_attention.attention.neighborhood import NeighborhoodAttention
-from vit_attention.models import create_model, get_model_entry, list_models
+from vit_attention.models import get_model_entry, list_models
 from vit_attention.weights import load_weights
 
 NAMES = list_models("nat_*") + list_models("dinat_*")

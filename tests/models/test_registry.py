@@ -73,19 +73,15 @@ def test_default_num_classes_follow_the_default_tag_like_timm():
     assert model_config("vit_base_patch16_224_in21k").num_classes == 21843  # the preset's own value wins
 
 
-def test_create_model_is_the_factorys_under_every_name_it_had():
-    """``create_model`` lives in vit_attention.factory; the package, ``models`` and ``models.registry`` re-export it."""
+def test_create_model_lives_in_the_factory_only():
+    """``create_model`` is the factory's, exported by the package; ``models`` and ``models.registry`` hold none."""
     import vit_attention
     import vit_attention.models
     import vit_attention.models.registry as registry
     from vit_attention.factory import create_model as factory_create_model
-    from vit_attention.models import create_model as models_create_model
-    from vit_attention.models.registry import create_model as registry_create_model
 
-    assert create_model is factory_create_model is models_create_model is registry_create_model
-    assert vit_attention.create_model is vit_attention.models.create_model is registry.create_model
-    assert "create_model" in dir(vit_attention) and "create_model" in dir(vit_attention.models)
-    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
-        vit_attention.models.no_such_name  # noqa: B018 - the compatibility __getattr__ serves create_model only
-    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
-        registry.no_such_name  # noqa: B018
+    assert create_model is factory_create_model is vit_attention.create_model
+    assert "create_model" in dir(vit_attention)
+    for module in (vit_attention.models, registry):
+        assert not hasattr(module, "create_model"), module.__name__
+        assert "create_model" not in dir(module), module.__name__

@@ -13,7 +13,8 @@ import torch
 from fixture_utils import assert_parity, load_fixture
 from model_outputs import fill_by_key, first_preset_per_family, small_overrides
 
-from vit_attention.models import create_model, get_model_entry, list_models
+from vit_attention import create_model
+from vit_attention.models import get_model_entry, list_models
 from vit_attention.models.backbone import Backbone
 from vit_attention.models.cait import Cait, CaitConfig
 from vit_attention.weights import load_weights

@@ -9,8 +9,9 @@ import pytest
 import torch
 from model_outputs import build, first_preset_per_family, small_overrides
 
+from vit_attention import create_model
 from vit_attention.functional import tome as tome_fn
-from vit_attention.models import create_model, get_model_entry
+from vit_attention.models import get_model_entry
 from vit_attention.models.backbone import TokenMergingMixin
 
 FAMILIES = first_preset_per_family()

@@ -3,10 +3,11 @@
 import pytest
 import torch
 
+from vit_attention import create_model
 from vit_attention.analysis.flops import flops
 from vit_attention.attention import LocallyGroupedAttention
 from vit_attention.attention.sra import SpatialReductionAttention
-from vit_attention.models import create_model, get_model_entry, list_models
+from vit_attention.models import get_model_entry, list_models
 from vit_attention.models.twins import Twins, TwinsConfig, TwinsPosConv
 
 SMALL = dict(img_size=64, embed_dims=(8, 16, 16, 32), num_heads=(1, 2, 2, 2), mlp_ratios=(2, 2, 2, 2),

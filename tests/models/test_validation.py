@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import torch
 
+from vit_attention import create_model
 from vit_attention.cli import main
-from vit_attention.models import VisionTransformer, VisionTransformerConfig, create_model, model_config
+from vit_attention.models import VisionTransformer, VisionTransformerConfig, model_config
 from vit_attention.models.swin import SwinTransformer, SwinTransformerConfig
 from vit_attention.models.swinv2 import SwinTransformerV2, SwinTransformerV2Config
 

@@ -12,8 +12,8 @@ import torch
 from einops import rearrange
 from fixture_utils import assert_parity, load_fixture
 
+from vit_attention import create_model
 from vit_attention.functional import switched
-from vit_attention.models import create_model
 from vit_attention.weights import load_weights
 from vit_attention.weights.davit import ORIGINAL_RULES, TIMM_BLOCK_RULES
 from vit_attention.weights.layouts import rename

@@ -170,7 +170,8 @@ def test_save_weights_refuses_a_non_safetensors_name(tmp_path: Path) -> None:
 @pytest.mark.parametrize("first_import", ["from vit_attention.models import registry as m",
                                           "import vit_attention.weights as m"])
 def test_digits_presets_known_whatever_was_imported_first(first_import: str) -> None:
-    code = (f"{first_import}\nimport sys\nfrom vit_attention.models.registry import create_model, list_models\n"
+    code = (f"{first_import}\nimport sys\nfrom vit_attention import create_model\n"
+            "from vit_attention.models.registry import list_models\n"
             "model = create_model('vit_digits_patch2_8')\n"
             "assert 'vit_attention.train' not in sys.modules, 'the registry imported train/'\n"
             "print(len(list_models()))")

@@ -10,7 +10,7 @@ import torch
 from fixture_utils import assert_parity, load_fixture
 from transformers import VitDetConfig, VitDetModel
 
-from vit_attention.models import create_model
+from vit_attention import create_model
 from vit_attention.weights import load_weights
 from vit_attention.weights.vitdet import to_huggingface
 

@@ -450,24 +450,9 @@ def _docs(args: argparse.Namespace) -> int:
     return 0
 
 
-class _DeprecatedAlias(argparse.Action):
-    """A hidden old spelling of an option: stores into the new option's dest and says it is deprecated."""
-
-    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kwargs: Any) -> None:
-        self.new = new
-        super().__init__(option_strings, dest, **kwargs)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        print(f"{parser.prog}: warning: {option_string} is deprecated; use {self.new} (the same option)",
-              file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
 def _add_output(p: argparse.ArgumentParser, *, default: str | None, help: str) -> None:
-    """``--output`` (the name every command uses) and the hidden, deprecated ``--out`` that still works."""
+    """``--output``, the name every command uses for where it writes."""
     p.add_argument("--output", default=default, help=help)
-    p.add_argument("--out", dest="output", action=_DeprecatedAlias, new="--output", help=argparse.SUPPRESS)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -489,7 +474,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_model_arg_option(p)
     p.set_defaults(func=_info)
 
-    p = sub.add_parser("attn", help="write attention heat maps over an image as PNG",
+    # allow_abbrev=False: an option is taken only as spelled (``--out`` is not ``--output``)
+    p = sub.add_parser("attn", help="write attention heat maps over an image as PNG", allow_abbrev=False,
                        description="Draw where a model attends in one image: the input beside the map overlaid, "
                                    "with a colour bar, the layers / heads shown and the predicted class. "
                                    "MODEL may be a run folder or checkpoint of ours (it says which model it holds).")
@@ -530,7 +516,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_model_arg_option(p)
     p.set_defaults(func=_attn)
 
-    p = sub.add_parser("docs", help="regenerate docs/attention/*.md and docs/models.md from the library")
+    p = sub.add_parser("docs", help="regenerate docs/attention/*.md and docs/models.md from the library",
+                       allow_abbrev=False)
     _add_output(p, default=None, help="docs folder to write (default: the docs/ folder of the checkout the package "
                                       "runs from, wherever the command runs; outside a checkout, required)")
     p.add_argument("--check", action="store_true", help="only check the generated text is up to date")

@@ -2,7 +2,6 @@
 
 from .attention import (
     attention_context,
-    fused_attention,
     fused_attention_enabled,
     register_attention_hook,
     scaled_dot_product_attention,
@@ -20,7 +19,6 @@ from .window_attention import window_attention
 __all__ = [
     "AttentionLayout",
     "attention_context",
-    "fused_attention",
     "fused_attention_enabled",
     "make_divisible",
     "merge_heads",

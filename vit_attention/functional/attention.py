@@ -9,8 +9,8 @@ attention logits is taken.
 
 **The fused switch** (:data:`.runtime.FUSED_ATTENTION`, see :mod:`.runtime`): a mechanism
 captures it when built (``self.fused_attention``) and passes it as ``fused=``; a direct call
-without ``fused=`` uses the process default. An open ``fused_attention(False)`` block of this
-thread overrides both.
+without ``fused=`` uses the process default. An open ``FUSED_ATTENTION.override(False)`` block of
+this thread overrides both.
 
 **Observers and context frames.** Registered hooks are process-wide: an observer sees the
 attention calls of every thread, as a forward hook registered on a shared model would, and while
@@ -43,7 +43,6 @@ __all__ = [
     "scaled_dot_product_attention",
     "fused_attention_enabled",
     "set_fused_attention",
-    "fused_attention",
     "register_attention_hook",
     "attention_context",
     "attention_observed",
@@ -70,9 +69,6 @@ def fused_attention_enabled() -> bool:
 # (enabled) the process default: modules built afterwards capture it; modules built before keep theirs
 # (runtime.set_switches(model, fused_attention=...) changes a built model)
 set_fused_attention = FUSED_ATTENTION.set
-# with fused_attention(False): ... every call of this thread inside the block, modules already built included;
-# restores on exit. Kept for existing code; for one model prefer runtime.switched(model, fused_attention=False)
-fused_attention = FUSED_ATTENTION.override
 
 
 class _HookHandle:
@@ -363,7 +359,7 @@ def scaled_dot_product_attention(
         return_weights: also return the weights ``[*b, nh, N, M]`` (forces the explicit path).
         fused: whether the fused kernel may run when nothing needs the weights: the caller's
             captured :data:`.runtime.FUSED_ATTENTION` (a mechanism's ``self.fused_attention``);
-            None = the process default. An open ``fused_attention(...)`` override of this
+            None = the process default. An open ``FUSED_ATTENTION.override(...)`` of this
             thread wins over both. False takes the explicit path whatever the backend.
         backend: ``"auto"``, ``"sdpa"``, ``"explicit"`` or ``"flex"`` (:mod:`.flex`): the caller's
             captured :data:`.runtime.ATTENTION_BACKEND` (a mechanism's ``self.attention_backend``);

@@ -27,8 +27,8 @@ switch                     environment default               scope
 
 A switch has three levels; the most specific one wins at a call:
 
-1. an *override*, ``with switch.override(value):`` (and the old names ``fused_attention(False)``,
-   ``fast_linear(False)``): every call made inside the block **by this thread** (this
+1. an *override*, ``with switch.override(value):`` (``fast_linear(False)`` is
+   ``FAST_LINEAR.override(False)``): every call made inside the block **by this thread** (this
    ``contextvars`` context, so also this asyncio task) sees ``value``, whatever the modules
    captured. Other threads do not see it. It is not consulted while ``torch.compile`` traces
    (dynamo cannot read a context variable); use level 2 there.

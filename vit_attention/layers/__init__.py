@@ -12,7 +12,6 @@ from .patch_embed import ConvStemPatchEmbed, PatchEmbed
 from .plug import Plug, plug
 from .pos_embed import PosConv
 from .stage import (
-    HierarchicalMixin,
     Stage,
     Tokens,
     as_map,
@@ -31,7 +30,6 @@ __all__ = [
     "ClassifierHead",
     "ConvStemPatchEmbed",
     "DropPath",
-    "HierarchicalMixin",
     "LayerScale",
     "GluMlp",
     "Mlp",

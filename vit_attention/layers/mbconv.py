@@ -13,10 +13,10 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.batch_norm import conv_bn
-from ..functional.sizes import make_divisible  # re-exported: its home was here
+from ..functional.sizes import make_divisible
 from .drop_path import DropPath
 
-__all__ = ["ConvNormAct", "InvertedResidual", "act_fresh", "make_divisible"]
+__all__ = ["ConvNormAct", "InvertedResidual", "act_fresh"]
 
 _INPLACE: dict[type, Callable[[Tensor], Tensor]] = {nn.SiLU: lambda t: torch.nn.functional.silu(t, inplace=True),
                                                  nn.ReLU: torch.relu_}

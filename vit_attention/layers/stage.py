@@ -13,13 +13,10 @@ What every hierarchical family shares, written once:
   :func:`run_blocks_with_taps` also keeps chosen blocks' outputs and runs a layer after chosen
   blocks (a PEG): the one block loop of staged and isotropic models (ViT, CaiT, ViTDet, iGPT).
 * :func:`run_stages`: the stages in order with their taps as maps (``forward_intermediates``).
-* :class:`HierarchicalMixin`: ``forward_features``, ``forward_head``, ``forward``,
-  ``forward_intermediates`` and ``set_grad_checkpointing`` for a model whose stages are one
-  ``nn.Sequential`` of :class:`Stage` (named by ``stages_attr``), embedded by ``_embed``, closed
-  by ``norm`` and classified by ``head(x, pre_logits=)``; :func:`stage_feature_info` its
-  ``feature_info``. The library's own families derive from
-  :class:`vit_attention.models.backbone.Backbone` instead (which also owns the config, the
-  classifier reset and the pooling); the mixin stays for models written against it.
+* :func:`staged_intermediates`: ``forward_intermediates`` of a model whose stages are one
+  ``nn.Sequential`` of :class:`Stage`; :func:`stage_feature_info` its ``feature_info``. The
+  forward API itself (config, classifier reset, pooling) is
+  :class:`vit_attention.models.backbone.Backbone`'s.
 
 A family file keeps only what is its own: the stem (``_embed``), what goes into each stage,
 the final norm and the head.
@@ -37,7 +34,7 @@ from torch import Tensor, nn
 
 from ..functional.chunking import batch_chunk_size, run_in_batch_chunks
 
-__all__ = ["Stage", "Tokens", "HierarchicalMixin", "as_map", "drop_path_schedule", "resolve_indices", "run_blocks",
+__all__ = ["Stage", "Tokens", "as_map", "drop_path_schedule", "resolve_indices", "run_blocks",
            "run_blocks_with_taps", "run_stages", "stage_feature_info", "staged_intermediates"]
 
 
@@ -242,53 +239,3 @@ def stage_feature_info(dims: Sequence[int], reductions: Sequence[int], module: s
     """``feature_info``: channels, stride and module name per stage (``f"{module}.{i}"``)."""
     return [dict(num_chs=c, reduction=r, module=f"{module}.{i}") for i, (c, r) in enumerate(zip(dims, reductions))]
 
-
-class HierarchicalMixin:
-    """The forward API of a backbone made of :class:`Stage` s, ``[B, Cin, H, W] -> [B, num_classes]``.
-
-    The model provides ``stages_attr`` (the name of its ``nn.Sequential`` of stages), ``_embed``
-    (images -> the first stage's input map ``[B, H, W, C]``), ``norm`` (on the last map) and
-    ``head`` (``head(x [B, H', W', C'], pre_logits=False)``, e.g. :class:`~.head.ClassifierHead`).
-    """
-
-    stages_attr: str = "stages"
-    norm: nn.Module
-    head: nn.Module
-
-    def _embed(self, x: Tensor) -> Tensor:
-        raise NotImplementedError
-
-    def _stages(self) -> nn.Sequential:
-        return getattr(self, self.stages_attr)
-
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> normalised last map ``[B, H', W', C']``."""
-        return self.norm(self._stages()(self._embed(x)))
-
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Map ``[B, H', W', C']`` -> logits ``[B, num_classes]`` (or pooled ``[B, C']`` with ``pre_logits``)."""
-        return self.head(x, pre_logits=pre_logits)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``."""
-        return self.forward_head(self.forward_features(x))
-
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute block activations in backward to save memory (training only)."""
-        for stage in self._stages():
-            stage.grad_checkpointing = enable
-
-    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
-                              output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
-                              stop_early: bool = False) -> Any:
-        """Final normalised map plus each chosen stage's output map.
-
-        ``indices``: an int ``n`` = the last ``n`` stages, or stage indices (negative allowed);
-        default all. Stage ``i`` gives ``[B, C_i, H_i, W_i]`` (``NCHW``, channels and stride in
-        ``feature_info``) or the channels-last map (``NHWC``); ``norm`` applies the final norm to
-        the last stage's map. Returns ``(final [B, H', W', C'], [maps])`` or only the list. ``stop_early``
-        (timm): no stage after the last chosen one runs (:func:`staged_intermediates`).
-        """
-        return staged_intermediates(self._stages(), self._embed(x), indices, self.norm, norm=norm,
-                                    output_fmt=output_fmt, intermediates_only=intermediates_only,
-                                    stop_early=stop_early)

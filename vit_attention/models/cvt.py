@@ -35,13 +35,13 @@ from torch import Tensor, nn
 
 from ..layers import Block, Stage, Tokens, accepted_kwargs, as_map, stage_feature_info
 from ..layers.activation import ACT_LAYERS, get_act_layer
-from ..layers.conv_embed import ConvEmbed as SharedConvEmbed
+from ..layers.conv_embed import ConvEmbed
 from ..layers.head import init_linear_weights
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
 from .backbone import Backbone
 from .registry import register_family
 
-__all__ = ["CvtConfig", "Cvt", "ConvEmbed", "CvtStage", "reduced_config"]
+__all__ = ["CvtConfig", "Cvt", "CvtStage", "reduced_config"]
 
 
 @dataclass
@@ -111,20 +111,6 @@ class CvtConfig(ConfigMixin):
                 raise ValueError("global_pool='token' needs cls_token=True")
 
 
-class ConvEmbed(SharedConvEmbed):
-    """CvT's convolutional token embedding: the shared :class:`~vit_attention.layers.conv_embed.ConvEmbed`
-    (``Conv2d(k, s, p)`` + LayerNorm) on a channels-last map, ``[B, H, W, Cin] -> [B, H', W', C]``.
-
-    Kept for its positional signature ``(in_chans, dim, patch_size, stride, padding, *, eps)``
-    (deprecated spelling: new code builds the shared class). Keys ``proj`` (with bias) and ``norm``.
-    """
-
-    def __init__(self, in_chans: int, dim: int, patch_size: int, stride: int, padding: int, *,
-                 eps: float = 1e-5) -> None:
-        super().__init__(in_chans, dim, kernel_size=patch_size, stride=stride, padding=padding, norm_eps=eps,
-                         channels_last_input=True)
-
-
 class CvtStage(Stage):
     """A :class:`~vit_attention.layers.Stage` whose embedding is CvT's: convolutional token embedding,
     optional class token, dropout; map ``[B, H, W, Cin]`` -> :class:`~vit_attention.layers.Tokens`
@@ -134,7 +120,7 @@ class CvtStage(Stage):
     ``cls_token`` (``[1, 1, C]``, only with a class token), ``blocks.{j}.*`` (the original's layout).
     """
 
-    def __init__(self, embed: SharedConvEmbed, blocks: Sequence[nn.Module], dim: int, *, cls_token: bool = False,
+    def __init__(self, embed: ConvEmbed, blocks: Sequence[nn.Module], dim: int, *, cls_token: bool = False,
                  drop: float = 0.0) -> None:
         super().__init__(blocks)
         self.patch_embed = embed
@@ -197,7 +183,7 @@ class Cvt(Backbone):
                             drop=cfg.drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dpr[j],
                             norm_layer=norm_layer, act_layer=act_layer, attn_layer=cfg.attn_layer,
                             attn_kwargs={**conv_kwargs, **cfg.attn_kwargs}) for j in range(depth)]
-            embed = SharedConvEmbed(in_chans, dim, kernel_size=cfg.patch_sizes[i], stride=cfg.patch_strides[i],
+            embed = ConvEmbed(in_chans, dim, kernel_size=cfg.patch_sizes[i], stride=cfg.patch_strides[i],
                                     padding=cfg.patch_paddings[i], norm_eps=cfg.norm_eps, channels_last_input=True)
             stages.append(CvtStage(embed, blocks, dim, cls_token=cfg.cls_token and i == n - 1, drop=cfg.drop_rate))
             in_chans = dim

@@ -46,7 +46,7 @@ from ._pretrained import data_cfg, pretrained_tags
 from .backbone import Backbone
 from .registry import register_family
 
-__all__ = ["DaVitConfig", "DaVit", "DaVitStem", "DaVitDownsample", "NormClassifierHead", "reduced_config"]
+__all__ = ["DaVitConfig", "DaVit", "DaVitStem", "DaVitDownsample", "reduced_config"]
 
 
 @dataclass
@@ -163,20 +163,6 @@ class DaVitDownsample(nn.Module):
             if H % kh or W % kw:
                 x = F.pad(x, (0, (-W) % kw, 0, (-H) % kh))
         return _to_nhwc(self.conv(x))  # [B, H', W', C']
-
-
-class NormClassifierHead(ClassifierHead):
-    """Average pool -> LayerNorm -> dropout -> ``fc``: ``[B, H, W, C] -> [B, num_classes]`` (timm's
-    ``NormMlpClassifierHead`` without hidden layer). ``global_pool=""``: per position. Keys: ``norm``, ``fc``.
-
-    Kept for imports: it is :class:`~vit_attention.layers.ClassifierHead` with a LayerNorm of ``eps``
-    (``norm_layer``), which :class:`DaVit` now builds directly.
-    """
-
-    def __init__(self, in_features: int, num_classes: int, *, global_pool: str = "avg", drop: float = 0.0,
-                 eps: float = 1e-5) -> None:
-        super().__init__(in_features, num_classes, global_pool=global_pool, drop=drop,
-                         norm_layer=partial(nn.LayerNorm, eps=eps))
 
 
 class DaVit(Backbone):

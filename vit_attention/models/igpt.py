@@ -46,7 +46,7 @@ from ..attention import get_attention_spec, list_attention
 from ..attention.causal import KVCache, StaticKVCache
 from ..functional.runtime import COMPILE_MODES, capturing
 from ..layers import Block, drop_path_schedule, run_blocks_with_taps, stage_feature_info
-from ..layers.activation import QuickGELU  # re-exported: vit_attention.models.igpt.QuickGELU still imports
+from ..layers.activation import QuickGELU
 from ._config import (
     ConfigMixin,
     check_attn_layer,
@@ -59,7 +59,7 @@ from .backbone import Backbone, isotropic_taps, tokens_to_intermediates
 from .features import HEAD_MODULES
 from .registry import register_family
 
-__all__ = ["ImageGPTConfig", "ImageGPT", "PaletteQuantizer", "QuickGELU", "RMSNorm", "quantize", "dequantize",
+__all__ = ["ImageGPTConfig", "ImageGPT", "PaletteQuantizer", "RMSNorm", "quantize", "dequantize",
            "load_palette", "make_palette", "reduced_config"]
 
 

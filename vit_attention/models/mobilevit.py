@@ -30,11 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..functional.sizes import make_divisible
 from ..layers import Block, ClassifierHead, accepted_kwargs, run_blocks
 from ..layers.convnet import ConvStagesMixin
 from ..layers.group_norm import GroupNorm1
 from ..layers.head import init_linear_weights
-from ..layers.mbconv import ConvNormAct, InvertedResidual, make_divisible
+from ..layers.mbconv import ConvNormAct, InvertedResidual
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
 from ._pretrained import data_cfg, pretrained_tags
 from .backbone import Backbone

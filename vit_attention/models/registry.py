@@ -9,8 +9,7 @@ here that calls :func:`register_family` at import; nothing else lists it.
 
 The registry knows which class and config a name builds, nothing of checkpoints: building a model
 and loading its weights is :func:`vit_attention.factory.create_model`, which sits above this
-package and :mod:`vit_attention.weights`. ``create_model`` is still importable from here (a lazy
-compatibility path, :func:`__getattr__`), but nothing in this package imports the factory.
+package and :mod:`vit_attention.weights`; nothing in this package imports the factory.
 """
 
 from __future__ import annotations
@@ -197,16 +196,3 @@ def model_config(name: str, **overrides: Any) -> Any:
     """The config dataclass ``create_model(name, **overrides)`` would build from."""
     return get_model_entry(name).config(**overrides)
 
-
-def __getattr__(name: str) -> Callable[..., nn.Module]:
-    """Compatibility path (deprecated spelling): ``vit_attention.models.registry.create_model``.
-
-    ``create_model`` lives in :mod:`vit_attention.factory` (above the registry and the weights);
-    it is imported here only when asked for, so importing the registry never imports the factory
-    or :mod:`vit_attention.weights`. New code: ``vit_attention.create_model``.
-    """
-    if name == "create_model":
-        from ..factory import create_model  # compatibility path: the factory sits above models/
-
-        return create_model
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

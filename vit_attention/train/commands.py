@@ -11,7 +11,7 @@ from ..data.image import printable_name
 from ..data.naflex import inference_meta as _inference_meta  # attn (analysis) reads runs the same way
 from ..data.naflex import naflex_budget as _naflex_budget
 from ..factory import model_arg, positive_int
-from .presets import DEFAULT_MODEL
+from ..models.digits import DEFAULT_MODEL
 
 __all__ = ["add_commands"]
 

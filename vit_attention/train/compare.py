@@ -27,6 +27,7 @@ from ..analysis.flops import flops
 from ..attention import get_attention_spec
 from ..functional.window import to_pair
 from ..models import model_config
+from ..models.digits import DEFAULT_MODEL
 from ..weights.io import atomic_write
 from .checkpoint import CHECKPOINT_NAME
 from .engine import (
@@ -39,7 +40,6 @@ from .engine import (
     train,
 )
 from .plots import plot_accuracy_vs_flops
-from .presets import DEFAULT_MODEL
 
 __all__ = ["CompareEntry", "default_entries", "run_compare", "inference_throughput", "format_table",
            "read_compare_options", "OPTIONS_NAME"]

@@ -13,9 +13,9 @@ from typing import Any
 
 from ..factory import config_kwargs
 from ..functional.runtime import check_backend
+from ..models.digits import DEFAULT_MODEL
 from ..models.registry import get_model_entry
 from ..weights.hub import split_model_tag
-from . import presets
 
 __all__ = ["TrainConfig", "check_model_kwargs"]
 
@@ -24,7 +24,7 @@ __all__ = ["TrainConfig", "check_model_kwargs"]
 class TrainConfig:
     """Every choice of a training run (JSON-serialisable; stored in checkpoints)."""
 
-    model: str = presets.DEFAULT_MODEL
+    model: str = DEFAULT_MODEL
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # config overrides, e.g. {"attn_layer": "window"}
     # start from these weights (create_model's pretrained=): True = the preset's published default, or a file,
     # model folder or "hf-hub:ORG/REPO"; the head is re-made for the data's classes, the input conv fitted to

@@ -52,7 +52,6 @@ from torch import Tensor, nn
 from ..factory import config_kwargs, create_model
 from ..weights.hub import pretrained_cfg_for, split_model_tag
 from ..weights.io import atomic_write, save_weights
-from . import presets  # noqa: F401  (registers the digits presets)
 from .checkpoint import (
     CHECKPOINT_NAME,
     TrainingState,

@@ -1,0 +1,45 @@
+"""Each public name has one home: the package is unreleased, so no module re-exports or aliases a moved name."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+# (module, name): a name that lives elsewhere (its home in the comment); the module neither defines nor exports
+# it (it may import it for its own use, as cvt imports ConvEmbed), and no module-level __getattr__ serves it.
+NOT_HERE = [
+    ("vit_attention.models", "create_model"),  # vit_attention.factory (vit_attention.create_model)
+    ("vit_attention.models.registry", "create_model"),  # vit_attention.factory
+    ("vit_attention.layers", "HierarchicalMixin"),  # removed: families derive from models.backbone.Backbone
+    ("vit_attention.layers.stage", "HierarchicalMixin"),
+    ("vit_attention.models.cvt", "ConvEmbed"),  # vit_attention.layers.conv_embed
+    ("vit_attention.models.davit", "NormClassifierHead"),  # layers.ClassifierHead(norm_layer=...)
+    ("vit_attention.layers.mbconv", "make_divisible"),  # vit_attention.functional.sizes
+    ("vit_attention.functional", "fused_attention"),  # runtime.FUSED_ATTENTION.override
+    ("vit_attention.functional.attention", "fused_attention"),
+]
+
+
+@pytest.mark.parametrize(("module", "name"), NOT_HERE, ids=[f"{m}.{n}" for m, n in NOT_HERE])
+def test_a_moved_name_is_not_served_by_its_old_module(module: str, name: str) -> None:
+    mod = importlib.import_module(module)
+    assert name not in getattr(mod, "__all__", ()), f"{module}.__all__ lists {name}"
+    assert not hasattr(mod, "__getattr__"), f"{module} serves names through a module __getattr__"
+    if name in vars(mod):  # imported for the module's own use: defined elsewhere, not here
+        assert getattr(vars(mod)[name], "__module__", module) != module, f"{module} defines {name}"
+
+
+def test_train_presets_module_is_gone() -> None:
+    """The digits presets live in vit_attention.models.digits only."""
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("vit_attention.train.presets")
+
+
+def test_igpt_exports_only_its_own_names() -> None:
+    """iGPT builds its MLP with layers.activation.QuickGELU but does not export it."""
+    from vit_attention.models import igpt
+
+    assert "QuickGELU" not in igpt.__all__
+    assert all(getattr(igpt, n).__module__ == igpt.__name__ for n in igpt.__all__
+               if hasattr(getattr(igpt, n), "__module__") and isinstance(getattr(igpt, n), type))
