@@ -2,6 +2,8 @@
 
 The spec's small example runs as it is (odd, non-window-multiple sizes); patterned mechanisms
 have their own option sweeps (shift, padding, dilation, globals, caches) in their test files.
+The checks are plain functions of a registered name (``check_*``), so a mechanism registered from
+outside the package runs the same sweep (``tests/test_bring_your_own.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from vit_attention.attention import get_attention_spec, set_attention_backend
 from vit_attention.functional.runtime import BACKENDS
 
 NAMES = list_attention()
+FLEX_NAMES = [n for n in NAMES if "flex" in get_attention_spec(n).backends]
 
 
 def _example(name: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
@@ -23,8 +26,8 @@ def _example(name: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
     return module.eval(), shape
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_flex_equals_explicit(name: str) -> None:
+def check_flex_equals_explicit(name: str) -> None:
+    """The spec's example on flex equals explicit (forward and backward), or flex is refused saying why."""
     spec = get_attention_spec(name)
     module, shape = _example(name)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
@@ -36,8 +39,8 @@ def test_flex_equals_explicit(name: str) -> None:
     assert_flex_matches_explicit(module, lambda: [x])
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_sdpa_equals_explicit(name: str) -> None:
+def check_sdpa_equals_explicit(name: str) -> None:
+    """The spec's example on sdpa equals explicit, or sdpa is refused naming the mechanism."""
     module, shape = _example(name)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(2))
     if "sdpa" not in get_attention_spec(name).backends:
@@ -45,6 +48,60 @@ def test_sdpa_equals_explicit(name: str) -> None:
             set_attention_backend(module, "sdpa")
         return
     assert_flex_matches_explicit(module, lambda: [x], other="sdpa")
+
+
+def check_listed_backends_are_known(name: str) -> None:
+    """The spec's backends are known ones, "auto" and "explicit" among them."""
+    spec = get_attention_spec(name)
+    assert set(spec.backends) <= set(BACKENDS) and "auto" in spec.backends and "explicit" in spec.backends
+
+
+def check_flex_compiles_as_one_graph(name: str) -> None:
+    """The example on flex traces as one graph under torch.compile (device-independent: what torch.compile sees
+    on a GPU too; a pattern's plan read back to Python, e.g. a nonzero in an index builder, would break it)."""
+    module, shape = _example(name)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(3))
+    set_attention_backend(module, "flex")
+    assert count_graphs(module, x) == 1
+
+
+def check_compiled_flex_equals_explicit_on_cpu(name: str) -> None:
+    """The example through inductor's CPU FlexAttention kernel equals explicit. The cases that once failed there:
+    terms the graph computes (Swin's gathered table, SwinV2's CPB, ViTDet's decomposed terms, the Longformer's
+    tables) did not lower, and v sliced at an offset off the shifted-window gather was read from the gather's
+    start (a wrong output); the option cases (SwinV2 shifted on a window multiple, ViTDet's global blocks, a
+    dilated neighbourhood) are in the mechanisms' own flex test files."""
+    module, shape = _example(name)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(4))
+    assert_compiled_flex_matches_explicit(module, x)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_flex_equals_explicit(name: str) -> None:
+    check_flex_equals_explicit(name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sdpa_equals_explicit(name: str) -> None:
+    check_sdpa_equals_explicit(name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_listed_backend_is_known(name: str) -> None:
+    check_listed_backends_are_known(name)
+
+
+@pytest.mark.parametrize("name", FLEX_NAMES)
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_flex_compiles_as_one_graph(name: str) -> None:
+    check_flex_compiles_as_one_graph(name)
+
+
+@pytest.mark.slow  # inductor codegen (about 10 s each)
+@pytest.mark.parametrize("name", FLEX_NAMES)
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_compiled_flex_equals_explicit_on_cpu(name: str) -> None:
+    check_compiled_flex_equals_explicit_on_cpu(name)
 
 
 def test_create_attention_takes_a_backend_and_checks_it() -> None:
@@ -55,53 +112,3 @@ def test_create_attention_takes_a_backend_and_checks_it() -> None:
         create_attention("mhsa", 32, 4, backend="fast")
     with pytest.raises(ValueError, match="talking_heads runs on \\['auto', 'explicit'\\] only \\(it mixes the heads"):
         create_attention("talking_heads", 32, 4, backend="flex")
-
-
-def test_every_listed_backend_is_known() -> None:
-    for name in NAMES:
-        spec = get_attention_spec(name)
-        assert set(spec.backends) <= set(BACKENDS) and "auto" in spec.backends and "explicit" in spec.backends
-
-
-FLEX_NAMES = [n for n in NAMES if "flex" in get_attention_spec(n).backends]
-
-
-@pytest.mark.parametrize("name", FLEX_NAMES)
-@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
-def test_flex_compiles_as_one_graph(name: str) -> None:
-    # device-independent: what torch.compile sees on a GPU too (a pattern's plan read back to Python, e.g. a
-    # nonzero in an index builder, would break the graph there as well)
-    module, shape = _example(name)
-    x = torch.randn(shape, generator=torch.Generator().manual_seed(3))
-    set_attention_backend(module, "flex")
-    assert count_graphs(module, x) == 1
-
-
-# the patterned mechanisms through inductor's CPU FlexAttention kernel: (name, kwargs, input shape), None = the
-# spec's example (odd 7 x 9 map: padding, shift). The cases that once failed there: terms the graph computes
-# (Swin's gathered table, SwinV2's CPB, ViTDet's decomposed terms, the Longformer's tables) did not lower, and
-# v sliced at an offset off the shifted-window gather was read from the gather's start (a wrong output)
-COMPILED = {
-    "window-padded-shifted": ("window", None, None),
-    "cosine_window-padded-shifted": ("cosine_window", None, None),
-    "cosine_window-shifted": ("cosine_window", dict(window_size=4, shift_size=2), (1, 8, 8, 32)),
-    "rel_pos-windowed": ("rel_pos", None, None),
-    "rel_pos-global": ("rel_pos", dict(window_size=0, input_size=(6, 7), rel_pos_zero_init=False), (1, 6, 7, 32)),
-    "neighborhood-dilated": ("neighborhood", dict(kernel_size=3, dilation=2), (1, 9, 8, 32)),
-    "halo": ("halo", None, None),
-    "longformer2d": ("longformer2d", None, None),
-}
-
-
-@pytest.mark.slow  # inductor codegen (about 10 s each)
-@pytest.mark.parametrize("case", sorted(COMPILED))
-@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
-def test_compiled_flex_equals_explicit_on_cpu(case: str) -> None:
-    name, kwargs, shape = COMPILED[case]
-    if kwargs is None:
-        module, shape = _example(name)
-    else:
-        torch.manual_seed(0)
-        module = create_attention(name, 32, 4, **kwargs).eval()
-    x = torch.randn(shape, generator=torch.Generator().manual_seed(4))
-    assert_compiled_flex_matches_explicit(module, x)

@@ -262,3 +262,13 @@ def test_compiled_flex_inference_on_cpu() -> None:
     m = _module(3, 2).eval()
     x = _map(9, 10)[:1]
     assert_compiled_flex_matches_explicit(m, x)
+
+
+@pytest.mark.slow  # inductor codegen (about 10 s)
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_compiled_flex_dilated_neighbourhood_on_cpu() -> None:
+    # DiNAT's dilated neighbourhood through inductor's CPU FlexAttention kernel
+    torch.manual_seed(0)
+    module = create_attention("neighborhood", 32, 4, kernel_size=3, dilation=2).eval()
+    x = torch.randn((1, 9, 8, 32), generator=torch.Generator().manual_seed(4))
+    assert_compiled_flex_matches_explicit(module, x)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flex_utils import assert_flex_matches_explicit, recorded_patterns
+from flex_utils import assert_compiled_flex_matches_explicit, assert_flex_matches_explicit, recorded_patterns
 
 from vit_attention import create_attention
 from vit_attention.functional import flex
@@ -98,3 +98,12 @@ def test_reduced_vitdet_windowed_and_global_blocks(impl: str) -> None:
         assert_flex_matches_explicit(model, lambda: [x[:1]])
     assert any(p.cache_key == ("rel_pos", 4, 4) for p in seen)
 
+
+@pytest.mark.slow  # inductor codegen (about 10 s)
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_compiled_flex_global_block_on_cpu() -> None:
+    # ViTDet's global block (window_size=0): the decomposed terms the graph computes lower into inductor's kernel
+    torch.manual_seed(0)
+    module = create_attention("rel_pos", 32, 4, window_size=0, input_size=(6, 7), rel_pos_zero_init=False).eval()
+    x = torch.randn((1, 6, 7, 32), generator=torch.Generator().manual_seed(4))
+    assert_compiled_flex_matches_explicit(module, x)

@@ -17,7 +17,12 @@ from unittest import mock
 
 import pytest
 import torch
-from flex_utils import assert_flex_matches_explicit, recorded_patterns, run_backend
+from flex_utils import (
+    assert_compiled_flex_matches_explicit,
+    assert_flex_matches_explicit,
+    recorded_patterns,
+    run_backend,
+)
 from model_outputs import build, small_overrides
 
 from vit_attention import create_attention
@@ -286,3 +291,14 @@ def test_flex_path_traces_without_graph_breaks(name: str, hw: tuple[int, int], k
         explained = dynamo.explain(module)(torch.randn(1, *hw, 8))
     dynamo.reset()
     assert explained.graph_break_count == 0, explained.break_reasons
+
+
+@pytest.mark.slow  # inductor codegen (about 10 s)
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_compiled_flex_shifted_cosine_window_on_a_window_multiple() -> None:
+    # SwinV2 shifted windows on an 8 x 8 map (no padding) through inductor's CPU FlexAttention kernel: the CPB
+    # the graph computes lowers, v at the shifted gather's offset is read where it sits
+    torch.manual_seed(0)
+    module = create_attention("cosine_window", 32, 4, window_size=4, shift_size=2).eval()
+    x = torch.randn((1, 8, 8, 32), generator=torch.Generator().manual_seed(4))
+    assert_compiled_flex_matches_explicit(module, x)

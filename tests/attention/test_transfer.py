@@ -37,8 +37,9 @@ def _randomise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("name", list_attention())
-def test_every_mechanism_declares_its_projections_and_they_round_trip(name: str) -> None:
+def check_projections_round_trip(name: str) -> None:
+    """The spec's example declares its q / k / v / o projections, and they carry into a second one exactly
+    (a plain function of a registered name: ``tests/test_bring_your_own.py`` runs it on a mechanism from outside)."""
     a, _ = get_attention_spec(name).example()
     b, _ = get_attention_spec(name).example()
     _randomise(a, 1)
@@ -55,6 +56,11 @@ def test_every_mechanism_declares_its_projections_and_they_round_trip(name: str)
             torch.testing.assert_close(again.bias[role], proj.bias[role], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", list_attention())
+def test_every_mechanism_declares_its_projections_and_they_round_trip(name: str) -> None:
+    check_projections_round_trip(name)
+
+
 # (mechanism, its keywords on the 7 x 7 grid): each computes global attention there once its new parameters
 # are neutral, so the transferred model equals the source (CvT's conv projections with stride 1, PVT's without
 # reduction; CvT's logit scale C^-1/2 is made up for in the queries)
@@ -66,6 +72,12 @@ EXACT = [("mha", {}), ("talking_heads", {}), ("class_attn", {}), ("window", {"wi
 
 @pytest.mark.parametrize(("name", "kwargs"), EXACT, ids=[n + ("_qv" if k.get("qkv_bias") else "") for n, k in EXACT])
 def test_global_attention_into_a_mechanism_that_covers_the_map_is_unchanged(name: str, kwargs: dict) -> None:
+    check_transfer_from_global_attention_is_exact(name, kwargs)
+
+
+def check_transfer_from_global_attention_is_exact(name: str, kwargs: dict) -> None:
+    """A random global-attention ViT on a 7 x 7 grid carried into ``name`` built with ``kwargs`` (under which it
+    computes global attention there once its new parameters are neutral) gives the same logits."""
     src, tgt = _randomise(_vit()), _vit(name, **kwargs)
     report = transfer_weights(src, tgt)
     assert report.ok, report

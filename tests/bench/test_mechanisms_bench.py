@@ -75,3 +75,16 @@ def test_compile_runs_every_backend_compiled_and_checks_parity() -> None:
     assert [r["mode"] for r in rows] == ["infer+compile"] * 2
     assert all(r["error"] is None and r["ms"] > 0 for r in rows) and rows[1]["parity"] < 1e-5
     assert "| swinv2_t_s1 | cosine_window | infer+compile | fp32 |" in format_rows(rows)
+
+
+def test_every_registered_mechanism_has_an_example_case() -> None:
+    # the cases come from the registry: each mechanism's spec example, with the input its layout and grid need
+    from vit_attention.attention import list_attention
+
+    names = list_attention()
+    rows = run(["examples"], backends=["explicit", "sdpa"], batch=1, rounds=1, iters=1, warmup=1, smoke=True)
+    assert sorted({r["mechanism"] for r in rows}) == names
+    assert {r["case"] for r in rows} == {f"{n}_example" for n in names}
+    ran = [r for r in rows if r["error"] is None]
+    assert all(r["ms"] > 0 for r in ran) and all(r["parity"] < 1e-5 for r in ran if r["backend"] == "sdpa")
+    assert {r["mechanism"] for r in rows if r["error"]} == {"talking_heads"}  # no sdpa: refused by name

@@ -1,5 +1,6 @@
-"""Each patterned attention mechanism on every backend (auto / flex / sdpa / explicit), at the shapes of the
-models of issue 24, interleaved: time, peak memory, parity.
+"""Each patterned attention mechanism on every backend (auto / flex / sdpa / explicit), at the shapes of stages of
+Swin-T, SwinV2-T, NAT-T, DiNAT-T, HaloNet-26t, ViL-S, ViTDet-B and iGPT-S, or any registered mechanism at its
+spec's documented example, interleaved: time, peak memory, parity.
 
     python -m vit_attention.bench.mechanisms [--device cuda] [--amp bf16] [--mode infer|train|both]
         [--batch 64] [--cases swin_t_s1,nat_t_s1,...] [--backends auto,flex,sdpa,explicit]
@@ -7,7 +8,8 @@ models of issue 24, interleaved: time, peak memory, parity.
         [--markdown PATH]
 
 For each case (a mechanism built by ``create_attention`` with the keywords of one stage of a model, on that
-stage's map) one module is built with seeded weights and copied per backend
+stage's map; or ``NAME_example``: the keywords and map of the mechanism's spec, ``--cases examples`` for every
+registered mechanism) one module is built with seeded weights and copied per backend
 (:func:`~vit_attention.attention.set_attention_backend`): the same weights on every backend. Each round times
 every backend twice in ABBA order (``iters`` calls each, synchronised on CUDA); per backend the median time,
 its per-round ratio to the first backend (``t_first / t_backend``: > 1 means faster than the first), the peak
@@ -38,12 +40,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attention import create_attention, set_attention_backend
+from ..attention import create_attention, get_attention_spec, list_attention, set_attention_backend
 from ..weights.io import atomic_write_text
 from .device import autocast, synchronize
 from .harness import ATTN_BACKENDS, parse_backends, recompile_limit
 
-__all__ = ["Case", "CASES", "run_case", "run", "format_rows", "main"]
+__all__ = ["Case", "CASES", "example_case", "get_case", "expand_cases", "run_case", "run", "format_rows", "main"]
 
 
 @dataclass(frozen=True)
@@ -80,10 +82,10 @@ CASES: dict[str, Case] = {c.model: c for c in (
          smoke_kwargs=dict(block_size=4, halo_size=1)),
     Case("vil_s_s1", "longformer2d", 96, 3, (56, 56), dict(window_size=15, num_global_tokens=1), prefix=1,
          smoke_kwargs=dict(window_size=3, num_global_tokens=1)),
-    Case("vitdet_b_window", "rel_pos", 768, 12, (64, 64), dict(window_size=14, input_size=14), batch=8,
-         smoke_kwargs=dict(window_size=4, input_size=4)),
-    Case("vitdet_b_global", "rel_pos", 768, 12, (64, 64), dict(window_size=0, input_size=64), batch=8,
-         smoke_kwargs=dict(window_size=0, input_size=8)),
+    Case("vitdet_b_window", "rel_pos", 768, 12, (64, 64), dict(window_size=14, input_size=14, rel_pos_zero_init=False),
+         batch=8, smoke_kwargs=dict(window_size=4, input_size=4)),
+    Case("vitdet_b_global", "rel_pos", 768, 12, (64, 64), dict(window_size=0, input_size=64, rel_pos_zero_init=False),
+         batch=8, smoke_kwargs=dict(window_size=0, input_size=8)),
     Case("igpt_s_causal", "causal", 512, 8, (32, 32), {}, batch=16),
 )}
 
@@ -92,8 +94,6 @@ def _build(case: Case, smoke: bool, seed: int = 0) -> tuple[nn.Module, dict[str,
     """The seeded module (tables that start at zero filled too, so bias paths do work) and its keywords."""
     torch.manual_seed(seed)
     kwargs = {**case.kwargs, **(case.smoke_kwargs if smoke else {})}
-    if case.name == "rel_pos":
-        kwargs.setdefault("rel_pos_zero_init", False)
     m = create_attention(case.name, case.dim if not smoke else case.heads * 8, case.heads, **kwargs)
     with torch.no_grad():
         for p in m.parameters():  # tables initialised at zero would make bias paths trivial
@@ -103,15 +103,57 @@ def _build(case: Case, smoke: bool, seed: int = 0) -> tuple[nn.Module, dict[str,
 
 
 def _input(case: Case, batch: int, smoke: bool) -> tuple[Tensor, dict[str, Any]]:
-    """Input ``[B, H, W, C]`` (spatial mechanisms) or ``[B, P + H·W, C]`` (token ones) and the call's keywords."""
+    """Input ``[B, H, W, C]`` (spatial mechanisms) or ``[B, P + H·W, C]`` (token ones) and the call's keywords
+    (``feat_size`` for a token mechanism that needs the grid, ``num_prefix_tokens``), read from the spec."""
+    spec = get_attention_spec(case.name)
     H, W = case.smoke_grid if smoke else case.grid
     C = case.dim if not smoke else case.heads * 8
     g = torch.Generator().manual_seed(1)
-    if case.name in ("longformer2d", "causal"):
+    if spec.layout == "tokens":
         x = torch.randn(batch, case.prefix + H * W, C, generator=g)
-        call = dict(feat_size=(H, W), num_prefix_tokens=case.prefix) if case.name == "longformer2d" else {}
+        call: dict[str, Any] = dict(feat_size=(H, W)) if spec.needs_feat_size else {}
+        if case.prefix:
+            call["num_prefix_tokens"] = case.prefix
         return x, call
     return torch.randn(batch, H, W, C, generator=g), {}
+
+
+EXAMPLE_SUFFIX = "_example"
+
+
+def example_case(name: str) -> Case:
+    """Mechanism ``name``'s case from its registry spec: the documented example (``doc_example``: its keywords at
+    width 96 with 3 heads on a 14 x 14 map or its own map), and the spec's small example under ``--smoke``. Any
+    registered mechanism has one, a mechanism registered from outside the package too: ``--cases NAME_example``."""
+    spec = get_attention_spec(name)
+    kwargs, shape = spec.doc_example if spec.doc_example is not None else (spec.example_kwargs, (1, 14, 14, 96))
+    grid = (shape[1], shape[2]) if len(shape) == 4 else (14, 14)
+    small = spec.example_shape
+    return Case(f"{name}{EXAMPLE_SUFFIX}", name, shape[-1], 3, grid, dict(kwargs),
+                smoke_grid=(small[1], small[2]) if len(small) == 4 else (4, 4),
+                smoke_kwargs=dict(spec.example_kwargs))
+
+
+def get_case(key: str) -> Case:
+    """The case ``key``: a model stage of :data:`CASES`, or ``NAME_example`` (:func:`example_case`)."""
+    if key in CASES:
+        return CASES[key]
+    if key.endswith(EXAMPLE_SUFFIX) and key[:-len(EXAMPLE_SUFFIX)] in list_attention():
+        return example_case(key[:-len(EXAMPLE_SUFFIX)])
+    raise _unknown([key])
+
+
+def _unknown(keys: Sequence[str]) -> ValueError:
+    return ValueError(f"--cases: unknown {list(keys)}; expected some of {', '.join(CASES)}, 'examples' (every "
+                      f"registered mechanism's example) or NAME{EXAMPLE_SUFFIX} for a registered mechanism NAME")
+
+
+def expand_cases(keys: Sequence[str]) -> list[str]:
+    """``keys`` with ``"examples"`` replaced by every registered mechanism's ``NAME_example``."""
+    out: list[str] = []
+    for k in keys:
+        out += [f"{n}{EXAMPLE_SUFFIX}" for n in list_attention()] if k == "examples" else [k]
+    return out
 
 
 def run_case(case: Case, *, backends: Sequence[str], device: torch.device, amp: str | None, mode: str,
@@ -232,21 +274,24 @@ def run(cases: Sequence[str], *, backends: Sequence[str], device: str = "cpu", a
         modes: Sequence[str] = ("infer",), batch: int = 64, rounds: int = 5, iters: int = 10, warmup: int = 3,
         smoke: bool = False, compile: bool = False, log: Callable[[str], None] = lambda s: None,
         progress: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
-    """:func:`run_case` over ``cases`` (names of :data:`CASES`) and ``modes``; a case that fails as a whole
-    gives one row with its error."""
-    unknown = [c for c in cases if c not in CASES]
-    if unknown:
-        raise ValueError(f"--cases: unknown {unknown}; expected some of {', '.join(CASES)}")
+    """:func:`run_case` over ``cases`` (names of :data:`CASES`, ``NAME_example`` or ``examples``: see
+    :func:`get_case`) and ``modes``; a case that fails as a whole gives one row with its error."""
+    cases = expand_cases(cases)
+    unknown = [c for c in cases if c not in CASES and not (c.endswith(EXAMPLE_SUFFIX)
+                                                         and c[:-len(EXAMPLE_SUFFIX)] in list_attention())]
+    if unknown:  # every name checked before anything runs
+        raise _unknown(unknown)
+    resolved = {c: get_case(c) for c in cases}
     dev = torch.device(device)
     rows: list[dict[str, Any]] = []
     for name in cases:
         for mode in modes:
             try:
-                rows += run_case(CASES[name], backends=backends, device=dev, amp=amp, mode=mode, batch=batch,
+                rows += run_case(resolved[name], backends=backends, device=dev, amp=amp, mode=mode, batch=batch,
                                  rounds=rounds, iters=iters, warmup=warmup, smoke=smoke, compile=compile,
                                  log=log)
             except Exception as e:
-                rows.append(dict(case=name, mechanism=CASES[name].name, backend=None, mode=mode, amp=amp or "fp32",
+                rows.append(dict(case=name, mechanism=resolved[name].name, backend=None, mode=mode, amp=amp or "fp32",
                                  ms=None, error=f"{type(e).__name__}: {str(e).strip()[:300]}"))
                 log(f"{name} [{mode}] failed: {rows[-1]['error']}")
                 if dev.type == "cuda":
@@ -303,7 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--mode", choices=("infer", "train", "both"), default="infer",
                     help="forward (inference mode), or forward + backward")
     ap.add_argument("--batch", type=int, default=64, help="batch (cases with their own batch keep it; default 64)")
-    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {', '.join(CASES)} (default all)")
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help=f"comma-separated, from {', '.join(CASES)} (default: these model stages), 'examples' (every "
+                         "registered mechanism's documented example) or NAME_example (one registered mechanism's)")
     ap.add_argument("--backends", default="auto,flex,sdpa,explicit",
                     help=f"comma-separated, from {', '.join(ATTN_BACKENDS)}; ratios are to the first")
     ap.add_argument("--rounds", type=int, default=5)
