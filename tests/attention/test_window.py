@@ -362,7 +362,7 @@ def test_inference_runs_bias_and_shift_mask_through_the_fused_kernel(name, monke
 def test_bias_cache_is_a_cpu_inference_saving_only() -> None:
     """Cached only for CPU parameters outside autograd: an accelerator recomputes (comparing values would
     synchronise the host every block), the meta device has no values, autograd must see the computation."""
-    from vit_attention.attention._common import uncacheable
+    from vit_attention.attention.base import uncacheable
 
     p = torch.nn.Parameter(torch.zeros(3))
     with torch.no_grad():

@@ -226,10 +226,11 @@ def test_block_mlp_layer_is_any_module_with_the_mlp_constructor():
 
 def test_a_kwargs_constructor_gets_every_offered_keyword():
     from vit_attention.attention import register_attention
+    from vit_attention.attention.base import AttentionModule
     from vit_attention.attention.registry import _ATTENTION
 
     @register_attention("_test_any_kwargs", layout="tokens")
-    class AnyKwargs(nn.Module):
+    class AnyKwargs(AttentionModule):
         """Identity on tokens ``[B, N, C]`` recording its keywords."""
 
         def __init__(self, dim, num_heads, **kwargs):

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..attention.base import AttentionModule
 from ..functional.tome import matching_costs
 from ._run import ModuleCall, Recording, as_input, meta_state, module_device, record_forward
 
@@ -83,7 +84,9 @@ def _self_costed(call: ModuleCall) -> bool:
     """
     if not callable(getattr(call.module, "flops", None)) or call.arg_shape is None:
         return False
-    if getattr(call.module, "attention_name", None) is not None:
+    if isinstance(call.module, AttentionModule):  # the base's flops (None): no closed form, count what runs inside
+        if not call.module.provides("flops"):
+            return False
         return call.n_positional_tensors == 1 and set(call.tensor_kwargs) <= {"residual"}
     return call.n_tensor_args == 1 and len(call.in_shapes) == 1
 

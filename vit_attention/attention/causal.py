@@ -31,7 +31,7 @@ from ..functional.flex import AttentionPattern, use_flex
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
-from ._common import check_heads, check_prob
+from .base import AttentionModule, check_heads, check_prob
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -222,7 +222,7 @@ class StaticKVCache:
         "attends to the `M` cached keys, `4·C² + 2·M·C` multiply-adds per token instead of a full forward."),
     cost="4·N·C² + 2·N²·C multiply-adds (dense masked product); with the cache, 4·C² + 2·M·C per new token",
     example_shape=(2, 11, 32), doc_example=({}, (1, 64, 96)))
-class CausalSelfAttention(nn.Module):
+class CausalSelfAttention(AttentionModule):
     """Causal self-attention, ``[B, N, C] -> [B, N, C]``; optional key/value cache for generation.
 
     ``qkv`` is one packed ``Linear(C, 3C)``, ``proj`` a ``Linear(C, C)`` (GPT-2's ``c_attn`` /

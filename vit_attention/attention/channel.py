@@ -33,7 +33,7 @@ from ..functional.layout import AttentionLayout
 from ..functional.linear import apply_linear, hookless
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.window import _CPU, _cached
-from ._common import check_heads, check_prob
+from .base import AttentionModule, check_heads, check_prob
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -75,7 +75,7 @@ def channel_layout(head_dim: int) -> AttentionLayout:
         "field at a cost linear in `N`. `query_map` on such a record raises (no query position exists)."),
     cost="4·N·C² + 2·N·C·hd multiply-adds (linear in the tokens N; hd = C / nh)",
     doc_example=(dict(), (1, 196, 96)))
-class ChannelAttention(nn.Module):
+class ChannelAttention(AttentionModule):
     """Channel group attention, ``[B, N, C] -> [B, N, C]``.
 
     Args:

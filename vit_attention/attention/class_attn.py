@@ -19,7 +19,7 @@ from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
-from ._common import check_heads, check_prob
+from .base import AttentionModule, check_heads, check_prob
 from .registry import register_attention
 
 __all__ = ["ClassAttention"]
@@ -37,7 +37,7 @@ __all__ = ["ClassAttention"]
         "Without `context`, `ctx = x` (self-attention with separate q / k / v projections)."),
     cost="2·N·C² + 2·M·C² + 2·N·M·C multiply-adds (CaiT: N = 1 query, M = N_patches + 1 keys: linear in the tokens)",
     example_shape=(2, 11, 32))
-class ClassAttention(nn.Module):
+class ClassAttention(AttentionModule):
     """Class attention, ``x [B, N, C]`` (queries), ``context [B, M, C]`` (keys, values; default x) -> ``[B, N, C]``.
 
     ``q``, ``k``, ``v`` are separate ``Linear(C, C)`` (timm's layout). Cost:

@@ -22,7 +22,7 @@ from ..functional.batch_norm import conv_bn
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
-from ._common import check_heads, check_map_tokens_call, check_prob, grid_of
+from .base import AttentionModule, check_heads, check_map_tokens_call, check_prob, grid_of
 from .registry import register_attention
 
 __all__ = ["ConvProjection", "ConvProjectionAttention", "CONV_PROJ_METHODS"]
@@ -91,7 +91,7 @@ class _AvgProjection(nn.AvgPool2d):
     cost="k²·C·(N + 2M) + 5·C·(N + 2M) (convs, BatchNorm) + 2·N·C² + 2·M·C² (linears) + 2·N·M·C (attention), "
          "M = N / s²: with s = 2, 2.5·N·C² + 0.5·N²·C",
     example_shape=(2, 16, 32), doc_example=({}, (1, 196, 96)))
-class ConvProjectionAttention(nn.Module):
+class ConvProjectionAttention(AttentionModule):
     """Convolutional projection attention, tokens ``[B, P + H·W, C] -> [B, P + H·W, C]``.
 
     Args:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ..functional.halo import halo_attention
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.sizes import make_divisible
-from ._common import check_heads, check_prob, check_spatial_call, prefix_attention
+from .base import AttentionModule, check_heads, check_prob, check_spatial_call, prefix_attention
 from .registry import register_attention
 
 __all__ = ["HaloAttention"]
@@ -64,7 +64,7 @@ def _conv1x1(x: Tensor, conv: nn.Conv2d) -> Tensor:
     cost="N·C·C_qk (q) + N·C·(C_qk + C_v) (kv) + N_q·win²·(C_qk + C_v) (logits and values) + "
          "2·N_q·win·C_qk (relative logits) multiply-adds: linear in N, win²/N of global attention",
     doc_example=(dict(block_size=8, halo_size=3), (1, 16, 16, 96)), grid_kwargs=_grid_block)
-class HaloAttention(nn.Module):
+class HaloAttention(AttentionModule):
     """Halo attention, ``[B, H, W, C] -> [B, ceil(H/stride), ceil(W/stride), dim_out]`` (any ``H, W``).
 
     Keys as timm's ``HaloAttn``: ``q`` (1x1 conv ``C -> nh·hd_qk``, stride = the block stride), ``kv``

@@ -47,7 +47,7 @@ from ..functional.longformer2d import (
     longformer2d_sequence_index,
 )
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
-from ._common import check_heads, check_map_tokens_call, check_prob, grid_of
+from .base import AttentionModule, check_heads, check_map_tokens_call, check_prob, grid_of
 from .registry import register_attention
 
 __all__ = ["Longformer2DAttention", "longformer2d_macs"]
@@ -97,7 +97,7 @@ def _vil_stage_table() -> str:
     cost="4·N·C² + 2·nc·w²·(G + 9w²)·C + 2·G·N·C multiply-adds (nc = ceil(H/w)·ceil(W/w) chunks): linear in N, "
          "about 2·N·9w²·C for the attention",
     example_shape=(2, 16, 32), doc_example=(dict(window_size=3), (1, 14 * 14, 96)))
-class Longformer2DAttention(nn.Module):
+class Longformer2DAttention(AttentionModule):
     """2-D Longformer attention, ``[B, G + H·W, C] -> [B, G + H·W, C]`` (grid ``feat_size = (H, W)``).
 
     Args:

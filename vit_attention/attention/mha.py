@@ -17,7 +17,7 @@ from ..functional import merge_heads, scaled_dot_product_attention, split_heads
 from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
-from ._common import check_heads, check_prob
+from .base import AttentionModule, check_heads, check_prob
 from .registry import register_attention
 
 __all__ = ["MultiHeadAttention"]
@@ -42,7 +42,7 @@ def _pick(name: str, value: Any, alias: str, alias_value: Any, default: Any) -> 
         "cross-attention (e.g. the MAP pooling head of ViT-22B)."),
     cost="4·N·C² + 2·N·M·C multiply-adds (M = N for self-attention)",
     example_shape=(2, 11, 32))
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(AttentionModule):
     """Multi-head attention, query ``[B, N, E]``, key ``[B, M, kdim]``, value ``[B, M, vdim]`` -> ``[B, N, E]``.
 
     Called with one tensor it is self-attention (``[B, N, E] -> [B, N, E]``); with ``context

@@ -17,7 +17,7 @@ from ..functional.linear import apply_linear, linear
 from ..functional.rope import apply_rope
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.tome import TokenMergeState
-from ._common import check_heads, check_prob
+from .base import AttentionModule, check_heads, check_prob
 from .registry import register_attention
 from .rope import make_rope
 from .transfer import PACKED_QKV_SLOTS
@@ -39,7 +39,7 @@ __all__ = ["MultiHeadSelfAttention"]
         "tokens after it, prefix tokens unrotated."),
     cost="4·N·C² + 2·N²·C multiply-adds (quadratic in the tokens N)",
     example_shape=(2, 11, 32))
-class MultiHeadSelfAttention(nn.Module):
+class MultiHeadSelfAttention(AttentionModule):
     """Global self-attention, ``[B, N, C] -> [B, N, C]``.
 
     ``qkv`` is one packed ``Linear(C, 3C)`` (timm layout); ``qkv_bias="qv"`` gives it no bias and

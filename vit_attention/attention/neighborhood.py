@@ -29,7 +29,15 @@ from ..functional.linear import apply_linear
 from ..functional.neighborhood import default_tile_size, neighborhood_attention, neighborhood_bias, neighborhood_plan
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION, capturing
 from ..functional.window import to_pair
-from ._common import ParamCache, check_heads, check_prob, check_spatial_call, packed_prefix_attention, uncacheable
+from .base import (
+    AttentionModule,
+    ParamCache,
+    check_heads,
+    check_prob,
+    check_spatial_call,
+    packed_prefix_attention,
+    uncacheable,
+)
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -69,7 +77,7 @@ def _grid_kernel(grid: tuple[int, int]) -> dict[str, Any]:
     cost="4·N·C² + 2·N·K²·C multiply-adds for the mechanism (linear in N); the tiles compute "
          "2·nT·T²·R²·C for the logits and values (R ≤ T + K − 1), about (T + K − 1)²/K² of that",
     doc_example=(dict(kernel_size=7, dilation=1), (1, 14, 14, 96)), grid_kwargs=_grid_kernel)
-class NeighborhoodAttention(nn.Module):
+class NeighborhoodAttention(AttentionModule):
     """Neighbourhood attention, ``[B, H, W, C] -> [B, H, W, C]`` (any ``H, W``).
 
     Keys as the original NAT module: ``qkv`` (Linear C -> 3C), ``rpb`` ``[nh, 2K-1, 2K-1]``, ``proj``.
@@ -214,7 +222,7 @@ class NeighborhoodAttention(nn.Module):
         """Window mask + gathered ``rpb`` of every tile ``[nT, nh|1, T², R²]``; cached while no gradient is
         recorded, for one map size and tile size, while ``rpb`` holds the same values, dtype and device
         (compared on each call: an optimizer step, ``load_state_dict``, an in-place edit or ``.to()``
-        refresh it; :class:`._common.ParamCache`); recomputed under autograd, graph capture or on meta."""
+        refresh it; :class:`.base.ParamCache`); recomputed under autograd, graph capture or on meta."""
         def compute() -> Tensor:
             return neighborhood_bias(self.rpb, Hp, Wp, self.kernel_size, self.dilation, self.tile_size, device=device)
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from torch import nn
 
 from ..functional.runtime import BACKENDS, check_backend, set_switches
+from .base import AttentionModule, missing_members
 
 __all__ = ["AttentionSpec", "register_attention", "list_attention", "create_attention", "get_attention_spec",
            "small_window_kwargs", "set_attention_backend"]
@@ -67,7 +68,7 @@ class AttentionSpec:
     """
 
     name: str
-    cls: type[nn.Module]
+    cls: type[AttentionModule]
     layout: Layout
     description: str = ""
     example_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -89,7 +90,7 @@ class AttentionSpec:
     backends: tuple[str, ...] = BACKENDS
     backend_note: str = ""
 
-    def example(self) -> tuple[nn.Module, tuple[int, ...]]:
+    def example(self) -> tuple[AttentionModule, tuple[int, ...]]:
         """The small valid example: ``(module, input_shape)``."""
         return self.cls(self.example_shape[-1], self.example_heads, **self.example_kwargs), self.example_shape
 
@@ -97,7 +98,7 @@ class AttentionSpec:
 _ATTENTION: dict[str, AttentionSpec] = {}
 
 
-def _init_kwargs(cls: type[nn.Module]) -> tuple[frozenset[str], bool]:
+def _init_kwargs(cls: type[AttentionModule]) -> tuple[frozenset[str], bool]:
     """Keyword names the constructor lists, and whether it also takes ``**kwargs`` (any name)."""
     params = inspect.signature(cls.__init__).parameters.values()
     kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -114,8 +115,12 @@ def register_attention(
     doc_example: tuple[dict[str, Any], tuple[int, ...]] | None = None,
     grid_kwargs: Callable[[tuple[int, int]], dict[str, Any]] | None = None, qkv_bias_split: bool = False,
     backends: tuple[str, ...] = BACKENDS, backend_note: str = "",
-) -> Callable[[type[nn.Module]], type[nn.Module]]:
+) -> Callable[[type[AttentionModule]], type[AttentionModule]]:
     """Class decorator adding a mechanism to the registry under ``name``; see :class:`AttentionSpec`.
+
+    ``cls`` must subclass :class:`~vit_attention.attention.base.AttentionModule` and define ``forward`` (a
+    spatial mechanism whose prefix tokens attend globally: ``attend_prefix`` too), or ``TypeError`` names
+    what it lacks.
 
     Defaults by layout: a spatial mechanism needs ``feat_size`` and its prefix tokens attend globally; a
     token mechanism does not and they attend. The small example defaults to ``[2, 11, 32]`` tokens or
@@ -127,7 +132,12 @@ def register_attention(
     if prefix_tokens not in (None, "attend", "global"):
         raise ValueError(f"prefix_tokens must be 'attend' or 'global', got {prefix_tokens!r}")
 
-    def deco(cls: type[nn.Module]) -> type[nn.Module]:
+    def deco(cls: type[AttentionModule]) -> type[AttentionModule]:
+        missing = missing_members(cls, layout, prefix_tokens or ("global" if spatial else "attend"))
+        if missing:
+            raise TypeError(f"attention {name!r}: {getattr(cls, '__name__', cls)!r} lacks {', '.join(missing)} "
+                            "(a mechanism subclasses vit_attention.attention.base.AttentionModule, which declares "
+                            "every member with its default)")
         if name in _ATTENTION and _ATTENTION[name].cls is not cls:
             raise ValueError(f"attention {name!r} is already registered to {_ATTENTION[name].cls.__name__}")
         named, accepts_any = _init_kwargs(cls)
@@ -141,8 +151,8 @@ def register_attention(
             grid_kwargs=grid_kwargs, qkv_bias_split=qkv_bias_split,
             init_kwargs=named, init_accepts_any=accepts_any,
             backends=tuple(check_backend(b, f"{name}'s backends entry") for b in backends), backend_note=backend_note)
-        cls.attention_name = name  # type: ignore[attr-defined]
-        cls.layout = layout  # type: ignore[attr-defined]
+        cls.attention_name = name
+        cls.layout = layout
         return cls
 
     return deco
@@ -174,14 +184,15 @@ def set_attention_backend(module: nn.Module, backend: str) -> nn.Module:
     """
     check_backend(backend)
     for sub in module.modules():
-        spec = _ATTENTION.get(getattr(type(sub), "attention_name", ""))
+        spec = _ATTENTION.get(sub.attention_name) if isinstance(sub, AttentionModule) else None
         if spec is not None and spec.cls is type(sub) and backend not in spec.backends:
             raise ValueError(f"attention backend {backend!r}: {spec.name} runs on {list(spec.backends)} only"
                              + (f" ({spec.backend_note})" if spec.backend_note else ""))
     return set_switches(module, attention_backend=backend)
 
 
-def create_attention(name: str, dim: int, num_heads: int, *, backend: str | None = None, **kwargs: Any) -> nn.Module:
+def create_attention(name: str, dim: int, num_heads: int, *, backend: str | None = None,
+                     **kwargs: Any) -> AttentionModule:
     """Build mechanism ``name`` for width ``dim`` with ``num_heads`` heads.
 
     Token mechanisms map ``[B, N, C] -> [B, N, C]``, spatial ones ``[B, H, W, C] -> [B, H, W, C]``.

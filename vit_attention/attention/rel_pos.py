@@ -50,7 +50,7 @@ from ..functional.rel_pos import decomposed_rel_pos_bias, decomposed_rel_pos_pat
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.window import to_pair
 from ..functional.window_attention import window_attention, window_tokens
-from ._common import check_heads, check_prob, check_spatial_call, packed_prefix_attention
+from .base import AttentionModule, check_heads, check_prob, check_spatial_call, packed_prefix_attention
 from .registry import register_attention, small_window_kwargs
 from .transfer import PACKED_QKV_SLOTS
 
@@ -81,7 +81,7 @@ __all__ = ["RelPosAttention"]
     cost="window: 4·hw·C² + 2·ws²·hw_p·C + 2·ws·hw_p·C multiply-adds (hw_p: the map padded to multiples "
          "of ws); global: 4·hw·C² + 2·(hw)²·C + (H + W)·hw·C",
     doc_example=(dict(window_size=7, rel_pos_zero_init=False), (1, 16, 16, 96)), grid_kwargs=small_window_kwargs)
-class RelPosAttention(nn.Module):
+class RelPosAttention(AttentionModule):
     """ViTDet attention, ``[B, H, W, C] -> [B, H, W, C]``: window (``window_size > 0``) or global (``0``).
 
     ``softmax(q kᵀ / sqrt(hd) + q·R_h[Δrow] + q·R_w[Δcol]) v`` inside unshifted ``ws x ws`` windows

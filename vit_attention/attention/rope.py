@@ -26,7 +26,7 @@ from ..functional.rope import (
     rope_coords,
     rope_cos_sin,
 )
-from ._common import grid_of
+from .base import grid_of
 
 __all__ = ["RotaryEmbedding", "ROPE_KINDS", "ROPE_CONVENTIONS", "make_rope"]
 

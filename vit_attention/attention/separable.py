@@ -27,7 +27,7 @@ from ..functional.attention import attention_observed
 from ..functional.linear import apply_linear
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.unfold import patch_grid, patch_key_mask, separable_layout
-from ._common import check_heads, check_prob, check_spatial_call
+from .base import AttentionModule, check_heads, check_prob, check_spatial_call
 from .registry import register_attention
 from .unfold import check_patch_size
 
@@ -49,7 +49,7 @@ __all__ = ["SeparableAttention"]
         "`N x N` matrix exists: cost and memory grow linearly with the tokens."),
     cost="HW·C·(2C + nh) + HW·C² + HW·(C + nh) multiply-adds (linear in the tokens HW)",
     doc_example=(dict(patch_size=2), (1, 16, 16, 96)))
-class SeparableAttention(nn.Module):
+class SeparableAttention(AttentionModule):
     """Separable self-attention, ``[B, H, W, C] -> [B, H, W, C]``, cost linear in ``H·W``.
 
     Keys: ``qkv_proj`` (``Linear(C, nh + 2C)``, rows ``[scores | keys | values]``) and ``out_proj``

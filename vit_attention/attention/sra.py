@@ -27,7 +27,7 @@ from ..functional.heads import split_packed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
-from ._common import check_heads, check_map_tokens_call, check_prob, grid_of
+from .base import AttentionModule, check_heads, check_map_tokens_call, check_prob, grid_of
 from .registry import register_attention
 
 __all__ = ["SpatialReductionAttention", "sra_macs"]
@@ -76,7 +76,7 @@ def _pvt_stage_table() -> str:
     cost=("N·C² (q) + h·w·R²·C² (sr conv) + 2·M·C² (kv) + N·C² (proj) + 2·N·M·C (attention), M = P + h·w keys: "
           "3·N·C² + 2·N·C²/R² + 2·N²·C/R² for a map of N tokens; linear: 2·N·C² + 147·C² + 98·N·C"),
     doc_example=(dict(sr_ratio=2), (1, 196, 96)))
-class SpatialReductionAttention(nn.Module):
+class SpatialReductionAttention(AttentionModule):
     """Spatial-reduction attention, ``[B, P + H·W, C] -> [B, P + H·W, C]`` (grid ``feat_size = (H, W)``).
 
     Args:

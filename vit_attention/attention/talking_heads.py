@@ -20,7 +20,7 @@ from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, hookless
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.tome import TokenMergeState
-from ._common import check_heads, check_prob
+from .base import AttentionModule, check_heads, check_prob
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -67,7 +67,7 @@ def mix_heads(a: Tensor, mix: nn.Linear, *, scale: float = 1.0, before_softmax: 
         "The mixings need the weights, so the fused kernel does not apply (explicit path)."),
     cost="4·N·C² + 2·N²·C + 2·N²·nh² multiply-adds (quadratic in the tokens N)",
     example_shape=(2, 11, 32))
-class TalkingHeadsAttention(nn.Module):
+class TalkingHeadsAttention(AttentionModule):
     """Talking-heads self-attention, ``[B, N, C] -> [B, N, C]``.
 
     ``qkv`` is one packed ``Linear(C, 3C)``; ``proj_l`` and ``proj_w`` are ``Linear(nh, nh)`` (with

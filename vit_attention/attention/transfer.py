@@ -3,7 +3,9 @@
 Every mechanism projects its input to queries, keys and values and its result back through an
 output projection; only where those matrices sit differs (one packed ``qkv``, ``q`` + ``kv``,
 four ``Linear``\\ s, 1x1 convolutions, per-head interleaved ``kv``). A mechanism says where in its
-file, as ``transfer_slots``: role (``"q"``, ``"k"``, ``"v"``, ``"o"``) -> the parameters holding it,
+file, as ``transfer_slots`` (declared with their defaults on
+:class:`~vit_attention.attention.base.AttentionModule`): role (``"q"``, ``"k"``, ``"v"``, ``"o"``) -> the
+parameters holding it,
 each ``"attr"`` (the whole weight) or ``"attr:i/n"`` (the i-th of n equal row blocks of a packed
 projection) or ``"attr:i/nh"`` (per head interleaved: row block ``i`` of each head's ``n`` blocks,
 HaloNet's ``kv``); several paths write the same role (ViL's local and global projections). Biases
@@ -27,7 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from .base import AttentionModule
 
 __all__ = ["PACKED_QKV_SLOTS", "ROLES", "Projections", "carry_attention", "describe_transfer", "fit_offset_grid",
            "get_projections", "set_projections"]
@@ -63,7 +67,7 @@ def _rows(param: Tensor, i: int, n: int, per_head: bool, num_heads: int) -> Tens
     return param.view(num_heads, n, param.shape[0] // (num_heads * n), *param.shape[1:])[:, i]
 
 
-def _has(module: nn.Module, attr: str) -> bool:
+def _has(module: AttentionModule, attr: str) -> bool:
     try:
         module.get_submodule(attr)
     except AttributeError:
@@ -71,11 +75,11 @@ def _has(module: nn.Module, attr: str) -> bool:
     return True
 
 
-def _slots(module: nn.Module) -> Mapping[str, tuple[str, ...]]:
+def _slots(module: AttentionModule) -> Mapping[str, tuple[str, ...]]:
     """``module.transfer_slots`` with each role's paths as a tuple, those the module has (ViL's global projections
     exist only with separate global weights)."""
     out: dict[str, tuple[str, ...]] = {}
-    for role, paths in (getattr(module, "transfer_slots", None) or {}).items():
+    for role, paths in module.transfer_slots.items():
         have = tuple(p for p in ((paths,) if isinstance(paths, str) else paths) if _has(module, p.split(":")[0]))
         if have:
             out[role] = have
@@ -86,7 +90,7 @@ def _weight_2d(w: Tensor) -> Tensor:
     return w.reshape(w.shape[0], -1) if w.dim() == 4 and w.shape[2:] == (1, 1) else w  # 1x1 conv == Linear
 
 
-def get_projections(module: nn.Module) -> Projections:
+def get_projections(module: AttentionModule) -> Projections:
     """``module``'s q / k / v / o weights and biases as :class:`Projections` (copies; the roles its
     ``transfer_slots`` name, the first path of each)."""
     scale = getattr(module, "scale", None)
@@ -108,7 +112,7 @@ def get_projections(module: nn.Module) -> Projections:
 
 
 @torch.no_grad()
-def set_projections(module: nn.Module, proj: Projections) -> tuple[list[str], list[str]]:
+def set_projections(module: AttentionModule, proj: Projections) -> tuple[list[str], list[str]]:
     """Write ``proj`` into ``module``'s slots -> ``(roles written, notes on what could not be)``.
 
     A role whose weight shape differs is left as it was (noted). A bias the target lacks is dropped: exact
@@ -165,7 +169,7 @@ def fit_offset_grid(grid: Tensor, size: tuple[int, int]) -> Tensor:
 
 
 @torch.no_grad()
-def carry_attention(source: nn.Module, target: nn.Module) -> tuple[list[str], list[str]]:
+def carry_attention(source: AttentionModule, target: AttentionModule) -> tuple[list[str], list[str]]:
     """Move what ``source`` learned into ``target`` (another mechanism, or the same with other options)
     -> ``(what was carried, notes)``, both lists of short phrases.
 
@@ -175,22 +179,18 @@ def carry_attention(source: nn.Module, target: nn.Module) -> tuple[list[str], li
     """
     carried: list[str] = []
     notes: list[str] = []
-    init = getattr(target, "transfer_init", None)
-    if callable(init):
-        notes += init()
+    notes += target.transfer_init()
     roles, more = set_projections(target, get_projections(source))
     notes += more
     if roles:
         carried.append("/".join(r for r in ROLES if r in roles) + " projections")
     written = {p.split(":")[0] for role in roles for p in _slots(target)[role]}
-    get, put = getattr(source, "get_offset_bias", None), getattr(target, "set_offset_bias", None)
-    if callable(get) and callable(put):
-        grid = get()
-        if grid is not None and put(grid):
-            carried.append("offset bias")
-            table = set(getattr(target, "offset_bias_params", ()))
-            written |= table
-            notes = [n for n in notes if n.split(":")[0] not in table]  # its neutral value was overwritten
+    grid = source.get_offset_bias()
+    if grid is not None and target.set_offset_bias(grid):
+        carried.append("offset bias")
+        table = set(target.offset_bias_params)
+        written |= table
+        notes = [n for n in notes if n.split(":")[0] not in table]  # its neutral value was overwritten
     own, theirs = target.state_dict(), source.state_dict()
     same = [k for k, v in theirs.items()
             if k in own and k.rsplit(".", 1)[0] not in written and k not in written and own[k].shape == v.shape]
@@ -199,7 +199,7 @@ def carry_attention(source: nn.Module, target: nn.Module) -> tuple[list[str], li
         carried.append(", ".join(sorted({k.split(".")[0] for k in same if k.split(".")[0] not in written})))
     read = {p.split(":")[0] for paths in _slots(source).values() for p in paths} | set(_BIAS_ATTR.values())
     if "offset bias" in carried:
-        read |= set(getattr(source, "offset_bias_params", ()))
+        read |= set(source.offset_bias_params)
     behind = sorted({k.split(".")[0] for k in theirs
                      if k not in same and k.split(".")[0] not in read and k.rsplit(".", 1)[0] not in read})
     if behind:
@@ -218,7 +218,7 @@ def _slot_text(path: str) -> str:
     return f"`{attr}` (rows {i + 1} of {n}{', per head' if per_head else ''})"
 
 
-def describe_transfer(module: nn.Module) -> list[str]:
+def describe_transfer(module: AttentionModule) -> list[str]:
     """What :func:`carry_attention` does with ``module`` as the target, as Markdown lines (the docs' pages):
     where each role is written, what is set neutral (``transfer_init`` run on a copy), the offset bias."""
     import copy
@@ -230,10 +230,8 @@ def describe_transfer(module: nn.Module) -> list[str]:
     missing = [r for r in ROLES if r not in slots]
     if missing:
         lines.append(f"* no counterpart for: {', '.join(missing)} (another mechanism's are left behind)")
-    init = getattr(copy.deepcopy(module), "transfer_init", None)
-    notes = init() if callable(init) else []
-    lines += [f"* set to add nothing: {n}" for n in notes]
-    if callable(getattr(module, "set_offset_bias", None)):
+    lines += [f"* set to add nothing: {n}" for n in copy.deepcopy(module).transfer_init()]
+    if module.provides("set_offset_bias"):
         lines.append("* offset bias exchanged with the other mechanisms that have one (Swin's table, NAT's `rpb`): "
                      "exact on the offsets both cover, zero beyond the source's")
     return lines

@@ -30,7 +30,7 @@ from ..functional.attention import attention_observed
 from ..functional.linear import apply_linear
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.unfold import patch_grid, patch_key_mask, unfold_layout
-from ._common import check_heads, check_prob, check_spatial_call, packed_prefix_attention
+from .base import AttentionModule, check_heads, check_prob, check_spatial_call, packed_prefix_attention
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -61,7 +61,7 @@ def check_patch_size(patch_size: int) -> int:
         "`resize='bilinear'`) or padded with the padding masked out (`resize='mask'`)."),
     cost="4·HW·C² + 2·HW·(HW/p²)·C multiply-adds (quadratic in the tokens, divided by the patch area p²)",
     doc_example=(dict(patch_size=2), (1, 16, 16, 96)))
-class UnfoldAttention(nn.Module):
+class UnfoldAttention(AttentionModule):
     """Attention across unfolded patches, ``[B, H, W, C] -> [B, H, W, C]``.
 
     ``softmax(q kᵀ / sqrt(hd)) v`` within each intra-patch offset: pixel ``(y, x)`` attends to the

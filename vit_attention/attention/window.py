@@ -32,7 +32,15 @@ from ..functional.linear import apply_linear
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.window import relative_position_index, to_pair
 from ..functional.window_attention import window_attention, window_tokens
-from ._common import ParamCache, check_heads, check_prob, check_spatial_call, packed_prefix_attention, uncacheable
+from .base import (
+    AttentionModule,
+    ParamCache,
+    check_heads,
+    check_prob,
+    check_spatial_call,
+    packed_prefix_attention,
+    uncacheable,
+)
 from .registry import register_attention, small_window_kwargs
 from .transfer import PACKED_QKV_SLOTS, fit_offset_grid
 
@@ -99,7 +107,7 @@ def resize_window_bias_table(table: Tensor, old_window: tuple[int, int], new_win
     return out.reshape(nh, -1).T.contiguous().to(table.dtype)  # [(2Wh'-1)(2Ww'-1), nh]
 
 
-class WindowAttentionBase(nn.Module):
+class WindowAttentionBase(AttentionModule):
     """Shift / pad / partition / attend / reverse around a per-window attention, ``[B, H, W, C] -> [B, H, W, C]``.
 
     A thin owner of parameters and caches: the math is
@@ -203,7 +211,7 @@ class WindowAttentionBase(nn.Module):
         """Per-head bias ``[nh, N, N]`` (None: none, Twins LSA), cached while no gradient is recorded.
 
         What invalidates the cache: any change of the :meth:`bias_parameters`' values, dtype, device
-        or shape (compared with a snapshot on each call, :class:`._common.ParamCache`), so an
+        or shape (compared with a snapshot on each call, :class:`.base.ParamCache`), so an
         optimizer step, ``load_state_dict``, an in-place edit under ``torch.no_grad()`` (EMA) and
         ``.to()`` all refresh it, and nothing has to be cleared by hand; entering or leaving
         ``torch.inference_mode``. The ``[1, nW·nh, N, N]`` bias + shift masks built from it are

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attention import get_attention_spec
+from ..attention.base import AttentionModule
 from ..functional.linear import hookless
 
 __all__ = ["apply_attention"]
@@ -32,7 +32,7 @@ __all__ = ["apply_attention"]
 
 def _call(attn: nn.Module, x: Tensor, residual: Tensor | None, **contract: Any) -> Tensor:
     """``attn(x, **contract)`` (+ residual, fused when the mechanism can); ``x`` in the mechanism's own layout."""
-    if getattr(attn, "attention_name", None) is None:  # a plain module (plug of a user's module): x only
+    if not isinstance(attn, AttentionModule):  # a plain module (plug of a user's module): x only
         given = [k for k in ("context", "mask", "rope_coords", "rope_valid", "tome") if contract.get(k) is not None]
         if given:
             raise ValueError(f"{type(attn).__name__} is not a registered mechanism; it takes no "
@@ -45,9 +45,9 @@ def _call(attn: nn.Module, x: Tensor, residual: Tensor | None, **contract: Any) 
     if ("rope_coords" in contract or "rope_valid" in contract) and getattr(attn, "rope", None) is None:
         raise ValueError(f"{type(attn).__name__} ({attn.attention_name!r}) has no rotary embedding: it takes no "
                          f"rope_coords / rope_valid (build it with rope='axial' or 'mixed')")
-    if "tome" in contract and not getattr(attn, "supports_token_merging", False):
+    if "tome" in contract and not attn.supports_token_merging:
         raise ValueError(f"{type(attn).__name__} ({attn.attention_name!r}) does not support token merging")
-    if residual is not None and getattr(attn, "accepts_residual", False) and hookless(attn):
+    if residual is not None and attn.accepts_residual and hookless(attn):
         return attn(x, residual=residual, **contract)
     out = attn(x, **contract)
     return out if residual is None else residual + out
@@ -91,7 +91,7 @@ def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | 
     Returns:
         ``x``'s shape and layout.
     """
-    spatial = getattr(attn, "layout", "tokens") == "spatial"
+    spatial = isinstance(attn, AttentionModule) and attn.layout == "spatial"
     if x.dim() == 4:  # a channels-last map [B, H, W, C]
         if tome is not None:
             raise ValueError("token merging needs tokens [B, N, C], not a map")
@@ -104,9 +104,9 @@ def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | 
                     mask=mask, rope_coords=rope_coords, rope_valid=rope_valid)  # [B, H·W, C]
         return out.view(B, H, W, C)
     if not spatial:
-        name = getattr(attn, "attention_name", None)
-        if feat_size is None and name is not None and get_attention_spec(name).needs_feat_size:
-            raise ValueError(f"{type(attn).__name__} ({name!r}) uses the token grid: pass feat_size=(H, W)")
+        if feat_size is None and isinstance(attn, AttentionModule) and attn.spec.needs_feat_size:
+            raise ValueError(f"{type(attn).__name__} ({attn.attention_name!r}) uses the token grid: pass "
+                             "feat_size=(H, W)")
         return _call(attn, x, residual, feat_size=feat_size, num_prefix_tokens=num_prefix_tokens, context=context,
                      mask=mask, rope_coords=rope_coords, rope_valid=rope_valid, tome=tome)
     if tome is not None:
@@ -123,21 +123,8 @@ def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | 
     grid = _call(attn, x[:, P:].reshape(B, H, W, C), res, context=context).reshape(B, H * W, C)  # [B, H·W, C]
     if P == 0:
         return grid
-    prefix = _attend_prefix(attn)(x[:, :P], x)  # [B, P, C]: global attention over all P + H·W tokens
+    prefix = attn.attend_prefix(x[:, :P], x)  # [B, P, C]: global attention over all P + H·W tokens
     if residual is not None:
         prefix = residual[:, :P] + prefix
     return torch.cat([prefix, grid], dim=1)  # [B, P + H·W, C]
 
-
-def _attend_prefix(attn: nn.Module) -> Any:
-    """The spatial mechanism's ``attend_prefix(prefix [B, P, C], tokens [B, N, C]) -> [B, P, C]``; raise without one.
-
-    Without it the prefix tokens could not see the grid, and a class-token model's output would not
-    depend on its input: refused, naming the fix.
-    """
-    fn = getattr(attn, "attend_prefix", None)
-    if fn is None:
-        raise ValueError(f"{type(attn).__name__} is a spatial mechanism without attend_prefix: prefix (class / "
-                         "register) tokens could not see the image; build the model without prefix tokens "
-                         "(class_token=False, global_pool='avg')")
-    return fn

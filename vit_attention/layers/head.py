@@ -8,11 +8,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attention._common import check_heads
+from ..attention.base import check_heads
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads, split_packed
-from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
+from ..functional.observers import attention_observed
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from .mlp import Mlp
 

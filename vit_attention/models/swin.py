@@ -30,6 +30,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from ..attention.base import AttentionModule
 from ..functional import resample_abs_pos_embed
 from ..functional.window import to_pair
 from ..layers import (
@@ -52,8 +53,8 @@ from ._config import (
     check_int_seq,
     check_size,
 )
-from ._pretrained import data_cfg, pretrained_tags
 from .backbone import Backbone
+from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family, with_published_gmacs
 
 __all__ = ["SwinTransformerConfig", "SwinTransformer", "PatchMerging", "ClassifierHead", "reduced_config"]
@@ -294,7 +295,7 @@ class SwinTransformer(Backbone):
         if always_partition is not None and not isinstance(always_partition, bool):
             raise TypeError(f"always_partition must be a bool or None, got {always_partition!r}")
         attns = [blk.attn for stage in self.layers for blk in stage.blocks]
-        if any(not hasattr(a, "set_window_size") for a in attns):
+        if any(not isinstance(a, AttentionModule) or not a.provides("set_window_size") for a in attns):
             raise TypeError(f"attn_layer={self.cfg.attn_layer!r} has no window to resize (set_window_size)")
         prev_grid = self.grid_size
         self.patch_embed.set_input_size(img_size)  # checks img_size (patch multiple) before changing

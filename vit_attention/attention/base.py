@@ -1,16 +1,21 @@
-"""Argument checks shared by the attention modules, and their parameter-keyed cache (:class:`ParamCache`)."""
+"""The mechanism contract (:class:`AttentionModule`), the argument checks shared by the mechanisms, and their
+parameter-keyed cache (:class:`ParamCache`)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..functional.runtime import capturing
+
+if TYPE_CHECKING:
+    from .registry import AttentionSpec
 
 
 def check_heads(dim: int, num_heads: int, what: str = "dim") -> int:
@@ -195,3 +200,92 @@ def uncacheable(params: Sequence[torch.Tensor]) -> bool:
     if torch.is_grad_enabled() and any(p.requires_grad for p in params):
         return True
     return any(p.device.type != "cpu" for p in params)
+
+
+class AttentionModule(nn.Module):
+    """The base of every registered attention mechanism: each member a mechanism has or may have, with its default.
+
+    A mechanism maps tokens ``[B, N, C] -> [B, N, C]`` (``layout = "tokens"``) or a channels-last map
+    ``[B, H, W, C] -> [B, H, W, C]`` (``"spatial"``) in ``forward(x, *, feat_size, num_prefix_tokens,
+    context, ...)``. The tools that treat every mechanism alike (the layout adapter, FLOP counting, weight
+    transfer, token merging, window resizing) read the members below; a mechanism overrides those it
+    offers, and :meth:`provides` tells an override from the default. :func:`register_attention` refuses a
+    class that does not subclass this one, naming what it lacks.
+    """
+
+    attention_name: ClassVar[str] = ""
+    """The registered name (set by :func:`register_attention`); ``""`` on an unregistered subclass."""
+    layout: ClassVar[str] = "tokens"
+    """``"tokens"`` (``[B, N, C]``) or ``"spatial"`` (``[B, H, W, C]``); set by :func:`register_attention`."""
+    dim: int
+    """The width ``C`` of the input and output."""
+    num_heads: int
+    """The number of attention heads."""
+    fused_attention: bool
+    """Captured when built: the fused kernel may run (``runtime.switched`` flips it)."""
+    attention_backend: str
+    """Captured when built: ``"auto"`` | ``"sdpa"`` | ``"explicit"`` | ``"flex"``."""
+    transfer_slots: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    """Where the q / k / v / o projections sit (:mod:`~vit_attention.attention.transfer`); empty = none."""
+    offset_bias_params: ClassVar[tuple[str, ...]] = ()
+    """The parameters :meth:`set_offset_bias` writes (weight transfer leaves them out of its name match)."""
+    accepts_residual: ClassVar[bool] = False
+    """``forward(x, residual=r)`` returns ``r + attn(x)`` (blocks fuse the add into the output projection)."""
+    supports_token_merging: ClassVar[bool] = False
+    """``forward(x, tome=state)`` runs token merging's proportional attention and sets its merge metric."""
+
+    @property
+    def spec(self) -> AttentionSpec:
+        """The registry's :class:`~vit_attention.attention.registry.AttentionSpec` of this mechanism."""
+        from .registry import get_attention_spec
+
+        return get_attention_spec(self.attention_name or type(self).__name__)
+
+    @classmethod
+    def provides(cls, member: str) -> bool:
+        """Whether this class overrides the base's default of ``member`` (e.g. ``"set_window_size"``)."""
+        if not hasattr(AttentionModule, member):
+            raise AttributeError(f"member must be one of AttentionModule's, got {member!r}")
+        return getattr(cls, member) is not getattr(AttentionModule, member)
+
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int | None:
+        """Multiply-adds of one forward on ``input_shape``; None = no closed form (count the operations inside)."""
+        return None
+
+    def transfer_init(self) -> list[str]:
+        """Set what has no counterpart in another mechanism to add nothing -> notes; default: nothing to set."""
+        return []
+
+    def get_offset_bias(self) -> Tensor | None:
+        """The learned offset bias as a grid ``[nh, 2a-1, 2b-1]`` (key minus query); None = the mechanism has none."""
+        return None
+
+    def set_offset_bias(self, grid: Tensor) -> bool:
+        """Write an offset-bias grid ``[nh, 2a-1, 2b-1]`` -> whether it was written; default: no table, False."""
+        return False
+
+    def set_window_size(self, window_size: int | Sequence[int], shift_size: int | Sequence[int] = 0) -> None:
+        """Change the attention window in place (a model's ``set_input_size``); default: no window, TypeError."""
+        raise TypeError(f"{type(self).__name__} ({self.attention_name or 'unregistered'!r}) has no window to resize "
+                        "(set_window_size)")
+
+    def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
+        """Prefix tokens ``[B, P, C]`` attend globally to all ``tokens [B, P + H·W, C]`` -> ``[B, P, C]`` (spatial
+        mechanisms); default: ValueError, the prefix tokens could not see the grid."""
+        raise ValueError(f"{type(self).__name__} is a spatial mechanism without attend_prefix: prefix (class / "
+                         "register) tokens could not see the image; build the model without prefix tokens "
+                         "(class_token=False, global_pool='avg')")
+
+
+def missing_members(cls: type, layout: str, prefix_tokens: str) -> list[str]:
+    """What ``cls`` lacks to be registered as a mechanism of ``layout``: ``[]`` when nothing.
+
+    It must subclass :class:`AttentionModule` and define ``forward``; a spatial mechanism whose prefix tokens
+    attend globally (``prefix_tokens="global"``) must define ``attend_prefix``.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, AttentionModule)):
+        return ["the base class AttentionModule (vit_attention.attention.base)"]
+    missing = [] if cls.forward is not nn.Module.forward else ["forward"]
+    if layout == "spatial" and prefix_tokens == "global" and not cls.provides("attend_prefix"):
+        missing.append("attend_prefix")
+    return missing

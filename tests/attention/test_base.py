@@ -1,0 +1,132 @@
+"""The mechanism contract in code: :class:`AttentionModule` declares every member with its default, the registry
+refuses a class that lacks one it needs, and the shared tools read the members without probing."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from vit_attention import create_attention, list_attention
+from vit_attention.analysis.flops import flops
+from vit_attention.attention import get_attention_spec, register_attention, registry
+from vit_attention.attention.base import AttentionModule
+from vit_attention.attention.transfer import carry_attention, describe_transfer
+from vit_attention.layers.adapter import apply_attention
+
+NAMES = list_attention()
+METHODS = ("flops", "transfer_init", "get_offset_bias", "set_offset_bias", "set_window_size", "attend_prefix")
+
+
+class _Tokens(AttentionModule):
+    """A minimal token mechanism: one linear map, nothing else declared (every other member is the base's)."""
+
+    def __init__(self, dim: int, num_heads: int = 1) -> None:
+        super().__init__()
+        self.dim, self.num_heads = dim, num_heads
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
+                context: Tensor | None = None) -> Tensor:
+        """``[B, N, C] -> [B, N, C]``."""
+        return self.proj(x)
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registrations in a test leave the library's registry as it was."""
+    monkeypatch.setattr(registry, "_ATTENTION", dict(registry._ATTENTION))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_registered_mechanism_subclasses_the_base(name: str) -> None:
+    spec = get_attention_spec(name)
+    assert issubclass(spec.cls, AttentionModule)
+    attn, _ = spec.example()
+    assert attn.spec is spec and attn.attention_name == name and attn.layout == spec.layout
+
+
+def test_every_member_of_the_base_has_a_one_line_docstring() -> None:
+    for member in METHODS + ("spec", "provides"):
+        doc = inspect.getdoc(getattr(AttentionModule, member))
+        assert doc and doc.strip(), member
+
+
+def test_the_defaults_are_neutral(scratch_registry: None) -> None:
+    attn = register_attention("scratch_tokens", layout="tokens")(_Tokens)(8)
+    assert attn.flops((1, 4, 8)) is None
+    assert attn.transfer_init() == []
+    assert attn.get_offset_bias() is None and attn.set_offset_bias(torch.zeros(1, 3, 3)) is False
+    assert dict(attn.transfer_slots) == {} and attn.offset_bias_params == ()
+    assert attn.accepts_residual is False and attn.supports_token_merging is False
+    with pytest.raises(TypeError, match="scratch_tokens.*no window to resize"):
+        attn.set_window_size(4)
+    with pytest.raises(ValueError, match="without attend_prefix"):
+        attn.attend_prefix(torch.randn(1, 1, 8), torch.randn(1, 5, 8))
+    assert not any(_Tokens.provides(m) for m in METHODS)
+    with pytest.raises(AttributeError, match="member must be one of"):
+        _Tokens.provides("no_such_member")
+
+
+def test_the_registry_refuses_a_class_that_is_not_a_mechanism(scratch_registry: None) -> None:
+    class Plain(nn.Module):
+        def forward(self, x: Tensor) -> Tensor:
+            return x
+
+    with pytest.raises(TypeError, match=r"'scratch_plain'.*'Plain' lacks the base class AttentionModule"):
+        register_attention("scratch_plain", layout="tokens")(Plain)
+    assert "scratch_plain" not in list_attention()
+
+
+def test_the_registry_names_the_members_a_class_lacks(scratch_registry: None) -> None:
+    class NoForward(AttentionModule):
+        pass
+
+    with pytest.raises(TypeError, match="'NoForward' lacks forward, attend_prefix"):
+        register_attention("scratch_noforward", layout="spatial")(NoForward)
+    # a spatial mechanism whose prefix tokens are refused rather than attended needs no attend_prefix
+    register_attention("scratch_spatial", layout="spatial", prefix_tokens="attend")(type("Ok", (_Tokens,), {}))
+    assert "scratch_spatial" in list_attention()
+
+
+def test_a_mechanism_with_the_defaults_runs_through_the_shared_tools(scratch_registry: None) -> None:
+    """Adapter (residual added outside), FLOP counting (no closed form: its layers counted) and weight
+    transfer (no slots: only what matches by name and shape) all take a mechanism that declares nothing beyond
+    ``forward``."""
+    cls = register_attention("scratch_tools", layout="tokens")(_Tokens)
+    torch.manual_seed(0)
+    attn = cls(8).eval()
+    x, r = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    torch.testing.assert_close(apply_attention(attn, x, residual=r), r + attn.proj(x))
+    with pytest.raises(ValueError, match="does not support token merging"):
+        apply_attention(attn, x, tome=object())
+    assert flops(attn, (2, 5, 8)).total == 2 * 5 * 8 * 8  # the Linear's multiply-adds
+    source = create_attention("mhsa", 8, 2)
+    carried, notes = carry_attention(source, attn)
+    assert carried == ["proj"] and "q, k, v, o: no counterpart here, not carried" in notes
+    torch.testing.assert_close(attn.proj.weight, source.proj.weight)
+    assert describe_transfer(attn)[0] == "* no projection is carried in"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_provides_matches_what_each_mechanism_defines(name: str) -> None:
+    """``provides`` tells an override from the base's default: window resizing only where the mechanism keeps a
+    window, offset biases in pairs, and every registered mechanism has a closed-form FLOP count."""
+    cls = get_attention_spec(name).cls
+    assert cls.provides("flops")
+    assert cls.provides("set_offset_bias") == cls.provides("get_offset_bias") == bool(cls.offset_bias_params)
+    assert cls.provides("set_window_size") == any("set_window_size" in vars(c) for c in cls.__mro__[:-3])
+    if get_attention_spec(name).prefix_tokens == "global":
+        assert cls.provides("attend_prefix")
+
+
+def test_a_swin_without_windows_refuses_set_input_size() -> None:
+    """Every mechanism has ``set_window_size`` now (the base's raises): Swin asks ``provides`` before changing."""
+    from vit_attention import create_model
+
+    model = create_model("swin_tiny_patch4_window7_224", pretrained=False, depths=(1, 1, 1, 1), embed_dim=32,
+                         num_heads=(1, 2, 4, 8), attn_layer="neighborhood", img_size=64, window_size=2)
+    with pytest.raises(TypeError, match="has no window to resize"):
+        model.set_input_size(96)
