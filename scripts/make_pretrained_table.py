@@ -2,12 +2,12 @@
 
 The package never imports timm: each family file (``vit_attention/models/<family>.py``) declares its
 pretrained tags compactly, ``"name.tag": overrides`` on top of a few named data configs and family
-defaults (:mod:`vit_attention.models._pretrained`), and :mod:`vit_attention.models.pretrained` expands
+defaults (:mod:`vit_attention.models.pretrained_tags`), and :mod:`vit_attention.models.pretrained_table` expands
 them into ``DEFAULT_TAGS`` / ``PRETRAINED_CFGS``. This script reads timm 1.0.31's pretrained configs
 (facts only: hub ids, licenses, classes, input sizes, normalisation, crops) and
 
 * prints the ``PRETRAINED`` block of every family (or of ``--family NAME``) for its family file, plus
-  the ``from ._pretrained import ...`` line that block needs; paste it over the family's block;
+  the ``from .pretrained_tags import ...`` line that block needs; paste it over the family's block;
 * ``--check``: exits 1 when the expanded tables of the package differ from timm's (and says where).
 
 It needs the side environment that has timm (see ``tests/fixtures/README.md``); timm does not import
@@ -44,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vit_attention.models import _pretrained as P  # noqa: E402 - after the path is set
+from vit_attention.models import pretrained_tags as P  # noqa: E402 - after the path is set
 
 _HF_VIT_21K = dict(P.data_cfg(224, 1.0, mean=P.INCEPTION_MEAN, std=P.INCEPTION_STD, interpolation="bilinear",
                               crop_mode="squash"), num_classes=0, license="apache-2.0", hf_hub_filename=None)
@@ -105,7 +105,7 @@ def from_timm() -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
 
 def from_package() -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     """The package's current ``(DEFAULT_TAGS, PRETRAINED_CFGS)``."""
-    from vit_attention.models.pretrained import DEFAULT_TAGS, PRETRAINED_CFGS
+    from vit_attention.models.pretrained_table import DEFAULT_TAGS, PRETRAINED_CFGS
 
     return dict(DEFAULT_TAGS), {k: dict(v) for k, v in PRETRAINED_CFGS.items()}
 
@@ -216,7 +216,7 @@ def render_family(module: str, defaults: dict[str, str], cfgs: dict[str, dict[st
         else:
             lines += _wrap(f"{head}dict(", [base, *over], "),")
     lines.append(f"}}, license={_lit(license_)})")
-    imports = f"from ._pretrained import {', '.join(sorted(used, key=lambda s: (s.islower(), s)))}"
+    imports = f"from .pretrained_tags import {', '.join(sorted(used, key=lambda s: (s.islower(), s)))}"
     return imports, "\n".join(lines) + "\n"
 
 
@@ -240,7 +240,7 @@ SNAPSHOT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "pretrai
 
 def write_snapshot() -> None:
     """``tests/fixtures/pretrained_table.json``: the package's expanded tables (tuples as JSON lists), in order."""
-    from vit_attention.models.pretrained import DEFAULT_TAGS, PRETRAINED_CFGS
+    from vit_attention.models.pretrained_table import DEFAULT_TAGS, PRETRAINED_CFGS
 
     text = json.dumps({"DEFAULT_TAGS": DEFAULT_TAGS, "PRETRAINED_CFGS": PRETRAINED_CFGS}, indent=1)
     tmp = SNAPSHOT.with_suffix(".json.tmp")
@@ -268,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.write_snapshot and not problems:
             write_snapshot()
         return 1 if problems else 0
-    from vit_attention.models.registry import builtin_families
+    from vit_attention.models.families import builtin_families
 
     modules = sorted({family_of(k.split(".", 1)[0]) for k in tables[1]})
     for module in args.family or modules:

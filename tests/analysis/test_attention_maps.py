@@ -7,8 +7,8 @@ import torch
 
 from vit_attention import create_attention, create_model, plug
 from vit_attention.analysis import record_attention
-from vit_attention.functional.attention import _WEIGHT_HOOKS, current_frames
 from vit_attention.functional.layout import window_layout
+from vit_attention.functional.observers import WEIGHT_HOOKS, current_frames
 
 
 @pytest.mark.parametrize("pad_first", [False, True])
@@ -55,7 +55,7 @@ def test_global_records_rollout_and_layers():
         rec.image_map(layer=3)
     with pytest.raises(ValueError, match="head=5"):
         rec.image_map(layer=0, head=5)
-    assert not _WEIGHT_HOOKS and not current_frames()  # nothing left behind
+    assert not WEIGHT_HOOKS and not current_frames()  # nothing left behind
 
 
 def test_swin_model_maps_reassembled_per_stage():

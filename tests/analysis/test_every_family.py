@@ -20,7 +20,7 @@ from vit_attention.analysis.info import activation_bytes, model_info
 from vit_attention.analysis.trace import trace
 from vit_attention.cli import main
 from vit_attention.models import get_model_entry, list_models
-from vit_attention.models.registry import builtin_families
+from vit_attention.models.families import builtin_families
 
 FAMILIES = first_preset_per_family()
 

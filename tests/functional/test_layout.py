@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vit_attention.functional.attention import register_attention_hook, scaled_dot_product_attention
+from vit_attention.functional.attention import scaled_dot_product_attention
 from vit_attention.functional.layout import AttentionLayout, spread_matrix, token_layout, window_layout
+from vit_attention.functional.observers import register_attention_hook
 
 
 def _softmax_weights(*shape: int) -> torch.Tensor:

@@ -72,7 +72,7 @@ def test_window_tokens_layouts_and_the_bias_cache():
 def test_no_context_frame_while_nobody_observes(monkeypatch) -> None:
     """The unobserved path pushes nothing; with an observer the call carries the window geometry."""
     from vit_attention.attention import WindowAttention
-    from vit_attention.functional.attention import attention_context, register_attention_hook
+    from vit_attention.functional.observers import attention_context, register_attention_hook
 
     def refuse(**info):
         raise AssertionError("a context frame was opened while nobody observes")
@@ -100,7 +100,7 @@ def test_context_frames_are_per_thread() -> None:
     its own observer registered. Observers are process-wide (each sees both threads' calls), but the
     info of a call holds only the frames of the thread that made it."""
     from vit_attention.attention import WindowAttention
-    from vit_attention.functional.attention import attention_context, current_frames, register_attention_hook
+    from vit_attention.functional.observers import attention_context, current_frames, register_attention_hook
 
     tags = ("a", "b")
     modules = {t: WindowAttention(16, 2, window_size=4, shift_size=2).eval() for t in tags}
@@ -150,7 +150,7 @@ def test_context_frames_are_per_thread() -> None:
 
 
 def test_a_frame_is_closed_after_an_error() -> None:
-    from vit_attention.functional.attention import attention_context, current_frames
+    from vit_attention.functional.observers import attention_context, current_frames
 
     with pytest.raises(RuntimeError), attention_context(module="outer"):
         with attention_context(module="inner"):

@@ -11,7 +11,7 @@ from model_outputs import first_preset_per_family, small_overrides
 from vit_attention import create_model
 from vit_attention.models import get_model_entry
 from vit_attention.models.backbone import Backbone
-from vit_attention.models.registry import builtin_families
+from vit_attention.models.families import builtin_families
 from vit_attention.weights.load import _input_conv
 
 FAMILIES = sorted(first_preset_per_family().items())

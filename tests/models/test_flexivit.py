@@ -12,7 +12,7 @@ from vit_attention.analysis.flops import flops
 from vit_attention.functional import resample_abs_pos_embed, resample_patch_embed
 from vit_attention.models import get_model_entry, list_models
 from vit_attention.models.flexivit import FlexiViT
-from vit_attention.models.pretrained import DEFAULT_TAGS, PRETRAINED_CFGS
+from vit_attention.models.pretrained_table import DEFAULT_TAGS, PRETRAINED_CFGS
 from vit_attention.models.vit import VisionTransformerConfig
 from vit_attention.weights import load_weights
 

@@ -1,6 +1,6 @@
 """The pretrained table (default tags, hub ids, data configs) is exactly the committed snapshot.
 
-``tests/fixtures/pretrained_table.json`` was written from the generated ``models/pretrained.py``
+``tests/fixtures/pretrained_table.json`` was written from the generated ``models/pretrained_table.py``
 (timm 1.0.31's pretrained configs) before the table moved into the family files; this test proves
 the move lossless: same names, same order, same values, same types (JSON lists are the table's tuples).
 """
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from vit_attention.models._pretrained import FIELDS, build_tables, data_cfg, expand, pretrained_tags
-from vit_attention.models.pretrained import DEFAULT_TAGS, PRETRAINED_CFGS, family_pretrained_tags
+from vit_attention.models.pretrained_table import DEFAULT_TAGS, PRETRAINED_CFGS, family_pretrained_tags
+from vit_attention.models.pretrained_tags import FIELDS, build_tables, data_cfg, expand, pretrained_tags
 from vit_attention.models.registry import get_model_entry
 
 SNAPSHOT = Path(__file__).resolve().parents[1] / "fixtures" / "pretrained_table.json"

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vit_attention import create_model
-from vit_attention.functional.attention import register_attention_hook
+from vit_attention.functional.observers import register_attention_hook
 from vit_attention.models import get_model_entry, list_models
 from vit_attention.models.swin import SwinTransformer, SwinTransformerConfig
 from vit_attention.models.swinv2 import SwinTransformerV2, SwinTransformerV2Config

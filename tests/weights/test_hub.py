@@ -72,7 +72,7 @@ def test_table_matches_timm_defaults():
 
 
 def test_table_is_consistent_with_the_registry():
-    from vit_attention.models.pretrained import DEFAULT_TAGS, PRETRAINED_CFGS
+    from vit_attention.models.pretrained_table import DEFAULT_TAGS, PRETRAINED_CFGS
     from vit_attention.models.registry import list_models
 
     names = set(list_models())

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..functional.attention import register_attention_hook
+from ..functional.observers import register_attention_hook
 
 __all__ = ["ModuleCall", "AttentionCall", "Recording", "record_forward", "as_input", "meta_state", "module_device"]
 

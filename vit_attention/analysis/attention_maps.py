@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional.attention import attention_context, register_attention_hook
 from ..functional.layout import AttentionLayout
+from ..functional.observers import attention_context, register_attention_hook
 from ..functional.tome import expand_weights
 
 __all__ = ["AttentionRecord", "AttentionRecorder", "record_attention", "attention_rollout"]

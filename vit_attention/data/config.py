@@ -1,7 +1,7 @@
 """Data configs: what a model expects of its input images (size, normalisation, crop, interpolation).
 
 Every preset carries the data config of its pretrained weights, the same as timm's for the same
-name and tag (the table :mod:`vit_attention.models.pretrained`, expanded from each family file's ``PRETRAINED``
+name and tag (the table :mod:`vit_attention.models.pretrained_table`, expanded from each family file's ``PRETRAINED``
 block, which ``scripts/make_pretrained_table.py`` writes from timm 1.0.31);
 presets without published weights get a generic ImageNet config. A model built by
 ``create_model`` keeps its config in ``model.pretrained_cfg``; ``load_model`` restores it from

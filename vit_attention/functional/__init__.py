@@ -1,14 +1,9 @@
 """Pure functions: no parameters, no nn.Module. The bottom layer of the package."""
 
-from .attention import (
-    attention_context,
-    fused_attention_enabled,
-    register_attention_hook,
-    scaled_dot_product_attention,
-    set_fused_attention,
-)
+from .attention import fused_attention_enabled, scaled_dot_product_attention, set_fused_attention
 from .heads import merge_heads, split_heads, split_packed, split_qkv
 from .layout import AttentionLayout, token_layout, window_layout
+from .observers import attention_context, attention_observed, register_attention_hook
 from .patch_embed import resample_patch_embed
 from .pos_embed import resample_abs_pos_embed, sincos_2d_pos_embed
 from .runtime import Switch, set_switches, switched, switches
@@ -19,6 +14,7 @@ from .window_attention import window_attention
 __all__ = [
     "AttentionLayout",
     "attention_context",
+    "attention_observed",
     "fused_attention_enabled",
     "make_divisible",
     "merge_heads",

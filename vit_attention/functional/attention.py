@@ -1,24 +1,16 @@
 """The single attention function every mechanism in the library calls.
 
-``scaled_dot_product_attention`` is the choke point of DESIGN.md §2: it picks torch's fused
-kernel when nothing needs the attention weights and the explicit ``softmax(q kᵀ·scale + bias) v``
-path when something does (the caller, an observer, a ``logits_fn`` / ``weights_fn``, or the
-fused switch turned off). Observers (attention maps, shape traces, FLOPs) register here with
-:func:`register_attention_hook`, and this is the one place in the package where a softmax over
-attention logits is taken.
+``scaled_dot_product_attention`` is the one choke point: it picks torch's fused kernel when
+nothing needs the attention weights and the explicit ``softmax(q kᵀ·scale + bias) v`` path when
+something does (the caller, an observer, a ``logits_fn`` / ``weights_fn``, or the fused switch
+turned off). It calls the observers registered in :mod:`.observers` (attention maps, shape
+traces, FLOPs), and this is the one place in the package where a softmax over attention logits
+is taken.
 
 **The fused switch** (:data:`.runtime.FUSED_ATTENTION`, see :mod:`.runtime`): a mechanism
 captures it when built (``self.fused_attention``) and passes it as ``fused=``; a direct call
 without ``fused=`` uses the process default. An open ``FUSED_ATTENTION.override(False)`` block of
 this thread overrides both.
-
-**Observers and context frames.** Registered hooks are process-wide: an observer sees the
-attention calls of every thread, as a forward hook registered on a shared model would, and while
-one is registered (:func:`attention_observed`) the callers keep their batches whole. What a call
-reports with it (``info``) is per thread: :func:`attention_context` frames live in a
-``contextvars`` variable (a tuple, pushed and popped by tokens), so a frame opened in one thread
-(or asyncio task) is never seen by a call in another. Callers open frames and build layouts only
-while someone observes; nothing is pushed on the unobserved path.
 
 Shapes: q ``[*b, nh, N, hd]``, k ``[*b, nh, M, hd]``, v ``[*b, nh, M, hdv]`` -> ``[*b, nh, N, hdv]``;
 ``bias`` / ``mask`` broadcast to the logits ``[*b, nh, N, M]``.
@@ -26,38 +18,18 @@ Shapes: q ``[*b, nh, N, hd]``, k ``[*b, nh, M, hd]``, v ``[*b, nh, M, hdv]`` -> 
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .observers import SHAPE_HOOKS, WEIGHT_HOOKS, attention_context, attention_observed, hook_info  # noqa: F401 - the mechanisms' import path
 from .runtime import ATTENTION_BACKEND, BACKENDS, FUSED_ATTENTION, capturing, check_backend
 
-__all__ = [
-    "scaled_dot_product_attention",
-    "fused_attention_enabled",
-    "set_fused_attention",
-    "register_attention_hook",
-    "attention_context",
-    "attention_observed",
-    "current_frames",
-]
-
-WeightsHook = Callable[[Tensor, dict[str, Any]], None]
-ShapeHook = Callable[[Tensor, Tensor, Tensor, dict[str, Any]], None]
-
-_WEIGHT_HOOKS: dict[int, WeightsHook] = {}
-_SHAPE_HOOKS: dict[int, ShapeHook] = {}
-_HOOK_IDS = itertools.count(1)  # next() is atomic: two threads registering at once get distinct ids
-# the open attention_context frames of this thread / task, outermost first (immutable: set and reset by token)
-_FRAMES: contextvars.ContextVar[tuple[dict[str, Any], ...]] = contextvars.ContextVar("vit_attention_frames",
-                                                                                       default=())
+__all__ = ["scaled_dot_product_attention", "fused_attention_enabled", "set_fused_attention"]
 
 
 def fused_attention_enabled() -> bool:
@@ -69,73 +41,6 @@ def fused_attention_enabled() -> bool:
 # (enabled) the process default: modules built afterwards capture it; modules built before keep theirs
 # (runtime.set_switches(model, fused_attention=...) changes a built model)
 set_fused_attention = FUSED_ATTENTION.set
-
-
-class _HookHandle:
-    def __init__(self, hook_id: int, registry: dict[int, Any]) -> None:
-        self.id = hook_id
-        self._registry = registry
-
-    def remove(self) -> None:
-        self._registry.pop(self.id, None)
-
-
-def register_attention_hook(fn: WeightsHook | ShapeHook, *, weights: bool = True) -> _HookHandle:
-    """Observe every attention call while registered; returns a handle with ``.remove()``.
-
-    * ``weights=True``: ``fn(weights, info)`` after the softmax (and ``weights_fn``), before
-      dropout, with ``weights [*b, nh, N, M]`` detached. Forces the explicit path.
-    * ``weights=False`` (shapes only): ``fn(q, k, v, info)`` before anything is computed. It does
-      not change the path and works on the meta device (shape traces, FLOPs).
-
-    ``info`` is the merged dict of the :func:`attention_context` frames open in the calling
-    thread plus ``mask`` and ``bias`` (their shape tuples or None), ``is_causal`` and, when the
-    caller passed one, ``layout`` (an :class:`~.layout.AttentionLayout`: where the rows sit on the
-    grid). The hook itself is process-wide: it sees the calls of every thread (module docstring).
-    """
-    hook_id = next(_HOOK_IDS)
-    registry: dict[int, Any] = _WEIGHT_HOOKS if weights else _SHAPE_HOOKS
-    registry[hook_id] = fn
-    return _HookHandle(hook_id, registry)
-
-
-@contextlib.contextmanager
-def attention_context(**info: Any) -> Iterator[None]:
-    """Attach metadata (module name, window layout, ...) to the attention calls this thread makes inside.
-
-    The frame is seen by observers of calls made in the same thread (or asyncio task) only; frames
-    nest (inner keys win). Cheap, but callers on hot paths open one only when
-    :func:`attention_observed`.
-    """
-    token = _FRAMES.set(_FRAMES.get() + (info,))
-    try:
-        yield
-    finally:
-        _FRAMES.reset(token)
-
-
-def current_frames() -> tuple[dict[str, Any], ...]:
-    """The :func:`attention_context` frames open in this thread / task, outermost first (empty when none)."""
-    return _FRAMES.get()
-
-
-def attention_observed() -> bool:
-    """True while any observer is registered (callers must then keep their batch whole)."""
-    return bool(_WEIGHT_HOOKS or _SHAPE_HOOKS)
-
-
-def _hook_info(mask: Tensor | None, bias: Tensor | None, is_causal: bool, layout: Any) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
-    for frame in _FRAMES.get():
-        merged.update(frame)
-    merged["mask"] = None if mask is None else tuple(mask.shape)
-    merged["bias"] = None if bias is None else tuple(bias.shape)
-    merged["is_causal"] = is_causal
-    if callable(layout):  # built only now that an observer asks (a zero-argument builder)
-        layout = layout()
-    if layout is not None:
-        merged["layout"] = layout
-    return merged
 
 
 # ----------------------------------------------------------------------------- argument checks
@@ -231,7 +136,7 @@ def _explicit(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor
         weights = weights.masked_fill(dead, 0.0)  # rows that may attend to nothing: zeros
     if info is not None:
         detached = weights.detach()
-        for hook in list(_WEIGHT_HOOKS.values()):
+        for hook in list(WEIGHT_HOOKS.values()):
             hook(detached, info)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
     return dropped @ v, weights  # [*b, nh, N, hdv], [*b, nh, N, M]
@@ -376,9 +281,9 @@ def scaled_dot_product_attention(
     """
     _check_shapes(q, k, v)
     _check_args(q, k, bias, mask, scale)
-    info = _hook_info(mask, bias, is_causal, layout) if (_WEIGHT_HOOKS or _SHAPE_HOOKS) else None
+    info = hook_info(mask, bias, is_causal, layout) if (WEIGHT_HOOKS or SHAPE_HOOKS) else None
     if info is not None:
-        for shape_hook in list(_SHAPE_HOOKS.values()):
+        for shape_hook in list(SHAPE_HOOKS.values()):
             shape_hook(q, k, v, info)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -387,7 +292,7 @@ def scaled_dot_product_attention(
     backend = ATTENTION_BACKEND.get(backend)
     if backend not in BACKENDS:
         check_backend(backend, "backend")
-    explicit = (return_weights or bool(_WEIGHT_HOOKS) or logits_fn is not None or weights_fn is not None
+    explicit = (return_weights or bool(WEIGHT_HOOKS) or logits_fn is not None or weights_fn is not None
                 or not FUSED_ATTENTION.get(fused) or backend == "explicit"
                 or (backend == "auto" and _bias_grad_on_cpu(q, bias)))
     if backend == "flex" and not explicit:
@@ -405,7 +310,7 @@ def scaled_dot_product_attention(
         mask = mask | dead  # all-permissive there (no NaN on either path); zeroed below
     if explicit:
         out, weights = _explicit(q, k, v, bias, mask, dead, scale, dropout_p, logits_fn, weights_fn,
-                                 info if _WEIGHT_HOOKS else None)
+                                 info if WEIGHT_HOOKS else None)
         return (out, weights) if return_weights else out
     attn_mask = mask if bias is None else bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     out = _fused(q, k, v, attn_mask, dropout_p, is_causal, scale)

@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor, nn
 
-from .attention import attention_observed
 from .linear import hookless
+from .observers import attention_observed
 from .runtime import CHUNK_ELEMENTS, capturing
 
 __all__ = ["batch_chunk_size", "run_in_batch_chunks", "chunk_elements", "set_chunk_elements"]

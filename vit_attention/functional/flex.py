@@ -44,7 +44,7 @@ from typing import Any, overload
 import torch
 from torch import Tensor
 
-from .attention import attention_observed
+from .observers import attention_observed
 from .runtime import ATTENTION_BACKEND, BACKENDS, FUSED_ATTENTION, capturing, check_backend
 
 __all__ = ["BACKENDS", "check_backend", "AttentionPattern", "MaskMod", "ScoreMod", "flex_attention",

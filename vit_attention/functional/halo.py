@@ -33,10 +33,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .attention import attention_observed, scaled_dot_product_attention
+from .attention import scaled_dot_product_attention
 from .flex import AttentionPattern, flex_buffer, use_flex
 from .layout import PAD, AttentionLayout
 from .neighborhood import _FLEX_BLOCK, _graph_inputs, token_order
+from .observers import attention_observed
 from .window import _CPU, _cached, assume_constant_result
 
 __all__ = ["halo_key_index", "halo_rel_index", "halo_rel_bias", "halo_layout", "halo_attention", "halo_pattern",

@@ -39,9 +39,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .attention import attention_observed, scaled_dot_product_attention
+from .attention import scaled_dot_product_attention
 from .flex import AttentionPattern, flex_buffer, use_flex
 from .layout import PAD, AttentionLayout
+from .observers import attention_observed
 from .window import _CPU, _cached, assume_constant_result, static_args
 
 __all__ = ["window_start", "neighborhood_plan", "NeighborhoodPlan", "default_tile_size", "neighborhood_attention",

@@ -33,10 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import attention_context, attention_observed, scaled_dot_product_attention
+from .attention import scaled_dot_product_attention
 from .flex import AttentionPattern, flex_buffer, use_flex
 from .heads import split_qkv
 from .layout import window_layout
+from .observers import attention_context, attention_observed
 from .window import (
     MASK_VALUE,
     shift_window_mask,

@@ -42,8 +42,8 @@ from ._config import (
     check_size,
     check_width_heads,
 )
-from ._pretrained import data_cfg, pretrained_tags
 from .backbone import Backbone, TokenMergingMixin, isotropic_taps, tokens_to_intermediates
+from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family
 
 __all__ = ["CaitConfig", "Cait", "reduced_config"]

@@ -42,8 +42,8 @@ from ..attention.channel import CHANNEL_FORMS
 from ..layers import Block, ClassifierHead, PosConv, Stage, accepted_kwargs, drop_path_schedule, stage_feature_info
 from ..layers.head import init_linear_weights
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
-from ._pretrained import data_cfg, pretrained_tags
 from .backbone import Backbone
+from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family
 
 __all__ = ["DaVitConfig", "DaVit", "DaVitStem", "DaVitDownsample", "reduced_config"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._pretrained import data_cfg, pretrained_tags
+from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family
 from .vit import VisionTransformer, VisionTransformerConfig
 from .vit import reduced_config as vit_reduced_config

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._pretrained import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, data_cfg, pretrained_tags
+from .pretrained_tags import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, data_cfg, pretrained_tags
 from .registry import register_family
 from .vit import VisionTransformer, VisionTransformerConfig
 from .vit import reduced_config as vit_reduced_config

@@ -38,8 +38,8 @@ from ..layers.drop_path import DropPath
 from ..layers.mbconv import ConvNormAct, act_fresh
 from ..layers.stage import drop_path_schedule
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
-from ._pretrained import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
 from .backbone import Backbone
+from .pretrained_tags import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
 from .registry import register_family
 
 __all__ = ["HaloNetConfig", "HaloNet", "BottleneckBlock", "SelfAttnBlock", "SqueezeExcite", "reduced_config"]

@@ -37,8 +37,8 @@ from ..layers.group_norm import GroupNorm1
 from ..layers.head import init_linear_weights
 from ..layers.mbconv import ConvNormAct, InvertedResidual
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
-from ._pretrained import data_cfg, pretrained_tags
 from .backbone import Backbone
+from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family
 
 __all__ = ["MobileViTConfig", "MobileViT", "MobileViTBlock", "MobileViTV2Block", "reduced_config"]

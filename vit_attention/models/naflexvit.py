@@ -37,8 +37,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..functional import resample_abs_pos_embed, resample_patch_embed
 from ._config import check_choice, check_size
-from ._pretrained import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
 from .backbone import isotropic_taps
+from .pretrained_tags import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
 from .registry import register_family
 from .vit import VisionTransformer, VisionTransformerConfig
 

@@ -35,8 +35,8 @@ from ..layers import Block, ClassifierHead, Stage, accepted_kwargs, drop_path_sc
 from ..layers.conv_embed import ConvEmbed
 from ..layers.mlp_dwconv import MlpDWConv
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
-from ._pretrained import data_cfg, pretrained_tags
 from .backbone import Backbone
+from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family
 
 __all__ = ["PvtV2Config", "PyramidVisionTransformerV2", "check_pyramid", "MinInputSize", "MinInputSizeMixin",

@@ -24,7 +24,9 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["ModelEntry", "builtin_families", "register_family", "register_model", "list_models",
+from .families import builtin_families
+
+__all__ = ["ModelEntry", "register_family", "register_model", "list_models",
            "get_model_entry", "resolve_model_name", "model_config", "with_published_gmacs"]
 
 
@@ -74,7 +76,7 @@ class ModelEntry:
         """
         if "num_classes" in self.preset:
             return int(self.preset["num_classes"])
-        from .pretrained import DEFAULT_TAGS, PRETRAINED_CFGS  # data only; imported at the first look-up
+        from .pretrained_table import DEFAULT_TAGS, PRETRAINED_CFGS  # data only; imported at the first look-up
 
         tag = DEFAULT_TAGS.get(self.name)
         classes = PRETRAINED_CFGS.get(f"{self.name}.{tag}", {}).get("num_classes") if tag else None
@@ -84,18 +86,7 @@ class ModelEntry:
 _MODELS: dict[str, ModelEntry] = {}
 _ALIASES: dict[str, str] = {}
 
-# Modules of this package that are not families (every other module registers presets when imported).
-_INFRASTRUCTURE = frozenset({"registry", "features", "pretrained", "backbone"})
 _builtins_loaded = False
-
-
-def builtin_families() -> tuple[str, ...]:
-    """Names of the family modules of this package (every public module but the infrastructure), sorted."""
-    import pkgutil
-
-    package = importlib.import_module(__package__)
-    return tuple(sorted(m.name for m in pkgutil.iter_modules(package.__path__)
-                        if not m.name.startswith("_") and m.name not in _INFRASTRUCTURE))
 
 
 def _ensure_builtin_families() -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._pretrained import data_cfg, pretrained_tags
+from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family, with_published_gmacs
 from .swin import SwinTransformer, SwinTransformerConfig, reduced_config
 

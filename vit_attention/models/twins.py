@@ -40,8 +40,8 @@ from torch import Tensor, nn
 from ..layers import Block, ClassifierHead, PosConv, Stage, drop_path_schedule, stage_feature_info
 from ..layers.head import init_linear_weights
 from ._config import ConfigMixin, check_choice, check_float, check_int, check_int_seq, check_size
-from ._pretrained import data_cfg, pretrained_tags
 from .backbone import Backbone
+from .pretrained_tags import data_cfg, pretrained_tags
 from .pvt_v2 import MinInputSizeMixin
 from .registry import register_family
 

@@ -45,8 +45,8 @@ from ._config import (
     check_size,
     check_width_heads,
 )
-from ._pretrained import INCEPTION_MEAN, INCEPTION_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, data_cfg, pretrained_tags
 from .backbone import Backbone, TokenMergingMixin, isotropic_taps, tokens_to_intermediates
+from .pretrained_tags import INCEPTION_MEAN, INCEPTION_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, data_cfg, pretrained_tags
 from .registry import register_family, with_published_gmacs
 
 __all__ = ["VisionTransformerConfig", "VisionTransformer", "AttentionPoolHead", "reduced_config"]

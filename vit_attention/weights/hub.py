@@ -7,7 +7,7 @@ cache only; a file that is not there raises :class:`PretrainedNotAvailableError`
 repository, the file and how to place it by hand.
 
 Which repository a preset's weights live in, and their data config, is the table in
-:mod:`vit_attention.models.pretrained` (timm's repositories for the families timm has; the
+:mod:`vit_attention.models.pretrained_table` (timm's repositories for the families timm has; the
 original / Hugging Face repositories otherwise). A repository is read in either layout:
 
 * timm's (``model.safetensors`` with timm's keys, ``config.json`` with ``architecture`` and
@@ -93,7 +93,10 @@ def split_model_tag(name: str) -> tuple[str, str | None]:
 
 def list_pretrained_tags(name: str, *, with_weights: bool = True) -> list[str]:
     """Tags known for registered preset ``name`` (the default first); ``with_weights``: only downloadable ones."""
-    from ..models.pretrained import DEFAULT_TAGS, PRETRAINED_CFGS  # every family's tags, expanded at the first look-up
+    from ..models.pretrained_table import (  # every family's tags, expanded at the first look-up
+        DEFAULT_TAGS,
+        PRETRAINED_CFGS,
+    )
 
     tags = [key.split(".", 1)[1] for key, cfg in PRETRAINED_CFGS.items()
             if key.split(".", 1)[0] == name and (cfg["hf_hub_id"] or not with_weights)]
@@ -105,7 +108,7 @@ def list_pretrained(pattern: str = "*") -> list[str]:
     """``NAME.TAG`` of every preset and tag with published weights whose name matches the glob ``pattern``, sorted."""
     import fnmatch
 
-    from ..models.pretrained import PRETRAINED_CFGS  # every family's tags, expanded at the first look-up
+    from ..models.pretrained_table import PRETRAINED_CFGS  # every family's tags, expanded at the first look-up
 
     return sorted(k for k, cfg in PRETRAINED_CFGS.items() if cfg["hf_hub_id"] and fnmatch.fnmatch(k, pattern))
 
@@ -117,7 +120,10 @@ def pretrained_cfg_for(name: str, tag: str | None = None) -> dict[str, Any]:
     std) sized from the preset's ``img_size`` / ``in_chans`` and no weights. An unknown ``tag``
     raises ``ValueError`` listing the known ones.
     """
-    from ..models.pretrained import DEFAULT_TAGS, PRETRAINED_CFGS  # every family's tags, expanded at the first look-up
+    from ..models.pretrained_table import (  # every family's tags, expanded at the first look-up
+        DEFAULT_TAGS,
+        PRETRAINED_CFGS,
+    )
 
     if tag is None:
         tag = DEFAULT_TAGS.get(name)

@@ -1,7 +1,7 @@
 """Pretrained weights and data configs of the presets: every family's ``PRETRAINED`` tags, expanded.
 
 Each family file declares its tags compactly (``PRETRAINED = pretrained_tags({"name.tag": overrides},
-license=...)``, timm 1.0.31's pretrained configs: :mod:`vit_attention.models._pretrained`);
+license=...)``, timm 1.0.31's pretrained configs: :mod:`vit_attention.models.pretrained_tags`);
 ``scripts/make_pretrained_table.py`` prints those declarations from timm or checks them against it.
 
 ``DEFAULT_TAGS[name]``: the tag ``create_model(name, pretrained=True)`` loads (timm's default: the
@@ -12,7 +12,7 @@ name's first tag in its family file).
 (``input_size`` ``(C, H, W)``, ``interpolation``, ``crop_pct``, ``crop_mode``, ``mean``, ``std``).
 Repositories under ``timm/`` hold timm-layout state dicts; others are transformers model folders.
 Both are sorted by name. Importing this module imports every family module (the registry's
-:func:`~vit_attention.models.registry.builtin_families`).
+:func:`~vit_attention.models.families.builtin_families`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ._pretrained import PretrainedTags, build_tables
-from .registry import builtin_families
+from .families import builtin_families
+from .pretrained_tags import PretrainedTags, build_tables
 
 __all__ = ["DEFAULT_TAGS", "PRETRAINED_CFGS", "family_pretrained_tags"]
 

@@ -12,7 +12,7 @@ A family file lists its tags as ``"name.tag": overrides`` on top of a few named 
 :func:`expand` writes every entry out with all of :data:`FIELDS`: ``hf_hub_id`` defaults to
 ``"timm/<name>.<tag>"`` (``None``: no weights), ``hf_hub_filename`` to ``None``, ``num_classes`` to 1000.
 :func:`build_tables` merges the families into ``DEFAULT_TAGS`` / ``PRETRAINED_CFGS``
-(:mod:`vit_attention.models.pretrained`). The facts are timm 1.0.31's pretrained configs
+(:mod:`vit_attention.models.pretrained_table`). The facts are timm 1.0.31's pretrained configs
 (``scripts/make_pretrained_table.py`` prints or checks these declarations).
 """
 
