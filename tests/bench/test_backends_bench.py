@@ -1,5 +1,5 @@
 """``bench --attn-backend a,b,c`` (one participant of ours per backend), ``--compare timm-compiled`` / ``hf``,
-``--keep-going`` (issue 24's GPU runbook, bench side).
+``--keep-going`` (what the GPU runbook, scripts/gpu_bench.sh, asks of bench).
 
 Small: digit-sized reduced models, batch 2, one or two rounds, the ``eager`` compile backend where something
 compiles (dynamo traces, no code generation).

@@ -1,4 +1,4 @@
-"""``vit-attention bench --compile`` for every family (issue 24), and its options ``--compile-mode``,
+"""``vit-attention bench --compile`` for every family, and its options ``--compile-mode``,
 ``--compile-freeze`` and ``--attn-backend``.
 
 Cheap: the ``eager`` compile backend (dynamo traces, no code generation), reduced models (one small preset

@@ -1,4 +1,4 @@
-"""``torch.compile`` across the registry (issue 24): every registered model traces as ONE graph (no graph
+"""``torch.compile`` across the registry: every registered model traces as ONE graph (no graph
 break) and the traced model computes what the eager one does.
 
 Each distinct reduced model (``tests/model_outputs.py``: every family, class and code path, small) is run

@@ -1,4 +1,4 @@
-"""The issue-24 GPU runbook: ``scripts/gpu_issue24.sh``'s arguments and ``python -m vit_attention.bench.issue24``
+"""The GPU benchmark runbook: ``scripts/gpu_bench.sh``'s arguments and ``python -m vit_attention.bench.gpu_report``
 (the table it writes from the bench / mechanisms / iGPT outputs), on tiny CPU runs."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from vit_attention.bench import BenchConfig, run_benchmark
-from vit_attention.bench.issue24 import collect, environment, main, render
+from vit_attention.bench.gpu_report import collect, environment, main, render
 from vit_attention.bench.mechanisms import run as run_mechanisms
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "gpu_issue24.sh"
+SCRIPT = ROOT / "scripts" / "gpu_bench.sh"
 VITDET = "vitdet_base_patch16_1024"
 
 
@@ -43,7 +43,7 @@ def _fixture(out: Path) -> None:
         "bench: 12,000 tokens/s compiled (reduce-overhead) with the static cache (12.0x uncached, 1.3x the eager)\n")
     (phase / "env.json").write_text(json.dumps({"gpu": "NVIDIA H100", "torch": "2.11.0+cu130",
                                                 "natten": "not installed (ModuleNotFoundError: natten)"}))
-    (phase / "steps.tsv").write_text("env\tok\t0\t3\tpython3 -m vit_attention.bench.issue24 --env env.json\n"
+    (phase / "steps.tsv").write_text("env\tok\t0\t3\tpython3 -m vit_attention.bench.gpu_report --env env.json\n"
                                      "swin_t_bf16_infer\ttimed out (150 s)\t124\t150\tpython3 -m vit_attention.cli "
                                      "bench swin_tiny_patch4_window7_224\n")
 
@@ -64,7 +64,7 @@ def test_the_table_from_a_phase(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "| igpt_sampling_compiled | 9,000 | 1,000 | 9.0x | 2,000 | 12,000 (reduce-overhead) | 12.0x |" in text
     assert "| nat_t_s1 | neighborhood | infer | bf16 | 1 | 8x8 |" in text
     assert "| phase1 | swin_t_bf16_infer | timed out (150 s) | 150 |" in text
-    md = tmp_path / "issue24.md"
+    md = tmp_path / "gpu_report.md"
     assert main([str(tmp_path), "--markdown", str(md)]) == 0
     assert md.read_text() == text and capsys.readouterr().out == text
 

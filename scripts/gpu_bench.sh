@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
-# Issue 24 on a GPU, in phases that each fit one device command. docs/benchmarks.md, "### GPU runbook (issue 24)",
-# says what each phase measures and how to read the result.
+# The GPU benchmarks (ours against timm, torchvision and Hugging Face), in phases that each fit a command of under
+# ten minutes on a machine with a time limit. docs/benchmarks.md, "GPU runbook", says what each phase measures and
+# how to read the result.
 #
-# A session is lent 15 minutes of device time in all (the machine's start, ~1-2 min, and its idle time count):
-# phase 1 (budget 420 s, so the command ends in about 7.5 min) holds every target; phase 2 then gets what is left,
-# BUDGET_S=<status' budget_left_s minus 120>, on the still-warm machine (call it at once: it goes back 30 s after a
-# call, and none starts under 4 min left); phase 3 is for a later session lent a GPU (SKIP= what 1 and 2 finished).
+# Phase 1 (budget 420 s, so the command ends in about 7.5 min) holds every performance target; phase 2 gets the
+# time left (BUDGET_S=<seconds left minus 120>) on the same machine; phase 3 runs later, on another machine if need
+# be (SKIP= what phases 1 and 2 finished).
 #
-#   bash scripts/gpu_issue24.sh 1           phase 1: bf16 inference end to end (the targets): 8 models x 4 backends
+#   bash scripts/gpu_bench.sh 1           phase 1: bf16 inference end to end (the targets): 8 models x 4 backends
 #                                           vs timm eager / compiled (HF for ViTDet), DeiT-Ti / Swin-T compiled, iGPT
-#   BUDGET_S=300 bash scripts/gpu_issue24.sh 2
+#   BUDGET_S=300 bash scripts/gpu_bench.sh 2
 #                                           phase 2: per-mechanism backends, bf16 training, fp32 inference, natten
-#   bash scripts/gpu_issue24.sh 3           leftovers (a later session): fp32 training, mechanisms in training
-#   bash scripts/gpu_issue24.sh all         1, 2 and 3 in a row (not in one device command: over 20 min)
-#   bash scripts/gpu_issue24.sh 1 --smoke   the same steps on CPU at tiny sizes (SMOKE=1 works too; minutes)
+#   bash scripts/gpu_bench.sh 3           leftovers (run later): fp32 training, mechanisms in training
+#   bash scripts/gpu_bench.sh all         1, 2 and 3 in a row (not in one device command: over 20 min)
+#   bash scripts/gpu_bench.sh 1 --smoke   the same steps on CPU at tiny sizes (SMOKE=1 works too; minutes)
 #
 # Environment: OUT (default ./gpu_out), PYTHON (default python3; e.g. /tmp/ref/bin/python for a smoke run here),
 # BUDGET_S (seconds a phase may start steps in; default 420, smoke 200; a step is cut at the budget, so a phase
 # ends within about BUDGET_S + 20 s), SKIP (comma-separated step names not to run: those an earlier phase finished;
 # phase 3 repeats the tails of phases 1 and 2 for what their budget cut).
 # Every phase writes under $OUT/phaseN/: one log and (where the tool has one) one JSON per step, steps.tsv (each
-# step's status, seconds and command) and summary.md; $OUT/issue24.md is the table over every phase run so far.
+# step's status, seconds and command) and summary.md; $OUT/gpu_report.md is the table over every phase run so far.
 # A step that fails or times out is recorded and the phase goes on; a step that would start past the budget is
 # recorded as skipped.
 set -u
@@ -32,12 +32,12 @@ for arg in "$@"; do
     --smoke) SMOKE=1 ;;
     1|2|3|all) PHASE=$arg ;;
     -h|--help) sed -n 2,26p "$0"; exit 0 ;;
-    *) echo "gpu_issue24.sh: unknown argument '$arg' (expected a phase 1, 2, 3 or all, and optionally --smoke)" >&2
+    *) echo "gpu_bench.sh: unknown argument '$arg' (expected a phase 1, 2, 3 or all, and optionally --smoke)" >&2
        exit 2 ;;
   esac
 done
 if [ -z "$PHASE" ]; then
-  echo "gpu_issue24.sh: give a phase: 1, 2, 3 or all (each phase is one device command; --help)" >&2
+  echo "gpu_bench.sh: give a phase: 1, 2, 3 or all (each phase is one device command; --help)" >&2
   exit 2
 fi
 
@@ -124,7 +124,7 @@ step() {
 }
 
 env_step() {
-  step env 60 "$PY" -m vit_attention.bench.issue24 --env "$PD/env.json"
+  step env 60 "$PY" -m vit_attention.bench.gpu_report --env "$PD/env.json"
 }
 
 # bench NAME MODEL PRECISION MODE EXTRA...: one `vit-attention bench` run, its JSON in $PD/bench/NAME.json
@@ -193,11 +193,11 @@ igpt() {
 }
 
 summary() {
-  "$PY" -m vit_attention.bench.issue24 "$PD" --markdown "$PD/summary.md" > /dev/null 2> "$PD/summary.err" \
+  "$PY" -m vit_attention.bench.gpu_report "$PD" --markdown "$PD/summary.md" > /dev/null 2> "$PD/summary.err" \
     || echo "summary of $PD failed: $(tail -n 3 "$PD/summary.err")"
-  "$PY" -m vit_attention.bench.issue24 "$OUT" --markdown "$OUT/issue24.md" > /dev/null 2>> "$PD/summary.err" \
+  "$PY" -m vit_attention.bench.gpu_report "$OUT" --markdown "$OUT/gpu_report.md" > /dev/null 2>> "$PD/summary.err" \
     || echo "summary of $OUT failed"
-  echo "== phase $1 done in $((SECONDS - PHASE_T0)) s: $PD/summary.md, $OUT/issue24.md"
+  echo "== phase $1 done in $((SECONDS - PHASE_T0)) s: $PD/summary.md, $OUT/gpu_report.md"
   cut -f1,2,4 "$PD/steps.tsv" | column -t -s $'\t' 2>/dev/null || cut -f1,2,4 "$PD/steps.tsv"
 }
 
@@ -208,7 +208,7 @@ start_phase() {
   PHASE_T0=$SECONDS
   echo "== phase $1 ($([ "$SMOKE" = 1 ] && echo smoke, CPU || echo GPU)), budget ${BUDGET_S} s, output $PD"
   if [ "$SMOKE" != 1 ] && ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-    echo "gpu_issue24.sh: no CUDA device visible to $PY (use --smoke on a CPU machine)" >&2
+    echo "gpu_bench.sh: no CUDA device visible to $PY (use --smoke on a CPU machine)" >&2
     exit 3
   fi
 }
@@ -216,7 +216,7 @@ start_phase() {
 phase1() {
   start_phase 1
   env_step
-  # the steps that carry the issue's targets first, the short ones before ViTDet-B at 1024 (HF's eager global
+  # the steps that carry the performance targets first, the short ones before ViTDet-B at 1024 (HF's eager global
   # attention over 4,096 tokens and four backends of ours: the longest step): Swin-T, DeiT-Ti eager and compiled,
   # iGPT, then ViTDet vs HF
   e2e bf16 infer swin_tiny_patch4_window7_224 deit_tiny_patch16_224
@@ -235,7 +235,7 @@ phase2() {
   env_step
   step mechanisms_bf16_infer 120 "$PY" -m vit_attention.bench.mechanisms "${MECH[@]}" --amp bf16 --mode infer \
     --json "$PD/mechanisms_bf16_infer.json" --markdown "$PD/mechanisms_bf16_infer.md"
-  # the issue's headline models first in each precision / mode, then the others (what the budget cuts is the tail)
+  # the headline models first in each precision / mode, then the others (what the budget cuts is the tail)
   e2e bf16 train swin_tiny_patch4_window7_224 deit_tiny_patch16_224 nat_tiny vitdet_base_patch16_1024
   e2e fp32 infer swin_tiny_patch4_window7_224 deit_tiny_patch16_224 vitdet_base_patch16_1024 nat_tiny
   step natten_local 60 "$PY" -m vit_attention.bench.local "${LOCAL[@]}" --json "$PD/natten_local.json"

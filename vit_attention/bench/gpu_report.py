@@ -1,7 +1,7 @@
-"""Issue 24's GPU table from what ``scripts/gpu_issue24.sh`` wrote: ready to paste into docs/benchmarks.md.
+"""The GPU benchmark table from what ``scripts/gpu_bench.sh`` wrote: ready to paste into docs/benchmarks.md.
 
-    python -m vit_attention.bench.issue24 OUT_DIR [--markdown PATH]
-    python -m vit_attention.bench.issue24 --env PATH     # versions, GPU, driver, natten as JSON (the first step)
+    python -m vit_attention.bench.gpu_report OUT_DIR [--markdown PATH]
+    python -m vit_attention.bench.gpu_report --env PATH     # versions, GPU, driver, natten as JSON (the first step)
 
 Reads, anywhere under ``OUT_DIR``: ``vit-attention bench --json`` reports, ``bench.mechanisms`` JSON, the
 ``bench.local`` JSON (neighbourhood attention vs natten), the iGPT ``generate --bench`` logs, ``env.json`` and
@@ -10,7 +10,7 @@ each phase's ``steps.tsv``; prints (and writes) Markdown:
 * the device, versions and the commands that ran (with their status: ok / failed / timed out / skipped);
 * end to end, one line per (model, precision, mode): images/s of ours per backend (``auto`` is the default),
   of timm eager / compiled, HF, ours compiled, and ours' per-round speed ratios (median) to each reference;
-* the issue's targets, measured or "not measured" with the reason;
+* the performance targets, measured or "not measured" with the reason;
 * per mechanism, per backend (the ``bench.mechanisms`` table), natten, iGPT sampling, and every failure note.
 """
 
@@ -266,7 +266,7 @@ def environment() -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m vit_attention.bench.issue24``: the table of an output folder (or ``--env``); returns 0."""
+    """``python -m vit_attention.bench.gpu_report``: the table of an output folder (or ``--env``); returns 0."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", nargs="?", help="the runbook's output folder ($OUT, or one phase's folder)")
     ap.add_argument("--markdown", default=None, help="also write the Markdown here")
