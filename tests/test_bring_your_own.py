@@ -8,7 +8,7 @@ registry sweeps then run on both, the same functions the built-in mechanisms and
 the attention contract, plug, FLOPs, attention maps, backends, weight transfer, ``compare``, save / load and
 docs generation. docs/contributing.md walks through the same file.
 
-The registrations are undone after the module's tests (the registries are restored), so no other test sees them.
+The registrations are undone after each test (the registries are restored), so no other test sees them.
 """
 
 from __future__ import annotations
@@ -48,8 +48,13 @@ from torch import Tensor, nn
 
 from vit_attention.attention import register_attention
 from vit_attention.attention.base import AttentionModule
-from vit_attention.functional import merge_heads, scaled_dot_product_attention, split_heads, token_layout
-from vit_attention.functional.attention import attention_observed
+from vit_attention.functional import (
+    attention_observed,
+    merge_heads,
+    scaled_dot_product_attention,
+    split_heads,
+    token_layout,
+)
 from vit_attention.functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from vit_attention.models.registry import register_family
 from vit_attention.models.vit import VisionTransformer, VisionTransformerConfig, reduced_config
@@ -127,9 +132,9 @@ def _sweep(module: str) -> ModuleType:
     return importlib.import_module(module)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def toy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
-    """The user's module, imported from a temporary folder; the registries are restored afterwards."""
+    """The user's module, imported from a temporary folder; the registries are restored after each test."""
     list_models()  # the built-in families first, as a user's session has them
     saved = (dict(attention_registry._ATTENTION), dict(model_registry._MODELS), dict(model_registry._ALIASES))
     path = tmp_path_factory.mktemp("user") / "my_attention.py"
@@ -255,6 +260,7 @@ def test_docs_are_generated_for_it(toy: ModuleType, tmp_path: Path) -> None:
     assert f"| [`{TOY}`]({TOY}.md) | tokens |" in docs._index_page(list_attention())
     assert f"| [`{TOY}`](docs/attention/{TOY}.md) | `[B, N, C]` |" in docs.mechanism_table()
     assert f"| `{PRESET}` | {FAMILY} | 16×16 |" in docs.models_page([PRESET])
+    assert f'| [`{TOY}`](attention/{TOY}.md) | `"auto"`, `"sdpa"`, `"explicit"`, `"flex"` | - |' in docs.backend_table()
 
 
 def test_no_table_keyed_by_a_mechanism_name_in_the_sweeps_bench_and_docs() -> None:
@@ -277,5 +283,18 @@ def test_the_readme_table_of_mechanisms_is_generated_from_the_registry() -> None
     assert docs.readme_with_table(readme) == readme, "README's mechanism table is stale: run `vit-attention docs`"
     for name in list_attention():
         assert f"| [`{name}`](docs/attention/{name}.md) |" in readme
-    with pytest.raises(ValueError, match="no mechanism table markers"):
+    with pytest.raises(ValueError, match=r"the README \(mechanism\) has no table markers"):
         docs.readme_with_table("# a README without the table")
+
+
+def test_the_flex_page_table_of_backends_is_generated_from_the_registry() -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "flex.md").read_text(encoding="utf-8")
+    assert docs.flex_page_with_table(page) == page, "docs/flex.md's backend table is stale: run `vit-attention docs`"
+    for name in list_attention():
+        spec = get_attention_spec(name)
+        row = next(line for line in page.splitlines() if line.startswith(f"| [`{name}`]"))
+        assert all(f'`"{b}"`' in row.split(" | ")[1] for b in spec.backends)
+        if len(spec.backends) < 4:  # the ones it does not run on, and why
+            assert spec.backend_note and spec.backend_note in row.split(" | ")[2]
+        else:
+            assert row.endswith("| - |")
