@@ -3,7 +3,7 @@
 Bottom to top: ``functional`` (pure functions) < ``attention`` (mechanisms) < ``layers`` (blocks)
 < ``models`` (families + registry) < ``weights`` (checkpoints: may ask the registry) < ``factory``
 (``create_model``: registry + weights) < the applications: ``data`` < ``export`` < ``analysis``
-< ``bench`` < ``train`` < the package facade (``vit_attention/__init__.py``) < ``commands`` < ``cli``.
+< ``bench`` < ``train`` < the package facade (``vit_attention/__init__.py``) < ``registry_commands`` < ``cli``.
 A module may import its own part and any part below it; an import of a part above it is listed in
 ``KNOWN_UPWARD`` with the reason, or this test fails naming the file and line.
 """
@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "vit_attention"
 ROOT = "<root>"  # vit_attention/__init__.py and names imported from the package itself (`from . import __version__`)
 
 ORDER = ("functional", "attention", "layers", "models", "weights", "factory",
-         "data", "export", "analysis", "bench", "train", ROOT, "commands", "cli")
+         "data", "export", "analysis", "bench", "train", ROOT, "registry_commands", "cli")
 RANK = {part: i for i, part in enumerate(ORDER)}
 
 # (importing module, imported module) -> why the arrow runs up. Each must still exist (a stale entry fails).

@@ -19,7 +19,7 @@ from . import __version__
 
 # Modules that contribute sub-commands, in help order. Each defines add_commands(subparsers).
 _COMMAND_MODULES = (
-    "vit_attention.commands",
+    "vit_attention.registry_commands",
     "vit_attention.train.commands",
     "vit_attention.analysis.commands",
     "vit_attention.analysis.generate",

@@ -67,7 +67,7 @@ def test_activation_bytes_count_gathered_queries_with_five_dims() -> None:
     """Neighbourhood attention hands the core queries ``[B, nT, nh, T², hd]`` (tiles folded into leading
     dims): the weights counted are ``prod(q[:-1]) · M`` for every such call, the same as if the tiles
     had been folded into the batch."""
-    from vit_attention.analysis._run import record_forward
+    from vit_attention.analysis.recording import record_forward
 
     with torch.device("meta"):
         model = create_model("nat_mini", depths=(1, 1, 1, 1)).eval()

@@ -146,7 +146,7 @@ def test_fast_meta_records_what_torch_meta_kernels_record(name: str) -> None:
     so FLOPs, traces and the generated docs are unchanged."""
     from model_outputs import small_overrides
 
-    from vit_attention.analysis._run import record_forward
+    from vit_attention.analysis.recording import record_forward
 
     with torch.device("meta"):
         model = create_model(name, **small_overrides(name)).eval()

@@ -76,18 +76,19 @@ def test_trace_leaves_the_model_untouched():
 
 def test_shape_hook_sees_every_call_without_forcing_the_explicit_path(monkeypatch):
     from vit_attention.functional import attention as core
+    from vit_attention.functional import observers
 
     def no_explicit(*args, **kwargs):
         raise AssertionError("the shape hook must not force the explicit path")
 
     monkeypatch.setattr(core, "_explicit", no_explicit)
     seen = []
-    handle = core.register_attention_hook(lambda q, k, v, info: seen.append((q.shape, k.shape, info)),
-                                          weights=False)
+    handle = observers.register_attention_hook(lambda q, k, v, info: seen.append((q.shape, k.shape, info)),
+                                               weights=False)
     try:
         for device in ("cpu", "meta"):
             q, k = torch.randn(2, 3, 5, 8, device=device), torch.randn(2, 3, 7, 8, device=device)
-            with core.attention_context(module="probe"):
+            with observers.attention_context(module="probe"):
                 out = core.scaled_dot_product_attention(q, k, k, mask=torch.ones(5, 7, dtype=torch.bool,
                                                                                   device=device))
             assert out.shape == (2, 3, 5, 8)

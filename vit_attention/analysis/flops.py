@@ -33,7 +33,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..attention.base import AttentionModule
 from ..functional.tome import matching_costs
-from ._run import ModuleCall, Recording, as_input, meta_state, module_device, record_forward
+from .recording import ModuleCall, Recording, as_input, meta_state, module_device, record_forward
 
 __all__ = ["FlopReport", "flops", "measure_flops", "count_params", "stage_of", "attention_complexity",
            "complexity_table", "layer_macs"]

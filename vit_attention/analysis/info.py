@@ -11,8 +11,8 @@ from torch import nn
 
 from ..factory import create_model
 from ..models.registry import aliases_of, get_model_entry
-from ._run import record_forward
 from .flops import flops
+from .recording import record_forward
 
 __all__ = ["ModelInfo", "model_info", "activation_bytes"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from ..layers.drop_path import DropPath
-from ._run import AttentionCall, ModuleCall, Recording, record_forward
+from .recording import AttentionCall, ModuleCall, Recording, record_forward
 
 __all__ = ["Trace", "TraceLine", "trace"]
 

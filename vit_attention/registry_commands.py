@@ -1,4 +1,4 @@
-"""Core sub-commands: ``summary`` (build a model by name), ``models`` and ``attention`` (list registries)."""
+"""The registries' sub-commands: ``summary`` (build a model by name), ``models`` and ``attention`` (list them)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One instrumented forward pass shared by ``flops``, ``trace`` and ``info``.
 
 It runs a model (or a single mechanism) once with forward hooks on every module and the
-attention shape hook of :mod:`vit_attention.functional.attention`, and records, in call order,
+attention shape hook of :mod:`vit_attention.functional.observers`, and records, in call order,
 every module call (name, class, input and output shapes) and every attention call (q, k, v
 shapes plus the :func:`attention_context` info). By default the pass runs on the meta device:
 parameters and buffers are swapped for meta tensors with ``torch.func.functional_call``, so
