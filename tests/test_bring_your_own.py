@@ -47,6 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from vit_attention.attention import register_attention
+from vit_attention.attention.registry import global_as_built
 from vit_attention.attention.base import AttentionModule
 from vit_attention.functional import (
     attention_observed,
@@ -65,7 +66,7 @@ from vit_attention.models.vit import VisionTransformer, VisionTransformerConfig,
     paper="https://arxiv.org/abs/2010.04245",
     formula="Global self-attention whose logits are scaled per head by a learned `exp(t_h)` (`t_h = 0` at start: "
             "plain attention):\\n\\n    A_h = softmax(exp(t_h) · q_h k_hᵀ · hd^-1/2)\\n",
-    cost="4·N·C² + 2·N²·C multiply-adds (as global attention)")
+    cost="4·N·C² + 2·N²·C multiply-adds (as global attention)", global_kwargs=global_as_built)
 class TemperatureAttention(AttentionModule):
     """Global self-attention with a learned per-head temperature, ``[B, N, C] -> [B, N, C]``."""
 
@@ -222,7 +223,8 @@ def test_compiled_flex(toy: ModuleType) -> None:
 def test_transfer_and_compare(toy: ModuleType) -> None:
     transfer, spec_docs = _sweep("attention.test_transfer"), _sweep("analysis.test_spec_docs")
     transfer.check_projections_round_trip(TOY)
-    transfer.check_transfer_from_global_attention_is_exact(TOY, {})  # neutral temperature: global attention
+    kwargs = get_attention_spec(TOY).global_kwargs((7, 7))  # neutral temperature: global attention
+    transfer.check_transfer_from_global_attention_is_exact(TOY, kwargs)
     spec_docs.test_compare_fits_every_mechanism_to_the_backbone_grid(TOY)
 
 
@@ -269,9 +271,10 @@ def test_no_table_keyed_by_a_mechanism_name_in_the_sweeps_bench_and_docs() -> No
     from vit_attention.bench import mechanisms as bench
 
     sources = {m.__name__: inspect.getsource(m) for m in (docs, bench)}
-    for rel in ("attention/test_backends.py",):
+    for rel in ("attention/test_backends.py", "attention/test_transfer.py"):
         text = (Path(__file__).parent / rel).read_text(encoding="utf-8")
-        sources[rel] = text.split("\ndef test_create_attention_takes_a_backend")[0]  # the sweeps, not the API tests
+        sources[rel] = text.split("\ndef test_create_attention_takes_a_backend")[0].split(
+            "\ndef test_a_mechanism_that_differs")[0]  # the sweeps, not the tests of one mechanism's behaviour
     for where, src in sources.items():
         for name in list_attention():
             for form in (f'"{name}":', f'== "{name}"', f'("{name}", {{', f'"{name}", ('):

@@ -1,5 +1,4 @@
-"""Spatial-reduction attention against a dense oracle written here from PVT's formulas (Wang et al., ICCV 2021,
-arXiv 2102.12122; PVTv2, arXiv 2106.13797)."""
+"""Spatial-reduction attention against a dense oracle written here from PVT's formulas (FAMILIES.md §2, §3)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from .base import AttentionModule, check_heads, check_prob
-from .registry import register_attention
+from .registry import global_as_built, register_attention
 
 __all__ = ["ClassAttention"]
 
@@ -36,7 +36,7 @@ __all__ = ["ClassAttention"]
         "    out = merge_heads(softmax(q kᵀ · hd^-1/2) v) W_proj   # [B, N, C]\n\n"
         "Without `context`, `ctx = x` (self-attention with separate q / k / v projections)."),
     cost="2·N·C² + 2·M·C² + 2·N·M·C multiply-adds (CaiT: N = 1 query, M = N_patches + 1 keys: linear in the tokens)",
-    example_shape=(2, 11, 32))
+    example_shape=(2, 11, 32), global_kwargs=global_as_built)
 class ClassAttention(AttentionModule):
     """Class attention, ``x [B, N, C]`` (queries), ``context [B, M, C]`` (keys, values; default x) -> ``[B, N, C]``.
 

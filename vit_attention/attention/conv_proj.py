@@ -90,7 +90,8 @@ class _AvgProjection(nn.AvgPool2d):
         "(average-pooled k, v; plain q) and `'linear'` (no convolutions) are the original's other two options."),
     cost="k²·C·(N + 2M) + 5·C·(N + 2M) (convs, BatchNorm) + 2·N·C² + 2·M·C² (linears) + 2·N·M·C (attention), "
          "M = N / s²: with s = 2, 2.5·N·C² + 0.5·N²·C",
-    example_shape=(2, 16, 32), doc_example=({}, (1, 196, 96)))
+    example_shape=(2, 16, 32), doc_example=({}, (1, 196, 96)),
+    global_kwargs=lambda grid: {"stride_kv": 1})  # keys on the full grid; the logit scale is made up in q
 class ConvProjectionAttention(AttentionModule):
     """Convolutional projection attention, tokens ``[B, P + H·W, C] -> [B, P + H·W, C]``.
 
@@ -239,4 +240,3 @@ class ConvProjectionAttention(AttentionModule):
 
     def extra_repr(self) -> str:
         return f"method={self.method!r}, kernel_size={self.kernel_size}, stride_kv={self.stride_kv}"
-

@@ -48,7 +48,7 @@ from ..functional.longformer2d import (
 )
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from .base import AttentionModule, check_heads, check_map_tokens_call, check_prob, grid_of
-from .registry import register_attention
+from .registry import covering_window_kwargs, register_attention
 
 __all__ = ["Longformer2DAttention", "longformer2d_macs"]
 
@@ -96,7 +96,8 @@ def _vil_stage_table() -> str:
         + _vil_stage_table()),
     cost="4·N·C² + 2·nc·w²·(G + 9w²)·C + 2·G·N·C multiply-adds (nc = ceil(H/w)·ceil(W/w) chunks): linear in N, "
          "about 2·N·9w²·C for the attention",
-    example_shape=(2, 16, 32), doc_example=(dict(window_size=3), (1, 14 * 14, 96)))
+    example_shape=(2, 16, 32), doc_example=(dict(window_size=3), (1, 14 * 14, 96)),
+    global_kwargs=covering_window_kwargs)
 class Longformer2DAttention(AttentionModule):
     """2-D Longformer attention, ``[B, G + H·W, C] -> [B, G + H·W, C]`` (grid ``feat_size = (H, W)``).
 

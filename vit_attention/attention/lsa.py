@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 
 from ..functional.linear import apply_linear
-from .registry import register_attention, small_window_kwargs
+from .registry import covering_window_kwargs, register_attention, small_window_kwargs
 from .transfer import PACKED_QKV_SLOTS
 from .window import WindowAttentionBase
 
@@ -44,7 +44,8 @@ __all__ = ["LocallyGroupedAttention"]
         "`pad_mask=True`: padded keys are masked out."),
     cost="4·hw·C² + 2·ws²·hw_p·C multiply-adds (hw_p: the map padded to multiples of ws), "
          "vs 4·hw·C² + 2·(hw)²·C for global attention",
-    doc_example=(dict(window_size=7), (1, 14, 14, 96)), grid_kwargs=small_window_kwargs)
+    doc_example=(dict(window_size=7), (1, 14, 14, 96)), grid_kwargs=small_window_kwargs,
+    global_kwargs=covering_window_kwargs)
 class LocallyGroupedAttention(WindowAttentionBase):
     """Twins LSA, ``[B, H, W, C] -> [B, H, W, C]``: ``softmax(q kᵀ / sqrt(hd)) v`` in ``ws x ws`` groups.
 

@@ -18,7 +18,7 @@ from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from .base import AttentionModule, check_heads, check_prob
-from .registry import register_attention
+from .registry import global_as_built, register_attention
 
 __all__ = ["MultiHeadAttention"]
 
@@ -41,7 +41,7 @@ def _pick(name: str, value: Any, alias: str, alias_value: Any, default: Any) -> 
         "Called with one tensor it is self-attention (the plug-and-play contract); with three it is "
         "cross-attention (e.g. the MAP pooling head of ViT-22B)."),
     cost="4·N·C² + 2·N·M·C multiply-adds (M = N for self-attention)",
-    example_shape=(2, 11, 32))
+    example_shape=(2, 11, 32), global_kwargs=global_as_built)
 class MultiHeadAttention(AttentionModule):
     """Multi-head attention, query ``[B, N, E]``, key ``[B, M, kdim]``, value ``[B, M, vdim]`` -> ``[B, N, E]``.
 

@@ -18,7 +18,7 @@ from ..functional.rope import apply_rope
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.tome import TokenMergeState
 from .base import AttentionModule, check_heads, check_prob
-from .registry import register_attention
+from .registry import global_as_built, register_attention
 from .rope import make_rope
 from .transfer import PACKED_QKV_SLOTS
 
@@ -38,7 +38,7 @@ __all__ = ["MultiHeadSelfAttention"]
         "as EVA-02 / DINOv3 / RoPE-ViT, `rope='mixed'` with learned frequencies) rotate q and k of the grid "
         "tokens after it, prefix tokens unrotated."),
     cost="4·N·C² + 2·N²·C multiply-adds (quadratic in the tokens N)",
-    example_shape=(2, 11, 32))
+    example_shape=(2, 11, 32), global_kwargs=global_as_built)
 class MultiHeadSelfAttention(AttentionModule):
     """Global self-attention, ``[B, N, C] -> [B, N, C]``.
 

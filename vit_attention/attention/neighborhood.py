@@ -76,7 +76,8 @@ def _grid_kernel(grid: tuple[int, int]) -> dict[str, Any]:
         "share of the keys; a larger input or a smaller `kernel_size` / `dilation` for that stage avoids it."),
     cost="4·N·C² + 2·N·K²·C multiply-adds for the mechanism (linear in N); the tiles compute "
          "2·nT·T²·R²·C for the logits and values (R ≤ T + K − 1), about (T + K − 1)²/K² of that",
-    doc_example=(dict(kernel_size=7, dilation=1), (1, 14, 14, 96)), grid_kwargs=_grid_kernel)
+    doc_example=(dict(kernel_size=7, dilation=1), (1, 14, 14, 96)), grid_kwargs=_grid_kernel,
+    global_kwargs=lambda grid: {"kernel_size": max(grid) | 1})  # one odd K x K window covers the map
 class NeighborhoodAttention(AttentionModule):
     """Neighbourhood attention, ``[B, H, W, C] -> [B, H, W, C]`` (any ``H, W``).
 

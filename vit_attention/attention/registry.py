@@ -20,7 +20,7 @@ from ..functional.runtime import BACKENDS, check_backend, set_switches
 from .base import AttentionModule, missing_members
 
 __all__ = ["AttentionSpec", "register_attention", "list_attention", "create_attention", "get_attention_spec",
-           "small_window_kwargs", "set_attention_backend"]
+           "small_window_kwargs", "global_as_built", "covering_window_kwargs", "set_attention_backend"]
 
 Layout = Literal["tokens", "spatial"]
 
@@ -31,6 +31,16 @@ PrefixTokens = Literal["attend", "global"]
 def small_window_kwargs(grid: tuple[int, int]) -> dict[str, Any]:
     """``window_size`` half the smaller side of the grid (at least 1): several windows on any small grid."""
     return {"window_size": max(1, min(grid) // 2)}
+
+
+def global_as_built(grid: tuple[int, int]) -> dict[str, Any]:
+    """No keywords: a mechanism that attends globally as it is (``global_kwargs`` of mhsa, mha ...)."""
+    return {}
+
+
+def covering_window_kwargs(grid: tuple[int, int]) -> dict[str, Any]:
+    """``window_size`` the larger side of the grid: one window covers the whole map (``global_kwargs``)."""
+    return {"window_size": max(grid)}
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,10 @@ class AttentionSpec:
             (default: the example's keywords on ViT-B/16's ``[1, 197, 96]`` tokens or a
             ``[1, 14, 14, 96]`` map).
         grid_kwargs: keywords that fit the mechanism to a token grid ``(H, W)`` (``compare``), or None.
+        global_kwargs: keywords under which it computes global attention over a token grid ``(H, W)`` once
+            its own extra parameters are neutral (a window covering the map, no key reduction), so weights
+            carried from global attention give the same outputs (tested); None: it cannot (a different
+            softmax, blocks, channels, a causal mask).
         qkv_bias_split: the q / v biases are separate parameters ``q_bias`` / ``v_bias`` with no k
             bias (SwinV2), instead of one ``qkv.bias`` (checkpoint converters).
         init_kwargs: every keyword the constructor lists (read from its signature), e.g. whether
@@ -84,6 +98,7 @@ class AttentionSpec:
     example_heads: int = 4
     doc_example: tuple[dict[str, Any], tuple[int, ...]] | None = None
     grid_kwargs: Callable[[tuple[int, int]], dict[str, Any]] | None = None
+    global_kwargs: Callable[[tuple[int, int]], dict[str, Any]] | None = None
     qkv_bias_split: bool = False
     init_kwargs: frozenset[str] = frozenset()
     init_accepts_any: bool = False
@@ -114,6 +129,7 @@ def register_attention(
     example_shape: tuple[int, ...] | None = None, example_heads: int = 4,
     doc_example: tuple[dict[str, Any], tuple[int, ...]] | None = None,
     grid_kwargs: Callable[[tuple[int, int]], dict[str, Any]] | None = None, qkv_bias_split: bool = False,
+    global_kwargs: Callable[[tuple[int, int]], dict[str, Any]] | None = None,
     backends: tuple[str, ...] = BACKENDS, backend_note: str = "",
 ) -> Callable[[type[AttentionModule]], type[AttentionModule]]:
     """Class decorator adding a mechanism to the registry under ``name``; see :class:`AttentionSpec`.
@@ -148,7 +164,7 @@ def register_attention(
             normalized_weights=normalized_weights, supports_context=supports_context, formula=formula, cost=cost,
             example_shape=example_shape or ((2, 7, 9, 32) if spatial else (2, 11, 32)), example_heads=example_heads,
             doc_example=doc_example or (dict(example_kwargs or {}), (1, 14, 14, 96) if spatial else (1, 197, 96)),
-            grid_kwargs=grid_kwargs, qkv_bias_split=qkv_bias_split,
+            grid_kwargs=grid_kwargs, global_kwargs=global_kwargs, qkv_bias_split=qkv_bias_split,
             init_kwargs=named, init_accepts_any=accepts_any,
             backends=tuple(check_backend(b, f"{name}'s backends entry") for b in backends), backend_note=backend_note)
         cls.attention_name = name

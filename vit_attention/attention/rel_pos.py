@@ -80,7 +80,8 @@ __all__ = ["RelPosAttention"]
         "image (padded to 70x70) and 4 global blocks."),
     cost="window: 4·hw·C² + 2·ws²·hw_p·C + 2·ws·hw_p·C multiply-adds (hw_p: the map padded to multiples "
          "of ws); global: 4·hw·C² + 2·(hw)²·C + (H + W)·hw·C",
-    doc_example=(dict(window_size=7, rel_pos_zero_init=False), (1, 16, 16, 96)), grid_kwargs=small_window_kwargs)
+    doc_example=(dict(window_size=7, rel_pos_zero_init=False), (1, 16, 16, 96)), grid_kwargs=small_window_kwargs,
+    global_kwargs=lambda grid: {"input_size": grid})  # window_size=0: ViTDet's global blocks
 class RelPosAttention(AttentionModule):
     """ViTDet attention, ``[B, H, W, C] -> [B, H, W, C]``: window (``window_size > 0``) or global (``0``).
 

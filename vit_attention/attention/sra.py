@@ -75,7 +75,7 @@ def _pvt_stage_table() -> str:
         "`SpatialReductionAttention.flops`' formula):\n\n" + _pvt_stage_table()),
     cost=("N·C² (q) + h·w·R²·C² (sr conv) + 2·M·C² (kv) + N·C² (proj) + 2·N·M·C (attention), M = P + h·w keys: "
           "3·N·C² + 2·N·C²/R² + 2·N²·C/R² for a map of N tokens; linear: 2·N·C² + 147·C² + 98·N·C"),
-    doc_example=(dict(sr_ratio=2), (1, 196, 96)))
+    doc_example=(dict(sr_ratio=2), (1, 196, 96)), global_kwargs=lambda grid: {"sr_ratio": 1})  # no reduction
 class SpatialReductionAttention(AttentionModule):
     """Spatial-reduction attention, ``[B, P + H·W, C] -> [B, P + H·W, C]`` (grid ``feat_size = (H, W)``).
 

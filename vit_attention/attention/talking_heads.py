@@ -21,7 +21,7 @@ from ..functional.linear import apply_linear, hookless
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.tome import TokenMergeState
 from .base import AttentionModule, check_heads, check_prob
-from .registry import register_attention
+from .registry import global_as_built, register_attention
 from .transfer import PACKED_QKV_SLOTS
 
 __all__ = ["TalkingHeadsAttention", "mix_heads"]
@@ -66,7 +66,7 @@ def mix_heads(a: Tensor, mix: nn.Linear, *, scale: float = 1.0, before_softmax: 
         "    out = merge_heads(A v) W_proj                  # [B, N, C]\n\n"
         "The mixings need the weights, so the fused kernel does not apply (explicit path)."),
     cost="4·N·C² + 2·N²·C + 2·N²·nh² multiply-adds (quadratic in the tokens N)",
-    example_shape=(2, 11, 32))
+    example_shape=(2, 11, 32), global_kwargs=global_as_built)
 class TalkingHeadsAttention(AttentionModule):
     """Talking-heads self-attention, ``[B, N, C] -> [B, N, C]``.
 

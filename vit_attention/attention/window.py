@@ -41,7 +41,7 @@ from .base import (
     packed_prefix_attention,
     uncacheable,
 )
-from .registry import register_attention, small_window_kwargs
+from .registry import covering_window_kwargs, register_attention, small_window_kwargs
 from .transfer import PACKED_QKV_SLOTS, fit_offset_grid
 
 __all__ = ["WindowAttentionBase", "WindowAttention", "resize_window_bias_table"]
@@ -309,7 +309,8 @@ class WindowAttentionBase(AttentionModule):
         "    out = roll(window_reverse(A v W_proj), +s)     # [B, H, W, C]\n\n"
         "`B_rel[i, j] = table[index(Δrow, Δcol)]` with a table of `(2M-1)²` entries per head."),
     cost="4·hw·C² + 2·M²·hw·C multiply-adds (linear in the map size hw for a fixed window M)",
-    doc_example=(dict(window_size=7, shift_size=3), (1, 14, 14, 96)), grid_kwargs=small_window_kwargs)
+    doc_example=(dict(window_size=7, shift_size=3), (1, 14, 14, 96)), grid_kwargs=small_window_kwargs,
+    global_kwargs=covering_window_kwargs)
 class WindowAttention(WindowAttentionBase):
     """Swin W-MSA / SW-MSA, ``[B, H, W, C] -> [B, H, W, C]``.
 
@@ -397,4 +398,3 @@ class WindowAttention(WindowAttentionBase):
         with torch.no_grad():
             self.relative_position_bias_table.copy_(fitted.reshape(-1, self.num_heads))
         return True
-
