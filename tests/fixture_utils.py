@@ -25,7 +25,7 @@ def load_fixture(name: str) -> tuple[dict, dict, dict]:
 
 
 def assert_parity(ours, ref, rel: float = 1e-5) -> None:
-    """max |ours - ref| <= rel * max |ref| (REFERENCES.md tolerance for reduced fixtures)."""
+    """max |ours - ref| <= rel * max |ref| (the tolerance for reduced fp32 fixtures)."""
     scale = ref.abs().max().item()
     err = (ours - ref).abs().max().item()
     assert err <= rel * scale, f"max abs diff {err:.3e} > {rel:.0e} x output scale {scale:.3e}"

@@ -1,4 +1,4 @@
-"""The attention contract (DESIGN.md §2) for every registered mechanism.
+"""The attention contract (docs/attention_core.md) for every registered mechanism.
 
 Each mechanism runs its spec's small example once; the q, k, v it hands the core (caught by a
 shapes-only observer, strides as the mechanism made them) then go through every promise of

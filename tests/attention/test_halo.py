@@ -3,7 +3,7 @@
 The oracle is global attention over every key of the halo-padded map with the block / halo
 neighbourhood as a boolean mask and the relative logits gathered by the formula
 ``q · R_h[ky - qy + win - 1] + q · R_w[kx - qx + win - 1]`` (window and block coordinates), built
-from index arithmetic on the whole map: no unfold, no blocks. Tolerance (REFERENCES.md):
+from index arithmetic on the whole map: no unfold, no blocks. Tolerance:
 max |ours - ref| <= 1e-5 * max |ref|.
 """
 

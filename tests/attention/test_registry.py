@@ -1,4 +1,4 @@
-"""Every registered mechanism through the same contract checks (DESIGN.md §2)."""
+"""Every registered mechanism through the same contract checks (docs/attention_core.md)."""
 
 import pytest
 import torch

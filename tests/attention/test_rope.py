@@ -68,7 +68,7 @@ def test_mixed_init_follows_the_paper():
 
 # ------------------------------------------------------------------ inside MHSA
 def _manual(attn: MultiHeadSelfAttention, x: torch.Tensor, feat_size, npt: int) -> torch.Tensor:
-    """The rule of EVA-02 / DINOv3 / RoPE-ViT (MODERN.md B.0), written out."""
+    """The rule of EVA-02 / DINOv3 / RoPE-ViT (timm 1.0.31 ``EvaAttention`` / ``AttentionRope``), written out."""
     B, N, C = x.shape
     bias = attn.qkv.bias
     if attn.q_bias is not None:

@@ -1,4 +1,5 @@
-"""Spatial-reduction attention against a dense oracle written here from PVT's formulas (FAMILIES.md §2, §3)."""
+"""Spatial-reduction attention against a dense oracle written here from PVT's formulas (Wang et al., ICCV 2021,
+arXiv 2102.12122; PVTv2, arXiv 2106.13797)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Talking-heads attention against a dense implementation written here from CaiT's formulas (FAMILIES.md §5)."""
+"""Talking-heads attention against a dense implementation written here from CaiT's formulas (Touvron et al.,
+ICCV 2021, arXiv 2103.17239)."""
 
 from __future__ import annotations
 

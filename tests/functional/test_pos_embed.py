@@ -34,7 +34,7 @@ def test_resample_errors():
         resample_abs_pos_embed(torch.randn(1, 16, 8), (4, 4), (3, 3), num_prefix_tokens=0)
 
 
-# ---------------------------------------------------------------- resize rules (MODERN.md A.2)
+# ---------------------------------------------------------------- resize rules (timm 1.0.31, DINOv2, HF)
 def _original_dinov2(pos: torch.Tensor, h0: int, w0: int) -> torch.Tensor:
     """The original plain DINOv2 ``interpolate_pos_encoding`` call (``interpolate_offset=0.1``,
     ``interpolate_antialias=False``), written out independently: ``[1, 1 + M*M, C] -> [1, 1 + h0*w0, C]``."""

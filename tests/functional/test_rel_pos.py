@@ -19,7 +19,8 @@ from vit_attention.functional.window_attention import window_attention, window_t
 
 
 def _oracle(q: torch.Tensor, rh: torch.Tensor, rw: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-    """FAMILIES.md §11 term by term, equal query / key grids and tables of 2K - 1 rows: [*, N, N]."""
+    """ViTDet's decomposed relative position (Li et al., ECCV 2022, arXiv 2203.16527) term by term, equal query /
+    key grids and tables of 2K - 1 rows: [*, N, N]."""
     H, W = grid
     out = torch.zeros(*q.shape[:-1], H * W)
     for i in range(H * W):

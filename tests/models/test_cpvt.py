@@ -27,7 +27,7 @@ def test_params_match_deit_minus_pos_embed_plus_peg_on_meta(name):
     C = model.embed_dim
     n, n_deit = (sum(p.numel() for p in m.parameters()) for m in (model, deit))
     gap = "gap" in name
-    assert n == n_deit - deit.pos_embed.numel() + 10 * C - (C if gap else 0)  # FAMILIES.md §10
+    assert n == n_deit - deit.pos_embed.numel() + 10 * C - (C if gap else 0)  # CPVT: DeiT - position embedding + PEG
     meta = get_model_entry(name).meta
     assert abs(n / 1e6 - meta["published_params_m"]) / meta["published_params_m"] < 0.001
     macs = flops(model, (1, 3, 224, 224)).total

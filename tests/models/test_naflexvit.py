@@ -50,7 +50,7 @@ def test_registered_presets():
                                   "naflexvit_base_patch16_map", "naflexvit_base_patch16_siglip",
                                   "naflexvit_so400m_patch16_siglip"])
 def test_params_on_meta_equal_timm(name):
-    """timm 1.0.31 counts (MODERN.md §0), to the thousand."""
+    """timm 1.0.31 counts, to the thousand."""
     published = {"naflexvit_base_patch16_gap": 86.634, "naflexvit_base_patch16_parfac_gap": 86.462,
                  "naflexvit_base_patch16_map": 93.719, "naflexvit_base_patch16_siglip": 92.930,
                  "naflexvit_so400m_patch16_siglip": 427.888}[name]
@@ -226,8 +226,9 @@ def test_set_input_size_patch_resamples_linear_kernel():
 
 # ---------------------------------------------------------------- parity with Hugging Face Siglip2 (live)
 def test_hf_siglip2_padded_batch():
-    """MODERN.md D.4: pixel_values [B, L, p·p·C], pixel_attention_mask, spatial_shapes; tanh GELU, bilinear +
-    antialias table resize; key-only masks. Valid tokens (post_layernorm) and the MAP output agree."""
+    """transformers Siglip2VisionModel's input: pixel_values [B, L, p·p·C], pixel_attention_mask, spatial_shapes;
+    tanh GELU, bilinear + antialias table resize; key-only masks. Valid tokens (post_layernorm) and the MAP output
+    agree."""
     torch.manual_seed(0)
     hf_cfg = Siglip2VisionConfig(hidden_size=32, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                                  patch_size=8, num_patches=16, num_channels=3)

@@ -2,7 +2,7 @@
 was written (see ``tests/model_outputs.py``): refactors of the core, the blocks and the stages must
 not change a number.
 
-The tolerance is the fixtures' 1e-5 × max|ref| (REFERENCES.md): the same code on another CPU rounds
+The tolerance is the fixtures' 1e-5 × max|ref|: the same code on another CPU rounds
 differently (measured up to 1.7e-6 between AVX2 and AVX-512 kernels on these reduced models), so a
 committed fixture cannot ask for 1e-6; a changed formula, mask, key mapping or block order moves the
 outputs by far more (1e-2 and up). A refactor also compares before/after on one machine: regenerate

@@ -1,4 +1,4 @@
-"""``set_input_size`` beyond ViT and Swin (issue 23): CaiT (timm parity: tables resampled as timm does
+"""``set_input_size`` beyond ViT and Swin: CaiT (timm parity: tables resampled as timm does
 to a checkpoint loaded at another size), the families with no size-dependent tables (the size is
 checked and recorded: ``Backbone.set_input_size``), and the families whose resize would need tables
 not handled yet (``NotImplementedError`` naming the family). A registry-wide test covers every family

@@ -2,7 +2,7 @@
 ratio on a non-square image and ``always_partition`` (fixtures of make_fixtures_swin_resize.py), the
 state after the call and argument errors (nothing changed by a refused call).
 
-Tolerance (REFERENCES.md): max |ours - ref| <= 1e-5 * max |ref|.
+Tolerance: max |ours - ref| <= 1e-5 * max |ref|.
 """
 
 import copy

@@ -19,7 +19,7 @@ from vit_attention.models.vitdet import ConvNorm
 B, L, H = "vitdet_base_patch16_1024", "vitdet_large_patch16_1024", "vitdet_huge_patch16_1024"
 SMALL = dict(img_size=128, embed_dim=32, depth=3, num_heads=2, global_block_indices=(1,), window_size=3,
              pretrain_img_size=48, pyramid_channels=16)
-# (width, depth, heads, global blocks, drop path, HF VitDetModel GMACs at 1024², FAMILIES.md §Sizes)
+# (width, depth, heads, global blocks, drop path, HF VitDetModel GMACs at 1024², transformers 5.23.0)
 PUBLISHED = {B: (768, 12, 12, (2, 5, 8, 11), 0.1, 482.8), L: (1024, 24, 16, (5, 11, 17, 23), 0.4, 1489.4),
              H: (1280, 32, 16, (7, 15, 23, 31), 0.5, 2976.8)}
 

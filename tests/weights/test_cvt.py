@@ -3,7 +3,7 @@ original microsoft/CvT layout through ``load_weights`` (a fixture recorded from 
 ``tests/fixtures/make_fixtures_cvt.py``).
 
 HF's ``CvtStage`` indexes its drop-path list by the stage number, so a config needs
-``depth[i] >= i + 1`` (FAMILIES.md §0): the reduced configs use depths ``(1, 2, 3)``. Every BatchNorm
+``depth[i] >= i + 1`` (transformers 5.23.0): the reduced configs use depths ``(1, 2, 3)``. Every BatchNorm
 runs in eval mode with perturbed running statistics (HF initialises them to 0 / 1).
 """
 

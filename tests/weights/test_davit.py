@@ -1,6 +1,6 @@
 """DaViT checkpoint parity: timm fixtures (both forms), the original dingmyu/davit layout, Florence-2 live (HF).
 
-Tolerance (REFERENCES.md): max |ours - ref| <= 1e-5 * max |ref|.
+Tolerance: max |ours - ref| <= 1e-5 * max |ref|.
 """
 
 from __future__ import annotations

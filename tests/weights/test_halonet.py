@@ -2,7 +2,7 @@
 
 The fixtures (``tests/fixtures/make_fixtures_halonet.py``) are timm ``ByobNet`` configs of the
 ``halonet26t`` / ``halonet_h1`` / ``haloregnetz_b`` kinds with eval BatchNorm and perturbed
-running statistics. Tolerance (REFERENCES.md): max |ours - ref| <= 1e-5 * max |ref|.
+running statistics. Tolerance: max |ours - ref| <= 1e-5 * max |ref|.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every BatchNorm runs in eval mode with perturbed running statistics (fixtures: set by
 ``tests/fixtures/make_fixtures_mobilevit.py``; HF: :func:`fixture_utils.perturb_like_trained`).
 HF MobileViTV2 never resizes (its unfold drops the border rows of maps that are not patch multiples
-and its fold writes zeros there, FAMILIES.md §0), so the v2 parity runs at sides that are multiples
+and its fold writes zeros there, transformers 5.23.0), so the v2 parity runs at sides that are multiples
 of 64; ours resizes as timm.
 """
 

@@ -1,6 +1,6 @@
 """Swin / SwinV2 checkpoint parity: timm and torchvision fixtures, Hugging Face live, original-repo layout.
 
-Tolerance (REFERENCES.md): max |ours - ref| <= 1e-5 * max |ref|.
+Tolerance: max |ours - ref| <= 1e-5 * max |ref|.
 """
 
 import json

@@ -1,6 +1,6 @@
 """Twins checkpoint parity against timm fixtures (PCPVT, SVT at a size that needs LSA padding) and the layouts.
 
-Fixtures: tests/fixtures/make_fixtures_twins.py. Tolerance (REFERENCES.md): max |ours - ref| <= 1e-5 * max |ref|.
+Fixtures: tests/fixtures/make_fixtures_twins.py. Tolerance: max |ours - ref| <= 1e-5 * max |ref|.
 """
 
 import json

@@ -5,7 +5,7 @@
 Runs one forward on the meta device (instant even for ViT-22B) with a hook on every module and
 the attention shape hook of the functional core, then prints one line per module call (indented
 by nesting) with its input -> output shapes. Inside each attention it adds the steps the modules
-do not show, in DESIGN.md's vocabulary: windows ``[B·nW, ws², C]``, heads split
+do not show, in the library's vocabulary: windows ``[B·nW, ws², C]``, heads split
 ``[B, nh, N, hd]``, logits ``[B, nh, N, M]``, heads merged. Shape changes made by a parent's own
 code between two of its children (class token concatenation, position embedding, window
 partition) get a ``·`` line naming the class whose code made them.

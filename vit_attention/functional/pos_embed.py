@@ -12,7 +12,7 @@ from torch import Tensor
 __all__ = ["sincos_2d_pos_embed", "resample_abs_pos_embed", "POS_EMBED_RESIZE_RULES", "PosEmbedResize"]
 
 PosEmbedResize = Literal["timm", "dinov2", "bicubic"]
-#: The resize rules of :func:`resample_abs_pos_embed` (MODERN.md A.2):
+#: The resize rules of :func:`resample_abs_pos_embed` :
 #: ``"timm"``: ``size=``, ``interpolation`` (bicubic) with ``antialias`` (on): timm ``resample_abs_pos_embed``, the
 #: original DINOv2 register models, HF ``Dinov2WithRegistersModel``;
 #: ``"dinov2"``: ``scale_factor=((nh + 0.1) / gh, (nw + 0.1) / gw)``, bicubic, no antialias: the original plain

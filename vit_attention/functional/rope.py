@@ -10,7 +10,8 @@ DINOv3). For a patch at grid cell ``(y, x)`` and head width ``hd``::
     mixed:    angles_j = c_x·fx_j + c_y·fy_j           # learned per-head frequencies (RoPE-Mixed)
     rope(t) = t·cos(angles') + R(t)·sin(angles')       # angles' = the angles spread to hd channels
 
-Two channel layouts (they must match the checkpoint: MODERN.md §B.0):
+Two channel layouts (they must match the checkpoint; the rule of timm 1.0.31 ``EvaAttention`` /
+``AttentionRope`` and of transformers' DINOv3):
 
 * ``"interleaved"`` (EVA-02, RoPE-ViT): pairs are channels ``(2i, 2i+1)``; ``R(t) = [-t1, t0, -t3, t2, ...]``
   and ``angles' = repeat_interleave(angles, 2)``;

@@ -58,15 +58,15 @@ for _size in _SIZES:
 _PRESETS["vit_huge_patch14_clip_224"] = dict(embed_dim=1280, depth=32, num_heads=16, patch_size=14, **_CLIP,
                                              act="gelu", num_classes=1000)
 
-# timm 1.0.31 parameters on the meta device with the default tag's head (MODERN.md §0 and measured);
-# GMACs from timm's results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv where MODERN.md §0 lists them.
+# timm 1.0.31 parameters on the meta device with the default tag's head (measured);
+# GMACs from timm's results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv where it lists them.
 _PARAMS = {"vit_base_patch16_clip_224": 86.568, "vit_base_patch32_clip_224": 88.225,
            "vit_large_patch14_clip_224": 304.205, "vit_base_patch16_clip_quickgelu_224": 86.193,
            "vit_base_patch32_clip_quickgelu_224": 87.850, "vit_large_patch14_clip_quickgelu_224": 303.967,
            "vit_huge_patch14_clip_224": 632.047}  # timm 1.0.31 on the meta device
 _GMACS = {"vit_base_patch16_clip_224": 17.58, "vit_base_patch16_clip_quickgelu_224": 17.58,
           "vit_large_patch14_clip_224": 81.08}
-_SOURCE = "timm benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs at 224 (MODERN.md §0)"
+_SOURCE = "timm 1.0.31 benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs at 224"
 
 
 _META_DEVICE = ("vit_huge_patch14_clip_224",)  # counted by timm on the meta device (heads included)

@@ -49,12 +49,13 @@ for _size in _SIZES:
     _PRESETS[f"cpvt_{_size}_patch16_224"] = dict(_SIZES[_size], **_CPVT)
     _PRESETS[f"cpvt_gap_{_size}_patch16_224"] = dict(_SIZES[_size], **_CPVT, **_GAP)
 
-# FAMILIES.md §10 (computed): DeiT (timm) − pos-embed + PEG; GAP also drops the class token (C).
+# Computed (CPVT = DeiT with a PEG for the position embedding): DeiT (timm 1.0.31) − pos-embed + PEG; GAP
+# also drops the class token (C).
 # GMACs: DeiT-Ti / S / B 1.26 / 4.61 / 17.58 (timm table) + 9·N·C for the PEG (< 0.003 G).
 _PUBLISHED = {
     "tiny": (5.68, 1.26), "small": (21.98, 4.61), "base": (86.42, 17.58),
 }
-_SOURCE = "FAMILIES.md §10: DeiT (timm table) − position embedding + PEG (10·C params, 9·N·C MACs); computed"
+_SOURCE = "DeiT (timm 1.0.31 table) − position embedding + PEG (10·C params, 9·N·C MACs); computed"
 
 
 def reduced_config(cfg: VisionTransformerConfig) -> dict[str, Any]:

@@ -223,10 +223,10 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "cvt_w24_384": dict(_SIZES["w24"], img_size=384),
 }
 
-# Params: the README's 20 / 32 / 277M; to two decimals the Hugging Face port's counts (FAMILIES.md "Sizes").
+# Params: the README's 20 / 32 / 277M; to two decimals the Hugging Face port's counts (transformers 5.23.0).
 _README = "microsoft/CvT README (ImageNet results table)"
 _META: dict[str, dict[str, Any]] = {
-    # README 4.5; its own counter skips the norms. 4.57 = FlopCounterMode on HF's CvT-13 (FAMILIES.md "Sizes")
+    # README 4.5; its own counter skips the norms. 4.57 = FlopCounterMode on HF's CvT-13 (transformers 5.23.0)
     "cvt_13_224": dict(published_params_m=20.0, published_gmacs=4.57,
                        published_gmacs_source="HF CvtForImageClassification measured (FlopCounterMode); README 4.5"),
     "cvt_21_224": dict(published_params_m=31.6, published_gmacs=7.1, published_gmacs_source=_README),

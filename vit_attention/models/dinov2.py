@@ -61,7 +61,7 @@ for _size in _SIZES:
     _PRESETS[f"vit_{_size}_patch14_dinov2"] = dict(_SIZES[_size], **_DINOV2)
     _PRESETS[f"vit_{_size}_patch14_reg4_dinov2"] = dict(_SIZES[_size], **_DINOV2, **_REG4)
 
-# MODERN.md §0: timm 1.0.31 parameters on the meta device (num_classes=0), and GMACs at 518 px from timm's
+# timm 1.0.31 parameters on the meta device (num_classes=0), and GMACs at 518 px from timm's
 # results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv (infer_gmacs; attention matmuls included).
 _PUBLISHED: dict[str, tuple[float, float]] = {
     "vit_small_patch14_dinov2": (22.056, 46.76), "vit_base_patch14_dinov2": (86.580, 151.71),
@@ -69,7 +69,7 @@ _PUBLISHED: dict[str, tuple[float, float]] = {
     "vit_small_patch14_reg4_dinov2": (22.057, 46.95), "vit_base_patch14_reg4_dinov2": (86.582, 152.25),
     "vit_large_patch14_reg4_dinov2": (304.371, 508.9), "vit_giant_patch14_reg4_dinov2": (1136.484, 1790.08),
 }
-_SOURCE = "timm benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs at 518 (MODERN.md §0)"
+_SOURCE = "timm 1.0.31 benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs at 518"
 
 
 def reduced_config(cfg: VisionTransformerConfig) -> dict[str, Any]:

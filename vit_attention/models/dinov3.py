@@ -61,7 +61,7 @@ for _size in _SIZES:
     _PRESETS[f"vit_{_size}_patch16_dinov3"] = dict(_SIZES[_size], **_DINOV3)
     _PRESETS[f"vit_{_size}_patch16_dinov3_qkvb"] = dict(_SIZES[_size], **dict(_DINOV3, qkv_bias="qv"))
 
-# MODERN.md §0: timm 1.0.31 parameters on the meta device (num_classes=0) and GMACs at 256 from timm's
+# timm 1.0.31 parameters on the meta device (num_classes=0) and GMACs at 256 from timm's
 # results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv (infer_gmacs; attention matmuls included). The
 # _qkvb presets timm's table does not list are the same network plus 2·C bias parameters per block (no MACs).
 _PUBLISHED: dict[str, tuple[float, float]] = {
@@ -76,7 +76,7 @@ for _size in ("small_plus", "base", "large", "huge_plus"):
     _params, _gmacs = _PUBLISHED[f"vit_{_size}_patch16_dinov3"]
     _c, _d = _SIZES[_size]["embed_dim"], _SIZES[_size]["depth"]
     _PUBLISHED[f"vit_{_size}_patch16_dinov3_qkvb"] = (round(_params + 2 * _c * _d / 1e6, 3), _gmacs)
-_SOURCE = "timm benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs at 256 (MODERN.md §0)"
+_SOURCE = "timm 1.0.31 benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs at 256"
 
 
 def reduced_config(cfg: VisionTransformerConfig) -> dict[str, Any]:

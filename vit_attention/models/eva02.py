@@ -70,7 +70,7 @@ _PRESETS.update({
     "eva02_large_patch14_clip_336": dict(_SIZES["large"], **dict(_CLIP, img_size=336, num_classes=768)),
 })
 
-# MODERN.md §0: timm 1.0.31 parameters on the meta device (num_classes=0) and GMACs at 224 from timm's
+# timm 1.0.31 parameters on the meta device (num_classes=0) and GMACs at 224 from timm's
 # results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv (infer_gmacs; attention matmuls included).
 _PUBLISHED: dict[str, tuple[float, float]] = {
     "eva02_tiny_patch14_224": (5.502, 1.7),
@@ -78,7 +78,7 @@ _PUBLISHED: dict[str, tuple[float, float]] = {
     "eva02_base_patch14_224": (85.759, 23.22),
     "eva02_large_patch14_224": (303.269, 81.15),
 }
-_SOURCE = "timm benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs at 224 (MODERN.md §0)"
+_SOURCE = "timm 1.0.31 benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs at 224"
 # parameters only (heads included), counted by timm 1.0.31 on the meta device
 _PARAMS_ONLY: dict[str, float] = {
     "eva02_tiny_patch14_336": 5.757, "eva02_small_patch14_336": 22.129, "eva02_base_patch14_448": 87.118,

@@ -7,7 +7,7 @@ returns a list of maps, one per entry of ``out_indices``:
   the default) or channels-last (``NHWC`` for hierarchical models, ``NLC`` tokens for ViT);
   ViT's prefix tokens (class, distillation) are dropped. ``C_k`` and ``r_k`` are
   ``model.feature_info.channels()[k]`` and ``.reduction()[k]``.
-* It works for every family that has what DESIGN.md §3 asks of every model: ``feature_info``
+* It works for every family that has what every model of the library has: ``feature_info``
   (one dict per block or stage: ``num_chs``, ``reduction``, ``module``) and
   ``forward_intermediates(x, indices, norm=, output_fmt=, intermediates_only=True)``.
 * Nothing after the last ``out_indices`` entry runs, and by default nothing after it is kept: the blocks /

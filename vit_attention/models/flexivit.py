@@ -49,10 +49,10 @@ _FLEXI = dict(img_size=240, patch_size=16, no_embed_class=True, global_pool="tok
 
 _PRESETS: dict[str, dict[str, Any]] = {f"flexivit_{size}": dict(_SIZES[size], **_FLEXI) for size in _SIZES}
 
-# MODERN.md §0: timm 1.0.31 params on meta (1000 classes) and GMACs at 240 from timm's
+# timm 1.0.31 params on meta (1000 classes) and GMACs at 240 from timm's
 # benchmark-infer-amp-nchw-pt291-cu128-4090.csv.
 _PUBLISHED = {"small": (22.061, 5.35), "base": (86.589, 20.29), "large": (304.355, 70.99)}
-_SOURCE = "timm results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv (infer_gmacs @240), via MODERN.md §0"
+_SOURCE = "timm 1.0.31 results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv (infer_gmacs @240)"
 
 
 def reduced_config(cfg: VisionTransformerConfig) -> dict[str, Any]:

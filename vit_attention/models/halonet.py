@@ -408,7 +408,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                           num_features=1536, attn_kwargs={"block_size": 7, "halo_size": 2, "qk_ratio": 0.33}),
 }
 
-# Published sizes (timm benchmark table: param_count, infer_gmacs; FAMILIES.md "Sizes").
+# Published sizes (timm 1.0.31 benchmark table: param_count, infer_gmacs).
 _PUBLISHED: dict[str, tuple[float, float]] = {
     "halonet_h1": (8.10, 3.00), "halonet26t": (12.48, 3.19), "sehalonet33ts": (13.69, 3.55),
     "halonet50ts": (22.73, 5.30), "haloregnetz_b": (11.68, 1.97),

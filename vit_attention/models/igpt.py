@@ -588,7 +588,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                         drop_path_rate=0.1),
 }
 # Params: the HF configs counted (transformer + untied 512-way LM head; the classifier excluded).
-# GMACs at N = 1024: 12·N·d² + 2·N²·d per block plus the LM head (FAMILIES.md §Sizes, analytic);
+# GMACs at N = 1024: 12·N·d² + 2·N²·d per block plus the LM head (analytic);
 # forward() runs the classifier instead of the LM head (0.27 / 0.54 / 0.81 GMACs fewer, inside the 2 %).
 _META: dict[str, dict[str, Any]] = {
     name: {"published_params_m": params, "published_params_exclude": ("head.",), "published_gmacs": gmacs,

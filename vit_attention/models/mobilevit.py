@@ -320,7 +320,7 @@ _PRESETS.update({
 for _tag, _m in {"050": 0.5, "075": 0.75, "100": 1.0}.items():
     _PRESETS[f"mobilevitv3_{_tag}"] = dict(_v2(_m), **cvnets_v2_widths(_m), block_type="v3_v2")
 
-# Published sizes at 256 px (timm benchmark table: param_count, infer_gmacs; FAMILIES.md "Sizes").
+# Published sizes at 256 px (timm 1.0.31 benchmark table: param_count, infer_gmacs).
 _PUBLISHED: dict[str, tuple[float, float]] = {
     "mobilevit_xxs": (1.27, 0.42), "mobilevit_xs": (2.32, 1.05), "mobilevit_s": (5.58, 2.03),
     "mobilevitv2_050": (1.37, 0.48), "mobilevitv2_075": (2.87, 1.05), "mobilevitv2_100": (4.90, 1.84),

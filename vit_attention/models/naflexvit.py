@@ -585,7 +585,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                                             **_SIGLIP),
 }
 
-# timm 1.0.31 parameters on the meta device at 1000 classes (MODERN.md §0); GMACs from timm's
+# timm 1.0.31 parameters on the meta device at 1000 classes; GMACs from timm's
 # results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv at 384 px.
 _PARAMS = {"naflexvit_base_patch16_gap": 86.634, "naflexvit_base_patch16_parfac_gap": 86.462,
            "naflexvit_base_patch16_map": 93.719}
@@ -593,7 +593,7 @@ _GMACS = {"naflexvit_base_patch16_gap": 55.86, "naflexvit_base_patch16_parfac_ga
           "naflexvit_base_patch16_map": 56.23, "naflexvit_base_patch16_siglip": 56.12,
           "naflexvit_so400m_patch16_siglip": 259.65}
 _SIGLIP_PARAMS = {"naflexvit_base_patch16_siglip": 92.930, "naflexvit_so400m_patch16_siglip": 427.888}
-_SOURCE = "timm benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs at 384 px (MODERN.md §0)"
+_SOURCE = "timm 1.0.31 benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs at 384 px"
 
 
 def _meta(name: str) -> dict[str, Any]:

@@ -206,7 +206,7 @@ for _size in ("mini", "tiny", "small", "base"):
 for _size in ("mini", "tiny", "small", "base", "large"):
     _PRESETS[f"dinat_{_size}"] = dict(_SIZES[_size], dilations=_DINAT_DILATIONS)
 
-# Published sizes (FAMILIES.md; the NAT / DiNAT READMEs: params M, GMACs at 224). The GMACs are the
+# Published sizes (the NAT / DiNAT READMEs: params M, GMACs at 224). The GMACs are the
 # paper's count (each query times its K² keys); ``neighborhood``'s default tiles compute some logits
 # twice (their cost, reported by our FLOPs, is 5-7 % above at 224), so the figure is checked with
 # ``tile_size=1`` (exactly the paper's work) in tests/models/test_nat.py; meta "published_gmacs_tile1".

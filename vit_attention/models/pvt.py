@@ -207,7 +207,7 @@ class PyramidVisionTransformer(MinInputSizeMixin, Backbone):
 _DEPTHS = {"tiny": (2, 2, 2, 2), "small": (3, 4, 6, 3), "medium": (3, 4, 18, 3), "large": (3, 8, 27, 3)}
 _PRESETS: dict[str, dict[str, Any]] = {f"pvt_{k}": dict(depths=d) for k, d in _DEPTHS.items()}
 
-# Published sizes at 224: params from the PVT README, GMACs measured on HF PvtModel (FAMILIES.md, Sizes).
+# Published sizes at 224: params from the PVT README, GMACs measured on HF PvtModel (transformers 5.23.0).
 _PUBLISHED: dict[str, tuple[float, float]] = {
     "pvt_tiny": (13.23, 1.93), "pvt_small": (24.49, 3.82), "pvt_medium": (44.21, 6.66), "pvt_large": (61.37, 9.81),
 }
@@ -215,6 +215,6 @@ _PUBLISHED: dict[str, tuple[float, float]] = {
 register_family("pvt", PyramidVisionTransformer, PvtConfig, _PRESETS,
                 meta={k: {"published_params_m": p, "published_gmacs": g,
                           "published_gmacs_source": "PVT README (params); HF PvtModel on the meta device with "
-                                                    "FlopCounterMode (GMACs), FAMILIES.md sizes table"}
+                                                    "FlopCounterMode (GMACs), transformers 5.23.0"}
                       for k, (p, g) in _PUBLISHED.items()},
                 reduced=reduced_config)  # PVTv2's rule: 4 stages of width 16-32, 2 blocks each, 64 px

@@ -270,7 +270,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "pvt_v2_b2_li": dict(_B1, depths=(3, 4, 6, 3), linear=True),
 }
 
-# Published sizes at 224 (PVT repository README / timm's benchmark table: FAMILIES.md, Sizes).
+# Published sizes at 224 (PVT repository README / timm 1.0.31's benchmark table).
 _PUBLISHED: dict[str, tuple[float, float]] = {
     "pvt_v2_b0": (3.67, 0.57), "pvt_v2_b1": (14.01, 2.12), "pvt_v2_b2": (25.36, 4.05), "pvt_v2_b3": (45.24, 6.92),
     "pvt_v2_b4": (62.56, 10.14), "pvt_v2_b5": (81.96, 11.76), "pvt_v2_b2_li": (22.55, 3.91),

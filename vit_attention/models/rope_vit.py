@@ -58,14 +58,14 @@ _PRESETS: dict[str, dict[str, Any]] = {
     f"vit_{size}_patch16_{variant}_224": dict(_SIZES[size], **dict(_ROPE_VIT, **_VARIANTS[variant]))
     for size in _SIZES for variant in _VARIANTS}
 
-# MODERN.md §0: timm 1.0.31 parameters on the meta device (1000 classes) and GMACs at 224 from timm's
+# timm 1.0.31 parameters on the meta device (1000 classes) and GMACs at 224 from timm's
 # results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv (infer_gmacs). timm's table lists the axial
 # models and base's variants; the other variants are computed from their axial model: mixed adds the
 # learned frequencies (C per block), _ape the patch position table (196·C); neither adds matmul MACs.
 _AXIAL: dict[str, tuple[float, float]] = {"small": (21.984, 4.61), "base": (86.435, 17.58), "large": (304.174, 61.6)}
 _LISTED = {"vit_base_patch16_rope_mixed_224": 86.444, "vit_base_patch16_rope_ape_224": 86.585,
            "vit_base_patch16_rope_mixed_ape_224": 86.595}
-_SOURCE = "timm benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs at 224 (MODERN.md §0)"
+_SOURCE = "timm 1.0.31 benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs at 224"
 _META: dict[str, dict[str, Any]] = {}
 for _size, (_params, _gmacs) in _AXIAL.items():
     _c, _d = _SIZES[_size]["embed_dim"], _SIZES[_size]["depth"]

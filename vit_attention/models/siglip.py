@@ -71,8 +71,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "vit_so400m_patch14_siglip_384": dict(_SO400M, img_size=378, **_SIGLIP),
 }
 
-# timm 1.0.31 parameters on the meta device (num_classes=0; MODERN.md §0 and measured); GMACs from timm's
-# results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv where MODERN.md §0 lists them.
+# timm 1.0.31 parameters on the meta device (num_classes=0; measured); GMACs from timm's
+# results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv where it lists them.
 _PARAMS = {"vit_base_patch16_siglip_224": 92.884, "vit_base_patch16_siglip_256": 92.930,
            "vit_base_patch16_siglip_384": 93.176, "vit_base_patch16_siglip_512": 93.520,
            "vit_base_patch16_siglip_gap_224": 85.797, "vit_so400m_patch14_siglip_224": 427.681,
@@ -82,7 +82,7 @@ _PARAMS = {"vit_base_patch16_siglip_224": 92.884, "vit_base_patch16_siglip_256":
            "vit_large_patch16_siglip_384": 316.284}
 _GMACS = {"vit_base_patch16_siglip_224": 17.73, "vit_base_patch16_siglip_gap_224": 17.49,
           "vit_so400m_patch14_siglip_224": 110.26, "vit_so400m_patch14_siglip_384": 335.4}
-_SOURCE = "timm benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs (MODERN.md §0)"
+_SOURCE = "timm 1.0.31 benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs"
 
 
 # counted by timm on the meta device (heads included)

@@ -214,7 +214,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "twins_svt_large": dict(_SVT, embed_dims=(128, 256, 512, 1024), num_heads=(4, 8, 16, 32), depths=(2, 2, 18, 2)),
 }
 
-# FAMILIES.md sizes table: timm's benchmark table (params, GMACs at 224); the README's figures are
+# timm 1.0.31's benchmark table (params, GMACs at 224); the README's figures are
 # 24.1 / 43.8 / 60.9M, 3.7 / 6.4 / 9.5 G (PCPVT) and 24 / 56 / 99.2M, 2.8 / 8.3 / 14.8 G (SVT).
 _PUBLISHED = {
     "twins_pcpvt_small": (24.11, 3.83), "twins_pcpvt_base": (43.83, 6.68), "twins_pcpvt_large": (60.99, 9.84),
@@ -234,7 +234,7 @@ def reduced_config(cfg: TwinsConfig) -> dict[str, Any]:
 
 register_family("twins", Twins, TwinsConfig, _PRESETS,
                 meta={k: {"published_params_m": p, "published_gmacs": g,
-                          "published_gmacs_source": "timm benchmark table (infer_gmacs, 224), FAMILIES.md sizes"}
+                          "published_gmacs_source": "timm 1.0.31 benchmark table (infer_gmacs, 224)"}
                       for k, (p, g) in _PUBLISHED.items()}, reduced=reduced_config)
 
 # ---------------------------------------------------------------------------- pretrained tags (data)

@@ -217,7 +217,7 @@ class VisionLongformer(Backbone):
             raise ValueError(f"img_size={size!r} must be divisible by the total stride {stride}")
 
     def set_input_size(self, img_size: int | tuple[int, int] | None = None) -> None:
-        """Change the nominal input size for good (issue 23): each stage's row / column position tables
+        """Change the nominal input size for good: each stage's row / column position tables
         ``x_pos_embed [1, H_i, C_i/2]`` / ``y_pos_embed [1, W_i, C_i/2]`` are resampled to the new grid
         ``img_size / stride_i`` by the rule the forward uses at another size (linear, as
         :meth:`VilEmbed._table`); the global tokens' rows do not depend on the size, and the windows
@@ -257,12 +257,12 @@ _PRESETS: dict[str, dict[str, Any]] = {
                           num_heads=(3, 6, 12, 16), window_sizes=(8, 8, 7, 7)),
 }
 
-# Published sizes (vision-longformer README; FAMILIES.md sizes table): params (M), GMACs (224; base: 384).
+# Published sizes (vision-longformer README): params (M), GMACs (224; base: 384).
 _PUBLISHED: dict[str, tuple[float, float]] = {
     "vil_tiny": (6.7, 1.43), "vil_small": (24.6, 5.12), "vil_medium_deep": (39.7, 9.1), "vil_medium_wide": (39.8, 11.3),
     "vil_base_deep": (55.7, 45.3), "vil_base_wide": (79.0, 55.8),
 }
-_SOURCE = "vision-longformer README (the original's compute_macs hooks); FAMILIES.md sizes table"
+_SOURCE = "vision-longformer README (the original's compute_macs hooks)"
 # The original's own MAC hook undercounts the attention slightly (it mixes token and channel counts), so at
 # 384 base-wide measures 56.9 GMACs (2.0% over 55.8): its figure is kept as a note, not as a tested value.
 _UNMATCHED_GMACS = {"vil_base_wide"}

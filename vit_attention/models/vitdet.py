@@ -285,7 +285,7 @@ class ViTDet(Backbone):
                 if p not in pruned}
 
     def set_input_size(self, img_size: int | tuple[int, int] | None = None) -> None:
-        """Change the nominal input size for good (issue 23), as a model built at it with the same weights.
+        """Change the nominal input size for good, as a model built at it with the same weights.
 
         The absolute ``pos_embed`` stays on its pre-training grid (the forward resizes it to any map at
         run time); the patch embedding's ``grid_size`` (rounded up: images are padded to a patch
@@ -438,7 +438,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                                      global_block_indices=(7, 15, 23, 31), drop_path_rate=0.5),
 }
 
-# Backbone parameters (no pyramid, no probe): Hugging Face VitDetModel at these sizes (FAMILIES.md §Sizes).
+# Backbone parameters (no pyramid, no probe): Hugging Face VitDetModel at these sizes (transformers 5.23.0).
 _PUBLISHED_PARAMS_M = {"vitdet_base_patch16_1024": 85.89, "vitdet_large_patch16_1024": 303.43,
                        "vitdet_huge_patch16_1024": 631.12}
 

@@ -19,7 +19,7 @@ mixed-RoPE model keeps each block's learned frequencies at ``blocks.N.attn.rope.
   ``rope_embed.periods`` / ``bias_mask`` / ``mask_token`` / ``local_cls_norm`` dropped;
   RoPE-ViT (naver-ai/rope-vit): ``gamma_N`` as timm, the mixed ``freqs [2, depth, nh·hd/2]`` reshaped per
   block, the coordinate buffers ``freqs_t_x`` / ``freqs_t_y`` dropped.
-* ``huggingface``: transformers ``DINOv3ViTModel`` / ``DINOv3ViTBackbone`` hub files (MODERN.md §B.3):
+* ``huggingface``: transformers ``DINOv3ViTModel`` / ``DINOv3ViTBackbone`` hub files:
   ``embeddings.{cls_token,register_tokens,patch_embeddings}``, ``layer.N.attention.{q,k,v,o}_proj``,
   ``layer_scale{1,2}.lambda1``, ``mlp.{up,down}_proj`` (gated: ``gate_proj`` / ``up_proj`` / ``down_proj``),
   ``norm``; the transformers 5 in-memory names (``model.layer.N``) too.
