@@ -37,7 +37,6 @@ MOVED_MODULES = {
     "vit_attention.analysis._run": "vit_attention.analysis.recording",
     "vit_attention.models.pretrained": "vit_attention.models.pretrained_table",
     "vit_attention.models._pretrained": "vit_attention.models.pretrained_tags",
-    "vit_attention.bench.issue24": "vit_attention.bench.gpu_report",
 }
 
 
