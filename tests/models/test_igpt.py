@@ -253,7 +253,7 @@ def test_generate_cli_writes_a_grid_and_benches(tmp_path, capsys) -> None:
 def test_generative_training_on_the_digits(tmp_path, capsys) -> None:
     """`train --model igpt_digits`: next-pixel loss, bits/dim per epoch, a linear probe at the end."""
     import vit_attention as va
-    from vit_attention.train.engine import TrainConfig, train
+    from vit_attention.train import TrainConfig, train
     from vit_attention.train.generative import NextPixelObjective
 
     tiny = {"depth": 2, "embed_dim": 16, "num_heads": 2, "drop_path_rate": 0.0}

@@ -11,7 +11,7 @@ import torch
 
 from vit_attention import create_model
 from vit_attention.train import TrainConfig, train
-from vit_attention.train.engine import lr_at, param_groups
+from vit_attention.train.optim import lr_at, param_groups
 
 from ._utils import TINY_KWARGS
 

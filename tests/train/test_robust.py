@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from vit_attention.cli import main
-from vit_attention.train import engine, run_folder
+from vit_attention.train import config as train_config
+from vit_attention.train import engine, errors, plots, run_folder
 from vit_attention.train.checkpoint import load_training_state
 from vit_attention.weights.io import read_metadata
 
@@ -55,11 +56,11 @@ def test_divergence_stops_before_saving_and_the_last_checkpoint_resumes(
 
 
 def test_non_finite_weights_are_never_written(tmp_path: Path) -> None:
-    cfg = engine.TrainConfig(model_kwargs={"depth": 1, "embed_dim": 32, "num_heads": 2, "conv_stem": None},
+    cfg = train_config.TrainConfig(model_kwargs={"depth": 1, "embed_dim": 32, "num_heads": 2, "conv_stem": None},
                              epochs=1, batch_size=128, output=str(tmp_path / "w"), progress=False, plot=False)
     state = {"a": torch.ones(2), "b": torch.tensor([1.0, float("inf")])}
     progress = engine._Progress()
-    with pytest.raises(engine.TrainingDiverged, match=r"weights \(b\) are not finite.*lower --lr"):
+    with pytest.raises(errors.TrainingDiverged, match=r"weights \(b\) are not finite.*lower --lr"):
         engine._check_finite_state(state, progress, cfg)
     engine._check_finite_state({"a": torch.ones(2), "n": torch.tensor([3])}, progress, cfg)
 
@@ -98,7 +99,7 @@ def test_run_folders_are_created_exclusively(tmp_path: Path, monkeypatch: pytest
 
     def start() -> None:
         barrier.wait()
-        made.append(engine.create_run_folder("vit", root=tmp_path / "runs"))
+        made.append(run_folder.create_run_folder("vit", root=tmp_path / "runs"))
 
     threads = [threading.Thread(target=start) for _ in range(6)]
     for t in threads:
@@ -165,10 +166,10 @@ def test_model_arg_of_the_wrong_type_names_the_option(tmp_path: Path, capsys: py
     assert "depth" in err and "int" in err and "'str' object" not in err
     assert not (tmp_path / "x").exists()
     with pytest.raises((ValueError, TypeError), match="conv_stem"):
-        engine.check_model_kwargs("vit_digits_patch2_8", {"conv_stem": "wide"})
+        train_config.check_model_kwargs("vit_digits_patch2_8", {"conv_stem": "wide"})
     with pytest.raises(ValueError, match=r"num_heads=2\.5: num_heads expects an integer"):
-        engine.check_model_kwargs("vit_digits_patch2_8", {"num_heads": 2.5})
-    engine.check_model_kwargs("vit_digits_patch2_8", {"depth": 2, "mlp_ratio": 2, "conv_stem": [8, 16]})
+        train_config.check_model_kwargs("vit_digits_patch2_8", {"num_heads": 2.5})
+    train_config.check_model_kwargs("vit_digits_patch2_8", {"depth": 2, "mlp_ratio": 2, "conv_stem": [8, 16]})
 
 
 def test_unwritable_or_invalid_output_is_named(tmp_path: Path, capsys: pytest.CaptureFixture,
@@ -186,7 +187,7 @@ def test_unwritable_or_invalid_output_is_named(tmp_path: Path, capsys: pytest.Ca
     real_access = run_folder.os.access
     monkeypatch.setattr(run_folder.os, "access", lambda p, mode: False if Path(p) == ro else real_access(p, mode))
     with pytest.raises(ValueError, match=r"--output .*readonly/run: .*readonly is not writable"):
-        engine.check_output_folder(ro / "run")
+        run_folder.check_output_folder(ro / "run")
     assert main(["train", *QUICK, "--output", str(ro / "run")]) == 2
     assert "is not writable" in capsys.readouterr().err and not (ro / "run").exists()
 
@@ -221,7 +222,7 @@ def test_one_epoch_curves_show_points(tmp_path: Path, monkeypatch: pytest.Monkey
     figures = []
     real_close = plt.close
     monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig) or real_close(fig))
-    engine.plot_curves([{"epoch": 1, "train_loss": 2.0, "test_loss": 1.9, "train_acc": 0.3, "test_acc": 0.35}],
+    plots.plot_curves([{"epoch": 1, "train_loss": 2.0, "test_loss": 1.9, "train_acc": 0.3, "test_acc": 0.35}],
                        tmp_path / "curves.png")
     lines = [ln for ax in figures[0].axes for ln in ax.get_lines()]
     assert len(lines) == 4 and all(ln.get_marker() not in (None, "None", "", " ") for ln in lines)

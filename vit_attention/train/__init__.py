@@ -3,6 +3,8 @@ safe resumable checkpoints, ``torchrun`` data parallelism, and the ``train`` / `
 ``compare`` commands. (The small digits presets, ``vit_digits_patch2_8`` ..., live in ``models/digits.py``.)
 """
 
-from .engine import TrainConfig, evaluate, train
+from .config import TrainConfig
+from .engine import train
+from .metrics import evaluate
 
 __all__ = ["TrainConfig", "evaluate", "train"]

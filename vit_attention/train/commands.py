@@ -129,7 +129,7 @@ def _merge_saved(now: dict[str, Any], saved: dict[str, Any], given: set[str],
 def _train_config(args: argparse.Namespace) -> Any:
     """The ``TrainConfig`` of ``train`` / ``compare``; with ``--resume``, the run's saved options are the base."""
     from .checkpoint import read_saved_config
-    from .engine import TrainConfig
+    from .config import TrainConfig
 
     now = _config_from_args(args)
     if args.resume and args.output and args.func is _train:
@@ -141,7 +141,7 @@ def _report_failure(command: str, e: BaseException) -> int:
     """Print a stopped run's one-line message and return its exit code (1 diverged, 130 / 143 interrupted)."""
     import sys
 
-    from .engine import TrainingInterrupted
+    from .errors import TrainingInterrupted
 
     print(f"vit-attention {command}: {'stopped' if isinstance(e, TrainingInterrupted) else 'error'}: {e}",
           file=sys.stderr, flush=True)
@@ -170,7 +170,8 @@ def _check_pretrained_model(cfg: Any) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from ..weights import CheckpointMismatchError
-    from .engine import TrainingDiverged, TrainingInterrupted, train
+    from .engine import train
+    from .errors import TrainingDiverged, TrainingInterrupted
 
     try:
         cfg = _train_config(args)
@@ -411,7 +412,7 @@ def _eval(args: argparse.Namespace) -> int:
     import torch
 
     from .data import BatchTransform, build_data
-    from .engine import evaluate
+    from .metrics import evaluate
     from .plots import plot_confusion
 
     if args.run is not None:  # `eval RUN`
@@ -613,7 +614,8 @@ def _predict_naflex(args: argparse.Namespace, model: Any, classes: list[str], me
 
 def _compare(args: argparse.Namespace) -> int:
     from .compare import read_compare_options, run_compare
-    from .engine import TrainConfig, TrainingDiverged, TrainingInterrupted
+    from .config import TrainConfig
+    from .errors import TrainingDiverged, TrainingInterrupted
 
     cfg = _train_config(args)
     models = [m for m in (args.models or "").split(",") if m]

@@ -30,16 +30,11 @@ from ..models import model_config
 from ..models.digits import DEFAULT_MODEL
 from ..weights.io import atomic_write
 from .checkpoint import CHECKPOINT_NAME
-from .engine import (
-    TrainConfig,
-    TrainingDiverged,
-    TrainingInterrupted,
-    check_model_kwargs,
-    check_output_folder,
-    create_run_folder,
-    train,
-)
+from .config import TrainConfig, check_model_kwargs
+from .engine import train
+from .errors import TrainingDiverged, TrainingInterrupted
 from .plots import plot_accuracy_vs_flops
+from .run_folder import check_output_folder, create_run_folder
 
 __all__ = ["CompareEntry", "default_entries", "run_compare", "inference_throughput", "format_table",
            "read_compare_options", "OPTIONS_NAME"]

@@ -29,7 +29,7 @@ epoch; and ``_finish`` (final score, weights, curves).
 ``train`` around them checks the options, sets up the processes and turns signals into
 :class:`TrainingInterrupted`.
 
-This module is the loop; its pieces live beside it (and are re-exported here): the options in
+This module is the loop; its pieces live beside it and are imported from there: the options in
 ``config.py``, the schedule / AdamW groups / EMA / seeding in ``optim.py``, evaluation and the
 metrics files in ``metrics.py``, the failure types and their messages in ``errors.py``, run folders
 in ``run_folder.py`` and the curves in ``plots.py``.
@@ -103,14 +103,12 @@ from .errors import (
     _writing,
 )
 from .generative import NextPixelObjective, is_generative, probe_datasets
-from .metrics import METRIC_COLUMNS, _write_metrics, evaluate  # noqa: F401  (METRIC_COLUMNS: re-exported)
+from .metrics import _write_metrics, evaluate
 from .optim import ModelEma, _autocast, lr_at, param_groups, seed_step
 from .plots import plot_curves
 from .run_folder import RunLock, check_output_folder, claim_run_folder, create_run_folder
 
-__all__ = ["TrainConfig", "ModelEma", "lr_at", "param_groups", "evaluate", "train", "plot_curves", "seed_step",
-           "TrainingDiverged", "TrainingInterrupted", "RunWriteError", "TrainingOutOfMemory", "create_run_folder",
-           "check_model_kwargs", "check_output_folder"]
+__all__ = ["train"]
 
 
 def _model_overrides(cfg: TrainConfig, data: DataBundle) -> dict[str, Any]:
