@@ -108,7 +108,7 @@ def test_every_command_and_option_has_help_without_markup():
                         problems.append(f"{where} {name}: no help line in the command list")
                     walk(sub, f"{where} {name}")
                 continue
-            if action.help == argparse.SUPPRESS:  # hidden on purpose (deprecated aliases)
+            if action.help == argparse.SUPPRESS:  # hidden on purpose
                 continue
             name = "/".join(action.option_strings) or action.dest
             if not (action.help or "").strip():
