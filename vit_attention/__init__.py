@@ -28,10 +28,10 @@ __all__ = ["__version__", "create_attention", "create_model", "create_transform"
 # runs first whatever submodule one imports (``import vit_attention.models``), so an eager import of
 # the factory / weights here would load them under every lower layer, and take longer (safetensors,
 # every family's converters): they are imported when first asked for, and so are those two subpackages
-# (``va.weights`` worked after ``import vit_attention`` and still does).
+# (``va.weights`` and ``va.factory`` as attributes after ``import vit_attention``).
 _LAZY: dict[str, str] = {"create_model": ".factory", "list_pretrained": ".weights.hub", "load_model": ".weights",
                          "load_weights": ".weights", "save_weights": ".weights"}
-_LAZY_MODULES = frozenset({"factory", "weights"})  # attributes of this package before they were lazy
+_LAZY_MODULES = frozenset({"factory", "weights"})  # subpackages served as attributes
 
 
 def __getattr__(name: str) -> _Any:
