@@ -18,7 +18,7 @@ with the package's CPU-only torch, so it cannot run in the package's own environ
     /tmp/ref/bin/python scripts/make_pretrained_table.py --check --write-snapshot  # re-pin the snapshot
 
 ``--from-package`` renders the blocks from the package's current tables instead of timm (no timm
-needed; how the family blocks were first written from the old generated ``pretrained.py``).
+needed).
 
 For every registered preset of ours whose name is a timm architecture, every tag timm lists for it
 is recorded (the default tag first, as timm orders them). Tags without downloadable weights

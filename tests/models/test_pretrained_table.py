@@ -1,8 +1,8 @@
 """The pretrained table (default tags, hub ids, data configs) is exactly the committed snapshot.
 
-``tests/fixtures/pretrained_table.json`` was written from the generated ``models/pretrained_table.py``
-(timm 1.0.31's pretrained configs) before the table moved into the family files; this test proves
-the move lossless: same names, same order, same values, same types (JSON lists are the table's tuples).
+``tests/fixtures/pretrained_table.json`` is the table timm 1.0.31's pretrained configs give; the family
+files' declarations, expanded by ``models/pretrained_table.py``, must match it exactly: same names, same
+order, same values, same types (JSON lists are the table's tuples).
 """
 
 from __future__ import annotations
