@@ -130,3 +130,51 @@ def test_a_swin_without_windows_refuses_set_input_size() -> None:
                          num_heads=(1, 2, 4, 8), attn_layer="neighborhood", img_size=64, window_size=2)
     with pytest.raises(TypeError, match="has no window to resize"):
         model.set_input_size(96)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_constructor_preamble_sets_the_shared_members(name: str) -> None:
+    """``init_attention``: every mechanism has the captured switches, ``dim`` / ``num_heads`` and a dropout
+    probability for the core; a bad dropout is refused by name before anything is built."""
+    spec = get_attention_spec(name)
+    attn, shape = spec.example()
+    assert isinstance(attn.fused_attention, bool) and attn.attention_backend in ("auto", "sdpa", "explicit", "flex")
+    assert attn.dim == shape[-1] and attn.num_heads == spec.example_heads and isinstance(attn.attn_drop, float)
+    if "attn_drop" in spec.init_kwargs:
+        with pytest.raises(ValueError, match=r"attn_drop must be in \[0, 1\)"):
+            spec.cls(shape[-1], spec.example_heads, **{**spec.example_kwargs, "attn_drop": 1.5})
+
+
+def test_the_preamble_creates_no_parameter_and_draws_no_random_number() -> None:
+    module = AttentionModule()
+    state = torch.get_rng_state()
+    assert module.init_attention(12, 3, attn_drop=0.1, proj_drop=0.2) == 4
+    assert torch.equal(state, torch.get_rng_state()) and list(module.parameters()) == []
+    assert (module.dim, module.num_heads, module.head_dim, module.attn_drop) == (12, 3, 4, 0.1)
+    assert module.proj_drop.p == 0.2
+    with pytest.raises(ValueError, match="dim=12 must be divisible by num_heads=5"):
+        AttentionModule().init_attention(12, 5)
+    with pytest.raises(ValueError, match=r"proj_drop must be in \[0, 1\)"):
+        AttentionModule().init_attention(12, 3, proj_drop=1.0)
+
+
+@pytest.mark.parametrize("training,p", [(False, 0.5), (True, 0.0), (True, 0.5)])
+def test_the_output_tail_is_residual_plus_dropped_projection(training: bool, p: float) -> None:
+    """``project_out``: ``residual + proj_drop(proj(out))`` (the add fused into the projection where the dropout
+    does nothing), with the module's ``proj`` or another projection."""
+    module = AttentionModule()
+    module.init_attention(8, 2, proj_drop=p)
+    module.proj, other = nn.Linear(8, 8), nn.Linear(8, 8)
+    module.train(training)
+    out, res = torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+    for proj in (None, other):
+        layer = module.proj if proj is None else other
+        torch.manual_seed(1)
+        got = module.project_out(out, res, proj=proj)
+        torch.manual_seed(1)
+        want = res + module.proj_drop(layer(out))
+        torch.testing.assert_close(got, want)
+        torch.manual_seed(1)
+        got = module.project_out(out, proj=proj)
+        torch.manual_seed(1)
+        torch.testing.assert_close(got, module.proj_drop(layer(out)))

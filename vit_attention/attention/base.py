@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional.runtime import capturing
+from ..functional.linear import apply_linear
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION, capturing
 
 if TYPE_CHECKING:
     from .registry import AttentionSpec
@@ -225,6 +226,12 @@ class AttentionModule(nn.Module):
     """Captured when built: the fused kernel may run (``runtime.switched`` flips it)."""
     attention_backend: str
     """Captured when built: ``"auto"`` | ``"sdpa"`` | ``"explicit"`` | ``"flex"``."""
+    head_dim: int
+    """The width ``hd`` of one head (``dim // num_heads`` for most mechanisms)."""
+    attn_drop: float
+    """Dropout probability on the attention weights (handed to the core)."""
+    proj_drop: nn.Module
+    """Dropout after the output projection (:meth:`project_out`)."""
     transfer_slots: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     """Where the q / k / v / o projections sit (:mod:`~vit_attention.attention.transfer`); empty = none."""
     offset_bias_params: ClassVar[tuple[str, ...]] = ()
@@ -233,6 +240,29 @@ class AttentionModule(nn.Module):
     """``forward(x, residual=r)`` returns ``r + attn(x)`` (blocks fuse the add into the output projection)."""
     supports_token_merging: ClassVar[bool] = False
     """``forward(x, tome=state)`` runs token merging's proportional attention and sets its merge metric."""
+
+    def init_attention(self, dim: int, num_heads: int, *, attn_drop: float = 0.0, proj_drop: float = 0.0) -> int:
+        """The shared constructor preamble -> ``head_dim``: checks ``dim`` / ``num_heads`` (divisible) and the
+        dropouts, captures the fused / backend switches, sets ``dim``, ``num_heads``, ``head_dim``, ``attn_drop``
+        (a probability for the core) and ``proj_drop`` (an ``nn.Dropout``). Creates no parameter and draws no
+        random number, so parameter creation order and initial values are those of the code that follows."""
+        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
+        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
+        self.head_dim = check_heads(dim, num_heads)
+        self.dim, self.num_heads = dim, num_heads
+        self.attn_drop = check_prob(attn_drop, "attn_drop")
+        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
+        return self.head_dim
+
+    def project_out(self, out: Tensor, residual: Tensor | None = None, *, proj: nn.Module | None = None) -> Tensor:
+        """The shared output tail: ``residual + proj_drop(proj(out))``, ``[..., C] -> [..., C]`` (``proj``: default
+        ``self.proj``; ``residual``: None = no add). Where the dropout does nothing (inference, or ``p = 0``) the
+        residual add is fused into the projection (one kernel, :func:`~vit_attention.functional.linear.linear`)."""
+        proj = self.proj if proj is None else proj
+        if not (self.training and self.proj_drop.p > 0):  # proj_drop is the identity
+            return apply_linear(proj, out, residual=residual)
+        out = self.proj_drop(apply_linear(proj, out))
+        return out if residual is None else residual + out
 
     @property
     def spec(self) -> AttentionSpec:

@@ -30,8 +30,7 @@ from ..functional.attention import attention_observed
 from ..functional.flex import AttentionPattern, use_flex
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
-from .base import AttentionModule, check_heads, check_prob
+from .base import AttentionModule
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -243,15 +242,10 @@ class CausalSelfAttention(AttentionModule):
         proj_drop: float = 0.0,
     ) -> None:
         super().__init__()
-        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
-        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
-        self.head_dim = check_heads(dim, num_heads)
-        self.dim, self.num_heads = dim, num_heads
+        self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
         self.scale = self.head_dim ** -0.5  # the logit scale (torch's default; the forward and transfer read it)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
 
     accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
     causal = True  # token i sees tokens <= i, and forward takes a KVCache (what autoregressive models require)
@@ -301,11 +295,7 @@ class CausalSelfAttention(AttentionModule):
             out = scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask, dropout_p=dropout_p,
                                                fused=self.fused_attention,
                                                backend=self.attention_backend)  # [B, nh, N, hd]
-        out = merge_heads(out)  # [B, N, C]
-        if not self.training:  # proj_drop is the identity
-            return apply_linear(self.proj, out, residual=residual)  # [B, N, C]
-        out = self.proj_drop(apply_linear(self.proj, out))  # [B, N, C]
-        return out if residual is None else residual + out
+        return self.project_out(merge_heads(out), residual)  # [B, N, C]
 
     def step(self, x: Tensor, past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """Past keys / values in, new ones out (the functional form of the cache).

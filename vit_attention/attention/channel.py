@@ -31,9 +31,8 @@ from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
 from ..functional.attention import attention_observed
 from ..functional.layout import AttentionLayout
 from ..functional.linear import apply_linear, hookless
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.window import _CPU, _cached
-from .base import AttentionModule, check_heads, check_prob
+from .base import AttentionModule
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -99,20 +98,16 @@ class ChannelAttention(AttentionModule):
                  qkv_bias: bool = True, qk_scale: float | None = None, attn_drop: float = 0.0,
                  proj_drop: float = 0.0) -> None:
         super().__init__()
-        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
-        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
-        self.head_dim = check_heads(dim, num_heads)
+        self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
         if form not in CHANNEL_FORMS:
             raise ValueError(f"form must be one of {', '.join(map(repr, CHANNEL_FORMS))}; got {form!r}")
         if qk_scale is not None and not isinstance(qk_scale, (int, float)):
             raise ValueError(f"qk_scale must be a float or None, got {qk_scale!r}")
-        self.dim, self.num_heads, self.form = dim, num_heads, form
+        self.form = form
         self.dynamic_scale = bool(dynamic_scale)
         self.qk_scale = qk_scale
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
 
     def scale_for(self, num_tokens: int) -> float:
         """The logit scale for ``N = num_tokens``: ``hd^-1/2``, or ``N^-1/2`` (Florence-2, dynamic)."""
@@ -151,11 +146,7 @@ class ChannelAttention(AttentionModule):
                                            fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, hd, N]
         if plain and not (self.training and self.proj_drop.p > 0):
             return self._project_channels_major(out.reshape(B, C, N), residual)  # [B, N, C]
-        out = merge_heads(out.transpose(-2, -1))  # [B, N, C]
-        if not self.training:  # proj_drop is the identity
-            return apply_linear(self.proj, out, residual=residual)  # [B, N, C]
-        out = self.proj_drop(apply_linear(self.proj, out))  # [B, N, C]
-        return out if residual is None else residual + out
+        return self.project_out(merge_heads(out.transpose(-2, -1)), residual)  # [B, N, C]
 
     def _project_channels_major(self, out: Tensor, residual: Tensor | None) -> Tensor:
         """``proj`` of the attention output held channels-major ``[B, C, N]``: ``[B, N, C]`` (+ residual).

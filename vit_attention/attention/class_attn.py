@@ -18,8 +18,7 @@ from ..functional import merge_heads, scaled_dot_product_attention, split_heads
 from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
-from .base import AttentionModule, check_heads, check_prob
+from .base import AttentionModule
 from .registry import global_as_built, register_attention
 
 __all__ = ["ClassAttention"]
@@ -59,17 +58,12 @@ class ClassAttention(AttentionModule):
         proj_drop: float = 0.0,
     ) -> None:
         super().__init__()
-        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
-        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
-        self.head_dim = check_heads(dim, num_heads)
-        self.dim, self.num_heads = dim, num_heads
+        self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         self.k = nn.Linear(dim, dim, bias=qkv_bias)
         self.v = nn.Linear(dim, dim, bias=qkv_bias)
-        self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
 
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
                 context: Tensor | None = None) -> Tensor:
@@ -96,7 +90,7 @@ class ClassAttention(AttentionModule):
                                          dropout_p=self.attn_drop if self.training else 0.0,
                                          fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
         x = merge_heads(x)  # [B, N, C]
-        return self.proj_drop(apply_linear(self.proj, x))  # [B, N, C]
+        return self.project_out(x)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None,
               context_len: int | None = None) -> int:

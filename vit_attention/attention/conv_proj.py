@@ -21,8 +21,7 @@ from ..functional.attention import attention_observed
 from ..functional.batch_norm import conv_bn
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
-from .base import AttentionModule, check_heads, check_map_tokens_call, check_prob, grid_of
+from .base import AttentionModule, check_map_tokens_call, grid_of
 from .registry import register_attention
 
 __all__ = ["ConvProjection", "ConvProjectionAttention", "CONV_PROJ_METHODS"]
@@ -128,9 +127,7 @@ class ConvProjectionAttention(AttentionModule):
         proj_drop: float = 0.0,
     ) -> None:
         super().__init__()
-        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
-        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
-        self.head_dim = check_heads(dim, num_heads)
+        self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
         if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be an odd positive int (padding k // 2 keeps the grid), "
                              f"got {kernel_size!r}")
@@ -138,7 +135,6 @@ class ConvProjectionAttention(AttentionModule):
             raise ValueError(f"stride_kv must be a positive int, got {stride_kv!r}")
         if method not in CONV_PROJ_METHODS:
             raise ValueError(f"method must be one of {', '.join(map(repr, CONV_PROJ_METHODS))}; got {method!r}")
-        self.dim, self.num_heads = dim, num_heads
         self.kernel_size, self.stride_kv, self.method = kernel_size, stride_kv, method
         self.scale = qk_scale if qk_scale is not None else dim ** -0.5  # the full width, as in CvT
         self.conv_proj_q: nn.Module | None = None
@@ -154,9 +150,7 @@ class ConvProjectionAttention(AttentionModule):
         self.proj_q = nn.Linear(dim, dim, bias=qkv_bias)
         self.proj_k = nn.Linear(dim, dim, bias=qkv_bias)
         self.proj_v = nn.Linear(dim, dim, bias=qkv_bias)
-        self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
 
     def transfer_init(self) -> list[str]:
         """Each depthwise conv + BatchNorm as the identity at inference (centre tap 1, BatchNorm undoing its eps),
@@ -213,11 +207,7 @@ class ConvProjectionAttention(AttentionModule):
         out = scaled_dot_product_attention(q, k, v, scale=self.scale, layout=layout,
                                            dropout_p=self.attn_drop if self.training else 0.0,
                                            fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
-        out = merge_heads(out)  # [B, N, C]
-        if not self.training:  # proj_drop is the identity
-            return apply_linear(self.proj, out, residual=residual)  # [B, N, C]
-        out = self.proj_drop(apply_linear(self.proj, out))  # [B, N, C]
-        return out if residual is None else residual + out
+        return self.project_out(merge_heads(out), residual)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds for one forward on ``input_shape = (B, N, C)`` with grid ``feat_size``.
@@ -240,3 +230,4 @@ class ConvProjectionAttention(AttentionModule):
 
     def extra_repr(self) -> str:
         return f"method={self.method!r}, kernel_size={self.kernel_size}, stride_kv={self.stride_kv}"
+

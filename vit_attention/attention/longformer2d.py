@@ -46,8 +46,7 @@ from ..functional.longformer2d import (
     longformer2d_rel_index,
     longformer2d_sequence_index,
 )
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
-from .base import AttentionModule, check_heads, check_map_tokens_call, check_prob, grid_of
+from .base import AttentionModule, check_map_tokens_call, grid_of
 from .registry import covering_window_kwargs, register_attention
 
 __all__ = ["Longformer2DAttention", "longformer2d_macs"]
@@ -119,17 +118,14 @@ class Longformer2DAttention(AttentionModule):
                  rel_pos_bias: bool = False, num_global_tokens: int = 1, qkv_bias: bool = True,
                  qk_scale: float | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
         super().__init__()
-        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
-        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
-        self.head_dim = check_heads(dim, num_heads)
+        self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
         if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size < 1:
             raise ValueError(f"window_size must be a positive int, got {window_size!r}")
         if not isinstance(num_global_tokens, int) or num_global_tokens < 0:
             raise ValueError(f"num_global_tokens must be an int >= 0, got {num_global_tokens!r}")
-        self.dim, self.num_heads, self.window_size = dim, num_heads, window_size
+        self.window_size = window_size
         self.share_weights, self.num_global_tokens = bool(share_weights), num_global_tokens
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
-        self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.query = nn.Linear(dim, dim, bias=qkv_bias)
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
@@ -137,7 +133,6 @@ class Longformer2DAttention(AttentionModule):
             self.query_global = nn.Linear(dim, dim, bias=qkv_bias)
             self.kv_global = nn.Linear(dim, 2 * dim, bias=qkv_bias)
             self.proj_global = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
         self.rel_pos_bias = bool(rel_pos_bias)
         if self.rel_pos_bias:
             w = window_size
@@ -207,7 +202,7 @@ class Longformer2DAttention(AttentionModule):
                                            backend=self.attention_backend)  # [B, nc·nh, w², hd]
         out = out.unflatten(1, (nc, nh)).transpose(2, 3).flatten(3).flatten(1, 2)[:, back]  # [B, H·W, C] map order
         if not G:
-            return self.proj_drop(apply_linear(self.proj, out))
+            return self.project_out(out)
 
         # global queries: against all N keys
         qg = split_heads(q[:, :G] if shared else apply_linear(self.query_global, x[:, :G]), nh)  # [B, nh, G, hd]
@@ -221,7 +216,7 @@ class Longformer2DAttention(AttentionModule):
                                           backend=self.attention_backend)  # [B, nh, G, hd]
         og = merge_heads(og)  # [B, G, C]
         if shared:
-            return self.proj_drop(apply_linear(self.proj, torch.cat([og, out], dim=1)))  # [B, N, C]
+            return self.project_out(torch.cat([og, out], dim=1))  # [B, N, C]
         return self.proj_drop(torch.cat([apply_linear(self.proj_global, og), apply_linear(self.proj, out)], dim=1))
 
     def _forward_flex(self, x: Tensor, H: int, W: int, G: int, dropout_p: float) -> Tensor:

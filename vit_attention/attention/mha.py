@@ -16,8 +16,7 @@ from torch import Tensor, nn
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads
 from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
-from .base import AttentionModule, check_heads, check_prob
+from .base import AttentionModule
 from .registry import global_as_built, register_attention
 
 __all__ = ["MultiHeadAttention"]
@@ -78,13 +77,11 @@ class MultiHeadAttention(AttentionModule):
         dropout: float | None = None,
     ) -> None:
         super().__init__()
-        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
-        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         dim = _pick("dim", dim, "embed_dim", embed_dim, None)
-        self.head_dim = check_heads(dim, num_heads)  # type: ignore[arg-type]
+        attn_drop = _pick("attn_drop", attn_drop, "dropout", dropout, 0.0)
+        self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)  # type: ignore[arg-type]
         self.scale = self.head_dim ** -0.5  # the logit scale (torch's default; the forward and transfer read it)
-        self.dim = self.embed_dim = int(dim)  # type: ignore[arg-type]
-        self.num_heads = num_heads
+        self.embed_dim = self.dim
         self.kdim, self.vdim = kdim or self.dim, vdim or self.dim
         in_bias = bool(_pick("qkv_bias", qkv_bias, "bias", bias, True))
         out_bias = bool(_pick("proj_bias", proj_bias, "bias", bias, True))
@@ -92,8 +89,6 @@ class MultiHeadAttention(AttentionModule):
         self.k_proj = nn.Linear(self.kdim, self.dim, bias=in_bias)
         self.v_proj = nn.Linear(self.vdim, self.dim, bias=in_bias)
         self.out_proj = nn.Linear(self.dim, self.dim, bias=out_bias)
-        self.attn_drop = check_prob(_pick("attn_drop", attn_drop, "dropout", dropout, 0.0), "attn_drop")
-        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
 
     @property
     def dropout(self) -> float:

@@ -15,9 +15,8 @@ from ..functional.heads import split_packed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, linear
 from ..functional.rope import apply_rope
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.tome import TokenMergeState
-from .base import AttentionModule, check_heads, check_prob
+from .base import AttentionModule
 from .registry import global_as_built, register_attention
 from .rope import make_rope
 from .transfer import PACKED_QKV_SLOTS
@@ -72,10 +71,7 @@ class MultiHeadSelfAttention(AttentionModule):
         rope_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
-        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
-        self.head_dim = check_heads(dim, num_heads)
-        self.dim, self.num_heads = dim, num_heads
+        self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
         if qkv_bias not in (True, False, "qv"):
             raise ValueError(f"qkv_bias must be True, False or 'qv' (q and v biases, none on k), got {qkv_bias!r}")
@@ -88,10 +84,8 @@ class MultiHeadSelfAttention(AttentionModule):
         self.q_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.rope = make_rope(rope, rope_kwargs, self.head_dim, num_heads)
-        self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.norm = nn.LayerNorm(dim, eps=norm_eps) if inner_norm else nn.Identity()  # [B, N, C] before proj
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
 
     def _qkv_bias(self) -> Tensor | None:
         """The packed ``[3C]`` bias of ``qkv``: its own, or ``[q_bias | 0 | v_bias]`` with ``qkv_bias="qv"``."""
@@ -169,11 +163,7 @@ class MultiHeadSelfAttention(AttentionModule):
                                              dropout_p=self.attn_drop if self.training else 0.0,
                                              fused=self.fused_attention,
                                              backend=self.attention_backend)  # [B, nh, N, hd]
-        x = self.norm(merge_heads(x))  # [B, N, C]
-        if not self.training:  # proj_drop is the identity
-            return apply_linear(self.proj, x, residual=residual)  # [B, N, C]
-        x = self.proj_drop(apply_linear(self.proj, x))  # [B, N, C]
-        return x if residual is None else residual + x
+        return self.project_out(self.norm(merge_heads(x)), residual)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds for one forward on ``input_shape = (B, N, C)``.

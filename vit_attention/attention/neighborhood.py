@@ -27,13 +27,11 @@ from torch import Tensor, nn
 from ..functional.flex import use_flex
 from ..functional.linear import apply_linear
 from ..functional.neighborhood import default_tile_size, neighborhood_attention, neighborhood_bias, neighborhood_plan
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION, capturing
+from ..functional.runtime import capturing
 from ..functional.window import to_pair
 from .base import (
     AttentionModule,
     ParamCache,
-    check_heads,
-    check_prob,
     check_spatial_call,
     packed_prefix_attention,
     uncacheable,
@@ -104,8 +102,7 @@ class NeighborhoodAttention(AttentionModule):
                  rel_pos_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
                  tile_size: int | None = None) -> None:
         super().__init__()
-        self.head_dim = check_heads(dim, num_heads)
-        self.dim, self.num_heads = dim, num_heads
+        self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
         self.kernel_size = to_pair(kernel_size, "kernel_size")
         self.dilation = to_pair(dilation, "dilation")
         if any(k < 1 or k % 2 == 0 for k in self.kernel_size):
@@ -116,16 +113,12 @@ class NeighborhoodAttention(AttentionModule):
             raise ValueError(f"tile_size must be a positive int or None, got {tile_size!r}")
         self.tile_size = tile_size if tile_size is not None else default_tile_size(max(self.kernel_size))
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
-        self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         kh, kw = self.kernel_size
         self.rpb = nn.Parameter(torch.zeros(num_heads, 2 * kh - 1, 2 * kw - 1)) if rel_pos_bias else None
         if self.rpb is not None:
             nn.init.trunc_normal_(self.rpb, std=0.02)
         self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
-        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
-        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self._bias_cache = ParamCache()  # the tiles' bias, while rpb holds the same values
         self._warned_small_map = False  # SmallMapWarning: once per instance
 
@@ -202,7 +195,7 @@ class NeighborhoodAttention(AttentionModule):
             self._warn_small_map(H, W)
             x = F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H))  # zeros bottom / right, unmasked (the references)
         out = self.attend(apply_linear(self.qkv, x), grid=(H, W))[:, :H, :W]  # [B, H, W, C]
-        return self.proj_drop(apply_linear(self.proj, out))
+        return self.project_out(out)  # [B, H, W, C]
 
     def attend(self, qkv: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
         """The attention between the projections: packed ``[B, Hp, Wp, 3C] -> [B, Hp, Wp, C]``.

@@ -47,10 +47,9 @@ from ..functional.flex import AttentionPattern, use_flex
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.rel_pos import decomposed_rel_pos_bias, decomposed_rel_pos_pattern, decomposed_rel_pos_qk
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.window import to_pair
 from ..functional.window_attention import window_attention, window_tokens
-from .base import AttentionModule, check_heads, check_prob, check_spatial_call, packed_prefix_attention
+from .base import AttentionModule, check_spatial_call, packed_prefix_attention
 from .registry import register_attention, small_window_kwargs
 from .transfer import PACKED_QKV_SLOTS
 
@@ -114,10 +113,7 @@ class RelPosAttention(AttentionModule):
                  rel_pos_impl: str = "bias", qkv_bias: bool = True, qk_scale: float | None = None,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, clamp_window: bool = True) -> None:
         super().__init__()
-        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
-        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
-        self.head_dim = check_heads(dim, num_heads)
-        self.dim, self.num_heads = dim, num_heads
+        self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
         self.window_size = to_pair(window_size, "window_size")
         if min(self.window_size) < 0 or (0 in self.window_size and max(self.window_size) > 0):
             raise ValueError(f"window_size must be positive, or 0 for global attention, got {window_size!r}")
@@ -128,10 +124,8 @@ class RelPosAttention(AttentionModule):
         if min(self.input_size) <= 0:
             raise ValueError(f"input_size must be a positive token grid (H, W), got {input_size!r}")
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
-        self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
         self.use_rel_pos = bool(use_rel_pos)
         if rel_pos_impl not in ("bias", "augment"):
             raise ValueError(f"rel_pos_impl must be 'bias' or 'augment', got {rel_pos_impl!r}")
@@ -215,10 +209,7 @@ class RelPosAttention(AttentionModule):
                                                            backend=self.attention_backend,
                                                            pattern=pattern))  # [B, H·W, C]
         res = None if residual is None else residual.reshape(B, H * W, C)
-        if res is not None and not (self.training and self.proj_drop.p > 0):
-            return apply_linear(self.proj, out, residual=res).view(B, H, W, C)  # proj + residual, one kernel
-        out = self.proj_drop(apply_linear(self.proj, out)).view(B, H, W, C)  # [B, H, W, C]
-        return out if residual is None else residual + out
+        return self.project_out(out, res).view(B, H, W, C)  # [B, H, W, C]
 
     def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
         """Prefix tokens ``[B, P, C]`` attend globally to ``tokens [B, P + H·W, C]`` (all of them): ``[B, P, C]``.

@@ -25,9 +25,8 @@ from torch import Tensor, nn
 from ..functional import scaled_dot_product_attention
 from ..functional.attention import attention_observed
 from ..functional.linear import apply_linear
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.unfold import patch_grid, patch_key_mask, separable_layout
-from .base import AttentionModule, check_heads, check_prob, check_spatial_call
+from .base import AttentionModule, check_spatial_call
 from .registry import register_attention
 from .unfold import check_patch_size
 
@@ -72,15 +71,10 @@ class SeparableAttention(AttentionModule):
     def __init__(self, dim: int, num_heads: int = 1, *, patch_size: int = 1, qkv_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
         super().__init__()
-        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
-        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
-        self.head_dim = check_heads(dim, num_heads)
-        self.dim, self.num_heads = dim, num_heads
+        self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
         self.patch_size = check_patch_size(patch_size)
         self.qkv_proj = nn.Linear(dim, num_heads + 2 * dim, bias=qkv_bias)
-        self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.out_proj = nn.Linear(dim, dim, bias=qkv_bias)
-        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
 
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
                 context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
@@ -111,10 +105,7 @@ class SeparableAttention(AttentionModule):
         out = (F.relu(values).reshape(B, gh, p, gw, p, C) * ctx).reshape(B, Hp, Wp, C)  # [B, Hp, Wp, C]
         if (Hp, Wp) != (H, W):
             out = out[:, :H, :W]  # [B, H, W, C]
-        if not (self.training and self.proj_drop.p > 0):
-            return apply_linear(self.out_proj, out, residual=residual)  # [B, H, W, C] (+ residual, one kernel)
-        out = self.proj_drop(apply_linear(self.out_proj, out))
-        return out if residual is None else residual + out
+        return self.project_out(out, residual, proj=self.out_proj)  # [B, H, W, C]
 
     def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
         """Prefix tokens ``[B, P, C]`` read one context vector of all ``tokens [B, P + H·W, C]``: ``[B, P, C]``.
@@ -133,7 +124,7 @@ class SeparableAttention(AttentionModule):
         ctx = scaled_dot_product_attention(ones, s, k, scale=1.0, dropout_p=self.attn_drop if self.training else 0.0,
                                            fused=self.fused_attention, backend=backend)
         ctx = ctx.reshape(B, 1, C)  # [B, 1, C]: one context vector of the whole sequence
-        return self.proj_drop(apply_linear(self.out_proj, F.relu(values[:, :P]) * ctx))  # [B, P, C]
+        return self.project_out(F.relu(values[:, :P]) * ctx, proj=self.out_proj)  # [B, P, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``input_shape = (B, H, W, C)``: ``hw·C·(2C + nh) + hw·C² + hw_p·(nh + C)``.

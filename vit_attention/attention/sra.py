@@ -26,8 +26,7 @@ from ..functional.attention import attention_observed
 from ..functional.heads import split_packed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
-from .base import AttentionModule, check_heads, check_map_tokens_call, check_prob, grid_of
+from .base import AttentionModule, check_map_tokens_call, grid_of
 from .registry import register_attention
 
 __all__ = ["SpatialReductionAttention", "sra_macs"]
@@ -114,21 +113,16 @@ class SpatialReductionAttention(AttentionModule):
         proj_drop: float = 0.0,
     ) -> None:
         super().__init__()
-        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
-        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
-        self.head_dim = check_heads(dim, num_heads)
+        self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
         if not isinstance(sr_ratio, int) or isinstance(sr_ratio, bool) or sr_ratio < 1:
             raise ValueError(f"sr_ratio must be a positive int, got {sr_ratio!r}")
         if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
             raise ValueError(f"pool_size must be a positive int, got {pool_size!r}")
-        self.dim, self.num_heads = dim, num_heads
         self.sr_ratio, self.linear, self.pool_size = sr_ratio, bool(linear), pool_size
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
-        self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
         self.pool: nn.Module | None = None
         self.sr: nn.Conv2d | None = None
         self.norm: nn.LayerNorm | None = None
@@ -202,11 +196,7 @@ class SpatialReductionAttention(AttentionModule):
         x = scaled_dot_product_attention(q, k, v, scale=self.scale, layout=layout,
                                          dropout_p=self.attn_drop if self.training else 0.0,
                                          fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
-        x = merge_heads(x)  # [B, N, C]
-        if not self.training:  # proj_drop is the identity
-            return apply_linear(self.proj, x, residual=residual)  # [B, N, C]
-        x = self.proj_drop(apply_linear(self.proj, x))  # [B, N, C]
-        return x if residual is None else residual + x
+        return self.project_out(merge_heads(x), residual)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds for one forward on ``input_shape = (B, N, C)`` (grid ``feat_size``, default square).

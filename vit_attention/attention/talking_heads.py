@@ -18,9 +18,8 @@ from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
 from ..functional.attention import attention_context, attention_observed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, hookless
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.tome import TokenMergeState
-from .base import AttentionModule, check_heads, check_prob
+from .base import AttentionModule
 from .registry import global_as_built, register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -90,17 +89,12 @@ class TalkingHeadsAttention(AttentionModule):
         proj_drop: float = 0.0,
     ) -> None:
         super().__init__()
-        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
-        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
-        self.head_dim = check_heads(dim, num_heads)
-        self.dim, self.num_heads = dim, num_heads
+        self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj_l = nn.Linear(num_heads, num_heads)
         self.proj_w = nn.Linear(num_heads, num_heads)
-        self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
 
     def _mix_logits(self, a: Tensor) -> Tensor:
         """``proj_l`` over the heads of the unscaled ``q kᵀ``; the ``hd^-1/2`` scale rides on its weight."""
@@ -153,7 +147,7 @@ class TalkingHeadsAttention(AttentionModule):
                                              fused=self.fused_attention,
                                              backend=self.attention_backend)  # [B, nh, N, hd]
         x = merge_heads(x)  # [B, N, C]
-        return self.proj_drop(apply_linear(self.proj, x))  # [B, N, C]
+        return self.project_out(x)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds for one forward on ``input_shape = (B, N, C)``: ``4·N·C² + 2·N²·C + 2·N²·nh²``."""

@@ -28,9 +28,8 @@ from torch import Tensor, nn
 from ..functional import scaled_dot_product_attention
 from ..functional.attention import attention_observed
 from ..functional.linear import apply_linear
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.unfold import patch_grid, patch_key_mask, unfold_layout
-from .base import AttentionModule, check_heads, check_prob, check_spatial_call, packed_prefix_attention
+from .base import AttentionModule, check_spatial_call, packed_prefix_attention
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -84,19 +83,14 @@ class UnfoldAttention(AttentionModule):
                  qkv_bias: bool = True, qk_scale: float | None = None, attn_drop: float = 0.0,
                  proj_drop: float = 0.0) -> None:
         super().__init__()
-        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
-        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
-        self.head_dim = check_heads(dim, num_heads)
-        self.dim, self.num_heads = dim, num_heads
+        self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
         self.patch_size = check_patch_size(patch_size)
         if resize not in ("bilinear", "mask"):
             raise ValueError(f"resize must be 'bilinear' or 'mask', got {resize!r}")
         self.resize = resize
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
 
     def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
                 context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
@@ -130,11 +124,7 @@ class UnfoldAttention(AttentionModule):
         out = rearrange(out, "b (ph pw h) (nh nw) d -> b (nh ph) (nw pw) (h d)", ph=p, pw=p, nh=nh)  # [B, Hp, Wp, C]
         if (Hp, Wp) != (H, W) and not resized:
             out = out[:, :H, :W]  # [B, H, W, C]
-        if not (self.training and self.proj_drop.p > 0):
-            out = apply_linear(self.proj, out, residual=residual)  # [B, H', W', C] (+ residual, one kernel)
-        else:
-            out = self.proj_drop(apply_linear(self.proj, out))
-            out = out if residual is None else residual + out
+        out = self.project_out(out, residual)  # [B, H', W', C]
         if resized:
             out = F.interpolate(out.permute(0, 3, 1, 2), size=(H, W), mode="bilinear",
                                 align_corners=False).permute(0, 2, 3, 1)  # [B, H, W, C]

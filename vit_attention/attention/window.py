@@ -29,14 +29,11 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.linear import apply_linear
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.window import relative_position_index, to_pair
 from ..functional.window_attention import window_attention, window_tokens
 from .base import (
     AttentionModule,
     ParamCache,
-    check_heads,
-    check_prob,
     check_spatial_call,
     packed_prefix_attention,
     uncacheable,
@@ -123,8 +120,7 @@ class WindowAttentionBase(AttentionModule):
                  shift_size: int | Sequence[int] = 0, attn_drop: float = 0.0, proj_drop: float = 0.0,
                  pad_first: bool = True, allow_padding: bool = True, clamp_window: bool = True) -> None:
         super().__init__()
-        self.head_dim = check_heads(dim, num_heads)
-        self.dim, self.num_heads = dim, num_heads
+        self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
         self.window_size = to_pair(window_size, "window_size")
         self.shift_size = to_pair(shift_size, "shift_size")
         if min(self.window_size) <= 0:
@@ -138,11 +134,7 @@ class WindowAttentionBase(AttentionModule):
         if not isinstance(clamp_window, bool):
             raise TypeError(f"clamp_window must be a bool, got {clamp_window!r}")
         self.clamp_window = clamp_window
-        self.attn_drop = check_prob(attn_drop, "attn_drop")
         self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(check_prob(proj_drop, "proj_drop"))
-        self.fused_attention = FUSED_ATTENTION.default  # captured when built (runtime.switched flips it)
-        self.attention_backend = ATTENTION_BACKEND.default  # "auto" | "sdpa" | "explicit" | "flex" (captured)
         self._bias_cache = ParamCache()  # the [nh, N, N] position bias, while the bias parameters are unchanged
         self._mask_cache: dict[tuple[Any, ...], Tensor] = {}  # [1, nW·nh, N, N] bias + shift masks built from it
 
@@ -261,10 +253,7 @@ class WindowAttentionBase(AttentionModule):
                                mask_padding=self.pad_mask,
                                fused=self.fused_attention, backend=self.attention_backend)  # [B, H·W, C]
         res = None if residual is None else residual.reshape(B, H * W, C)
-        if res is not None and not (self.training and self.proj_drop.p > 0):
-            return apply_linear(self.proj, out, residual=res).view(B, H, W, C)  # proj + residual, one kernel
-        out = self.proj_drop(apply_linear(self.proj, out)).view(B, H, W, C)  # [B, H, W, C]
-        return out if residual is None else residual + out
+        return self.project_out(out, res).view(B, H, W, C)  # [B, H, W, C]
 
     def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
         """Prefix tokens ``[B, P, C]`` attend globally to ``tokens [B, P + H·W, C]`` (all of them): ``[B, P, C]``.
@@ -398,3 +387,4 @@ class WindowAttention(WindowAttentionBase):
         with torch.no_grad():
             self.relative_position_bias_table.copy_(fitted.reshape(-1, self.num_heads))
         return True
+
