@@ -126,14 +126,15 @@ def grid_of(num_grid_tokens: int, feat_size: Any = None) -> tuple[int, int]:
     return s, s
 
 
-def check_map_tokens_call(module: Any, x: Any, num_prefix_tokens: int, context: Any) -> tuple[int, int, int, int]:
+def check_map_tokens_call(module: AttentionModule, x: Any, num_prefix_tokens: int, context: Any
+                          ) -> tuple[int, int, int, int]:
     """The contract checks of a token mechanism that works on the map of ``x [B, P + H·W, C]``: ``(B, N, C, P)``.
 
     ``x`` must be tokens of the module's width, ``context`` is refused (keys come from ``x``'s own
     map) and ``0 <= num_prefix_tokens < N``; each refusal names its argument. The grid itself is
     :func:`grid_of` ``(N - P, feat_size)`` where the mechanism needs it.
     """
-    name = getattr(module, "attention_name", type(module).__name__)
+    name = module.attention_name or type(module).__name__
     if x.dim() != 3 or x.shape[-1] != module.dim:
         raise ValueError(f"expected tokens [B, N, {module.dim}], got {tuple(x.shape)}")
     if context is not None:
