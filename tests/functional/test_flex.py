@@ -190,3 +190,23 @@ def test_compiled_cpu_flex_reads_views_at_an_offset_and_computed_captures() -> N
 def test_flex_buffer_is_the_tensor_itself_outside_a_cpu_compile() -> None:
     t = torch.randn(3, 4)
     assert flex.flex_buffer(t) is t
+
+
+def test_a_mask_cached_in_inference_mode_serves_a_later_backward() -> None:
+    """The first call of a geometry under torch.inference_mode caches its block mask; a later call that records
+    gradients (training after an evaluation) reuses it, which autograd refuses for inference tensors."""
+    from vit_attention import create_attention
+    from vit_attention.attention.registry import set_attention_backend
+
+    flex.clear_block_mask_cache()
+    attn = set_attention_backend(create_attention("neighborhood", dim=16, num_heads=2, kernel_size=3), "flex")
+    x = torch.randn(1, 6, 6, 16)
+    with torch.inference_mode():
+        first = attn(x)
+    x = x.clone().requires_grad_()
+    with flex_backward_on_cpu():
+        out = attn(x)
+        out.sum().backward()
+    assert x.grad is not None and bool(torch.isfinite(x.grad).all())
+    assert torch.allclose(out.detach(), first, atol=1e-6)
+    flex.clear_block_mask_cache()

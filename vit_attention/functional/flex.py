@@ -154,9 +154,10 @@ def _create_block_mask(mask_mod: MaskMod, batch: int | None, heads: int | None, 
 def block_mask_for(pattern: AttentionPattern, device: torch.device) -> Any:
     """The ``BlockMask`` of ``pattern.mask_mod`` on ``device`` (None without a mask_mod).
 
-    Cached per ``(cache_key, sizes, device)`` (an LRU of 64) when the pattern has a ``cache_key``;
-    built afresh without one. While torch captures a graph a mask cached by an earlier eager call is used
-    as it is, else the build becomes part of the graph (nothing is stored).
+    Cached per ``(cache_key, sizes, device)`` (an LRU of 64) when the pattern has a ``cache_key``, built
+    outside inference mode (a later call may record gradients); built afresh without one. While torch
+    captures a graph a mask cached by an earlier eager call is used as it is, else the build becomes part
+    of the graph (nothing is stored).
     """
     if pattern.mask_mod is None:
         return None
@@ -169,7 +170,10 @@ def block_mask_for(pattern: AttentionPattern, device: torch.device) -> Any:
         return cached if cached is not None else _create_block_mask(pattern.mask_mod, *args)
     cached = _BLOCK_MASKS.get(key)
     if cached is None:
-        cached = _BLOCK_MASKS[key] = _create_block_mask(pattern.mask_mod, *args)
+        # built outside inference mode: a mask first made by an inference_mode call is reused by later calls
+        # that record gradients, and autograd may not save inference tensors
+        with torch.inference_mode(False):
+            cached = _BLOCK_MASKS[key] = _create_block_mask(pattern.mask_mod, *args)
         if len(_BLOCK_MASKS) > _BLOCK_MASK_CAPACITY:
             _BLOCK_MASKS.popitem(last=False)
     else:
