@@ -35,6 +35,7 @@ MOVED_MODULES = {
     "vit_attention.train.presets": "vit_attention.models.digits",
     "vit_attention.commands": "vit_attention.registry_commands",
     "vit_attention.analysis._run": "vit_attention.analysis.recording",
+    "vit_attention.layers.adapter": "vit_attention.layers.layout_adapter",
     "vit_attention.models.pretrained": "vit_attention.models.pretrained_table",
     "vit_attention.models._pretrained": "vit_attention.models.pretrained_tags",
 }

@@ -17,7 +17,7 @@ from vit_attention import create_attention, list_attention, plug
 from vit_attention.analysis import record_attention
 from vit_attention.attention import get_attention_spec
 from vit_attention.functional import register_attention_hook
-from vit_attention.layers.adapter import apply_attention
+from vit_attention.layers.layout_adapter import apply_attention
 
 NAMES = list_attention()
 DIM = 32

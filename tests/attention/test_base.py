@@ -14,7 +14,7 @@ from vit_attention.analysis.flops import flops
 from vit_attention.attention import get_attention_spec, register_attention, registry
 from vit_attention.attention.base import AttentionModule
 from vit_attention.attention.transfer import carry_attention, describe_transfer
-from vit_attention.layers.adapter import apply_attention
+from vit_attention.layers.layout_adapter import apply_attention
 
 NAMES = list_attention()
 METHODS = ("flops", "transfer_init", "get_offset_bias", "set_offset_bias", "set_window_size", "attend_prefix")

@@ -207,7 +207,7 @@ def test_a_token_mechanism_that_needs_the_grid_is_told_so_by_the_adapter(monkeyp
     import dataclasses
 
     from vit_attention.attention import registry
-    from vit_attention.layers.adapter import apply_attention
+    from vit_attention.layers.layout_adapter import apply_attention
 
     spec = get_attention_spec("mhsa")
     monkeypatch.setitem(registry._ATTENTION, "mhsa", dataclasses.replace(spec, needs_feat_size=True))

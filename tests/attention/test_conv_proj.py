@@ -10,7 +10,7 @@ from vit_attention import create_attention
 from vit_attention.analysis import flops, measure_flops, record_attention
 from vit_attention.attention.conv_proj import ConvProjectionAttention
 from vit_attention.functional import register_attention_hook, switched
-from vit_attention.layers.adapter import apply_attention
+from vit_attention.layers.layout_adapter import apply_attention
 
 DIM, HEADS = 24, 3
 

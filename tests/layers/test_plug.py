@@ -82,7 +82,7 @@ def test_readme_example_trains():
 # ----------------------------------------------------------------------------- the adapter (blocks and plug)
 @pytest.mark.parametrize("name", list_attention())
 def test_adapter_takes_tokens_or_maps_and_prefix_tokens_attend_globally_in_spatial_mechanisms(name):
-    from vit_attention.layers.adapter import apply_attention
+    from vit_attention.layers.layout_adapter import apply_attention
 
     spec = get_attention_spec(name)
     torch.manual_seed(0)
@@ -114,7 +114,7 @@ def test_adapter_takes_tokens_or_maps_and_prefix_tokens_attend_globally_in_spati
 
 
 def test_adapter_plain_modules():
-    from vit_attention.layers.adapter import apply_attention
+    from vit_attention.layers.layout_adapter import apply_attention
 
     x = torch.randn(1, 1 + 16, DIM)
     lin = nn.Linear(DIM, DIM)

@@ -1,12 +1,12 @@
 """Reusable building blocks: patch embedding, MLP, drop path, layer scale, position layers, the block,
 the stage scaffolding, downsampling and heads."""
 
-from .adapter import apply_attention
 from .block import BLOCK_STYLES, Block, accepted_kwargs
 from .downsample import PatchMerging
 from .drop_path import DropPath, drop_path
 from .head import AttentionPoolHead, ClassifierHead
 from .layer_scale import LayerScale
+from .layout_adapter import apply_attention
 from .mlp import GluMlp, Mlp, SwiGLU
 from .patch_embed import ConvStemPatchEmbed, PatchEmbed
 from .plug import Plug, plug

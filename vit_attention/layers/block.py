@@ -17,7 +17,7 @@ the MLP updates ``x`` alone and ``context`` is not returned (it passes on unchan
 
 Input is tokens ``[B, P + H·W, C]`` (with the grid ``feat_size`` and ``P`` prefix tokens) or a
 channels-last map ``[B, H, W, C]`` (hierarchical stages). Any registered mechanism can be the
-attention: the one adapter (:func:`~vit_attention.layers.adapter.apply_attention`) hands it the
+attention: the one adapter (:func:`~vit_attention.layers.layout_adapter.apply_attention`) hands it the
 layout it takes, and at inference fuses the residual into its output projection where it can.
 The block's own attention keywords (``qkv_bias``, ``qk_norm``, ``proj_bias``, dropouts) reach a
 mechanism only when its constructor accepts them (the registry spec's ``init_kwargs``, read from
@@ -39,9 +39,9 @@ from torch import Tensor, nn
 from ..attention import create_attention, get_attention_spec
 from ..functional.linear import hookless
 from ..functional.tome import TokenMergeState
-from .adapter import apply_attention
 from .drop_path import DropPath
 from .layer_scale import LayerScale
+from .layout_adapter import apply_attention
 from .mlp import Mlp
 
 __all__ = ["Block", "BLOCK_STYLES", "BlockStyle", "accepted_kwargs"]

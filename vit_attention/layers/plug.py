@@ -4,7 +4,7 @@
     ...                     nn.Conv2d(32, 64, 3, stride=2, padding=1))
 
 ``Plug`` changes the layout (``[B, C, H, W]`` -> channels-last ``[B, H, W, C]``; the blocks'
-adapter :func:`~vit_attention.layers.adapter.apply_attention` hands sequence mechanisms tokens
+adapter :func:`~vit_attention.layers.layout_adapter.apply_attention` hands sequence mechanisms tokens
 ``[B, H·W, C]`` with ``feat_size = (H, W)``), applies a pre-norm residual attention
 ``x + attn(norm(x))`` and optionally a pre-norm residual MLP, and changes the layout back.
 """
@@ -17,8 +17,8 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..attention import create_attention, get_attention_spec
-from .adapter import apply_attention
 from .layer_scale import LayerScale
+from .layout_adapter import apply_attention
 from .mlp import Mlp
 
 __all__ = ["Plug", "plug"]

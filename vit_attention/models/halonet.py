@@ -32,9 +32,9 @@ from ..attention import create_attention
 from ..functional.sizes import make_divisible
 from ..layers import ClassifierHead, accepted_kwargs, resolve_indices
 from ..layers.activation import get_act_layer
-from ..layers.adapter import apply_attention
 from ..layers.convnet import ConvStagesMixin
 from ..layers.drop_path import DropPath
+from ..layers.layout_adapter import apply_attention
 from ..layers.mbconv import ConvNormAct, act_fresh
 from ..layers.stage import drop_path_schedule
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
