@@ -20,10 +20,7 @@ ISSUE = re.compile(r"\bissue[ _-]?#?\d+|\bissues? #\d+", re.IGNORECASE)
 THIS_FILE = Path(__file__).resolve()
 
 # file (relative to the root) -> why it still cites a document outside the repository; a stale entry fails.
-KNOWN: dict[str, str] = {
-    "vit_attention/attention/lsa.py": "padding policy cited to an outside facts sheet; to cite Twins, arXiv 2104.13840",
-    "vit_attention/attention/rope.py": "RoPE rules cited to an outside facts sheet; to cite timm 1.0.31 / the papers",
-}
+KNOWN: dict[str, str] = {}
 
 
 def _texts() -> list[Path]:

@@ -60,7 +60,7 @@ def check_spatial_call(module: Any, x: Any, feat_size: Any, num_prefix_tokens: i
         raise ValueError(f"feat_size={tuple(feat_size)} does not match the map's {H}x{W}")
     if num_prefix_tokens:
         raise ValueError(f"num_prefix_tokens={num_prefix_tokens}: a spatial mechanism never sees prefix tokens "
-                         "(apply it through vit_attention.layers.adapter.apply_attention)")
+                         "(apply it through vit_attention.layers.apply_attention)")
     if context is not None:
         raise ValueError(f"{name} attends within the map; it takes no context")
     if residual is not None and residual.shape != x.shape:

@@ -26,10 +26,10 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
-from ..functional.attention import attention_observed
 from ..functional.flex import AttentionPattern, use_flex
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
+from ..functional.observers import attention_observed
 from .base import AttentionModule
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS

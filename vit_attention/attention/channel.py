@@ -28,9 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
-from ..functional.attention import attention_observed
 from ..functional.layout import AttentionLayout
 from ..functional.linear import apply_linear, hookless
+from ..functional.observers import attention_observed
 from ..functional.window import _CPU, _cached
 from .base import AttentionModule
 from .registry import register_attention

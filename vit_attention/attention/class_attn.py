@@ -15,9 +15,9 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads
-from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
+from ..functional.observers import attention_observed
 from .base import AttentionModule
 from .registry import global_as_built, register_attention
 

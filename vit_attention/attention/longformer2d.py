@@ -34,7 +34,6 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads
-from ..functional.attention import attention_observed
 from ..functional.flex import use_flex
 from ..functional.heads import split_packed
 from ..functional.linear import apply_linear
@@ -46,6 +45,7 @@ from ..functional.longformer2d import (
     longformer2d_rel_index,
     longformer2d_sequence_index,
 )
+from ..functional.observers import attention_observed
 from .base import AttentionModule, check_map_tokens_call, grid_of
 from .registry import covering_window_kwargs, register_attention
 

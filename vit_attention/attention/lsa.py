@@ -7,7 +7,8 @@ fused kernel and attention-map layout as Swin's W-MSA), registered under its own
 Twins' keys (``qkv``, ``proj``: timm's ``LocallyGroupedAttn``). On the ``"flex"`` backend the groups
 are one block-sparse FlexAttention call over the whole map (a same-window mask, no score_mod).
 
-Padding policy (maps that are not multiples of ``ws``; FAMILIES.md §6):
+Padding policy (maps that are not multiples of ``ws``; Twins, arXiv 2104.13840, and timm 1.0.31
+``twins.py``):
 
 * ``pad_mask=False`` (default, timm): the normalised map is zero-padded bottom / right and the
   padded tokens (projected from zeros, so ``k = b_k``, ``v = b_v``) take part in the softmax; the

@@ -14,8 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads
-from ..functional.attention import attention_observed
 from ..functional.layout import token_layout
+from ..functional.observers import attention_observed
 from .base import AttentionModule
 from .registry import global_as_built, register_attention
 

@@ -10,10 +10,10 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads, split_qkv
-from ..functional.attention import attention_context, attention_observed
 from ..functional.heads import split_packed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, linear
+from ..functional.observers import attention_context, attention_observed
 from ..functional.rope import apply_rope
 from ..functional.tome import TokenMergeState
 from .base import AttentionModule

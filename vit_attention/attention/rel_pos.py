@@ -42,10 +42,10 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
-from ..functional.attention import attention_observed
 from ..functional.flex import AttentionPattern, use_flex
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
+from ..functional.observers import attention_observed
 from ..functional.rel_pos import decomposed_rel_pos_bias, decomposed_rel_pos_pattern, decomposed_rel_pos_qk
 from ..functional.window import to_pair
 from ..functional.window_attention import window_attention, window_tokens

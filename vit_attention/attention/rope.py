@@ -2,7 +2,8 @@
 
 Not a mechanism itself: a mechanism that knows its grid builds one from its ``rope`` / ``rope_kwargs``
 keywords (:func:`make_rope`) and calls it on q and k after any qk-norm, before the product (the rule
-of EVA-02, DINOv3 and RoPE-ViT; MODERN.md §B.0). The math lives in :mod:`vit_attention.functional.rope`.
+of EVA-02, DINOv3 and RoPE-ViT; timm 1.0.31 ``layers/pos_embed_sincos.py``). The math lives in
+:mod:`vit_attention.functional.rope`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from .base import grid_of
 __all__ = ["RotaryEmbedding", "ROPE_KINDS", "ROPE_CONVENTIONS", "make_rope"]
 
 ROPE_KINDS: tuple[str, ...] = ("axial", "mixed")
-# the axial conventions of the published models (MODERN.md §B.1-B.3): frequencies, coordinates, channel layout
+# the axial conventions of the published models (timm 1.0.31 ``eva.py`` / ``rope_vit`` presets, DINOv3's
+# ``rope_position_encoding.py``): frequencies, coordinates, channel layout
 ROPE_CONVENTIONS: dict[str, dict[str, Any]] = {
     # DINOv3: periods 100^(4j/hd), patch centres in (-1, 1), angle 2π·c/period, (y, x), half-split channels
     "dinov3": dict(theta=100.0, scale=TWO_PI, coords="centered", layout="half", axes="yx"),

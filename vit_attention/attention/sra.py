@@ -22,10 +22,10 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads
-from ..functional.attention import attention_observed
 from ..functional.heads import split_packed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
+from ..functional.observers import attention_observed
 from .base import AttentionModule, check_map_tokens_call, grid_of
 from .registry import register_attention
 

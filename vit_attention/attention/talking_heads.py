@@ -15,9 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
-from ..functional.attention import attention_context, attention_observed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, hookless
+from ..functional.observers import attention_context, attention_observed
 from ..functional.tome import TokenMergeState
 from .base import AttentionModule
 from .registry import global_as_built, register_attention

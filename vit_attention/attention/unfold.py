@@ -26,8 +26,8 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from ..functional import scaled_dot_product_attention
-from ..functional.attention import attention_observed
 from ..functional.linear import apply_linear
+from ..functional.observers import attention_observed
 from ..functional.unfold import patch_grid, patch_key_mask, unfold_layout
 from .base import AttentionModule, check_spatial_call, packed_prefix_attention
 from .registry import register_attention

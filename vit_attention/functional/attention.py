@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .observers import SHAPE_HOOKS, WEIGHT_HOOKS, attention_context, attention_observed, hook_info  # noqa: F401 - the mechanisms' import path
+from .observers import SHAPE_HOOKS, WEIGHT_HOOKS, hook_info
 from .runtime import ATTENTION_BACKEND, BACKENDS, FUSED_ATTENTION, capturing, check_backend
 
 __all__ = ["scaled_dot_product_attention", "fused_attention_enabled", "set_fused_attention"]
