@@ -247,14 +247,22 @@ def test_token_merging_shows_in_the_picture_and_the_file_name(run: Path, image: 
 
 
 def test_registers_without_a_class_token_are_not_called_a_class_token(image: Path) -> None:
-    """Registers only: rollout (the class token's row) is refused naming what to use; mean / layer maps read
-    register 0's row and say so."""
+    """Registers only: no map reads a register's row as if it were a class token's. Rollout, mean and layer
+    maps show what each patch receives (mean over all queries), as for a model without prefix tokens, and the
+    library's recorder agrees (no class token, the received map)."""
+    from vit_attention.analysis.attention_maps import record_attention
+
     model = va.create_model("vit_digits_patch2_8", num_classes=10, in_chans=1, depth=2, class_token=False,
                             global_pool="avg", reg_tokens=2).eval()
     x = torch.randn(1, 1, 8, 8)
-    with pytest.raises(ValueError, match="register tokens but no class token; use --method mean"):
-        _heatmap_and_logits(model, x, layer=None, head=None, method="rollout")
-    for method, layer in (("auto", None), ("mean", None), ("layer", -1)):
+    for method, layer in (("auto", None), ("rollout", None), ("mean", None), ("layer", -1)):
         _, what, tag, _ = _heatmap_and_logits(model, x, layer=layer, head=None, method=method)
-        assert tag != "rollout" and "class token to" not in what and "class token's" not in what, what
-        assert "register token 0" in what and "no class token" in what, what
+        assert (tag == "rollout") == (method == "rollout"), (method, tag)
+        assert "class token to" not in what and "class token's" not in what and "register token 0" not in what
+        assert "receives" in what, what
+    with record_attention(model) as rec, torch.no_grad():
+        model(x)
+    assert rec.records and not any(r.has_class_token for r in rec.records)
+    last = rec.layer(-1)
+    assert torch.equal(rec.image_map(-1), last.received())  # not register 0's row
+    assert not torch.allclose(last.received(), last.query_map("cls"))

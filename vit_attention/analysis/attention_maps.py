@@ -50,6 +50,7 @@ class AttentionRecord:
     layout: AttentionLayout
     batch: int
     info: dict[str, Any] = field(default_factory=dict)
+    num_registers: int = 0  # register tokens among the prefix tokens (the last ones; Darcet et al. 2024)
 
     @property
     def grid(self) -> tuple[int, int] | None:
@@ -68,8 +69,9 @@ class AttentionRecord:
 
     @property
     def has_class_token(self) -> bool:
-        """Global attention with a prefix (class) token: its row is the layer's map."""
-        return self.is_global and self.num_prefix_tokens > 0
+        """Global attention with a class (or distillation) token, the first prefix token: its row is the
+        layer's map. Register tokens alone are not one: a model with registers but no class token has none."""
+        return self.is_global and self.num_prefix_tokens > self.num_registers
 
     @property
     def is_self_attention(self) -> bool:
@@ -155,7 +157,8 @@ class AttentionRecorder:
         """Attention rollout (Abnar & Zuidema 2020) over the global self-attention layers: ``[B, H, W]``.
 
         Per layer ``Â = (1 - residual)·A + residual·I`` (rows renormalised), ``R = Â_L ⋯ Â_1``;
-        the map is the class token's row of ``R`` over the patches (mean row without a class token).
+        the map is the class token's row of ``R`` over the patches; without a class token (none, or
+        registers only), the attention each patch receives in ``R``, mean over all tokens.
         """
         recs = [r for r in self.self_attention() if r.is_global]
         if not recs:
@@ -172,7 +175,7 @@ class AttentionRecorder:
             result = a if result is None else a @ result
         assert result is not None
         joint = result[:, None]  # [B, 1, N, N]: one "head", placed with the last layer's layout
-        if last.num_prefix_tokens > 0:
+        if last.has_class_token:
             return last.layout.query_map(joint, "cls")
         return last.layout.received(joint)
 
@@ -236,6 +239,7 @@ def record_attention(model: nn.Module, *, grid: tuple[int, int] | None = None) -
     names = {id(m): n for n, m in model.named_modules()}
     frames: list[contextlib.AbstractContextManager[None]] = []
     prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
+    registers = int(getattr(model, "num_reg_tokens", 0) or 0)
 
     def pre(mod: nn.Module, args: tuple[Any, ...]) -> None:
         cm = attention_context(module=names.get(id(mod), ""))
@@ -260,7 +264,7 @@ def record_attention(model: nn.Module, *, grid: tuple[int, int] | None = None) -
         if layout.fold != "batch":  # the record keeps [B·G, nh, n, m]
             layout = dataclasses.replace(layout, fold="batch")
         rec.records.append(AttentionRecord(len(rec.records), info.get("module", ""), w.flatten(0, 1), layout,
-                                           w.shape[0], dict(info)))
+                                           w.shape[0], dict(info), min(registers, layout.num_prefix_tokens)))
 
     handles = []
     for mod in model.modules():

@@ -178,21 +178,17 @@ def _heatmap_and_logits(model: nn.Module, x: Tensor, *, layer: int | None, head:
         out = model(x)
     logits = out[0] if isinstance(out, (tuple, list)) else out
     recs = rec.self_attention()
-    R = int(getattr(model, "num_reg_tokens", 0) or 0)  # registers are prefix tokens too, but no class token
-    global_with_cls = any(r.has_class_token and r.num_prefix_tokens > R for r in recs)
+    global_with_cls = any(r.has_class_token for r in recs)  # registers alone are no class token
     if method == "auto":
         method = "layer" if layer is not None else ("rollout" if global_with_cls else "mean")
     n = len(recs)
     if method == "rollout":
         globals_ = [r for r in recs if r.is_global]
-        if globals_ and 0 < globals_[-1].num_prefix_tokens <= R:  # its row would be a register's
-            raise ValueError("--method rollout follows the class token's row, and this model has register tokens "
-                             "but no class token; use --method mean (or --layer N)")
         heat = rec.rollout(head)[0]
         n_global = len(globals_)
         heads = _heads(head, recs[0].weights.shape[1] if recs else 0, "in each layer")
-        # the class token's row of the rolled-out matrix; without prefix tokens, what each patch receives
-        flow = ("class token -> patches" if globals_[-1].num_prefix_tokens > 0 else
+        # the class token's row of the rolled-out matrix; without a class token, what each patch receives
+        flow = ("class token -> patches" if globals_[-1].has_class_token else
                 "no class token: the rolled-out attention each patch receives, mean over all tokens")
         return heat, f"attention rollout through all {n_global} layers: {flow}, {heads}" \
             + _register_row(model, recs[-1], head).replace("; registers", "; in the last layer registers"), \
@@ -201,8 +197,7 @@ def _heatmap_and_logits(model: nn.Module, x: Tensor, *, layer: int | None, head:
         heat = rec.mean_map(head)[0]
         nh = recs[0].weights.shape[1] if recs else 0
         with_cls = [r.has_class_token for r in recs]
-        first = "the class token's" if global_with_cls else "register token 0's (no class token)"
-        per_layer = (f"{first} attention to each patch" if all(with_cls) else
+        per_layer = ("the class token's attention to each patch" if all(with_cls) else
                      "the attention each patch receives (mean over queries)" if not any(with_cls) else
                      "the class token's attention, or without one the attention each patch receives")
         return heat, (f"mean over all {n} attention layers (each scaled to mean 1) of {per_layer}; "
@@ -212,9 +207,8 @@ def _heatmap_and_logits(model: nn.Module, x: Tensor, *, layer: int | None, head:
     idx = -1 if layer is None else layer
     r = rec.layer(idx)
     pos = idx % n if n else idx
-    if r.has_class_token:  # the first prefix token's row: a register's where the model has no class token
-        what = ("attention of the class token to each patch" if r.num_prefix_tokens > R else
-                "attention of register token 0 to each patch (the model has no class token)")
+    if r.has_class_token:
+        what = "attention of the class token to each patch"
     else:
         window = " of its window" if r.layout.groups > 1 else ""
         what = "attention each patch receives, mean over all queries" + window
