@@ -136,7 +136,7 @@ def _sweep(module: str) -> ModuleType:
 @pytest.fixture
 def toy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
     """The user's module, imported from a temporary folder; the registries are restored after each test."""
-    list_models()  # the built-in families first, as a user's session has them
+    list_models()  # the built-in families registered first, as in any program that imports the package
     saved = (dict(attention_registry._ATTENTION), dict(model_registry._MODELS), dict(model_registry._ALIASES))
     path = tmp_path_factory.mktemp("user") / "my_attention.py"
     path.write_text(TOY_SOURCE, encoding="utf-8")

@@ -88,16 +88,7 @@ def test_attn_on_a_non_image_file_names_it(run: Path, tmp_path: Path, capsys: py
 def test_attn_without_checkpoint_warns_and_says_so_in_the_title(image: Path, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    import vit_attention.analysis.commands as commands
-
-    titles: list[str] = []
-    real = commands.save_attention_png
-
-    def spy(*args: object, **kwargs: object) -> Path:
-        titles.append(f"{kwargs['title']} | {kwargs['description']} | {kwargs['colorbar_label']}")
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(commands, "save_attention_png", spy)
+    titles = _spy_titles(monkeypatch)
     monkeypatch.chdir(tmp_path)
     assert main(["attn", "vit_digits_patch2_8", str(image), "--img-size", "8"]) == 0
     err = capsys.readouterr().err
