@@ -47,7 +47,7 @@ from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.observers import attention_observed
 from ..functional.rel_pos import decomposed_rel_pos_bias, decomposed_rel_pos_pattern, decomposed_rel_pos_qk
-from ..functional.window import to_pair
+from ..functional.window import fit_window, to_pair
 from ..functional.window_attention import window_attention, window_tokens
 from .base import AttentionModule, check_spatial_call, packed_prefix_attention
 from .registry import register_attention, small_window_kwargs
@@ -157,7 +157,7 @@ class RelPosAttention(AttentionModule):
         covers whole gets window = the map's side (no padding up to a larger window), else the own window."""
         if not self.clamp_window:
             return self.window_size
-        return min(H, self.window_size[0]), min(W, self.window_size[1])
+        return fit_window((H, W), self.window_size)[0]
 
     def rel_pos_bias(self, q: Tensor, grid: tuple[int, int]) -> Tensor:
         """Decomposed bias for queries ``q [*b, nh, N, hd]`` on a ``grid`` (keys on it too): ``[*b, nh, N, N]``.

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.linear import apply_linear
-from ..functional.window import relative_position_index, to_pair
+from ..functional.window import fit_window, relative_position_index, to_pair
 from ..functional.window_attention import window_attention, window_tokens
 from .base import (
     AttentionModule,
@@ -194,9 +194,7 @@ class WindowAttentionBase(AttentionModule):
         """
         if not self.clamp_window:
             return self.window_size, self.shift_size
-        win = (min(H, self.window_size[0]), min(W, self.window_size[1]))
-        shift = tuple(0 if n <= w else s for n, w, s in zip((H, W), self.window_size, self.shift_size))
-        return win, shift  # type: ignore[return-value]
+        return fit_window((H, W), self.window_size, self.shift_size)
 
     # ---------------------------------------------------------------- bias and masks
     def position_bias(self, window: tuple[int, int] | None = None) -> Tensor | None:

@@ -31,6 +31,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 __all__ = [
     "to_pair",
+    "fit_window",
     "window_partition",
     "window_reverse",
     "pad_to_window",
@@ -206,6 +207,18 @@ def window_reverse(windows: Tensor, window_size: int | Sequence[int], H: int, W:
                          f"windows of one {H}x{W} map")
     x = windows.reshape(-1, nWh, nWw, wh, ww, C).permute(0, 1, 3, 2, 4, 5)  # [B, nWh, Wh, nWw, Ww, C]
     return x.reshape(-1, H, W, C)  # [B, H, W, C]
+
+
+def fit_window(size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int] = (0, 0)
+               ) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The window and shift on a map of ``size = (H, W)``: ``((wh, ww), (sh, sw))``.
+
+    Swin's per-axis rule (timm 1.0.31 ``swin_transformer.py``, ``_calc_window_shift``): an axis the window
+    covers whole gets window = the map's side and no shift, so a window larger than the map never pads it.
+    """
+    win = (min(size[0], window[0]), min(size[1], window[1]))
+    sft = tuple(0 if n <= w else s for n, w, s in zip(size, window, shift))
+    return win, sft  # type: ignore[return-value]
 
 
 def pad_to_window(x: Tensor, window_size: int | Sequence[int]) -> tuple[Tensor, tuple[int, int]]:

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from ..attention.base import AttentionModule
 from ..functional import resample_abs_pos_embed
-from ..functional.window import to_pair
+from ..functional.window import fit_window, to_pair
 from ..layers import (
     Block,
     ClassifierHead,
@@ -144,12 +144,9 @@ class SwinTransformerConfig(ConfigMixin):
 
 def stage_windows(res: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], clamp: bool
                   ) -> tuple[tuple[int, int], tuple[int, int]]:
-    """timm's per-axis clamp: an axis whose stage resolution fits in the window gets window = resolution, shift 0."""
-    if not clamp:
-        return window, shift
-    win = tuple(r if r <= w else w for r, w in zip(res, window))
-    sft = tuple(0 if r <= w else s for r, w, s in zip(res, win, shift))
-    return win, sft  # type: ignore[return-value]
+    """A stage's window and shift at resolution ``res``: :func:`~vit_attention.functional.window.fit_window`
+    (timm's per-axis clamp) when ``clamp``, else as configured."""
+    return fit_window(res, window, shift) if clamp else (window, shift)
 
 
 def _stage_pairs(value: Any, n: int, name: str) -> tuple[tuple[int, int], ...]:
