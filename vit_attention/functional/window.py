@@ -82,6 +82,9 @@ def assume_constant_result(fn: _F) -> _F:
     return fn
 
 
+_MISSING = object()
+
+
 def _cached(maxsize: int, *, constant_under_compile: bool = False) -> Callable[[_F], _F]:
     """A least-recently-used cache (``maxsize`` entries, ``cache_info`` / ``cache_clear`` as
     ``functools.lru_cache``) whose tensors are built outside inference mode, so autograd may save them later.
@@ -124,10 +127,14 @@ def _cached(maxsize: int, *, constant_under_compile: bool = False) -> Callable[[
         def wrapper(*args: Any) -> Any:
             if torch.compiler.is_dynamo_compiling():
                 return build(*args)
-            if args in store:
-                store.move_to_end(args)
+            value = store.get(args, _MISSING)  # one lookup: another thread may evict between two
+            if value is not _MISSING:
+                try:
+                    store.move_to_end(args)
+                except KeyError:  # evicted meanwhile: the value is still right
+                    pass
                 counts[0] += 1
-                return store[args]
+                return value
             counts[1] += 1
             value = store[args] = build(*args)
             if len(store) > maxsize:
