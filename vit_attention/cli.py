@@ -78,28 +78,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 def user_error_message(e: BaseException) -> str | None:
     """The one-line message of an error a user can cause (bad input, unreadable or unsafe files, a full disk,
     too little memory), saying what to do; ``None`` for anything else (a bug: the traceback is kept)."""
-    import errno
     import pickle
 
-    import torch
     from safetensors import SafetensorError
+
+    from .train.errors import TrainingOutOfMemory, disk_full, out_of_memory
 
     if isinstance(e, KeyError):
         return str(e.args[0]) if e.args else "missing key"
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) and "disk is full" not in str(e):
+    if isinstance(e, OSError) and disk_full(e) and "disk is full" not in str(e):
         where = f"{e.filename}: " if e.filename else ""
         return f"{where}the disk is full ({e.strerror}); free some space and run again"
     if isinstance(e, (ValueError, OSError, TypeError, pickle.UnpicklingError)):  # incl. UnsafeCheckpointError
         return str(e)
     if isinstance(e, SafetensorError):
-        if re.search(r"StorageFull|No space left|code: 28\b", str(e)):
+        if disk_full(e):
             return f"the disk is full while writing a safetensors file ({e}); free some space and run again"
         return f"cannot read or write a safetensors file: {e} (is the file whole? a .safetensors file must be one)"
-    alloc = isinstance(e, (MemoryError, torch.OutOfMemoryError)) or (
-        isinstance(e, RuntimeError) and re.search(r"can't allocate memory|out of memory", str(e)) is not None)
-    if alloc and type(e).__name__ == "TrainingOutOfMemory":  # its message already names the options and the resume
+    if isinstance(e, TrainingOutOfMemory):  # its message already names the options and the resume
         return str(e)
-    if alloc:
+    if out_of_memory(e):
         detail = re.sub(r"^\[enforce fail at [^]]*\] ?", "", (str(e).strip().splitlines() or [""])[0])
         return (f"out of memory{f' ({detail})' if detail else ''}: use a smaller --batch-size, a smaller "
                 "--img-size or a smaller model, or run on a machine with more memory")

@@ -95,12 +95,12 @@ from .errors import (
     TrainingInterrupted,
     TrainingOutOfMemory,
     _check_finite_state,
-    _out_of_memory,
     _out_of_memory_error,
     _Progress,
     _sigterm_as_interrupt,
     _Terminated,
     _writing,
+    out_of_memory,
 )
 from .generative import NextPixelObjective, is_generative, probe_datasets
 from .metrics import _write_metrics, evaluate
@@ -217,7 +217,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 raise TrainingInterrupted(f"interrupted by {'SIGTERM' if term else 'Ctrl-C (SIGINT)'} at step "
                                           f"{progress.step}; {progress.where()}", 143 if term else 130) from None
             except (MemoryError, RuntimeError) as e:
-                if isinstance(e, TrainingOutOfMemory) or not _out_of_memory(e):
+                if isinstance(e, TrainingOutOfMemory) or not out_of_memory(e):
                     raise
                 raise _out_of_memory_error(e, progress, cfg) from None
         cleanup_distributed(sync=True)  # every rank done (rank 0 may still be writing) before leaving

@@ -20,7 +20,8 @@ from torch import Tensor
 
 from .config import TrainConfig
 
-__all__ = ["TrainingDiverged", "TrainingInterrupted", "RunWriteError", "TrainingOutOfMemory"]
+__all__ = ["TrainingDiverged", "TrainingInterrupted", "RunWriteError", "TrainingOutOfMemory", "disk_full",
+           "out_of_memory"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -100,7 +101,7 @@ def _check_finite_state(state: dict[str, Tensor], progress: _Progress, cfg: Trai
 
 
 
-def _disk_full(e: BaseException) -> bool:
+def disk_full(e: BaseException) -> bool:
     """Whether ``e`` (an ``OSError`` or a safetensors writer error) reports a full disk or quota."""
     if isinstance(e, OSError):
         return e.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -118,14 +119,14 @@ def _writing(path: Path, progress: _Progress) -> Iterator[None]:
     except RunWriteError:
         raise
     except (OSError, SafetensorError) as e:
-        if _disk_full(e):
+        if disk_full(e):
             reason = "the disk is full; free some space"
         else:
             reason = ((e.strerror if isinstance(e, OSError) else None) or str(e)) + "; make the folder writable"
         raise RunWriteError(f"cannot write {path}: {reason}; {progress.where()}") from None
 
 
-def _out_of_memory(e: BaseException) -> bool:
+def out_of_memory(e: BaseException) -> bool:
     """Whether ``e`` is an allocation failure (``MemoryError``, torch's CPU / CUDA out-of-memory errors)."""
     if isinstance(e, (MemoryError, torch.OutOfMemoryError)):
         return True
