@@ -24,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from ..weights.io import atomic_write
+from ..weights.io import atomic_write, atomic_write_text
 
 __all__ = ["CHECKPOINT_NAME", "TrainingState", "optimizer_state_to_safe", "optimizer_state_from_safe",
            "capture_rng_state", "restore_rng_state", "save_training_state", "load_training_state",
@@ -124,7 +124,7 @@ def save_training_state(path: str | Path, *, model_state: Mapping[str, Tensor], 
     text = json.dumps(full_state, sort_keys=True)
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT, "state": text}))
     readable = {k: v for k, v in full_state.items() if k != "rng"}
-    atomic_write(path.with_suffix(".json"), lambda tmp: Path(tmp).write_text(json.dumps(readable, indent=1)))
+    atomic_write_text(path.with_suffix(".json"), json.dumps(readable, indent=1))
     return path
 
 

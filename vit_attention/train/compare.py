@@ -28,7 +28,7 @@ from ..attention import get_attention_spec
 from ..functional.window import to_pair
 from ..models import model_config
 from ..models.digits import DEFAULT_MODEL
-from ..weights.io import atomic_write
+from ..weights.io import atomic_write_text
 from .checkpoint import CHECKPOINT_NAME
 from .config import TrainConfig, check_model_kwargs
 from .engine import train
@@ -142,7 +142,7 @@ def run_compare(cfg: TrainConfig, *, models: list[str] | None = None, attention:
                          "(nothing was overwritten)")
     options = {"train": dataclasses.replace(cfg, output=None, resume=False).to_dict(), "models": models or [],
                "attention": attention or [], "quick": fast}
-    atomic_write(out / OPTIONS_NAME, lambda tmp: Path(tmp).write_text(json.dumps(options, indent=1)))
+    atomic_write_text(out / OPTIONS_NAME, json.dumps(options, indent=1))
     rows: list[dict[str, Any]] = []
     for i, e in enumerate(entries):
         sub_out = out / f"{i}-{e.model}"
@@ -179,8 +179,8 @@ def run_compare(cfg: TrainConfig, *, models: list[str] | None = None, attention:
     if res["device"].type == "cpu":
         table += (f"\n(train and inference img/s with {', '.join(sorted({str(r['threads']) for r in rows}))} "
                   "CPU thread(s))")
-    atomic_write(out / "compare.json", lambda tmp: Path(tmp).write_text(json.dumps(rows, indent=1)))
-    atomic_write(out / "compare.txt", lambda tmp: Path(tmp).write_text(table + "\n"))
+    atomic_write_text(out / "compare.json", json.dumps(rows, indent=1))
+    atomic_write_text(out / "compare.txt", table + "\n")
     plot_accuracy_vs_flops(rows, out / "accuracy_vs_flops.png",
                            title=f"{cfg.data or 'digits'}, {sub.epochs} epoch{'s' if sub.epochs != 1 else ''} each")
     print(f"\nwrote {out}/compare.json, compare.txt, accuracy_vs_flops.png")

@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 from ..factory import config_kwargs, create_model
 from ..weights.hub import pretrained_cfg_for, split_model_tag
-from ..weights.io import atomic_write, save_weights
+from ..weights.io import atomic_write_text, save_weights
 from .checkpoint import (
     CHECKPOINT_NAME,
     TrainingState,
@@ -500,7 +500,7 @@ def _save_checkpoint(run: _Run, epoch: int, in_epoch: int, sums: Tensor, train_t
         progress.ckpt = (epoch, run.step)  # the checkpoint is whole on disk from here on
         if not progress.config_written:
             with _writing(run.out / "config.json", progress):
-                atomic_write(run.out / "config.json", lambda tmp: Path(tmp).write_text(run.config_text))
+                atomic_write_text(run.out / "config.json", run.config_text)
             progress.config_written = True
 
     _on_rank0(info, write)

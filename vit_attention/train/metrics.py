@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..weights.io import atomic_write
+from ..weights.io import atomic_write, atomic_write_text
 from .data import iterate_batches, shard_indices, to_device
 from .distributed import DistInfo, all_reduce_sum, is_fsdp, unwrap_model
 from .generative import evaluate_dataset, is_generative
@@ -101,4 +101,4 @@ def _write_metrics(out: Path, history: list[dict[str, Any]]) -> None:
             w.writerows(history)
 
     atomic_write(out / "metrics.csv", write_csv)
-    atomic_write(out / "metrics.json", lambda tmp: Path(tmp).write_text(json.dumps(history, indent=1)))
+    atomic_write_text(out / "metrics.json", json.dumps(history, indent=1))
