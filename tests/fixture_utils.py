@@ -31,6 +31,41 @@ def assert_parity(ours, ref, rel: float = 1e-5) -> None:
     assert err <= rel * scale, f"max abs diff {err:.3e} > {rel:.0e} x output scale {scale:.3e}"
 
 
+def rel_err(ours, ref) -> float:
+    """max |ours - ref| / max |ref| of two tensors of the same shape (asserted: no broadcasting)."""
+    assert ours.shape == ref.shape, (ours.shape, ref.shape)
+    return ((ours - ref).abs().max() / ref.abs().max()).item()
+
+
+def fixture_metadata(name: str) -> dict[str, str]:
+    """The safetensors metadata of fixture ``name`` (``config`` JSON, ``model``, ``reference``, ...)."""
+    with safe_open(str(FIXTURES / f"{name}.safetensors"), framework="pt") as f:
+        return dict(f.metadata())
+
+
+def assert_fixture_parity(model, t: dict, suffix: str = "",
+                          outputs: tuple[str, ...] = ("features", "pre_logits", "output")) -> None:
+    """``model`` reproduces the fixture on ``t["input" + suffix]`` (no grad; :func:`assert_parity` tolerance).
+
+    ``outputs`` names what is compared: ``features`` (``forward_features``), ``pre_logits``
+    (``forward_head(features, pre_logits=True)``), ``output`` (``model(x)``), each against ``t[what + suffix]``.
+    Call it inside a ``switched(...)`` block to test one attention path.
+    """
+    import torch
+
+    unknown = sorted(set(outputs) - {"features", "pre_logits", "output"})
+    assert not unknown, f"unknown outputs {unknown}"
+    x = t[f"input{suffix}"]
+    with torch.no_grad():
+        feats = model.forward_features(x)
+        if "features" in outputs:
+            assert_parity(feats, t[f"features{suffix}"])
+        if "pre_logits" in outputs:
+            assert_parity(model.forward_head(feats, pre_logits=True), t[f"pre_logits{suffix}"])
+        if "output" in outputs:
+            assert_parity(model(x), t[f"output{suffix}"])
+
+
 def perturb_like_trained(model):
     """Random weights and BatchNorm running statistics away from the 0 / 1 initialisation; eval mode.
 

@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture, meta_model_with_timm_params
+from fixture_utils import assert_fixture_parity, assert_parity, load_fixture, meta_model_with_timm_params
 from transformers import CLIPConfig, CLIPModel, CLIPVisionConfig, CLIPVisionModel, CLIPVisionModelWithProjection
 
 from vit_attention import create_model
@@ -62,14 +62,9 @@ def test_timm_parity(fixture):
     model = _ours_from_timm(cfg)
     report = load_weights(model, state)
     assert report.ok and report.layout == "vit_attention", report
+    assert_fixture_parity(model, t)
+    assert_fixture_parity(model, t, "_wide")
     with torch.no_grad():
-        feats = model.forward_features(t["input"])
-        assert_parity(feats, t["features"])
-        assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])
-        assert_parity(model(t["input"]), t["output"])
-        wide = model.forward_features(t["input_wide"])
-        assert_parity(wide, t["features_wide"])
-        assert_parity(model.forward_head(wide), t["output_wide"])
         other = _ours_from_timm(cfg, act="gelu" if cfg.get("act_layer") == "quick_gelu" else "quick_gelu")
         load_weights(other, state)
         assert (other(t["input"]) - t["output"]).abs().max() > 1e-3  # the activation flavour matters

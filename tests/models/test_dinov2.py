@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import assert_fixture_parity, assert_parity, load_fixture
 from transformers import Dinov2Config, Dinov2Model, Dinov2WithRegistersConfig, Dinov2WithRegistersModel
 
 from vit_attention import create_model
@@ -68,15 +68,10 @@ def test_timm_parity(fixture):
     model = _ours_from_timm(cfg)
     report = load_weights(model, state)
     assert report.ok and report.layout == "vit_attention", report
+    assert_fixture_parity(model, t)
+    # 42x70: the table resampled every forward (bicubic, antialias), non-square grid 3x5
+    assert_fixture_parity(model, t, "_wide", outputs=("features", "pre_logits"))
     with torch.no_grad():
-        feats = model.forward_features(t["input"])
-        assert_parity(feats, t["features"])
-        assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])
-        assert_parity(model(t["input"]), t["output"])
-        # 42x70: the table resampled every forward (bicubic, antialias), non-square grid 3x5
-        wide = model.forward_features(t["input_wide"])
-        assert_parity(wide, t["features_wide"])
-        assert_parity(model.forward_head(wide, pre_logits=True), t["pre_logits_wide"])
         inter = model.forward_intermediates(t["input_wide"], indices=2, output_fmt="NCHW", intermediates_only=True)
     assert len(inter) == 2
     for i, grid in enumerate(inter):

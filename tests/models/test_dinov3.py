@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import assert_fixture_parity, assert_parity, load_fixture
 
 from vit_attention import create_model
 from vit_attention.attention.rope import RotaryEmbedding
@@ -87,12 +87,8 @@ def test_timm_parity(case, name):
     m = create_model(name, **SMALL, num_classes=cfg["num_classes"]).eval()
     report = load_weights(m, state)
     assert report.ok and report.layout == "timm", report
-    with torch.no_grad():
-        feats = m.forward_features(t["input"])
-        assert_parity(feats, t["features"])
-        assert_parity(m.forward_head(feats, pre_logits=True), t["pre_logits"])
-        assert_parity(m(t["input"]), t["output"])
-        assert_parity(m(t["input_nonsquare"]), t["output_nonsquare"])  # 3x5 grid
+    assert_fixture_parity(m, t)
+    assert_fixture_parity(m, t, "_nonsquare", outputs=("output",))  # 3x5 grid
 
 
 def test_timm_parity_needs_the_half_rotation():

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture, meta_model_with_timm_params
+from fixture_utils import assert_fixture_parity, load_fixture, meta_model_with_timm_params
 
 from vit_attention import create_model
 from vit_attention.attention.rope import RotaryEmbedding
@@ -65,12 +65,8 @@ def test_timm_parity(case, name):
     report = load_weights(m, state)
     assert report.ok, report
     assert report.layout == ("timm" if "q_proj" in str(list(state)) else "vit_attention")  # Ti / S: our own keys
-    with torch.no_grad():
-        feats = m.forward_features(t["input"])
-        assert_parity(feats, t["features"])
-        assert_parity(m.forward_head(feats, pre_logits=True), t["pre_logits"])
-        assert_parity(m(t["input"]), t["output"])
-        assert_parity(m(t["input_nonsquare"]), t["output_nonsquare"])  # pos_embed resampled, RoPE grid rescaled
+    assert_fixture_parity(m, t)
+    assert_fixture_parity(m, t, "_nonsquare", outputs=("output",))  # pos_embed resampled, RoPE grid rescaled
 
 
 @pytest.mark.parametrize("wrong", [{"convention": "eva", "ref_feat_shape": (4, 4)},  # no rescale

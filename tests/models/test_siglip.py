@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture, meta_model_with_timm_params
+from fixture_utils import assert_fixture_parity, assert_parity, load_fixture, meta_model_with_timm_params
 from transformers import SiglipConfig, SiglipModel, SiglipVisionConfig, SiglipVisionModel
 
 from vit_attention import create_model
@@ -76,15 +76,9 @@ def test_timm_parity(fixture):
     model = _ours_from_timm(cfg)
     report = load_weights(model, state)
     assert report.ok and report.layout == "vit_attention", report
-    with torch.no_grad():
-        feats = model.forward_features(t["input"])
-        assert_parity(feats, t["features"])
-        assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])
-        assert_parity(model(t["input"]), t["output"])
-        wide = model.forward_features(t["input_wide"])
-        assert_parity(wide, t["features_wide"])
-        assert_parity(model.forward_head(wide, pre_logits=True), t["pre_logits_wide"])
-        # the activation matters: the other GELU flavour moves the embedding
+    assert_fixture_parity(model, t)
+    assert_fixture_parity(model, t, "_wide", outputs=("features", "pre_logits"))
+    with torch.no_grad():  # the activation matters: the other GELU flavour moves the embedding
         other = _ours_from_timm(cfg, act="gelu" if cfg.get("act_layer") == "gelu_tanh" else "gelu_tanh")
         load_weights(other, state)
         assert (other.forward_head(other.forward_features(t["input"]), pre_logits=True)
