@@ -66,6 +66,39 @@ def assert_fixture_parity(model, t: dict, suffix: str = "",
             assert_parity(model(x), t[f"output{suffix}"])
 
 
+def assert_hf_logits_parity(model, ref, size):
+    """``ref``'s state dict (a transformers ``*ForImageClassification``) loads into ``model`` as the Hugging Face
+    layout, and their logits agree on a random batch ``[2, 3, *size]`` (``size``: an int or ``(h, w)``) -> the batch."""
+    import torch
+
+    from vit_attention.weights import load_weights
+
+    report = load_weights(model, ref.state_dict())
+    assert report.layout == "huggingface" and report.ok, str(report)
+    x = torch.randn(2, 3, *((size, size) if isinstance(size, int) else size))
+    with torch.no_grad():
+        assert_parity(model(x), ref(pixel_values=x).logits)
+    return x
+
+
+# (tag, img_size, patch_size) of the resized inputs / outputs make_fixtures_flexivit.py records in timm_flexivit
+FLEXIVIT_RESIZES = (("p12", 48, 12), ("rect", (40, 48), (10, 6)), ("p4", (24, 40), 4))
+
+
+def assert_resized_parity(model, t: dict) -> None:
+    """A copy of ``model`` after ``set_input_size`` to each of :data:`FLEXIVIT_RESIZES` reproduces the fixture's
+    ``output_<tag>`` on ``input_<tag>`` (timm's ``set_input_size``; ``model`` itself is left as it is)."""
+    import copy
+
+    import torch
+
+    for tag, img, patch in FLEXIVIT_RESIZES:
+        m = copy.deepcopy(model)
+        m.set_input_size(img_size=img, patch_size=patch)
+        with torch.no_grad():
+            assert_parity(m(t[f"input_{tag}"]), t[f"output_{tag}"])
+
+
 def perturb_like_trained(model):
     """Random weights and BatchNorm running statistics away from the 0 / 1 initialisation; eval mode.
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import assert_fixture_parity, assert_parity, load_fixture
 from transformers import Siglip2VisionConfig, Siglip2VisionModel
 
 from vit_attention import create_model
+from vit_attention.attention import AttentionCall
 from vit_attention.layers import Block
 from vit_attention.models import list_models
 from vit_attention.models.naflexvit import NaFlexVit, NaFlexVitConfig, patchify_images, split_features
@@ -74,11 +75,7 @@ def test_timm_standard_tensor(case):
     state, t, cfg = load_fixture(case)
     model = _ours_from_timm(cfg)
     model.load_state_dict(state, strict=True)
-    with torch.no_grad():
-        feats = model.forward_features(t["input"])
-        assert_parity(feats, t["features"])
-        assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])
-        assert_parity(model(t["input"]), t["output"])
+    assert_fixture_parity(model, t)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -311,7 +308,7 @@ def test_rope_coords_refused_without_rope():
     with pytest.raises(ValueError, match="rope_coords"):
         blk(x, (2, 3), 1, rope_coords=coords)
     with pytest.raises(ValueError, match="rope_coords"):
-        blk.attn(x, rope_coords=coords)
+        blk.attn(x, AttentionCall(rope_coords=coords))
     with pytest.raises(ValueError, match="rope_coords"):  # a mechanism with no rotary embedding at all
         Block(32, 2, attn_layer="talking_heads")(x, (2, 3), 1, rope_coords=coords)
     roped = Block(32, 2, attn_kwargs=dict(rope="axial")).eval()

@@ -2,22 +2,19 @@
 ``dynamic_img_size`` on every plain-ViT path (register tokens, RoPE, sin-cos, PEG), and loading at another
 patch size (the adapter resamples the kernel and the position table)."""
 
-import copy
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import assert_parity, assert_resized_parity, load_fixture
 
 from vit_attention import create_model
 from vit_attention.functional import resample_abs_pos_embed, resample_patch_embed
 from vit_attention.layers import PatchEmbed
 from vit_attention.layers.patch_embed import ConvStemPatchEmbed
 from vit_attention.models import get_model_entry, list_models, model_config
-from vit_attention.models.features import as_features_model
+from vit_attention.models.features import features_class
 from vit_attention.models.vit import VisionTransformer, VisionTransformerConfig
 from vit_attention.weights import load_weights
-
-RESIZES = (("p12", 48, 12), ("rect", (40, 48), (10, 6)), ("p4", (24, 40), 4))  # make_fixtures_flexivit.py
 
 
 def _from_fixture(name: str) -> tuple[VisionTransformer, dict]:
@@ -42,11 +39,7 @@ def test_timm_parity_before_and_after_set_input_size():
     model, t = _from_fixture("timm_flexivit")
     with torch.no_grad():
         assert_parity(model(t["input"]), t["output"])
-    for tag, img, patch in RESIZES:
-        m = copy.deepcopy(model)
-        m.set_input_size(img_size=img, patch_size=patch)
-        with torch.no_grad():
-            assert_parity(m(t[f"input_{tag}"]), t[f"output_{tag}"])  # measured <= 1e-6 relative
+    assert_resized_parity(model, t)  # measured <= 1e-6 relative
 
 
 def test_timm_parity_dynamic_img_size_with_register_tokens():
@@ -190,7 +183,8 @@ def test_patch_embed_layer_set_input_size():
 
 
 def test_features_model_strides_follow():
-    m = as_features_model(_small(), out_indices=(0, 1))
+    m = features_class(VisionTransformer)(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                                          num_classes=10, out_indices=(0, 1)).eval()
     m.set_input_size(img_size=48, patch_size=12)
     assert m.feature_info.reduction() == [12, 12]
     maps = m(torch.randn(1, 3, 48, 48))

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import assert_fixture_parity, assert_parity, load_fixture
 
 from vit_attention.models.cait import Cait, CaitConfig
 from vit_attention.weights import load_weights
@@ -16,14 +16,6 @@ def _model(cfg: dict, **extra) -> Cait:
     return Cait(CaitConfig(**{**{k: v for k, v in cfg.items() if k in _TIMM_KEYS}, **extra})).eval()
 
 
-def _check(model: Cait, t: dict) -> None:
-    with torch.no_grad():
-        feats = model.forward_features(t["input"])
-        assert_parity(feats, t["features"])
-        assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])
-        assert_parity(model(t["input"]), t["output"])
-
-
 @pytest.mark.parametrize("fmt", ["auto", "timm", "original"])
 def test_timm_cait_parity(fmt):
     state, t, cfg = load_fixture("timm_cait")
@@ -32,7 +24,7 @@ def test_timm_cait_parity(fmt):
     report = load_weights(model, state, format=fmt)
     assert report.ok, report
     assert report.layout == {"auto": "original"}.get(fmt, fmt)
-    _check(model, t)
+    assert_fixture_parity(model, t)
 
 
 def test_gammas_matter():
@@ -55,7 +47,7 @@ def test_original_deit_checkpoint_layout(tmp_path):
     model = _model(cfg)
     report = load_weights(model, path)
     assert report.ok and report.layout == "original"
-    _check(model, t)
+    assert_fixture_parity(model, t)
 
 
 def test_rename_table_round_trip():

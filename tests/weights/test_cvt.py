@@ -13,7 +13,7 @@ import re
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture, perturb_like_trained
+from fixture_utils import assert_hf_logits_parity, assert_parity, load_fixture, perturb_like_trained
 from transformers import CvtConfig as HFCvtConfig
 from transformers import CvtForImageClassification, CvtModel
 
@@ -33,11 +33,7 @@ def _ours(**kw) -> Cvt:
 def test_hf_classification_parity(size: int) -> None:
     ref = perturb_like_trained(CvtForImageClassification(HFCvtConfig(**_HF_SMALL, num_labels=10)))
     model = _ours(num_classes=10)
-    report = load_weights(model, ref.state_dict())
-    assert report.layout == "huggingface" and report.ok, str(report)
-    x = torch.randn(2, 3, size, size)
-    with torch.no_grad():
-        assert_parity(model(x), ref(pixel_values=x).logits)
+    assert_hf_logits_parity(model, ref, size)
 
 
 def test_hf_model_features_and_cls_token() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import assert_fixture_parity, assert_parity, load_fixture
 
 from vit_attention.functional import switched
 from vit_attention.models.halonet import HaloNet, HaloNetConfig
@@ -43,11 +43,8 @@ def test_timm_fixture_parity(name: str, fused: bool) -> None:
     assert set(model.state_dict()) == set(state)  # timm's key layout, one to one
     report = load_weights(model, state)
     assert report.ok, str(report)
-    with torch.no_grad(), switched(model, fused_attention=fused):
-        feats = model.forward_features(t["input"])
-        assert_parity(feats, t["features"])
-        assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])
-        assert_parity(model(t["input"]), t["output"])
+    with switched(model, fused_attention=fused):
+        assert_fixture_parity(model, t)
 
 
 @pytest.mark.parametrize("name", sorted(_FIXTURE_CFG))

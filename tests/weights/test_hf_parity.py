@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from fixture_utils import assert_parity
+from fixture_utils import assert_hf_logits_parity, assert_parity
 from transformers import (
     DeiTConfig,
     DeiTForImageClassificationWithTeacher,
@@ -34,11 +34,7 @@ def _ours(**kw):
 def test_hf_vit_classification():
     ref = _perturb(ViTForImageClassification(ViTConfig(**_SMALL, num_labels=10)))
     model = _ours(num_classes=10)
-    report = load_weights(model, ref.state_dict())
-    assert report.layout == "huggingface" and report.ok
-    x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        assert_parity(model(x), ref(pixel_values=x).logits)
+    assert_hf_logits_parity(model, ref, 32)
 
 
 def test_hf_vit_model_with_pooler_from_folder(tmp_path):

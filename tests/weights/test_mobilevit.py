@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture, perturb_like_trained
+from fixture_utils import (
+    assert_fixture_parity,
+    assert_hf_logits_parity,
+    assert_parity,
+    load_fixture,
+    perturb_like_trained,
+)
 from transformers import MobileViTConfig as HFMobileViTConfig
 from transformers import MobileViTForImageClassification, MobileViTV2ForImageClassification
 from transformers import MobileViTV2Config as HFMobileViTV2Config
@@ -44,11 +50,8 @@ def test_timm_fixture_parity(name: str, fused: bool) -> None:
     report = load_weights(model, state)
     assert report.ok, str(report)
     assert report.layout == ("timm" if name.endswith("v2") else "vit_attention")  # v1: timm's keys are ours
-    with torch.no_grad(), switched(model, fused_attention=fused):
-        feats = model.forward_features(t["input"])
-        assert_parity(feats, t["features"])
-        assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])
-        assert_parity(model(t["input"]), t["output"])
+    with switched(model, fused_attention=fused):
+        assert_fixture_parity(model, t)
 
 
 @pytest.mark.parametrize("name", sorted(_FIXTURE_CFG))
@@ -73,11 +76,7 @@ def test_hf_mobilevit_v1_parity(size: int) -> None:
     over = hf_config_overrides(hf_cfg.to_dict(), MobileViTConfig)
     assert over["channels"] == (8, 16, 16, 24, 32) and over["num_features"] == 48 and over["num_classes"] == 10
     model = MobileViT(MobileViTConfig(**over)).eval()
-    report = load_weights(model, ref.state_dict())
-    assert report.layout == "huggingface" and report.ok, str(report)
-    x = torch.randn(2, 3, size, size)
-    with torch.no_grad():
-        assert_parity(model(x), ref(pixel_values=x).logits)
+    assert_hf_logits_parity(model, ref, size)
 
 
 @pytest.mark.parametrize("size", [64, 128])
@@ -87,11 +86,7 @@ def test_hf_mobilevit_v2_parity(size: int) -> None:
     over = hf_config_overrides(hf_cfg.to_dict(), MobileViTConfig)
     assert over["block_type"] == "v2" and over["stem_chs"] == 16 and over["channels"] == (16, 32, 64, 96, 128)
     model = MobileViT(MobileViTConfig(**over)).eval()
-    report = load_weights(model, ref.state_dict())
-    assert report.layout == "huggingface" and report.ok, str(report)
-    x = torch.randn(2, 3, size, size)
-    with torch.no_grad():
-        assert_parity(model(x), ref(pixel_values=x).logits)
+    assert_hf_logits_parity(model, ref, size)
 
 
 def test_hf_v2_silently_zeroes_borders_and_ours_does_not() -> None:

@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import assert_hf_logits_parity, assert_parity, load_fixture
 from transformers import PvtConfig, PvtForImageClassification, PvtModel, PvtV2Config, PvtV2ForImageClassification
 
 from vit_attention import create_model
@@ -78,11 +78,8 @@ def test_hf_pvt_v2_classification(linear: bool, size: tuple[int, int]) -> None:
     """72x56: stage maps 18x14 .. 3x2, not multiples of the reduction (floor, like HF and timm)."""
     ref = _hf_v2(linear_attention=linear)
     model = create_model("pvt_v2_b0", num_classes=10, linear=linear, **_OURS).eval()
-    report = load_weights(model, ref.state_dict())
-    assert report.layout == "huggingface" and report.ok, str(report)
-    x = torch.randn(2, 3, *size)
+    x = assert_hf_logits_parity(model, ref, size)
     with torch.no_grad():
-        assert_parity(model(x), ref(pixel_values=x).logits)
         assert_parity(model.forward_features(x).permute(0, 3, 1, 2), ref.pvt_v2(pixel_values=x).last_hidden_state)
 
 

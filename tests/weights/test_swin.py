@@ -5,13 +5,11 @@ Tolerance: max |ours - ref| <= 1e-5 * max |ref|.
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from safetensors import safe_open
-from safetensors.torch import load_file
+from fixture_utils import fixture_metadata, load_fixture, rel_err
 
 from vit_attention.functional import switched
 from vit_attention.models.swin import SwinTransformer
@@ -19,23 +17,13 @@ from vit_attention.models.swinv2 import SwinTransformerV2
 from vit_attention.weights import load_weights
 from vit_attention.weights.swin import resize_relative_position_bias_table
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CASES = ["timm_swin", "timm_swin_pad60", "timm_swinv2", "timm_swinv2_pretrained_ws", "torchvision_swin",
          "torchvision_swin_v2"]
 
 
-def _rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    assert ours.shape == ref.shape, (ours.shape, ref.shape)
-    return ((ours - ref).abs().max() / ref.abs().max()).item()
-
-
 def _fixture(name: str):
-    path = FIXTURES / f"{name}.safetensors"
-    tensors = load_file(path)
-    with safe_open(path, "pt") as f:
-        meta = f.metadata()
-    state = {k[len("state_dict."):]: v for k, v in tensors.items() if k.startswith("state_dict.")}
-    return tensors, meta, state
+    state, t, _ = load_fixture(name)
+    return t, fixture_metadata(name), state
 
 
 def _model_for(meta: dict, input_hw: int) -> SwinTransformer:
@@ -61,14 +49,14 @@ def test_fixture_parity(name, fused):
     report = load_weights(model, state)
     assert report.ok and report.layout == ("torchvision" if name.startswith("torchvision") else "vit_attention")
     with torch.no_grad(), switched(model, fused_attention=fused):
-        assert _rel_err(model(t["input"]), t["output"]) <= 1e-5
+        assert rel_err(model(t["input"]), t["output"]) <= 1e-5
         feats = model.forward_features(t["input"])
-        assert _rel_err(model.forward_head(feats, pre_logits=True), t["pre_logits"]) <= 1e-5
+        assert rel_err(model.forward_head(feats, pre_logits=True), t["pre_logits"]) <= 1e-5
         if "input_small" in t:  # 28x28: padding, and a stage that fits in one window (no shift)
-            assert _rel_err(model(t["input_small"]), t["output_small"]) <= 1e-5
+            assert rel_err(model(t["input_small"]), t["output_small"]) <= 1e-5
         # The SwinV2 fixtures keep every temperature far below the x100 clamp (make_fixtures.perturb), so
         # the fused path (temperature folded into q) meets the same tolerance as the explicit one.
-        assert _rel_err(feats, t["features"]) <= 1e-5
+        assert rel_err(feats, t["features"]) <= 1e-5
 
 
 def test_torchvision_v2_ignores_the_k_third_of_qkv_bias():
@@ -104,7 +92,7 @@ def test_original_repo_layout(name):
     report = load_weights(model, ckpt)
     assert report.layout == "original" and report.ok
     with torch.no_grad():
-        assert _rel_err(model(t["input"]), t["output"]) <= 1e-5
+        assert rel_err(model(t["input"]), t["output"]) <= 1e-5
 
 
 # ---------------------------------------------------------------- Hugging Face, live
@@ -150,7 +138,7 @@ def test_huggingface_swin_classifier(ape, hub_naming):
     assert report.layout == "huggingface" and report.ok
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
-        assert _rel_err(ours(x), hf(x).logits) <= 1e-5
+        assert rel_err(ours(x), hf(x).logits) <= 1e-5
 
 
 @pytest.mark.parametrize("v2", [False, True])
@@ -164,8 +152,8 @@ def test_huggingface_base_model_features(v2):
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad(), switched(ours, fused_attention=False):
         out = hf(x)
-        assert _rel_err(ours.forward_features(x).flatten(1, 2), out.last_hidden_state) <= 1e-5
-        assert _rel_err(ours.forward_head(ours.forward_features(x), pre_logits=True), out.pooler_output) <= 1e-5
+        assert rel_err(ours.forward_features(x).flatten(1, 2), out.last_hidden_state) <= 1e-5
+        assert rel_err(ours.forward_head(ours.forward_features(x), pre_logits=True), out.pooler_output) <= 1e-5
 
 
 @pytest.mark.parametrize("pretrained_ws", [None, (8, 8, 8)])
@@ -176,7 +164,7 @@ def test_huggingface_swinv2_classifier(pretrained_ws):
     assert load_weights(ours, hf.state_dict()).ok
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
-        assert _rel_err(ours(x), hf(x).logits) <= 1e-5
+        assert rel_err(ours(x), hf(x).logits) <= 1e-5
 
 
 # ---------------------------------------------------------------- shape fitting

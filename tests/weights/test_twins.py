@@ -3,35 +3,15 @@
 Fixtures: tests/fixtures/make_fixtures_twins.py. Tolerance: max |ours - ref| <= 1e-5 * max |ref|.
 """
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file
+from fixture_utils import load_fixture, rel_err
 
 from vit_attention import create_model
 from vit_attention.functional import switched
 from vit_attention.models.twins import Twins
 from vit_attention.weights import convert_state_dict, load_weights
 from vit_attention.weights.twins import TIMM_TO_OURS
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-
-
-def _rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    assert ours.shape == ref.shape, (ours.shape, ref.shape)
-    return ((ours - ref).abs().max() / ref.abs().max()).item()
-
-
-def _fixture(name: str):
-    path = FIXTURES / f"{name}.safetensors"
-    tensors = load_file(path)
-    with safe_open(path, "pt") as f:
-        meta = f.metadata()
-    state = {k[len("state_dict."):]: v for k, v in tensors.items() if k.startswith("state_dict.")}
-    return tensors, json.loads(meta["config"]), state
 
 
 def _model(cfg: dict) -> Twins:
@@ -44,7 +24,7 @@ def _model(cfg: dict) -> Twins:
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
 @pytest.mark.parametrize("name", ["timm_twins_pcpvt", "timm_twins_svt"])
 def test_timm_fixture_parity(name, fused):
-    t, cfg, state = _fixture(name)
+    state, t, cfg = load_fixture(name)
     model = _model(cfg)
     report = load_weights(model, state)
     assert report.layout == "timm" and report.ok, report
@@ -54,13 +34,13 @@ def test_timm_fixture_parity(name, fused):
         out = model.forward_head(feats)
         pre = model.forward_head(feats, pre_logits=True)
     B, h, w, C = feats.shape
-    assert _rel_err(feats.reshape(B, h * w, C), t["features"]) <= 1e-5  # timm: normalised tokens [B, h·w, C]
-    assert _rel_err(pre, t["pre_logits"]) <= 1e-5
-    assert _rel_err(out, t["output"]) <= 1e-5
+    assert rel_err(feats.reshape(B, h * w, C), t["features"]) <= 1e-5  # timm: normalised tokens [B, h·w, C]
+    assert rel_err(pre, t["pre_logits"]) <= 1e-5
+    assert rel_err(out, t["output"]) <= 1e-5
 
 
 def test_svt_fixture_exercises_lsa_padding_and_floor_reduction():
-    t, cfg, _ = _fixture("timm_twins_svt")
+    _, t, cfg = load_fixture("timm_twins_svt")
     H = t["input"].shape[-1] // cfg["patch_size"]
     sizes = [H]
     for _ in cfg["depths"][1:]:
@@ -71,17 +51,17 @@ def test_svt_fixture_exercises_lsa_padding_and_floor_reduction():
 
 
 def test_masked_lsa_padding_differs_from_timm_at_padded_sizes():
-    t, cfg, state = _fixture("timm_twins_svt")
+    state, t, cfg = load_fixture("timm_twins_svt")
     model = _model(cfg)
     masked = Twins(**{**model.cfg.to_dict(), "lsa_pad_mask": True}).eval()
     load_weights(model, state)
     load_weights(masked, state)
     with torch.no_grad():
-        assert _rel_err(masked(t["input"]), t["output"]) > 1e-3  # the policy matters where maps are padded
+        assert rel_err(masked(t["input"]), t["output"]) > 1e-3  # the policy matters where maps are padded
 
 
 def test_rename_table_round_trip_and_original_layout():
-    _, cfg, state = _fixture("timm_twins_svt")
+    state, _, cfg = load_fixture("timm_twins_svt")
     model = _model(cfg)
     ours = convert_state_dict(state, model)
     assert set(ours) == set(model.state_dict())
@@ -118,7 +98,7 @@ def test_preset_state_dict_matches_timm_key_set_after_rename():
 
 
 def test_other_class_count_drops_the_head():
-    t, cfg, state = _fixture("timm_twins_pcpvt")
+    state, t, cfg = load_fixture("timm_twins_pcpvt")
     model = Twins(**{**_model(cfg).cfg.to_dict(), "num_classes": 3})
     with pytest.warns(UserWarning, match="classifier"):
         report = load_weights(model, state, strict=False)

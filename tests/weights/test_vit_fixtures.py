@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import assert_fixture_parity, assert_parity, load_fixture
 
 from vit_attention.models import VisionTransformer, VisionTransformerConfig
 from vit_attention.weights import load_weights
@@ -21,11 +21,7 @@ def test_timm_vit(name):
     model = _from_timm(cfg).eval()
     report = load_weights(model, state)
     assert report.ok and report.layout == "vit_attention"
-    with torch.no_grad():
-        feats = model.forward_features(t["input"])
-        assert_parity(feats, t["features"])
-        assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])
-        assert_parity(model(t["input"]), t["output"])
+    assert_fixture_parity(model, t)
 
 
 def test_timm_deit_distilled():
