@@ -119,6 +119,28 @@ def perturb_like_trained(model):
     return model.eval()
 
 
+def perturb_fan_in(model, small: tuple[str, ...] = ("embedding",), layer_scale: str | None = None):
+    """Seeded noise on every parameter, in ``named_parameters`` order (generator seed 0); eval mode.
+
+    A matrix (2+ dims) whose name contains none of ``small`` gets ``N(0, 1) / sqrt(fan_in)`` added, any other
+    parameter ``0.1 · N(0, 1)``; parameters named ``*<layer_scale>`` are set to ``0.1 + 0.05 · N(0, 1)`` (LayerScale
+    away from a 1.0 init). For live parity with Hugging Face models at trained-like scales. Returns ``model``.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if layer_scale is not None and name.endswith(layer_scale):
+                p.copy_(0.1 + 0.05 * noise)
+            elif p.dim() >= 2 and not any(s in name for s in small):
+                p.add_(noise / p[0].numel() ** 0.5)
+            else:
+                p.add_(0.1 * noise)
+    return model.eval()
+
+
 def meta_model_with_timm_params(name: str, params: int):
     """``create_model(name)`` on the meta device, after checking it has exactly ``params`` parameters (timm 1.0.31
     on the meta device) and that the registry's published figure says so (``published_params_m``, its source)."""

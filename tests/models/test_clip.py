@@ -7,7 +7,13 @@ import tempfile
 
 import pytest
 import torch
-from fixture_utils import assert_fixture_parity, assert_parity, load_fixture, meta_model_with_timm_params
+from fixture_utils import (
+    assert_fixture_parity,
+    assert_parity,
+    load_fixture,
+    meta_model_with_timm_params,
+    perturb_fan_in,
+)
 from transformers import CLIPConfig, CLIPModel, CLIPVisionConfig, CLIPVisionModel, CLIPVisionModelWithProjection
 
 from vit_attention import create_model
@@ -120,18 +126,6 @@ _VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_at
                patch_size=16, projection_dim=24)
 
 
-def _perturbed(model: torch.nn.Module) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if p.dim() >= 2 and "embedding" not in name:
-                p.add_(noise / p[0].numel() ** 0.5)
-            else:
-                p.add_(0.1 * noise)
-    return model.eval()
-
-
 def _ours_from_hf(config: dict) -> CLIP:
     over = hf_config_overrides(config, VisionTransformerConfig)
     assert over["act"] == "quick_gelu" and over["pre_norm"] is True and over["norm_eps"] == 1e-5
@@ -141,7 +135,7 @@ def _ours_from_hf(config: dict) -> CLIP:
 @pytest.mark.parametrize("names", ["file", "memory"])
 def test_huggingface_with_projection_parity(names):
     torch.manual_seed(0)
-    hf = _perturbed(CLIPVisionModelWithProjection(CLIPVisionConfig(**_VISION)))
+    hf = perturb_fan_in(CLIPVisionModelWithProjection(CLIPVisionConfig(**_VISION)))
     config = dict(hf.config.to_dict(), architectures=["CLIPVisionModelWithProjection"])
     ours = _ours_from_hf(config)
     assert ours.num_classes == 24
@@ -167,7 +161,7 @@ def test_huggingface_with_projection_parity(names):
 
 def test_huggingface_vision_model_without_projection():
     torch.manual_seed(0)
-    hf = _perturbed(CLIPVisionModel(CLIPVisionConfig(**_VISION)))
+    hf = perturb_fan_in(CLIPVisionModel(CLIPVisionConfig(**_VISION)))
     ours = _ours_from_hf(dict(hf.config.to_dict(), architectures=["CLIPVisionModel"]))
     assert ours.num_classes == 0
     report = load_weights(ours, hf.state_dict())
@@ -182,7 +176,7 @@ def test_huggingface_two_tower_file():
     cfg = CLIPConfig(vision_config=_VISION, projection_dim=24,
                      text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                                       vocab_size=64, max_position_embeddings=8))
-    hf = _perturbed(CLIPModel(cfg))
+    hf = perturb_fan_in(CLIPModel(cfg))
     ours = _ours_from_hf(cfg.to_dict())
     report = load_weights(ours, hf.state_dict())
     assert report.ok and report.layout == "huggingface", report
@@ -196,7 +190,7 @@ def test_create_model_from_a_transformers_folder():
     """``create_model(preset, pretrained=folder)``: a tower with its projection gets the projection as its head
     (``num_classes`` = the folder's ``projection_dim``, 24 here) without being told."""
     torch.manual_seed(0)
-    hf = _perturbed(CLIPVisionModelWithProjection(CLIPVisionConfig(**_VISION)))
+    hf = perturb_fan_in(CLIPVisionModelWithProjection(CLIPVisionConfig(**_VISION)))
     x = torch.randn(2, 3, 48, 48, generator=torch.Generator().manual_seed(3))
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d)

@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 import torch
-from fixture_utils import assert_fixture_parity, assert_parity, load_fixture
+from fixture_utils import assert_fixture_parity, assert_parity, load_fixture, perturb_fan_in
 from transformers import Dinov2Config, Dinov2Model, Dinov2WithRegistersConfig, Dinov2WithRegistersModel
 
 from vit_attention import create_model
@@ -145,26 +145,12 @@ def test_original_layout(fixture, chunked):
 
 
 # ---------------------------------------------------------------- Hugging Face, live
-def _perturbed(model: torch.nn.Module) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if name.endswith("lambda1"):
-                p.copy_(0.1 + 0.05 * noise)  # LayerScale away from HF's 1.0 init
-            elif p.dim() >= 2 and "embeddings" not in name:
-                p.add_(noise / p[0].numel() ** 0.5)
-            else:
-                p.add_(0.1 * noise)
-    return model.eval()
-
-
 def _hf(reg: bool, swiglu: bool) -> torch.nn.Module:
     kw = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=42, patch_size=14,
               use_swiglu_ffn=swiglu)
     torch.manual_seed(0)
     model = Dinov2WithRegistersModel(Dinov2WithRegistersConfig(**kw)) if reg else Dinov2Model(Dinov2Config(**kw))
-    return _perturbed(model)
+    return perturb_fan_in(model, ("embeddings",), "lambda1")
 
 
 def _ours_from_hf(hf: torch.nn.Module) -> Dinov2:

@@ -7,7 +7,13 @@ import tempfile
 
 import pytest
 import torch
-from fixture_utils import assert_fixture_parity, assert_parity, load_fixture, meta_model_with_timm_params
+from fixture_utils import (
+    assert_fixture_parity,
+    assert_parity,
+    load_fixture,
+    meta_model_with_timm_params,
+    perturb_fan_in,
+)
 from transformers import SiglipConfig, SiglipModel, SiglipVisionConfig, SiglipVisionModel
 
 from vit_attention import create_model
@@ -90,18 +96,6 @@ _VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_at
                patch_size=16)
 
 
-def _perturbed(model: torch.nn.Module) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if p.dim() >= 2 and "embedding" not in name and "probe" not in name:
-                p.add_(noise / p[0].numel() ** 0.5)
-            else:
-                p.add_(0.1 * noise)
-    return model.eval()
-
-
 def _ours_from_hf(config: dict) -> SigLIP:
     over = hf_config_overrides(config, VisionTransformerConfig)
     assert over["act"] == "gelu_tanh" and over["global_pool"] == "map" and over["class_token"] is False
@@ -111,7 +105,7 @@ def _ours_from_hf(config: dict) -> SigLIP:
 @pytest.mark.parametrize("names", ["file", "memory"])
 def test_huggingface_vision_model_parity(names):
     torch.manual_seed(0)
-    hf = _perturbed(SiglipVisionModel(SiglipVisionConfig(**_VISION)))
+    hf = perturb_fan_in(SiglipVisionModel(SiglipVisionConfig(**_VISION)), ("embedding", "probe"))
     ours = _ours_from_hf(hf.config.to_dict())
     if names == "memory":
         report = load_weights(ours, hf.state_dict())
@@ -139,7 +133,7 @@ def test_huggingface_two_tower_file():
     cfg = SiglipConfig(vision_config=_VISION, text_config=dict(hidden_size=32, intermediate_size=64,
                                                               num_hidden_layers=1, num_attention_heads=2,
                                                               vocab_size=64, max_position_embeddings=8))
-    hf = _perturbed(SiglipModel(cfg))
+    hf = perturb_fan_in(SiglipModel(cfg), ("embedding", "probe"))
     state = hf.state_dict()
     assert any(k.startswith("text_model.") for k in state) and any(k.startswith("vision_model.") for k in state)
     ours = _ours_from_hf(cfg.to_dict())
@@ -155,7 +149,7 @@ def test_huggingface_resamples_otherwise():
     """HF resizes the table only with ``interpolate_pos_encoding=True``, bicubic without antialias: not timm's,
     but ``pos_embed_resize="bicubic"`` (MODERN A.2)."""
     torch.manual_seed(0)
-    hf = _perturbed(SiglipVisionModel(SiglipVisionConfig(**_VISION)))
+    hf = perturb_fan_in(SiglipVisionModel(SiglipVisionConfig(**_VISION)), ("embedding", "probe"))
     base = _ours_from_hf(hf.config.to_dict()).cfg.to_dict()
     ours = SigLIP(VisionTransformerConfig(**{**base, "dynamic_img_size": True})).eval()
     load_weights(ours, hf.state_dict())
@@ -179,7 +173,7 @@ def test_new_presets_on_meta_equal_timm(name):
 def test_create_model_from_a_transformers_folder():
     """``create_model(preset, pretrained=folder)``: config.json sets the tanh GELU and the sizes."""
     torch.manual_seed(0)
-    hf = _perturbed(SiglipVisionModel(SiglipVisionConfig(**_VISION)))
+    hf = perturb_fan_in(SiglipVisionModel(SiglipVisionConfig(**_VISION)), ("embedding", "probe"))
     x = torch.randn(2, 3, 48, 48, generator=torch.Generator().manual_seed(3))
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d)

@@ -3,7 +3,7 @@ timm fixtures (tests/fixtures/make_fixtures_{eva02,dinov3,rope_vit}.py) rewritte
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import assert_fixture_parity, load_fixture
 
 from vit_attention import create_model
 from vit_attention.weights import convert_state_dict, load_weights
@@ -28,10 +28,18 @@ def _model(case: str):
 
 
 def _check(model, t) -> None:
-    with torch.no_grad():
-        assert_parity(model.forward_features(t["input"]), t["features"])
-        assert_parity(model(t["input"]), t["output"])
-        assert_parity(model(t["input_nonsquare"]), t["output_nonsquare"])
+    assert_fixture_parity(model, t)
+    assert_fixture_parity(model, t, "_nonsquare", outputs=("output",))
+
+
+def _loads_and_matches(case: str, state: dict, t: dict, layout: str | None = "original", **kwargs):
+    """A fresh model of ``case`` loads ``state`` (``load_weights(**kwargs)``) as ``layout`` and reproduces the
+    fixture -> (model, report)."""
+    model = _model(case)
+    report = load_weights(model, state, **kwargs)
+    assert report.ok and (layout is None or report.layout == layout), report
+    _check(model, t)
+    return model, report
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -52,14 +60,8 @@ def test_key_tables_round_trip(case):
 def test_format_timm_and_ours(case):
     """format='timm' names the converter; our own layout (converted once, saved) loads as it is."""
     state, t, _ = load_fixture(case)
-    model = _model(case)
-    report = load_weights(model, state, format="timm")
-    assert report.ok and report.layout == "timm"
-    _check(model, t)
-    again = _model(case)
-    report = load_weights(again, model.state_dict())
-    assert report.ok and report.layout == "vit_attention"
-    _check(again, t)
+    model, _ = _loads_and_matches(case, state, t, "timm", format="timm")
+    _loads_and_matches(case, model.state_dict(), t, "vit_attention")
 
 
 def _eva02_original(state: dict) -> dict:
@@ -112,10 +114,7 @@ def _dinov3_original(state: dict, k_bias_noise: bool = True) -> dict:
 def test_dinov3_original_layout():
     state, t, _ = load_fixture("timm_dinov3_qkvb_swiglu")
     orig = _dinov3_original(state)
-    model = _model("timm_dinov3_qkvb_swiglu")
-    report = load_weights(model, orig)
-    assert report.ok and report.layout == "original"
-    _check(model, t)
+    _loads_and_matches("timm_dinov3_qkvb_swiglu", orig, t)
 
 
 def test_dinov3_original_zero_biases_into_the_bias_free_model():
@@ -126,10 +125,8 @@ def test_dinov3_original_zero_biases_into_the_bias_free_model():
         withb[f"blocks.{i}.attn.q_bias"] = torch.zeros(C)
         withb[f"blocks.{i}.attn.v_bias"] = torch.zeros(C)
     orig = _dinov3_original(withb)
-    model = _model("timm_dinov3")
-    report = load_weights(model, orig)
-    assert report.ok and any("all-zero" in n for n in report.notes)
-    _check(model, t)
+    _, report = _loads_and_matches("timm_dinov3", orig, t, layout=None)
+    assert any("all-zero" in n for n in report.notes)
 
 
 def test_naver_original_mixed_layout():
@@ -139,10 +136,7 @@ def test_naver_original_mixed_layout():
     freqs = orig.pop("rope.freqs")
     orig["freqs"] = freqs.flatten(2)
     orig["freqs_t_x"], orig["freqs_t_y"] = torch.arange(16.0) % 4, torch.arange(16.0) // 4
-    model = _model("timm_rope_vit_mixed_ape")
-    report = load_weights(model, orig)
-    assert report.ok and report.layout == "original"
-    _check(model, t)
+    _loads_and_matches("timm_rope_vit_mixed_ape", orig, t)
 
 
 def test_packed_qkv_bias_is_kept_whole():
@@ -170,7 +164,4 @@ def test_eva_clip_original_inner_attn_ln():
     assert any(".attn.inner_attn_ln." in k for k in orig) and not any(".attn.norm." in k for k in orig)
     ours = from_timm(dict(orig), _model("timm_eva02_clip"))
     assert "blocks.1.attn.norm.weight" in ours and not any("inner_attn_ln" in k for k in ours)
-    model = _model("timm_eva02_clip")
-    report = load_weights(model, orig)
-    assert report.ok and report.layout == "original", report
-    _check(model, t)
+    _loads_and_matches("timm_eva02_clip", orig, t)
