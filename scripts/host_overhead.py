@@ -9,8 +9,9 @@ arithmetic negligible, so the CPU time per forward is that host time. Rounds alt
     /tmp/ref/bin/python scripts/host_overhead.py deit_tiny_patch16_224 [--rounds 15]
 
 Needs timm (a side environment with a CUDA build of torch: docs/benchmarks.md). With
-``VIT_ATTENTION_FAST_LINEAR=0`` our projections take ``F.linear`` as they do on a GPU (the oneDNN
-fast path is CPU-only and costs more per call at this tiny width than at real ones).
+``VIT_ATTENTION_FAST_PATHS=0`` our model takes the public ops a GPU takes (``F.linear`` for the projections,
+no batch chunking, no parameter caches: the CPU fast paths cost more per call at this tiny width than at
+real ones).
 """
 
 from __future__ import annotations

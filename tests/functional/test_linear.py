@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from vit_attention.functional.linear import ACTIVATIONS, apply_linear, can_fuse, fast_linear, linear
+from vit_attention.functional.fast_paths import ACTIVATIONS, use_fast_paths
+from vit_attention.functional.linear import apply_linear, can_fuse, linear
 from vit_attention.layers import Block, Mlp
 
 
@@ -18,7 +19,7 @@ def test_fused_matches_eager(act: str | None, with_residual: bool) -> None:
     r = torch.randn(2, 7, 40, generator=g) if with_residual else None
     with torch.no_grad():
         fused = linear(x, w, b, act=act, residual=r)
-        with fast_linear(False):
+        with use_fast_paths(False):
             eager = linear(x, w, b, act=act, residual=r)
     assert fused.shape == (2, 7, 40)
     torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-5)
@@ -37,7 +38,7 @@ def test_autograd_and_compile_use_the_eager_path() -> None:
     assert x.grad is not None and x.grad.shape == (3, 4)
     with torch.no_grad():
         assert can_fuse(x, w) == torch.backends.mkldnn.is_available()
-    with fast_linear(False), torch.no_grad():
+    with use_fast_paths(False), torch.no_grad():
         assert not can_fuse(x, w)
 
 
@@ -60,7 +61,7 @@ def test_block_and_mlp_inference_equal_eager(init_values: float | None) -> None:
     x = torch.randn(2, 10, 32)
     with torch.inference_mode():
         fast_b, fast_m = blk(x), mlp(x, residual=x)
-        with fast_linear(False):
+        with use_fast_paths(False):
             ref_b, ref_m = blk(x), x + mlp(x)
     torch.testing.assert_close(fast_b, ref_b, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fast_m, ref_m, rtol=1e-5, atol=1e-5)
@@ -76,7 +77,7 @@ def test_training_path_gradients_equal_eager() -> None:
                torch.randn(40, requires_grad=True))
     grads = []
     for enabled in (True, False):
-        with fast_linear(enabled):
+        with use_fast_paths(enabled):
             y = linear(x, w, b, act="gelu")
         y.square().sum().backward()
         grads.append([t.grad.clone() for t in (x, w, b)])
@@ -92,7 +93,7 @@ def test_training_path_supports_double_backward() -> None:
                torch.randn(5, requires_grad=True))
     results = []
     for enabled in (True, False):
-        with fast_linear(enabled):
+        with use_fast_paths(enabled):
             y = linear(x, w, b, act="gelu")
             (gx,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)  # gradient penalty
             (gw,) = torch.autograd.grad(gx.square().sum(), w)

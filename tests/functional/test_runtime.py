@@ -19,8 +19,10 @@ import pytest
 import torch
 
 import vit_attention as va
+from vit_attention.functional import fast_paths
 from vit_attention.functional import linear as L
-from vit_attention.functional.runtime import capturing, cpu_kernel_supports, override_cpu_kernel_support, switched
+from vit_attention.functional.fast_paths import cpu_kernel_supports, override_cpu_kernel_support
+from vit_attention.functional.runtime import capturing, switched
 
 pytestmark = [pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -55,7 +57,7 @@ def test_no_bf16_kernels_means_no_fused_bf16_linear() -> None:
     w = torch.randn(16, 8, dtype=torch.bfloat16)
     with torch.no_grad(), override_cpu_kernel_support(torch.bfloat16, False):
         assert not L.can_fuse(x, w)
-        assert L.can_fuse(x.float(), w.float()) == (L.fast_linear_enabled() and L._HAS_ONEDNN)
+        assert L.can_fuse(x.float(), w.float()) == (fast_paths.fast_paths_enabled() and fast_paths.HAS_LINEAR_POINTWISE)
         out = L.linear(x, w, act="gelu", residual=torch.zeros(4, 16, dtype=torch.bfloat16))
     ref = torch.nn.functional.gelu(torch.nn.functional.linear(x, w))
     assert out.dtype == torch.bfloat16 and torch.equal(out, ref)
@@ -68,7 +70,7 @@ def test_bf16_inference_without_bf16_kernels_equals_plain_pytorch(kind: str) -> 
     x = x.to(torch.bfloat16)
     with torch.no_grad(), override_cpu_kernel_support(torch.bfloat16, False):
         fast_on = model(x)
-        with switched(model, fast_linear=False):  # process-wide switch: overridden for this thread
+        with switched(model, fast_paths=False):  # process-wide switch: overridden for this thread
             plain = model(x)
     assert fast_on.dtype == torch.bfloat16 and torch.isfinite(fast_on).all()
     torch.testing.assert_close(fast_on, plain, rtol=0, atol=0)
@@ -77,8 +79,7 @@ def test_bf16_inference_without_bf16_kernels_equals_plain_pytorch(kind: str) -> 
 _AVX2_SCRIPT = textwrap.dedent(
     """
     import torch, vit_attention as va
-    from vit_attention.functional.linear import fast_linear
-    from vit_attention.functional.runtime import cpu_kernel_supports
+    from vit_attention.functional.fast_paths import cpu_kernel_supports, use_fast_paths
     assert torch.backends.cpu.get_cpu_capability() == "AVX2", torch.backends.cpu.get_cpu_capability()
     assert not cpu_kernel_supports(torch.bfloat16)
     swin_kw = dict(img_size=32, window_size=4, depths=(2,), num_heads=(3,))
@@ -89,7 +90,7 @@ _AVX2_SCRIPT = textwrap.dedent(
         x = torch.randn(2, 3, s, s, dtype=torch.bfloat16)
         with torch.no_grad():
             y = m(x)
-            with fast_linear(False):
+            with use_fast_paths(False):
                 ref = m(x)
         assert y.shape == (2, 5) and torch.equal(y, ref), name
     print("ok")
@@ -131,7 +132,7 @@ def test_capturing_is_false_in_eager_and_true_under_trace_and_export() -> None:
 @pytest.mark.parametrize("kind", sorted(SMALL))
 def test_jit_trace_with_fast_path_on(kind: str) -> None:
     model, x = _model(kind)
-    assert L.fast_linear_enabled()
+    assert fast_paths.fast_paths_enabled()
     with torch.no_grad():
         traced = torch.jit.trace(model, x)  # the tracer's own check re-runs it and compares graphs
         ref = model(x)

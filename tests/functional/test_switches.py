@@ -8,14 +8,15 @@ import pytest
 import torch
 
 from vit_attention import create_attention, create_model
-from vit_attention.functional import attention, chunking, linear, runtime
+from vit_attention.functional import attention, chunking, fast_paths, runtime
 from vit_attention.functional.runtime import switched
 
 
 @pytest.mark.parametrize("switch, getter, setter, context, good", [
     (runtime.FUSED_ATTENTION, attention.fused_attention_enabled, attention.set_fused_attention,
      runtime.FUSED_ATTENTION.override, False),
-    (runtime.FAST_LINEAR, linear.fast_linear_enabled, linear.set_fast_linear, linear.fast_linear, False),
+    (runtime.FAST_PATHS, fast_paths.fast_paths_enabled, fast_paths.set_fast_paths, fast_paths.use_fast_paths,
+     False),
     (runtime.CHUNK_ELEMENTS, chunking.chunk_elements, chunking.set_chunk_elements, None, 123),
 ])
 def test_public_names_are_views_of_one_switch(switch, getter, setter, context, good) -> None:
@@ -33,7 +34,7 @@ def test_public_names_are_views_of_one_switch(switch, getter, setter, context, g
         assert switch.value == good
     finally:
         switch.set(before)
-    assert set(runtime.switches()) == {"fused_attention", "attention_backend", "fast_linear", "chunk_elements"}
+    assert set(runtime.switches()) == {"fused_attention", "attention_backend", "fast_paths", "chunk_elements"}
 
 
 def test_override_restores_after_an_error_and_bad_values_name_the_switch() -> None:
@@ -110,7 +111,7 @@ def test_set_switches_is_permanent_and_process_wide_switches_are_refused() -> No
     attn = create_attention("window", 16, 2, window_size=4)
     assert runtime.set_switches(attn, fused_attention=False) is attn and attn.fused_attention is False
     with pytest.raises(TypeError, match="process-wide"):
-        runtime.set_switches(attn, fast_linear=False)
+        runtime.set_switches(attn, fast_paths=False)
     with pytest.raises(TypeError, match="unknown switch"):
         runtime.set_switches(attn, fused=False)
     with pytest.raises(TypeError, match="unknown switch"), switched(attn, fused=False):
@@ -120,10 +121,10 @@ def test_set_switches_is_permanent_and_process_wide_switches_are_refused() -> No
 def test_switched_overrides_a_process_wide_switch_for_this_thread() -> None:
     attn = create_attention("window", 16, 2, window_size=4)
     before = chunking.chunk_elements()
-    with switched(attn, chunk_elements=7, fast_linear=False):
-        assert chunking.chunk_elements() == 7 and not linear.fast_linear_enabled()
+    with switched(attn, chunk_elements=7, fast_paths=False):
+        assert chunking.chunk_elements() == 7 and not fast_paths.fast_paths_enabled()
         assert runtime.CHUNK_ELEMENTS.default == before  # the process default is untouched
-    assert chunking.chunk_elements() == before and linear.fast_linear_enabled() == runtime.FAST_LINEAR.default
+    assert chunking.chunk_elements() == before and fast_paths.fast_paths_enabled() == runtime.FAST_PATHS.default
 
 
 def test_an_override_reaches_built_modules_in_this_thread_only(monkeypatch) -> None:

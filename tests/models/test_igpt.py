@@ -193,7 +193,7 @@ def test_quick_gelu_is_the_shared_one_and_the_mlp_fuses_it_in_eval(monkeypatch) 
     """iGPT builds its MLPs with layers.activation.QuickGELU (the class layers.Mlp recognises), so CPU inference
     takes the fused silu path (fc1 scaled by 1.702); models.igpt exports no activation of its own."""
     from vit_attention.functional.linear import can_fuse
-    from vit_attention.functional.runtime import FAST_LINEAR
+    from vit_attention.functional.runtime import FAST_PATHS
     from vit_attention.layers import mlp as mlp_module
     from vit_attention.layers.activation import QuickGELU
     from vit_attention.models import igpt
@@ -211,7 +211,7 @@ def test_quick_gelu_is_the_shared_one_and_the_mlp_fuses_it_in_eval(monkeypatch) 
         # fc1 + silu in one kernel, then fc2, where this CPU's oneDNN fuses; else the eager path (no fused call)
         assert acts == (["silu", None] if can_fuse(x, mlp.fc1.weight) else [])
         acts.clear()
-        with FAST_LINEAR.override(False):  # the fallback, on any machine
+        with FAST_PATHS.override(False):  # the fallback, on any machine
             plain = mlp(x)
         assert acts == []
         eager = mlp.fc2(QuickGELU()(mlp.fc1(x)))

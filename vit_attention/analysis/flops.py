@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..attention.base import AttentionModule
+from ..functional import fast_paths
 from ..functional.tome import matching_costs
 from .recording import ModuleCall, Recording, as_input, meta_state, module_device, record_forward
 
@@ -245,10 +246,9 @@ def _extra_mapping() -> dict[Any, Any]:
     cpu_sdpa = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if cpu_sdpa is not None:
         mapping[cpu_sdpa] = _sdpa_cpu_flops
-    try:  # CPU inference fast path of vit_attention.functional.linear
-        mapping[torch.ops.mkldnn._linear_pointwise] = _onednn_linear_flops
-    except (AttributeError, RuntimeError):
-        pass
+    onednn_linear = fast_paths.linear_pointwise_op()  # CPU inference fast path of vit_attention.functional.linear
+    if onednn_linear is not None:
+        mapping[onednn_linear] = _onednn_linear_flops
     for name in ("_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
                  "_native_batch_norm_legit_functional"):
         op = getattr(aten, name, None)

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..functional import fast_paths
 from ..functional.observers import register_attention_hook
 
 __all__ = ["ModuleCall", "AttentionCall", "Recording", "record_forward", "as_input", "meta_state", "module_device"]
@@ -113,41 +113,6 @@ def as_input(input_shape: Sequence[int] | Tensor, device: torch.device | str, dt
     return torch.randn(shape, device=device, dtype=dtype)
 
 
-def _layer_norm_out(x: Tensor, normalized_shape: Sequence[int], *rest: Any) -> tuple[Tensor, Tensor, Tensor]:
-    stats = (*x.shape[:x.dim() - len(normalized_shape)], *([1] * len(normalized_shape)))
-    opmath = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
-            torch.empty(stats, dtype=opmath, device=x.device), torch.empty(stats, dtype=opmath, device=x.device))
-
-
-def _addmm_out(bias: Tensor, a: Tensor, b: Tensor, **kwargs: Any) -> Tensor:
-    return torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-
-
-def _like(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    return torch.empty_like(x)
-
-
-class _FastMeta(TorchDispatchMode):
-    """Meta tensors only: the ops whose meta kernels torch runs in Python (its reference decompositions, about a
-    millisecond a call: layer norm, ``addmm``, softmax, GELU) answered with an empty output of the shape, dtype
-    and strides they produce. Meta tensors hold no values, so nothing else changes; a recorded forward of a
-    large model takes a third of the time (``info``, ``trace``, the generated docs' FLOPs)."""
-
-    _OUT = {torch.ops.aten.native_layer_norm.default: _layer_norm_out,
-            torch.ops.aten.addmm.default: _addmm_out,
-            torch.ops.aten._safe_softmax.default: _like,
-            torch.ops.aten._softmax.default: _like,
-            torch.ops.aten.gelu.default: _like}
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        out = self._OUT.get(func)
-        if out is not None and all(not isinstance(a, Tensor) or a.device.type == "meta" for a in args):
-            return out(*args, **kwargs)
-        return func(*args, **kwargs)
-
-
 def record_forward(model: nn.Module, input_shape: Sequence[int] | Tensor, *, device: str | torch.device | None = "meta",
                    fast_meta: bool = True) -> Recording:
     """Run ``model`` once on a random input of ``input_shape`` and record every module and attention call.
@@ -155,7 +120,8 @@ def record_forward(model: nn.Module, input_shape: Sequence[int] | Tensor, *, dev
     ``device="meta"`` (default) runs with meta stand-ins for parameters and buffers (no compute,
     no copy); ``None`` runs where the model lives. The model is left unchanged (hooks removed).
     ``fast_meta``: on the meta device, answer the ops torch's meta kernels run in Python with their empty
-    output (:class:`_FastMeta`: the same shapes, three times faster); False runs torch's own kernels.
+    output (:func:`.functional.fast_paths.fast_meta`: the same shapes, three times faster; also off with the
+    fast paths' switch); False runs torch's own kernels.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -197,7 +163,8 @@ def record_forward(model: nn.Module, input_shape: Sequence[int] | Tensor, *, dev
     handles.append(register_attention_hook(on_attention, weights=False))
     x = as_input(input_shape, dev)
     try:
-        with torch.no_grad(), (_FastMeta() if dev.type == "meta" and fast_meta else contextlib.nullcontext()):
+        shortcut = fast_paths.fast_meta() if dev.type == "meta" and fast_meta else contextlib.nullcontext()
+        with torch.no_grad(), shortcut:
             if dev.type == "meta" and module_device(model).type != "meta":
                 out = torch.func.functional_call(model, meta_state(model), (x,), strict=False)
             else:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.linear import apply_linear
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION, capturing
+from ..functional.runtime import ATTENTION_BACKEND, FAST_PATHS, FUSED_ATTENTION, capturing
 
 if TYPE_CHECKING:
     from .registry import AttentionSpec
@@ -196,8 +196,8 @@ def uncacheable(params: Sequence[torch.Tensor]) -> bool:
     graph (a cached tensor would become a constant), they live on the meta device (no values), or on
     an accelerator: comparing values there would stop the host until the device catches up (a
     synchronisation per block per forward), while recomputing a position bias is a few small
-    kernels queued asynchronously. The cache is a CPU-inference saving."""
-    if capturing():
+    kernels queued asynchronously. The cache is a CPU-inference saving (off with the fast paths' switch)."""
+    if capturing() or not FAST_PATHS.get():
         return True
     if torch.is_grad_enabled() and any(p.requires_grad for p in params):
         return True

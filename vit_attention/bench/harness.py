@@ -242,8 +242,7 @@ def count_flops(name: str, batch_size: int, img_size: int | None, mode: str,
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..functional.linear import fast_linear
-    from ..functional.runtime import FUSED_ATTENTION
+    from ..functional.runtime import FAST_PATHS, FUSED_ATTENTION
 
     def count(device: str, batch: int) -> int:
         with torch.device(device):
@@ -254,7 +253,7 @@ def count_flops(name: str, batch_size: int, img_size: int | None, mode: str,
         model.train(mode == "train")
         fwd = model if method is None else getattr(model, method)
         # plain aten ops (matmuls the counter knows), not the fused kernels it cannot see into
-        with FlopCounterMode(display=False) as counter, fast_linear(False), FUSED_ATTENTION.override(False):
+        with FlopCounterMode(display=False) as counter, FAST_PATHS.override(False), FUSED_ATTENTION.override(False):
             if mode == "train":
                 _loss(fwd(x), torch.zeros(batch, dtype=torch.long, device=device)).backward()
             else:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..functional.runtime import cpu_kernel_supports
+from ..functional import fast_paths
 from .device import synchronize
 
 __all__ = ["MatmulPeak"]
@@ -39,9 +39,8 @@ class MatmulPeak:
         self.flops = 2.0 * n ** 3
         self.kernels: dict[str, Callable[[], torch.Tensor]] = {"torch.mm": lambda: torch.mm(self.a, self.b)}
         # oneDNN's GEMM only where this CPU has kernels for the dtype (no bf16 inner product on AVX2-only CPUs)
-        if self.device.type == "cpu" and cpu_kernel_supports(dtype) and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-            self.kernels["onednn.linear"] = lambda: torch.ops.mkldnn._linear_pointwise(
-                self.a, self.b, None, "none", [], "")
+        if self.device.type == "cpu" and fast_paths.cpu_kernel_supports(dtype) and fast_paths.HAS_LINEAR_POINTWISE:
+            self.kernels["onednn.linear"] = lambda: fast_paths.linear_pointwise(self.a, self.b, None)
         self.kernel = "torch.mm"
 
     def calibrate(self, repeats: int = 2) -> dict[str, float]:

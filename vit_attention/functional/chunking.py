@@ -13,7 +13,8 @@ window, linear maps per token), so running the blocks on a few images at a time 
 numbers with temporaries a fraction of the size. :func:`batch_chunk_size` decides how many images
 per chunk; :func:`run_in_batch_chunks` does it. Chunking steps aside wherever the batch must stay
 whole for someone to see it: autograd, forward hooks, attention hooks, ``torch.compile``, other
-devices. ``VIT_ATTENTION_CHUNK_ELEMENTS=0`` (or :func:`set_chunk_elements`) switches it off.
+devices. ``VIT_ATTENTION_CHUNK_ELEMENTS=0`` (or :func:`set_chunk_elements`) switches it off, and so does
+the fast paths' switch (:data:`.runtime.FAST_PATHS`, :mod:`.fast_paths`).
 The chunk size (:data:`.runtime.CHUNK_ELEMENTS`) is process-wide, read per call: it is a property
 of the machine (cache, allocator), not of a model (:mod:`.runtime`); ``CHUNK_ELEMENTS.override(n)``
 changes it for this thread's calls inside a block.
@@ -30,7 +31,7 @@ from torch import Tensor, nn
 
 from .linear import hookless
 from .observers import attention_observed
-from .runtime import CHUNK_ELEMENTS, capturing
+from .runtime import CHUNK_ELEMENTS, FAST_PATHS, capturing
 
 __all__ = ["batch_chunk_size", "run_in_batch_chunks", "chunk_elements", "set_chunk_elements"]
 
@@ -47,11 +48,11 @@ def batch_chunk_size(x: Tensor, modules: Iterable[nn.Module], max_elements: int 
     """Images per chunk for running per-image ``modules`` on ``x [B, ...]``; ``B`` means "do not chunk".
 
     Chunks only where nobody could tell: CPU, no autograd recording, no forward hooks on any of
-    ``modules`` (or their children), no attention hooks, not compiling or scripting.
+    ``modules`` (or their children), no attention hooks, not compiling or scripting, fast paths on.
     """
     limit = CHUNK_ELEMENTS.get() if max_elements is None else max_elements
     B = x.shape[0]
-    if limit <= 0 or B <= 1 or x.device.type != "cpu" or torch.is_grad_enabled():
+    if limit <= 0 or B <= 1 or x.device.type != "cpu" or torch.is_grad_enabled() or not FAST_PATHS.get():
         return B
     per_image = x[0].numel()
     if B * per_image <= limit:

@@ -7,10 +7,9 @@ no autocast, a dtype this CPU's oneDNN has kernels for, no graph capture: compil
 ``jit.trace`` / ``jit.script``, ONNX export; see :mod:`.runtime`) :func:`linear` hands the whole thing to oneDNN's
 ``linear_pointwise`` (bias, activation and residual add fused as GEMM post-ops). Everywhere else
 it is exactly ``F.linear`` followed by the activation and the add, so results, autograd and
-devices are unchanged. Switch it off with ``VIT_ATTENTION_FAST_LINEAR=0``, :func:`set_fast_linear`
-(the process default) or, for the calls of this thread inside a block, :func:`fast_linear`\\ ``(False)``.
-The switch (:data:`.runtime.FAST_LINEAR`) is process-wide, read per call; :mod:`.runtime` says why
-it is not captured by modules.
+devices are unchanged. The oneDNN operators are private torch APIs, called through :mod:`.fast_paths`
+(which falls back to ``F.linear`` where this torch lacks them); the switch :data:`.runtime.FAST_PATHS`
+(``VIT_ATTENTION_FAST_PATHS=0``, :func:`.fast_paths.use_fast_paths`\\ ``(False)``) turns them off.
 
 Shapes: ``x [..., Cin]``, ``weight [Cout, Cin]``, ``bias [Cout]``, ``residual [..., Cout]`` ->
 ``[..., Cout]``.
@@ -25,44 +24,16 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules import module as _module
 
-from .runtime import FAST_LINEAR, capturing, cpu_kernel_supports
+from . import fast_paths as _fp
+from .fast_paths import ACTIVATIONS, activation, cpu_kernel_supports
+from .runtime import FAST_PATHS, capturing
 
-__all__ = ["linear", "apply_linear", "can_fuse", "hookless", "fast_linear", "fast_linear_enabled", "set_fast_linear",
-           "fusable_activation", "ACTIVATIONS"]
-
-_HAS_ONEDNN: bool = bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-# activation name -> (oneDNN post-op, algorithm) and the eager function it replaces
-ACTIVATIONS: dict[str, tuple[str, str]] = {
-    "gelu": ("gelu", "none"),
-    "gelu_tanh": ("gelu", "tanh"),
-    "relu": ("relu", ""),
-    "silu": ("swish", ""),
-}
-
-
-def _eager_act(x: Tensor, act: str) -> Tensor:
-    if act == "gelu":
-        return F.gelu(x)
-    if act == "gelu_tanh":
-        return F.gelu(x, approximate="tanh")
-    if act == "relu":
-        return F.relu(x)
-    return F.silu(x)
-
-
-def fast_linear_enabled() -> bool:
-    """Whether :func:`linear` may use the fused oneDNN kernel here (:data:`.runtime.FAST_LINEAR`: this
-    thread's open override, else the process default)."""
-    return FAST_LINEAR.get()
-
-
-set_fast_linear = FAST_LINEAR.set  # (enabled) the process default, every thread: allow or forbid the oneDNN path
-fast_linear = FAST_LINEAR.override  # with fast_linear(False): ... this thread's calls inside; restored on exit
+__all__ = ["linear", "apply_linear", "can_fuse", "hookless", "fusable_activation"]
 
 
 def fusable_activation(module: torch.nn.Module) -> str | None:
-    """Name in :data:`ACTIVATIONS` of an activation module (``nn.GELU``, ``nn.ReLU``, ``nn.SiLU``), else None."""
+    """Name in :data:`.fast_paths.ACTIVATIONS` of an activation module (``nn.GELU``, ``nn.ReLU``, ``nn.SiLU``),
+    else None."""
     if type(module) is torch.nn.GELU:
         return "gelu" if module.approximate == "none" else "gelu_tanh"
     if type(module) is torch.nn.ReLU:
@@ -81,7 +52,7 @@ def _autocast_on(device_type: str) -> bool:
 
 def _onednn_ok(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """oneDNN can run this projection: CPU, fp32 (or bf16) without autocast, eager, plain tensors."""
-    if not (FAST_LINEAR.get() and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu":
+    if not (FAST_PATHS.get() and _fp.HAS_LINEAR_POINTWISE) or x.device.type != "cpu" or weight.device.type != "cpu":
         return False
     if x.dtype != torch.float32 or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         return False
@@ -98,7 +69,7 @@ class _OneDNNLinear(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        return _fp.linear_pointwise(x, weight, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
@@ -109,8 +80,7 @@ class _OneDNNLinear(torch.autograd.Function):
             if torch.is_grad_enabled():  # create_graph=True: differentiable ops for higher-order gradients
                 gx = g2 @ weight
             else:  # oneDNN: linear with weight Wᵀ [Cin, Cout]
-                gx = torch.ops.mkldnn._linear_pointwise(g2.contiguous(), weight.t().contiguous(), None, "none", [],
-                                                        "")
+                gx = _fp.linear_pointwise(g2.contiguous(), weight.t().contiguous(), None)
             gx = gx.view(x.shape)
         if ctx.needs_input_grad[1]:
             gw = g2.t() @ x.reshape(-1, x.shape[-1])  # [Cout, Cin]
@@ -121,7 +91,8 @@ class _OneDNNLinear(torch.autograd.Function):
 
 def can_fuse(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None) -> bool:
     """True when the fused oneDNN kernel computes exactly what the eager ops would (inference on CPU)."""
-    if not (FAST_LINEAR.get() and _HAS_ONEDNN) or x.device.type != "cpu" or weight.device.type != "cpu" or capturing():
+    if not (FAST_PATHS.get() and _fp.HAS_LINEAR_POINTWISE) or x.device.type != "cpu" or weight.device.type != "cpu" \
+            or capturing():
         return False
     if x.dtype not in (torch.float32, torch.bfloat16) or weight.dtype != x.dtype or not cpu_kernel_supports(x.dtype):
         return False
@@ -144,33 +115,29 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, act: str | 
     Args:
         x: input ``[..., Cin]``.
         weight: ``[Cout, Cin]``; bias: ``[Cout]`` or None.
-        act: None or a name in :data:`ACTIVATIONS` (applied before the residual add).
+        act: None or a name in :data:`.fast_paths.ACTIVATIONS` (applied before the residual add).
         residual: None or ``[..., Cout]``, added last.
     """
     if act is not None and act not in ACTIVATIONS:
         raise ValueError(f"act must be None or one of {sorted(ACTIVATIONS)}, got {act!r}")
-    if x.device.type != "cpu" or not FAST_LINEAR.get():
+    if x.device.type != "cpu" or not FAST_PATHS.get():
         # the oneDNN paths are CPU-only (switched off: the same F.linear path as a GPU's, which
         # scripts/host_overhead.py then measures): straight to F.linear, launch-bound GPUs pay nothing more
-        out = F.linear(x, weight, bias)
-        if act is not None:
-            out = _eager_act(out, act)
+        out = activation(F.linear(x, weight, bias), act)
         return out if residual is None else residual + out
     if residual is not None and act is not None:  # oneDNN fuses one post-op at a time
         return residual + linear(x, weight, bias, act=act)
     if can_fuse(x, weight, bias, residual):
         if residual is not None:
-            if residual.shape[:-1] == x.shape[:-1] and residual.shape[-1] == weight.shape[0]:
-                return torch.ops.mkldnn._linear_pointwise.binary(x, residual, weight, bias, "add")
+            if _fp.HAS_LINEAR_ADD and residual.shape[:-1] == x.shape[:-1] and residual.shape[-1] == weight.shape[0]:
+                return _fp.linear_add(x, residual, weight, bias)
         else:
-            attr, algo = ACTIVATIONS[act] if act is not None else ("none", "")
-            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algo)
+            return _fp.linear_pointwise(x, weight, bias, act)
     if _onednn_ok(x, weight, bias) and x.dim() >= 2 and x.shape[-1] == weight.shape[-1]:
         out = _OneDNNLinear.apply(x, weight, bias)  # training on CPU: same math, faster GEMM, no bias copy
     else:
         out = F.linear(x, weight, bias)
-    if act is not None:
-        out = _eager_act(out, act)
+    out = activation(out, act)
     return out if residual is None else residual + out
 
 

@@ -1,18 +1,12 @@
 """What the CPU fast paths must know about the run they are in, and the runtime switches.
 
-Two questions decide whether a fast path may run instead of plain PyTorch:
-
-* :func:`capturing`: is a graph being recorded (``torch.compile`` / dynamo, ``torch.export``,
-  ``torch.jit.trace``, ``torch.jit.script``, the TorchScript ONNX exporter)? A capture must see
-  plain, portable ops: no oneDNN-private operators (the tracer cannot even record their
-  ``Scalar?[]`` arguments), no caches baked in as constants, no data-dependent branches, no
-  batch chunking that depends on the traced batch size.
-* :func:`cpu_kernel_supports`: can this CPU's oneDNN build a kernel for this dtype? bf16 inner
-  products need AVX-512 BF16 / AMX (or AVX-512 with emulation in some builds); on an AVX2-only
-  CPU oneDNN refuses to create the primitive, while ``F.linear`` runs bf16 through its reference
-  path. The answer comes from oneDNN itself (it honours ``ONEDNN_MAX_CPU_ISA``), is cached per
-  dtype, and can be forced with :func:`override_cpu_kernel_support` (tests prove the fallback on
-  any machine with it).
+Whether a fast path may run instead of plain PyTorch depends on the switch :data:`FAST_PATHS` (below)
+and on :func:`capturing`: is a graph being recorded (``torch.compile`` / dynamo, ``torch.export``,
+``torch.jit.trace``, ``torch.jit.script``, the TorchScript ONNX exporter)? A capture must see
+plain, portable ops: no oneDNN-private operators (the tracer cannot even record their
+``Scalar?[]`` arguments), no caches baked in as constants, no data-dependent branches, no
+batch chunking that depends on the traced batch size. The private torch APIs themselves, and
+whether this CPU's oneDNN has kernels for a dtype, are in :mod:`.fast_paths`.
 
 **The runtime switches** (:class:`Switch`, all listed by :func:`switches`):
 
@@ -21,14 +15,14 @@ switch                     environment default               scope
 =========================  ================================  ============================================
 :data:`FUSED_ATTENTION`    ``VIT_ATTENTION_FUSED=1``         captured by each attention module when built
 :data:`ATTENTION_BACKEND`  ``VIT_ATTENTION_BACKEND=auto``    captured by each attention module when built
-:data:`FAST_LINEAR`        ``VIT_ATTENTION_FAST_LINEAR=1``   process-wide (read per call)
+:data:`FAST_PATHS`         ``VIT_ATTENTION_FAST_PATHS=1``    process-wide (read per call)
 :data:`CHUNK_ELEMENTS`     ``VIT_ATTENTION_CHUNK_ELEMENTS``  process-wide (read per call)
 =========================  ================================  ============================================
 
 A switch has three levels; the most specific one wins at a call:
 
-1. an *override*, ``with switch.override(value):`` (``fast_linear(False)`` is
-   ``FAST_LINEAR.override(False)``): every call made inside the block **by this thread** (this
+1. an *override*, ``with switch.override(value):`` (``use_fast_paths(False)`` is
+   ``FAST_PATHS.override(False)``): every call made inside the block **by this thread** (this
    ``contextvars`` context, so also this asyncio task) sees ``value``, whatever the modules
    captured. Other threads do not see it. It is not consulted while ``torch.compile`` traces
    (dynamo cannot read a context variable); use level 2 there.
@@ -40,7 +34,7 @@ A switch has three levels; the most specific one wins at a call:
    model inside a ``with`` block (tests: "this model, explicit path"), :func:`set_switches` for
    good.
 3. the process default ``switch.default``: the environment variable, changed with
-   :meth:`Switch.set` (``set_fused_attention``, ``set_fast_linear``, ``set_chunk_elements``).
+   :meth:`Switch.set` (``set_fused_attention``, ``set_fast_paths``, ``set_chunk_elements``).
    For ``FUSED_ATTENTION`` it is what modules built *afterwards* capture (and what a direct call
    of the core without ``fused=`` uses); modules built before keep their value.
 
@@ -49,11 +43,11 @@ Why two switches stay process-wide rather than captured:
 * ``CHUNK_ELEMENTS`` (elements per chunk of batch chunking at CPU inference) is a property of the
   machine (its last-level cache and glibc's mmap threshold), not of a model; it is read by the
   stage scaffolds of several families and the right value is the same for all of them.
-* ``FAST_LINEAR`` chooses the kernel behind a projection (oneDNN's fused ``linear_pointwise`` or
-  ``F.linear``), the same function either way, as ``torch.backends.mkldnn`` does for torch; the
-  projections it covers run in many layers and in plain functions that own no module
-  (``conv_act``), so a per-module flag would leave some of a model's projections on the other
-  kernel.
+* ``FAST_PATHS`` chooses between the CPU fast paths (:mod:`.fast_paths`: oneDNN's fused kernels,
+  batch chunking, the parameter-derived caches, ...) and plain public PyTorch, the same function
+  either way, as ``torch.backends.mkldnn`` does for torch; the paths it covers run in many layers
+  and in plain functions that own no module (``conv_act``, the window caches), so a per-module
+  flag would leave some of a model on the other path.
 
 Both are read with :meth:`Switch.get` on each call: a plain attribute, plus a context-variable
 lookup only while an override is open somewhere in the process. Reading them is thread-safe;
@@ -71,8 +65,8 @@ from typing import Generic, TypeVar
 
 import torch
 
-__all__ = ["capturing", "cpu_kernel_supports", "override_cpu_kernel_support", "Switch", "switches", "switched",
-           "set_switches", "FUSED_ATTENTION", "ATTENTION_BACKEND", "BACKENDS", "check_backend", "FAST_LINEAR",
+__all__ = ["capturing", "Switch", "switches", "switched",
+           "set_switches", "FUSED_ATTENTION", "ATTENTION_BACKEND", "BACKENDS", "check_backend", "FAST_PATHS",
            "CHUNK_ELEMENTS", "COMPILE_MODES"]
 
 _T = TypeVar("_T")
@@ -176,7 +170,8 @@ def check_backend(value: object, name: str = "attention backend") -> str:
 
 ATTENTION_BACKEND: Switch[str] = Switch("attention_backend", "VIT_ATTENTION_BACKEND", "auto", check_backend,
                                         check_backend, captured=True)
-FAST_LINEAR: Switch[bool] = Switch("fast_linear", "VIT_ATTENTION_FAST_LINEAR", "1", _parse_flag, bool)
+# the CPU fast paths (functional.fast_paths): oneDNN's fused kernels, batch chunking, the CPU caches; off = public ops
+FAST_PATHS: Switch[bool] = Switch("fast_paths", "VIT_ATTENTION_FAST_PATHS", "1", _parse_flag, bool)
 # Elements of one chunk's input map. 2**20 fp32 = 4 MB: the MLP hidden of such a chunk is 16 MB, below glibc's
 # largest mmap threshold and near the last-level cache (measured on Swin-T / SwinV2-T, see docs/benchmarks.md).
 CHUNK_ELEMENTS: Switch[int] = Switch("chunk_elements", "VIT_ATTENTION_CHUNK_ELEMENTS", str(1 << 20), int,
@@ -184,8 +179,8 @@ CHUNK_ELEMENTS: Switch[int] = Switch("chunk_elements", "VIT_ATTENTION_CHUNK_ELEM
 
 
 def switches() -> dict[str, Switch]:  # type: ignore[type-arg]
-    """Every runtime switch by name (fused_attention, attention_backend, fast_linear, chunk_elements)."""
-    return {s.name: s for s in (FUSED_ATTENTION, ATTENTION_BACKEND, FAST_LINEAR, CHUNK_ELEMENTS)}
+    """Every runtime switch by name (fused_attention, attention_backend, fast_paths, chunk_elements)."""
+    return {s.name: s for s in (FUSED_ATTENTION, ATTENTION_BACKEND, FAST_PATHS, CHUNK_ELEMENTS)}
 
 
 def _resolve(values: dict[str, object]) -> list[tuple[Switch, object]]:  # type: ignore[type-arg]
@@ -226,7 +221,7 @@ def switched(module: torch.nn.Module, **values: object) -> Iterator[torch.nn.Mod
     model; other models are not affected). A captured switch is set on every submodule that
     captured it and put back on exit (also after an error): it changes the model itself, so
     another thread running the same model inside the block sees it too (and ``torch.compile``
-    recompiles on it). A process-wide one (``fast_linear``, ``chunk_elements``) is overridden for
+    recompiles on it). A process-wide one (``fast_paths``, ``chunk_elements``) is overridden for
     this thread with :meth:`Switch.override`. Yields ``module``.
     """
     resolved = _resolve(values)
@@ -246,10 +241,6 @@ def switched(module: torch.nn.Module, **values: object) -> Iterator[torch.nn.Mod
                 setattr(m, name, old)
 
 
-_DTYPE_SUPPORT: dict[torch.dtype, bool] = {}
-_OVERRIDE: dict[torch.dtype, bool] = {}
-
-
 def capturing() -> bool:
     """True while torch records a graph (compile, export, jit trace / script, ONNX export).
 
@@ -257,43 +248,7 @@ def capturing() -> bool:
     runs ``torch.export``. (``torch.onnx.is_in_onnx_export`` costs an import per call on the hot path.)
     """
     # dynamo folds is_compiling / is_exporting to constants; asked first, they keep it from tracing
-    # into torch._C._is_tracing (a graph break)
+    # into torch.jit.is_tracing (a graph break)
     if torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_scripting():
         return True
-    return bool(torch._C._is_tracing())
-
-
-def _probe(dtype: torch.dtype) -> bool:
-    if not torch.backends.mkldnn.is_available():
-        return False
-    if dtype == torch.float32:
-        return True
-    if dtype == torch.bfloat16:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    if dtype == torch.float16:
-        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
-    return False
-
-
-def cpu_kernel_supports(dtype: torch.dtype) -> bool:
-    """Whether oneDNN on this CPU builds native kernels for ``dtype`` (fp32 always; bf16 / fp16 by ISA)."""
-    if dtype in _OVERRIDE:
-        return _OVERRIDE[dtype]
-    ok = _DTYPE_SUPPORT.get(dtype)
-    if ok is None:
-        ok = _DTYPE_SUPPORT[dtype] = _probe(dtype)
-    return ok
-
-
-@contextlib.contextmanager
-def override_cpu_kernel_support(dtype: torch.dtype, supported: bool) -> Iterator[None]:
-    """Pretend this CPU does (not) support ``dtype`` kernels inside the block (for tests of the fallbacks)."""
-    prev = _OVERRIDE.get(dtype)
-    _OVERRIDE[dtype] = bool(supported)
-    try:
-        yield
-    finally:
-        if prev is None:
-            _OVERRIDE.pop(dtype, None)
-        else:
-            _OVERRIDE[dtype] = prev
+    return torch.jit.is_tracing()

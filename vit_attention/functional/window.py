@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from .fast_paths import untraced, untraced_available
+
 __all__ = [
     "to_pair",
     "fit_window",
@@ -89,9 +91,10 @@ def _cached(maxsize: int, *, constant_under_compile: bool = False) -> Callable[[
     """A least-recently-used cache (``maxsize`` entries, ``cache_info`` / ``cache_clear`` as
     ``functools.lru_cache``) whose tensors are built outside inference mode, so autograd may save them later.
 
-    They are built outside ``torch.jit.trace`` and ``torch.export``'s fake mode too: a capture records
-    them as constants whether the first call builds them or a later call finds them cached (the
-    tracer's check runs twice), and a fake tensor never lands in the cache.
+    They are built outside ``torch.jit.trace`` (:func:`.fast_paths.untraced`) and ``torch.export``'s fake
+    mode too: a capture records them as constants whether the first call builds them or a later call finds
+    them cached (the tracer's check runs twice), and a fake tensor never lands in the cache. Where the trace
+    cannot be suspended (fast paths off, or a torch without the API) a trace records the build and stores nothing.
     Builders create their tensors on ``_CPU`` explicitly (whatever default device is active, e.g.
     meta, index arithmetic needs real values) and move the result to the requested device.
 
@@ -106,26 +109,19 @@ def _cached(maxsize: int, *, constant_under_compile: bool = False) -> Callable[[
 
     def deco(fn: _F) -> _F:
         def build(*args: Any) -> Any:
-            tracing_state = torch._C._get_tracing_state()
-            if tracing_state is not None:
-                torch._C._set_tracing_state(None)
-            try:
-                # real tensors even inside torch.export's fake mode: a fake one cached here would leak
-                # into every later eager call
-                # (not under dynamo, which cannot trace the mode switch and keeps its own constants)
-                real = contextlib.nullcontext() if torch.compiler.is_dynamo_compiling() else unset_fake_temporarily()
-                with torch.inference_mode(False), real:
-                    return fn(*args)
-            finally:
-                if tracing_state is not None:
-                    torch._C._set_tracing_state(tracing_state)
+            # real tensors even inside torch.export's fake mode: a fake one cached here would leak
+            # into every later eager call
+            # (not under dynamo, which cannot trace the mode switch and keeps its own constants)
+            real = contextlib.nullcontext() if torch.compiler.is_dynamo_compiling() else unset_fake_temporarily()
+            with untraced(), torch.inference_mode(False), real:
+                return fn(*args)
 
         store: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         counts = [0, 0]  # hits, misses
 
         @functools.wraps(fn)
         def wrapper(*args: Any) -> Any:
-            if torch.compiler.is_dynamo_compiling():
+            if torch.compiler.is_dynamo_compiling() or (not untraced_available() and torch.jit.is_tracing()):
                 return build(*args)
             value = store.get(args, _MISSING)  # one lookup: another thread may evict between two
             if value is not _MISSING:

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..functional import resample_abs_pos_embed, resample_patch_embed
+from ..functional.fast_paths import untraced
 from ._config import check_choice, check_size
 from .backbone import isotropic_taps
 from .pretrained_tags import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
@@ -207,16 +208,12 @@ class NaFlexEmbeds(nn.Module):
         During an ONNX export the table of the traced grid is computed eagerly, outside the trace, and enters
         the graph as a constant: the exported graph's input size is fixed, so the table is too, and ONNX has
         no anti-aliased resize (``aten::_upsample_bicubic2d_aa`` / ``_bilinear2d_aa``). The constant is the
-        eager table itself, so the file computes what eager does."""
+        eager table itself, so the file computes what eager does. (With the fast paths off, or a torch without
+        the tracer API, :func:`.functional.fast_paths.untraced` records the table's ops instead.)"""
         if torch.onnx.is_in_onnx_export() and torch.jit.is_tracing():
-            state = torch._C._get_tracing_state()
-            torch._C._set_tracing_state(None)  # not recorded: the result is a constant of the graph
-            try:
+            with untraced():  # not recorded: the result is a constant of the graph
                 table = self._pos_table(grid, dtype)
-                table = None if table is None else table.detach().clone()
-            finally:
-                torch._C._set_tracing_state(state)
-            return table
+                return None if table is None else table.detach().clone()
         return self._pos_table(grid, dtype)
 
     def _pos_table(self, grid: tuple[int, int], dtype: torch.dtype) -> Tensor | None:
