@@ -43,20 +43,36 @@ def fixture_metadata(name: str) -> dict[str, str]:
         return dict(f.metadata())
 
 
+def assert_loads(model, source, layout: str | None = None, **kwargs):
+    """``load_weights(model, source, **kwargs)`` succeeds and, when ``layout`` is given, recognises that layout
+    -> the report."""
+    from vit_attention.weights import load_weights
+
+    report = load_weights(model, source, **kwargs)
+    assert report.ok and (layout is None or report.layout == layout), str(report)
+    return report
+
+
 def assert_fixture_parity(model, t: dict, suffix: str = "",
-                          outputs: tuple[str, ...] = ("features", "pre_logits", "output")) -> None:
+                          outputs: tuple[str, ...] = ("features", "pre_logits", "output"),
+                          fused: bool | None = None) -> None:
     """``model`` reproduces the fixture on ``t["input" + suffix]`` (no grad; :func:`assert_parity` tolerance).
 
     ``outputs`` names what is compared: ``features`` (``forward_features``), ``pre_logits``
     (``forward_head(features, pre_logits=True)``), ``output`` (``model(x)``), each against ``t[what + suffix]``.
-    Call it inside a ``switched(...)`` block to test one attention path.
+    ``fused``: run with the fused (``True``) or explicit (``False``) attention path switched on (``None``: as set).
     """
+    import contextlib
+
     import torch
+
+    from vit_attention.functional import switched
 
     unknown = sorted(set(outputs) - {"features", "pre_logits", "output"})
     assert not unknown, f"unknown outputs {unknown}"
     x = t[f"input{suffix}"]
-    with torch.no_grad():
+    path = contextlib.nullcontext() if fused is None else switched(model, fused_attention=fused)
+    with torch.no_grad(), path:
         feats = model.forward_features(x)
         if "features" in outputs:
             assert_parity(feats, t[f"features{suffix}"])
@@ -64,21 +80,6 @@ def assert_fixture_parity(model, t: dict, suffix: str = "",
             assert_parity(model.forward_head(feats, pre_logits=True), t[f"pre_logits{suffix}"])
         if "output" in outputs:
             assert_parity(model(x), t[f"output{suffix}"])
-
-
-def assert_hf_logits_parity(model, ref, size):
-    """``ref``'s state dict (a transformers ``*ForImageClassification``) loads into ``model`` as the Hugging Face
-    layout, and their logits agree on a random batch ``[2, 3, *size]`` (``size``: an int or ``(h, w)``) -> the batch."""
-    import torch
-
-    from vit_attention.weights import load_weights
-
-    report = load_weights(model, ref.state_dict())
-    assert report.layout == "huggingface" and report.ok, str(report)
-    x = torch.randn(2, 3, *((size, size) if isinstance(size, int) else size))
-    with torch.no_grad():
-        assert_parity(model(x), ref(pixel_values=x).logits)
-    return x
 
 
 # (tag, img_size, patch_size) of the resized inputs / outputs make_fixtures_flexivit.py records in timm_flexivit
@@ -116,28 +117,6 @@ def perturb_like_trained(model):
             if isinstance(m, torch.nn.BatchNorm2d):
                 m.running_mean.copy_(0.1 * torch.randn_like(m.running_mean))
                 m.running_var.copy_(0.5 + torch.rand_like(m.running_var))
-    return model.eval()
-
-
-def perturb_fan_in(model, small: tuple[str, ...] = ("embedding",), layer_scale: str | None = None):
-    """Seeded noise on every parameter, in ``named_parameters`` order (generator seed 0); eval mode.
-
-    A matrix (2+ dims) whose name contains none of ``small`` gets ``N(0, 1) / sqrt(fan_in)`` added, any other
-    parameter ``0.1 · N(0, 1)``; parameters named ``*<layer_scale>`` are set to ``0.1 + 0.05 · N(0, 1)`` (LayerScale
-    away from a 1.0 init). For live parity with Hugging Face models at trained-like scales. Returns ``model``.
-    """
-    import torch
-
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if layer_scale is not None and name.endswith(layer_scale):
-                p.copy_(0.1 + 0.05 * noise)
-            elif p.dim() >= 2 and not any(s in name for s in small):
-                p.add_(noise / p[0].numel() ** 0.5)
-            else:
-                p.add_(0.1 * noise)
     return model.eval()
 
 

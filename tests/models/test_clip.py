@@ -7,13 +7,8 @@ import tempfile
 
 import pytest
 import torch
-from fixture_utils import (
-    assert_fixture_parity,
-    assert_parity,
-    load_fixture,
-    meta_model_with_timm_params,
-    perturb_fan_in,
-)
+from fixture_utils import assert_fixture_parity, assert_loads, assert_parity, load_fixture, meta_model_with_timm_params
+from hf_utils import load_from_hf, perturb_fan_in
 from transformers import CLIPConfig, CLIPModel, CLIPVisionConfig, CLIPVisionModel, CLIPVisionModelWithProjection
 
 from vit_attention import create_model
@@ -66,8 +61,7 @@ def test_timm_parity(fixture):
     state, t, cfg = load_fixture(fixture)
     assert "patch_embed.proj.bias" not in state and "norm_pre.weight" in state
     model = _ours_from_timm(cfg)
-    report = load_weights(model, state)
-    assert report.ok and report.layout == "vit_attention", report
+    assert_loads(model, state, "vit_attention")
     assert_fixture_parity(model, t)
     assert_fixture_parity(model, t, "_wide")
     with torch.no_grad():
@@ -139,13 +133,7 @@ def test_huggingface_with_projection_parity(names):
     config = dict(hf.config.to_dict(), architectures=["CLIPVisionModelWithProjection"])
     ours = _ours_from_hf(config)
     assert ours.num_classes == 24
-    if names == "memory":
-        report = load_weights(ours, hf.state_dict())
-    else:
-        with tempfile.TemporaryDirectory() as d:
-            hf.save_pretrained(d)
-            report = load_weights(ours, d)
-    assert report.ok and report.layout == "huggingface", report
+    load_from_hf(ours, hf, names)
     assert torch.equal(ours.head.bias, torch.zeros(24))
     x = torch.randn(2, 3, 48, 48, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -7,7 +7,8 @@ import tempfile
 
 import pytest
 import torch
-from fixture_utils import assert_fixture_parity, assert_parity, load_fixture, perturb_fan_in
+from fixture_utils import assert_fixture_parity, assert_loads, assert_parity, load_fixture
+from hf_utils import perturb_fan_in
 from transformers import Dinov2Config, Dinov2Model, Dinov2WithRegistersConfig, Dinov2WithRegistersModel
 
 from vit_attention import create_model
@@ -66,8 +67,7 @@ def test_structure_on_meta_equals_timm_counts(name):
 def test_timm_parity(fixture):
     state, t, cfg = load_fixture(fixture)
     model = _ours_from_timm(cfg)
-    report = load_weights(model, state)
-    assert report.ok and report.layout == "vit_attention", report
+    assert_loads(model, state, "vit_attention")
     assert_fixture_parity(model, t)
     # 42x70: the table resampled every forward (bicubic, antialias), non-square grid 3x5
     assert_fixture_parity(model, t, "_wide", outputs=("features", "pre_logits"))

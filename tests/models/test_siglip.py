@@ -7,13 +7,8 @@ import tempfile
 
 import pytest
 import torch
-from fixture_utils import (
-    assert_fixture_parity,
-    assert_parity,
-    load_fixture,
-    meta_model_with_timm_params,
-    perturb_fan_in,
-)
+from fixture_utils import assert_fixture_parity, assert_loads, assert_parity, load_fixture, meta_model_with_timm_params
+from hf_utils import load_from_hf, perturb_fan_in
 from transformers import SiglipConfig, SiglipModel, SiglipVisionConfig, SiglipVisionModel
 
 from vit_attention import create_model
@@ -80,8 +75,7 @@ def test_so400m_384_ignores_the_pixels_past_the_last_patch():
 def test_timm_parity(fixture):
     state, t, cfg = load_fixture(fixture)
     model = _ours_from_timm(cfg)
-    report = load_weights(model, state)
-    assert report.ok and report.layout == "vit_attention", report
+    assert_loads(model, state, "vit_attention")
     assert_fixture_parity(model, t)
     assert_fixture_parity(model, t, "_wide", outputs=("features", "pre_logits"))
     with torch.no_grad():  # the activation matters: the other GELU flavour moves the embedding
@@ -107,13 +101,7 @@ def test_huggingface_vision_model_parity(names):
     torch.manual_seed(0)
     hf = perturb_fan_in(SiglipVisionModel(SiglipVisionConfig(**_VISION)), ("embedding", "probe"))
     ours = _ours_from_hf(hf.config.to_dict())
-    if names == "memory":
-        report = load_weights(ours, hf.state_dict())
-    else:
-        with tempfile.TemporaryDirectory() as d:
-            hf.save_pretrained(d)
-            report = load_weights(ours, d)
-    assert report.ok and report.layout == "huggingface", report
+    load_from_hf(ours, hf, names)
     x = torch.randn(2, 3, 48, 48, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = hf(pixel_values=x)

@@ -13,7 +13,8 @@ import re
 
 import pytest
 import torch
-from fixture_utils import assert_hf_logits_parity, assert_parity, load_fixture, perturb_like_trained
+from fixture_utils import assert_parity, load_fixture, perturb_like_trained
+from hf_utils import assert_hf_logits_parity
 from transformers import CvtConfig as HFCvtConfig
 from transformers import CvtForImageClassification, CvtModel
 

@@ -3,7 +3,7 @@ timm fixtures (tests/fixtures/make_fixtures_{eva02,dinov3,rope_vit}.py) rewritte
 
 import pytest
 import torch
-from fixture_utils import assert_fixture_parity, load_fixture
+from fixture_utils import assert_fixture_parity, assert_loads, load_fixture
 
 from vit_attention import create_model
 from vit_attention.weights import convert_state_dict, load_weights
@@ -36,8 +36,7 @@ def _loads_and_matches(case: str, state: dict, t: dict, layout: str | None = "or
     """A fresh model of ``case`` loads ``state`` (``load_weights(**kwargs)``) as ``layout`` and reproduces the
     fixture -> (model, report)."""
     model = _model(case)
-    report = load_weights(model, state, **kwargs)
-    assert report.ok and (layout is None or report.layout == layout), report
+    report = assert_loads(model, state, layout, **kwargs)
     _check(model, t)
     return model, report
 

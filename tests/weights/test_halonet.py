@@ -11,7 +11,6 @@ import pytest
 import torch
 from fixture_utils import assert_fixture_parity, assert_parity, load_fixture
 
-from vit_attention.functional import switched
 from vit_attention.models.halonet import HaloNet, HaloNetConfig
 from vit_attention.weights import load_weights
 
@@ -43,8 +42,7 @@ def test_timm_fixture_parity(name: str, fused: bool) -> None:
     assert set(model.state_dict()) == set(state)  # timm's key layout, one to one
     report = load_weights(model, state)
     assert report.ok, str(report)
-    with switched(model, fused_attention=fused):
-        assert_fixture_parity(model, t)
+    assert_fixture_parity(model, t, fused=fused)
 
 
 @pytest.mark.parametrize("name", sorted(_FIXTURE_CFG))

@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from fixture_utils import assert_hf_logits_parity, assert_parity
+from fixture_utils import assert_parity
+from hf_utils import assert_hf_logits_parity
 from transformers import (
     DeiTConfig,
     DeiTForImageClassificationWithTeacher,

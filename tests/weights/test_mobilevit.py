@@ -11,13 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixture_utils import (
-    assert_fixture_parity,
-    assert_hf_logits_parity,
-    assert_parity,
-    load_fixture,
-    perturb_like_trained,
-)
+from fixture_utils import assert_fixture_parity, assert_parity, load_fixture, perturb_like_trained
+from hf_utils import assert_hf_logits_parity
 from transformers import MobileViTConfig as HFMobileViTConfig
 from transformers import MobileViTForImageClassification, MobileViTV2ForImageClassification
 from transformers import MobileViTV2Config as HFMobileViTV2Config
@@ -50,8 +45,7 @@ def test_timm_fixture_parity(name: str, fused: bool) -> None:
     report = load_weights(model, state)
     assert report.ok, str(report)
     assert report.layout == ("timm" if name.endswith("v2") else "vit_attention")  # v1: timm's keys are ours
-    with switched(model, fused_attention=fused):
-        assert_fixture_parity(model, t)
+    assert_fixture_parity(model, t, fused=fused)
 
 
 @pytest.mark.parametrize("name", sorted(_FIXTURE_CFG))

@@ -6,7 +6,8 @@ import re
 
 import pytest
 import torch
-from fixture_utils import assert_hf_logits_parity, assert_parity, load_fixture
+from fixture_utils import assert_parity, load_fixture
+from hf_utils import assert_hf_logits_parity
 from transformers import PvtConfig, PvtForImageClassification, PvtModel, PvtV2Config, PvtV2ForImageClassification
 
 from vit_attention import create_model
