@@ -182,15 +182,21 @@ def test_huggingface_parity(reg, swiglu, names):
             assert_parity(ours.forward_features(xw), hf(pixel_values=xw).last_hidden_state)
 
 
+def _default_and_bicubic(hf: torch.nn.Module) -> tuple[Dinov2, Dinov2]:
+    """Two models of ``hf``'s config with its weights: the default table resampling (timm's) and
+    ``pos_embed_resize="bicubic"`` (bicubic, no antialias)."""
+    ours, bicubic = _ours_from_hf(hf), _ours_from_hf(hf)
+    bicubic.cfg.pos_embed_resize = "bicubic"
+    for m in (ours, bicubic):
+        load_weights(m, hf.state_dict())
+    return ours, bicubic
+
+
 def test_huggingface_plain_resamples_otherwise():
     """HF ``Dinov2Model`` resizes the table with ``size=``, bicubic, no antialias (MODERN A.2): our default
     ("timm") equals it at the native size only; ``pos_embed_resize="bicubic"`` equals it at every size."""
     hf = _hf(False, False)
-    ours = _ours_from_hf(hf)
-    load_weights(ours, hf.state_dict())
-    hf_rule = _ours_from_hf(hf)
-    hf_rule.cfg.pos_embed_resize = "bicubic"
-    load_weights(hf_rule, hf.state_dict())
+    ours, hf_rule = _default_and_bicubic(hf)
     with torch.no_grad():
         for hw in ((42, 70), (70, 70), (28, 28), (56, 98)):  # grids 3x5, 5x5, 2x2, 4x7 from the native 3x3
             xw = torch.randn(2, 3, *hw, generator=torch.Generator().manual_seed(2))
@@ -203,11 +209,7 @@ def test_huggingface_register_rule_is_timms():
     """HF ``Dinov2WithRegistersModel`` resizes with antialias, timm's rule (our default); the no-antialias rule
     is not it."""
     hf = _hf(True, False)
-    ours = _ours_from_hf(hf)
-    load_weights(ours, hf.state_dict())
-    other = _ours_from_hf(hf)
-    other.cfg.pos_embed_resize = "bicubic"
-    load_weights(other, hf.state_dict())
+    ours, other = _default_and_bicubic(hf)
     with torch.no_grad():
         for hw in ((70, 70), (28, 56)):
             xw = torch.randn(2, 3, *hw, generator=torch.Generator().manual_seed(4))
