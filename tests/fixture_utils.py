@@ -82,6 +82,18 @@ def assert_fixture_parity(model, t: dict, suffix: str = "",
             assert_parity(model(x), t[f"output{suffix}"])
 
 
+def check_wide_fixture(name: str, build, wide: tuple[str, ...] = ("features", "pre_logits", "output")):
+    """Fixture ``name``'s weights load as our own key layout into ``build(reference kwargs)``, which reproduces the
+    fixture at ``input`` and at the non-square ``input_wide`` (``wide``: what the fixture records there)
+    -> (model, state, tensors, reference kwargs)."""
+    state, t, cfg = load_fixture(name)
+    model = build(cfg)
+    assert_loads(model, state, "vit_attention")
+    assert_fixture_parity(model, t)
+    assert_fixture_parity(model, t, "_wide", outputs=wide)
+    return model, state, t, cfg
+
+
 # (tag, img_size, patch_size) of the resized inputs / outputs make_fixtures_flexivit.py records in timm_flexivit
 FLEXIVIT_RESIZES = (("p12", 48, 12), ("rect", (40, 48), (10, 6)), ("p4", (24, 40), 4))
 

@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 import torch
-from fixture_utils import assert_fixture_parity, assert_loads, assert_parity, load_fixture, meta_model_with_timm_params
+from fixture_utils import assert_parity, check_wide_fixture, load_fixture, meta_model_with_timm_params
 from hf_utils import load_from_hf, perturb_fan_in
 from transformers import CLIPConfig, CLIPModel, CLIPVisionConfig, CLIPVisionModel, CLIPVisionModelWithProjection
 
@@ -58,12 +58,8 @@ def test_huge_on_meta_equals_timm():
 # ---------------------------------------------------------------- timm (fixtures)
 @pytest.mark.parametrize("fixture", ["timm_clip", "timm_clip_quickgelu"])
 def test_timm_parity(fixture):
-    state, t, cfg = load_fixture(fixture)
+    _, state, t, cfg = check_wide_fixture(fixture, _ours_from_timm)
     assert "patch_embed.proj.bias" not in state and "norm_pre.weight" in state
-    model = _ours_from_timm(cfg)
-    assert_loads(model, state, "vit_attention")
-    assert_fixture_parity(model, t)
-    assert_fixture_parity(model, t, "_wide")
     with torch.no_grad():
         other = _ours_from_timm(cfg, act="gelu" if cfg.get("act_layer") == "quick_gelu" else "quick_gelu")
         load_weights(other, state)

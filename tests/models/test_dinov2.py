@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 import torch
-from fixture_utils import assert_fixture_parity, assert_loads, assert_parity, load_fixture
+from fixture_utils import assert_parity, check_wide_fixture, load_fixture
 from hf_utils import perturb_fan_in
 from transformers import Dinov2Config, Dinov2Model, Dinov2WithRegistersConfig, Dinov2WithRegistersModel
 
@@ -65,12 +65,8 @@ def test_structure_on_meta_equals_timm_counts(name):
 # ---------------------------------------------------------------- timm (fixtures)
 @pytest.mark.parametrize("fixture", FIXTURES)
 def test_timm_parity(fixture):
-    state, t, cfg = load_fixture(fixture)
-    model = _ours_from_timm(cfg)
-    assert_loads(model, state, "vit_attention")
-    assert_fixture_parity(model, t)
     # 42x70: the table resampled every forward (bicubic, antialias), non-square grid 3x5
-    assert_fixture_parity(model, t, "_wide", outputs=("features", "pre_logits"))
+    model, _, t, cfg = check_wide_fixture(fixture, _ours_from_timm, wide=("features", "pre_logits"))
     with torch.no_grad():
         inter = model.forward_intermediates(t["input_wide"], indices=2, output_fmt="NCHW", intermediates_only=True)
     assert len(inter) == 2

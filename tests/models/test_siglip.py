@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 import torch
-from fixture_utils import assert_fixture_parity, assert_loads, assert_parity, load_fixture, meta_model_with_timm_params
+from fixture_utils import assert_parity, check_wide_fixture, meta_model_with_timm_params
 from hf_utils import load_from_hf, perturb_fan_in
 from transformers import SiglipConfig, SiglipModel, SiglipVisionConfig, SiglipVisionModel
 
@@ -73,11 +73,7 @@ def test_so400m_384_ignores_the_pixels_past_the_last_patch():
 # ---------------------------------------------------------------- timm (fixtures)
 @pytest.mark.parametrize("fixture", ["timm_siglip", "timm_siglip_gap"])
 def test_timm_parity(fixture):
-    state, t, cfg = load_fixture(fixture)
-    model = _ours_from_timm(cfg)
-    assert_loads(model, state, "vit_attention")
-    assert_fixture_parity(model, t)
-    assert_fixture_parity(model, t, "_wide", outputs=("features", "pre_logits"))
+    _, state, t, cfg = check_wide_fixture(fixture, _ours_from_timm, wide=("features", "pre_logits"))
     with torch.no_grad():  # the activation matters: the other GELU flavour moves the embedding
         other = _ours_from_timm(cfg, act="gelu" if cfg.get("act_layer") == "gelu_tanh" else "gelu_tanh")
         load_weights(other, state)
