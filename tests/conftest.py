@@ -1,20 +1,19 @@
 """Shared test settings (deterministic, small) and the test tiers.
 
-Tiers are markers, applied here at collection so no test file has to remember them:
+Tiers are markers, set where each test is written (``pytestmark = ...`` at the top of a file or a
+decorator on the test); nothing here guesses them from names or paths:
 
-* ``registry``: a test parametrized over registered model names (a registry sweep). Every such
-  item is marked; the one of its family's *representative* preset (the first registered name of
-  the family in sorted order, the preset ``tests/analysis/test_every_family.py`` also uses) is
-  marked ``representative`` as well.
+* ``registry``: a test parametrized over registered model names (a registry sweep), its model name in
+  the parameter ``name``. The item of each family's *representative* preset (the first registered
+  name of the family in sorted order, the preset ``tests/analysis/test_every_family.py`` also uses)
+  is marked ``representative`` here as well.
 * ``parity``: a test that compares with a reference implementation (committed fixtures from timm,
-  torchvision or the original repositories, or ``transformers`` live): files under
-  ``tests/weights/`` and tests whose name says ``parity`` / ``reference`` / ``fixture``.
-* ``slow``: marked by hand (the digits run, the docs regeneration, the export round trips ...).
+  torchvision or the original repositories, or ``transformers`` live).
+* ``slow``: subprocess training, torchrun, the digits run, inductor code generation, ...
 
 ``pytest --fast`` is the contributors' tier: it leaves out ``slow`` tests and every registry sweep
 item but the family representative's, so each mechanism and each family still runs once (parity
-included); ``pytest --fast -n 2`` runs it on both cores (pytest-xdist, a dev dependency). The README's
-test command (plain ``pytest``) runs everything, as CI does.
+included). ``-n 2`` runs either tier on both cores (pytest-xdist, a dev dependency).
 """
 
 from __future__ import annotations
@@ -41,50 +40,35 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @functools.cache
-def _model_families() -> tuple[dict[str, str], frozenset[str]]:
-    """``{registered name or alias: family}`` and the set of representative names (first per family)."""
+def _representatives() -> frozenset[str]:
+    """The representative preset of every family (its first registered name)."""
     from model_outputs import first_preset_per_family
 
-    from vit_attention.models import get_model_entry, list_models
-    from vit_attention.models.registry import _ALIASES
-
-    family = {name: get_model_entry(name).family for name in list_models()}
-    for alias, target in _ALIASES.items():
-        family.setdefault(alias, family.get(target, ""))
-    return family, frozenset(first_preset_per_family().values())
+    return frozenset(first_preset_per_family().values())
 
 
-_PARITY_WORDS = ("parity", "reference", "fixture")
-
-
-def _swept_model(item: pytest.Item) -> str | None:
-    """The registered model name an item is parametrized with, or ``None``."""
+def _swept_model(item: pytest.Item) -> str:
+    """The registered model name a ``registry`` item runs (its ``name`` parameter)."""
     callspec = getattr(item, "callspec", None)
-    if callspec is None:
-        return None
-    family, _ = _model_families()
-    for value in callspec.params.values():
-        if isinstance(value, str) and value in family:
-            return value
-    return None
+    name = callspec.params.get("name") if callspec is not None else None
+    if not isinstance(name, str):
+        raise pytest.UsageError(f"{item.nodeid}: a test marked 'registry' takes the registered model name as its "
+                                "parameter 'name'")
+    return name
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark ``registry`` / ``representative`` / ``parity`` items; with ``--fast`` deselect the heavy tier."""
-    family, representatives = _model_families()
+    """Mark the ``representative`` items of the registry sweeps; with ``--fast`` deselect the heavy tier."""
     fast = config.getoption("--fast")
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
     for item in items:
-        name = _swept_model(item)
-        if name is not None:
-            item.add_marker(pytest.mark.registry)
-            if name in representatives:
+        heavy = item.get_closest_marker("slow") is not None
+        if item.get_closest_marker("registry") is not None:
+            if _swept_model(item) in _representatives():
                 item.add_marker(pytest.mark.representative)
-        path = str(getattr(item, "path", ""))
-        if "/tests/weights/" in path or any(w in item.name.lower() for w in _PARITY_WORDS):
-            item.add_marker(pytest.mark.parity)
-        heavy = item.get_closest_marker("slow") is not None or (name is not None and name not in representatives)
+            else:
+                heavy = True
         (dropped if fast and heavy else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)

@@ -34,6 +34,7 @@ def test_mechanism_analytic_equals_measured(name, device):
         assert analytic.modules == {"": attn.flops(shape)}  # costed by the mechanism's own formula
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", list_models())
 def test_model_analytic_equals_measured(name):
     model, shape = reduced(name)
@@ -56,6 +57,7 @@ def test_published_table_covers_the_issue_models():
     assert all(source for _, source in published_gmacs().values())  # every figure says where it comes from
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", sorted(published_gmacs()))
 def test_published_totals(name):
     if name not in list_models():
@@ -139,6 +141,7 @@ def _fast_meta_cases() -> list[str]:
     return distinct_reduced_presets()
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", _fast_meta_cases())
 def test_fast_meta_records_what_torch_meta_kernels_record(name: str) -> None:
     """``record_forward`` on meta answers layer norm / addmm / softmax / GELU with their empty outputs

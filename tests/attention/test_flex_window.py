@@ -262,6 +262,7 @@ def test_block_mask_skips_blocks_at_swin_t_sizes(hw: tuple[int, int], computed: 
     print(f"\n{hw[0]}x{hw[1]}: block sparsity {block_mask.sparsity():.1f} % ({computed} of {total} blocks)")
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["twins_svt_small", "swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256"])
 def test_reduced_models_on_flex(name: str) -> None:
     """Twins-SVT (LSA + global sub-sampled attention), Swin and SwinV2 with shifted windows at reduced size."""

@@ -95,6 +95,7 @@ def test_equals_the_dense_masked_oracle(kwargs, size, fused):
     assert_parity(out, ref)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
 @pytest.mark.parametrize("name", ["timm_halo_attn", "timm_halo_attn_s2", "timm_halo_attn_pool"])
 def test_timm_halo_attn_fixture(name, fused):

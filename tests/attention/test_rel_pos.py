@@ -31,6 +31,7 @@ def _pair(window_size: int, input_size: tuple[int, int]) -> tuple[RelPosAttentio
     return ours.eval(), ref.eval()
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("hw", [(8, 8), (7, 9), (3, 5)])
 def test_window_mode_equals_hf_on_its_padded_partition(hw):
     ours, ref = _pair(4, (14, 14))
@@ -42,6 +43,7 @@ def test_window_mode_equals_hf_on_its_padded_partition(hw):
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("hw", [(6, 6), (5, 8), (9, 4)])  # the built grid, then resized tables
 def test_global_mode_equals_hf(hw):
     ours, ref = _pair(0, (6, 6))

@@ -195,6 +195,7 @@ def test_hf_vitdet_reference_builds_with_our_weights() -> None:
     assert (a - b).abs().max() / b.abs().max() < 1e-5
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("mode", ["infer", "train"])
 def test_compare_hf_vitdet(mode: str) -> None:
     report = run_benchmark(_vitdet(mode=mode))

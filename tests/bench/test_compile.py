@@ -20,6 +20,7 @@ SMALL = {
 }
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_one_graph_and_same_output(name: str) -> None:
     kwargs, img = SMALL[name]

@@ -32,6 +32,7 @@ def _family_presets() -> list[Any]:
     return [name for _, name in sorted(first_preset_per_family().items())]
 
 
+@pytest.mark.registry
 @pytest.mark.slow  # the --fast tier keeps one graph per family through test_compile_registry.py
 @pytest.mark.parametrize("name", _family_presets())
 def test_bench_compile_every_family(name: str) -> None:

@@ -69,6 +69,7 @@ def _close(a: Any, b: Any) -> None:
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", distinct_reduced_presets())
 def test_one_graph_and_same_output(name: str) -> None:
     model, x = build(name, small_overrides(name))
@@ -192,6 +193,7 @@ def test_new_input_sizes_compile_without_graph_breaks(family: str) -> None:
         torch._dynamo.reset()
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["swin_tiny_patch4_window7_224", "deit_small_patch16_224", "vitdet_base_patch16_1024",
                                   "halonet26t", "cait_xxs24_224"])
 def test_features_models_trace_as_one_graph(name: str) -> None:

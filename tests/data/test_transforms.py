@@ -48,6 +48,7 @@ def test_preset_data_config_is_timms(case):
     assert ours.hf_hub_id == f"timm/{CASES[case]['timm_name']}" and ours.num_classes == 1000
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_eval_transform_equals_timms(case, image):
     cfg = DataConfig.from_dict(CASES[case]["config"])

@@ -71,6 +71,7 @@ def test_every_mechanism_in_a_vit_matches_eager(mech: str, tmp_path: Path) -> No
 NAFLEX_TABLE = (3, 5)  # a position table the reduced 2x3 grid must be resized to (anti-aliased bicubic / bilinear)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", list_models("naflexvit*"))
 def test_every_naflexvit_preset_with_a_resized_table_matches_eager(name: str, tmp_path: Path) -> None:
     """ONNX has no anti-aliased resize: the table of the exported (fixed) grid is a constant of the graph."""

@@ -49,6 +49,7 @@ def test_chunk_size_only_where_nobody_can_tell(small_chunks):
         set_chunk_elements(-1)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256"])
 def test_swin_stage_chunks_at_inference_with_same_result(name, small_chunks, monkeypatch):
     torch.manual_seed(0)

@@ -60,6 +60,7 @@ def test_cache_is_least_recently_used_with_counters() -> None:
     assert square.cache_info().currsize == 0  # type: ignore[attr-defined]
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256"])
 def test_compile_of_swin_emits_no_warning(name: str, caplog: pytest.LogCaptureFixture) -> None:
     model = va.create_model(name, num_classes=10, img_size=40, window_size=4, depths=(2, 2), num_heads=(3, 6)).eval()

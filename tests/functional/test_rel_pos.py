@@ -41,6 +41,7 @@ def test_equals_the_written_out_formula(grid):
     torch.testing.assert_close(bias, _oracle(q, rh, rw, grid), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("q_size,k_size,lengths", [((4, 4), (4, 4), (7, 7)), ((4, 6), (4, 6), (5, 15)),
                                                    ((4, 4), (2, 2), (7, 3)), ((3, 5), (6, 5), (9, 9))])
 def test_equals_hugging_face(q_size, k_size, lengths):

@@ -34,6 +34,7 @@ def timm_rope() -> dict:
 
 
 # ------------------------------------------------------------------ parity: timm (fixture)
+@pytest.mark.parity
 @pytest.mark.parametrize("conv", sorted(CONVENTIONS))
 @pytest.mark.parametrize("grid", GRIDS, ids=lambda g: f"{g[0]}x{g[1]}")
 def test_axial_tables_and_rotation_equal_timm(timm_rope, conv, grid):
@@ -52,6 +53,7 @@ def test_axial_tables_and_rotation_equal_timm(timm_rope, conv, grid):
     torch.testing.assert_close(rk, ref.flip(0), rtol=0, atol=0)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("grid", GRIDS, ids=lambda g: f"{g[0]}x{g[1]}")
 def test_mixed_tables_and_rotation_equal_timm(timm_rope, grid):
     """RoPE-Mixed: timm's (2, depth, nh, hd/2) freqs; block b uses freqs[:, b] (our per-block module)."""
@@ -71,6 +73,7 @@ def test_mixed_tables_and_rotation_equal_timm(timm_rope, grid):
         torch.testing.assert_close(rq, timm_rope[f"mixed.{tag}.out{b}"], rtol=0, atol=0)
 
 
+@pytest.mark.parity
 def test_the_conventions_differ(timm_rope):
     """Each convention's rule matters: swapping any of them breaks parity (the fixture is not degenerate)."""
     ref = timm_rope["naver.3x5.cos"]
@@ -98,6 +101,7 @@ def _hf_rope(H: int, W: int, patch: int = 4):
     return DINOv3ViTRopePositionEmbedding(cfg).eval(), apply_rotary_pos_emb
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("grid", [(3, 5), (4, 4), (6, 2)], ids=lambda g: f"{g[0]}x{g[1]}")
 def test_dinov3_equals_hf(grid):
     """HF DINOv3ViTRopePositionEmbedding (eval mode: train mode randomises the coordinates) and its
@@ -120,6 +124,7 @@ def test_dinov3_equals_hf(grid):
     assert torch.equal(oq[:, :, :5], q[:, :, :5])
 
 
+@pytest.mark.parity
 def test_hf_train_mode_randomises_what_eval_mode_fixes():
     """Why the parity tests use eval mode: HF's default pos_embed_rescale=2 jitters the coordinates in train."""
     hf, _ = _hf_rope(3, 5)

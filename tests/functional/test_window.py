@@ -129,6 +129,7 @@ def test_shift_mask_cached_per_size_and_validated():
         shift_window_mask(15, 14, 7, 3)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("case", ["timm_swin", "timm_swin_pad60", "timm_swinv2_pretrained_ws"])
 def test_masks_and_tables_equal_reference_buffers(case):
     t = load_file(FIXTURES / f"{case}.safetensors")

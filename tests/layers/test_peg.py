@@ -22,6 +22,7 @@ def _rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return ((ours - ref).abs().max() / ref.abs().max()).item()
 
 
+@pytest.mark.parity
 def test_matches_timm_twins_posconv():
     t = load_file(FIXTURES / "timm_twins_posconv.safetensors")
     w, b = t["state_dict.proj.0.weight"], t["state_dict.proj.0.bias"]

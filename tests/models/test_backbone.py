@@ -19,6 +19,7 @@ FAMILIES = sorted(first_preset_per_family().items())
 BASE_ONLY = ("default_config", "resolve_config", "set_grad_checkpointing", "no_weight_decay", "forward")
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("family,name", FAMILIES, ids=[f for f, _ in FAMILIES])
 def test_every_family_is_a_backbone_and_declares_its_reduced_config(family: str, name: str) -> None:
     entry = get_model_entry(name)
@@ -41,6 +42,7 @@ def test_every_family_module_registers_backbones_only() -> None:
     assert len(builtin_families()) >= 16
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("family,name", FAMILIES, ids=[f for f, _ in FAMILIES])
 def test_config_resolution_is_the_base_s(family: str, name: str) -> None:
     entry = get_model_entry(name)
@@ -55,6 +57,7 @@ def test_config_resolution_is_the_base_s(family: str, name: str) -> None:
         cls(cfg, num_classes="ten")
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("family,name", FAMILIES, ids=[f for f, _ in FAMILIES])
 def test_reset_classifier_and_pools_are_the_base_s(family: str, name: str) -> None:
     model = create_model(name, **small_overrides(name)).eval()
@@ -101,6 +104,7 @@ POOL_SWITCH_CASES = sorted({*(n for _, n in FAMILIES), "vit_base_patch16_224", "
                             "vit_base_patch16_siglip_224"})
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", POOL_SWITCH_CASES)
 def test_a_model_with_another_pool_saves_and_loads_back_as_it_is(name: str, tmp_path) -> None:
     """``reset_classifier(n, global_pool=p)`` then ``save_weights`` / ``load_model``: the same keys and logits for
@@ -138,6 +142,7 @@ def test_reset_classifier_checks_every_argument_before_changing_anything() -> No
     assert model.global_pool == pool and model.cfg.global_pool == pool
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["cvt_13_224", "cait_xxs24_224", "igpt_small"])
 def test_bare_linear_heads_use_the_base_forward_head(name: str) -> None:
     """CvT, CaiT and iGPT keep a bare ``Linear`` head (the originals' key ``head``): the base's forward_head pools,
@@ -169,6 +174,7 @@ def _timm_grouping(matcher: dict, names: list[str]) -> dict[str, tuple[int, ...]
     return out
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("family,name", FAMILIES, ids=[f for f, _ in FAMILIES])
 def test_layer_ids_and_group_matcher(family: str, name: str) -> None:
     with torch.device("meta"):
@@ -224,6 +230,7 @@ def _count_module_calls(model: torch.nn.Module, fn) -> int:
     return calls[0]
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("family,name", FAMILIES, ids=[f for f, _ in FAMILIES])
 def test_intermediates_only_stops_at_the_last_level_and_pruning_keeps_the_maps(family: str, name: str) -> None:
     """``forward_intermediates(..., intermediates_only=True)`` runs nothing after the last chosen level, and

@@ -21,6 +21,7 @@ def _mechanisms(model: torch.nn.Module) -> set[str]:
     return {type(m).attention_name for m in model.modules() if hasattr(type(m), "attention_name")}
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize(("family", "name"), FAMILIES)
 def test_flex_model_equals_explicit(family: str, name: str) -> None:
     model, x = build(name, small_overrides(name))
@@ -47,6 +48,7 @@ def test_create_model_sets_every_mechanism_and_checks_the_name() -> None:
 PATTERNED = {"swin", "nat", "halonet", "vil", "vitdet", "igpt"}  # SwinV2: Swin's pattern (mechanism level)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize(("family", "name"), [f for f in FAMILIES if f[0] in PATTERNED])
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
 def test_flex_model_compiles_as_one_graph(family: str, name: str) -> None:

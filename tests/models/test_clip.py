@@ -39,6 +39,7 @@ def test_registered_presets():
         assert p["num_classes"] == (1000 if "quickgelu" not in name else 768 if "large" in name else 512)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["vit_large_patch14_clip_quickgelu_224", "vit_base_patch32_clip_224"])
 def test_structure_on_meta_equals_timm_counts(name):
     with torch.device("meta"):
@@ -56,6 +57,7 @@ def test_huge_on_meta_equals_timm():
 
 
 # ---------------------------------------------------------------- timm (fixtures)
+@pytest.mark.parity
 @pytest.mark.parametrize("fixture", ["timm_clip", "timm_clip_quickgelu"])
 def test_timm_parity(fixture):
     _, state, t, cfg = check_wide_fixture(fixture, _ours_from_timm)
@@ -90,6 +92,7 @@ def _to_openai(state: dict, prefix: str) -> dict:
     return out
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("prefix", ["visual.", ""])
 def test_openai_layout(prefix):
     state, t, cfg = load_fixture("timm_clip_quickgelu")
@@ -122,6 +125,7 @@ def _ours_from_hf(config: dict) -> CLIP:
     return CLIP(VisionTransformerConfig(**over)).eval()
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("names", ["file", "memory"])
 def test_huggingface_with_projection_parity(names):
     torch.manual_seed(0)
@@ -143,6 +147,7 @@ def test_huggingface_with_projection_parity(names):
         assert_parity(ours(x), ref.image_embeds)
 
 
+@pytest.mark.parity
 def test_huggingface_vision_model_without_projection():
     torch.manual_seed(0)
     hf = perturb_fan_in(CLIPVisionModel(CLIPVisionConfig(**_VISION)))
@@ -155,6 +160,7 @@ def test_huggingface_vision_model_without_projection():
         assert_parity(ours(x), hf(pixel_values=x).pooler_output)
 
 
+@pytest.mark.parity
 def test_huggingface_two_tower_file():
     torch.manual_seed(0)
     cfg = CLIPConfig(vision_config=_VISION, projection_dim=24,
@@ -170,6 +176,7 @@ def test_huggingface_two_tower_file():
         assert_parity(ours(x), ref)
 
 
+@pytest.mark.parity
 def test_create_model_from_a_transformers_folder():
     """``create_model(preset, pretrained=folder)``: a tower with its projection gets the projection as its head
     (``num_classes`` = the folder's ``projection_dim``, 24 here) without being told."""

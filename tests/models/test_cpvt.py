@@ -19,6 +19,7 @@ def test_registered():
     assert set(NAMES) == set(list_models("cpvt*"))
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", NAMES)
 def test_params_match_deit_minus_pos_embed_plus_peg_on_meta(name):
     with torch.device("meta"):
@@ -46,6 +47,7 @@ def test_structure_peg_after_block_0_and_no_position_table():
     assert gap.cls_token is None and gap.num_prefix_tokens == 0 and gap.global_pool == "avg"
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["cpvt_tiny_patch16_224", "cpvt_gap_tiny_patch16_224"])
 def test_forward_equals_written_out_flow_at_any_size(name):
     torch.manual_seed(0)

@@ -21,6 +21,7 @@ def test_presets_registered() -> None:
     assert set(PRESETS) <= set(list_models(family="cvt"))
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("size", ["13", "21", "w24"])
 def test_parameter_count_equals_hugging_face(size: str) -> None:
     """Every parameter of HF's port, no more (both on the meta device)."""

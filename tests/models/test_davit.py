@@ -41,6 +41,7 @@ def test_block_pairs_keys_and_mechanisms():
     assert fl.stages[1].downsample.conv.kernel_size == (3, 3) and fl.stages[0].blocks[0][1].attn.form == "florence2"
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["davit_base_fl", "davit_huge_fl"])
 def test_florence2_towers_are_headless_by_default_like_timm(name):
     """timm builds davit_*_fl with its default tag's (msft_florence2) num_classes=0; a num_classes given still wins."""

@@ -44,6 +44,7 @@ def test_registered_presets():
         assert (p.get("mlp_layer") == "glu") == ("giant" in name)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["vit_giant_patch14_reg4_dinov2", "vit_small_patch14_dinov2"])
 def test_structure_on_meta_equals_timm_counts(name):
     with torch.device("meta"):
@@ -63,6 +64,7 @@ def test_structure_on_meta_equals_timm_counts(name):
 
 
 # ---------------------------------------------------------------- timm (fixtures)
+@pytest.mark.parity
 @pytest.mark.parametrize("fixture", FIXTURES)
 def test_timm_parity(fixture):
     # 42x70: the table resampled every forward (bicubic, antialias), non-square grid 3x5
@@ -75,6 +77,7 @@ def test_timm_parity(fixture):
         assert_parity(grid, t[f"inter_wide.{i}"])
 
 
+@pytest.mark.parity
 def test_layerscale_matters():
     state, t, cfg = load_fixture("timm_dinov2_reg4")
     assert all((state[k] - 0.1).abs().max() > 0.01 for k in state if k.endswith(".gamma"))
@@ -85,6 +88,7 @@ def test_layerscale_matters():
         assert (model.forward_features(t["input"]) - t["features"]).abs().max() > 1e-3
 
 
+@pytest.mark.parity
 def test_registers_left_out_of_avg_pool():
     """transformers #37817: a patch mean must skip the class token and the 4 registers."""
     state, t, cfg = load_fixture("timm_dinov2_reg4")
@@ -96,6 +100,7 @@ def test_registers_left_out_of_avg_pool():
     assert (pooled - t["features"][:, 1:].mean(1)).abs().max() > 1e-3  # registers would change it
 
 
+@pytest.mark.parity
 def test_loads_at_another_size():
     """A 3x3-grid checkpoint into a 4x5-grid model: the table resampled once at load = resampled each forward."""
     state, t, cfg = load_fixture("timm_dinov2")
@@ -125,6 +130,7 @@ def _to_original(state: dict, *, reg: bool, glu: bool, chunked: bool = False) ->
     return out
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("fixture,chunked", [("timm_dinov2", False), ("timm_dinov2_reg4", False),
                                              ("timm_dinov2_reg4_glu", True)])
 def test_original_layout(fixture, chunked):
@@ -154,6 +160,7 @@ def _ours_from_hf(hf: torch.nn.Module) -> Dinov2:
     return Dinov2(VisionTransformerConfig(**over, num_classes=0, dynamic_img_size=True)).eval()
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("reg,swiglu", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("names", ["file", "memory"])
 def test_huggingface_parity(reg, swiglu, names):
@@ -188,6 +195,7 @@ def _default_and_bicubic(hf: torch.nn.Module) -> tuple[Dinov2, Dinov2]:
     return ours, bicubic
 
 
+@pytest.mark.parity
 def test_huggingface_plain_resamples_otherwise():
     """HF ``Dinov2Model`` resizes the table with ``size=``, bicubic, no antialias (MODERN A.2): our default
     ("timm") equals it at the native size only; ``pos_embed_resize="bicubic"`` equals it at every size."""
@@ -201,6 +209,7 @@ def test_huggingface_plain_resamples_otherwise():
             assert_parity(hf_rule.forward_features(xw), ref)
 
 
+@pytest.mark.parity
 def test_huggingface_register_rule_is_timms():
     """HF ``Dinov2WithRegistersModel`` resizes with antialias, timm's rule (our default); the no-antialias rule
     is not it."""
@@ -242,6 +251,7 @@ def test_original_plain_rule_in_the_model():
         VisionTransformerConfig(**cfg, pos_embed_resize="hf")
 
 
+@pytest.mark.parity
 def test_hf_config_reader_giant():
     cfg = Dinov2Config(hidden_size=1536, num_hidden_layers=40, num_attention_heads=24, use_swiglu_ffn=True,
                        image_size=518)
@@ -251,6 +261,7 @@ def test_hf_config_reader_giant():
     assert reg["reg_tokens"] == 4 and reg["no_embed_class"] is True
 
 
+@pytest.mark.parity
 def test_create_model_from_a_transformers_folder():
     """``create_model(preset, pretrained=folder)``: the folder's config.json (read by our reader) wins."""
     hf = _hf(True, False)
@@ -264,6 +275,7 @@ def test_create_model_from_a_transformers_folder():
         assert_parity(m(x), hf(pixel_values=x).pooler_output)
 
 
+@pytest.mark.parity
 def test_timm_layout_with_a_class_slot_into_a_register_model():
     """An original-style table (class slot kept) under timm names loads into the reg4 model, folded exactly."""
     state, t, cfg = load_fixture("timm_dinov2_reg4")

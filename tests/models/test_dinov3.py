@@ -79,6 +79,8 @@ def test_rope_replaces_position_embeddings():
     assert (a[:, 0] - b[:, 0]).abs().max() > 1e-4
 
 
+@pytest.mark.registry
+@pytest.mark.parity
 @pytest.mark.parametrize("case,name", [("timm_dinov3", "vit_small_patch16_dinov3"),
                                        ("timm_dinov3_qkvb_swiglu", "vit_small_plus_patch16_dinov3_qkvb")])
 def test_timm_parity(case, name):
@@ -91,6 +93,7 @@ def test_timm_parity(case, name):
     assert_fixture_parity(m, t, "_nonsquare", outputs=("output",))  # 3x5 grid
 
 
+@pytest.mark.parity
 def test_timm_parity_needs_the_half_rotation():
     """The same weights with the interleaved layout (timm PR #2692's bug) are far from the reference."""
     state, t, cfg = load_fixture("timm_dinov3")
@@ -116,6 +119,7 @@ def _hf(gated: bool = False, **kw):
     return hf.eval()  # eval: train mode randomises the RoPE coordinates (pos_embed_rescale=2)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("hub_file", [False, True])
 def test_hf_parity(gated, hub_file):
@@ -138,6 +142,7 @@ def test_hf_parity(gated, hub_file):
         assert_parity(m.forward_head(feats), out.pooler_output)
 
 
+@pytest.mark.parity
 def test_hf_zero_biases_load_into_the_bias_free_preset():
     """HF files carry q / v biases for every size; all-zero ones (distilled B / L / H+) drop with a note,
     non-zero ones fail a strict load (use the _qkvb preset)."""
@@ -156,6 +161,7 @@ def test_hf_zero_biases_load_into_the_bias_free_preset():
     assert "blocks.0.attn.q_bias" in report.unexpected
 
 
+@pytest.mark.parity
 def test_hf_config_reader():
     from vit_attention.weights.hub import hf_config_overrides
 

@@ -34,6 +34,7 @@ def test_every_family_is_covered() -> None:
     assert {get_model_entry(n).family for n in NAMES} == {get_model_entry(n).family for n in list_models()}
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", NAMES)
 def test_empty_batch(name: str) -> None:
     model, x = build(name, small_overrides(name))

@@ -36,6 +36,7 @@ def test_registered_names_and_presets():
         assert e.meta["published_params_m"] > 0 and e.meta["published_gmacs"] > 0
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name,hidden", [("eva02_tiny_patch14_224", 512), ("eva02_small_patch14_224", 1024),
                                          ("eva02_base_patch14_224", 2048), ("eva02_large_patch14_224", 2730)])
 def test_structure_on_meta(name, hidden):
@@ -57,6 +58,8 @@ def test_structure_on_meta(name, hidden):
     assert isinstance(m.head, torch.nn.Identity)
 
 
+@pytest.mark.registry
+@pytest.mark.parity
 @pytest.mark.parametrize("case,name", CASES)
 def test_timm_parity(case, name):
     state, t, cfg = load_fixture(case)
@@ -69,6 +72,7 @@ def test_timm_parity(case, name):
     assert_fixture_parity(m, t, "_nonsquare", outputs=("output",))  # pos_embed resampled, RoPE grid rescaled
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("wrong", [{"convention": "eva", "ref_feat_shape": (4, 4)},  # no rescale
                                    {"convention": "naver"}])
 def test_parity_needs_eva_rope(wrong):
@@ -90,6 +94,7 @@ def test_other_sizes_rescale_the_rope_grid():
     torch.testing.assert_close(cos[1], cos16[2])  # column 1 of 8 sits where column 2 of 16 does
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", FT + CLIP)
 def test_new_presets_on_meta_equal_timm(name):
     """Fine-tuned classifiers (336 / 448, mean pool + fc_norm, 1000 classes) and EVA-CLIP towers (class token,
@@ -109,6 +114,7 @@ def test_new_presets_on_meta_equal_timm(name):
     assert m.pos_embed.shape[1] == 1 + side * side
 
 
+@pytest.mark.parity
 def test_inner_attn_norm_matters():
     """The CLIP fixture needs the inner norm: without it (its weights dropped) the output moves."""
     state, t, _ = load_fixture("timm_eva02_clip")

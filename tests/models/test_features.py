@@ -19,6 +19,7 @@ def _input(model: torch.nn.Module, batch: int = 2) -> torch.Tensor:
     return torch.randn(batch, model.cfg.in_chans, h, w, generator=torch.Generator().manual_seed(0))
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", distinct_reduced_presets())
 def test_every_model_channels_and_strides(name: str) -> None:
     """Default out_indices: each map's channels and stride are what feature_info says (every distinct reduced
@@ -76,6 +77,7 @@ def test_options_need_features_only() -> None:
         create_model("vit_digits_patch2_8", out_indices=(0,))
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["deit_tiny_distilled_patch16_224", "swinv2_tiny_window8_256"])
 def test_maps_equal_the_full_models_intermediates(name: str) -> None:
     """A full model's state dict (head included) loads strictly; maps are its forward_intermediates. Without
@@ -139,6 +141,7 @@ def test_wrapping_an_existing_model_twice_raises() -> None:
         as_features_model(model)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["deit_tiny_distilled_patch16_224", "swin_tiny_patch4_window7_224"])
 def test_onnx_export_one_output_per_map(name: str, tmp_path) -> None:
     import onnx  # the test set-up installs the onnx extra: a missing package must fail, not skip
@@ -172,6 +175,7 @@ def test_deepcopy_and_pickle_keep_the_features_model() -> None:
         other.load_state_dict(create_model(name).state_dict())  # the load hook came along
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize(("name", "fmt"), [("vit_digits_patch2_8", "NHWC"), ("swin_digits_patch2_window2_8", "NLC"),
                                            ("vit_digits_patch2_8", "nchw")])
 def test_unsupported_output_fmt_raises_when_built(name: str, fmt: str) -> None:
@@ -206,6 +210,7 @@ def _one_preset_per_family() -> list[str]:
     return sorted(first.values())
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", _one_preset_per_family())
 def test_saved_features_model_loads_back_by_both_routes(name: str, tmp_path) -> None:
     """``save_weights`` of a features model: ``load_model`` and ``create_model(features_only=True, pretrained=)``
@@ -240,6 +245,7 @@ def test_saved_features_model_loads_back_by_both_routes(name: str, tmp_path) -> 
         create_model(name, pretrained=path, **over)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", distinct_reduced_presets())
 def test_pruned_features_model_keeps_only_what_its_maps_need(name: str) -> None:
     """``out_indices=(0,)`` (the first level): the layers after it and the final norm are gone (fewer parameters

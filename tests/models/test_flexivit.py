@@ -33,6 +33,7 @@ def test_registered_presets():
         assert get_model_entry(name).family == "flexivit"
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", NAMES)
 def test_params_and_gmacs_match_published(name):
     with torch.device("meta"):
@@ -52,6 +53,7 @@ def test_pretrained_tags():
     assert cfg["num_classes"] == 21843
 
 
+@pytest.mark.parity
 def test_timm_parity_at_several_patch_sizes():
     model, state, t = _fixture_model()
     assert load_weights(model, state).ok
@@ -61,6 +63,7 @@ def test_timm_parity_at_several_patch_sizes():
     assert_resized_parity(model, t)  # measured <= 8.6e-7 relative
 
 
+@pytest.mark.parity
 def test_load_at_another_patch_size_uses_the_flexivit_rule():
     """timm's checkpoint_filter_fn for flexivit* (bilinear, no antialias): patch-8 weights into a patch-12 model."""
     model, state, t = _fixture_model(img_size=36, patch_size=12)

@@ -16,6 +16,7 @@ TIMM_PARAMS = {"halonet_h1": 8_100_056, "halonet26t": 12_480_288, "sehalonet33ts
                "halonet50ts": 22_733_280, "haloregnetz_b": 11_680_072}
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", sorted(TIMM_PARAMS))
 def test_parameter_counts_equal_timm(name: str) -> None:
     with torch.device("meta"):

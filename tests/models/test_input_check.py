@@ -19,6 +19,7 @@ def _model(name: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
     return model, (1, model.cfg.in_chans, *size)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_family_refuses_non_tensor_and_integer_input_by_name(name: str) -> None:
     model, shape = _model(name)

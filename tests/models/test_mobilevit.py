@@ -18,6 +18,7 @@ def _small(name: str, **kw) -> MobileViT:
     return create_model(name, **{**SMALL, "num_features": num_features, **kw}).eval()
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["mobilevit_s", "mobilevitv2_100"])
 def test_feature_levels_and_head(name: str) -> None:
     model = _small(name, img_size=128)
@@ -45,6 +46,7 @@ def test_v1_resizes_up_and_back_v2_only_up() -> None:
     assert [tuple(m.shape[-2:]) for m in v2] == [(40, 40), (20, 20), (10, 10), (6, 6), (4, 4)]
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize(("name", "mechanism"), [("mobilevit_xxs", "unfold"), ("mobilevitv2_050", "separable")])
 def test_default_mechanisms_and_any_other_plugs_in(name: str, mechanism: str) -> None:
     model = _small(name)
@@ -99,6 +101,7 @@ def test_bad_config_names_the_field(override: dict, match: str) -> None:
         MobileViTConfig(**{**SMALL, **override})
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize(("name", "published"), [
     ("mobilevitv3_xxs", 1.2), ("mobilevitv3_xs", 2.5), ("mobilevitv3_s", 5.8),
     ("mobilevitv3_050", 1.4), ("mobilevitv3_075", 3.0), ("mobilevitv3_100", 5.1)])

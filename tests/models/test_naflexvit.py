@@ -47,6 +47,7 @@ def test_registered_presets():
     assert set(NAMES) <= set(list_models("naflexvit*"))
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["naflexvit_base_patch16_gap", "naflexvit_base_patch16_parfac_gap",
                                   "naflexvit_base_patch16_map", "naflexvit_base_patch16_siglip",
                                   "naflexvit_so400m_patch16_siglip"])
@@ -70,6 +71,7 @@ def test_timm_key_layout():
 
 
 # ---------------------------------------------------------------- parity with timm (fixtures)
+@pytest.mark.parity
 @pytest.mark.parametrize("case", CASES)
 def test_timm_standard_tensor(case):
     state, t, cfg = load_fixture(case)
@@ -78,6 +80,7 @@ def test_timm_standard_tensor(case):
     assert_fixture_parity(model, t)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("case", CASES)
 def test_timm_packed_batch(case):
     """Valid tokens and pooled outputs equal timm's (padding rows differ: timm's symmetric mask)."""
@@ -222,6 +225,7 @@ def test_set_input_size_patch_resamples_linear_kernel():
 
 
 # ---------------------------------------------------------------- parity with Hugging Face Siglip2 (live)
+@pytest.mark.parity
 def test_hf_siglip2_padded_batch():
     """transformers Siglip2VisionModel's input: pixel_values [B, L, p·p·C], pixel_attention_mask, spatial_shapes;
     tanh GELU, bilinear + antialias table resize; key-only masks. Valid tokens (post_layernorm) and the MAP output

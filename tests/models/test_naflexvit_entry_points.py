@@ -27,6 +27,7 @@ def test_every_preset_is_swept() -> None:
     assert len(NAMES) >= 6
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", NAMES)
 def test_list_in_every_entry_point_equals_each_image_alone(name: str) -> None:
     model, _ = build(name, small_overrides(name))
@@ -56,6 +57,7 @@ def test_list_in_every_entry_point_equals_each_image_alone(name: str) -> None:
                     assert_parity(prefix, ref_prefix[0])
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", NAMES)
 def test_features_only_model_takes_a_list(name: str) -> None:
     over = small_overrides(name)

@@ -23,6 +23,7 @@ def test_all_presets_registered() -> None:
                           "dinat_base", "dinat_large"}
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", NAMES)
 def test_published_gmacs_with_exact_neighbourhoods(name: str) -> None:
     """With ``tile_size=1`` each query computes exactly its K² logits: the papers' count (meta device)."""

@@ -25,6 +25,7 @@ def test_every_registered_model_has_saved_outputs() -> None:
     assert not missing, f"run `python tests/model_outputs.py` to add saved outputs for {missing}"
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", sorted(OVERRIDES))
 def test_outputs_unchanged(name: str) -> None:
     out = model_outputs.compute(name, OVERRIDES[name])

@@ -18,6 +18,7 @@ def _model(name: str, **kw) -> torch.nn.Module:
     return create_model(name, **{**SMALL, **kw}).eval()
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["pvt_v2_b0", "pvt_v2_b2_li"])
 def test_pvt_v2_runs_at_any_size_and_its_maps_match_feature_info(name: str) -> None:
     model = _model(name)
@@ -93,6 +94,7 @@ def test_pvt_v1_other_sizes_resample_the_tables_and_avg_pool_needs_no_class_toke
         create_model("pvt_v2_b0", num_heads=(1, 2, 3, 8))  # 160 is not divisible by 3
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["pvt_tiny", "pvt_v2_b0"])
 def test_reset_classifier_and_features_only(name: str) -> None:
     model = _model(name, img_size=64)
@@ -174,6 +176,7 @@ def test_conv2d_act_equals_conv_then_activation(act: str | None) -> None:
         conv2d_act(x, w, b, act="tanh")
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize(("name", "side"), [("pvt_tiny", 32), ("pvt_v2_b0", 29), ("pvt_v2_b2_li", 1),
                                             ("twins_pcpvt_small", 32), ("twins_svt_small", 32)])
 def test_minimum_input_size_is_exact_and_named(name: str, side: int, monkeypatch: pytest.MonkeyPatch) -> None:

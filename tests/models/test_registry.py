@@ -11,6 +11,7 @@ from vit_attention.models import get_model_entry, model_config
 from vit_attention.models.registry import aliases_of
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", list_models())
 def test_every_model_builds_and_runs_on_meta(name):
     with torch.device("meta"):
@@ -29,6 +30,7 @@ def test_every_model_builds_and_runs_on_meta(name):
     assert dataclasses.asdict(type(cfg).from_dict(d)) == dataclasses.asdict(cfg)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", [n for n in list_models() if get_model_entry(n).meta.get("published_params_m")])
 def test_published_parameter_counts_within_1_percent(name):
     entry = get_model_entry(name)

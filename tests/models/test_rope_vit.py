@@ -45,6 +45,8 @@ def test_structure_on_meta():
     assert isinstance(mixed.norm, torch.nn.LayerNorm) and isinstance(mixed.fc_norm, torch.nn.Identity)
 
 
+@pytest.mark.registry
+@pytest.mark.parity
 @pytest.mark.parametrize("case,name", CASES)
 def test_timm_parity(case, name):
     state, t, cfg = load_fixture(case)
@@ -56,6 +58,7 @@ def test_timm_parity(case, name):
     assert_fixture_parity(m, t, "_nonsquare", outputs=("output",))  # 3x5: x and y not swapped
 
 
+@pytest.mark.parity
 def test_mixed_frequencies_are_per_block_and_learned():
     state, t, _ = load_fixture("timm_rope_vit_mixed_ape")
     m = create_model("vit_base_patch16_rope_mixed_ape_224", **SMALL).eval()
@@ -75,6 +78,7 @@ def test_mixed_frequencies_are_per_block_and_learned():
     assert id(m.blocks[0].attn.rope.freqs) in no_decay  # timm / Naver: no weight decay on the frequencies
 
 
+@pytest.mark.parity
 def test_axial_parity_needs_xy():
     state, t, _ = load_fixture("timm_rope_vit_axial")
     m = create_model("vit_base_patch16_rope_224", **{**SMALL, "rope_kwargs": {"convention": "naver", "axes": "yx"}})

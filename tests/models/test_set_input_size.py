@@ -35,6 +35,7 @@ def _small(**kw) -> VisionTransformer:
     return model
 
 
+@pytest.mark.parity
 def test_timm_parity_before_and_after_set_input_size():
     model, t = _from_fixture("timm_flexivit")
     with torch.no_grad():
@@ -42,6 +43,7 @@ def test_timm_parity_before_and_after_set_input_size():
     assert_resized_parity(model, t)  # measured <= 1e-6 relative
 
 
+@pytest.mark.parity
 def test_timm_parity_dynamic_img_size_with_register_tokens():
     """dynamic_img_size with 2 register tokens and a class slot in pos_embed, at a non-square size."""
     model, t = _from_fixture("timm_vit_dynamic_reg")
@@ -51,6 +53,7 @@ def test_timm_parity_dynamic_img_size_with_register_tokens():
         assert_parity(model(t["input_rect"]), t["output_rect"])
 
 
+@pytest.mark.parity
 def test_timm_parity_sbb_register_model():
     """timm's SBB register ViTs (``vit_*_patch16_reg4_gap_256``): no class token, 4 registers without position
     embedding, LayerScale, the patch mean; at the trained size and at a non-square one."""
@@ -206,6 +209,7 @@ def _reduced(name: str, **kw) -> VisionTransformer:
     return m
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", _PICK)
 @pytest.mark.parametrize("extra", [{}, {"reg_tokens": 2}, {"reg_tokens": 1, "rope": "axial"}],
                          ids=["plain", "reg", "reg_rope"])

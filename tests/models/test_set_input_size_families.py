@@ -47,6 +47,7 @@ def _cait_from_fixture() -> tuple[Cait, dict]:
 
 
 # ---------------------------------------------------------------------------------------------- CaiT
+@pytest.mark.parity
 def test_cait_timm_parity_after_set_input_size():
     """timm's Cait built at the new size / patch with its pos_embed (and kernel) resampled by timm's functions."""
     model, t = _cait_from_fixture()
@@ -61,6 +62,7 @@ def test_cait_timm_parity_after_set_input_size():
             assert_parity(m(t[f"input_{tag}"]), t[f"output_{tag}"], rel=1e-6)  # measured <= 4e-7 relative
 
 
+@pytest.mark.parity
 def test_cait_state_after_set_input_size():
     model, _ = _cait_from_fixture()
     model.pos_embed.requires_grad_(False)
@@ -80,6 +82,7 @@ def test_cait_state_after_set_input_size():
     assert model.pos_embed is pos
 
 
+@pytest.mark.parity
 def test_cait_set_input_size_checks_before_changing():
     model, _ = _cait_from_fixture()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -97,6 +100,7 @@ def test_cait_set_input_size_checks_before_changing():
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.parity
 def test_cait_dynamic_img_size_after_set_input_size():
     """With dynamic_img_size the resized table is the one resampled at run time; the new size needs none."""
     model, t = _cait_from_fixture()
@@ -132,6 +136,7 @@ def test_every_family_is_covered():
     assert set(BEHAVIOUR) == set(FAMILIES), "give each new family its set_input_size behaviour here"
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", sorted(FAMILIES.values()))
 def test_set_input_size_every_family(name):
     """The family's representative: set_input_size works and the model then equals one freshly built from
@@ -285,6 +290,7 @@ def test_vil_tables_follow_the_new_size_as_the_forward_resamples_them():
 _LOAD_DIFFERS = {"swin": "window scaled by set_input_size", "flexivit": "the FlexiViT checkpoint resampling rule"}
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", sorted(n for f, n in FAMILIES.items() if BEHAVIOUR[f] != "not_implemented"))
 def test_weights_saved_at_one_size_load_at_another(name, tmp_path):
     """``create_model(name, pretrained=FILE, img_size=2·s)`` with weights trained at ``s`` loads strictly (every

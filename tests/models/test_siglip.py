@@ -46,6 +46,7 @@ def test_registered_presets():
         assert p["global_pool"] == ("avg" if "_gap_" in name else "map")
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["vit_so400m_patch14_siglip_384", "vit_base_patch16_siglip_224"])
 def test_structure_on_meta_equals_timm_counts(name):
     with torch.device("meta"):
@@ -71,6 +72,7 @@ def test_so400m_384_ignores_the_pixels_past_the_last_patch():
 
 
 # ---------------------------------------------------------------- timm (fixtures)
+@pytest.mark.parity
 @pytest.mark.parametrize("fixture", ["timm_siglip", "timm_siglip_gap"])
 def test_timm_parity(fixture):
     _, state, t, cfg = check_wide_fixture(fixture, _ours_from_timm, wide=("features", "pre_logits"))
@@ -92,6 +94,7 @@ def _ours_from_hf(config: dict) -> SigLIP:
     return SigLIP(VisionTransformerConfig(**over)).eval()
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("names", ["file", "memory"])
 def test_huggingface_vision_model_parity(names):
     torch.manual_seed(0)
@@ -111,6 +114,7 @@ def test_huggingface_vision_model_parity(names):
                        - ref.pooler_output).abs().max() < 1e-2
 
 
+@pytest.mark.parity
 def test_huggingface_two_tower_file():
     """A ``SiglipModel`` state dict (``vision_model.`` prefix, text tower, logit scale / bias): the image tower."""
     torch.manual_seed(0)
@@ -129,6 +133,7 @@ def test_huggingface_two_tower_file():
         assert_parity(ours.forward_head(ours.forward_features(x), pre_logits=True), ref.pooler_output)
 
 
+@pytest.mark.parity
 def test_huggingface_resamples_otherwise():
     """HF resizes the table only with ``interpolate_pos_encoding=True``, bicubic without antialias: not timm's,
     but ``pos_embed_resize="bicubic"`` (MODERN A.2)."""
@@ -147,6 +152,7 @@ def test_huggingface_resamples_otherwise():
     assert diff.abs().max() > 1e-4
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", sorted(TIMM_PARAMS))
 def test_new_presets_on_meta_equal_timm(name):
     m = meta_model_with_timm_params(name, TIMM_PARAMS[name])
@@ -154,6 +160,7 @@ def test_new_presets_on_meta_equal_timm(name):
     assert m.cls_token is None and m.pos_embed.shape == (1, side * side, m.embed_dim) and m.global_pool == "map"
 
 
+@pytest.mark.parity
 def test_create_model_from_a_transformers_folder():
     """``create_model(preset, pretrained=folder)``: config.json sets the tanh GELU and the sizes."""
     torch.manual_seed(0)

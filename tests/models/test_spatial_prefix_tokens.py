@@ -41,6 +41,7 @@ def test_the_sweep_covers_class_token_vits():
     assert {"deit3_base_patch16_224", "vit_base_patch16_clip_224", "pvt_large"} <= set(PREFIX_FAMILIES)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("mech", SPATIAL)
 @pytest.mark.parametrize("name", PREFIX_FAMILIES)
 def test_spatial_mechanism_in_a_model_with_prefix_tokens_depends_on_the_input(name: str, mech: str) -> None:

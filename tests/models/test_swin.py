@@ -33,6 +33,7 @@ def test_registered_names_and_aliases():
 PUBLISHED = [n for n in list_models("swin*") if "published_params_m" in get_model_entry(n).meta]
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", PUBLISHED)
 def test_published_param_counts_on_meta(name):
     with torch.device("meta"):

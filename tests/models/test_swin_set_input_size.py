@@ -49,6 +49,7 @@ def _small(cls=SwinTransformer, **kw) -> SwinTransformer:
     return model
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
 @pytest.mark.parametrize("tag", list(RESIZES))
 @pytest.mark.parametrize("name", ["timm_swin_resize", "timm_swinv2_resize"])

@@ -32,6 +32,7 @@ def _calls(model: torch.nn.Module, fn):  # type: ignore[no-untyped-def]
     return n[0], out
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", FAMILIES)
 def test_stop_early_runs_nothing_after_the_first_index_and_keeps_the_intermediates(name: str) -> None:
     model, x = _model(name)

@@ -32,6 +32,7 @@ def _model(name: str, depth: int | None = None) -> tuple[torch.nn.Module, torch.
     return model, x
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", sorted(set(MERGING + EXTRA)))
 def test_r_zero_schedule_changes_nothing(name: str) -> None:
     """The merging path with nothing merged (a schedule of zeros: sizes, log-size bias, metric, RoPE at carried
@@ -47,6 +48,7 @@ def test_r_zero_schedule_changes_nothing(name: str) -> None:
     assert (out - ref).abs().max().item() <= 1e-6
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", sorted(set(MERGING + EXTRA)))
 def test_merging_follows_the_schedule_and_never_merges_prefix_tokens(name: str) -> None:
     model, x = _model(name, depth=3)
@@ -93,6 +95,7 @@ def test_merging_speeds_up_by_dropping_tokens_and_trains() -> None:
     assert [tuple(t.shape[-2:]) for t in inter] == [model.feat_size(tuple(x.shape[-2:]))] * 2
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", REFUSING)
 def test_families_without_token_blocks_refuse_by_name(name: str) -> None:
     with torch.device("meta"):
@@ -102,6 +105,7 @@ def test_families_without_token_blocks_refuse_by_name(name: str) -> None:
         model.set_token_merging(2)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", sorted(set(MERGING + EXTRA)))
 def test_save_weights_and_load_model_keep_token_merging(name: str, tmp_path) -> None:
     """load_model gives back the merged model bit for bit: the schedule and prop_attn travel in the file."""
@@ -129,6 +133,7 @@ def test_bad_schedules_are_refused() -> None:
     assert model.token_merging is None
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["vit_base_patch16_224", "vit_base_patch14_reg4_dinov2", "eva02_base_patch14_224"])
 def test_flops_with_merging_equal_the_measured(name: str) -> None:
     """Analytic FLOPs of a merged model (its blocks on fewer tokens, plus the matching products) equal what

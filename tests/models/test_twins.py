@@ -20,6 +20,7 @@ def test_registered():
     assert set(NAMES) == set(list_models("twins*"))
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", NAMES)
 def test_params_and_gmacs_match_published_on_meta(name):
     meta = get_model_entry(name).meta

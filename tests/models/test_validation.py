@@ -178,6 +178,7 @@ def test_vit_size_hint_names_both_vit_options() -> None:
     assert padded(torch.randn(1, 3, 30, 30)).shape == (1, 7)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name,kw,img", [
     ("vit_tiny_patch16_224", dict(depth=1), 32),
     ("deit_tiny_distilled_patch16_224", dict(depth=1), 32),

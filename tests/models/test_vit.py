@@ -10,6 +10,7 @@ def _small_name_ok(name):
     return model_config(name).embed_dim <= 1024
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", [n for n in list_models(family="vit") if _small_name_ok(n)])
 def test_small_forward_backward(name):
     cfg = model_config(name)

@@ -31,6 +31,7 @@ def _padding_projection_gmacs(C: int, depth: int, glob: tuple[int, ...]) -> floa
     return (depth - len(glob)) * (3 * (np_ - n - 1) + (np_ - n)) * C * C / 1e9
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", [B, L, H])
 def test_published_layout_and_pyramid_shapes_at_1024(name):
     C, depth, heads, glob, dpr, _ = PUBLISHED[name]
@@ -70,6 +71,7 @@ def test_pyramid_modules_are_detectron2s():
         "simfp_4.1.weight", "simfp_4.1.norm.weight", "simfp_4.1.norm.bias"}
 
 
+@pytest.mark.parity
 def test_gmacs_equal_hugging_face_minus_the_padded_projections():
     """Ours at 1024² plus the projections of padded tokens the references compute = HF VitDetModel measured
     on the meta device (to the LayerNorms, which FlopCounterMode does not count: 0.1 %)."""
@@ -88,6 +90,7 @@ def test_gmacs_equal_hugging_face_minus_the_padded_projections():
     assert gmacs + _padding_projection_gmacs(C, depth, glob) == pytest.approx(hf_gmacs, rel=2e-3)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", [L, H])
 def test_gmacs_large_huge_reconcile_with_the_published_figures(name):
     C, depth, _, glob, _, published = PUBLISHED[name]

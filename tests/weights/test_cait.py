@@ -8,6 +8,8 @@ from vit_attention.models.cait import Cait, CaitConfig
 from vit_attention.weights import load_weights
 from vit_attention.weights.cait import RENAMES, from_timm, to_timm
 
+pytestmark = pytest.mark.parity  # every test here compares with a reference implementation
+
 _TIMM_KEYS = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "num_classes", "qkv_bias",
               "init_values", "depth_token_only", "mlp_ratio_token_only")
 

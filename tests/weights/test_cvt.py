@@ -30,6 +30,7 @@ def _ours(**kw) -> Cvt:
     return Cvt(CvtConfig(**{**_OURS_SMALL, "act_layer": "gelu", "img_size": 64, **kw})).eval()
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("size", [64, 72])  # 72: odd grids on the way (18 -> 9 -> 5) and odd key grids
 def test_hf_classification_parity(size: int) -> None:
     ref = perturb_like_trained(CvtForImageClassification(HFCvtConfig(**_HF_SMALL, num_labels=10)))
@@ -37,6 +38,7 @@ def test_hf_classification_parity(size: int) -> None:
     assert_hf_logits_parity(model, ref, size)
 
 
+@pytest.mark.parity
 def test_hf_model_features_and_cls_token() -> None:
     ref = perturb_like_trained(CvtModel(HFCvtConfig(**_HF_SMALL), add_pooling_layer=False))
     model = _ours(num_classes=0)
@@ -53,6 +55,7 @@ def test_hf_model_features_and_cls_token() -> None:
     assert_parity(tokens[:, :1], out.cls_token_value)
 
 
+@pytest.mark.parity
 def test_hf_config_reader_builds_the_same_model() -> None:
     hf_cfg = HFCvtConfig(**_HF_SMALL, num_labels=7, architectures=["CvtForImageClassification"])
     over = hf_config_overrides(hf_cfg.to_dict(), CvtConfig)
@@ -92,6 +95,7 @@ def test_original_checkpoint_with_other_classes_keeps_the_backbone() -> None:
     torch.testing.assert_close(dst.stages[2].cls_token, src.stages[2].cls_token)
 
 
+@pytest.mark.parity
 def test_original_repository_fixture() -> None:
     """The original code (QuickGELU, its own keys, perturbed BN statistics) through load_weights: same outputs."""
     state, t, cfg = load_fixture("original_cvt")

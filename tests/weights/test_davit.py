@@ -30,6 +30,7 @@ def _model_for(cfg: dict, **overrides):
     return create_model("davit_tiny", **{**kw, **overrides}).eval()
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
 @pytest.mark.parametrize("name", CASES)
 def test_timm_fixture_parity(name, fused):
@@ -48,6 +49,7 @@ def test_timm_fixture_parity(name, fused):
         assert_parity(model(x), t["output"])
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("name", CASES)
 def test_timm_layout_with_format_timm_and_intermediates(name):
     state, t, cfg = load_fixture(name)
@@ -59,6 +61,7 @@ def test_timm_layout_with_format_timm_and_intermediates(name):
     assert_parity(maps[-1], t["features"])  # DaViT has no final norm: the last map is forward_features
 
 
+@pytest.mark.parity
 def test_original_dingmyu_layout():
     """The timm fixture's weights under the original repository's names load and give timm's output."""
     state, t, cfg = load_fixture("timm_davit")
@@ -85,6 +88,7 @@ def test_block_rename_table():
     assert sorted(out) == sorted(keys.values())
 
 
+@pytest.mark.parity
 def test_a_different_class_count_drops_the_classifier():
     state, _, cfg = load_fixture("timm_davit")
     model = _model_for(cfg, num_classes=3)
@@ -110,6 +114,7 @@ def _hf_florence2_backbone():
     return hf
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("prefix", ["", "model.vision_tower."])
 def test_florence2_vision_tower_parity(prefix):
     hf = _hf_florence2_backbone()
@@ -127,6 +132,7 @@ def test_florence2_vision_tower_parity(prefix):
     assert_parity(ours, ref)
 
 
+@pytest.mark.parity
 def test_florence2_remote_code_names():
     """The hub checkpoints' remote-code names (``.fn.dw``, ``window_attn.fn``, ``ffn.fn.net``) map like HF's."""
     hf = _hf_florence2_backbone()
@@ -158,6 +164,7 @@ def test_florence2_remote_code_names():
         assert torch.equal(a, b), k
 
 
+@pytest.mark.parity
 def test_headless_florence2_tower_loads_into_the_preset_by_default(tmp_path):
     """timm's davit_base_fl defaults to num_classes=0 (msft_florence2 has no classifier): its checkpoint, without
     head.fc, loads into create_model("davit_base_fl", pretrained=path) strictly, with no num_classes given."""

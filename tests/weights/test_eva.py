@@ -9,6 +9,8 @@ from vit_attention import create_model
 from vit_attention.weights import convert_state_dict, load_weights
 from vit_attention.weights.eva import from_timm, to_timm
 
+pytestmark = pytest.mark.parity  # every test here compares with a reference implementation
+
 SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10, dynamic_img_size=True)
 EVA_SMALL = dict(SMALL, rope_kwargs={"convention": "eva", "ref_feat_shape": (6, 6)})
 CASES = {  # fixture -> (preset, overrides)

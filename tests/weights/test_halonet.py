@@ -14,6 +14,8 @@ from fixture_utils import assert_fixture_parity, assert_parity, load_fixture
 from vit_attention.models.halonet import HaloNet, HaloNetConfig
 from vit_attention.weights import load_weights
 
+pytestmark = pytest.mark.parity  # every test here compares with a reference implementation
+
 # the fixtures' timm ByoModelCfg, in our fields
 _FIXTURE_CFG = {
     "timm_halonet26t": dict(stem_chs=16, block_types=("b", "b", "ba", "aa"), channels=(16, 32, 32, 64),

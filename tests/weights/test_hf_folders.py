@@ -129,6 +129,7 @@ def test_transformers_folder_loads_with_its_config(model_type: str, tmp_path: Pa
         assert tuple(model.pretrained_cfg["input_size"][1:]) == case.size
 
 
+@pytest.mark.parity
 def test_imagegpt_folder_loads_with_its_config(tmp_path: Path) -> None:
     """ImageGPT reads colour-cluster ids: the folder sets width, depth, vocabulary, image side and eps; the
     palette (not in the folder: the image processor's clusters) is given; logits over ids equal transformers'."""
@@ -149,6 +150,7 @@ def test_imagegpt_folder_loads_with_its_config(tmp_path: Path) -> None:
         assert_parity(model.forward_logits(ids), ref(input_ids=ids).logits)
 
 
+@pytest.mark.parity
 def test_stated_num_labels_wins_over_id2label(tmp_path: Path) -> None:
     """transformers' PvtConfig declares num_labels (default 1000) as a field: id2label alone does not size its
     classifier. The folder's stated num_labels builds ours too (strict load), without label names of 3 classes."""

@@ -15,6 +15,8 @@ from transformers import (
 from vit_attention.models import VisionTransformer, VisionTransformerConfig
 from vit_attention.weights import load_weights
 
+pytestmark = pytest.mark.parity  # every test here compares with a reference implementation
+
 _SMALL = dict(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
               intermediate_size=256)
 

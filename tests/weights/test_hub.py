@@ -227,6 +227,7 @@ def _hf_vit(tmp_path: Path) -> tuple[torch.nn.Module, Path]:
     return ref, folder
 
 
+@pytest.mark.parity
 def test_transformers_folder_configures_the_model(tmp_path):
     ref, folder = _hf_vit(tmp_path)
     with pytest.warns(UserWarning, match="another architecture"):
@@ -243,6 +244,7 @@ def test_transformers_folder_configures_the_model(tmp_path):
     assert err > 1e-3
 
 
+@pytest.mark.parity
 def test_transformers_repository_through_the_hub(hub, tmp_path):
     ref, folder = _hf_vit(tmp_path)
     place(hub, "google/vit-tiny-test", {f.name: f for f in folder.iterdir()})
@@ -254,6 +256,7 @@ def test_transformers_repository_through_the_hub(hub, tmp_path):
         assert_parity(model(x), ref(pixel_values=x).logits)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("v2", [False, True])
 def test_transformers_swin_folder_configures_the_model(tmp_path, v2):
     cfg_cls = transformers.Swinv2Config if v2 else transformers.SwinConfig
@@ -273,6 +276,7 @@ def test_transformers_swin_folder_configures_the_model(tmp_path, v2):
         assert_parity(model(x), ref(pixel_values=x).logits)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("pooler", [True, False])
 def test_original_vit_in21k_preset_from_googles_transformers_repository(hub, tmp_path, pooler):
     """vit_base_patch16_224_in21k (no timm weights) names google/vit-base-patch16-224-in21k, a bare ViTModel."""
@@ -296,6 +300,7 @@ def test_original_vit_in21k_preset_from_googles_transformers_repository(hub, tmp
             assert_parity(model(x), out.pooler_output)
 
 
+@pytest.mark.parity
 def test_transformers_folder_of_another_family_is_refused(tmp_path):
     ref = transformers.SwinForImageClassification(transformers.SwinConfig(
         image_size=32, patch_size=4, embed_dim=16, depths=[1], num_heads=[2], window_size=4, num_labels=3))

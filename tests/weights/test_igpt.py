@@ -12,6 +12,8 @@ from vit_attention.functional import switched
 from vit_attention.models.igpt import ImageGPT, ImageGPTConfig, quantize
 from vit_attention.weights import load_weights
 
+pytestmark = pytest.mark.parity  # every test here compares with a reference implementation
+
 SIDE, K = 5, 16  # a 5x5 image: 25 tokens (+ SOS), 16 colours
 _HF = dict(vocab_size=K + 1, n_positions=SIDE * SIDE, n_embd=32, n_layer=2, n_head=4, tie_word_embeddings=False)
 

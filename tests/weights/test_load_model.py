@@ -30,6 +30,7 @@ def test_registry_covers_more_than_one_family() -> None:
     assert len(ALL_MODELS) > 50 and "vit_digits_patch2_8" in ALL_MODELS
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", distinct_reduced_presets())
 def test_save_load_round_trip_is_exact(name: str, tmp_path: Path) -> None:
     """Each distinct reduced model (tests/model_outputs.py: the preset's own structure at toy width, depth and
@@ -48,6 +49,7 @@ def test_save_load_round_trip_is_exact(name: str, tmp_path: Path) -> None:
     assert torch.equal(y, y2)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ALL_MODELS)
 def test_full_size_config_round_trips_on_meta(name: str, tmp_path: Path) -> None:
     """The preset at full size (meta device): the recorded name and config rebuild the same config."""

@@ -22,6 +22,8 @@ from vit_attention.models.mobilevit import MobileViT, MobileViTConfig
 from vit_attention.weights import load_weights
 from vit_attention.weights.hub import hf_config_overrides
 
+pytestmark = pytest.mark.parity  # every test here compares with a reference implementation
+
 # the fixtures' timm ByoModelCfg, in our fields
 _FIXTURE_CFG = {
     "timm_mobilevit": dict(block_type="v1", transformer_dims=(0, 0, 16, 24), transformer_depths=(0, 0, 2, 1),

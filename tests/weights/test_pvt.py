@@ -42,6 +42,7 @@ def _hf_v2(**kw) -> torch.nn.Module:
 
 
 # ---------------------------------------------------------------- Hugging Face, live
+@pytest.mark.parity
 def test_hf_pvt_v1_classification() -> None:
     ref = _hf_v1()
     model = create_model("pvt_tiny", num_classes=10, img_size=64, **_OURS).eval()
@@ -61,6 +62,7 @@ def test_hf_pvt_v1_classification() -> None:
     assert out.logits.abs().max() > 0.5
 
 
+@pytest.mark.parity
 def test_hf_pvt_v1_model_folder_with_config(tmp_path) -> None:
     """A saved ``PvtModel`` folder: config.json builds the model (eps 1e-6 everywhere), weights load."""
     ref = _perturb(PvtModel(PvtConfig(image_size=64, **_STAGES)))
@@ -73,6 +75,7 @@ def test_hf_pvt_v1_model_folder_with_config(tmp_path) -> None:
         assert_parity(model.forward_features(x), ref(pixel_values=x).last_hidden_state)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("linear", [False, True], ids=["sra", "linear"])
 @pytest.mark.parametrize("size", [(64, 64), (72, 56)], ids=["64", "72x56"])
 def test_hf_pvt_v2_classification(linear: bool, size: tuple[int, int]) -> None:
@@ -84,6 +87,7 @@ def test_hf_pvt_v2_classification(linear: bool, size: tuple[int, int]) -> None:
         assert_parity(model.forward_features(x).permute(0, 3, 1, 2), ref.pvt_v2(pixel_values=x).last_hidden_state)
 
 
+@pytest.mark.parity
 def test_hf_pvt_v2_linear_folder_with_config(tmp_path) -> None:
     """A saved ``PvtV2ForImageClassification`` folder (linear attention): config.json builds the -Li model."""
     stages = {k: v for k, v in _STAGES.items() if k != "sr_ratios"}
@@ -115,6 +119,7 @@ def _to_original(state: dict[str, torch.Tensor], v1: bool) -> dict[str, torch.Te
     return out
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", ["pvt_tiny", "pvt_v2_b0", "pvt_v2_b2_li"])
 def test_original_and_timm_layouts_load_exactly(name: str) -> None:
     torch.manual_seed(0)
@@ -156,6 +161,7 @@ def test_v1_position_tables_are_resampled_for_another_size() -> None:
 
 
 # ---------------------------------------------------------------- timm pvt_v2, through committed fixtures
+@pytest.mark.parity
 @pytest.mark.parametrize("case", ["timm_pvt_v2", "timm_pvt_v2_li"])
 def test_timm_pvt_v2_fixture(case: str) -> None:
     state, tensors, meta = load_fixture(case)

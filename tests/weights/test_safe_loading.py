@@ -158,6 +158,7 @@ def test_non_finite_weights_are_reported_by_name(tmp_path: Path, bad: float) -> 
             load_weights(_tiny(), source, strict=False)
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", distinct_reduced_presets())
 def test_malformed_tensors_are_refused_for_every_model(name: str) -> None:
     """Every distinct reduced model: bool weights and a NaN are refused naming the tensor; each position table
@@ -240,6 +241,7 @@ WIDTH_AND_DEPTH = ("depth", "depths", "transformer_depths", "block_types", "embe
                    "transformer_dims")
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", distinct_reduced_presets())
 def test_contradicting_depth_or_width_is_refused_for_every_model(name: str, tmp_path: Path) -> None:
     """Every distinct reduced model: its recorded depth(s) or width(s) changed while its tensors stay is refused
@@ -272,6 +274,7 @@ _HF_STRUCTURE = {"hidden_size": _wider, "embed_dim": _wider, "hidden_sizes": _wi
                  "num_hidden_layers": _deeper, "depth": _deeper, "depths": _deeper}
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("model_type", sorted(HF_CASES))
 def test_transformers_folder_config_contradicting_its_weights_is_refused(model_type: str, tmp_path: Path) -> None:
     """Every transformers model type with a folder case: its ``config.json`` with a width doubled or a depth of a

@@ -17,6 +17,8 @@ from vit_attention.models.swinv2 import SwinTransformerV2
 from vit_attention.weights import load_weights
 from vit_attention.weights.swin import resize_relative_position_bias_table
 
+pytestmark = pytest.mark.parity  # every test here compares with a reference implementation
+
 CASES = ["timm_swin", "timm_swin_pad60", "timm_swinv2", "timm_swinv2_pretrained_ws", "torchvision_swin",
          "torchvision_swin_v2"]
 

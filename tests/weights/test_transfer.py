@@ -39,6 +39,7 @@ def test_every_family_is_listed() -> None:
     assert set(SWAPS) | NO_SWAP == set(first_preset_per_family())
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize(("family", "name"), [(f, n) for f, n in sorted(first_preset_per_family().items())
                                               if f in SWAPS])
 def test_pretrained_weights_into_another_mechanism(family: str, name: str, tmp_path: Path) -> None:
@@ -104,6 +105,7 @@ def test_transfer_report_lists_what_it_could_not_copy() -> None:
     assert any("sra -> mhsa" in n and "not carried from the source: norm, sr" in n for n in report.notes)
 
 
+@pytest.mark.parity
 def test_a_transformers_folder_into_another_mechanism(tmp_path: Path) -> None:
     """Foreign weights (a transformers ViT folder: converted, configured by its config.json) into talking heads:
     the donor is the preset with the folder's config, and the identity head mixing keeps the HF model's logits."""

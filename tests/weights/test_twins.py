@@ -21,6 +21,7 @@ def _model(cfg: dict) -> Twins:
     return Twins(**kw).eval()
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
 @pytest.mark.parametrize("name", ["timm_twins_pcpvt", "timm_twins_svt"])
 def test_timm_fixture_parity(name, fused):
@@ -39,6 +40,7 @@ def test_timm_fixture_parity(name, fused):
     assert rel_err(out, t["output"]) <= 1e-5
 
 
+@pytest.mark.parity
 def test_svt_fixture_exercises_lsa_padding_and_floor_reduction():
     _, t, cfg = load_fixture("timm_twins_svt")
     H = t["input"].shape[-1] // cfg["patch_size"]
@@ -50,6 +52,7 @@ def test_svt_fixture_exercises_lsa_padding_and_floor_reduction():
     assert any(s % r for s, r in zip(sizes, cfg["sr_ratios"]))  # a GSA conv drops rows
 
 
+@pytest.mark.parity
 def test_masked_lsa_padding_differs_from_timm_at_padded_sizes():
     state, t, cfg = load_fixture("timm_twins_svt")
     model = _model(cfg)
@@ -60,6 +63,7 @@ def test_masked_lsa_padding_differs_from_timm_at_padded_sizes():
         assert rel_err(masked(t["input"]), t["output"]) > 1e-3  # the policy matters where maps are padded
 
 
+@pytest.mark.parity
 def test_rename_table_round_trip_and_original_layout():
     state, _, cfg = load_fixture("timm_twins_svt")
     model = _model(cfg)
@@ -97,6 +101,7 @@ def test_preset_state_dict_matches_timm_key_set_after_rename():
     assert set(converted) == set(own)
 
 
+@pytest.mark.parity
 def test_other_class_count_drops_the_head():
     state, t, cfg = load_fixture("timm_twins_pcpvt")
     model = Twins(**{**_model(cfg).cfg.to_dict(), "num_classes": 3})

@@ -23,6 +23,7 @@ def _model() -> VisionLongformer:
     return VisionLongformer(VilConfig(**_SMALL)).eval()
 
 
+@pytest.mark.parity
 def test_original_fixture_parity() -> None:
     state, t, cfg = load_fixture("original_vil")
     assert cfg["img_size"] == 64 and "layer1.1.attn.query_global.weight" in state and "layer4.0.cls_pos_embed" in state
@@ -47,6 +48,7 @@ def test_original_fixture_parity() -> None:
         assert_parity(tokens, t["stage2"])
 
 
+@pytest.mark.parity
 def test_converter_names_every_original_part() -> None:
     state, _, _ = load_fixture("original_vil")
     ours = from_original_vil(state)
@@ -64,6 +66,7 @@ def test_relative_position_index_buffers_are_dropped() -> None:
     assert list(out) == ["stages.0.blocks.0.norm1.weight", "stages.0.blocks.0.norm2.bias"]
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("name", ["original_vil_attn_rpe", "original_vil_attn"])
 def test_original_attention_module_parity(name: str) -> None:
     """``longformer2d`` with the original ``Long2DSCSelfAttention``'s weights (RPE tables, separate or shared

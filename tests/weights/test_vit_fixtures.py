@@ -7,6 +7,8 @@ from fixture_utils import assert_fixture_parity, assert_parity, load_fixture
 from vit_attention.models import VisionTransformer, VisionTransformerConfig
 from vit_attention.weights import load_weights
 
+pytestmark = pytest.mark.parity  # every test here compares with a reference implementation
+
 _TIMM_KEYS = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "num_classes", "qkv_bias",
               "class_token", "global_pool", "fc_norm", "qk_norm", "init_values", "no_embed_class")
 

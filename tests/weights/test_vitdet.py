@@ -34,6 +34,7 @@ def _hf() -> VitDetModel:
     return ref
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("size", [(64, 64), (48, 72), (40, 40)])
 def test_live_hf_vitdet_backbone(size: tuple[int, int]) -> None:
     """The backbone's last map [B, C, H/p, W/p] equals HF's at the built size and at others (padded windows,
@@ -50,6 +51,7 @@ def test_live_hf_vitdet_backbone(size: tuple[int, int]) -> None:
     assert_parity(ours, expected)
 
 
+@pytest.mark.parity
 def test_hf_layout_round_trip_and_pyramid_model_loads_backbone_non_strictly() -> None:
     ref = _hf()
     model = create_model(NAME, **_OURS_SMALL, pyramid=False, num_classes=0)
@@ -67,6 +69,7 @@ def test_hf_layout_round_trip_and_pyramid_model_loads_backbone_non_strictly() ->
         load_weights(create_model(NAME, **_OURS_SMALL, num_classes=0), ref.state_dict())
 
 
+@pytest.mark.parity
 def test_hf_residual_blocks_are_refused() -> None:
     state = {**_hf().state_dict(), "encoder.layer.0.residual.conv1.weight": torch.zeros(1)}
     with pytest.raises(ValueError, match="residual"):
@@ -86,6 +89,7 @@ def _d2_model() -> tuple[torch.nn.Module, dict, dict]:
     return model, state, tensors
 
 
+@pytest.mark.parity
 def test_detectron2_pyramid_fixture() -> None:
     """detectron2's ViT + SimpleFeaturePyramid: every level p2 ... p6, the backbone map, and a 48x80 input."""
     model, state, tensors = _d2_model()
@@ -107,6 +111,7 @@ def test_detectron2_pyramid_fixture() -> None:
         "p2": (16, 4), "p3": (16, 8), "p4": (16, 16), "p5": (16, 32), "p6": (16, 64)}
 
 
+@pytest.mark.parity
 def test_detectron2_detector_checkpoint_numpy_and_other_heads_dropped() -> None:
     """A whole detector's ``model`` dict (the zoo's numpy arrays made tensors; ROI heads, pixel_mean) keeps the
     backbone only."""
@@ -143,6 +148,7 @@ def test_mae_pretrained_vit_initialises_the_backbone() -> None:
     assert all(not own[k].any() for k in own if k.endswith(("rel_pos_h", "rel_pos_w")))
 
 
+@pytest.mark.parity
 def test_rel_pos_tables_of_another_length_are_resized() -> None:
     """A checkpoint trained at another size: the global block's tables are resized linearly on load."""
     ref = _hf()
