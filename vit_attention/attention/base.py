@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..functional.flex import PatternDoc
 from ..functional.linear import apply_linear
 from ..functional.runtime import ATTENTION_BACKEND, FAST_PATHS, FUSED_ATTENTION, capturing
 
@@ -237,6 +238,9 @@ class AttentionModule(nn.Module):
     """Where the q / k / v / o projections sit (:mod:`~vit_attention.attention.transfer`); empty = none."""
     offset_bias_params: ClassVar[tuple[str, ...]] = ()
     """The parameters :meth:`set_offset_bias` writes (weight transfer leaves them out of its name match)."""
+    flex_pattern: ClassVar[PatternDoc | None] = None
+    """How its flex pattern reads, in words: its row of docs/flex.md's table of patterns
+    (:class:`~vit_attention.functional.flex.PatternDoc`); None = no pattern of its own."""
     accepts_residual: ClassVar[bool] = False
     """``forward(x, residual=r)`` returns ``r + attn(x)`` (blocks fuse the add into the output projection)."""
     supports_token_merging: ClassVar[bool] = False

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
-from ..functional.flex import AttentionPattern, use_flex
+from ..functional.flex import AttentionPattern, PatternDoc, use_flex
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.observers import attention_observed
@@ -227,6 +227,15 @@ class CausalSelfAttention(AttentionModule):
     ``qkv`` is one packed ``Linear(C, 3C)``, ``proj`` a ``Linear(C, C)`` (GPT-2's ``c_attn`` /
     ``c_proj``, stored as ``nn.Linear``). Cost: ``4·N·C² + 2·N²·C`` multiply-adds.
     """
+
+    # docs/flex.md's row of patterns (analysis.docs.pattern_table); skipped blocks counted on `example`
+    flex_pattern = PatternDoc(
+        families="iGPT",
+        keys="`kv <= q + (M - N)` (bottom-right aligned: a cache of `M - N` earlier keys); one new "
+            "token: no mask",
+        term="-",
+        order="sequence",
+        example=(dict(), (1, 1024, 96)))
 
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
     transfer_slots = PACKED_QKV_SLOTS

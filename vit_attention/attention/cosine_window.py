@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from ..functional.flex import PatternDoc
 from ..functional.linear import apply_linear, linear
 from ..functional.window import log_relative_coords_table, relative_position_index, to_pair
 from .registry import register_attention, small_window_kwargs
@@ -63,6 +64,15 @@ class CosineWindowAttention(WindowAttentionBase):
         pretrained_window_size: window the coordinates are normalised by (0 = own window).
         cpb_hidden: width of the continuous position bias MLP.
     """
+
+    # docs/flex.md's row of patterns (analysis.docs.pattern_table); skipped blocks counted on `example`
+    flex_pattern = PatternDoc(
+        families="SwinV2",
+        keys="same (shifted) window; not a padded key where padding is masked",
+        term="the continuous position bias (CPB MLP output) at `[h, q % S, kv % S]`, -100 between shift "
+            "regions",
+        order="window-major, each window spaced to `S` slots",
+        example=(dict(window_size=8, shift_size=4), (1, 32, 32, 96)))
 
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
     transfer_slots = PACKED_QKV_SLOTS

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..functional.flex import PatternDoc
 from ..functional.halo import halo_attention
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.sizes import make_divisible
@@ -82,6 +83,14 @@ class HaloAttention(AttentionModule):
         pad_mask: mask the padded keys (default False: attend to the zero padding, as timm).
         attn_drop: dropout on the attention weights.
     """
+
+    # docs/flex.md's row of patterns (analysis.docs.pattern_table); skipped blocks counted on `example`
+    flex_pattern = PatternDoc(
+        families="HaloNet",
+        keys="key inside the query block's halo window (and inside the image with `pad_mask`)",
+        term="relative logits from per-query tables `q·R_hᵀ`, `q·R_wᵀ` `[B, nh, Nq, 2·win-1]`",
+        order="queries block-major, keys tiled",
+        example=(dict(block_size=8, halo_size=3), (1, 32, 32, 96)))
 
     def __init__(self, dim: int, num_heads: int = 8, *, dim_out: int | None = None, stride: int = 1,
                  dim_head: int | None = None, block_size: int = 8, halo_size: int = 3, qk_ratio: float = 1.0,

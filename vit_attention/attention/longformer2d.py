@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads
-from ..functional.flex import use_flex
+from ..functional.flex import PatternDoc, use_flex
 from ..functional.heads import split_packed
 from ..functional.linear import apply_linear
 from ..functional.longformer2d import (
@@ -109,6 +109,14 @@ class Longformer2DAttention(AttentionModule):
         qkv_bias: biases of ``query`` / ``kv``; qk_scale: logit scale (default ``hd ** -0.5``).
         attn_drop, proj_drop: dropout on the weights / after the projection.
     """
+
+    # docs/flex.md's row of patterns (analysis.docs.pattern_table); skipped blocks counted on `example`
+    flex_pattern = PatternDoc(
+        families="ViL",
+        keys="a global query or key, or a map key in the 3 x 3 neighbouring chunks",
+        term="local table, global-to-global and global-to-local biases",
+        order="chunk-major \"snake\"",
+        example=(dict(window_size=7), (1, 28 * 28, 96)))
 
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
     transfer_slots = {"q": ("query", "query_global"), "k": ("kv:0/2", "kv_global:0/2"),

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
+from ..functional.flex import PatternDoc
 from ..functional.linear import apply_linear
 from .registry import covering_window_kwargs, register_attention, small_window_kwargs
 from .transfer import PACKED_QKV_SLOTS
@@ -63,6 +64,14 @@ class LocallyGroupedAttention(WindowAttentionBase):
         clamp_window: an axis of the map no longer than the group gets group = that side (at forward
             time, as :class:`~vit_attention.attention.window.WindowAttention`); False pads it (Twins, DaViT).
     """
+
+    # docs/flex.md's row of patterns (analysis.docs.pattern_table); skipped blocks counted on `example`
+    flex_pattern = PatternDoc(
+        families="Twins, DaViT",
+        keys="same window; not a padded key where padding is masked",
+        term="-",
+        order="window-major, each window spaced to `S` slots",
+        example=(dict(window_size=7), (1, 28, 28, 96)))
 
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
     transfer_slots = PACKED_QKV_SLOTS

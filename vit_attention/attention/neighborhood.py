@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional.flex import use_flex
+from ..functional.flex import PatternDoc, use_flex
 from ..functional.linear import apply_linear
 from ..functional.neighborhood import default_tile_size, neighborhood_attention, neighborhood_bias, neighborhood_plan
 from ..functional.runtime import capturing
@@ -93,6 +93,14 @@ class NeighborhoodAttention(AttentionModule):
     A map with a side below ``K·d`` is zero-padded to ``K·d`` and the padding attended (the
     original's behaviour); the first such call of each instance warns (:class:`SmallMapWarning`).
     """
+
+    # docs/flex.md's row of patterns (analysis.docs.pattern_table); skipped blocks counted on `example`
+    flex_pattern = PatternDoc(
+        families="NAT, DiNAT",
+        keys="same residue mod the dilation, inside the query's clamped K x K window",
+        term="`rpb[h, Δr/d + K-1, Δc/d + K-1]`",
+        order="row-major (d = 1), residue-major (d > 1), 8 x 8 tiles for wide maps",
+        example=(dict(kernel_size=7), (1, 28, 28, 96)))
 
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
     transfer_slots = PACKED_QKV_SLOTS

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
-from ..functional.flex import AttentionPattern, use_flex
+from ..functional.flex import AttentionPattern, PatternDoc, use_flex
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.observers import attention_observed
@@ -102,6 +102,15 @@ class RelPosAttention(AttentionModule):
             (Swin's rule at forward time, :meth:`fitted_window`: ``window_size=256`` on a 4x4 map runs as
             ``4``); False pads the map up to the window (ViTDet, as detectron2 and timm).
     """
+
+    # docs/flex.md's row of patterns (analysis.docs.pattern_table); skipped blocks counted on `example`
+    flex_pattern = PatternDoc(
+        families="ViTDet",
+        keys="windowed blocks: same window (as `window`); global blocks: every key",
+        term="the query-dependent decomposed term `rel_h[b, h, q, kv // W] + rel_w[b, h, q, kv % W]` "
+            "from `[B, nh, N, H]` / `[B, nh, N, W]`, never an `N x N` bias",
+        order="window-major (windowed), row-major (global)",
+        example=(dict(window_size=0), (1, 16, 16, 96)))
 
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
     transfer_slots = PACKED_QKV_SLOTS

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..functional.flex import PatternDoc
 from ..functional.linear import apply_linear
 from ..functional.window import fit_window, relative_position_index, to_pair
 from ..functional.window_attention import window_attention, window_tokens
@@ -316,6 +317,14 @@ class WindowAttention(WindowAttentionBase):
             (Swin's rule, at forward time; :meth:`~WindowAttentionBase.fitted_window`); False pads the map
             up to the window (the Swin / Twins / DaViT models, which set their windows per stage).
     """
+
+    # docs/flex.md's row of patterns (analysis.docs.pattern_table); skipped blocks counted on `example`
+    flex_pattern = PatternDoc(
+        families="Swin",
+        keys="same (shifted) window; not a padded key where padding is masked",
+        term="Swin's bias table at `[h, q % S, kv % S]` (gathered by offset), -100 between shift regions",
+        order="window-major, each window spaced to `S` slots (`S = 64` for 7 x 7 windows: two per block)",
+        example=(dict(window_size=7, shift_size=3), (1, 28, 28, 96)))
 
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
     transfer_slots = PACKED_QKV_SLOTS

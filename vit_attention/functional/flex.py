@@ -35,9 +35,10 @@ broadcast index tensors it then gives exactly what flex computes element by elem
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import warnings
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -48,7 +49,8 @@ from .observers import attention_observed
 from .runtime import ATTENTION_BACKEND, BACKENDS, FUSED_ATTENTION, capturing, check_backend
 
 __all__ = ["BACKENDS", "check_backend", "AttentionPattern", "MaskMod", "ScoreMod", "flex_attention",
-           "block_mask_for", "clear_block_mask_cache", "dense_mods", "flex_buffer", "use_flex", "AUTO_FLEX"]
+           "block_mask_for", "clear_block_mask_cache", "dense_mods", "flex_buffer", "use_flex", "AUTO_FLEX",
+           "PatternDoc", "recording_patterns", "skipped_blocks"]
 
 # mechanisms for which "auto" picks flex on CUDA: those measured faster there than their SDPA path
 # (docs/benchmarks.md). Empty until a GPU measurement says so; "flex" asks for it explicitly.
@@ -134,7 +136,58 @@ class AttentionPattern:
         return torch.broadcast_to(self.score_mod(zero, b, h, q, kv), zero.shape)
 
 
+@dataclass(frozen=True)
+class PatternDoc:
+    """How a patterned mechanism's :class:`AttentionPattern` reads, in words: one row of docs/flex.md's table of
+    patterns, declared where the mechanism is defined (its class attribute ``flex_pattern``).
+
+    Fields:
+        families: the model families that run it ("Swin, SwinV2, ...").
+        keys: which keys a query sees (the ``mask_mod``).
+        term: the additive term on a logit (the ``score_mod``); "-" for none.
+        order: the token order the pattern is written in.
+        example: ``(kwargs, input_shape)``: the mechanism's small geometry on which the docs count the share of
+            skipped blocks (``create_attention(name, input_shape[-1], 3, **kwargs)`` on that input).
+    """
+
+    families: str
+    keys: str
+    term: str
+    order: str
+    example: tuple[dict[str, Any], tuple[int, ...]]
+
+
 # ----------------------------------------------------------------------------- block masks
+_RECORDERS: list[list[AttentionPattern]] = []
+
+
+@contextlib.contextmanager
+def recording_patterns() -> Iterator[list[AttentionPattern]]:
+    """Inside the block, every :class:`AttentionPattern` the flex path runs (the full pattern of each call, its
+    block mask asked for with :func:`block_mask_for`) is appended to the yielded list, in call order."""
+    seen: list[AttentionPattern] = []
+    _RECORDERS.append(seen)
+    try:
+        yield seen
+    finally:
+        _RECORDERS.remove(seen)
+
+
+def skipped_blocks(pattern: AttentionPattern, device: torch.device | str = "cpu") -> tuple[int, int]:
+    """``(skipped, total)``: the ``128 x 128`` blocks of the ``[N, M]`` logits (per masked sample and head) that
+    ``pattern``'s block mask leaves out, and all of them. Counted from the block mask's own block counts, so it is
+    exact where torch's ``BlockMask.sparsity()`` is not (it goes negative when a length is not a multiple of 128).
+    A pattern without a ``mask_mod`` skips nothing."""
+    rows, cols = (math.ceil(n / 128) for n in (pattern.num_queries, pattern.num_keys))
+    block_mask = block_mask_for(pattern, torch.device(device))
+    if block_mask is None:
+        return 0, rows * cols
+    full = block_mask.full_kv_num_blocks
+    computed = int(block_mask.kv_num_blocks.sum()) + (0 if full is None else int(full.sum()))
+    total = block_mask.kv_num_blocks.numel() * math.ceil(pattern.num_keys / block_mask.BLOCK_SIZE[1])
+    return total - computed, total
+
+
 _BLOCK_MASKS: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
 _BLOCK_MASK_CAPACITY = 64
 
@@ -159,6 +212,8 @@ def block_mask_for(pattern: AttentionPattern, device: torch.device) -> Any:
     captures a graph a mask cached by an earlier eager call is used as it is, else the build becomes part
     of the graph (nothing is stored).
     """
+    if _RECORDERS:
+        _RECORDERS[-1].append(pattern)
     if pattern.mask_mod is None:
         return None
     args = (pattern.mask_batch, pattern.mask_heads, pattern.num_queries, pattern.num_keys, device)
