@@ -20,7 +20,6 @@ from torch import nn
 
 from .attention import set_attention_backend
 from .functional.runtime import check_backend
-from .models.features import as_features_model
 from .models.registry import get_model_entry
 from .weights import describe_checkpoint, load_weights, transfer_weights
 from .weights.hub import resolve_pretrained, split_model_tag
@@ -68,6 +67,17 @@ def model_arg(text: str) -> tuple[str, Any]:
         return k, v
 
 
+def apply_tome_option(model: nn.Module, r: int) -> None:
+    """``model.set_token_merging(r)`` for the command line's ``--tome R``: a bad value, or a model that cannot
+    merge, raises a ``ValueError`` naming the option."""
+    if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+        raise ValueError(f"--tome must be an int >= 0 (tokens merged per block; 0 = off), got {r!r}")
+    try:
+        model.set_token_merging(r)  # type: ignore[operator]
+    except (ValueError, AttributeError) as e:
+        raise ValueError(f"--tome {r}: {e}") from None
+
+
 def positive_int(text: str) -> int:
     """A size option's value (``--img-size 224``) -> the int, refusing 0 and negatives at parse time: an argparse
     ``type=`` shared by every command's size options, so argparse's error names the option."""
@@ -80,8 +90,8 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _load_swapped(model: nn.Module, entry: Any, source: Any, overrides: Mapping[str, Any], *, features: Any,
-                  checkpoint_format: str, strict: bool) -> bool:
+def _load_swapped(model: nn.Module, entry: Any, source: Any, overrides: Mapping[str, Any], *,
+                  features: Mapping[str, Any] | None, checkpoint_format: str, strict: bool) -> bool:
     """When ``overrides`` swap an attention mechanism of the weights' model (a config field ``*attn_layer``:
     ViT's ``attn_layer``, DaViT's ``spatial_attn_layer`` ...): build that model (the donor: the overrides
     without the swapped fields and their ``*attn_kwargs``, which are the new mechanism's), load the weights
@@ -104,9 +114,7 @@ def _load_swapped(model: nn.Module, entry: Any, source: Any, overrides: Mapping[
     changed = {k: getattr(donor_cfg, k) for k in sorted(layers) if getattr(donor_cfg, k) != getattr(model.cfg, k)}
     if not changed:
         return False
-    donor = entry.model_cls(donor_cfg)
-    if features is not None:
-        donor = as_features_model(donor, *features[0], **features[1])
+    donor = entry.build(donor_cfg, features=features)
     load_weights(donor, source.weights, format=checkpoint_format, strict=strict)
     report = transfer_weights(donor, model)
     was = ", ".join(f"{k}={v!r}" for k, v in changed.items())
@@ -170,16 +178,14 @@ def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any]
     if img_size is not None:
         overrides["img_size"] = img_size
     source = resolve_pretrained(entry.name, tag, pretrained)
-    model = entry.model_cls(entry.config(**{**source.config_overrides, **overrides}))
-    model.registry_name = entry.name  # type: ignore[assignment]
-    model.pretrained_cfg = source.pretrained_cfg  # type: ignore[assignment]
     features = None
-    if features_only:  # before loading: the head is gone, so a features model's file (no head) loads strictly
+    if features_only:  # built without the head, so a features model's file (no head) loads strictly
         saved = source.features or {}  # what a features model's file of ours records, unless given here
-        features = ((saved.get("out_indices") if out_indices is None else out_indices,),
-                    {"output_fmt": output_fmt or saved.get("output_fmt", "NCHW"), "norm": saved.get("norm", False),
-                     "prune": saved.get("prune", True) if feature_prune is None else bool(feature_prune)})
-        model = as_features_model(model, *features[0], **features[1])
+        features = {"out_indices": saved.get("out_indices") if out_indices is None else out_indices,
+                    "output_fmt": output_fmt or saved.get("output_fmt", "NCHW"), "norm": saved.get("norm", False),
+                    "prune": saved.get("prune", True) if feature_prune is None else bool(feature_prune)}
+    model = entry.build(entry.config(**{**source.config_overrides, **overrides}), features=features)
+    model.pretrained_cfg = source.pretrained_cfg  # type: ignore[assignment]
     if source.weights is not None and not _load_swapped(model, entry, source, overrides, features=features,
                                                         checkpoint_format=checkpoint_format, strict=strict):
         load_weights(model, source.weights, format=checkpoint_format, strict=strict)

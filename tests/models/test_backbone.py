@@ -10,8 +10,9 @@ from model_outputs import first_preset_per_family, small_overrides
 
 from vit_attention import create_model
 from vit_attention.models import get_model_entry
-from vit_attention.models.backbone import Backbone
+from vit_attention.models.backbone import Backbone, IsotropicBackbone, StagedBackbone
 from vit_attention.models.families import builtin_families
+from vit_attention.models.layer_groups import layer_ids
 from vit_attention.weights.load import _input_conv
 
 FAMILIES = sorted(first_preset_per_family().items())
@@ -32,6 +33,30 @@ def test_every_family_is_a_backbone_and_declares_its_reduced_config(family: str,
     assert entry.reduced is not None, f"family {family!r} declares no reduced test config (register_family reduced=)"
     over = entry.reduced_overrides()
     assert over and set(over) <= {f for f in entry.config().__dataclass_fields__}
+
+
+@pytest.mark.parametrize("family,name", FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_every_family_takes_one_shape_base_and_its_levels(family: str, name: str) -> None:
+    """A family derives from exactly one of the two shape bases, which says what its levels and blocks are: the
+    stages of a StagedBackbone (``stages_attr``), the ``blocks`` of an IsotropicBackbone; the shared Backbone
+    holds neither (no structure attribute, no stage loop, no token-merging or layer-grouping machinery)."""
+    cls = get_model_entry(name).model_cls
+    assert issubclass(cls, IsotropicBackbone) != issubclass(cls, StagedBackbone)
+    for member in ("stages_attr", "_embed", "_stages", "layer_ids", "_run_blocks_merging", "_merging_obstacle",
+                   "_record_patch_embed_size"):
+        assert not hasattr(Backbone, member), member
+    with torch.device("meta"):
+        model = create_model(name, **small_overrides(name))
+    blocks = model.block_names()
+    assert blocks and all(isinstance(model.get_submodule(b), torch.nn.Module) for b in blocks)
+    if isinstance(model, StagedBackbone):
+        stages = getattr(model, type(model).stages_attr)
+        assert isinstance(stages, torch.nn.Sequential) and not hasattr(model, "blocks")
+        assert all(b.startswith(f"{type(model).stages_attr}.") for b in blocks)
+    else:
+        assert blocks[:len(model.blocks)] == [f"blocks.{j}" for j in range(len(model.blocks))]
+        if not getattr(model, "pyramid_levels", None):  # ViTDet's pyramid: its levels are the pyramid's
+            assert model._num_levels() == len(model.blocks)
 
 
 def test_every_family_module_registers_backbones_only() -> None:
@@ -179,7 +204,7 @@ def _timm_grouping(matcher: dict, names: list[str]) -> dict[str, tuple[int, ...]
 def test_layer_ids_and_group_matcher(family: str, name: str) -> None:
     with torch.device("meta"):
         model = create_model(name, num_classes=10)
-    ids, depth = model.layer_ids()
+    ids, depth = layer_ids(model)
     blocks = model.block_names()
     params = [n for n, _ in model.named_parameters()]
     assert depth == len(blocks) > 0 and set(ids) == set(params)

@@ -7,8 +7,8 @@ import torch
 from model_outputs import distinct_reduced_presets, small_overrides
 
 from vit_attention import create_model
-from vit_attention.models import list_models
-from vit_attention.models.features import FeatureInfo, as_features_model, resolve_out_indices
+from vit_attention.models import get_model_entry, list_models
+from vit_attention.models.features import FeatureInfo, FeaturesMixin, features_class, resolve_out_indices
 
 HEAD_PREFIXES = ("head.", "head_dist.", "fc_norm.", "pre_logits.", "attn_pool.")
 
@@ -134,11 +134,15 @@ def test_pretrained_path(tmp_path) -> None:
         torch.testing.assert_close(feats(x), ref)
 
 
-def test_wrapping_an_existing_model_twice_raises() -> None:
-    model = as_features_model(create_model("vit_digits_patch2_8"), 1)
-    assert isinstance(model, type(create_model("vit_digits_patch2_8")))
+def test_a_features_model_is_built_as_its_features_class_and_cannot_be_one_twice() -> None:
+    """``create_model(features_only=True)`` constructs the features class (a subclass of the family's): the model
+    is an instance of the family's class; a features class of a features class is refused."""
+    plain = create_model("vit_digits_patch2_8")
+    model = create_model("vit_digits_patch2_8", features_only=True, out_indices=1)
+    assert isinstance(model, type(plain)) and type(model) is features_class(type(plain))
+    assert isinstance(model, FeaturesMixin) and model.out_indices == (3,)
     with pytest.raises(TypeError, match="already"):
-        as_features_model(model)
+        features_class(type(model))
 
 
 @pytest.mark.registry
@@ -202,7 +206,6 @@ def test_load_weights_into_a_features_model_ignores_the_head_strictly(tmp_path) 
 
 
 def _one_preset_per_family() -> list[str]:
-    from vit_attention.models import get_model_entry
 
     first: dict[str, str] = {}
     for name in list_models():
@@ -216,19 +219,19 @@ def test_saved_features_model_loads_back_by_both_routes(name: str, tmp_path) -> 
     """``save_weights`` of a features model: ``load_model`` and ``create_model(features_only=True, pretrained=)``
     both give it back (its out_indices, output_fmt and norm; the same maps, bit for bit); a plain model's file
     loads into a features model too (its head ignored), and into a plain model the features file does not."""
-    import copy
-
     from model_outputs import build
 
     from vit_attention import load_model, save_weights
-    from vit_attention.models.features import FeaturesMixin
     from vit_attention.weights import CheckpointMismatchError, read_checkpoint
 
     over = small_overrides(name)
     full, x = build(name, over)
     plain_path = save_weights(full, tmp_path / "plain.safetensors")
-    plain = as_features_model(copy.deepcopy(full), (-1, 0))
-    feats = as_features_model(full, (-1, 0), norm=True)
+    entry = get_model_entry(name)
+    plain = entry.build(full.cfg, features={"out_indices": (-1, 0)}).eval()
+    feats = entry.build(full.cfg, features={"out_indices": (-1, 0), "norm": True}).eval()
+    for model in (plain, feats):  # the full model's weights (its head ignored)
+        model.load_state_dict(full.state_dict())
     path = save_weights(feats, tmp_path / "features.safetensors")
     state, _ = read_checkpoint(path)
     assert state.keys() == feats.state_dict().keys() and not [k for k in state if k.startswith(HEAD_PREFIXES)]

@@ -12,7 +12,7 @@ from model_outputs import build, first_preset_per_family, small_overrides
 from vit_attention import create_model
 from vit_attention.functional import tome as tome_fn
 from vit_attention.models import get_model_entry
-from vit_attention.models.backbone import TokenMergingMixin
+from vit_attention.models.token_merging import TokenMergingMixin
 
 FAMILIES = first_preset_per_family()
 MERGING = sorted(n for f, n in FAMILIES.items() if f not in ("naflexvit", "cpvt")

@@ -9,6 +9,7 @@ import torch
 
 import vit_attention as va
 from vit_attention.cli import main
+from vit_attention.models.layer_groups import layer_ids
 from vit_attention.train.checkpoint import load_training_state
 from vit_attention.train.optim import param_groups
 
@@ -17,7 +18,7 @@ from ._utils import TINY, TINY_KWARGS
 
 def test_groups_scale_each_layer() -> None:
     model = va.create_model("vit_digits_patch2_8", num_classes=10, in_chans=1, **{**TINY_KWARGS, "depth": 3})
-    ids, depth = model.layer_ids()
+    ids, depth = layer_ids(model)
     groups = param_groups(model, 0.05, layer_decay=0.5)
     name_of = {id(p): n for n, p in model.named_parameters()}
     seen = set()

@@ -18,8 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..factory import add_model_arg_option, create_model, merged_model_args, positive_int
-from ..models.backbone import apply_tome_option
+from ..factory import add_model_arg_option, apply_tome_option, create_model, merged_model_args, positive_int
 from ..models.registry import get_model_entry
 from ..weights.io import atomic_write
 from ..weights.saved import is_checkpoint_path

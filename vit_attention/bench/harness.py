@@ -37,9 +37,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import set_attention_backend
-from ..factory import create_model
+from ..factory import apply_tome_option, create_model
 from ..functional.runtime import COMPILE_MODES
-from ..models.backbone import apply_tome_option
 from ..models.registry import get_model_entry
 from .compile import (
     compile_model,

@@ -13,13 +13,21 @@ its first stage; everything a user calls on any model is written here once:
   and recorded); families with tables override it (ViT, Swin, CaiT) or name what a resize would
   need (``resize_needs``: it raises ``NotImplementedError``).
 
-A hierarchical family keeps its stages in one ``nn.Sequential`` of
-:class:`~vit_attention.layers.Stage` (named by ``stages_attr``) and writes ``_embed`` (images ->
-the first stage's input, a map ``[B, H, W, C]`` or :class:`~vit_attention.layers.Tokens`); the
-stages carry prefix tokens when an embedding adds them (PVT's and CvT's class token, ViL's
-globals), so one loop serves them all. An isotropic family (ViT, CaiT, ViTDet, iGPT) is one
-stage of blocks run by :func:`~vit_attention.layers.run_blocks_with_taps` and overrides
-``forward_features`` / ``forward_intermediates`` (its keys are ``blocks.{i}``, timm's).
+A family derives from one of the two shapes a model takes, each a small base of its own:
+
+* :class:`StagedBackbone` (Swin, PVT, CvT, DaViT, NAT, Twins, ViL, HaloNet, MobileViT): the stages in one
+  ``nn.Sequential`` of :class:`~vit_attention.layers.Stage` (named by ``stages_attr``); the family writes
+  ``_embed`` (images -> the first stage's input, a map ``[B, H, W, C]`` or
+  :class:`~vit_attention.layers.Tokens`); the stages carry prefix tokens when an embedding adds them
+  (PVT's and CvT's class token, ViL's globals), so one loop serves them all;
+* :class:`IsotropicBackbone` (ViT, CaiT, ViTDet, iGPT): one run of ``blocks`` (keys ``blocks.{i}``,
+  timm's), run by :func:`~vit_attention.layers.run_blocks_with_taps`; the family writes
+  ``forward_features`` / ``forward_intermediates``.
+
+Each base says what the levels of its shape are (how many ``forward_intermediates`` indexes, what
+``prune_intermediate_layers`` cuts, :meth:`Backbone.block_names`). Token merging (ToMe) is
+:mod:`vit_attention.models.token_merging`'s, the layer-wise grouping behind :meth:`Backbone.group_matcher`
+:mod:`vit_attention.models.layer_groups`'.
 
 The attributes the API reads: ``cfg``, ``num_classes``, ``num_features``, ``global_pool``,
 ``num_prefix_tokens``, ``feature_info``, ``norm`` (the final norm), ``head`` (a
@@ -31,20 +39,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
-from ..functional.tome import TokenMergeState, merge_schedule
-from ..layers.block import Block
 from ..layers.head import reset_head
 from ..layers.stage import Tokens, resolve_indices, staged_intermediates
+from . import layer_groups
 from ._config import check_int, check_size
 
-__all__ = ["Backbone", "TokenMergingMixin", "apply_tome_option", "isotropic_taps", "tokens_to_intermediates"]
+__all__ = ["Backbone", "IsotropicBackbone", "StagedBackbone", "isotropic_taps", "tokens_to_intermediates"]
 
 
 _ENTRY_POINTS = ("forward", "forward_features", "forward_intermediates")
@@ -70,7 +76,7 @@ class Backbone(nn.Module):
     """Images ``[B, Cin, H, W]`` -> logits ``[B, num_classes]``; the API every family shares (see the module doc).
 
     Class attributes a family sets: ``family`` (its registry name), ``config_cls`` (its config
-    dataclass), ``stages_attr``, ``no_weight_decay_keys``, ``pools`` (the ``global_pool`` values
+    dataclass), ``no_weight_decay_keys``, ``pools`` (the ``global_pool`` values
     :meth:`reset_classifier` takes), ``avg_pool_prefix`` (the average includes the prefix tokens,
     as ViL), ``head_fc`` (where the classifier's ``Linear`` sits in ``head``; None = ``head`` itself) and
     ``resize_needs`` (non-empty: what :meth:`set_input_size` would need that is not implemented).
@@ -86,7 +92,6 @@ class Backbone(nn.Module):
 
     family: ClassVar[str] = ""
     config_cls: ClassVar[type]
-    stages_attr: ClassVar[str] = "stages"
     no_weight_decay_keys: ClassVar[tuple[str, ...]] = ()
     pools: ClassVar[tuple[str, ...]] = ("avg", "")
     avg_pool_prefix: ClassVar[bool] = False
@@ -257,19 +262,12 @@ class Backbone(nn.Module):
         return self.head(self.pool(x), pre_logits=pre_logits)
 
     # ------------------------------------------------------------------ forward
-    def _embed(self, x: Tensor) -> Tensor | Tokens:
-        """Images ``[B, Cin, H, W]`` -> the first stage's input (a map ``[B, H', W', C]`` or :class:`Tokens`)."""
-        raise NotImplementedError(f"{type(self).__name__} must define _embed or override forward_features")
-
-    def _stages(self) -> nn.Sequential:
-        return getattr(self, self.stages_attr)
-
     @_checked_entry
     def forward_features(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> the normalised last stage: a map ``[B, H', W', C]``, or tokens
-        ``[B, P + H'·W', C]`` when its embedding adds prefix tokens."""
-        x = self._stages()(self._embed(x))
-        return self.norm(x.x if isinstance(x, Tokens) else x)
+        """Images ``[B, Cin, H, W]`` -> the normalised output of the last block / stage (tokens ``[B, P + N, C]``
+        or a map ``[B, H', W', C]``), what :meth:`forward_head` takes. Written by :class:`StagedBackbone` or
+        the family."""
+        raise NotImplementedError(f"{type(self).__name__} must define forward_features")
 
     @_checked_entry
     def forward(self, x: Tensor) -> Any:
@@ -278,20 +276,13 @@ class Backbone(nn.Module):
 
     @_checked_entry
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
-                              output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
+                              output_fmt: str = "NCHW", intermediates_only: bool = False,
                               stop_early: bool = False) -> Any:
-        """The final output (as :meth:`forward_features`) plus each chosen stage's map.
-
-        ``indices``: an int ``n`` = the last ``n`` stages, or stage indices (negative allowed);
-        default all. Stage ``i`` gives ``[B, C_i, H_i, W_i]`` (``NCHW``; channels and stride in
-        ``feature_info``) or ``[B, H_i, W_i, C_i]`` (``NHWC``), prefix tokens left out; ``norm``
-        applies the final norm to the last stage's map. Returns ``(final, [maps])`` or only the list.
-        ``stop_early`` (timm): no stage after the last chosen one runs; ``final`` is then its output (through
-        the final norm when it is the last stage); ``intermediates_only`` always stops there.
-        """
-        return staged_intermediates(self._stages(), self._embed(x), indices, self.norm, norm=norm,
-                                    output_fmt=output_fmt, intermediates_only=intermediates_only,
-                                    stop_early=stop_early)
+        """timm's ``forward_intermediates``: the final output (as :meth:`forward_features`) plus the map of each
+        chosen level (``indices``: an int ``n`` = the last ``n``, or level indices, negative allowed; default
+        all), ``[B, C_i, H_i, W_i]`` (``NCHW``) or the format named; ``(final, [maps])`` or only the list with
+        ``intermediates_only``. Written by :class:`StagedBackbone` or the family."""
+        raise NotImplementedError(f"{type(self).__name__} must define forward_intermediates")
 
     # ------------------------------------------------------------------ pruning (timm's prune_intermediate_layers)
     def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False,
@@ -320,24 +311,12 @@ class Backbone(nn.Module):
         self._prune_after(max(take))
 
     def _num_levels(self) -> int:
-        """How many levels :meth:`forward_intermediates` indexes: the blocks (isotropic) or the stages."""
-        stages = getattr(self, self.stages_attr, None)
-        return len(stages) if isinstance(stages, nn.Sequential) else len(self.blocks)
+        """How many levels :meth:`forward_intermediates` indexes (the model's shape says: its base)."""
+        raise NotImplementedError(f"{type(self).__name__} must define _num_levels")
 
     def _prune_after(self, last: int) -> None:
-        """Keep levels ``0..last``: the first ``last + 1`` stages (and no final norm if stages went), or blocks
-        (and no PEG after a removed block)."""
-        stages = getattr(self, self.stages_attr, None)
-        if isinstance(stages, nn.Sequential):
-            if last < len(stages) - 1:
-                setattr(self, self.stages_attr, stages[:last + 1])
-                self.norm = nn.Identity()  # the last stage's width: gone with it
-            return
-        self.blocks = self.blocks[:last + 1]
-        pegs = getattr(self, "pos_block", None)
-        if isinstance(pegs, nn.ModuleDict):
-            for key in [k for k in pegs if int(k) > last]:
-                del pegs[key]
+        """Keep levels ``0..last`` and what they need (the model's shape says: its base)."""
+        raise NotImplementedError(f"{type(self).__name__} must define _prune_after")
 
     def _prune_head(self) -> None:
         """No classifier (``num_classes=0``, no pooling where the family allows ``global_pool=""``) and no part
@@ -386,18 +365,6 @@ class Backbone(nn.Module):
     def _check_img_size(self, img_size: tuple[int, int]) -> None:
         """Raise ``ValueError`` naming ``img_size`` when the family cannot take ``(H, W)``; default: any size."""
 
-    def _record_patch_embed_size(self) -> None:
-        """After ``patch_embed.set_input_size`` (ViT-style and CaiT ``set_input_size``): ``grid_size``,
-        ``cfg.img_size`` / ``cfg.patch_size`` (ints when square) and every feature's reduction (the larger
-        patch side) follow the patch embedding."""
-        pe: Any = self.patch_embed
-        self.grid_size = pe.grid_size
-        (ph, pw), (h, w) = pe.patch_size, pe.img_size
-        self.cfg.img_size = h if h == w else (h, w)
-        self.cfg.patch_size = ph if ph == pw else (ph, pw)
-        for info in getattr(self.feature_info, "info", self.feature_info):  # a features model's FeatureInfo too
-            info["reduction"] = max(ph, pw)
-
     # ------------------------------------------------------------------ training
     # why token merging has no meaning for the family (:meth:`set_token_merging`); token models override the method
     token_merging_note: ClassVar[str] = ("its blocks attend within windows or on a spatial map, whose grid merged "
@@ -435,163 +402,114 @@ class Backbone(nn.Module):
 
     # ------------------------------------------------------------------ parameter groups (layer-wise decay)
     def block_names(self) -> list[str]:
-        """The module names of the model's blocks in the order the forward runs them: ``blocks.{i}`` (isotropic
-        models), ``{stages_attr}.{s}.blocks.{j}``, or ``{stages_attr}.{s}.{j}`` for a stage that is a plain
-        sequence of blocks (HaloNet, MobileViT). The unit that layer-wise learning-rate decay counts."""
-        stages = getattr(self, self.stages_attr, None)
-        if not isinstance(stages, nn.Sequential):  # isotropic: one run of blocks
-            return [f"blocks.{j}" for j in range(len(self.blocks))]
-        names: list[str] = []
-        for s, stage in enumerate(stages):
-            inner = getattr(stage, "blocks", None)
-            prefix = f"{self.stages_attr}.{s}" + (".blocks" if inner is not None else "")
-            names += [f"{prefix}.{j}" for j in range(len(inner if inner is not None else stage))]
-        return names
+        """The module names of the model's blocks in the order the forward runs them, the unit layer-wise
+        learning-rate decay counts (:mod:`~vit_attention.models.layer_groups`); the model's shape says (its base)."""
+        raise NotImplementedError(f"{type(self).__name__} must define block_names")
 
     # top-level modules that belong to the stem although they are registered after the blocks
     late_stem_modules: ClassVar[tuple[str, ...]] = ()
 
-    def layer_ids(self) -> tuple[dict[str, int], int]:
-        """``({parameter name: layer}, L)`` for ``L`` = ``len(block_names())``: layer ``i`` (1..L) is the i-th
-        block; 0 the stem (top-level parameters such as class / register tokens and position tables, and the
-        top-level modules registered before the blocks: patch embedding, pre-norm); ``L + 1`` what comes after
-        (final norm, pooling, neck, head). A stage's own modules go with its first block when registered before
-        its blocks (a downsampling; the stage's own parameters, such as CvT's class token, too; in the first stage
-        they are the stem: the patch embedding of CvT, Twins, ViL) and with its last block otherwise (a closing
-        norm, a positional conv)."""
-        blocks = self.block_names()
-        layer_of = {name: i + 1 for i, name in enumerate(blocks)}
-        containers = {name.split(".")[0] for name in blocks} | {self.stages_attr}
-        top = [name for name, _ in self.named_children()]
-        first_container = min(top.index(c) for c in containers if c in top)
-        stage_blocks: dict[str, list[str]] = {}
-        for name in blocks:
-            parts = name.split(".")
-            if parts[0] == self.stages_attr:
-                stage_blocks.setdefault(".".join(parts[:2]), []).append(name)
-        ids: dict[str, int] = {}
-        for pname, _ in self.named_parameters():
-            parts = pname.split(".")
-            block = next((".".join(parts[:k]) for k in range(len(parts) - 1, 0, -1)
-                          if ".".join(parts[:k]) in layer_of), None)
-            if block is not None:
-                ids[pname] = layer_of[block]
-            elif len(parts) > 2 and ".".join(parts[:2]) in stage_blocks:  # a stage's own module
-                stage = ".".join(parts[:2])
-                mine = stage_blocks[stage]
-                children = [n for n, _ in self.get_submodule(stage).named_children()]
-                # a parameter of the stage itself (CvT's class token) goes in with the stage's input
-                before = parts[2] not in children or children.index(parts[2]) < children.index(mine[0].split(".")[2])
-                # the first stage's input modules are the stem (CvT, Twins and ViL embed the patches there)
-                ids[pname] = 0 if before and layer_of[mine[0]] == 1 else layer_of[mine[0] if before else mine[-1]]
-            elif len(parts) == 1 or parts[0] in self.late_stem_modules or top.index(parts[0]) < first_container:
-                ids[pname] = 0
-            else:
-                ids[pname] = len(blocks) + 1
-        return ids, len(blocks)
-
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        """timm's parameter grouping (what ``timm.optim``'s layer-wise decay reads): ``{"stem": regex,
-        "blocks": [(regex, (ordinal,)), ...]}`` from :meth:`layer_ids`, one group per block (``coarse``: per
-        stage for hierarchical models), the parameters after the blocks in a group of their own, last. (Not
-        timm's ``(99999,)``, which means "join the previous group": our head keeps its own rate.)"""
-        ids, n = self.layer_ids()
-        blocks = self.block_names()
-
-        def ordinal(layer: int) -> int:
-            parts = blocks[min(layer, n) - 1].split(".")
-            last = int(parts[1]) if coarse and parts[0] == self.stages_attr else min(layer, n) - 1
-            return last + 1 if layer > n else last  # after the blocks: one past the last block's (or stage's)
-
-        by: dict[int, list[str]] = {}
-        for name, layer in ids.items():
-            by.setdefault(-1 if layer == 0 else ordinal(layer), []).append(name)
-
-        def pattern(names: list[str]) -> str:
-            return "^(?:" + "|".join(re.escape(x) for x in names) + ")$"
-
-        return {"stem": pattern(by.pop(-1, [])),
-                "blocks": [(pattern(names), (o,)) for o, names in sorted(by.items())]}
+        """timm's parameter grouping (what ``timm.optim``'s layer-wise decay reads): ``{"stem": regex, "blocks":
+        [(regex, (ordinal,)), ...]}``, one group per block (``coarse``: per stage), the parameters after the
+        blocks last (:func:`~vit_attention.models.layer_groups.group_matcher`)."""
+        return layer_groups.group_matcher(self, coarse)
 
 
-# ---- isotropic models (ViT, CaiT, ViTDet, iGPT)
-class TokenMergingMixin:
-    """Token merging (ToMe) for a model whose ``blocks`` are token :class:`~vit_attention.layers.Block` s.
-
-    The model calls :meth:`_run_blocks_merging` from its block loop while :attr:`token_merging` is set;
-    :meth:`_merging_obstacle` names a part of the model that needs the token grid (then merging is refused).
-    """
+class IsotropicBackbone(Backbone):
+    """A model that is one run of ``blocks`` (ViT, CaiT, ViTDet, iGPT): its levels are the blocks, keys
+    ``blocks.{i}`` (timm's). The family writes ``forward_features`` and ``forward_intermediates`` (with
+    :func:`isotropic_taps` / :func:`tokens_to_intermediates`)."""
 
     blocks: nn.Sequential
-    num_prefix_tokens: int
-    token_merging: tuple[list[int], bool] | None = None  # (per-block r, prop_attn) set by set_token_merging
 
-    def _merging_obstacle(self) -> str | None:
-        """Why this model's tokens cannot merge although its blocks could (None: nothing stands in the way)."""
-        return None
+    def _num_levels(self) -> int:
+        """The blocks."""
+        return len(self.blocks)
 
-    def set_token_merging(self, r: int | tuple[int, float] | list[int], *, prop_attn: bool = True) -> None:
-        """Token merging (ToMe, Bolya et al. 2023) in every block of ``blocks``, at inference and in training.
+    def _prune_after(self, last: int) -> None:
+        """Keep blocks ``0..last`` (and no PEG after a removed block)."""
+        self.blocks = self.blocks[:last + 1]
+        pegs = getattr(self, "pos_block", None)
+        if isinstance(pegs, nn.ModuleDict):
+            for key in [k for k in pegs if int(k) > last]:
+                del pegs[key]
 
-        ``r``: tokens merged per block (an int; ``0`` = off), a per-block list of ints, or the tuple ``(r,
-        inflection)``, ToMe's ramp (:func:`~vit_attention.functional.tome.merge_schedule`; anything else, such as
-        2.5, raises ``ValueError`` naming ``r``); each block merges at most half its mergeable tokens. The setting
-        is recorded by ``save_weights`` and restored by ``load_model``. ``prop_attn``: attention proportional to
-        token size (``+ log(size)`` on the logits). Prefix tokens (class, distillation, registers) are never merged;
-        LayerScale, QK-norm and the fused kernel are kept; RoPE turns each merged token by its size-weighted grid
-        position. Outputs stay in image space: the tokens leaving the blocks and every tapped intermediate give each
-        original token the value of the merged token that covers it, so pooling (``avg`` then size-weighted), heads
-        and feature maps work unchanged. A block that cannot merge (a position layer, a mechanism without
-        ``supports_token_merging``) or :meth:`_merging_obstacle` makes this raise ``ValueError`` naming it, and
-        nothing changes. Gradient checkpointing is not applied while merging (the blocks change the token count).
+    def block_names(self) -> list[str]:
+        """``blocks.{i}``, in order."""
+        return [f"blocks.{j}" for j in range(len(self.blocks))]
+
+    def _record_patch_embed_size(self) -> None:
+        """After ``patch_embed.set_input_size`` (ViT-style and CaiT ``set_input_size``): ``grid_size``,
+        ``cfg.img_size`` / ``cfg.patch_size`` (ints when square) and every feature's reduction (the larger
+        patch side) follow the patch embedding."""
+        pe: Any = self.patch_embed
+        self.grid_size = pe.grid_size
+        (ph, pw), (h, w) = pe.patch_size, pe.img_size
+        self.cfg.img_size = h if h == w else (h, w)
+        self.cfg.patch_size = ph if ph == pw else (ph, pw)
+        for info in getattr(self.feature_info, "info", self.feature_info):  # a features model's FeatureInfo too
+            info["reduction"] = max(ph, pw)
+
+
+
+class StagedBackbone(Backbone):
+    """A hierarchical model: ``_embed`` (images -> the first stage's input, a map ``[B, H, W, C]`` or
+    :class:`~vit_attention.layers.Tokens`), then stages in one ``nn.Sequential`` (the attribute ``stages_attr``
+    names: ``layers`` for Swin, timm's key layout), then the final ``norm``; its levels are the stages."""
+
+    stages_attr: ClassVar[str] = "stages"
+
+    def _embed(self, x: Tensor) -> Tensor | Tokens:
+        """Images ``[B, Cin, H, W]`` -> the first stage's input (a map ``[B, H', W', C]`` or :class:`Tokens`)."""
+        raise NotImplementedError(f"{type(self).__name__} must define _embed or override forward_features")
+
+    def _stages(self) -> nn.Sequential:
+        """The stages, in order."""
+        return getattr(self, self.stages_attr)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> the normalised last stage: a map ``[B, H', W', C]``, or tokens
+        ``[B, P + H'·W', C]`` when its embedding adds prefix tokens."""
+        x = self._stages()(self._embed(x))
+        return self.norm(x.x if isinstance(x, Tokens) else x)
+
+    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
+                              output_fmt: Literal["NCHW", "NHWC"] = "NCHW", intermediates_only: bool = False,
+                              stop_early: bool = False) -> Any:
+        """The final output (as :meth:`forward_features`) plus each chosen stage's map.
+
+        ``indices``: an int ``n`` = the last ``n`` stages, or stage indices (negative allowed);
+        default all. Stage ``i`` gives ``[B, C_i, H_i, W_i]`` (``NCHW``; channels and stride in
+        ``feature_info``) or ``[B, H_i, W_i, C_i]`` (``NHWC``), prefix tokens left out; ``norm``
+        applies the final norm to the last stage's map. Returns ``(final, [maps])`` or only the list.
+        ``stop_early`` (timm): no stage after the last chosen one runs; ``final`` is then its output (through
+        the final norm when it is the last stage); ``intermediates_only`` always stops there.
         """
-        if isinstance(r, int) and not isinstance(r, bool) and r == 0:
-            self.token_merging = None
-            return
-        schedule = merge_schedule(r, len(self.blocks))
-        obstacle = self._merging_obstacle()
-        if obstacle:
-            raise ValueError(f"token merging: {obstacle}")
-        for i, blk in enumerate(self.blocks):
-            attn = getattr(blk, "attn", None)
-            if not isinstance(blk, Block) or not getattr(attn, "supports_token_merging", False):
-                name = getattr(attn, "attention_name", type(attn).__name__)
-                raise ValueError(f"token merging: block {i}'s attention ({name!r}) does not support it")
-            if blk.pos is not None or blk.pos2 is not None:
-                raise ValueError(f"token merging: block {i} has a position layer, which needs the token grid")
-        self.token_merging = (schedule, bool(prop_attn))
+        return staged_intermediates(self._stages(), self._embed(x), indices, self.norm, norm=norm,
+                                    output_fmt=output_fmt, intermediates_only=intermediates_only,
+                                    stop_early=stop_early)
 
-    def _run_blocks_merging(self, x: Tensor, feat_size: tuple[int, int], indices: set[int] | None, *,
-                            rope_grid: bool = False, num_prefix: int | None = None, stop: bool = False,
-                            ) -> tuple[Tensor, list[Tensor]]:
-        """``x [B, P + N, C]`` through ``blocks`` merging as they go: ``-> (tokens, [outputs of blocks indices])``,
-        both back on the ``P + N`` original tokens. ``rope_grid``: carry grid positions for RoPE;
-        ``num_prefix``: ``P`` of the blocks' input (default ``num_prefix_tokens``); ``stop``: no block after
-        the last of ``indices`` runs."""
-        assert self.token_merging is not None
-        schedule, prop_attn = self.token_merging
-        P = self.num_prefix_tokens if num_prefix is None else num_prefix
-        state = TokenMergeState(x, P, schedule, prop_attn=prop_attn, grid=feat_size if rope_grid else None)
-        saved: list[Tensor] = []
-        last = max(indices) if stop and indices else None
-        for i, blk in enumerate(self.blocks):
-            x = blk(x, feat_size, P, tome=state)  # [B, T_i, C]
-            if indices and i in indices:
-                saved.append(state.unmerge(x))  # [B, P + N, C]
-            if i == last:
-                break
-        return state.unmerge(x), saved
+    def _num_levels(self) -> int:
+        """The stages."""
+        return len(self._stages())
 
+    def _prune_after(self, last: int) -> None:
+        """Keep stages ``0..last`` (and no final norm if stages went: it has the last stage's width)."""
+        stages = self._stages()
+        if last < len(stages) - 1:
+            setattr(self, self.stages_attr, stages[:last + 1])
+            self.norm = nn.Identity()
 
-def apply_tome_option(model: nn.Module, r: int) -> None:
-    """``model.set_token_merging(r)`` for the command line's ``--tome R``: a bad value, or a model that cannot
-    merge, raises a ``ValueError`` naming the option."""
-    if not isinstance(r, int) or isinstance(r, bool) or r < 0:
-        raise ValueError(f"--tome must be an int >= 0 (tokens merged per block; 0 = off), got {r!r}")
-    try:
-        model.set_token_merging(r)  # type: ignore[operator]
-    except (ValueError, AttributeError) as e:
-        raise ValueError(f"--tome {r}: {e}") from None
+    def block_names(self) -> list[str]:
+        """``{stages_attr}.{s}.blocks.{j}``, or ``{stages_attr}.{s}.{j}`` for a stage that is a plain sequence of
+        blocks (HaloNet, MobileViT), stage after stage."""
+        names: list[str] = []
+        for s, stage in enumerate(self._stages()):
+            inner = getattr(stage, "blocks", None)
+            prefix = f"{self.stages_attr}.{s}" + (".blocks" if inner is not None else "")
+            names += [f"{prefix}.{j}" for j in range(len(inner if inner is not None else stage))]
+        return names
 
 
 def isotropic_taps(indices: int | Sequence[int] | None, depth: int, output_fmt: str,

@@ -42,9 +42,10 @@ from ._config import (
     check_size,
     check_width_heads,
 )
-from .backbone import Backbone, TokenMergingMixin, isotropic_taps, tokens_to_intermediates
+from .backbone import IsotropicBackbone, isotropic_taps, tokens_to_intermediates
 from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family
+from .token_merging import TokenMergingMixin
 
 __all__ = ["CaitConfig", "Cait", "reduced_config"]
 
@@ -105,7 +106,7 @@ class CaitConfig(ConfigMixin):
             raise ValueError(f"img_size={self.img_size!r} is not divisible by patch_size={self.patch_size!r}")
 
 
-class Cait(TokenMergingMixin, Backbone):
+class Cait(TokenMergingMixin, IsotropicBackbone):
     """CaiT backbone with a classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives normalised tokens ``[B, 1 + N, C]`` (class token first; ``N`` patches),

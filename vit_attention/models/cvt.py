@@ -38,7 +38,7 @@ from ..layers.activation import ACT_LAYERS, get_act_layer
 from ..layers.conv_embed import ConvEmbed
 from ..layers.head import init_linear_weights
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
-from .backbone import Backbone
+from .backbone import StagedBackbone
 from .registry import register_family
 
 __all__ = ["CvtConfig", "Cvt", "CvtStage", "reduced_config"]
@@ -147,7 +147,7 @@ class CvtStage(Stage):
         return Tokens(self.pos_drop(x), (H, W), self.num_prefix_tokens)
 
 
-class Cvt(Backbone):
+class Cvt(StagedBackbone):
     """CvT backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the last stage's normalised tokens ``[B, P + H'·W', C]`` (class

@@ -42,7 +42,7 @@ from ..attention.channel import CHANNEL_FORMS
 from ..layers import Block, ClassifierHead, PosConv, Stage, accepted_kwargs, drop_path_schedule, stage_feature_info
 from ..layers.head import init_linear_weights
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
-from .backbone import Backbone
+from .backbone import StagedBackbone
 from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family
 
@@ -165,7 +165,7 @@ class DaVitDownsample(nn.Module):
         return _to_nhwc(self.conv(x))  # [B, H', W', C']
 
 
-class DaVit(Backbone):
+class DaVit(StagedBackbone):
     """DaViT backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the last stage's map ``[B, H/32, W/32, C_3]`` (channels-last; DaViT

@@ -13,7 +13,8 @@ from pathlib import Path
 __all__ = ["INFRASTRUCTURE", "builtin_families"]
 
 # Modules of this package that are not families (every other public module registers presets when imported).
-INFRASTRUCTURE = frozenset({"backbone", "families", "features", "pretrained_table", "pretrained_tags", "registry"})
+INFRASTRUCTURE = frozenset({"backbone", "families", "features", "layer_groups", "pretrained_table", "pretrained_tags",
+                            "registry", "token_merging"})
 
 
 def builtin_families() -> tuple[str, ...]:

@@ -25,10 +25,13 @@ returns a list of maps, one per entry of ``out_indices``:
   head keys and the keys of pruned layers, ``pruned_keys``, are ignored; any missing backbone key
   still raises with ``strict=True``).
 
-How: the model's class is swapped for a subclass that puts :class:`FeaturesMixin` first (one
-cached per backbone class), so the model keeps its parameters, key names, ``isinstance`` and
-every method, and only ``forward`` changes. ``copy.deepcopy`` and ``torch.save(model)`` work:
-the pickle names the backbone class and :func:`_rebuild` makes the subclass again on load.
+How: a features model is an instance of :func:`features_class` ``(Family)``, a subclass that puts
+:class:`FeaturesMixin` first (one cached per backbone class), built directly with the features options
+(``features_class(Family)(cfg, out_indices=..., output_fmt=..., norm=..., prune=...)``; ``create_model`` and
+``load_model`` build it so): it builds the backbone, then removes the head and what the maps do not need. It
+keeps the backbone's key names, ``isinstance`` and every method; only ``forward`` changes.
+``copy.deepcopy`` and ``torch.save(model)`` work: the pickle names the backbone class and :func:`_rebuild`
+makes the subclass again on load.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-__all__ = ["FeatureInfo", "FeaturesMixin", "as_features_model", "default_out_indices", "resolve_out_indices",
+__all__ = ["FeatureInfo", "FeaturesMixin", "features_class", "default_out_indices", "resolve_out_indices",
            "supported_output_formats", "HEAD_MODULES", "OUTPUT_FORMATS"]
 
 # Attribute names of classifier parts across the families; a family may list its own as ``head_modules``.
@@ -127,7 +130,7 @@ def resolve_out_indices(out_indices: int | Sequence[int], n: int) -> tuple[int, 
     return tuple(take)
 
 
-def default_out_indices(model: nn.Module) -> tuple[int, ...]:
+def default_out_indices(model: Any) -> tuple[int, ...]:
     """What ``out_indices=None`` means for ``model`` (see the module docstring)."""
     info = model.feature_info
     own = getattr(model, "default_out_indices", None)
@@ -137,10 +140,12 @@ def default_out_indices(model: nn.Module) -> tuple[int, ...]:
     return resolve_out_indices(min(_LAST_N_ISOTROPIC, len(info)) if isotropic else len(info), len(info))
 
 
-def supported_output_formats(model: nn.Module) -> tuple[str, ...]:
-    """The ``output_fmt`` values ``model.forward_intermediates`` declares (its ``Literal`` hint), else all."""
+def supported_output_formats(model: nn.Module | type) -> tuple[str, ...]:
+    """The ``output_fmt`` values ``forward_intermediates`` of ``model`` (a model or its class) declares (its
+    ``Literal`` hint), else all."""
+    cls = model if isinstance(model, type) else type(model)
     try:
-        hint = typing.get_type_hints(type(model).forward_intermediates).get("output_fmt")
+        hint = typing.get_type_hints(cls.forward_intermediates).get("output_fmt")
     except Exception:  # an unresolvable annotation: let forward_intermediates judge at the first call
         return OUTPUT_FORMATS
     if typing.get_origin(hint) is typing.Literal:
@@ -159,6 +164,51 @@ class FeaturesMixin:
     pruned_keys: frozenset[str] = frozenset()  # state-dict keys of the layers pruned away (prune=True)
     feature_prune: bool = False
     backbone_class: type[nn.Module]
+
+    def __init__(self, cfg: Any = None, *, out_indices: int | Sequence[int] | None = None, output_fmt: str = "NCHW",
+                 norm: bool = False, prune: bool = True, **overrides: Any) -> None:
+        """The backbone (``cfg`` with ``overrides``, as the family takes them) as a features model.
+
+        ``out_indices``: which blocks / stages (an int ``k`` = the last ``k``; negative indices
+        allowed; ``None`` = :func:`default_out_indices`). ``output_fmt``: ``"NCHW"`` (all models),
+        ``"NHWC"`` (hierarchical) or ``"NLC"`` (ViT tokens): those its ``forward_intermediates``
+        declares (:func:`supported_output_formats`); another raises ``ValueError`` naming ``output_fmt``
+        before anything is built. ``norm``: apply the final norm to the last stage's map (hierarchical) or
+        to every map (ViT), as ``forward_intermediates(norm=True)`` does. ``prune``: remove what the maps do
+        not need (the layers after the last ``out_indices`` entry, the final norm unless ``norm``, the parts
+        that only fed the classifier: ``prune_intermediate_layers``); their keys are listed in
+        ``pruned_keys`` and ignored when a full checkpoint loads, as the head's are.
+        """
+        formats = supported_output_formats(self.backbone_class)
+        if output_fmt not in formats:
+            raise ValueError(f"output_fmt must be one of {formats} for {self.backbone_class.__name__}, "
+                             f"got {output_fmt!r}")
+        super().__init__(cfg, **overrides)  # type: ignore[call-arg]
+        model: Any = self
+        if not hasattr(model, "feature_info"):
+            raise TypeError(f"{self.backbone_class.__name__} has no feature_info: it cannot be a features model")
+        info = list(model.feature_info)
+        take = default_out_indices(model) if out_indices is None else resolve_out_indices(out_indices, len(info))
+        removed = []
+        for name in getattr(model, "head_modules", HEAD_MODULES):
+            part = getattr(model, name, None)
+            if isinstance(part, nn.Module) and not isinstance(part, nn.Identity):
+                if any(True for _ in part.state_dict()):
+                    removed.append(name)
+                setattr(model, name, nn.Identity())
+        self.feature_info = FeatureInfo(info, take)
+        self.out_indices = take
+        self.output_fmt = output_fmt
+        self.feature_norm = bool(norm)
+        self.removed_head = tuple(removed)
+        model.register_load_state_dict_pre_hook(self._drop_head_keys)
+        if getattr(model, "num_classes", None) is not None:
+            model.num_classes = 0
+        self.feature_prune = bool(prune and hasattr(model, "prune_intermediate_layers"))
+        if self.feature_prune:
+            before = set(model.state_dict())
+            model.prune_intermediate_layers(sorted(set(take)), prune_norm=not norm, prune_head=True)
+            self.pruned_keys = frozenset(before - set(model.state_dict()))
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         """Pickle as (the backbone class, the module's state): the subclass is made again on load."""
@@ -186,13 +236,18 @@ _FEATURE_CLASSES: dict[type, type] = {}
 
 def _rebuild(backbone_class: type[nn.Module]) -> nn.Module:
     """An empty features model of ``backbone_class`` (unpickling fills its state)."""
-    return object.__new__(_features_class(backbone_class))
+    return object.__new__(features_class(backbone_class))
 
 
-def _features_class(cls: type[nn.Module]) -> type[nn.Module]:
-    """``cls`` with :class:`FeaturesMixin` first in its MRO (one per backbone class)."""
+def features_class(cls: type[nn.Module]) -> type[nn.Module]:
+    """``cls`` (a model class with ``forward_intermediates``) with :class:`FeaturesMixin` first in its MRO, one per
+    class: ``features_class(cls)(cfg, out_indices=..., output_fmt=..., norm=..., prune=...)`` builds the features
+    model (``[B, Cin, H, W] -> [maps]``). A features class, or a class without ``forward_intermediates``, raises
+    ``TypeError``."""
     if issubclass(cls, FeaturesMixin):
-        return cls
+        raise TypeError(f"{cls.__name__} is already a features model class")
+    if not hasattr(cls, "forward_intermediates"):
+        raise TypeError(f"{cls.__name__} has no forward_intermediates: it cannot be a features model")
     if cls not in _FEATURE_CLASSES:
         name = f"{cls.__name__}Features"
         _FEATURE_CLASSES[cls] = type(name, (FeaturesMixin, cls), {
@@ -200,53 +255,3 @@ def _features_class(cls: type[nn.Module]) -> type[nn.Module]:
             "__doc__": f"{cls.__name__} as a features model: ``[B, Cin, H, W] -> [maps]`` (models/features.py).",
         })
     return _FEATURE_CLASSES[cls]
-
-
-def as_features_model(model: nn.Module, out_indices: int | Sequence[int] | None = None, *,
-                      output_fmt: str = "NCHW", norm: bool = False, prune: bool = True) -> nn.Module:
-    """Turn ``model`` (in place) into a features model and return it.
-
-    ``out_indices``: which blocks / stages (an int ``k`` = the last ``k``; negative indices
-    allowed; ``None`` = :func:`default_out_indices`). ``output_fmt``: ``"NCHW"`` (all models),
-    ``"NHWC"`` (hierarchical) or ``"NLC"`` (ViT tokens): those its ``forward_intermediates``
-    declares (:func:`supported_output_formats`); another raises here, naming ``output_fmt``.
-    ``norm``: apply the final norm to the last stage's map (hierarchical) or to every map (ViT),
-    as ``forward_intermediates(norm=True)`` does.
-    ``prune``: remove what the maps do not need (the layers after the last ``out_indices`` entry, the
-    final norm unless ``norm``, the parts that only fed the classifier: ``prune_intermediate_layers``);
-    their keys are listed in ``model.pruned_keys`` and ignored when a full checkpoint loads.
-    Load weights before or after (``create_model(pretrained=...)`` loads after: a full model's head
-    keys are ignored by ``load_state_dict`` / ``load_weights``, a features model's file has none).
-    """
-    for need in ("feature_info", "forward_intermediates"):
-        if not hasattr(model, need):
-            raise TypeError(f"{type(model).__name__} has no {need}: it cannot be a features model")
-    formats = supported_output_formats(model)
-    if output_fmt not in formats:
-        raise ValueError(f"output_fmt must be one of {formats} for {type(model).__name__}, got {output_fmt!r}")
-    if isinstance(model, FeaturesMixin):
-        raise TypeError(f"{type(model).__name__} is already a features model")
-    info = list(model.feature_info)
-    take = default_out_indices(model) if out_indices is None else resolve_out_indices(out_indices, len(info))
-    removed = []
-    for name in getattr(model, "head_modules", HEAD_MODULES):
-        if isinstance(getattr(model, name, None), nn.Module) and not isinstance(getattr(model, name), nn.Identity):
-            if any(True for _ in getattr(model, name).state_dict()):
-                removed.append(name)
-            setattr(model, name, nn.Identity())
-    model.__class__ = _features_class(type(model))
-    model.feature_info = FeatureInfo(info, take)  # type: ignore[assignment]
-    model.out_indices = take  # type: ignore[assignment]
-    model.output_fmt = output_fmt  # type: ignore[assignment]
-    model.feature_norm = bool(norm)  # type: ignore[assignment]
-    model.removed_head = tuple(removed)  # type: ignore[assignment]
-    model.register_load_state_dict_pre_hook(model._drop_head_keys)  # type: ignore[attr-defined]
-    if getattr(model, "num_classes", None) is not None:
-        model.num_classes = 0  # type: ignore[assignment]
-    model.feature_prune = bool(prune and hasattr(model, "prune_intermediate_layers"))  # type: ignore[assignment]
-    if model.feature_prune:
-        before = set(model.state_dict())
-        model.prune_intermediate_layers(sorted(set(take)), prune_norm=not norm,  # type: ignore[attr-defined]
-                                        prune_head=True)
-        model.pruned_keys = frozenset(before - set(model.state_dict()))  # type: ignore[assignment]
-    return model

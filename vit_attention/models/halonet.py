@@ -38,7 +38,7 @@ from ..layers.layout_adapter import apply_attention
 from ..layers.mbconv import ConvNormAct, act_fresh
 from ..layers.stage import drop_path_schedule
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
-from .backbone import Backbone
+from .backbone import StagedBackbone
 from .pretrained_tags import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
 from .registry import register_family
 
@@ -272,7 +272,7 @@ class _Stem(nn.Module):
         return self.forward_tap(x)[0]
 
 
-class HaloNet(ConvStagesMixin, Backbone):
+class HaloNet(ConvStagesMixin, StagedBackbone):
     """HaloNet / ByobNet backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the last map ``[B, num_features, H/32, W/32]`` (NCHW, after

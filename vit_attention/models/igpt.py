@@ -55,7 +55,7 @@ from ._config import (
     check_size,
     check_width_heads,
 )
-from .backbone import Backbone, isotropic_taps, tokens_to_intermediates
+from .backbone import IsotropicBackbone, isotropic_taps, tokens_to_intermediates
 from .features import HEAD_MODULES
 from .registry import register_family
 
@@ -244,7 +244,7 @@ class ImageGPTConfig(ConfigMixin):
             check_float(getattr(self, rate), rate, low=0.0, high=1.0)
 
 
-class ImageGPT(Backbone):
+class ImageGPT(IsotropicBackbone):
     """Image GPT, ``[B, Cin, H, W] -> [B, num_classes]``; ``forward_logits(tokens [B, n]) -> [B, n, K]``.
 
     Keys: ``quantizer.palette``, ``tok_embed`` (``[K + 1, C]``, row ``K`` = SOS), ``pos_embed``

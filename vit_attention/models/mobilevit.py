@@ -37,7 +37,7 @@ from ..layers.group_norm import GroupNorm1
 from ..layers.head import init_linear_weights
 from ..layers.mbconv import ConvNormAct, InvertedResidual
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
-from .backbone import Backbone
+from .backbone import StagedBackbone
 from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family
 
@@ -217,7 +217,7 @@ class MobileViTV2Block(nn.Module):
         return self.conv_proj(y)  # [B, C, Hp, Wp]
 
 
-class MobileViT(ConvStagesMixin, Backbone):
+class MobileViT(ConvStagesMixin, StagedBackbone):
     """MobileViT v1 / v2 backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the last map ``[B, num_features, H/32, W/32]`` (NCHW, after

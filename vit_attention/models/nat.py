@@ -32,7 +32,7 @@ from ..layers import Block, ClassifierHead, Stage, accepted_kwargs, drop_path_sc
 from ..layers.head import init_linear_weights
 from ..layers.stage import stage_feature_info
 from ._config import ConfigMixin, check_attn_layer, check_float, check_int, check_int_seq, check_size
-from .backbone import Backbone
+from .backbone import StagedBackbone
 from .registry import register_family
 
 __all__ = ["NATConfig", "NAT", "ConvTokenizer", "ConvDownsampler", "reduced_config"]
@@ -134,7 +134,7 @@ class ConvDownsampler(nn.Module):
         return self.norm(self.reduction(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1))
 
 
-class NAT(Backbone):
+class NAT(StagedBackbone):
     """NAT / DiNAT backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     Level ``i`` outputs ``C·2^i`` channels at stride ``4·2^i``; ``forward_features`` gives the

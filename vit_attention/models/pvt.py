@@ -30,7 +30,7 @@ from ..functional import resample_abs_pos_embed
 from ..layers import ClassifierHead, Stage, Tokens, drop_path_schedule, stage_feature_info
 from ..layers.conv_embed import ConvEmbed
 from ._config import ConfigMixin, check_choice, check_int, check_size
-from .backbone import Backbone
+from .backbone import StagedBackbone
 from .pvt_v2 import MinInputSizeMixin, check_pyramid, init_pyramid_weights, pyramid_blocks, reduced_config
 from .registry import register_family
 
@@ -131,7 +131,7 @@ class PvtConfig(ConfigMixin):
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
 
 
-class PyramidVisionTransformer(MinInputSizeMixin, Backbone):
+class PyramidVisionTransformer(MinInputSizeMixin, StagedBackbone):
     """PVT v1 backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the normalised last-stage tokens ``[B, 1 + H/32·W/32, C4]`` (class

@@ -35,7 +35,7 @@ from ..layers import Block, ClassifierHead, Stage, accepted_kwargs, drop_path_sc
 from ..layers.conv_embed import ConvEmbed
 from ..layers.mlp_dwconv import MlpDWConv
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
-from .backbone import Backbone
+from .backbone import StagedBackbone
 from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family
 
@@ -201,7 +201,7 @@ def pyramid_blocks(cfg: Any, i: int, drop_path: list[float], mlp_layer: Any = No
             for dp in drop_path]
 
 
-class PyramidVisionTransformerV2(MinInputSizeMixin, Backbone):
+class PyramidVisionTransformerV2(MinInputSizeMixin, StagedBackbone):
     """PVTv2 backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]`` (inputs of ``min_input_size`` or more).
 
     ``forward_features`` gives the last stage's normalised map ``[B, H/32, W/32, C4]`` (channels-last;

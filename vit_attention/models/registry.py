@@ -7,7 +7,8 @@ this package that is not infrastructure, one file per family), so what ``list_mo
 ``create_model()`` know never depends on what was imported before. A new family is a new file
 here that calls :func:`register_family` at import; nothing else lists it.
 
-The registry knows which class and config a name builds, nothing of checkpoints: building a model
+The registry knows which class and config a name builds (:meth:`ModelEntry.build`, the one place a
+registered model is constructed), nothing of checkpoints: building a model
 and loading its weights is :func:`vit_attention.factory.create_model`, which sits above this
 package and :mod:`vit_attention.weights`; nothing in this package imports the factory.
 """
@@ -25,6 +26,7 @@ from typing import Any
 from torch import nn
 
 from .families import builtin_families
+from .features import features_class
 
 __all__ = ["ModelEntry", "register_family", "register_model", "list_models",
            "get_model_entry", "resolve_model_name", "model_config", "with_published_gmacs"]
@@ -64,6 +66,19 @@ class ModelEntry:
             if default is not None:
                 values["num_classes"] = default
         return self.config_cls(**values)
+
+    def build(self, cfg: Any = None, *, features: Mapping[str, Any] | None = None) -> nn.Module:
+        """The model this entry names, built from config ``cfg`` (None: the preset's, :meth:`config`): the one
+        place a registered model is constructed (``create_model``, ``load_model`` and the checks of a file's
+        config against its tensors all come here). ``features``: the options of a features model
+        (``out_indices``, ``output_fmt``, ``norm``, ``prune``): then the family's features class
+        (:func:`~vit_attention.models.features.features_class`) is built, ``[B, Cin, H, W] -> [maps]``; else the
+        family's class, ``[B, Cin, H, W] -> [B, num_classes]``. The model's ``registry_name`` is this entry's name.
+        No weights: loading them is :mod:`vit_attention.weights`'."""
+        cfg = self.config() if cfg is None else cfg
+        model = features_class(self.model_cls)(cfg, **features) if features is not None else self.model_cls(cfg)
+        model.registry_name = self.name  # type: ignore[assignment]
+        return model
 
     def default_num_classes(self) -> int | None:
         """The classes this preset is built with when nobody says: its default pretrained tag's head.

@@ -53,7 +53,7 @@ from ._config import (
     check_int_seq,
     check_size,
 )
-from .backbone import Backbone
+from .backbone import StagedBackbone
 from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family, with_published_gmacs
 
@@ -182,7 +182,7 @@ def _stage_ints(value: Any, n: int, name: str) -> tuple[int, ...]:
     return tuple(vals)
 
 
-class SwinTransformer(Backbone):
+class SwinTransformer(StagedBackbone):
     """Swin Transformer backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the normalised last map ``[B, H/32, W/32, 8C]`` (channels-last),

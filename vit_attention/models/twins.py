@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from ..layers import Block, ClassifierHead, PosConv, Stage, drop_path_schedule, stage_feature_info
 from ..layers.head import init_linear_weights
 from ._config import ConfigMixin, check_choice, check_float, check_int, check_int_seq, check_size
-from .backbone import Backbone
+from .backbone import StagedBackbone
 from .pretrained_tags import data_cfg, pretrained_tags
 from .pvt_v2 import MinInputSizeMixin
 from .registry import register_family
@@ -142,7 +142,7 @@ class TwinsPosConv(PosConv):
         self.proj = nn.Sequential(self.proj)  # type: ignore[assignment]
 
 
-class Twins(MinInputSizeMixin, Backbone):
+class Twins(MinInputSizeMixin, StagedBackbone):
     """Twins PCPVT / SVT backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the normalised last map ``[B, H/32, W/32, C4]`` (channels-last),

@@ -31,7 +31,7 @@ from ..layers import Block, ClassifierHead, Stage, Tokens, drop_path_schedule, s
 from ..layers.block import accepted_kwargs
 from ..layers.conv_embed import ConvEmbed
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
-from .backbone import Backbone
+from .backbone import StagedBackbone
 from .pvt_v2 import init_pyramid_weights
 from .registry import register_family
 
@@ -152,7 +152,7 @@ class VilConfig(ConfigMixin):
         check_attn_layer(self.attn_layer, self.attn_kwargs)
 
 
-class VisionLongformer(Backbone):
+class VisionLongformer(StagedBackbone):
     """ViL backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives the last stage's normalised tokens ``[B, G4 + H/32·W/32, C4]`` (globals first),

@@ -45,9 +45,10 @@ from ._config import (
     check_size,
     check_width_heads,
 )
-from .backbone import Backbone, TokenMergingMixin, isotropic_taps, tokens_to_intermediates
+from .backbone import IsotropicBackbone, isotropic_taps, tokens_to_intermediates
 from .pretrained_tags import INCEPTION_MEAN, INCEPTION_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, data_cfg, pretrained_tags
 from .registry import register_family, with_published_gmacs
+from .token_merging import TokenMergingMixin
 
 __all__ = ["VisionTransformerConfig", "VisionTransformer", "AttentionPoolHead", "reduced_config"]
 
@@ -174,7 +175,7 @@ class VisionTransformerConfig(ConfigMixin):
                              f"use a multiple of the patch size, or dynamic_img_pad=True to pad the images")
 
 
-class VisionTransformer(TokenMergingMixin, Backbone):
+class VisionTransformer(TokenMergingMixin, IsotropicBackbone):
     """ViT / DeiT backbone with a classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives tokens ``[B, P + N, C]`` (``P`` prefix tokens: class, distillation),
@@ -358,7 +359,7 @@ class VisionTransformer(TokenMergingMixin, Backbone):
         return x + pos  # [B, P + N, C]
 
     def _merging_obstacle(self) -> str | None:
-        """A PEG between blocks (CPVT) needs the token grid (:class:`~.backbone.TokenMergingMixin`)."""
+        """A PEG between blocks (CPVT) needs the token grid (:class:`~.token_merging.TokenMergingMixin`)."""
         if self.pos_block is not None:
             return f"{type(self).__name__} runs position convolutions (PEG) between blocks, which need the token grid"
         return None

@@ -68,7 +68,7 @@ from ._config import (
     check_size,
     check_width_heads,
 )
-from .backbone import Backbone, isotropic_taps
+from .backbone import IsotropicBackbone, isotropic_taps
 from .registry import register_family
 
 __all__ = ["ViTDetConfig", "ViTDet", "ShapeSpec", "ConvNorm", "pyramid_stage", "reduced_config"]
@@ -199,7 +199,7 @@ def pyramid_stage(dim: int, scale: float, out_channels: int, *, eps: float = 1e-
     return nn.Sequential(*layers)
 
 
-class ViTDet(Backbone):
+class ViTDet(IsotropicBackbone):
     """ViTDet backbone + simple feature pyramid (+ a pooled linear probe), ``[B, Cin, H, W] -> [B, num_classes]``.
 
     See the module docstring: :meth:`forward_pyramid` gives the detection maps ``{"p2": ..., "p6":

@@ -303,7 +303,7 @@ def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     model, meta = _load_checkpoint_for_inference(args)
     r = getattr(args, "tome", None)
     if r:
-        from ..models.backbone import apply_tome_option
+        from ..factory import apply_tome_option
 
         apply_tome_option(model, r)
     return model, meta

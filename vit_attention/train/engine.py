@@ -122,8 +122,8 @@ def _model_overrides(cfg: TrainConfig, data: DataBundle) -> dict[str, Any]:
 
 def build_model_for_data(cfg: TrainConfig, data: DataBundle, *, pretrained: bool = True) -> nn.Module:
     """The model ``cfg.model`` sized for ``data`` (classes, channels, image size), with ``cfg.pretrained``'s
-    weights unless ``pretrained=False`` (a resumed run: its checkpoint holds them); clear error if unknown."""
-    model_entry(cfg.model)  # unknown names raise KeyError with suggestions
+    weights unless ``pretrained=False`` (a resumed run: its checkpoint holds them); an unknown name raises
+    ``create_model``'s ``KeyError`` (with suggestions)."""
     return create_model(cfg.model, num_classes=data.num_classes, img_size=data.img_size,
                         pretrained=cfg.pretrained if pretrained and cfg.pretrained else None,
                         **_model_overrides(cfg, data))

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..models.layer_groups import layer_ids
 from .distributed import unwrap_model
 
 __all__ = ["lr_at", "param_groups", "ModelEma", "seed_step"]
@@ -31,16 +32,16 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
 
     ``layer_decay`` (in (0, 1]; None = off): layer-wise learning-rate decay, the fine-tuning recipe of BEiT,
     MAE, DINOv2 and EVA. Each group also carries ``lr_scale = layer_decay ** (L + 1 - layer)`` from the
-    model's :meth:`~vit_attention.models.backbone.Backbone.layer_ids` (stem 0, blocks 1..L, head L + 1: the
+    model's :func:`~vit_attention.models.layer_groups.layer_ids` (stem 0, blocks 1..L, head L + 1: the
     head trains at the full rate, each block below it at ``layer_decay`` times the one above); the engine
     multiplies the scheduled rate by it. ``model`` may be wrapped (DDP / FSDP2 keep the parameter names).
     """
     bare_model = unwrap_model(model)
     skip = set(bare_model.no_weight_decay()) if hasattr(bare_model, "no_weight_decay") else set()
-    if layer_decay is not None and not hasattr(bare_model, "layer_ids"):
-        raise ValueError(f"layer_decay needs a model with layer_ids() (every registered model has it); "
+    if layer_decay is not None and not hasattr(bare_model, "block_names"):
+        raise ValueError(f"layer_decay needs a model with block_names() (every registered model has it); "
                          f"got {type(bare_model).__name__}")
-    ids, depth = bare_model.layer_ids() if layer_decay is not None else ({}, 0)
+    ids, depth = layer_ids(bare_model) if layer_decay is not None else ({}, 0)
     groups: dict[tuple[int, bool], dict[str, Any]] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:

@@ -79,7 +79,7 @@ def check_config_against_header(entry: Any, config: Mapping[str, Any], shapes: M
     try:
         cfg = entry.config_cls.from_dict(dict(config))
         with torch.device("meta"):
-            model = entry.model_cls(cfg)
+            model = entry.build(cfg)
     except (TypeError, ValueError):
         return  # a config that does not build alone (options create_model adds) is reported by the real build
     own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -122,15 +122,10 @@ def check_config_against_header(entry: Any, config: Mapping[str, Any], shapes: M
     raise ValueError(f"{where}: {what} contradict(s) the tensors it holds ({detail}); refusing to build the model")
 
 
-def check_saved_model(saved: Any) -> None:
-    """:func:`check_config_against_header` for a file of ours (a :class:`~vit_attention.weights.saved.SavedModel`):
-    the config it records against its own tensors, before ``load_model`` builds anything."""
-    from ..models.registry import get_model_entry
-
-    try:
-        entry = get_model_entry(saved.model_name)
-    except KeyError:
-        return  # load_model names the unregistered model
+def check_saved_model(saved: Any, entry: Any) -> None:
+    """:func:`check_config_against_header` for a file of ours (a :class:`~vit_attention.weights.saved.SavedModel`
+    of registry ``entry``'s model): the config it records against its own tensors, before ``load_model`` builds
+    anything."""
     shapes = header_shapes(saved.path, "model." if saved.kind == "train_state" else "")
     check_config_against_header(entry, saved.config, shapes, str(saved.path),
                                 partial="features" in saved.metadata)

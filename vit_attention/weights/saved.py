@@ -26,8 +26,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
-from ..models.features import as_features_model
-from ..models.registry import get_model_entry, resolve_model_name
+from ..models.registry import ModelEntry, get_model_entry, resolve_model_name
 from .header import check_saved_model
 from .io import TRAIN_STATE_FORMAT, features_metadata, read_checkpoint, read_metadata, regular_file
 from .load import CheckpointMismatchError, load_weights
@@ -178,12 +177,20 @@ def check_options_agree(saved: SavedModel, options: Mapping[str, Any], names: Ma
                              f"{saved.model_name} with {key}={saved.config[key]!r}; leave the option out")
 
 
-def _build(saved: SavedModel, overrides: Mapping[str, Any], device: str | torch.device | None) -> nn.Module:
+def _registry_entry(saved: SavedModel) -> ModelEntry:
+    """The registry entry of the model ``saved`` describes (its name resolved once, here); ``ValueError`` when it
+    is not registered."""
     try:
-        entry = get_model_entry(saved.model_name)
+        return get_model_entry(saved.model_name)
     except KeyError as e:
         raise ValueError(f"{saved.path} describes model {saved.model_name!r}, which is not registered here: "
                          f"{e.args[0] if e.args else e}") from None
+
+
+def _build(saved: SavedModel, entry: ModelEntry, overrides: Mapping[str, Any], device: str | torch.device | None
+           ) -> nn.Module:
+    """The model ``saved`` records (its config with ``overrides``; a features model as it was saved, its head
+    left out), built by :meth:`~vit_attention.models.registry.ModelEntry.build` on ``device``, no weights."""
     fields = {f.name for f in dataclasses.fields(entry.config_cls)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
@@ -193,10 +200,15 @@ def _build(saved: SavedModel, overrides: Mapping[str, Any], device: str | torch.
     except (TypeError, ValueError) as e:
         raise ValueError(f"{saved.path}: its {saved.model_name} config does not build with this version of "
                          f"vit_attention: {e}") from None
+    features = features_metadata(saved.metadata, saved.path)
     with torch.device(device or "cpu"):
-        model = entry.model_cls(cfg)
-    model.registry_name = entry.name  # type: ignore[assignment]
-    return model
+        if features is None:
+            return entry.build(cfg)
+        try:  # saved with features_only=True: the same features model
+            return entry.build(cfg, features=features)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{saved.path} holds a features model of {saved.model_name} that does not build: {e}"
+                             ) from None
 
 
 def _model_tensors(saved: SavedModel) -> dict[str, Tensor]:
@@ -236,16 +248,9 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, mo
                          "'config' metadata: not written by save_weights or a training run); build the model "
                          "first: create_model(NAME, pretrained=path)")
     check_model_name(saved, model)
-    check_saved_model(saved)  # the recorded config against the file's tensor header, before allocating anything
-    net = _build(saved, overrides, device)
-    features = features_metadata(saved.metadata, saved.path)
-    if features is not None:  # saved with features_only=True: the same features model, its head left out
-        try:
-            net = as_features_model(net, features["out_indices"], output_fmt=features["output_fmt"],
-                                    norm=features["norm"], prune=features["prune"])
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{saved.path} holds a features model of {saved.model_name} that does not build: {e}"
-                             ) from None
+    entry = _registry_entry(saved)
+    check_saved_model(saved, entry)  # the recorded config against the file's tensor header, before allocating anything
+    net = _build(saved, entry, overrides, device)
     state = _model_tensors(saved)
     dtypes = {v.dtype for k, v in state.items() if v.is_floating_point()}
     if len(dtypes) == 1:
