@@ -210,3 +210,39 @@ def test_a_mask_cached_in_inference_mode_serves_a_later_backward() -> None:
     assert x.grad is not None and bool(torch.isfinite(x.grad).all())
     assert torch.allclose(out.detach(), first, atol=1e-6)
     flex.clear_block_mask_cache()
+
+
+def _brute_force_skipped(pattern: flex.AttentionPattern) -> tuple[int, int]:
+    """``(skipped, total)`` 128 x 128 blocks counted from the dense mask itself (zero-padded to whole blocks)."""
+    dense = pattern.dense_mask()
+    rows, cols = -(-pattern.num_queries // 128), -(-pattern.num_keys // 128)
+    padded = torch.zeros(*dense.shape[:2], rows * 128, cols * 128, dtype=torch.bool)
+    padded[..., :pattern.num_queries, :pattern.num_keys] = dense
+    any_visible = padded.view(*dense.shape[:2], rows, 128, cols, 128).any(dim=(3, 5))
+    return int((~any_visible).sum()), any_visible.numel()
+
+
+@pytest.mark.parametrize(("n", "m"), [(300, 300), (200, 520), (128, 256)])
+def test_skipped_blocks_are_counted_exactly(n: int, m: int) -> None:
+    """Lengths that are not multiples of 128 (where torch's ``sparsity()`` goes wrong) and a per-head mask."""
+    band = flex.AttentionPattern(n, m, mask_mod=lambda b, h, q, kv: (kv - q).abs() <= 40 + 90 * h, mask_heads=2,
+                                 cache_key=("band", n, m))
+    causal = flex.AttentionPattern(n, m, mask_mod=lambda b, h, q, kv: kv <= q, cache_key=("lower", n, m))
+    for pattern in (band, causal):
+        assert flex.skipped_blocks(pattern) == _brute_force_skipped(pattern)
+    skipped, total = flex.skipped_blocks(causal)
+    assert 0 < skipped < total
+    assert flex.skipped_blocks(flex.AttentionPattern(n, m)) == (0, -(-n // 128) * -(-m // 128))  # no mask_mod
+
+
+def test_recording_patterns_sees_each_flex_call_and_only_inside() -> None:
+    q, k, v = _qkv(1, 2, 10, 8)
+    pattern = flex.AttentionPattern(10, 10, mask_mod=lambda b, h, qi, ki: ki <= qi, cache_key=("rec", 10))
+    with flex.recording_patterns() as outer, torch.no_grad():
+        sdpa(q, k, v, backend="flex", pattern=pattern)
+        with flex.recording_patterns() as inner:
+            sdpa(q, k, v, backend="flex")
+        sdpa(q, k, v, backend="explicit", pattern=pattern)  # not the flex path: nothing recorded
+    assert [p.cache_key for p in outer] == [("rec", 10)] and len(inner) == 1 and inner[0].mask_mod is None
+    sdpa(q, k, v, backend="flex", pattern=pattern)
+    assert len(outer) == 1 and not flex._RECORDERS
