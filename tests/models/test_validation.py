@@ -6,10 +6,12 @@ Configs check their fields on construction (``__post_init__``), so ``create_mode
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 import torch
+from model_outputs import first_preset_per_family
 
 from vit_attention import create_model
 from vit_attention.cli import main
@@ -220,3 +222,19 @@ def test_cli_summary_prints_the_argument_error(args: list[str], message: str,
 def test_cli_summary_empty_batch_of_swin(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["summary", "swin_t", "--batch-size", "0", "--img-size", "64"]) == 0
     assert "output shape: [0, 1000]" in capsys.readouterr().out
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize("name", sorted(first_preset_per_family().values()))
+def test_every_family_checks_the_common_fields(name: str) -> None:
+    """Every family's config rejects a bad image size, channel or class count, and any ``*_rate`` outside [0, 1),
+    naming the field (``_config.check_common``)."""
+    cfg = model_config(name)
+    rates = [f.name for f in dataclasses.fields(cfg) if f.name.endswith("_rate")]
+    assert "drop_path_rate" in rates
+    for field, value, match in [("img_size", 0, r"^img_size must be an int >= 1 or a pair of them, got 0$"),
+                                ("in_chans", 0, r"^in_chans must be an int >= 1, got 0$"),
+                                ("num_classes", -1, r"^num_classes must be an int >= 0, got -1$"),
+                                *[(rate, 1.5, rf"^{rate} must be in \[0, 1\), got 1.5$") for rate in rates]]:
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(cfg, **{field: value})

@@ -21,7 +21,7 @@ from ..layers.stage import resolve_indices
 T = TypeVar("T", bound="ConfigMixin")
 
 __all__ = ["ConfigMixin", "resolve_indices", "check_int", "check_float", "check_size", "check_int_seq",
-           "check_choice", "check_attn_layer"]
+           "check_choice", "check_attn_layer", "check_common", "check_width_heads"]
 
 
 class ConfigMixin:
@@ -130,6 +130,21 @@ def check_width_heads(cfg: Any) -> tuple[int, int]:
     if dim % heads:
         raise ValueError(f"embed_dim={dim} must be divisible by num_heads={heads} (head dim = embed_dim / num_heads)")
     return dim, heads
+
+
+def check_common(cfg: Any, pools: Sequence[str] | None = ("avg", "")) -> tuple[int, int]:
+    """The fields every family config has: ``img_size`` (an int or a pair), ``in_chans`` (>= 1), ``num_classes``
+    (>= 0; 0: no head), every ``*_rate`` (a probability in ``[0, 1)``) and, unless ``pools`` is ``None``,
+    ``global_pool`` (one of ``pools``); else raises naming the field -> ``img_size`` as ``(h, w)``."""
+    img = check_size(cfg.img_size, "img_size")
+    check_int(cfg.in_chans, "in_chans")
+    check_int(cfg.num_classes, "num_classes", min_value=0)
+    if pools is not None:
+        check_choice(cfg.global_pool, "global_pool", pools)
+    for f in dataclasses.fields(cfg):
+        if f.name.endswith("_rate"):  # dropout and drop-path probabilities
+            check_float(getattr(cfg, f.name), f.name, low=0.0, high=1.0)
+    return img
 
 
 def check_choice(value: Any, name: str, choices: Sequence[Any]) -> Any:

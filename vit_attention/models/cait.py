@@ -33,15 +33,7 @@ from ..attention import get_attention_spec, list_attention
 from ..functional import resample_abs_pos_embed
 from ..layers import Block, PatchEmbed, run_blocks_with_taps, stage_feature_info
 from ..layers.head import init_linear_weights
-from ._config import (
-    ConfigMixin,
-    check_attn_layer,
-    check_choice,
-    check_float,
-    check_int,
-    check_size,
-    check_width_heads,
-)
+from ._config import ConfigMixin, check_attn_layer, check_common, check_float, check_int, check_size, check_width_heads
 from .backbone import IsotropicBackbone, isotropic_taps, tokens_to_intermediates
 from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family
@@ -82,11 +74,8 @@ class CaitConfig(ConfigMixin):
 
     def validate(self) -> None:
         """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
-        img = check_size(self.img_size, "img_size")
+        img = check_common(self, _POOLS)
         patch = check_size(self.patch_size, "patch_size")
-        check_int(self.in_chans, "in_chans")
-        check_int(self.num_classes, "num_classes", min_value=0)
-        check_choice(self.global_pool, "global_pool", _POOLS)
         dim, heads = check_width_heads(self)
         check_int(self.depth, "depth", min_value=0)
         check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
@@ -100,8 +89,6 @@ class CaitConfig(ConfigMixin):
             takes = [n for n in list_attention() if get_attention_spec(n).supports_context]
             raise ValueError(f"token_attn_layer must be a registered mechanism that takes a context "
                              f"(one of {', '.join(map(repr, takes))}); got {self.token_attn_layer!r}")
-        for rate in ("drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"):
-            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
         if img[0] % patch[0] or img[1] % patch[1]:
             raise ValueError(f"img_size={self.img_size!r} is not divisible by patch_size={self.patch_size!r}")
 

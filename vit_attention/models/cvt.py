@@ -37,7 +37,7 @@ from ..layers import Block, Stage, Tokens, accepted_kwargs, as_map, stage_featur
 from ..layers.activation import ACT_LAYERS, get_act_layer
 from ..layers.conv_embed import ConvEmbed
 from ..layers.head import init_linear_weights
-from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
+from ._config import ConfigMixin, check_attn_layer, check_choice, check_common, check_float, check_int, check_int_seq
 from .backbone import StagedBackbone
 from .registry import register_family
 
@@ -82,9 +82,7 @@ class CvtConfig(ConfigMixin):
 
     def validate(self) -> None:
         """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
-        check_size(self.img_size, "img_size")
-        check_int(self.in_chans, "in_chans")
-        check_int(self.num_classes, "num_classes", min_value=0)
+        check_common(self, pools=None)
         dims = check_int_seq(self.embed_dims, "embed_dims")
         n = len(dims)
         check_int_seq(self.depths, "depths", min_value=1, length=n)
@@ -102,8 +100,6 @@ class CvtConfig(ConfigMixin):
         check_choice(self.act_layer, "act_layer", tuple(ACT_LAYERS))
         check_float(self.norm_eps, "norm_eps", low_open=True)
         check_float(self.bn_eps, "bn_eps", low_open=True)
-        for rate in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
-            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
         check_attn_layer(self.attn_layer, self.attn_kwargs, layout="tokens")
         if self.global_pool is not None:
             check_choice(self.global_pool, "global_pool", ("token", "avg", ""))

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from ..attention.channel import CHANNEL_FORMS
 from ..layers import Block, ClassifierHead, PosConv, Stage, accepted_kwargs, drop_path_schedule, stage_feature_info
 from ..layers.head import init_linear_weights
-from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
+from ._config import ConfigMixin, check_attn_layer, check_choice, check_common, check_float, check_int, check_int_seq
 from .backbone import StagedBackbone
 from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family
@@ -84,10 +84,7 @@ class DaVitConfig(ConfigMixin):
 
     def validate(self) -> None:
         """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
-        check_size(self.img_size, "img_size")
-        check_int(self.in_chans, "in_chans")
-        check_int(self.num_classes, "num_classes", min_value=0)
-        check_choice(self.global_pool, "global_pool", ("avg", ""))
+        check_common(self)
         depths = check_int_seq(self.depths, "depths", min_value=0)
         n = len(depths)
         for name in ("embed_dims", "num_heads"):
@@ -106,8 +103,6 @@ class DaVitConfig(ConfigMixin):
         if self.down_kernel_size != 2 and self.down_kernel_size % 2 == 0:
             raise ValueError(f"down_kernel_size must be 2 or odd (padding k//2), got {self.down_kernel_size}")
         check_choice(self.channel_form, "channel_form", CHANNEL_FORMS)
-        for rate in ("drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate"):
-            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
         check_attn_layer(self.spatial_attn_layer, self.spatial_attn_kwargs, layout="spatial")
         check_attn_layer(self.channel_attn_layer, self.channel_attn_kwargs)
 

@@ -37,7 +37,7 @@ from ..layers.drop_path import DropPath
 from ..layers.layout_adapter import apply_attention
 from ..layers.mbconv import ConvNormAct, act_fresh
 from ..layers.stage import drop_path_schedule
-from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
+from ._config import ConfigMixin, check_attn_layer, check_choice, check_common, check_float, check_int, check_int_seq
 from .backbone import StagedBackbone
 from .pretrained_tags import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
 from .registry import register_family
@@ -85,10 +85,7 @@ class HaloNetConfig(ConfigMixin):
 
     def validate(self) -> None:
         """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
-        check_size(self.img_size, "img_size")
-        check_int(self.in_chans, "in_chans")
-        check_int(self.num_classes, "num_classes", min_value=0)
-        check_choice(self.global_pool, "global_pool", ("avg", ""))
+        check_common(self)
         check_choice(self.stem_type, "stem_type", ("tiered", "7x7", "3x3"))
         check_int(self.stem_chs, "stem_chs")
         check_choice(self.stem_pool, "stem_pool", (True, False))
@@ -112,8 +109,6 @@ class HaloNetConfig(ConfigMixin):
         check_choice(self.bottle_in, "bottle_in", (True, False))
         check_choice(self.linear_out, "linear_out", (True, False))
         check_int(self.num_features, "num_features", min_value=0)
-        for rate in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
-            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
         check_attn_layer(self.attn_layer, self.attn_kwargs)
 
 

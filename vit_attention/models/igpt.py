@@ -47,14 +47,7 @@ from ..attention.causal import KVCache, StaticKVCache
 from ..functional.runtime import COMPILE_MODES, capturing
 from ..layers import Block, drop_path_schedule, run_blocks_with_taps, stage_feature_info
 from ..layers.activation import QuickGELU
-from ._config import (
-    ConfigMixin,
-    check_attn_layer,
-    check_float,
-    check_int,
-    check_size,
-    check_width_heads,
-)
+from ._config import ConfigMixin, check_attn_layer, check_common, check_float, check_int, check_size, check_width_heads
 from .backbone import IsotropicBackbone, isotropic_taps, tokens_to_intermediates
 from .features import HEAD_MODULES
 from .registry import register_family
@@ -225,9 +218,7 @@ class ImageGPTConfig(ConfigMixin):
 
     def validate(self) -> None:
         """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
-        check_size(self.img_size, "img_size")
-        check_int(self.in_chans, "in_chans")
-        check_int(self.num_classes, "num_classes", min_value=0)
+        check_common(self, pools=None)
         check_int(self.vocab_size, "vocab_size", min_value=2)
         if not isinstance(self.palette, str) or not self.palette:
             raise TypeError(f"palette must be 'uniform', 'grey' or the path of a clusters file, got {self.palette!r}")
@@ -240,8 +231,6 @@ class ImageGPTConfig(ConfigMixin):
             causal = [n for n in list_attention() if getattr(get_attention_spec(n).cls, "causal", False)]
             raise ValueError(f"attn_layer={self.attn_layer!r} is not causal: Image GPT predicts each pixel from the "
                              f"ones before it, so a token must not see later tokens (use one of {causal})")
-        for rate in ("drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"):
-            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
 
 
 class ImageGPT(IsotropicBackbone):

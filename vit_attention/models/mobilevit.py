@@ -36,7 +36,7 @@ from ..layers.convnet import ConvStagesMixin
 from ..layers.group_norm import GroupNorm1
 from ..layers.head import init_linear_weights
 from ..layers.mbconv import ConvNormAct, InvertedResidual
-from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
+from ._config import ConfigMixin, check_attn_layer, check_choice, check_common, check_float, check_int, check_int_seq
 from .backbone import StagedBackbone
 from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family
@@ -89,10 +89,7 @@ class MobileViTConfig(ConfigMixin):
 
     def validate(self) -> None:
         """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
-        check_size(self.img_size, "img_size")
-        check_int(self.in_chans, "in_chans")
-        check_int(self.num_classes, "num_classes", min_value=0)
-        check_choice(self.global_pool, "global_pool", ("avg", ""))
+        check_common(self)
         check_choice(self.block_type, "block_type", ("v1", "v2", "v3_v1", "v3_v2"))
         check_int(self.stem_chs, "stem_chs")
         n = len(check_int_seq(self.channels, "channels"))
@@ -113,8 +110,6 @@ class MobileViTConfig(ConfigMixin):
         check_int(self.num_features, "num_features", min_value=0)
         check_float(self.norm_eps, "norm_eps", low_open=True)
         check_float(self.bn_eps, "bn_eps", low_open=True)
-        for rate in ("drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate"):
-            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
         check_attn_layer(self.mechanism(), self.attn_kwargs)
 
 

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from ..layers import Block, ClassifierHead, Stage, accepted_kwargs, drop_path_schedule
 from ..layers.head import init_linear_weights
 from ..layers.stage import stage_feature_info
-from ._config import ConfigMixin, check_attn_layer, check_float, check_int, check_int_seq, check_size
+from ._config import ConfigMixin, check_attn_layer, check_common, check_float, check_int, check_int_seq
 from .backbone import StagedBackbone
 from .registry import register_family
 
@@ -68,6 +68,7 @@ class NATConfig(ConfigMixin):
     def __post_init__(self) -> None:
         if isinstance(self.dilations, (list, tuple)):  # JSON gives lists of lists
             self.dilations = tuple(tuple(d) if isinstance(d, (list, tuple)) else d for d in self.dilations)
+        super().__post_init__()  # the checks run on construction, as in every family config
 
     def block_dilation(self, level: int, block: int) -> int:
         """The dilation of block ``block`` of level ``level``."""
@@ -78,9 +79,7 @@ class NATConfig(ConfigMixin):
 
     def validate(self) -> None:
         """Raise ``TypeError`` / ``ValueError`` naming the first bad field."""
-        check_size(self.img_size, "img_size")
-        check_int(self.in_chans, "in_chans")
-        check_int(self.num_classes, "num_classes", min_value=0)
+        check_common(self, pools=None)
         dim = check_int(self.embed_dim, "embed_dim")
         if dim % 2:
             raise ValueError(f"embed_dim={dim} must be even (the tokenizer's first conv has embed_dim // 2 channels)")
@@ -101,8 +100,6 @@ class NATConfig(ConfigMixin):
         check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
         if self.layer_scale is not None:
             check_float(self.layer_scale, "layer_scale", low_open=True)
-        for rate in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
-            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
         check_attn_layer(self.attn_layer, self.attn_kwargs, layout="spatial")
 
 

@@ -34,7 +34,7 @@ from ..attention.sra import SpatialReductionAttention
 from ..layers import Block, ClassifierHead, Stage, accepted_kwargs, drop_path_schedule, stage_feature_info
 from ..layers.conv_embed import ConvEmbed
 from ..layers.mlp_dwconv import MlpDWConv
-from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
+from ._config import ConfigMixin, check_attn_layer, check_choice, check_common, check_float, check_int_seq, check_size
 from .backbone import StagedBackbone
 from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import register_family
@@ -45,9 +45,7 @@ __all__ = ["PvtV2Config", "PyramidVisionTransformerV2", "check_pyramid", "MinInp
 
 def check_pyramid(cfg: Any) -> int:
     """Validate the per-stage fields shared by PVT v1 and PVTv2 configs; returns the number of stages."""
-    check_size(cfg.img_size, "img_size")
-    check_int(cfg.in_chans, "in_chans")
-    check_int(cfg.num_classes, "num_classes", min_value=0)
+    check_common(cfg, pools=None)
     depths = check_int_seq(cfg.depths, "depths", min_value=0)
     n = len(depths)
     dims = check_int_seq(cfg.embed_dims, "embed_dims", length=n)
@@ -62,8 +60,6 @@ def check_pyramid(cfg: Any) -> int:
             raise ValueError(f"stage {i} width embed_dims[{i}]={d} is not divisible by num_heads[{i}]={h}")
     for name in ("norm_eps", "embed_norm_eps"):
         check_float(getattr(cfg, name), name, low_open=True)
-    for rate in ("drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate"):
-        check_float(getattr(cfg, rate), rate, low=0.0, high=1.0)
     check_attn_layer(cfg.attn_layer, cfg.attn_kwargs)
     return n
 

@@ -48,6 +48,7 @@ from ._config import (
     ConfigMixin,
     check_attn_layer,
     check_choice,
+    check_common,
     check_float,
     check_int,
     check_int_seq,
@@ -104,11 +105,8 @@ class SwinTransformerConfig(ConfigMixin):
 
     def validate(self) -> None:
         """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
-        img = check_size(self.img_size, "img_size")
+        img = check_common(self)
         patch = (check_int(self.patch_size, "patch_size"),) * 2  # an int: stage strides are patch_size * 2^i
-        check_int(self.in_chans, "in_chans")
-        check_int(self.num_classes, "num_classes", min_value=0)
-        check_choice(self.global_pool, "global_pool", ("avg", ""))
         dim = check_int(self.embed_dim, "embed_dim")
         depths = check_int_seq(self.depths, "depths", min_value=0)
         n = len(depths)
@@ -123,8 +121,6 @@ class SwinTransformerConfig(ConfigMixin):
         check_size(self.window_size, "window_size")
         check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
         check_float(self.norm_eps, "norm_eps")
-        for rate in ("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate"):
-            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
         check_choice(self.pad_mode, "pad_mode", ("swin", "timm", "torchvision"))
         check_attn_layer(self.attn_layer, self.attn_kwargs, layout="spatial")
         if self.pretrained_window_sizes is not None:

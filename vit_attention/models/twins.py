@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from ..layers import Block, ClassifierHead, PosConv, Stage, drop_path_schedule, stage_feature_info
 from ..layers.head import init_linear_weights
-from ._config import ConfigMixin, check_choice, check_float, check_int, check_int_seq, check_size
+from ._config import ConfigMixin, check_common, check_float, check_int, check_int_seq, check_size
 from .backbone import StagedBackbone
 from .pretrained_tags import data_cfg, pretrained_tags
 from .pvt_v2 import MinInputSizeMixin
@@ -80,11 +80,8 @@ class TwinsConfig(ConfigMixin):
 
     def validate(self) -> None:
         """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
-        check_size(self.img_size, "img_size")
+        check_common(self)
         check_int(self.patch_size, "patch_size")
-        check_int(self.in_chans, "in_chans")
-        check_int(self.num_classes, "num_classes", min_value=0)
-        check_choice(self.global_pool, "global_pool", ("avg", ""))
         dims = check_int_seq(self.embed_dims, "embed_dims")
         n = len(dims)
         heads = check_int_seq(self.num_heads, "num_heads", length=n)
@@ -105,8 +102,6 @@ class TwinsConfig(ConfigMixin):
             check_float(getattr(self, eps), eps, low_open=True)
         if not isinstance(self.lsa_pad_mask, bool):
             raise TypeError(f"lsa_pad_mask must be a bool, got {self.lsa_pad_mask!r}")
-        for rate in ("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate"):
-            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
 
 
 class TwinsPatchEmbed(nn.Module):

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ..layers import Block, ClassifierHead, Stage, Tokens, drop_path_schedule, stage_feature_info
 from ..layers.block import accepted_kwargs
 from ..layers.conv_embed import ConvEmbed
-from ._config import ConfigMixin, check_attn_layer, check_choice, check_float, check_int, check_int_seq, check_size
+from ._config import ConfigMixin, check_attn_layer, check_choice, check_common, check_float, check_int_seq, check_size
 from .backbone import StagedBackbone
 from .pvt_v2 import init_pyramid_weights
 from .registry import register_family
@@ -121,9 +121,7 @@ class VilConfig(ConfigMixin):
 
     def validate(self) -> None:
         """Raise ``TypeError`` / ``ValueError`` naming the first bad field."""
-        img = check_size(self.img_size, "img_size")
-        check_int(self.in_chans, "in_chans")
-        check_int(self.num_classes, "num_classes", min_value=0)
+        img = check_common(self, pools=None)
         depths = check_int_seq(self.depths, "depths", min_value=0)
         n = len(depths)
         dims = check_int_seq(self.embed_dims, "embed_dims", length=n)
@@ -144,8 +142,6 @@ class VilConfig(ConfigMixin):
             raise ValueError(f"img_size={self.img_size!r} must be divisible by the total stride {stride}")
         check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
         check_float(self.norm_eps, "norm_eps", low_open=True)
-        for rate in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
-            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
         check_choice(self.global_pool, "global_pool", ("avg", "token", ""))
         if self.global_pool == "token" and not self.num_global_tokens[-1]:
             raise ValueError("global_pool='token' needs a global token in the last stage (num_global_tokens[-1] > 0)")

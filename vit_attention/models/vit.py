@@ -39,6 +39,7 @@ from ._config import (
     ConfigMixin,
     check_attn_layer,
     check_choice,
+    check_common,
     check_float,
     check_int,
     check_int_seq,
@@ -113,11 +114,8 @@ class VisionTransformerConfig(ConfigMixin):
 
     def validate(self) -> None:
         """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
-        img = check_size(self.img_size, "img_size")
+        img = check_common(self, ("token", "avg", "map", ""))
         patch = check_size(self.patch_size, "patch_size")
-        check_int(self.in_chans, "in_chans")
-        check_int(self.num_classes, "num_classes", min_value=0)
-        check_choice(self.global_pool, "global_pool", ("token", "avg", "map", ""))
         if not isinstance(self.pool_include_prefix, bool):
             raise TypeError(f"pool_include_prefix must be a bool, got {self.pool_include_prefix!r}")
         dim, heads = check_width_heads(self)
@@ -164,8 +162,6 @@ class VisionTransformerConfig(ConfigMixin):
         if self.conv_stem is not None:
             check_int_seq(self.conv_stem, "conv_stem")
         check_attn_layer(self.attn_layer, self.attn_kwargs)
-        for rate in ("drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"):
-            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
         if self.global_pool == "token" and not self.class_token:
             raise ValueError("global_pool='token' needs class_token=True")
         if self.distilled and not self.class_token:

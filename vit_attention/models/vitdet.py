@@ -62,6 +62,7 @@ from ._config import (
     ConfigMixin,
     check_attn_layer,
     check_choice,
+    check_common,
     check_float,
     check_int,
     check_int_seq,
@@ -129,11 +130,8 @@ class ViTDetConfig(ConfigMixin):
 
     def validate(self) -> None:
         """Raise ``TypeError`` / ``ValueError`` naming the first bad field (see :class:`ConfigMixin`)."""
-        check_size(self.img_size, "img_size")
+        check_common(self)
         check_int(self.patch_size, "patch_size")
-        check_int(self.in_chans, "in_chans")
-        check_int(self.num_classes, "num_classes", min_value=0)
-        check_choice(self.global_pool, "global_pool", ("avg", ""))
         dim, heads = check_width_heads(self)
         check_int(self.depth, "depth", min_value=0)
         check_float(self.mlp_ratio, "mlp_ratio", low_open=True)
@@ -143,8 +141,6 @@ class ViTDetConfig(ConfigMixin):
             check_int_seq(self.global_block_indices, "global_block_indices", min_value=0)
         check_choice(self.rel_pos_impl, "rel_pos_impl", ("bias", "augment"))
         check_int(self.pretrain_img_size, "pretrain_img_size")
-        for rate in ("drop_rate", "drop_path_rate"):
-            check_float(getattr(self, rate), rate, low=0.0, high=1.0)
         check_attn_layer(self.attn_layer, self.attn_kwargs, layout="spatial")
         check_int(self.pyramid_channels, "pyramid_channels")
         if isinstance(self.scale_factors, (str, bytes)) or not isinstance(self.scale_factors, Sequence) \
