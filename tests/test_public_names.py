@@ -18,6 +18,9 @@ NOT_HERE = [
     ("vit_attention.layers.mbconv", "make_divisible"),  # vit_attention.functional.sizes
     ("vit_attention.functional", "fused_attention"),  # runtime.FUSED_ATTENTION.override
     ("vit_attention.functional.attention", "fused_attention"),
+    ("vit_attention.models.backbone", "TokenMergingMixin"),  # vit_attention.models.token_merging
+    ("vit_attention.models.backbone", "apply_tome_option"),  # vit_attention.factory (with the other CLI options)
+    ("vit_attention.models.features", "as_features_model"),  # removed: features_class(cls)(cfg, out_indices=...)
 ]
 
 
