@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from .hub import register_hf_config_reader
 from .layouts import register_adapter, register_converter, rename
-from .vit import drop_mismatched_heads, hf_num_classes
+from .vit import drop_mismatched_heads, hf_fields, hf_num_classes
 
 __all__: list[str] = []
 
@@ -86,12 +86,9 @@ def _first_stage_value(config: Mapping[str, Any], key: str) -> Any:
 def _hf_cvt_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """CvtConfig fields a transformers Cvt ``config.json`` defines (``act_layer="gelu"``: the port's MLP)."""
     out: dict[str, Any] = {"act_layer": "gelu"}
-    for theirs, ours in (("num_channels", "in_chans"), ("embed_dim", "embed_dims"), ("depth", "depths"),
-                         ("num_heads", "num_heads"), ("patch_sizes", "patch_sizes"), ("patch_stride", "patch_strides"),
-                         ("patch_padding", "patch_paddings")):
-        if theirs in config:
-            v = config[theirs]
-            out[ours] = tuple(v) if isinstance(v, (list, tuple)) else v
+    out.update(hf_fields(config, (("num_channels", "in_chans"), ("embed_dim", "embed_dims"), ("depth", "depths"),
+                                  ("num_heads", "num_heads"), ("patch_sizes", "patch_sizes"),
+                                  ("patch_stride", "patch_strides"), ("patch_padding", "patch_paddings"))))
     for theirs, ours in (("mlp_ratio", "mlp_ratio"), ("qkv_bias", "qkv_bias"), ("kernel_qkv", "kernel_size"),
                          ("stride_kv", "stride_kv"), ("qkv_projection_method", "proj_method")):
         if theirs in config:

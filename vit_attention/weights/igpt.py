@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from .hub import register_hf_config_reader
 from .layouts import register_adapter, register_converter, rename
-from .vit import drop_mismatched_heads
+from .vit import drop_mismatched_heads, hf_fields
 
 State = dict[str, Tensor]
 
@@ -129,11 +129,8 @@ def _adapt_igpt(state: State, model: nn.Module, report: Any) -> State:
 # ---------------------------------------------------------------- transformers config.json -> our config
 def _hf_igpt_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """ImageGPTConfig fields a transformers ImageGPT ``config.json`` defines."""
-    out: dict[str, Any] = {}
-    for theirs, ours in (("n_embd", "embed_dim"), ("n_layer", "depth"), ("n_head", "num_heads"),
-                         ("layer_norm_epsilon", "norm_eps")):
-        if theirs in config:
-            out[ours] = config[theirs]
+    out = hf_fields(config, (("n_embd", "embed_dim"), ("n_layer", "depth"), ("n_head", "num_heads"),
+                             ("layer_norm_epsilon", "norm_eps")))
     if "vocab_size" in config:
         out["vocab_size"] = int(config["vocab_size"]) - 1  # HF counts the SOS token
     if "n_positions" in config:

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ..models.mobilevit import cvnets_v2_widths
 from .hub import register_hf_config_reader
 from .layouts import concat_qkv, register_adapter, register_converter, rename
-from .vit import drop_mismatched_heads, hf_num_classes
+from .vit import drop_mismatched_heads, hf_fields, hf_num_classes
 
 __all__: list[str] = []
 
@@ -112,14 +112,11 @@ def _from_hf(state: State, model: nn.Module) -> State:
 
 
 def _hf_common(config: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
     if config.get("hidden_act", "silu") not in ("silu", "swish"):
         raise ValueError(f"config.json hidden_act={config['hidden_act']!r}: MobileViT here uses SiLU")
-    for theirs, ours in (("num_channels", "in_chans"), ("image_size", "img_size"), ("patch_size", "patch_size"),
-                         ("conv_kernel_size", "kernel_size"), ("expand_ratio", "expand_ratio"),
-                         ("layer_norm_eps", "norm_eps")):
-        if theirs in config:
-            out[ours] = config[theirs]
+    out = hf_fields(config, (("num_channels", "in_chans"), ("image_size", "img_size"), ("patch_size", "patch_size"),
+                             ("conv_kernel_size", "kernel_size"), ("expand_ratio", "expand_ratio"),
+                             ("layer_norm_eps", "norm_eps")))
     classes = hf_num_classes(config)
     if classes is not None:
         out["num_classes"] = classes
@@ -135,9 +132,7 @@ def _hf_mobilevit_config(config: Mapping[str, Any]) -> dict[str, Any]:
         out.update(stem_chs=neck[0], channels=tuple(neck[1:6]), num_features=neck[6])
     if "hidden_sizes" in config:
         out["transformer_dims"] = (0, 0, *config["hidden_sizes"])
-    for theirs, ours in (("num_attention_heads", "num_heads"), ("mlp_ratio", "mlp_ratio")):
-        if theirs in config:
-            out[ours] = config[theirs]
+    out.update(hf_fields(config, (("num_attention_heads", "num_heads"), ("mlp_ratio", "mlp_ratio"))))
     if not config.get("qkv_bias", True):
         raise ValueError("config.json qkv_bias=False: MobileViT here has qkv biases")
     return out

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ..functional import resample_abs_pos_embed
 from .hub import register_hf_config_reader
 from .layouts import register_adapter, register_converter, rename
-from .vit import drop_mismatched_heads, hf_activation, hf_num_classes
+from .vit import drop_mismatched_heads, hf_activation, hf_fields, hf_num_classes
 
 __all__ = ["pack_kv"]
 
@@ -169,13 +169,9 @@ def _adapt_pvt(state: State, model: nn.Module, report: Any) -> State:
 # ---------------------------------------------------------------- transformers config.json -> our config
 def _hf_pvt_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """PvtConfig / PvtV2Config fields a transformers Pvt / PvtV2 ``config.json`` defines."""
-    out: dict[str, Any] = {}
-    for theirs, ours in (("hidden_sizes", "embed_dims"), ("depths", "depths"), ("num_attention_heads", "num_heads"),
-                         ("mlp_ratios", "mlp_ratios"), ("qkv_bias", "qkv_bias"), ("num_channels", "in_chans"),
-                         ("linear_attention", "linear")):
-        if theirs in config:
-            v = config[theirs]
-            out[ours] = tuple(v) if isinstance(v, list) else v
+    out = hf_fields(config, (("hidden_sizes", "embed_dims"), ("depths", "depths"), ("num_attention_heads", "num_heads"),
+                             ("mlp_ratios", "mlp_ratios"), ("qkv_bias", "qkv_bias"), ("num_channels", "in_chans"),
+                             ("linear_attention", "linear")))
     ratios = config.get("sr_ratios", config.get("sequence_reduction_ratios"))
     if ratios is not None:
         out["sr_ratios"] = tuple(ratios)

@@ -32,7 +32,7 @@ from ..attention import get_attention_spec
 from ..functional import resample_abs_pos_embed
 from .hub import register_hf_config_reader
 from .layouts import concat_qkv, register_adapter, register_converter, rename
-from .vit import drop_mismatched_heads, hf_activation, hf_num_classes
+from .vit import drop_mismatched_heads, hf_activation, hf_fields, hf_num_classes
 
 __all__ = ["resize_relative_position_bias_table"]
 
@@ -188,14 +188,10 @@ def _adapt_swin(state: State, model: nn.Module, report: Any) -> State:
 # ---------------------------------------------------------------- transformers config.json -> our config
 def _hf_swin_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """SwinTransformer(V2)Config fields a transformers Swin / Swinv2 ``config.json`` defines."""
-    out: dict[str, Any] = {}
-    for theirs, ours in (("layer_norm_eps", "norm_eps"), ("image_size", "img_size"), ("patch_size", "patch_size"),
-                         ("num_channels", "in_chans"), ("embed_dim", "embed_dim"), ("depths", "depths"),
-                         ("num_heads", "num_heads"), ("window_size", "window_size"), ("mlp_ratio", "mlp_ratio"),
-                         ("qkv_bias", "qkv_bias"), ("use_absolute_embeddings", "ape")):
-        if theirs in config:
-            v = config[theirs]
-            out[ours] = tuple(v) if isinstance(v, list) else v
+    out = hf_fields(config, (("layer_norm_eps", "norm_eps"), ("image_size", "img_size"), ("patch_size", "patch_size"),
+                             ("num_channels", "in_chans"), ("embed_dim", "embed_dim"), ("depths", "depths"),
+                             ("num_heads", "num_heads"), ("window_size", "window_size"), ("mlp_ratio", "mlp_ratio"),
+                             ("qkv_bias", "qkv_bias"), ("use_absolute_embeddings", "ape")))
     eps = out.get("norm_eps")
     if eps is not None and eps != 1e-5:
         warnings.warn(f"config.json layer_norm_eps={eps!r}: transformers' Swin uses it in the blocks and the final "

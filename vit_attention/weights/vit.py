@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from torch import Tensor, nn
@@ -182,6 +182,12 @@ def _size(v: Any) -> Any:
     return tuple(v) if isinstance(v, (list, tuple)) else v
 
 
+def hf_fields(config: Mapping[str, Any], pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """``{ours: config[theirs]}`` for each ``(theirs, ours)`` pair whose field a transformers ``config.json`` states
+    (lists become tuples, as our configs hold sizes)."""
+    return {ours: _size(config[theirs]) for theirs, ours in pairs if theirs in config}
+
+
 # the fields every transformers ViT-style vision config names alike: (theirs, ours)
 _HF_VIT_FIELDS = (("layer_norm_eps", "norm_eps"), ("image_size", "img_size"), ("patch_size", "patch_size"),
                   ("num_channels", "in_chans"), ("hidden_size", "embed_dim"), ("num_hidden_layers", "depth"),
@@ -193,10 +199,7 @@ def hf_vit_fields(config: Mapping[str, Any], extra: tuple[tuple[str, str], ...] 
     ``vision_config`` when given one): width, depth, heads, eps, sizes, ``extra`` ``(theirs, ours)`` pairs,
     and ``mlp_ratio`` from ``intermediate_size`` (lists become tuples)."""
     vision = config.get("vision_config") or config
-    out: dict[str, Any] = {}
-    for theirs, ours in _HF_VIT_FIELDS + tuple(extra):
-        if theirs in vision:
-            out[ours] = _size(vision[theirs])
+    out = hf_fields(vision, _HF_VIT_FIELDS + tuple(extra))
     if "intermediate_size" in vision and "hidden_size" in vision:
         out["mlp_ratio"] = vision["intermediate_size"] / vision["hidden_size"]
     return out

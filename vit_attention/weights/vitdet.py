@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from ..functional.rel_pos import resize_rel_pos
 from .hub import register_hf_config_reader
 from .layouts import register_adapter, register_converter, rename
-from .vit import _size, drop_mismatched_heads
+from .vit import _size, drop_mismatched_heads, hf_fields
 
 __all__ = ["HF_RULES", "from_detectron2", "from_huggingface", "from_mae", "to_huggingface"]
 
@@ -131,14 +131,13 @@ def _hf_vitdet_config(config: Mapping[str, Any]) -> dict[str, Any]:
     other than GELU or residual bottleneck blocks raise ``ValueError`` naming the field.
     """
     out: dict[str, Any] = {"pyramid": False, "num_classes": 0}
-    for theirs, ours in (("hidden_size", "embed_dim"), ("num_hidden_layers", "depth"),
-                         ("num_attention_heads", "num_heads"), ("mlp_ratio", "mlp_ratio"), ("qkv_bias", "qkv_bias"),
-                         ("layer_norm_eps", "norm_eps"), ("num_channels", "in_chans"), ("window_size", "window_size"),
-                         ("use_relative_position_embeddings", "use_rel_pos"),
-                         ("use_absolute_position_embeddings", "use_abs_pos"), ("drop_path_rate", "drop_path_rate"),
-                         ("dropout_prob", "drop_rate")):
-        if theirs in config:
-            out[ours] = config[theirs]
+    out.update(hf_fields(config, (("hidden_size", "embed_dim"), ("num_hidden_layers", "depth"),
+                                  ("num_attention_heads", "num_heads"), ("mlp_ratio", "mlp_ratio"),
+                                  ("qkv_bias", "qkv_bias"), ("layer_norm_eps", "norm_eps"),
+                                  ("num_channels", "in_chans"), ("window_size", "window_size"),
+                                  ("use_relative_position_embeddings", "use_rel_pos"),
+                                  ("use_absolute_position_embeddings", "use_abs_pos"),
+                                  ("drop_path_rate", "drop_path_rate"), ("dropout_prob", "drop_rate"))))
     for theirs, ours in (("image_size", "img_size"), ("patch_size", "patch_size"),
                          ("pretrain_image_size", "pretrain_img_size")):
         if theirs in config:
