@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from .hub import register_hf_config_reader
 from .layouts import register_adapter, register_converter, rename
-from .vit import drop_mismatched_heads, hf_fields, hf_num_classes
+from .vit import HF_BLOCK_RULES, drop_mismatched_heads, hf_fields, hf_num_classes
 
 __all__: list[str] = []
 
@@ -48,12 +48,7 @@ def _from_hf(state: State, model: nn.Module) -> State:
         (r"\.attention\.attention\.convolution_projection_([qkv])[a-z]*\.convolution_projection\.normalization\.",
          r".attn.conv_proj_\1.bn."),
         (r"\.attention\.attention\.projection_([qkv])[a-z]*\.", r".attn.proj_\1."),
-        (r"\.attention\.output\.dense\.", ".attn.proj."),
-        (r"\.intermediate\.dense\.", ".mlp.fc1."),
-        (r"(blocks\.\d+)\.output\.dense\.", r"\1.mlp.fc2."),
-        (r"\.layernorm_before\.", ".norm1."),
-        (r"\.layernorm_after\.", ".norm2."),
-        (r"^layernorm\.", "norm."),
+        *HF_BLOCK_RULES,
         (r"^classifier\.", "head."),
     ])
 

@@ -32,7 +32,7 @@ from ..attention import get_attention_spec
 from ..functional import resample_abs_pos_embed
 from .hub import register_hf_config_reader
 from .layouts import concat_qkv, register_adapter, register_converter, rename
-from .vit import drop_mismatched_heads, hf_activation, hf_fields, hf_num_classes
+from .vit import HF_BLOCK_RULES, drop_mismatched_heads, hf_activation, hf_fields, hf_num_classes
 
 __all__ = ["resize_relative_position_bias_table"]
 
@@ -105,8 +105,6 @@ def _from_hf(state: State, model: nn.Module) -> State:
         (r"^embeddings\.norm\.", "patch_embed.norm."),
         (r"^embeddings\.position_embeddings$", "absolute_pos_embed"),
         (r"^encoder\.layers\.(\d+)\.blocks\.", r"layers.\1.blocks."),
-        (r"\.layernorm_before\.", ".norm1."),
-        (r"\.layernorm_after\.", ".norm2."),
         # current transformers naming
         (r"\.attention\.(q|k|v)_proj\.", r".attn.\1_proj."),
         (r"\.attention\.o_proj\.", ".attn.proj."),
@@ -116,10 +114,7 @@ def _from_hf(state: State, model: nn.Module) -> State:
         (r"\.attention\.self\.relative_position_bias_table$", ".attn.relative_position_bias_table"),
         (r"\.attention\.self\.logit_scale$", ".attn.logit_scale"),
         (r"\.attention\.self\.continuous_position_bias_mlp\.", ".attn.cpb_mlp."),
-        (r"\.attention\.output\.dense\.", ".attn.proj."),
-        (r"\.intermediate\.dense\.", ".mlp.fc1."),
-        (r"(blocks\.\d+)\.output\.dense\.", r"\1.mlp.fc2."),
-        (r"^layernorm\.", "norm."),
+        *HF_BLOCK_RULES,
         (r"^classifier\.", "head.fc."),
     ])
     state = {k.replace(".attn.q_proj.", ".attn.query.").replace(".attn.k_proj.", ".attn.key.")

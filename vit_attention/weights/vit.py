@@ -17,6 +17,18 @@ State = dict[str, Tensor]
 
 
 # ---------------------------------------------------------------- Hugging Face ViTModel / DeiTModel
+# transformers' BERT-style layer names inside a block, shared by its ViT, DeiT, Swin and CvT ports (applied after
+# the block prefix is ours: ``…blocks.{i}.``), and the final ``layernorm``
+HF_BLOCK_RULES: tuple[tuple[str, str], ...] = (
+    (r"\.layernorm_before\.", ".norm1."),
+    (r"\.layernorm_after\.", ".norm2."),
+    (r"\.attention\.output\.dense\.", ".attn.proj."),
+    (r"\.intermediate\.dense\.", ".mlp.fc1."),
+    (r"(blocks\.\d+)\.output\.dense\.", r"\1.mlp.fc2."),
+    (r"^layernorm\.", "norm."),
+)
+
+
 def _is_hf(state: Mapping[str, Tensor]) -> bool:
     return any("embeddings.patch_embeddings.projection" in k for k in state)
 
@@ -34,13 +46,8 @@ def _from_hf(state: State, model: nn.Module) -> State:
         (r"\.attention\.k_proj\.", ".attn.key."),
         (r"\.attention\.v_proj\.", ".attn.value."),
         (r"\.attention\.o_proj\.", ".attn.proj."),
-        (r"\.layernorm_before\.", ".norm1."),
-        (r"\.layernorm_after\.", ".norm2."),
         (r"\.attention\.attention\.(query|key|value)\.", r".attn.\1."),
-        (r"\.attention\.output\.dense\.", ".attn.proj."),
-        (r"\.intermediate\.dense\.", ".mlp.fc1."),
-        (r"^(blocks\.\d+)\.output\.dense\.", r"\1.mlp.fc2."),
-        (r"^layernorm\.", "norm."),
+        *HF_BLOCK_RULES,
         (r"^pooler\.dense\.", "pre_logits.fc."),
         (r"^(classifier|cls_classifier)\.", "head."),
         (r"^distillation_classifier\.", "head_dist."),
