@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from .hub import register_hf_config_reader
 from .layouts import register_adapter, register_converter, rename
-from .vit import HF_BLOCK_RULES, drop_mismatched_heads, hf_fields, hf_num_classes
+from .vit import HF_BLOCK_RULES, drop_mismatched_heads, hf_classes, hf_fields
 
 __all__: list[str] = []
 
@@ -93,9 +93,7 @@ def _hf_cvt_config(config: Mapping[str, Any]) -> dict[str, Any]:
         if any(cls[:-1]):
             raise ValueError(f"config.json cls_token={cls!r}: only the last stage may have a class token")
         out["cls_token"] = bool(cls[-1])
-    classes = hf_num_classes(config)
-    if classes is not None:
-        out["num_classes"] = classes
+    out.update(hf_classes(config))
     return out
 
 

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ..models.mobilevit import cvnets_v2_widths
 from .hub import register_hf_config_reader
 from .layouts import concat_qkv, register_adapter, register_converter, rename
-from .vit import drop_mismatched_heads, hf_fields, hf_num_classes
+from .vit import drop_mismatched_heads, hf_classes, hf_fields
 
 __all__: list[str] = []
 
@@ -117,9 +117,7 @@ def _hf_common(config: Mapping[str, Any]) -> dict[str, Any]:
     out = hf_fields(config, (("num_channels", "in_chans"), ("image_size", "img_size"), ("patch_size", "patch_size"),
                              ("conv_kernel_size", "kernel_size"), ("expand_ratio", "expand_ratio"),
                              ("layer_norm_eps", "norm_eps")))
-    classes = hf_num_classes(config)
-    if classes is not None:
-        out["num_classes"] = classes
+    out.update(hf_classes(config))
     return out
 
 

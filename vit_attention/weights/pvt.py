@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ..functional import resample_abs_pos_embed
 from .hub import register_hf_config_reader
 from .layouts import register_adapter, register_converter, rename
-from .vit import drop_mismatched_heads, hf_activation, hf_fields, hf_num_classes
+from .vit import drop_mismatched_heads, hf_activation, hf_classes, hf_fields
 
 __all__ = ["pack_kv"]
 
@@ -185,9 +185,7 @@ def _hf_pvt_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if config.get("model_type") == "pvt" and config.get("patch_sizes"):
         out["patch_size"] = int(config["patch_sizes"][0])
     hf_activation(config, {"gelu": "gelu"})  # the MLPs are GELU: anything else is refused, naming hidden_act
-    classes = hf_num_classes(config)
-    if classes is not None:
-        out["num_classes"] = classes
+    out.update(hf_classes(config))
     return out
 
 

@@ -32,7 +32,7 @@ from ..attention import get_attention_spec
 from ..functional import resample_abs_pos_embed
 from .hub import register_hf_config_reader
 from .layouts import concat_qkv, register_adapter, register_converter, rename
-from .vit import HF_BLOCK_RULES, drop_mismatched_heads, hf_activation, hf_fields, hf_num_classes
+from .vit import HF_BLOCK_RULES, drop_mismatched_heads, hf_activation, hf_classes, hf_fields
 
 __all__ = ["resize_relative_position_bias_table"]
 
@@ -196,9 +196,7 @@ def _hf_swin_config(config: Mapping[str, Any]) -> dict[str, Any]:
     windows = config.get("pretrained_window_sizes")
     if windows and any(windows):
         out["pretrained_window_sizes"] = tuple(windows)
-    classes = hf_num_classes(config)
-    if classes is not None:
-        out["num_classes"] = classes
+    out.update(hf_classes(config))
     return out
 
 

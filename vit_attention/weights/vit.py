@@ -185,6 +185,13 @@ def hf_num_classes(config: Mapping[str, Any]) -> int | None:
     return len(id2label) if isinstance(id2label, Mapping) and id2label else int(config.get("num_labels", 2))
 
 
+def hf_classes(config: Mapping[str, Any]) -> dict[str, int]:
+    """``{"num_classes": n}`` for a transformers classifier's ``config.json`` (:func:`hf_num_classes`); ``{}`` for
+    a bare model's, whose class count our config keeps."""
+    classes = hf_num_classes(config)
+    return {} if classes is None else {"num_classes": classes}
+
+
 def _size(v: Any) -> Any:
     return tuple(v) if isinstance(v, (list, tuple)) else v
 
@@ -218,9 +225,7 @@ def _hf_vit_config(config: Mapping[str, Any]) -> dict[str, Any]:
     act = hf_activation(config)
     if act is not None:
         out["act"] = act
-    classes = hf_num_classes(config)
-    if classes is not None:
-        out["num_classes"] = classes
+    out.update(hf_classes(config))
     if config.get("model_type") == "deit" and any("WithTeacher" in a for a in config.get("architectures") or []):
         out["distilled"] = True
     return out
