@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from vit_attention import list_attention
-from vit_attention.analysis.docs import check_docs, generate_docs, mechanism_page
+from vit_attention.analysis.docs import (
+    check_docs,
+    flex_page_with_table,
+    generate_docs,
+    mechanism_page,
+    readme_with_table,
+)
 from vit_attention.analysis.info import model_info
 from vit_attention.cli import main
 
@@ -74,19 +80,44 @@ def test_mechanism_pages_have_every_section():
             assert section in page, (name, section)
 
 
-@pytest.mark.slow
-def test_generated_docs_are_up_to_date():
-    stale = check_docs(DOCS)
-    assert not stale, (f"generated docs are stale: {[str(p) for p in stale]}; regenerate with "
-                       "`vit-attention docs` (python -m vit_attention.analysis.docs)")
+def test_generated_pages_and_pictures_are_the_checkouts(tmp_path):
+    """`vit-attention docs` written to a new folder (mechanism pages, index and pictures: every docs/attention/
+    file) gives the checkout's bytes, and the README's and docs/flex.md's generated tables are current: the
+    docs are up to date (docs/models.md: its rows are checked with the full-size FLOP counts in test_flops.py).
+    The pictures do not depend on the thread count (float64 maps rounded before drawing, no timestamp): they
+    are drawn with one thread here, the checkout's with the machine's default."""
+    import torch
 
-
-def test_generate_docs_writes_pages_and_pictures(tmp_path):
-    paths = generate_docs(tmp_path, images=True, models=False)
-    names = {p.name for p in paths}
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        paths = generate_docs(tmp_path, images=True, models=False)
+    finally:
+        torch.set_num_threads(threads)
+    names = {p.relative_to(tmp_path).as_posix() for p in paths}
     for mech in list_attention():
-        assert f"{mech}.md" in names and f"{mech}.png" in names
-    assert (tmp_path / "attention" / "img" / "window.png").stat().st_size > 1000
+        assert f"attention/{mech}.md" in names and f"attention/img/{mech}.png" in names
+    stale = [n for n in sorted(names) if (tmp_path / n).read_bytes() != (DOCS / n).read_bytes()]
+    assert not stale, f"generated docs are stale: {stale}; regenerate with `vit-attention docs`"
+    readme = (DOCS.parent / "README.md").read_text(encoding="utf-8")
+    flex = (DOCS / "flex.md").read_text(encoding="utf-8")
+    assert readme_with_table(readme) == readme and flex_page_with_table(flex) == flex, "regenerate the tables"
+
+
+def test_check_docs_names_stale_missing_pages_pictures_and_tables(tmp_path, monkeypatch):
+    """``vit-attention docs --check``: a page that differs or is missing, a missing picture and a stale table."""
+    import vit_attention.analysis.docs as docs
+
+    monkeypatch.setattr(docs, "_pages", lambda models=True: {"attention/a.md": "A\n", "attention/b.md": "B\n"})
+    (tmp_path / "attention" / "img").mkdir(parents=True)
+    (tmp_path / "attention" / "a.md").write_text("A\n", encoding="utf-8")
+    (tmp_path / "flex.md").write_text(f"x\n{docs.FLEX_TABLE_START}\nold\n{docs.FLEX_TABLE_END}\n", encoding="utf-8")
+    stale = {p.relative_to(tmp_path).as_posix() for p in check_docs(tmp_path)}
+    assert stale == {"attention/b.md", "flex.md", *(f"attention/img/{n}.png" for n in list_attention())}
+    for n in list_attention():
+        (tmp_path / "attention" / "img" / f"{n}.png").write_bytes(b"png")
+    (tmp_path / "attention" / "a.md").write_text("A, edited\n", encoding="utf-8")
+    assert {p.name for p in check_docs(tmp_path)} == {"a.md", "b.md", "flex.md"}
 
 
 def test_docs_writes_the_checkouts_docs_wherever_it_runs(tmp_path, monkeypatch, capsys):
@@ -104,20 +135,3 @@ def test_docs_writes_the_checkouts_docs_wherever_it_runs(tmp_path, monkeypatch, 
     monkeypatch.setattr(docs, "__file__", str(tmp_path / "site-packages" / "vit_attention" / "analysis" / "docs.py"))
     assert main(["docs"]) == 2
     assert "give --output DIR" in capsys.readouterr().err and len(seen) == 2
-
-
-def test_regenerated_pictures_are_the_checkouts_bytes(tmp_path):
-    """Regenerating the docs pictures rewrites the same bytes (float64 maps rounded before drawing, no timestamp),
-    whatever the thread count, so `vit-attention docs` leaves the checkout's PNGs unchanged."""
-    import torch
-
-    from vit_attention.analysis.docs import mechanism_picture
-
-    threads = torch.get_num_threads()
-    try:
-        for i, name in enumerate(list_attention()):
-            torch.set_num_threads(1 + i % 2)
-            got = mechanism_picture(name, tmp_path / f"{name}.png").read_bytes()
-            assert got == (DOCS / "attention" / "img" / f"{name}.png").read_bytes(), name
-    finally:
-        torch.set_num_threads(threads)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from vit_attention import create_attention, create_model, list_attention, list_models
 from vit_attention.analysis import attention_complexity, complexity_table, flops, measure_flops
+from vit_attention.analysis.docs import models_page
 from vit_attention.analysis.flops import stage_of
 from vit_attention.analysis.published import PUBLISHED_GMACS, PUBLISHED_SOURCES, matches_published, published_gmacs
 from vit_attention.attention import get_attention_spec
@@ -57,18 +60,45 @@ def test_published_table_covers_the_issue_models():
     assert all(source for _, source in published_gmacs().values())  # every figure says where it comes from
 
 
+def test_every_published_figure_is_of_a_registered_model():
+    assert set(published_gmacs()) <= set(list_models()), sorted(set(published_gmacs()) - set(list_models()))
+
+
+MODELS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "models.md"
+
+
+def _models_page_rows() -> dict[str, str]:
+    """``{name: its row}`` of the checkout's docs/models.md."""
+    rows = [line for line in MODELS_PAGE.read_text(encoding="utf-8").splitlines() if line.startswith("| `")]
+    return {row.split("`")[1]: row for row in rows}
+
+
+def test_the_models_page_lists_every_model_in_order_under_its_generated_header():
+    """docs/models.md: the generated header, then one row per registered model in registry order (each row's
+    figures are checked by the sweep below, so the page as a whole is what ``vit-attention docs`` writes)."""
+    text = MODELS_PAGE.read_text(encoding="utf-8")
+    header = models_page([])
+    assert text.startswith(header), "docs/models.md's header is stale: regenerate with `vit-attention docs`"
+    assert list(_models_page_rows()) == list_models()
+    assert len(text.splitlines()) == len(header.splitlines()) + len(list_models())
+
+
 @pytest.mark.registry
-@pytest.mark.parametrize("name", sorted(published_gmacs()))
-def test_published_totals(name):
-    if name not in list_models():
-        pytest.fail(f"{name} is not registered")
+@pytest.mark.parametrize("name", list_models())
+def test_full_size_totals_are_the_docs_and_the_published_ones(name):
+    """The full-size model on meta, counted once: its docs/models.md row is what ``vit-attention docs`` writes
+    now, and where a paper / timm figure is published, the analytic total equals the measured one and the
+    figure (within 2 %, or within the rounding of a figure published with one decimal)."""
     with torch.device("meta"):
-        model = create_model(name)
+        model = create_model(name).eval()
     report = flops(model, input_shape(name))
+    row = models_page([name], {name: report}).splitlines()[-1]
+    assert _models_page_rows().get(name) == row, "docs/models.md is stale: regenerate with `vit-attention docs`"
+    if name not in published_gmacs():
+        return
     gmacs = report.gmacs
     assert report.total == pytest.approx(measure_flops(model, input_shape(name))[0], rel=0.01)  # full depth too
     published = published_gmacs()[name][0]
-    # within 2 %, or within the rounding of a figure published with one decimal
     assert matches_published(gmacs, published), (name, gmacs, published)
     assert abs(gmacs - published) <= max(0.02 * published, 0.05)
 
