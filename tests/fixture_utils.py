@@ -112,6 +112,17 @@ def assert_resized_parity(model, t: dict) -> None:
             assert_parity(m(t[f"input_{tag}"]), t[f"output_{tag}"])
 
 
+def add_noise(module, scale: float):
+    """``scale · N(0, 1)`` added to every parameter of ``module`` (the global RNG), so a parity test cannot pass on
+    zero-initialised tables or identity norms. Returns ``module``."""
+    import torch
+
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return module
+
+
 def perturb_like_trained(model):
     """Random weights and BatchNorm running statistics away from the 0 / 1 initialisation; eval mode.
 

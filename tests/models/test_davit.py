@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fixture_utils import add_noise
 from torch import nn
 
 from vit_attention import create_model
@@ -59,9 +60,7 @@ def test_florence2_towers_are_headless_by_default_like_timm(name):
 def test_block_pos_mlp_layer_runs_between_the_branches():
     torch.manual_seed(0)
     blk = Block(16, 2, attn_layer="channel", pos_layer=PosConv, pos_mlp_layer=PosConv)
-    with torch.no_grad():
-        for p in blk.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    add_noise(blk, 0.1)
     x = torch.randn(2, 5, 6, 16)
     with torch.no_grad():
         y = blk.pos(x)

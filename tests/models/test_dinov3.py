@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from fixture_utils import assert_fixture_parity, assert_parity, load_fixture
+from fixture_utils import add_noise, assert_fixture_parity, assert_parity, load_fixture
 
 from vit_attention import create_model
 from vit_attention.attention.rope import RotaryEmbedding
@@ -51,9 +51,7 @@ def test_structure_on_meta():
 def _small(name: str = "vit_small_patch16_dinov3", **kw) -> DINOv3:
     torch.manual_seed(0)
     m = create_model(name, **{**SMALL, **kw}).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    add_noise(m, 0.1)
     return m
 
 
@@ -113,9 +111,7 @@ def _hf(gated: bool = False, **kw):
                           use_gated_mlp=gated, hidden_act="silu" if gated else "gelu", **kw)
     torch.manual_seed(0)
     hf = DINOv3ViTModel(cfg)
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    add_noise(hf, 0.1)
     return hf.eval()  # eval: train mode randomises the RoPE coordinates (pos_embed_rescale=2)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixture_utils import assert_fixture_parity, assert_parity, load_fixture
+from fixture_utils import add_noise, assert_fixture_parity, assert_parity, load_fixture
 from transformers import Siglip2VisionConfig, Siglip2VisionModel
 
 from vit_attention import create_model
@@ -36,9 +36,7 @@ def _ours_from_timm(cfg: dict) -> NaFlexVit:
 def _tiny(**over) -> NaFlexVit:
     torch.manual_seed(0)
     model = NaFlexVit(NaFlexVitConfig(**{**TINY, "num_classes": 5, **over})).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    add_noise(model, 0.05)
     return model
 
 
@@ -234,9 +232,7 @@ def test_hf_siglip2_padded_batch():
     hf_cfg = Siglip2VisionConfig(hidden_size=32, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                                  patch_size=8, num_patches=16, num_channels=3)
     hf = Siglip2VisionModel(hf_cfg).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    add_noise(hf, 0.05)
     ours = create_model("naflexvit_base_patch16_siglip", embed_dim=32, num_heads=2, depth=2, patch_size=8,
                         pos_embed_grid_size=(4, 4), img_size=32).eval()
     report = load_weights(ours, hf.state_dict())

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from fixture_utils import add_noise
 
 from vit_attention import create_model
 from vit_attention.analysis.flops import flops
@@ -86,9 +87,7 @@ def test_original_layout_loads_and_matches_the_oracle(monkeypatch: pytest.Monkey
     over = dict(num_classes=7, embed_dim=16, depths=(2, 1, 2, 1), num_heads=(2, 2, 4, 4), kernel_size=3,
                 layer_scale=0.5, dilations=((1, 2), (1,), (2, 1), (1,)))
     src = create_model("dinat_small", **over).eval()
-    with torch.no_grad():
-        for p in src.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    add_noise(src, 0.1)
     original = {}
     for k, v in src.state_dict().items():  # ours -> the original's names (the inverse of the converter)
         parts = k.split(".")

@@ -5,7 +5,7 @@ patch size (the adapter resamples the kernel and the position table)."""
 
 import pytest
 import torch
-from fixture_utils import assert_parity, assert_resized_parity, load_fixture
+from fixture_utils import add_noise, assert_parity, assert_resized_parity, load_fixture
 
 from vit_attention import create_model
 from vit_attention.functional import resample_abs_pos_embed, resample_patch_embed
@@ -29,9 +29,7 @@ def _small(**kw) -> VisionTransformer:
     torch.manual_seed(0)
     cfg = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
     model = VisionTransformer(**{**cfg, **kw}).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    add_noise(model, 0.1)
     return model
 
 
@@ -203,9 +201,7 @@ _PICK = ["deit3_small_patch16_224", "deit_tiny_distilled_patch16_224", "vit_base
 def _reduced(name: str, **kw) -> VisionTransformer:
     torch.manual_seed(0)
     m = create_model(name, embed_dim=32, num_heads=2, depth=2, mlp_dim=None, num_classes=5, **kw).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    add_noise(m, 0.1)
     return m
 
 

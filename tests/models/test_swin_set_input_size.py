@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import add_noise, assert_parity, load_fixture
 
 from vit_attention.attention.window import resize_window_bias_table
 from vit_attention.functional import switched
@@ -43,9 +43,7 @@ def _small(cls=SwinTransformer, **kw) -> SwinTransformer:
     cfg = dict(img_size=64, patch_size=4, window_size=4, embed_dim=16, depths=(2, 2), num_heads=(2, 2),
                num_classes=5)
     model = cls(**{**cfg, **kw}).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    add_noise(model, 0.1)
     return model
 
 

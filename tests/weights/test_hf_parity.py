@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from fixture_utils import assert_parity
+from fixture_utils import add_noise, assert_parity
 from hf_utils import assert_hf_logits_parity
 from transformers import (
     DeiTConfig,
@@ -23,9 +23,7 @@ _SMALL = dict(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, 
 
 def _perturb(model):
     torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    add_noise(model, 0.05)
     return model.eval()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from fixture_utils import assert_parity
+from fixture_utils import add_noise, assert_parity
 
 from vit_attention import create_model
 from vit_attention.weights import save_weights
@@ -49,9 +49,7 @@ def place(cache: Path, repo_id: str, files: dict[str, Path | str | bytes], rev: 
 
 def _small_weights(tmp_path: Path, name: str = "vit_base_patch16_224", **kw) -> tuple[torch.nn.Module, Path]:
     src = create_model(name, **{**SMALL, **kw})
-    with torch.no_grad():
-        for p in src.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    add_noise(src, 0.1)
     return src.eval(), save_weights(src.state_dict(), tmp_path / "src.safetensors")
 
 
@@ -263,9 +261,7 @@ def test_transformers_swin_folder_configures_the_model(tmp_path, v2):
     cls = transformers.Swinv2ForImageClassification if v2 else transformers.SwinForImageClassification
     ref = cls(cfg_cls(image_size=32, patch_size=4, embed_dim=16, depths=[2, 1], num_heads=[2, 2], window_size=4,
                       num_labels=3, hidden_act="gelu"))
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    add_noise(ref, 0.05)
     ref.eval().save_pretrained(tmp_path / "hf-swin")
     name = "swinv2_tiny_window8_256" if v2 else "swin_tiny_patch4_window7_224"
     with pytest.warns(UserWarning, match="another architecture"):
@@ -283,9 +279,7 @@ def test_original_vit_in21k_preset_from_googles_transformers_repository(hub, tmp
     cfg = transformers.ViTConfig(image_size=32, patch_size=16, hidden_size=32, num_hidden_layers=1,
                                  num_attention_heads=2, intermediate_size=64)
     ref = transformers.ViTModel(cfg, add_pooling_layer=pooler)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    add_noise(ref, 0.1)
     ref.eval().save_pretrained(tmp_path / "in21k")
     place(hub, "google/vit-base-patch16-224-in21k", {f.name: f for f in (tmp_path / "in21k").iterdir()})
     with pytest.warns(UserWarning, match="another architecture"):

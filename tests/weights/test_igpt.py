@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixture_utils import assert_parity
+from fixture_utils import add_noise, assert_parity
 from transformers import ImageGPTConfig as HFConfig
 from transformers import ImageGPTForCausalImageModeling, ImageGPTForImageClassification, ImageGPTModel
 
@@ -20,9 +20,7 @@ _HF = dict(vocab_size=K + 1, n_positions=SIDE * SIDE, n_embd=32, n_layer=2, n_he
 
 def _perturb(model: torch.nn.Module) -> torch.nn.Module:
     torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    add_noise(model, 0.05)
     return model.eval()
 
 

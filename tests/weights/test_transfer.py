@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixture_utils import add_noise
 from model_outputs import build, first_preset_per_family, small_overrides
 
 import vit_attention as va
@@ -114,9 +115,7 @@ def test_a_transformers_folder_into_another_mechanism(tmp_path: Path) -> None:
     torch.manual_seed(0)
     ref = tf.ViTForImageClassification(tf.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
                                                     num_attention_heads=2, intermediate_size=64, num_labels=3)).eval()
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(0.05 * torch.randn_like(p))  # biases off zero: a dropped bias would show
+    add_noise(ref, 0.05)  # biases off zero: a dropped bias would show
     ref.save_pretrained(tmp_path)
     with pytest.warns(UserWarning, match="attn_layer='mhsa' transferred to attn_layer='talking_heads'"):
         model = va.create_model("vit_base_patch16_224", attn_layer="talking_heads", pretrained=tmp_path).eval()

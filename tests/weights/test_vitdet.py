@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fixture_utils import assert_parity, load_fixture
+from fixture_utils import add_noise, assert_parity, load_fixture
 from transformers import VitDetConfig, VitDetModel
 
 from vit_attention import create_model
@@ -28,9 +28,7 @@ _HF_SMALL = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, mlp
 def _hf() -> VitDetModel:
     torch.manual_seed(0)
     ref = VitDetModel(VitDetConfig(**_HF_SMALL)).eval()
-    with torch.no_grad():  # the relative-position tables start at zero: perturb everything
-        for p in ref.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    add_noise(ref, 0.1)  # the relative-position tables start at zero: perturb everything
     return ref
 
 
