@@ -143,18 +143,21 @@ def perturb_like_trained(model):
     return model.eval()
 
 
-def meta_model_with_timm_params(name: str, params: int):
-    """``create_model(name)`` on the meta device, after checking it has exactly ``params`` parameters (timm 1.0.31
-    on the meta device) and that the registry's published figure says so (``published_params_m``, its source)."""
+def meta_model_with_timm_params(name: str, params: int | None = None):
+    """``create_model(name)`` on the meta device, after checking its parameter count equals the registry's
+    published figure (``published_params_m``, timm's count to the thousand) and, when ``params`` is given, is exactly
+    ``params`` (timm 1.0.31 on the meta device, the source the registry names)."""
     import torch
 
     from vit_attention import create_model
     from vit_attention.models import get_model_entry
 
     meta = get_model_entry(name).meta
-    assert meta["published_params_source"] == "timm 1.0.31 on the meta device"
     with torch.device("meta"):
         m = create_model(name)
-    assert sum(p.numel() for p in m.parameters()) == params
-    assert round(params / 1e6, 3) == meta["published_params_m"]
+    n = sum(p.numel() for p in m.parameters())
+    assert round(n / 1e6, 3) == meta["published_params_m"]
+    if params is not None:
+        assert meta["published_params_source"] == "timm 1.0.31 on the meta device"
+        assert n == params
     return m

@@ -42,9 +42,7 @@ def test_registered_presets():
 @pytest.mark.registry
 @pytest.mark.parametrize("name", ["vit_large_patch14_clip_quickgelu_224", "vit_base_patch32_clip_224"])
 def test_structure_on_meta_equals_timm_counts(name):
-    with torch.device("meta"):
-        m = create_model(name)
-    assert round(sum(p.numel() for p in m.parameters()) / 1e6, 3) == get_model_entry(name).meta["published_params_m"]
+    m = meta_model_with_timm_params(name)
     assert m.patch_embed.proj.bias is None and isinstance(m.norm_pre, torch.nn.LayerNorm) and m.norm_pre.eps == 1e-5
     grid = 16 if "patch14" in name else 7
     assert m.pos_embed.shape == (1, 1 + grid * grid, m.embed_dim) and m.num_prefix_tokens == 1

@@ -33,6 +33,14 @@ def _ours_from_timm(cfg: dict) -> NaFlexVit:
     return NaFlexVit(NaFlexVitConfig(**kw)).eval()
 
 
+def _timm_fixture_model(case: str) -> tuple[NaFlexVit, dict]:
+    """Our model of a timm fixture with its weights (timm's keys are ours, one to one) -> (model, tensors)."""
+    state, t, cfg = load_fixture(case)
+    model = _ours_from_timm(cfg)
+    model.load_state_dict(state, strict=True)
+    return model, t
+
+
 def _tiny(**over) -> NaFlexVit:
     torch.manual_seed(0)
     model = NaFlexVit(NaFlexVitConfig(**{**TINY, "num_classes": 5, **over})).eval()
@@ -72,9 +80,7 @@ def test_timm_key_layout():
 @pytest.mark.parity
 @pytest.mark.parametrize("case", CASES)
 def test_timm_standard_tensor(case):
-    state, t, cfg = load_fixture(case)
-    model = _ours_from_timm(cfg)
-    model.load_state_dict(state, strict=True)
+    model, t = _timm_fixture_model(case)
     assert_fixture_parity(model, t)
 
 
@@ -82,9 +88,7 @@ def test_timm_standard_tensor(case):
 @pytest.mark.parametrize("case", CASES)
 def test_timm_packed_batch(case):
     """Valid tokens and pooled outputs equal timm's (padding rows differ: timm's symmetric mask)."""
-    state, t, cfg = load_fixture(case)
-    model = _ours_from_timm(cfg)
-    model.load_state_dict(state, strict=True)
+    model, t = _timm_fixture_model(case)
     batch = {"patches": t["packed_patches"], "patch_coord": t["packed_coord"], "patch_valid": t["packed_valid"]}
     P = model.num_prefix_tokens
     with torch.no_grad():
