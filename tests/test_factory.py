@@ -83,3 +83,30 @@ def test_a_features_class_refuses_a_bad_output_fmt_before_building(monkeypatch: 
     with pytest.raises(ValueError, match="output_fmt must be one of"):
         features_class(cls)(get_model_entry(NAME).config(), output_fmt="NHWC")
     assert not inits
+
+
+def test_load_or_create_model_one_dispatch_for_the_commands(tmp_path: Path) -> None:
+    """A file of ours rebuilds its own model (options may repeat, never contradict, it; another img_size resamples);
+    a foreign file needs the model's name; messages name the arguments as the caller spells them."""
+    from vit_attention.factory import load_or_create_model
+
+    model = create_model(NAME, num_classes=7)
+    ours = save_weights(model, tmp_path / "run" / "model.safetensors")
+    back, saved = load_or_create_model(None, tmp_path / "run", options={"num_classes": 7})
+    assert saved is not None and saved.path == ours and back.num_classes == 7 and not back.training
+    big, _ = load_or_create_model(NAME, ours, img_size=16)
+    assert big.cfg.img_size == 16 and big.num_classes == 7
+    cli = {"model": "--model", "checkpoint": "--checkpoint", "num_classes": "--num-classes"}
+    with pytest.raises(ValueError, match="--num-classes 5 contradicts the checkpoint"):
+        load_or_create_model(None, ours, options={"num_classes": 5}, spelling=cli)
+    with pytest.raises(ValueError, match="--model 'deit_digits_distilled_patch2_8' contradicts the checkpoint"):
+        load_or_create_model("deit_digits_distilled_patch2_8", ours, spelling=cli)
+    foreign = tmp_path / "bare.pth"
+    torch.save(model.state_dict(), foreign)
+    with pytest.raises(ValueError, match="does not record which model it holds.*give --model NAME"):
+        load_or_create_model(None, foreign, spelling=cli)
+    built, saved = load_or_create_model(NAME, foreign, options={"num_classes": 7})
+    assert saved is None and all(torch.equal(a, b) for a, b in zip(built.state_dict().values(),
+                                                                      model.state_dict().values(), strict=True))
+    with pytest.raises(ValueError, match="pretrained=True and checkpoint .* both give weights"):
+        load_or_create_model(NAME, foreign, pretrained=True)

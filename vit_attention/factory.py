@@ -13,18 +13,22 @@ import argparse
 import json
 import warnings
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from .attention import set_attention_backend
 from .functional.runtime import check_backend
 from .models.registry import get_model_entry
-from .weights import describe_checkpoint, load_weights, transfer_weights
-from .weights.hub import resolve_pretrained, split_model_tag
+from .weights import CheckpointMismatchError, describe_checkpoint, load_model, load_weights, transfer_weights
+from .weights.hub import HF_HUB_PREFIX, resolve_pretrained, split_model_tag
+from .weights.io import read_checkpoint
+from .weights.saved import SavedModel, check_model_name, check_options_agree, resolve_model_file
 
-__all__ = ["create_model"]
+__all__ = ["create_model", "load_or_create_model"]
 
 
 # create_model keywords that choose how a model runs, not what it is: accepted by --model-arg, never in a config
@@ -190,3 +194,66 @@ def create_model(name: str, *, pretrained: bool | str | Path | Mapping[str, Any]
                                                         checkpoint_format=checkpoint_format, strict=strict):
         load_weights(model, source.weights, format=checkpoint_format, strict=strict)
     return model if attn_backend is None else set_attention_backend(model, attn_backend)
+
+
+# how load_or_create_model's messages name its arguments: Python's spelling (override with the command line's)
+_PYTHON_SPELLING = {"model": "model", "checkpoint": "checkpoint", "pretrained": "pretrained=True",
+                    "num_classes": "num_classes"}
+
+
+def load_or_create_model(name: str | None, checkpoint: str | Path | None = None, *, pretrained: bool = False,
+                         options: Mapping[str, Any] | None = None, img_size: int | None = None,
+                         device: str | torch.device | None = None, spelling: Mapping[str, str] | None = None,
+                         ) -> tuple[nn.Module, SavedModel | None]:
+    """Registered model ``name`` or the model ``checkpoint`` holds, with its weights: how the commands that take
+    a model and weights (``attn``, ``eval``, ``predict``, ``generate`` ...) build it. Returns ``(model, the file's
+    record or None)``; the model maps images ``[B, Cin, H, W]`` to logits ``[B, num_classes]``.
+
+    A file of ours (:func:`~vit_attention.save_weights`, a training ``checkpoint.safetensors``, a run folder)
+    names its model and config: :func:`~vit_attention.load_model` rebuilds it as it was trained; ``name`` may
+    repeat the model (aliases allowed) and ``options`` (``--model-arg`` config values, ``num_classes``) what it
+    records, never contradict them (``ValueError`` naming the option); ``img_size`` another input size (position
+    tables resampled). Other weights (timm, torchvision, a Hugging Face folder, ``hf-hub:ORG/REPO``, or the
+    preset's published ones with ``pretrained=True``) load into ``create_model(name, **options)``, so they need
+    ``name``; none gives ``name`` with its initial weights. ``options`` may hold ``attn_backend`` (how it runs,
+    never recorded). ``device``: where the model is built. ``spelling``: how messages name ``model``,
+    ``checkpoint``, ``pretrained`` and ``num_classes`` (the command line's ``--model`` ...; default Python's).
+    """
+    say = {**_PYTHON_SPELLING, **(spelling or {})}
+    kw = dict(options or {})
+    if pretrained and checkpoint is not None:
+        raise ValueError(f"{say['pretrained']} and {say['checkpoint']} {checkpoint} both give weights; give one of "
+                         "them")
+    hub = isinstance(checkpoint, str) and checkpoint.startswith(HF_HUB_PREFIX)
+    saved = describe_checkpoint(checkpoint) if checkpoint is not None and not hub else None
+    if saved is None:
+        if name is None:
+            if pretrained or hub:
+                what = say["pretrained"] if pretrained else f"{say['checkpoint']} {checkpoint}"
+                raise ValueError(f"{what} needs {say['model']} NAME[.TAG]: the registered model to build")
+            if checkpoint is None:
+                raise ValueError(f"give {say['model']} (a registered name) or {say['checkpoint']} (a run folder or "
+                                 "weights file)")
+            read_checkpoint(resolve_model_file(checkpoint))  # a damaged or non-checkpoint file says so first
+            raise ValueError(f"{say['checkpoint']} {checkpoint} does not record which model it holds (it was not "
+                             f"written by vit-attention); give {say['model']} NAME (and {say['num_classes']} N) to "
+                             "build the model first")
+        weights = True if pretrained else checkpoint
+        try:
+            with torch.device(device) if device is not None else nullcontext():
+                model = create_model(name, pretrained=weights, img_size=img_size, **kw)
+        except CheckpointMismatchError as e:
+            what = "the weights" if pretrained or hub else f"{say['checkpoint']} {checkpoint}"
+            raise ValueError(f"{what} do{'' if pretrained or hub else 'es'} not fit {say['model']} {name}: {e}"
+                             ) from None
+        return model, None
+    check_model_name(saved, name, option=say["model"])
+    backend = kw.pop("attn_backend", None)  # how it runs, not what it is: never in the saved config
+    check_options_agree(saved, kw, {"num_classes": say["num_classes"]})
+    recorded = saved.config.get("img_size")
+    resize = {"img_size": img_size} if img_size is not None and img_size != recorded and [img_size] * 2 != recorded \
+        else {}  # position embeddings resampled to the new grid
+    model = load_model(saved.path, device=device, **resize)
+    if backend is not None:
+        set_attention_backend(model, check_backend(backend, "--model-arg attn_backend"))
+    return model, saved

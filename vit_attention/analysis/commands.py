@@ -18,7 +18,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..factory import add_model_arg_option, apply_tome_option, create_model, merged_model_args, positive_int
+from ..factory import (
+    add_model_arg_option,
+    apply_tome_option,
+    create_model,
+    load_or_create_model,
+    merged_model_args,
+    positive_int,
+)
 from ..models.registry import get_model_entry
 from ..weights.io import atomic_write
 from ..weights.saved import is_checkpoint_path
@@ -46,45 +53,16 @@ def build_model(name: str | None, *, checkpoint: str | Path | None = None, img_s
     it), ``model.normalization`` (its mean, std) and ``model.class_names`` (recorded or the
     weights' names; ImageNet-1k's for a 1000-class model with weights; else ``None``).
     """
-    from ..attention import set_attention_backend
     from ..data import imagenet_class_names
-    from ..weights import CheckpointMismatchError, describe_checkpoint, load_model
-    from ..weights.saved import check_model_name, check_options_agree
 
     kw = dict(model_kwargs or {})  # --model-arg; img_size / num_classes given as options win over theirs
-    img_size, num_classes = (img_size if img_size is not None else kw.get("img_size"),
-                             num_classes if num_classes is not None else kw.get("num_classes"))
+    size = kw.pop("img_size", None) if img_size is None else img_size
     kw.pop("img_size", None)
-    kw.pop("num_classes", None)
-    saved = describe_checkpoint(checkpoint) if checkpoint is not None else None
-    meta: Mapping[str, Any] = {}
-    if saved is not None:
-        check_model_name(saved, name, option="model",
-                         hint=f"give {saved.model_name!r}, or the run folder / checkpoint in place of the name")
-        if num_classes is not None and num_classes != saved.config.get("num_classes"):
-            raise ValueError(f"num_classes={num_classes} contradicts the checkpoint: {saved.path} holds "
-                             f"{saved.config.get('num_classes')} classes")
-        overrides: dict[str, Any] = {}
-        saved_size = saved.config.get("img_size")
-        if img_size is not None and img_size != saved_size and [img_size] * 2 != saved_size:
-            overrides["img_size"] = img_size  # position embeddings resampled to the new grid
-        backend = kw.pop("attn_backend", None)  # how it runs, not what it is: never in the saved config
-        check_options_agree(saved, kw)
-        model = load_model(saved.path, device=device, **overrides)
-        if backend is not None:
-            set_attention_backend(model, backend)
-        meta = saved.metadata
-    else:
-        if name is None:
-            raise ValueError(f"{checkpoint} does not record which model it holds; give the model name too")
-        if pretrained and checkpoint is not None:
-            raise ValueError(f"pretrained=True and checkpoint {checkpoint} both give weights; give one of them")
-        try:
-            with torch.device(device):
-                model = create_model(name, img_size=img_size, num_classes=num_classes,
-                                     pretrained=True if pretrained else checkpoint, **kw)
-        except CheckpointMismatchError as e:
-            raise ValueError(f"checkpoint {checkpoint} does not fit model {name}: {e}") from None
+    if num_classes is not None:
+        kw["num_classes"] = num_classes
+    model, saved = load_or_create_model(name, checkpoint, pretrained=pretrained, options=kw, img_size=size,
+                                        device=device)
+    meta: Mapping[str, Any] = saved.metadata if saved is not None else {}
     data_config = eval_data_config(model, saved)
     model.data_config = data_config  # type: ignore[assignment]
     model.normalization = (data_config.mean, data_config.std)  # type: ignore[assignment]

@@ -28,34 +28,18 @@ def load_for_export(name: str | None, checkpoint: str | Path | None, *, img_size
     of ours it may repeat the recorded size but never contradict it (``ValueError`` naming ``--num-classes``: a
     new head would be random, not the trained one).
     """
-    from ..factory import create_model
-    from ..weights.saved import (
-        check_model_name,
-        check_options_agree,
-        describe_checkpoint,
-        is_checkpoint_path,
-        load_model,
-    )
+    from ..factory import load_or_create_model
+    from ..weights.saved import is_checkpoint_path
 
     if checkpoint is None and is_checkpoint_path(name):  # `export RUN`: the run says which model it holds
         name, checkpoint = None, name
-    if checkpoint is None:
-        if name is None:
-            raise ValueError("give MODEL (a registered name, see `vit-attention models`) or --checkpoint PATH")
+    if checkpoint is None and name is not None:
         print(f"vit-attention export: no --checkpoint: {name} keeps its initial (random) weights", file=sys.stderr)
-        return create_model(name, img_size=img_size, num_classes=num_classes).eval()
-    overrides = {k: v for k, v in (("img_size", img_size), ("num_classes", num_classes)) if v is not None}
-    saved = describe_checkpoint(checkpoint)
-    if saved is not None:
-        check_model_name(saved, name, option="MODEL")
-        if num_classes is not None:  # the trained head is what export carries; another size would be random
-            check_options_agree(saved, {"num_classes": num_classes}, {"num_classes": "--num-classes"})
-            overrides.pop("num_classes")
-        return load_model(checkpoint, **overrides).eval()
-    if name is None:
-        raise ValueError(f"--checkpoint {checkpoint} does not record which model it holds (a timm / torchvision / "
-                         "bare state dict); give MODEL too")
-    return create_model(name, pretrained=str(checkpoint), **overrides).eval()
+    options = {} if num_classes is None else {"num_classes": num_classes}
+    model, _ = load_or_create_model(name, checkpoint, options=options, img_size=img_size,
+                                    spelling={"model": "MODEL", "checkpoint": "--checkpoint",
+                                              "num_classes": "--num-classes"})
+    return model.eval()
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -309,6 +309,11 @@ def _load_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     return model, meta
 
 
+# how load_or_create_model names the arguments in its messages: the command line's options
+_OPTION_SPELLING = {"model": "--model", "checkpoint": "--checkpoint", "pretrained": "--pretrained",
+                    "num_classes": "--num-classes"}
+
+
 def _load_checkpoint_for_inference(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """The model ``--checkpoint`` (or ``--model NAME --pretrained``) gives, in eval mode, and how to feed it.
 
@@ -319,50 +324,19 @@ def _load_checkpoint_for_inference(args: argparse.Namespace) -> tuple[Any, dict[
     needs ``--model`` to build first; the dict then holds the model's data config (``data_config``,
     ``mean``, ``std``, ``crop_pct``, ``label_names``).
     """
-    from ..attention import set_attention_backend
-    from ..factory import create_model
-    from ..functional.runtime import check_backend
-    from ..weights import CheckpointMismatchError, describe_checkpoint, load_model, read_checkpoint
-    from ..weights.hub import HF_HUB_PREFIX
-    from ..weights.saved import check_model_name, check_options_agree, resolve_model_file
+    from ..factory import load_or_create_model
 
     kw: dict[str, Any] = dict(args.model_arg or [])
     if args.num_classes is not None:
         kw["num_classes"] = args.num_classes
     pretrained = bool(getattr(args, "pretrained", False))
-    if pretrained and args.checkpoint:
-        raise ValueError(f"--pretrained and --checkpoint {args.checkpoint} both give weights; give one of them")
     if not pretrained and not args.checkpoint:
         raise ValueError("give --checkpoint (a run folder, a weights file, a Hugging Face folder or hf-hub:ORG/REPO) "
                          "or --model NAME[.TAG] --pretrained (the preset's published weights)")
-    hub = isinstance(args.checkpoint, str) and args.checkpoint.startswith(HF_HUB_PREFIX)
-    if pretrained or hub:
-        if not args.model:
-            what = "--pretrained" if pretrained else f"--checkpoint {args.checkpoint}"
-            raise ValueError(f"{what} needs --model NAME[.TAG]: the registered model to build")
-        try:
-            model = create_model(args.model, pretrained=True if pretrained else args.checkpoint, **kw)
-        except CheckpointMismatchError as e:
-            raise ValueError(f"the weights do not fit --model {args.model}: {e}") from None
-        return model.eval(), _data_meta(model)
-    path = Path(args.checkpoint)
-    saved = describe_checkpoint(path)  # FileNotFoundError / ValueError naming the path
+    model, saved = load_or_create_model(args.model, args.checkpoint, pretrained=pretrained, options=kw,
+                                        spelling=_OPTION_SPELLING)
     if saved is None:
-        if not args.model:
-            read_checkpoint(resolve_model_file(path))  # a damaged or non-checkpoint file says so first
-            raise ValueError(f"--checkpoint {path} does not record which model it holds (it was not written by "
-                             "vit-attention); give --model NAME (and --num-classes N) to build the model first")
-        try:
-            model = create_model(args.model, pretrained=path, **kw)
-        except CheckpointMismatchError as e:
-            raise ValueError(f"--checkpoint {path} does not fit --model {args.model}: {e}") from None
         return model.eval(), _data_meta(model)
-    check_model_name(saved, args.model, option="--model")
-    backend = kw.pop("attn_backend", None)  # how it runs, not what it is: never in the saved config
-    check_options_agree(saved, kw, {"num_classes": "--num-classes"})
-    model = load_model(saved.path)
-    if backend is not None:
-        set_attention_backend(model, check_backend(backend, "--model-arg attn_backend"))
     meta = _inference_meta(saved)
     if "mean" not in meta:  # saved by save_weights outside training: the data config it records (or its preset's)
         meta = {**_data_meta(model), **meta}
