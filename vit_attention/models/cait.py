@@ -36,7 +36,7 @@ from ..layers.head import init_linear_weights
 from ._config import ConfigMixin, check_attn_layer, check_common, check_float, check_int, check_size, check_width_heads
 from .backbone import IsotropicBackbone, isotropic_taps, tokens_to_intermediates
 from .pretrained_tags import data_cfg, pretrained_tags
-from .registry import register_family
+from .registry import published_meta, register_family
 from .token_merging import TokenMergingMixin
 
 __all__ = ["CaitConfig", "Cait", "reduced_config"]
@@ -283,9 +283,7 @@ _MODELS: dict[str, tuple[str, int, float, float]] = {
 _SOURCE = "timm benchmark-infer-amp-nchw-pt240-cu124-rtx4090.csv (infer_gmacs); deit README_cait.md agrees"
 
 _PRESETS: dict[str, dict[str, Any]] = {n: dict(_SIZES[s], img_size=img) for n, (s, img, _, _) in _MODELS.items()}
-_META: dict[str, dict[str, Any]] = {
-    n: {"published_params_m": p, "published_gmacs": g, "published_gmacs_source": _SOURCE}
-    for n, (_, _, p, g) in _MODELS.items()}
+_META = published_meta({n: (p, g) for n, (_, _, p, g) in _MODELS.items()}, _SOURCE)
 
 
 def reduced_config(cfg: CaitConfig) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .registry import register_family
+from .registry import published_meta, register_family
 from .vit import VisionTransformer, VisionTransformerConfig
 from .vit import reduced_config as vit_reduced_config
 
@@ -66,6 +66,5 @@ def reduced_config(cfg: VisionTransformerConfig) -> dict[str, Any]:
 
 register_family(
     "cpvt", CPVT, VisionTransformerConfig, _PRESETS, reduced=reduced_config,
-    meta={name: {"published_params_m": _PUBLISHED[size][0], "published_gmacs": _PUBLISHED[size][1],
-                 "published_gmacs_source": _SOURCE}
-          for size in _SIZES for name in (f"cpvt_{size}_patch16_224", f"cpvt_gap_{size}_patch16_224")})
+    meta=published_meta({name: _PUBLISHED[size] for size in _SIZES
+                         for name in (f"cpvt_{size}_patch16_224", f"cpvt_gap_{size}_patch16_224")}, _SOURCE))

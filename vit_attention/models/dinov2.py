@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from .pretrained_tags import data_cfg, pretrained_tags
-from .registry import register_family
+from .registry import published_meta, register_family
 from .vit import VisionTransformer, VisionTransformerConfig
 from .vit import reduced_config as vit_reduced_config
 
@@ -81,8 +81,7 @@ def reduced_config(cfg: VisionTransformerConfig) -> dict[str, Any]:
 
 register_family(
     "dinov2", Dinov2, VisionTransformerConfig, _PRESETS, reduced=reduced_config,
-    meta={name: {"published_params_m": params, "published_gmacs": gmacs, "published_gmacs_source": _SOURCE}
-          for name, (params, gmacs) in _PUBLISHED.items()})
+    meta=published_meta(_PUBLISHED, _SOURCE))
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from .pretrained_tags import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, data_cfg, pretrained_tags
-from .registry import register_family
+from .registry import published_meta, register_family
 from .vit import VisionTransformer, VisionTransformerConfig
 from .vit import reduced_config as vit_reduced_config
 
@@ -85,11 +85,8 @@ _PARAMS_ONLY: dict[str, float] = {
     "eva02_large_patch14_448": 305.080, "eva02_base_patch16_clip_224": 86.263,
     "eva02_large_patch14_clip_224": 304.105, "eva02_large_patch14_clip_336": 304.433,
 }
-_META: dict[str, dict[str, Any]] = {
-    name: {"published_params_m": params, "published_gmacs": gmacs, "published_gmacs_source": _SOURCE}
-    for name, (params, gmacs) in _PUBLISHED.items()}
-_META.update({name: {"published_params_m": params, "published_params_source": "timm 1.0.31 on the meta device"}
-              for name, params in _PARAMS_ONLY.items()})
+_META = published_meta({**_PUBLISHED, **{name: (params, None) for name, params in _PARAMS_ONLY.items()}}, _SOURCE,
+                       meta_device=_PARAMS_ONLY)
 
 
 def reduced_config(cfg: VisionTransformerConfig) -> dict[str, Any]:

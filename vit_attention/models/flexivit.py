@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from .pretrained_tags import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
-from .registry import register_family
+from .registry import published_meta, register_family
 from .vit import VisionTransformer, VisionTransformerConfig
 from .vit import reduced_config as vit_reduced_config
 
@@ -64,8 +64,7 @@ def reduced_config(cfg: VisionTransformerConfig) -> dict[str, Any]:
 
 register_family(
     "flexivit", FlexiViT, VisionTransformerConfig, _PRESETS, reduced=reduced_config,
-    meta={f"flexivit_{size}": {"published_params_m": _PUBLISHED[size][0], "published_gmacs": _PUBLISHED[size][1],
-                               "published_gmacs_source": _SOURCE} for size in _SIZES})
+    meta=published_meta({f"flexivit_{size}": _PUBLISHED[size] for size in _SIZES}, _SOURCE))
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its

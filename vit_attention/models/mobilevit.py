@@ -39,7 +39,7 @@ from ..layers.mbconv import ConvNormAct, InvertedResidual
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_common, check_float, check_int, check_int_seq
 from .backbone import StagedBackbone
 from .pretrained_tags import data_cfg, pretrained_tags
-from .registry import register_family
+from .registry import published_meta, register_family
 
 __all__ = ["MobileViTConfig", "MobileViT", "MobileViTBlock", "MobileViTV2Block", "reduced_config"]
 
@@ -327,9 +327,7 @@ _PUBLISHED_V3: dict[str, tuple[float, float]] = {
     "mobilevitv3_xxs": (1.2, 0.289), "mobilevitv3_xs": (2.5, 0.927), "mobilevitv3_s": (5.8, 1.841),
     "mobilevitv3_050": (1.4, 0.481), "mobilevitv3_075": (3.0, 1.064), "mobilevitv3_100": (5.1, 1.876),
 }
-_META = {name: {"published_params_m": p, "published_gmacs": g,
-                "published_gmacs_source": "timm benchmark-infer-amp-nchw-pt240 (param_count, infer_gmacs) at 256 px"}
-         for name, (p, g) in _PUBLISHED.items()}
+_META = published_meta(_PUBLISHED, "timm benchmark-infer-amp-nchw-pt240 (param_count, infer_gmacs) at 256 px")
 
 for _name, (_p, _g) in _PUBLISHED_V3.items():
     # The README rounds to one decimal: ours (xxs 1.249M, 050 1.430M) round to its 1.2 / 1.4 but sit 4 % / 2 %

@@ -32,7 +32,7 @@ from ..layers.conv_embed import ConvEmbed
 from ._config import ConfigMixin, check_choice, check_int, check_size
 from .backbone import StagedBackbone
 from .pvt_v2 import MinInputSizeMixin, check_pyramid, init_pyramid_weights, pyramid_blocks, reduced_config
-from .registry import register_family
+from .registry import published_meta, register_family
 
 __all__ = ["PvtConfig", "PyramidVisionTransformer", "PvtEmbed"]
 
@@ -213,8 +213,6 @@ _PUBLISHED: dict[str, tuple[float, float]] = {
 }
 
 register_family("pvt", PyramidVisionTransformer, PvtConfig, _PRESETS,
-                meta={k: {"published_params_m": p, "published_gmacs": g,
-                          "published_gmacs_source": "PVT README (params); HF PvtModel on the meta device with "
-                                                    "FlopCounterMode (GMACs), transformers 5.23.0"}
-                      for k, (p, g) in _PUBLISHED.items()},
+                meta=published_meta(_PUBLISHED, "PVT README (params); HF PvtModel on the meta device with "
+                                                "FlopCounterMode (GMACs), transformers 5.23.0"),
                 reduced=reduced_config)  # PVTv2's rule: 4 stages of width 16-32, 2 blocks each, 64 px

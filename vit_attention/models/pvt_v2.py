@@ -37,7 +37,7 @@ from ..layers.mlp_dwconv import MlpDWConv
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_common, check_float, check_int_seq, check_size
 from .backbone import StagedBackbone
 from .pretrained_tags import data_cfg, pretrained_tags
-from .registry import register_family
+from .registry import published_meta, register_family
 
 __all__ = ["PvtV2Config", "PyramidVisionTransformerV2", "check_pyramid", "MinInputSize", "MinInputSizeMixin",
            "reduced_config"]
@@ -282,10 +282,8 @@ def reduced_config(cfg: Any) -> dict[str, Any]:
 
 
 register_family("pvt_v2", PyramidVisionTransformerV2, PvtV2Config, _PRESETS,
-                meta={k: {"published_params_m": p, "published_gmacs": g,
-                          "published_gmacs_source": "timm benchmark-infer-amp-nchw-pt240-cu124-rtx4090.csv "
-                                                    "(infer_gmacs); params: PVT README / timm"}
-                      for k, (p, g) in _PUBLISHED.items()}, reduced=reduced_config)
+                meta=published_meta(_PUBLISHED, "timm benchmark-infer-amp-nchw-pt240-cu124-rtx4090.csv (infer_gmacs); "
+                                                "params: PVT README / timm"), reduced=reduced_config)
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its

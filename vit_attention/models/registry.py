@@ -19,7 +19,7 @@ import dataclasses
 import difflib
 import fnmatch
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +140,24 @@ def with_published_gmacs(meta: Mapping[str, Mapping[str, Any]], gmacs: Mapping[s
     out = {k: dict(v) for k, v in meta.items()}
     for name, (value, source) in gmacs.items():
         out.setdefault(name, {}).update(published_gmacs=value, published_gmacs_source=source)
+    return out
+
+
+def published_meta(published: Mapping[str, tuple[float, float | None]], gmacs_source: str,
+                   meta_device: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
+    """A family's ``meta`` from ``{name: (parameters in millions, GMACs or None)}``: ``published_params_m``, and
+    ``published_gmacs`` / ``published_gmacs_source`` (``gmacs_source``) where GMACs are given; the names in
+    ``meta_device`` have their parameters counted by timm 1.0.31 on the meta device (``published_params_source``).
+    """
+    meta_device = set(meta_device)
+    out: dict[str, dict[str, Any]] = {}
+    for name, (params, gmacs) in published.items():
+        meta: dict[str, Any] = {"published_params_m": params}
+        if name in meta_device:
+            meta["published_params_source"] = "timm 1.0.31 on the meta device"
+        if gmacs is not None:
+            meta.update(published_gmacs=gmacs, published_gmacs_source=gmacs_source)
+        out[name] = meta
     return out
 
 

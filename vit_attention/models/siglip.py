@@ -24,7 +24,7 @@ from typing import Any
 from torch import Tensor
 
 from .pretrained_tags import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
-from .registry import register_family
+from .registry import published_meta, register_family
 from .vit import VisionTransformer, VisionTransformerConfig
 from .vit import reduced_config as vit_reduced_config
 
@@ -89,15 +89,6 @@ _SOURCE = "timm 1.0.31 benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmac
 _META_DEVICE = ("vit_base_patch32_siglip_256", "vit_large_patch16_siglip_256", "vit_large_patch16_siglip_384")
 
 
-def _meta(name: str) -> dict[str, Any]:
-    meta: dict[str, Any] = {"published_params_m": _PARAMS[name]}
-    if name in _META_DEVICE:
-        meta["published_params_source"] = "timm 1.0.31 on the meta device"
-    if name in _GMACS:
-        meta.update(published_gmacs=_GMACS[name], published_gmacs_source=_SOURCE)
-    return meta
-
-
 def reduced_config(cfg: VisionTransformerConfig) -> dict[str, Any]:
     """Overrides that shrink a SigLIP preset for tests: ViT's (:func:`~vit_attention.models.vit.reduced_config`:
     width 32, 2 heads, 2 blocks, a small grid); the MAP head (its MLP at the preset's ``mlp_ratio``), the
@@ -106,7 +97,7 @@ def reduced_config(cfg: VisionTransformerConfig) -> dict[str, Any]:
 
 
 register_family("siglip", SigLIP, VisionTransformerConfig, _PRESETS, reduced=reduced_config,
-                meta={name: _meta(name) for name in _PRESETS})
+                meta=published_meta({n: (_PARAMS[n], _GMACS.get(n)) for n in _PRESETS}, _SOURCE, _META_DEVICE))
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
