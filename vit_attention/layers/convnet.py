@@ -1,9 +1,9 @@
 """The NCHW part of a convolutional (ByobNet-style) backbone: stem -> stages -> final conv -> head.
 
 Hybrid CNN-transformer families hosted by timm's ByobNet (MobileViT, HaloNet) are
-``class Net(ConvStagesMixin, Backbone)``: :class:`ConvStagesMixin` gives what differs on NCHW maps
+``class Net(ConvStagesMixin, StagedBackbone)``: :class:`ConvStagesMixin` gives what differs on NCHW maps
 (``forward_features``, ``forward_head``, ``forward_intermediates``) and
-:class:`~vit_attention.models.backbone.Backbone` the rest (config, ``forward``,
+:class:`~vit_attention.models.backbone.StagedBackbone` the rest (config, ``forward``,
 ``reset_classifier``, the pooling rule, ``set_grad_checkpointing``, ``no_weight_decay``). The
 model has ``stem``, ``stages`` (an ``nn.Sequential`` of stages), ``final_conv`` (``nn.Identity``
 when absent) and ``head`` (:class:`~.head.ClassifierHead` built with ``global_pool=""``: the model
@@ -25,7 +25,7 @@ __all__ = ["ConvStagesMixin"]
 class ConvStagesMixin:
     """``[B, Cin, H, W] -> [B, num_classes]`` through ``stem``, ``stages``, ``final_conv`` and ``head`` on NCHW maps.
 
-    Put it before :class:`~vit_attention.models.backbone.Backbone` in the bases, whose ``pool``
+    Put it before :class:`~vit_attention.models.backbone.StagedBackbone` in the bases, whose ``pool``
     (on the channels-last map), ``forward`` and ``reset_classifier`` it relies on.
     """
 

@@ -16,7 +16,8 @@ What every hierarchical family shares, written once:
 * :func:`staged_intermediates`: ``forward_intermediates`` of a model whose stages are one
   ``nn.Sequential`` of :class:`Stage`; :func:`stage_feature_info` its ``feature_info``. The
   forward API itself (config, classifier reset, pooling) is
-  :class:`vit_attention.models.backbone.Backbone`'s.
+  :class:`vit_attention.models.backbone.Backbone`'s, the staged forward
+  :class:`~vit_attention.models.backbone.StagedBackbone`'s.
 
 A family file keeps only what is its own: the stem (``_embed``), what goes into each stage,
 the final norm and the head.
