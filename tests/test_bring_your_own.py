@@ -46,9 +46,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from vit_attention.attention import register_attention
+from vit_attention.attention import AttentionCall, AttentionModule, register_attention
 from vit_attention.attention.registry import global_as_built
-from vit_attention.attention.base import AttentionModule
 from vit_attention.functional import (
     attention_observed,
     merge_heads,
@@ -83,15 +82,14 @@ class TemperatureAttention(AttentionModule):
         self.log_temperature = nn.Parameter(torch.zeros(num_heads))  # per head; 0 = plain attention
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None) -> Tensor:
-        """Tokens ``[B, N, C] -> [B, N, C]``; the grid and prefix tokens change nothing (global attention)."""
-        if context is not None:
-            raise ValueError("toy_temperature is self-attention: it takes no context")
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
+        """Tokens ``[B, N, C] -> [B, N, C]``; the grid and prefix tokens of ``call`` change nothing (global
+        attention). It reads no optional field (``accepts`` is the base's empty set), so the adapter refuses a
+        context, a mask, ... given to it."""
         q, k, v = (split_heads(lin(x), self.num_heads) for lin in (self.q, self.k, self.v))  # [B, nh, N, hd]
         q = q * self.log_temperature.exp().view(-1, 1, 1)
         # where the rows sit on the grid, for attention maps (only when something records them)
-        layout = token_layout(x.shape[1], feat_size, num_prefix_tokens) if attention_observed() else None
+        layout = token_layout(x.shape[1], call.feat_size, call.num_prefix_tokens) if attention_observed() else None
         out = scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0,
                                            fused=self.fused_attention, backend=self.attention_backend,
                                            layout=layout)  # [B, nh, N, hd]
@@ -166,6 +164,8 @@ def test_the_toy_is_registered_from_outside_the_package(toy: ModuleType) -> None
 def test_the_attention_contract(toy: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     contract, registry = _sweep("attention.test_contract"), _sweep("attention.test_registry")
     contract.test_forward_backward_with_the_contract_keywords(TOY)
+    contract.test_the_forward_takes_x_and_one_attention_call(TOY)
+    contract.test_the_adapter_refuses_a_call_field_the_mechanism_does_not_read_naming_both(TOY)
     contract.test_spec_is_complete_and_its_example_runs(TOY)
     contract.test_zero_logits_give_the_mean_of_v(TOY)
     contract.test_identity_weights_fn_changes_nothing(TOY)

@@ -12,15 +12,15 @@ import importlib as _importlib
 from typing import Any as _Any
 
 from . import functional
-from .attention import create_attention, list_attention
+from .attention import AttentionCall, create_attention, list_attention
 from .data import create_transform, resolve_data_config
 from .layers.plug import Plug, plug
 from .models import list_models
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "create_attention", "create_model", "create_transform", "functional", "list_attention",
-           "list_models", "list_pretrained", "resolve_data_config",
+__all__ = ["AttentionCall", "__version__", "create_attention", "create_model", "create_transform", "functional",
+           "list_attention", "list_models", "list_pretrained", "resolve_data_config",
            "load_model", "load_weights", "save_weights",
            "Plug", "plug"]
 

@@ -12,7 +12,7 @@ from vit_attention.analysis import attention_complexity, complexity_table, flops
 from vit_attention.analysis.docs import models_page
 from vit_attention.analysis.flops import stage_of
 from vit_attention.analysis.published import PUBLISHED_GMACS, PUBLISHED_SOURCES, matches_published, published_gmacs
-from vit_attention.attention import get_attention_spec
+from vit_attention.attention import AttentionCall, get_attention_spec
 
 from ._models import input_shape, reduced
 
@@ -138,7 +138,7 @@ def test_complexity_formulas_match_the_mechanisms():
 
 
 class _Caller(torch.nn.Module):
-    """Calls a mechanism the way blocks do: with the grid keywords and the private residual keyword."""
+    """Calls a mechanism the way blocks do: with the grid and the residual in its AttentionCall."""
 
     def __init__(self, attn: torch.nn.Module) -> None:
         super().__init__()
@@ -147,10 +147,11 @@ class _Caller(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         grid = x[:, 1:].reshape(B, 4, (N - 1) // 4, C)  # a prefix token and a 4 x 6 grid
-        res = getattr(self.attn, "accepts_residual", False)
+        res = "residual" in self.attn.accepts
         if self.attn.layout == "spatial":
-            return self.attn(grid, feat_size=(4, (N - 1) // 4), **({"residual": grid} if res else {}))
-        return self.attn(x, feat_size=(4, (N - 1) // 4), num_prefix_tokens=1, **({"residual": x} if res else {}))
+            return self.attn(grid, AttentionCall(feat_size=(4, (N - 1) // 4), residual=grid if res else None))
+        call = AttentionCall(feat_size=(4, (N - 1) // 4), num_prefix_tokens=1, residual=x if res else None)
+        return self.attn(x, call)
 
 
 @pytest.mark.parametrize("name", list_attention())

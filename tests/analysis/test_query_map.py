@@ -15,7 +15,7 @@ from torch import nn
 
 from vit_attention import create_attention, list_attention, plug
 from vit_attention.analysis import record_attention
-from vit_attention.attention import get_attention_spec
+from vit_attention.attention import AttentionCall, get_attention_spec
 from vit_attention.functional import register_attention_hook
 from vit_attention.layers.layout_adapter import apply_attention
 
@@ -151,7 +151,7 @@ def test_global_record_with_prefix_tokens_places_the_patch_rows():
     attn = create_attention("mhsa", 16, 2).eval()
     x = torch.randn(1, 2 + 12, 16)
     with record_attention(attn) as rec, torch.no_grad():
-        apply_attention(attn, x, feat_size=(3, 4), num_prefix_tokens=2)
+        apply_attention(attn, x, AttentionCall(feat_size=(3, 4), num_prefix_tokens=2))
     (r,) = rec.records
     assert r.grid == (3, 4) and r.num_prefix_tokens == 2 and r.has_class_token
     w = r.weights  # [1, nh, 14, 14]
@@ -163,7 +163,7 @@ def test_cross_attention_record_has_no_map():
     torch.manual_seed(0)
     attn = create_attention("mhsa", 16, 2).eval()
     with record_attention(attn) as rec, torch.no_grad():
-        attn(torch.randn(1, 12, 16), feat_size=(3, 4), context=torch.randn(1, 5, 16))
+        attn(torch.randn(1, 12, 16), AttentionCall(feat_size=(3, 4), context=torch.randn(1, 5, 16)))
     (r,) = rec.records
     assert not r.is_self_attention
     with pytest.raises(ValueError, match="not on the image grid"):

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from vit_attention import create_attention, list_attention
 from vit_attention.analysis.flops import flops
-from vit_attention.attention import get_attention_spec, register_attention, registry
+from vit_attention.attention import AttentionCall, get_attention_spec, register_attention, registry
 from vit_attention.attention.base import AttentionModule
 from vit_attention.attention.transfer import carry_attention, describe_transfer
 from vit_attention.layers.layout_adapter import apply_attention
@@ -28,8 +28,7 @@ class _Tokens(AttentionModule):
         self.dim, self.num_heads = dim, num_heads
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
         """``[B, N, C] -> [B, N, C]``."""
         return self.proj(x)
 
@@ -45,11 +44,11 @@ def test_every_registered_mechanism_subclasses_the_base(name: str) -> None:
     spec = get_attention_spec(name)
     assert issubclass(spec.cls, AttentionModule)
     attn, _ = spec.example()
-    assert attn.spec is spec and attn.attention_name == name and attn.layout == spec.layout
+    assert get_attention_spec(attn.attention_name) is spec and attn.layout == spec.layout
 
 
 def test_every_member_of_the_base_has_a_one_line_docstring() -> None:
-    for member in METHODS + ("spec", "provides"):
+    for member in METHODS + ("provides",):
         doc = inspect.getdoc(getattr(AttentionModule, member))
         assert doc and doc.strip(), member
 
@@ -60,7 +59,7 @@ def test_the_defaults_are_neutral(scratch_registry: None) -> None:
     assert attn.transfer_init() == []
     assert attn.get_offset_bias() is None and attn.set_offset_bias(torch.zeros(1, 3, 3)) is False
     assert dict(attn.transfer_slots) == {} and attn.offset_bias_params == ()
-    assert attn.accepts_residual is False and attn.supports_token_merging is False
+    assert attn.accepts == frozenset()  # reads no optional AttentionCall field
     with pytest.raises(TypeError, match="scratch_tokens.*no window to resize"):
         attn.set_window_size(4)
     with pytest.raises(ValueError, match="without attend_prefix"):
@@ -99,9 +98,9 @@ def test_a_mechanism_with_the_defaults_runs_through_the_shared_tools(scratch_reg
     torch.manual_seed(0)
     attn = cls(8).eval()
     x, r = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
-    torch.testing.assert_close(apply_attention(attn, x, residual=r), r + attn.proj(x))
-    with pytest.raises(ValueError, match="does not support token merging"):
-        apply_attention(attn, x, tome=object())
+    torch.testing.assert_close(apply_attention(attn, x, AttentionCall(residual=r)), r + attn.proj(x))
+    with pytest.raises(ValueError, match=r"_Tokens \('scratch_tools'\) takes no tome"):
+        apply_attention(attn, x, AttentionCall(tome=object()))
     assert flops(attn, (2, 5, 8)).total == 2 * 5 * 8 * 8  # the Linear's multiply-adds
     source = create_attention("mhsa", 8, 2)
     carried, notes = carry_attention(source, attn)

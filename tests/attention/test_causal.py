@@ -9,7 +9,14 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit_attention.analysis.flops import _extra_mapping
-from vit_attention.attention import CausalSelfAttention, KVCache, StaticKVCache, causal_mask, create_attention
+from vit_attention.attention import (
+    AttentionCall,
+    CausalSelfAttention,
+    KVCache,
+    StaticKVCache,
+    causal_mask,
+    create_attention,
+)
 from vit_attention.functional import switched
 
 TOL = dict(atol=1e-5, rtol=1e-4)
@@ -78,7 +85,7 @@ def test_cache_refuses_another_batch_and_context_is_refused() -> None:
         with pytest.raises(ValueError, match="KVCache"):
             attn(torch.randn(1, 1, 32), cache=cache)
     with pytest.raises(ValueError, match="context"):
-        attn(torch.randn(2, 3, 32), context=torch.randn(2, 3, 32))
+        attn(torch.randn(2, 3, 32), AttentionCall(context=torch.randn(2, 3, 32)))
     with pytest.raises(ValueError, match="num_layers"):
         KVCache(0)
 

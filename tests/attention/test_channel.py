@@ -8,6 +8,7 @@ import torch
 from vit_attention import create_attention
 from vit_attention.analysis import record_attention
 from vit_attention.analysis.flops import measure_flops
+from vit_attention.attention import AttentionCall
 from vit_attention.functional import switched
 
 B, N, C, NH = 2, 13, 24, 3
@@ -94,9 +95,9 @@ def test_prefix_tokens_and_feat_size_change_nothing_and_context_raises():
     m = create_attention("channel", C, NH).eval()
     x = torch.randn(B, 1 + 12, C)
     with torch.no_grad():
-        torch.testing.assert_close(m(x, feat_size=(3, 4), num_prefix_tokens=1), m(x))
+        torch.testing.assert_close(m(x, AttentionCall(feat_size=(3, 4), num_prefix_tokens=1)), m(x))
     with pytest.raises(ValueError, match="context"):
-        m(x, context=x)
+        m(x, AttentionCall(context=x))
     with pytest.raises(ValueError, match=r"tokens \[B, N, 24\]"):
         m(torch.randn(B, 3, 4, C))
 
@@ -123,10 +124,10 @@ def test_a_hooked_projection_takes_the_module_path_with_the_same_result(qkv_bias
     m = create_attention("channel", C, NH, qkv_bias=qkv_bias).eval()
     x, r = torch.randn(B, N, C), torch.randn(B, N, C)
     with torch.no_grad():
-        plain, plain_res = m(x), m(x, residual=r)
+        plain, plain_res = m(x), m(x, AttentionCall(residual=r))
         seen = []
         handle = m.qkv.register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
-        hooked, hooked_res = m(x), m(x, residual=r)
+        hooked, hooked_res = m(x), m(x, AttentionCall(residual=r))
         handle.remove()
     assert seen == [(B, N, 3 * C)] * 2  # the hook saw the module run
     torch.testing.assert_close(hooked, plain, atol=1e-5, rtol=1e-5)

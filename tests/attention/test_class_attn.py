@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from vit_attention import create_attention
+from vit_attention.attention import AttentionCall
 from vit_attention.functional import switched
 
 
@@ -38,7 +39,7 @@ def test_cait_call_matches_the_dense_formula(fused: bool) -> None:
                                       for t in ("weight", "bias")}  # timm's ClassAttn keys
     u = torch.randn(2, 17, 48, dtype=torch.float64)  # norm([x_cls; x_patches])
     with torch.no_grad(), switched(attn, fused_attention=fused):
-        out = attn(u[:, :1], context=u)  # the class-attention block's call
+        out = attn(u[:, :1], AttentionCall(context=u))  # the class-attention block's call
     assert out.shape == (2, 1, 48)
     torch.testing.assert_close(out, _dense_cls(u, attn.state_dict(), 6), atol=1e-6, rtol=0)
     assert out.abs().max() > 0.1

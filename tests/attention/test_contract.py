@@ -9,14 +9,18 @@ fully masked rows are zeros with finite gradients, an identity ``weights_fn`` ch
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 
 import pytest
 import torch
 from torch import Tensor
 
+import vit_attention
 from vit_attention import create_attention, list_attention
-from vit_attention.attention import get_attention_spec
+from vit_attention.attention import AttentionCall, get_attention_spec
+from vit_attention.attention.base import CALL_OPTIONS
 from vit_attention.functional import register_attention_hook, scaled_dot_product_attention
 
 NAMES = list_attention()
@@ -60,7 +64,7 @@ def test_forward_backward_with_the_contract_keywords(name: str) -> None:
     attn.train()
     x.requires_grad_()
     grid = tuple(x.shape[1:3]) if x.dim() == 4 else None
-    y = attn(x, feat_size=grid, num_prefix_tokens=0, context=None)
+    y = attn(x, AttentionCall(feat_size=grid, num_prefix_tokens=0, context=None))
     assert y.shape == x.shape
     y.square().mean().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
@@ -171,20 +175,103 @@ def test_spec_is_complete_and_its_example_runs(name: str) -> None:
 def test_spatial_mechanisms_refuse_prefix_tokens_and_context(name: str) -> None:
     attn, x = _example(name)
     with pytest.raises(ValueError, match="num_prefix_tokens"):
-        attn(x, num_prefix_tokens=1)
+        attn(x, AttentionCall(num_prefix_tokens=1))
     with pytest.raises(ValueError, match="context"):
-        attn(x, context=torch.randn(2, 3, x.shape[-1]))
+        attn(x, AttentionCall(context=torch.randn(2, 3, x.shape[-1])))
     with pytest.raises(ValueError, match="feat_size"):
-        attn(x, feat_size=(x.shape[1] + 1, x.shape[2]))
+        attn(x, AttentionCall(feat_size=(x.shape[1] + 1, x.shape[2])))
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if get_attention_spec(n).supports_context])
 def test_context_supplies_keys_and_values(name: str) -> None:
     attn, x = _example(name)
     with torch.no_grad():
-        torch.testing.assert_close(attn(x, context=x), attn(x), **TOL)
-        other = attn(x, context=torch.randn(x.shape[0], 5, x.shape[-1]))
+        torch.testing.assert_close(attn(x, AttentionCall(context=x)), attn(x), **TOL)
+        other = attn(x, AttentionCall(context=torch.randn(x.shape[0], 5, x.shape[-1])))
     assert other.shape == x.shape and not torch.allclose(other, attn(x))
+
+
+def test_an_attention_call_is_one_immutable_value() -> None:
+    """What a call carries besides ``x``: the grid, the prefix count, then the optional fields, each neutral by
+    default; frozen (one default instance is shared by every signature); ``given`` lists the optional fields set."""
+    fields = [f.name for f in dataclasses.fields(AttentionCall)]
+    assert fields == ["feat_size", "num_prefix_tokens", *CALL_OPTIONS]
+    assert vit_attention.AttentionCall is AttentionCall
+    call = AttentionCall((2, 3), 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        call.feat_size = (1, 1)  # type: ignore[misc]
+    assert AttentionCall().given() == () and call.given() == ()
+    r = torch.zeros(1)
+    assert AttentionCall(residual=r, mask=r).given() == ("mask", "residual")
+    assert dataclasses.replace(call, residual=r).num_prefix_tokens == 1
+
+
+def _field_value(field: str, x: Tensor) -> object:
+    """A value of the optional AttentionCall ``field`` for input ``x`` (what it holds does not matter: refused)."""
+    B, L = x.shape[0], x.shape[1]
+    return {"context": torch.randn(B, 3, x.shape[-1]), "mask": torch.ones(1, 1, 1, L, dtype=torch.bool),
+            "rope_coords": torch.zeros(B, L, 2, dtype=torch.long), "rope_valid": torch.ones(B, L, dtype=torch.bool),
+            "tome": object(), "residual": torch.zeros_like(x)}[field]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_forward_takes_x_and_one_attention_call(name: str) -> None:
+    """``forward(x, call=AttentionCall())`` for every mechanism; the old keyword call fails as Python makes it
+    fail (TypeError naming the keyword)."""
+    spec = get_attention_spec(name)
+    params = list(inspect.signature(spec.cls.forward).parameters.values())
+    assert [p.name for p in params[1:3]] == ["x", "call"]
+    assert isinstance(params[2].default, AttentionCall) and not params[2].default.given()
+    attn, x = _example(name)
+    for keyword in ("feat_size", "num_prefix_tokens", "context"):
+        with pytest.raises(TypeError, match=keyword):
+            attn(x, **{keyword: None})
+
+
+def _refusals(name: str) -> list[tuple[str, AttentionCall, str]]:
+    """``(field, call, message)`` for each optional field mechanism ``name`` does not read, on its example."""
+    attn, x = _example(name)
+    prefix = rf"{type(attn).__name__} \('{name}'\) takes no"
+    return [(field, AttentionCall(**{field: _field_value(field, x)}), f"{prefix} {field}")
+            for field in CALL_OPTIONS if field not in attn.accepts]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_adapter_refuses_a_call_field_the_mechanism_does_not_read_naming_both(name: str) -> None:
+    """``accepts`` names optional AttentionCall fields only (the spec's ``supports_context`` reads it). The adapter
+    refuses any other field given, naming the field and the mechanism, so nothing asked for is dropped silently;
+    the residual it adds itself when the mechanism does not read it, and the result is ``residual + attn(x)``
+    either way."""
+    from vit_attention.layers.layout_adapter import apply_attention
+
+    spec = get_attention_spec(name)
+    assert spec.cls.accepts <= set(CALL_OPTIONS)
+    assert spec.supports_context == ("context" in spec.cls.accepts)
+    attn, x = _example(name)
+    for field, call, message in _refusals(name):
+        if field != "residual":
+            with pytest.raises(ValueError, match=message):
+                apply_attention(attn, x, call)
+    r = torch.randn_like(x)
+    with torch.no_grad():
+        grid = AttentionCall()
+        if x.dim() == 4 or spec.needs_feat_size:  # the map's own size; the grid mechanisms' examples: 16 tokens
+            grid = AttentionCall(tuple(x.shape[1:3]) if x.dim() == 4 else (4, 4))
+        torch.testing.assert_close(apply_attention(attn, x, dataclasses.replace(grid, residual=r)),
+                                   r + attn(x, grid), **TOL)
+        if "residual" in attn.accepts:
+            torch.testing.assert_close(attn(x, dataclasses.replace(grid, residual=r)), r + attn(x, grid), **TOL)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_mechanism_called_directly_refuses_a_call_field_it_does_not_read(name: str) -> None:
+    """The package's mechanisms check their call as the adapter does (``check_tokens_call`` /
+    ``check_map_tokens_call`` / ``check_spatial_call``): a field they do not read, the residual included, raises
+    naming it and the mechanism."""
+    attn, x = _example(name)
+    for _field, call, message in _refusals(name):
+        with pytest.raises(ValueError, match=message):
+            attn(x, call)
 
 
 def test_exactly_one_softmax_over_attention_logits() -> None:
@@ -214,7 +301,7 @@ def test_a_token_mechanism_that_needs_the_grid_is_told_so_by_the_adapter(monkeyp
     attn = spec.cls(32, 4)
     with pytest.raises(ValueError, match="feat_size"):
         apply_attention(attn, torch.randn(1, 5, 32))
-    assert apply_attention(attn, torch.randn(1, 5, 32), feat_size=(1, 5)).shape == (1, 5, 32)
+    assert apply_attention(attn, torch.randn(1, 5, 32), AttentionCall(feat_size=(1, 5))).shape == (1, 5, 32)
 
 
 SPATIAL = [n for n in NAMES if len(get_attention_spec(n).example()[1]) == 4]  # the map mechanisms

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from vit_attention import create_attention
 from vit_attention.analysis import flops, measure_flops, record_attention
+from vit_attention.attention import AttentionCall
 from vit_attention.attention.conv_proj import ConvProjectionAttention
 from vit_attention.functional import register_attention_hook, switched
 from vit_attention.layers.layout_adapter import apply_attention
@@ -60,10 +61,11 @@ def test_equals_the_oracle(method: str, H: int, W: int, P: int, fused: bool) -> 
     attn = _module(method=method)
     x = torch.randn(2, P + H * W, DIM)
     with torch.no_grad(), switched(attn, fused_attention=fused):
-        out = attn(x, feat_size=(H, W), num_prefix_tokens=P)
+        out = attn(x, AttentionCall(feat_size=(H, W), num_prefix_tokens=P))
         torch.testing.assert_close(out, _oracle(attn, x, H, W, P), atol=1e-5, rtol=1e-5)
         res = torch.randn_like(x)
-        torch.testing.assert_close(attn(x, feat_size=(H, W), num_prefix_tokens=P, residual=res), res + out,
+        call = AttentionCall(feat_size=(H, W), num_prefix_tokens=P, residual=res)
+        torch.testing.assert_close(attn(x, call), res + out,
                                    atol=1e-5, rtol=1e-5)
 
 
@@ -74,7 +76,7 @@ def test_scale_is_the_full_width_and_keys_are_strided() -> None:
     handle = register_attention_hook(lambda q, k, v, info: seen.append((q.shape, k.shape)), weights=False)
     try:
         with torch.no_grad():
-            attn(torch.randn(1, 1 + 5 * 7, DIM), feat_size=(5, 7), num_prefix_tokens=1)
+            attn(torch.randn(1, 1 + 5 * 7, DIM), AttentionCall(feat_size=(5, 7), num_prefix_tokens=1))
     finally:
         handle.remove()
     (q_shape, k_shape), = seen
@@ -91,7 +93,7 @@ def test_prefix_tokens_skip_the_convolutions() -> None:
     q_t = {}
     handle = register_attention_hook(lambda q, k, v, info: q_t.setdefault("q", q), weights=False)
     try:
-        attn(x, feat_size=(4, 4), num_prefix_tokens=1)
+        attn(x, AttentionCall(feat_size=(4, 4), num_prefix_tokens=1))
     finally:
         handle.remove()
     q_t["q"][0, :, 0].sum().backward()  # the class token's query
@@ -102,8 +104,8 @@ def test_training_uses_batch_statistics() -> None:
     attn = _module()
     x = torch.randn(3, 12, DIM)
     with torch.no_grad():
-        eval_out = attn(x, feat_size=(3, 4))
-        train_out = attn.train()(x, feat_size=(3, 4))
+        eval_out = attn(x, AttentionCall(feat_size=(3, 4)))
+        train_out = attn.train()(x, AttentionCall(feat_size=(3, 4)))
     assert train_out.shape == x.shape and torch.isfinite(train_out).all()
     assert not torch.allclose(train_out, eval_out, atol=1e-3)  # normalised by the batch, not the running stats
     assert attn.conv_proj_q.bn.num_batches_tracked.item() == 1  # and the running statistics were updated
@@ -124,7 +126,7 @@ def test_analytic_flops_equal_measured(method: str, shape: tuple[int, ...], grid
     from vit_attention.analysis.flops import _extra_mapping
 
     with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_extra_mapping()) as counter:
-        attn(x, feat_size=grid, num_prefix_tokens=P)
+        attn(x, AttentionCall(feat_size=grid, num_prefix_tokens=P))
     assert analytic == counter.get_total_flops() // 2
 
 
@@ -132,7 +134,8 @@ def test_without_the_grid_a_square_is_assumed() -> None:
     attn = _module()
     x = torch.randn(1, 1 + 36, DIM)
     with torch.no_grad():
-        torch.testing.assert_close(attn(x, num_prefix_tokens=1), attn(x, feat_size=(6, 6), num_prefix_tokens=1))
+        torch.testing.assert_close(attn(x, AttentionCall(num_prefix_tokens=1)),
+                                   attn(x, AttentionCall(feat_size=(6, 6), num_prefix_tokens=1)))
     with pytest.raises(ValueError, match="feat_size"):
         attn(torch.randn(1, 11, DIM))  # no square: the grid must be given
     with pytest.raises(ValueError, match="feat_size"):
@@ -143,7 +146,7 @@ def test_recorded_maps_sum_to_one_on_the_image() -> None:
     attn = _module()
     x = torch.randn(1, 1 + 5 * 7, DIM)
     with record_attention(attn) as rec, torch.no_grad():
-        apply_attention(attn, x, feat_size=(5, 7), num_prefix_tokens=1)
+        apply_attention(attn, x, AttentionCall(feat_size=(5, 7), num_prefix_tokens=1))
     (r,) = rec.records
     assert r.grid == (5, 7) and r.num_prefix_tokens == 1
     assert r.weights.shape == (1, HEADS, 36, 1 + 12)  # keys: the class token + a 3x4 grid
@@ -166,24 +169,24 @@ def test_bad_calls_are_named() -> None:
     attn = _module()
     x = torch.randn(1, 1 + 12, DIM)
     with pytest.raises(ValueError, match="feat_size"):
-        attn(x, feat_size=(4, 4), num_prefix_tokens=1)
+        attn(x, AttentionCall(feat_size=(4, 4), num_prefix_tokens=1))
     with pytest.raises(ValueError, match="context"):
-        attn(x, feat_size=(3, 4), num_prefix_tokens=1, context=x)
+        attn(x, AttentionCall(feat_size=(3, 4), num_prefix_tokens=1, context=x))
     with pytest.raises(ValueError, match="num_prefix_tokens"):
-        attn(x, num_prefix_tokens=13)
+        attn(x, AttentionCall(num_prefix_tokens=13))
     with pytest.raises(ValueError, match="feat_size"):
-        apply_attention(attn, x, num_prefix_tokens=1)  # the adapter asks for the grid (spec.needs_feat_size)
+        apply_attention(attn, x, AttentionCall(num_prefix_tokens=1))  # the adapter asks for the grid (needs_feat_size)
 
 
 def test_batchnorm_folded_at_inference_equals_conv_then_bn() -> None:
     attn = _module()
     x = torch.randn(2, 1 + 5 * 7, DIM)
     with torch.no_grad():
-        folded = attn(x, feat_size=(5, 7), num_prefix_tokens=1)
+        folded = attn(x, AttentionCall(feat_size=(5, 7), num_prefix_tokens=1))
         seen = []
         handle = attn.conv_proj_k.bn.register_forward_hook(lambda m, i, o: seen.append(o.shape))  # forces conv, bn
         try:
-            plain = attn(x, feat_size=(5, 7), num_prefix_tokens=1)
+            plain = attn(x, AttentionCall(feat_size=(5, 7), num_prefix_tokens=1))
         finally:
             handle.remove()
     assert seen == [(2, DIM, 3, 4)]

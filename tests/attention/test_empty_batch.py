@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from vit_attention import create_attention, list_attention
-from vit_attention.attention import get_attention_spec
+from vit_attention.attention import AttentionCall, get_attention_spec
 
 NAMES = list_attention()
 
@@ -34,7 +34,7 @@ def test_empty_batch_forward_and_backward(name: str, mode: str) -> None:
         attn = create_attention(name, shape[-1], heads, **kwargs).train(mode == "train")
         x = torch.randn(0, *shape[1:], requires_grad=True)  # [0, N, C] or [0, H, W, C]
         grid = tuple(shape[1:3]) if len(shape) == 4 else None
-        y = attn(x, feat_size=grid, num_prefix_tokens=0, context=None)
+        y = attn(x, AttentionCall(feat_size=grid, num_prefix_tokens=0, context=None))
         assert y.shape == x.shape, f"{name} {kwargs}: {tuple(y.shape)} for input {tuple(x.shape)}"
         y.square().sum().backward()
         assert x.grad is not None and x.grad.shape == x.shape

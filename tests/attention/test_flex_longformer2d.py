@@ -16,6 +16,7 @@ import torch
 from flex_utils import assert_compiled_flex_matches_explicit, assert_flex_matches_explicit, recorded_patterns
 
 from vit_attention import create_attention
+from vit_attention.attention import AttentionCall
 from vit_attention.functional import flex
 from vit_attention.functional.longformer2d import (
     DEFAULT_ORDER,
@@ -40,7 +41,8 @@ def _module(G: int, share: bool, rpe: bool, w: int, order: str = DEFAULT_ORDER, 
 def _check(m: torch.nn.Module, G: int, H: int, W: int) -> list[flex.AttentionPattern]:
     x = torch.randn(2, G + H * W, m.dim, generator=torch.Generator().manual_seed(1))
     with recorded_patterns() as seen:
-        assert_flex_matches_explicit(m, lambda: [x], feat_size=(H, W), num_prefix_tokens=G)
+        grid = AttentionCall(feat_size=(H, W), num_prefix_tokens=G)
+        assert_flex_matches_explicit(m, lambda: [x], lambda t: m(t, grid))
     return seen
 
 
@@ -125,10 +127,10 @@ def test_block_mask_is_reused() -> None:
     x = torch.randn(1, 1 + 49, 16)
     m.attention_backend = "flex"
     with torch.no_grad():
-        first = m(x, feat_size=(7, 7), num_prefix_tokens=1)
+        first = m(x, AttentionCall(feat_size=(7, 7), num_prefix_tokens=1))
         size = len(flex._BLOCK_MASKS)
         with recorded_patterns() as seen:
-            second = m(x, feat_size=(7, 7), num_prefix_tokens=1)
+            second = m(x, AttentionCall(feat_size=(7, 7), num_prefix_tokens=1))
     assert len(flex._BLOCK_MASKS) == size and len(seen) == 1
     assert torch.equal(first, second)
 
@@ -157,6 +159,6 @@ def test_compiled_flex_inference_on_cpu() -> None:
             self.m = m
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.m(x, feat_size=(H, W), num_prefix_tokens=G)
+            return self.m(x, AttentionCall(feat_size=(H, W), num_prefix_tokens=G))
 
     assert_compiled_flex_matches_explicit(Call(), torch.randn(1, G + H * W, m.dim))

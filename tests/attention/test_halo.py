@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from fixture_utils import assert_parity, load_fixture
 
 from vit_attention.analysis import record_attention
+from vit_attention.attention import AttentionCall
 from vit_attention.attention.halo import HaloAttention
 from vit_attention.functional import switched
 from vit_attention.functional.halo import halo_attention, halo_key_index, halo_rel_index
@@ -166,7 +167,7 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="channels-last map"):
         attn(torch.randn(2, 32, 8, 8)[:, :, :, :4])
     with pytest.raises(ValueError, match="feat_size"):
-        attn(torch.randn(1, 8, 8, 32), feat_size=(4, 16))
+        attn(torch.randn(1, 8, 8, 32), AttentionCall(feat_size=(4, 16)))
     with pytest.raises(ValueError, match="multiple of block_size"):
         halo_attention(torch.randn(1, 6, 6, 8), torch.randn(1, 6, 6, 16), 2, 4, 1)
     with pytest.raises(ValueError, match="both or neither"):

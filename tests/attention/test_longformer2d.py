@@ -11,6 +11,7 @@ import torch
 
 from vit_attention import create_attention
 from vit_attention.analysis import record_attention
+from vit_attention.attention import AttentionCall
 from vit_attention.functional import switched
 from vit_attention.functional.longformer2d import longformer2d_plan
 
@@ -84,9 +85,9 @@ def test_equals_dense_masked_oracle(H, W, G, w, share, rpe):
     x = torch.randn(2, G + H * W, 24)
     with torch.no_grad():
         ref = _oracle(attn, x, H, W, G)
-        out = attn(x, feat_size=(H, W), num_prefix_tokens=G)
+        out = attn(x, AttentionCall(feat_size=(H, W), num_prefix_tokens=G))
         with switched(attn, fused_attention=False):
-            explicit = attn(x, feat_size=(H, W), num_prefix_tokens=G)
+            explicit = attn(x, AttentionCall(feat_size=(H, W), num_prefix_tokens=G))
     tol = 1e-5 * float(ref.abs().max())
     torch.testing.assert_close(out, ref, atol=tol, rtol=0)
     torch.testing.assert_close(explicit, ref, atol=tol, rtol=0)
@@ -100,7 +101,7 @@ def test_random_sizes_against_oracle():
         x = torch.randn(1, G + H * W, 16)
         with torch.no_grad():
             ref = _oracle(attn, x, H, W, G)
-            out = attn(x, feat_size=(H, W), num_prefix_tokens=G)
+            out = attn(x, AttentionCall(feat_size=(H, W), num_prefix_tokens=G))
         torch.testing.assert_close(out, ref, atol=1e-5 * float(ref.abs().max()), rtol=0, msg=str((H, W, G, w)))
 
 
@@ -108,7 +109,7 @@ def test_gradient_reaches_only_the_3x3_chunks_and_globals():
     attn = create_attention("longformer2d", 16, 2, window_size=2).eval()
     H, W, G = 8, 7, 1
     x = torch.randn(1, G + H * W, 16, requires_grad=True)
-    out = attn(x, feat_size=(H, W), num_prefix_tokens=G)
+    out = attn(x, AttentionCall(feat_size=(H, W), num_prefix_tokens=G))
     ok = _allowed(H, W, G, 2)
     for i in (0, 1, G + 0, G + 3 * W + 3, G + H * W - 1):
         x.grad = None
@@ -139,21 +140,21 @@ def test_state_dict_keys_follow_the_original():
 def test_bad_inputs_name_the_argument():
     attn = create_attention("longformer2d", 16, 2, window_size=2)
     with pytest.raises(ValueError, match="feat_size"):
-        attn(torch.randn(1, 10, 16), feat_size=(3, 3), num_prefix_tokens=0)
+        attn(torch.randn(1, 10, 16), AttentionCall(feat_size=(3, 3), num_prefix_tokens=0))
     with pytest.raises(ValueError, match="num_prefix_tokens"):
-        attn(torch.randn(1, 10, 16), num_prefix_tokens=10)
+        attn(torch.randn(1, 10, 16), AttentionCall(num_prefix_tokens=10))
     with pytest.raises(ValueError, match="window_size"):
         create_attention("longformer2d", 16, 2, window_size=0)
     rpe = create_attention("longformer2d", 16, 2, window_size=2, rel_pos_bias=True, num_global_tokens=1)
     with pytest.raises(ValueError, match="num_global_tokens"):
-        rpe(torch.randn(1, 11, 16), feat_size=(3, 3), num_prefix_tokens=2)
+        rpe(torch.randn(1, 11, 16), AttentionCall(feat_size=(3, 3), num_prefix_tokens=2))
 
 
 def test_records_land_on_the_map_and_globals():
     attn = create_attention("longformer2d", 16, 2, window_size=2).eval()
     x = torch.randn(1, 1 + 5 * 6, 16)
     with record_attention(attn) as rec, torch.no_grad():
-        attn(x, feat_size=(5, 6), num_prefix_tokens=1)
+        attn(x, AttentionCall(feat_size=(5, 6), num_prefix_tokens=1))
     local, glob = rec.records
     assert local.grid == (5, 6) and local.layout.groups == 9  # 3x3 chunks
     m = local.query_map((0, 0))[0]

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from vit_attention.attention import MultiHeadAttention, MultiHeadSelfAttention
+from vit_attention.attention import AttentionCall, MultiHeadAttention, MultiHeadSelfAttention
 from vit_attention.functional import switched
 
 
@@ -89,11 +89,13 @@ def test_contract_names_and_torch_aliases_build_the_same_module():
 def test_context_is_cross_attention():
     _, ours = _pair(kdim=12, vdim=12)
     x, ctx = torch.randn(2, 5, 16), torch.randn(2, 7, 12)
-    out = ours(x, context=ctx)
+    out = ours(x, AttentionCall(context=ctx))
     assert out.shape == x.shape
     torch.testing.assert_close(out, ours(x, ctx, ctx)[0])
-    with pytest.raises(ValueError, match="either context or key"):
-        ours(x, ctx, context=ctx)
+    with pytest.raises(ValueError, match="belong to torch's form"):  # torch's value / masks need torch's key
+        ours(x, AttentionCall(context=ctx), ctx)
+    with pytest.raises(TypeError, match="context"):  # the old keyword: the call carries it now
+        ours(x, context=ctx)
 
 
 @pytest.mark.parametrize("name", ["mha", "causal"])

@@ -11,7 +11,7 @@ from transformers.models.vitdet.modeling_vitdet import VitDetAttention, window_p
 
 from vit_attention import create_attention
 from vit_attention.analysis.flops import measure_flops
-from vit_attention.attention import RelPosAttention
+from vit_attention.attention import AttentionCall, RelPosAttention
 from vit_attention.functional import switched
 
 DIM, HEADS = 24, 3
@@ -76,7 +76,7 @@ def test_fused_equals_explicit_and_tables_get_gradients(window_size):
         explicit = attn(x)
     with torch.no_grad():
         torch.testing.assert_close(attn(x), explicit, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(attn(x, residual=x), x + explicit, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(attn(x, AttentionCall(residual=x)), x + explicit, rtol=1e-5, atol=1e-5)
     attn.train()(x).square().sum().backward()
     assert attn.rel_pos_h.grad.abs().sum() > 0 and attn.rel_pos_w.grad.abs().sum() > 0
 
@@ -104,7 +104,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="channels-last"):
         attn(torch.randn(2, 10, DIM))
     with pytest.raises(ValueError, match="num_prefix_tokens"):
-        attn(torch.randn(1, 4, 4, DIM), num_prefix_tokens=1)
+        attn(torch.randn(1, 4, 4, DIM), AttentionCall(num_prefix_tokens=1))
     assert "window_size=(2, 2)" in repr(attn) and "global" in repr(RelPosAttention(DIM, HEADS))
 
 

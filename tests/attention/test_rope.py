@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vit_attention.attention import create_attention
+from vit_attention.attention import AttentionCall, create_attention
 from vit_attention.attention.mhsa import MultiHeadSelfAttention
 from vit_attention.attention.rope import ROPE_CONVENTIONS, RotaryEmbedding, make_rope
 from vit_attention.functional.rope import TWO_PI
@@ -101,7 +101,7 @@ def test_mhsa_with_rope_equals_the_rule(rope, kw, qk_norm, qkv_bias):
         for p in attn.parameters():
             p.add_(0.2 * torch.randn_like(p))
         x = torch.randn(2, 2 + 12, DIM)
-        out = attn(x, feat_size=(3, 4), num_prefix_tokens=2)
+        out = attn(x, AttentionCall(feat_size=(3, 4), num_prefix_tokens=2))
         torch.testing.assert_close(out, _manual(attn, x, (3, 4), 2), rtol=1e-5, atol=1e-5)
         plain = MultiHeadSelfAttention(DIM, HEADS, qk_norm=qk_norm, qkv_bias=qkv_bias).eval()
         plain.load_state_dict({k: v for k, v in attn.state_dict().items() if not k.startswith("rope.")})
@@ -129,7 +129,7 @@ def test_qv_bias_layout():
     with torch.no_grad():
         torch.testing.assert_close(attn(x), ref(x))
         ctx = torch.randn(2, 5, DIM)
-        torch.testing.assert_close(attn(x, context=ctx), ref(x, context=ctx))
+        torch.testing.assert_close(attn(x, AttentionCall(context=ctx)), ref(x, AttentionCall(context=ctx)))
     with pytest.raises(ValueError, match="qkv_bias must be"):
         MultiHeadSelfAttention(DIM, HEADS, qkv_bias="qk")
 
@@ -138,11 +138,11 @@ def test_create_attention_with_rope_and_its_cost():
     attn = create_attention("mhsa", DIM, HEADS, rope="mixed")
     assert isinstance(attn.rope, RotaryEmbedding) and attn.rope.kind == "mixed"
     x = torch.randn(1, 1 + 16, DIM)
-    assert attn(x, feat_size=(4, 4), num_prefix_tokens=1).shape == x.shape
+    assert attn(x, AttentionCall(feat_size=(4, 4), num_prefix_tokens=1)).shape == x.shape
     plain = create_attention("mhsa", DIM, HEADS)
     assert attn.flops((1, 17, DIM)) - plain.flops((1, 17, DIM)) == 2 * 2 * 17 * DIM
     with pytest.raises(ValueError, match="takes no context"):
-        attn(x, context=torch.randn(1, 4, DIM))
+        attn(x, AttentionCall(context=torch.randn(1, 4, DIM)))
 
 
 def test_rope_in_a_block_gets_the_grid_from_the_model():

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from vit_attention import create_attention
 from vit_attention.analysis import flops, measure_flops, record_attention
+from vit_attention.attention import AttentionCall
 from vit_attention.functional import switched
 
 
@@ -59,8 +60,8 @@ def test_matches_the_dense_formula(kw, grid, P, fused) -> None:
     attn = _module(**kw)
     x = torch.randn(2, P + grid[0] * grid[1], 48, dtype=torch.float64)
     with torch.no_grad(), switched(attn, fused_attention=fused):
-        out = attn(x, feat_size=grid, num_prefix_tokens=P)
-        fused_res = attn(x, feat_size=grid, num_prefix_tokens=P, residual=x)
+        out = attn(x, AttentionCall(feat_size=grid, num_prefix_tokens=P))
+        fused_res = attn(x, AttentionCall(feat_size=grid, num_prefix_tokens=P, residual=x))
     ref = _oracle(x, attn.state_dict(), 6, grid, P, sr_ratio=kw.get("sr_ratio", 1), linear=kw.get("linear", False),
                   pool=kw.get("pool_size", 7), eps=kw.get("norm_eps", 1e-5))
     torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
@@ -85,15 +86,16 @@ def test_grid_defaults_to_a_square_and_bad_grids_raise_naming_feat_size() -> Non
     attn = create_attention("sra", 32, 4, sr_ratio=2).eval()
     x = torch.randn(1, 1 + 36, 32)
     with torch.no_grad():
-        torch.testing.assert_close(attn(x, num_prefix_tokens=1), attn(x, feat_size=(6, 6), num_prefix_tokens=1))
+        torch.testing.assert_close(attn(x, AttentionCall(num_prefix_tokens=1)),
+                                   attn(x, AttentionCall(feat_size=(6, 6), num_prefix_tokens=1)))
     with pytest.raises(ValueError, match="feat_size"):
         attn(torch.randn(1, 30, 32))  # not square: the grid must be given
     with pytest.raises(ValueError, match="feat_size"):
-        attn(x, feat_size=(5, 6), num_prefix_tokens=1)  # 30 != 36 grid tokens
+        attn(x, AttentionCall(feat_size=(5, 6), num_prefix_tokens=1))  # 30 != 36 grid tokens
     with pytest.raises(ValueError, match="feat_size"):
-        create_attention("sra", 32, 4, sr_ratio=8)(torch.randn(1, 24, 32), feat_size=(4, 6))  # no key left
+        create_attention("sra", 32, 4, sr_ratio=8)(torch.randn(1, 24, 32), AttentionCall(feat_size=(4, 6)))  # no key
     with pytest.raises(ValueError, match="context"):
-        attn(x, context=x)
+        attn(x, AttentionCall(context=x))
     with pytest.raises(ValueError, match="sr_ratio"):
         create_attention("sra", 32, 4, sr_ratio=0)
 
@@ -108,7 +110,7 @@ def test_analytic_flops_equal_the_measured_count(kw, grid, P) -> None:
             self.attn = attn
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.attn(x, feat_size=grid, num_prefix_tokens=P)
+            return self.attn(x, AttentionCall(feat_size=grid, num_prefix_tokens=P))
 
     shape = (2, P + grid[0] * grid[1], 48)
     report = flops(Caller(), shape)
@@ -134,7 +136,7 @@ def test_query_map_places_the_coarse_keys_in_image_space() -> None:
     torch.manual_seed(0)
     x = torch.randn(1, 1 + 48, 16, requires_grad=True)
     with record_attention(attn) as rec:
-        out = attn(x, feat_size=(6, 8), num_prefix_tokens=1)
+        out = attn(x, AttentionCall(feat_size=(6, 8), num_prefix_tokens=1))
     (r,) = rec.records
     m = r.query_map((2, 3))  # [1, 6, 8]
     assert m.shape == (1, 6, 8)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from vit_attention import create_attention
+from vit_attention.attention import AttentionCall
 from vit_attention.functional import switched
 
 
@@ -44,7 +45,7 @@ def test_matches_the_dense_formula(fused: bool) -> None:
 def test_context_is_refused() -> None:
     attn = create_attention("talking_heads", 16, 2)
     with pytest.raises(ValueError, match="context"):
-        attn(torch.randn(1, 5, 16), context=torch.randn(1, 3, 16))
+        attn(torch.randn(1, 5, 16), AttentionCall(context=torch.randn(1, 3, 16)))
 
 
 def test_mix_heads_fast_path_equals_the_module_call() -> None:

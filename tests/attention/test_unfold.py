@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from vit_attention import create_attention
 from vit_attention.analysis import record_attention
+from vit_attention.attention import AttentionCall
 from vit_attention.functional import switched
 from vit_attention.functional.unfold import fold_patches, patch_positions, unfold_patches
 
@@ -59,7 +60,7 @@ def test_residual_keyword_adds_the_input():
     for H, W in [(8, 8), (7, 9)]:
         x, r = torch.randn(1, H, W, 16), torch.randn(1, H, W, 16)
         with torch.no_grad():
-            torch.testing.assert_close(attn(x, residual=r), r + attn(x), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(attn(x, AttentionCall(residual=r)), r + attn(x), atol=1e-5, rtol=1e-5)
 
 
 def test_masked_padding_equals_a_dense_masked_oracle():
@@ -110,4 +111,4 @@ def test_bad_arguments_name_themselves():
     with pytest.raises(ValueError, match=r"\[B, H, W, 16\]"):
         attn(torch.randn(1, 10, 16))
     with pytest.raises(ValueError, match="feat_size"):
-        attn(torch.randn(1, 4, 4, 16), feat_size=(2, 8))
+        attn(torch.randn(1, 4, 4, 16), AttentionCall(feat_size=(2, 8)))

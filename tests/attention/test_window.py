@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from vit_attention import create_attention
-from vit_attention.attention import WindowAttention
+from vit_attention.attention import AttentionCall, WindowAttention
 from vit_attention.functional import register_attention_hook, switched
 from vit_attention.functional.window import _shift_window_mask, window_partition
 
@@ -333,9 +333,9 @@ def test_residual_is_fused_into_proj_with_the_same_result(name, hw):
     attn = create_attention(name, 16, 2, window_size=4, shift_size=2).eval()
     x, r = torch.randn(2, *hw, 16), torch.randn(2, *hw, 16)
     with torch.inference_mode():
-        torch.testing.assert_close(attn(x, residual=r), r + attn(x), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(attn(x, AttentionCall(residual=r)), r + attn(x), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="residual"):
-        attn(x, residual=r[:1])
+        attn(x, AttentionCall(residual=r[:1]))
 
 
 @pytest.mark.parametrize("name", ["window", "cosine_window"])

@@ -1,12 +1,14 @@
 """The CNN adapter: every registered mechanism plugged into the same small CNN."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
 
 import vit_attention as va
 from vit_attention import list_attention
-from vit_attention.attention import get_attention_spec
+from vit_attention.attention import AttentionCall, get_attention_spec
 
 DIM, HEADS = 16, 4
 
@@ -92,8 +94,9 @@ def test_adapter_takes_tokens_or_maps_and_prefix_tokens_attend_globally_in_spati
     tokens = torch.cat([torch.randn(B, P, DIM), fmap.reshape(B, H * W, DIM)], dim=1)  # [B, P + H·W, C]
     with torch.no_grad():
         out_map = apply_attention(attn, fmap)
-        out_tok = apply_attention(attn, tokens, feat_size=(H, W), num_prefix_tokens=P)
-        with_res = apply_attention(attn, tokens, feat_size=(H, W), num_prefix_tokens=P, residual=tokens)
+        out_tok = apply_attention(attn, tokens, AttentionCall(feat_size=(H, W), num_prefix_tokens=P))
+        call = AttentionCall(feat_size=(H, W), num_prefix_tokens=P)
+        with_res = apply_attention(attn, tokens, dataclasses.replace(call, residual=tokens))
     assert out_map.shape == fmap.shape and out_tok.shape == tokens.shape
     torch.testing.assert_close(with_res, tokens + out_tok, atol=1e-5, rtol=1e-5)
     if spec.prefix_tokens == "global":
@@ -101,16 +104,16 @@ def test_adapter_takes_tokens_or_maps_and_prefix_tokens_attend_globally_in_spati
         moved = tokens.clone()
         moved[:, P:] += torch.randn(B, H * W, DIM)  # another image, the same prefix tokens
         with torch.no_grad():
-            prefix = apply_attention(attn, moved, feat_size=(H, W), num_prefix_tokens=P)[:, :P]
+            prefix = apply_attention(attn, moved, AttentionCall(feat_size=(H, W), num_prefix_tokens=P))[:, :P]
             torch.testing.assert_close(out_tok[:, :P], attn.attend_prefix(tokens[:, :P], tokens))
         assert not torch.allclose(prefix, out_tok[:, :P])  # the prefix tokens read the grid
         with pytest.raises(ValueError, match="feat_size"):
-            apply_attention(attn, tokens, num_prefix_tokens=P)
+            apply_attention(attn, tokens, AttentionCall(num_prefix_tokens=P))
     else:
         assert out_tok[:, :P].abs().max() > 0  # prefix tokens attend like the others
         with torch.no_grad():
-            grid = {"feat_size": (H, W)} if spec.needs_feat_size else {}  # a token mechanism that uses the grid
-            torch.testing.assert_close(out_map.reshape(B, H * W, DIM), attn(fmap.reshape(B, H * W, DIM), **grid))
+            grid = AttentionCall((H, W) if spec.needs_feat_size else None)  # a token mechanism that uses the grid
+            torch.testing.assert_close(out_map.reshape(B, H * W, DIM), attn(fmap.reshape(B, H * W, DIM), grid))
 
 
 def test_adapter_plain_modules():
@@ -119,8 +122,11 @@ def test_adapter_plain_modules():
     x = torch.randn(1, 1 + 16, DIM)
     lin = nn.Linear(DIM, DIM)
     assert apply_attention(lin, x).shape == x.shape  # a plain module gets x alone
-    with pytest.raises(ValueError, match="context"):
-        apply_attention(lin, x, context=x)
+    with pytest.raises(ValueError, match="Linear is not a registered mechanism: it is called with x alone and takes "
+                                         "no context"):
+        apply_attention(lin, x, AttentionCall(context=x))
+    r = torch.randn_like(x)  # the residual is the adapter's to add
+    torch.testing.assert_close(apply_attention(lin, x, AttentionCall(residual=r)), r + lin(x))
 
 
 @pytest.mark.parametrize("rope", ["axial", "mixed"])

@@ -9,6 +9,7 @@ import torch
 from fixture_utils import assert_parity, load_fixture
 
 from vit_attention import create_attention
+from vit_attention.attention import AttentionCall
 from vit_attention.functional import switched
 from vit_attention.models.vil import VilConfig, VisionLongformer
 from vit_attention.weights import load_weights
@@ -83,8 +84,8 @@ def test_original_attention_module_parity(name: str) -> None:
     tokens = torch.nn.functional.linear(x.flatten(2).transpose(1, 2), state["embed.weight"], state["embed.bias"])
     tokens = torch.cat([state["glob"].expand(B, -1, -1), tokens], dim=1)
     with torch.no_grad():
-        out = attn(tokens, feat_size=(H, W), num_prefix_tokens=cfg["nglo"])
+        out = attn(tokens, AttentionCall(feat_size=(H, W), num_prefix_tokens=cfg["nglo"]))
         with switched(attn, fused_attention=False):
-            explicit = attn(tokens, feat_size=(H, W), num_prefix_tokens=cfg["nglo"])
+            explicit = attn(tokens, AttentionCall(feat_size=(H, W), num_prefix_tokens=cfg["nglo"]))
     assert_parity(out, t["output"])
     assert_parity(explicit, t["output"])

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..attention.base import AttentionCall as MechanismCall
 from ..functional import fast_paths
 from ..functional.observers import register_attention_hook
 
@@ -41,8 +42,8 @@ class ModuleCall:
     end: int = -1  # event counter when the call returned (calls nested inside have index in (index, end))
     arg_shape: Shape | None = None  # the first positional tensor's shape
     n_positional_tensors: int = 0
-    tensor_kwargs: tuple[str, ...] = ()  # names of keyword arguments that were tensors (residual, context, ...)
-    feat_size: tuple[int, int] | None = None  # the grid passed as feat_size=, if any
+    tensor_kwargs: tuple[str, ...] = ()  # keyword arguments / AttentionCall fields that were tensors (residual, ...)
+    feat_size: tuple[int, int] | None = None  # the grid passed as feat_size= or in an AttentionCall, if any
 
 
 @dataclass
@@ -137,7 +138,14 @@ def record_forward(model: nn.Module, input_shape: Sequence[int] | Tensor, *, dev
         positional = [a for a in args if isinstance(a, Tensor)]
         tensor_kwargs = tuple(k for k, v in kwargs.items() if isinstance(v, Tensor))
         feat_size = kwargs.get("feat_size")
-        call = ModuleCall(counter[0], names.get(id(mod), "?"), mod, len(stack), _shapes(args) + _shapes(kwargs),
+        in_shapes = _shapes(args) + _shapes(kwargs)
+        given = next((a for a in (*args, *kwargs.values()) if isinstance(a, MechanismCall)), None)
+        if given is not None:  # a mechanism's AttentionCall: its tensor fields count as tensor keywords
+            fields = tuple(f for f in given.given() if isinstance(getattr(given, f), Tensor))
+            tensor_kwargs += fields
+            in_shapes += [tuple(getattr(given, f).shape) for f in fields]
+            feat_size = given.feat_size
+        call = ModuleCall(counter[0], names.get(id(mod), "?"), mod, len(stack), in_shapes,
                           n_tensor_args=len(positional) + len(tensor_kwargs),
                           arg_shape=tuple(positional[0].shape) if positional else None,
                           n_positional_tensors=len(positional), tensor_kwargs=tensor_kwargs,

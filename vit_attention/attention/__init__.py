@@ -8,6 +8,7 @@ Importing this package imports every mechanism module here (each registers itsel
 import importlib as _importlib
 import pkgutil as _pkgutil
 
+from .base import AttentionCall, AttentionModule
 from .registry import (
     AttentionSpec,
     create_attention,
@@ -17,8 +18,8 @@ from .registry import (
     set_attention_backend,
 )
 
-__all__ = ["AttentionSpec", "create_attention", "get_attention_spec", "list_attention", "register_attention",
-           "set_attention_backend"]
+__all__ = ["AttentionCall", "AttentionModule", "AttentionSpec", "create_attention", "get_attention_spec",
+           "list_attention", "register_attention", "set_attention_backend"]
 
 for _info in sorted(_pkgutil.iter_modules(__path__), key=lambda m: m.name):
     if _info.name.startswith("_") or _info.name == "registry":

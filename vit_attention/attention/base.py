@@ -1,12 +1,13 @@
-"""The mechanism contract (:class:`AttentionModule`), the argument checks shared by the mechanisms, and their
-parameter-keyed cache (:class:`ParamCache`)."""
+"""The mechanism contract (:class:`AttentionModule` called with ``x`` and one :class:`AttentionCall`), the argument
+checks shared by the mechanisms, and their parameter-keyed cache (:class:`ParamCache`)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -15,9 +16,53 @@ from torch import Tensor, nn
 from ..functional.flex import PatternDoc
 from ..functional.linear import apply_linear
 from ..functional.runtime import ATTENTION_BACKEND, FAST_PATHS, FUSED_ATTENTION, capturing
+from ..functional.tome import TokenMergeState
 
-if TYPE_CHECKING:
-    from .registry import AttentionSpec
+CALL_OPTIONS: tuple[str, ...] = ("context", "mask", "rope_coords", "rope_valid", "tome", "residual")
+"""The optional fields of :class:`AttentionCall`: a mechanism reads those its class lists in ``accepts``."""
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionCall:
+    """What a call of a mechanism carries besides ``x``, as one immutable value: ``attn(x, call)``.
+
+    Every field has a neutral default, so ``AttentionCall()`` (a mechanism's default) is a plain call on
+    ``x`` alone. ``feat_size`` and ``num_prefix_tokens`` describe ``x`` and every mechanism takes them; the
+    optional fields (:data:`CALL_OPTIONS`) ask for something, and a mechanism reads only those its class
+    declares in :attr:`AttentionModule.accepts`: the layout adapter
+    (:func:`~vit_attention.layers.layout_adapter.apply_attention`) refuses any other one that is given,
+    naming it. The blocks build one per call; the adapter derives the mechanism's own with
+    ``dataclasses.replace`` where it converts the layout.
+    """
+
+    feat_size: tuple[int, int] | None = None
+    """The grid ``(H, W)`` of the ``H·W`` tokens after the prefix tokens (token input), or a spatial mechanism's
+    own map size; None: not known (a mechanism that needs the grid assumes a square map)."""
+    num_prefix_tokens: int = 0
+    """``P`` class / distillation / register tokens in front of the grid of ``x [B, P + H·W, C]``; a spatial
+    mechanism always gets 0 (the adapter hands it the grid alone)."""
+    context: Tensor | None = None
+    """Keys and values ``[B, M, C]`` from another sequence (cross-attention; CaiT's class attention:
+    ``x = u[:, :1]``, ``context = u``); None: from ``x``."""
+    mask: Tensor | None = None
+    """bool, broadcastable to ``[B, nh, N, M]``, True = may attend (NaFlex padding: a key mask
+    ``[B, 1, 1, N]``); None: unmasked."""
+    rope_coords: Tensor | None = None
+    """int ``[B, L, 2]``: the ``(y, x)`` grid index of each of the ``L = N - P`` grid tokens, each sample of a
+    packed NaFlex batch on its own grid (for a mechanism with a rotary embedding); None: the grid is
+    ``feat_size``."""
+    rope_valid: Tensor | None = None
+    """bool ``[B, L]`` beside ``rope_coords``: True = a real patch (padding rows stay unrotated)."""
+    tome: TokenMergeState | None = None
+    """Token merging's state: ``log(size)`` joins the logits (proportional attention) and the mechanism leaves
+    its merge metric (the keys averaged over heads) in it."""
+    residual: Tensor | None = None
+    """A tensor of ``x``'s shape: the result is ``residual + attn(x)``, the add fused into the mechanism's output
+    projection (the blocks' speed path at inference)."""
+
+    def given(self) -> tuple[str, ...]:
+        """The optional fields (:data:`CALL_OPTIONS`) that are set, in that order."""
+        return tuple(name for name in CALL_OPTIONS if getattr(self, name) is not None)
 
 
 def check_heads(dim: int, num_heads: int, what: str = "dim") -> int:
@@ -38,13 +83,54 @@ def check_prob(p: float, name: str) -> float:
     return float(p)
 
 
-def check_spatial_call(module: Any, x: Any, feat_size: Any, num_prefix_tokens: int, context: Any,
-                       residual: Any = None) -> tuple[int, int, int, int]:
+def _mechanism_name(module: nn.Module) -> str:
+    """``Class ('registered name')`` of a mechanism, the class name of any other module (error messages)."""
+    name = getattr(module, "attention_name", "")
+    return f"{type(module).__name__} ({name!r})" if name else type(module).__name__
+
+
+def refuse_unaccepted(module: nn.Module, call: AttentionCall) -> None:
+    """The one check of a call's optional fields: each one given must be in ``module``'s ``accepts``.
+
+    A module that is no :class:`AttentionModule` accepts none (it is called with ``x`` alone). A field it
+    does not read raises ``ValueError`` naming the field and the mechanism, so nothing asked for is
+    dropped silently.
+    """
+    accepts = module.accepts if isinstance(module, AttentionModule) else frozenset()
+    for field in call.given():
+        if field in accepts:
+            continue
+        if not isinstance(module, AttentionModule):
+            raise ValueError(f"{type(module).__name__} is not a registered mechanism: it is called with x alone and "
+                             f"takes no {field}")
+        reads = ", ".join(sorted(accepts)) or "none"
+        raise ValueError(f"{_mechanism_name(module)} takes no {field} (the optional AttentionCall fields it reads: "
+                         f"{reads})")
+
+
+def check_tokens_call(module: AttentionModule, x: Any, call: AttentionCall) -> tuple[int, int, int]:
+    """The contract checks of a token mechanism's call on ``x [B, N, C]``: returns ``(B, N, C)``.
+
+    ``x`` must be tokens of the module's width, every optional field given must be one the mechanism
+    accepts (:func:`refuse_unaccepted`) and a ``context`` must be ``[B, M, C]`` with ``x``'s ``B`` and ``C``.
+    """
+    if x.dim() != 3 or x.shape[-1] != module.dim:
+        raise ValueError(f"expected tokens [B, N, {module.dim}], got {tuple(x.shape)}")
+    refuse_unaccepted(module, call)
+    context = call.context
+    if context is not None and (context.dim() != 3 or context.shape[-1] != module.dim
+                                or context.shape[0] != x.shape[0]):
+        raise ValueError(f"context must be [B, M, {module.dim}] with x's B = {x.shape[0]}, got {tuple(context.shape)}")
+    B, N, C = x.shape
+    return B, N, C
+
+
+def check_spatial_call(module: AttentionModule, x: Any, call: AttentionCall) -> tuple[int, int, int, int]:
     """The contract checks of a spatial mechanism's call; returns ``(B, H, W, C)`` of ``x [B, H, W, C]``.
 
-    ``feat_size`` must be the map's own ``(H, W)`` when given; a spatial mechanism never sees prefix
-    tokens (``num_prefix_tokens`` must be 0) nor a ``context``; ``residual`` (the blocks' private
-    speed keyword) must have ``x``'s shape.
+    ``call.feat_size`` must be the map's own ``(H, W)`` when given; a spatial mechanism never sees prefix
+    tokens (``num_prefix_tokens`` must be 0), takes only the optional fields it accepts
+    (:func:`refuse_unaccepted`), and a ``residual`` must have ``x``'s shape.
     """
     name = type(module).__name__
     if x.dim() != 4 or x.shape[-1] != module.dim:
@@ -57,13 +143,14 @@ def check_spatial_call(module: Any, x: Any, feat_size: Any, num_prefix_tokens: i
         raise ValueError(f"{name} expects a channels-last map [B, H, W, {module.dim}], got shape "
                          f"{tuple(x.shape)}{hint}")
     B, H, W, C = x.shape
+    feat_size = call.feat_size
     if feat_size is not None and tuple(feat_size) != (H, W):
         raise ValueError(f"feat_size={tuple(feat_size)} does not match the map's {H}x{W}")
-    if num_prefix_tokens:
-        raise ValueError(f"num_prefix_tokens={num_prefix_tokens}: a spatial mechanism never sees prefix tokens "
+    if call.num_prefix_tokens:
+        raise ValueError(f"num_prefix_tokens={call.num_prefix_tokens}: a spatial mechanism never sees prefix tokens "
                          "(apply it through vit_attention.layers.apply_attention)")
-    if context is not None:
-        raise ValueError(f"{name} attends within the map; it takes no context")
+    refuse_unaccepted(module, call)
+    residual = call.residual
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"residual must have the input's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
     return B, H, W, C
@@ -127,23 +214,21 @@ def grid_of(num_grid_tokens: int, feat_size: Any = None) -> tuple[int, int]:
     return s, s
 
 
-def check_map_tokens_call(module: AttentionModule, x: Any, num_prefix_tokens: int, context: Any
-                          ) -> tuple[int, int, int, int]:
+def check_map_tokens_call(module: AttentionModule, x: Any, call: AttentionCall) -> tuple[int, int, int, int]:
     """The contract checks of a token mechanism that works on the map of ``x [B, P + H·W, C]``: ``(B, N, C, P)``.
 
-    ``x`` must be tokens of the module's width, ``context`` is refused (keys come from ``x``'s own
-    map) and ``0 <= num_prefix_tokens < N``; each refusal names its argument. The grid itself is
-    :func:`grid_of` ``(N - P, feat_size)`` where the mechanism needs it.
+    ``x`` must be tokens of the module's width, every optional field given must be one it accepts
+    (:func:`refuse_unaccepted`; keys come from ``x``'s own map, so never a ``context``) and
+    ``0 <= num_prefix_tokens < N``; each refusal names its argument. The grid itself is
+    :func:`grid_of` ``(N - P, call.feat_size)`` where the mechanism needs it.
     """
-    name = module.attention_name or type(module).__name__
     if x.dim() != 3 or x.shape[-1] != module.dim:
         raise ValueError(f"expected tokens [B, N, {module.dim}], got {tuple(x.shape)}")
-    if context is not None:
-        raise ValueError(f"{name} takes keys and values from x's own map: context is not supported")
+    refuse_unaccepted(module, call)
     B, N, C = x.shape
-    P = int(num_prefix_tokens)
+    P = int(call.num_prefix_tokens)
     if not 0 <= P < N:
-        raise ValueError(f"num_prefix_tokens={num_prefix_tokens!r} must be in 0..{N - 1} for {N} tokens")
+        raise ValueError(f"num_prefix_tokens={call.num_prefix_tokens!r} must be in 0..{N - 1} for {N} tokens")
     return B, N, C, P
 
 
@@ -209,8 +294,9 @@ class AttentionModule(nn.Module):
     """The base of every registered attention mechanism: each member a mechanism has or may have, with its default.
 
     A mechanism maps tokens ``[B, N, C] -> [B, N, C]`` (``layout = "tokens"``) or a channels-last map
-    ``[B, H, W, C] -> [B, H, W, C]`` (``"spatial"``) in ``forward(x, *, feat_size, num_prefix_tokens,
-    context, ...)``. The tools that treat every mechanism alike (the layout adapter, FLOP counting, weight
+    ``[B, H, W, C] -> [B, H, W, C]`` (``"spatial"``) in ``forward(x, call: AttentionCall = AttentionCall())``,
+    reading from the :class:`AttentionCall` the grid, the prefix count and the optional fields its
+    :attr:`accepts` lists. The tools that treat every mechanism alike (the layout adapter, FLOP counting, weight
     transfer, token merging, window resizing) read the members below; a mechanism overrides those it
     offers, and :meth:`provides` tells an override from the default. :func:`register_attention` refuses a
     class that does not subclass this one, naming what it lacks.
@@ -241,10 +327,12 @@ class AttentionModule(nn.Module):
     flex_pattern: ClassVar[PatternDoc | None] = None
     """How its flex pattern reads, in words: its row of docs/flex.md's table of patterns
     (:class:`~vit_attention.functional.flex.PatternDoc`); None = no pattern of its own."""
-    accepts_residual: ClassVar[bool] = False
-    """``forward(x, residual=r)`` returns ``r + attn(x)`` (blocks fuse the add into the output projection)."""
-    supports_token_merging: ClassVar[bool] = False
-    """``forward(x, tome=state)`` runs token merging's proportional attention and sets its merge metric."""
+    accepts: ClassVar[frozenset[str]] = frozenset()
+    """The optional :class:`AttentionCall` fields (:data:`CALL_OPTIONS`) the forward reads: ``"context"`` (keys /
+    values from another sequence), ``"mask"``, ``"rope_coords"`` / ``"rope_valid"`` (per-sample rotary grids),
+    ``"tome"`` (token merging), ``"residual"`` (returns ``residual + attn(x)``, the add fused into the output
+    projection). The adapter refuses any other one that is given; ``feat_size`` and ``num_prefix_tokens``
+    every mechanism takes."""
 
     def init_attention(self, dim: int, num_heads: int, *, attn_drop: float = 0.0, proj_drop: float = 0.0) -> int:
         """The shared constructor preamble -> ``head_dim``: checks ``dim`` / ``num_heads`` (divisible) and the
@@ -268,13 +356,6 @@ class AttentionModule(nn.Module):
             return apply_linear(proj, out, residual=residual)
         out = self.proj_drop(apply_linear(proj, out))
         return out if residual is None else residual + out
-
-    @property
-    def spec(self) -> AttentionSpec:
-        """The registry's :class:`~vit_attention.attention.registry.AttentionSpec` of this mechanism."""
-        from .registry import get_attention_spec
-
-        return get_attention_spec(self.attention_name or type(self).__name__)
 
     @classmethod
     def provides(cls, member: str) -> bool:

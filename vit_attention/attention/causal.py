@@ -30,7 +30,7 @@ from ..functional.flex import AttentionPattern, PatternDoc, use_flex
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.observers import attention_observed
-from .base import AttentionModule
+from .base import AttentionCall, AttentionModule, check_tokens_call
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -256,26 +256,22 @@ class CausalSelfAttention(AttentionModule):
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
 
-    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
+    accepts = frozenset({"residual"})
     causal = True  # token i sees tokens <= i, and forward takes a KVCache (what autoregressive models require)
 
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None, residual: Tensor | None = None,
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall(), *,
                 cache: KVCache | StaticKVCache | None = None, layer: int = 0) -> Tensor:
         """``x [B, N, C] -> [B, N, C]``, token ``i`` attending to tokens ``<= i``.
 
-        ``feat_size`` only places recorded maps on the grid; prefix tokens are ordinary positions of
-        the sequence. ``context`` is refused (a causal order needs one sequence).
-        ``cache``: a :class:`KVCache`; ``x`` is then the next ``N`` tokens after the ``M - N`` cached
-        ones, their k / v are appended to the cache's ``layer`` and they attend to all ``M``. A
-        :class:`StaticKVCache` does the same at fixed shapes (all its slots, the unwritten ones masked).
-        ``residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
+        ``call.feat_size`` only places recorded maps on the grid; prefix tokens are ordinary positions of
+        the sequence; no ``context`` (a causal order needs one sequence). ``call.residual [B, N, C]``, when
+        given, is added to the output (fused into ``proj`` at inference).
+        ``cache`` (generation, beside the contract): a :class:`KVCache`; ``x`` is then the next ``N`` tokens
+        after the ``M - N`` cached ones, their k / v are appended to the cache's ``layer`` and they attend to
+        all ``M``. A :class:`StaticKVCache` does the same at fixed shapes (all its slots, the unwritten ones
+        masked).
         """
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
-        if context is not None:
-            raise ValueError("causal attention takes no context: keys and values come from the sequence itself "
-                             "(pass context=None)")
+        check_tokens_call(self, x, call)
         q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
         dropout_p = self.attn_drop if self.training else 0.0
         if getattr(cache, "static", False):  # fixed shapes: every slot, the unwritten ones masked
@@ -292,7 +288,7 @@ class CausalSelfAttention(AttentionModule):
         elif cache is None or cache.length(layer) == 0:
             if cache is not None:
                 k, v = cache.update(layer, k, v)  # [B, nh, N, hd]
-            layout = token_layout(x.shape[1], feat_size, num_prefix_tokens) \
+            layout = token_layout(x.shape[1], call.feat_size, call.num_prefix_tokens) \
                 if attention_observed() else None  # where the rows sit on the grid (observers only)
             out = scaled_dot_product_attention(q, k, v, scale=self.scale, is_causal=True, layout=layout,
                                                dropout_p=dropout_p, fused=self.fused_attention,
@@ -304,7 +300,7 @@ class CausalSelfAttention(AttentionModule):
             out = scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask, dropout_p=dropout_p,
                                                fused=self.fused_attention,
                                                backend=self.attention_backend)  # [B, nh, N, hd]
-        return self.project_out(merge_heads(out), residual)  # [B, N, C]
+        return self.project_out(merge_heads(out), call.residual)  # [B, N, C]
 
     def step(self, x: Tensor, past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """Past keys / values in, new ones out (the functional form of the cache).

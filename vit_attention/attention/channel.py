@@ -32,7 +32,7 @@ from ..functional.layout import AttentionLayout
 from ..functional.linear import apply_linear, hookless
 from ..functional.observers import attention_observed
 from ..functional.window import _CPU, _cached
-from .base import AttentionModule
+from .base import AttentionCall, AttentionModule, check_tokens_call
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -92,7 +92,7 @@ class ChannelAttention(AttentionModule):
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
     transfer_slots = PACKED_QKV_SLOTS
 
-    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
+    accepts = frozenset({"residual"})
 
     def __init__(self, dim: int, num_heads: int = 8, *, form: ChannelForm = "davit", dynamic_scale: bool = True,
                  qkv_bias: bool = True, qk_scale: float | None = None, attn_drop: float = 0.0,
@@ -117,19 +117,15 @@ class ChannelAttention(AttentionModule):
             return float(num_tokens) ** -0.5
         return self.head_dim ** -0.5
 
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
         """``x [B, N, C] -> [B, N, C]``.
 
-        ``feat_size`` and ``num_prefix_tokens`` are accepted and change nothing (channels attend over
-        all tokens); ``context`` is not supported (raises). ``residual [B, N, C]``, when given, is
-        added to the output (fused into ``proj`` at inference).
+        ``call.feat_size`` and ``num_prefix_tokens`` change nothing (channels attend over all tokens; no
+        ``context``). ``call.residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at
+        inference).
         """
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
-        if context is not None:
-            raise ValueError("channel attention attends among the channels of x: context is not supported")
-        B, N, C = x.shape
+        B, N, C = check_tokens_call(self, x, call)
+        residual = call.residual
         plain = type(self.qkv) is nn.Linear and type(self.proj) is nn.Linear and hookless(self.qkv, self.proj)
         if plain:  # project straight into the channels-major layout: contiguous [B, 3C, N], no transpose copies
             w = self.qkv.weight.expand(B, -1, -1)  # [B, 3C, C]

@@ -3,7 +3,7 @@
 In CaiT's class-attention stage only the class token queries; keys and values come from all of
 ``u = norm([x_cls; x_patches])`` and only the class token is updated. Under the package's one
 calling convention that is cross-attention: the class-attention block calls
-``attn(u[:, :1], context=u)`` (``[B, 1, C] -> [B, 1, C]``) and adds the result to ``x_cls``; the
+``attn(u[:, :1], AttentionCall(context=u))`` (``[B, 1, C] -> [B, 1, C]``) and adds the result to ``x_cls``; the
 patch tokens are not passed as queries, so they stay frozen. Without ``context`` the keys and
 values come from ``x`` itself (every token queries: self-attention with separate q / k / v
 projections), which is how the mechanism sits in a plain block or ``plug``. Key names follow
@@ -18,7 +18,7 @@ from ..functional import merge_heads, scaled_dot_product_attention, split_heads
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.observers import attention_observed
-from .base import AttentionModule
+from .base import AttentionCall, AttentionModule, check_tokens_call
 from .registry import global_as_built, register_attention
 
 __all__ = ["ClassAttention"]
@@ -26,10 +26,11 @@ __all__ = ["ClassAttention"]
 
 @register_attention(
     "class_attn", layout="tokens", description="class attention: queries from x, keys / values from context (CaiT)",
-    paper="https://arxiv.org/abs/2103.17239", supports_context=True,
+    paper="https://arxiv.org/abs/2103.17239",
     formula=(
         "Class attention (CaiT, Touvron et al. 2021). With `u = norm([x_cls; x_patches])` the class token "
-        "alone queries all `N+1` tokens and only it is updated; the block calls `attn(u[:, :1], context=u)`:\n\n"
+        "alone queries all `N+1` tokens and only it is updated; the block calls "
+        "`attn(u[:, :1], AttentionCall(context=u))`:\n\n"
         "    q = split_heads(x W_q)                          # [B, nh, N, hd]   (x = u[:, :1] in CaiT: N = 1)\n"
         "    k, v = split_heads(ctx W_k), split_heads(ctx W_v)  # [B, nh, M, hd] (ctx = u, M = N_patches + 1)\n"
         "    out = merge_heads(softmax(q kᵀ · hd^-1/2) v) W_proj   # [B, N, C]\n\n"
@@ -65,25 +66,22 @@ class ClassAttention(AttentionModule):
         self.v = nn.Linear(dim, dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
 
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None) -> Tensor:
+    accepts = frozenset({"context"})
+
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
         """``x [B, N, C] -> [B, N, C]``.
 
-        ``context [B, M, C]``: keys and values come from it (CaiT: ``x = u[:, :1]``, ``context = u``);
+        ``call.context [B, M, C]``: keys and values come from it (CaiT: ``x = u[:, :1]``, ``context = u``);
         without it they come from ``x``. ``feat_size`` is not needed and prefix tokens attend like
         every other token.
         """
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
-        if context is not None and (context.dim() != 3 or context.shape[-1] != self.dim
-                                    or context.shape[0] != x.shape[0]):
-            raise ValueError(f"context must be [B, M, {self.dim}] with x's B = {x.shape[0]}, "
-                             f"got {tuple(context.shape)}")
+        check_tokens_call(self, x, call)
+        context = call.context
         ctx = x if context is None else context  # [B, M, C]
         q = split_heads(apply_linear(self.q, x), self.num_heads)  # [B, nh, N, hd]
         k = split_heads(apply_linear(self.k, ctx), self.num_heads)  # [B, nh, M, hd]
         v = split_heads(apply_linear(self.v, ctx), self.num_heads)  # [B, nh, M, hd]
-        layout = token_layout(x.shape[1], feat_size, num_prefix_tokens,
+        layout = token_layout(x.shape[1], call.feat_size, call.num_prefix_tokens,
                               num_context=None if context is None else context.shape[1]) \
             if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
         x = scaled_dot_product_attention(q, k, v, scale=self.scale, layout=layout,

@@ -21,7 +21,7 @@ from ..functional.batch_norm import conv_bn
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.observers import attention_observed
-from .base import AttentionModule, check_map_tokens_call, grid_of
+from .base import AttentionCall, AttentionModule, check_map_tokens_call, grid_of
 from .registry import register_attention
 
 __all__ = ["ConvProjection", "ConvProjectionAttention", "CONV_PROJ_METHODS"]
@@ -110,7 +110,7 @@ class ConvProjectionAttention(AttentionModule):
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
     transfer_slots = {"q": "proj_q", "k": "proj_k", "v": "proj_v", "o": "proj"}
 
-    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
+    accepts = frozenset({"residual"})
 
     def __init__(
         self,
@@ -179,18 +179,17 @@ class ConvProjectionAttention(AttentionModule):
             return _pool_out(H, self.kernel_size, self.stride_kv), _pool_out(W, self.kernel_size, self.stride_kv)
         return H, W
 
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
         """``x [B, P + H·W, C] -> [B, P + H·W, C]``.
 
-        ``feat_size=(H, W)``: the grid of the tokens after the ``P = num_prefix_tokens`` prefix
+        ``call.feat_size=(H, W)``: the grid of the tokens after the ``P = num_prefix_tokens`` prefix
         tokens. Blocks and the adapter always pass it (and the adapter refuses to call without it);
         called directly without it, the tokens must fill a square map (else ``ValueError`` naming
-        ``feat_size``). ``context`` is not supported (keys come from ``x``'s own map).
-        ``residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
+        ``feat_size``). No ``context`` (keys come from ``x``'s own map).
+        ``call.residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
         """
-        B, N, C, P = check_map_tokens_call(self, x, num_prefix_tokens, context)
-        H, W = grid_of(N - P, feat_size)
+        B, N, C, P = check_map_tokens_call(self, x, call)
+        H, W = grid_of(N - P, call.feat_size)
         prefix, grid = x[:, :P], x[:, P:]  # [B, P, C], [B, H·W, C]
         if P and self.conv_proj_q is not None:
             grid = grid.contiguous()  # one copy, so the three convolutions read a dense channels-last map
@@ -207,7 +206,7 @@ class ConvProjectionAttention(AttentionModule):
         out = scaled_dot_product_attention(q, k, v, scale=self.scale, layout=layout,
                                            dropout_p=self.attn_drop if self.training else 0.0,
                                            fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
-        return self.project_out(merge_heads(out), residual)  # [B, N, C]
+        return self.project_out(merge_heads(out), call.residual)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds for one forward on ``input_shape = (B, N, C)`` with grid ``feat_size``.

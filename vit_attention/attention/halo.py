@@ -30,7 +30,7 @@ from ..functional.flex import PatternDoc
 from ..functional.halo import halo_attention
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.sizes import make_divisible
-from .base import AttentionModule, check_heads, check_prob, check_spatial_call, prefix_attention
+from .base import AttentionCall, AttentionModule, check_heads, check_prob, check_spatial_call, prefix_attention
 from .registry import register_attention
 
 __all__ = ["HaloAttention"]
@@ -156,10 +156,9 @@ class HaloAttention(AttentionModule):
         b = self.block_size
         return (H + b - 1) // b * b, (W + b - 1) // b * b
 
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None) -> Tensor:
-        """``[B, H, W, C] -> [B, ceil(H/s), ceil(W/s), dim_out]``; the contract's ``feat_size`` must match the map."""
-        B, H, W, C = check_spatial_call(self, x, feat_size, num_prefix_tokens, context)
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
+        """``[B, H, W, C] -> [B, ceil(H/s), ceil(W/s), dim_out]``; ``call.feat_size`` must match the map."""
+        B, H, W, C = check_spatial_call(self, x, call)
         s = self.block_stride
         Hp, Wp = self.padded_size(H, W)
         q = _conv1x1(x[:, ::s, ::s] if s > 1 else x, self.q)  # [B, ceil(H/s), ceil(W/s), nh·hd_qk]

@@ -46,7 +46,7 @@ from ..functional.longformer2d import (
     longformer2d_sequence_index,
 )
 from ..functional.observers import attention_observed
-from .base import AttentionModule, check_map_tokens_call, grid_of
+from .base import AttentionCall, AttentionModule, check_map_tokens_call, grid_of
 from .registry import covering_window_kwargs, register_attention
 
 __all__ = ["Longformer2DAttention", "longformer2d_macs"]
@@ -175,15 +175,14 @@ class Longformer2DAttention(AttentionModule):
         g2l = self.g2l_relative_position_bias[1][:, None, :].expand(-1, w2, -1)  # [nh, w², G]
         return torch.cat([g2l, local], dim=-1)
 
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None) -> Tensor:
-        """``x [B, G + H·W, C] -> [B, G + H·W, C]``; ``num_prefix_tokens = G`` global tokens in front,
-        ``feat_size = (H, W)`` the map of the rest (default: a square map). No ``context``."""
-        B, N, C, G = check_map_tokens_call(self, x, num_prefix_tokens, context)
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
+        """``x [B, G + H·W, C] -> [B, G + H·W, C]``; ``call.num_prefix_tokens = G`` global tokens in front,
+        ``call.feat_size = (H, W)`` the map of the rest (default: a square map). No optional field."""
+        B, N, C, G = check_map_tokens_call(self, x, call)
         if self.rel_pos_bias and G != self.num_global_tokens:
             raise ValueError(f"num_prefix_tokens={G} does not match num_global_tokens={self.num_global_tokens} "
                              "of the relative-position tables")
-        H, W = grid_of(N - G, feat_size)  # feat_size, or a square map of the N - G map tokens
+        H, W = grid_of(N - G, call.feat_size)  # feat_size, or a square map of the N - G map tokens
         nh, hd, w = self.num_heads, self.head_dim, self.window_size
         shared = self.share_weights
         dropout_p = self.attn_drop if self.training else 0.0

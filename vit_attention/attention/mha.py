@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..functional import merge_heads, scaled_dot_product_attention, split_heads
 from ..functional.layout import token_layout
 from ..functional.observers import attention_observed
-from .base import AttentionModule
+from .base import AttentionCall, AttentionModule, refuse_unaccepted
 from .registry import global_as_built, register_attention
 
 __all__ = ["MultiHeadAttention"]
@@ -31,21 +31,22 @@ def _pick(name: str, value: Any, alias: str, alias_value: Any, default: Any) -> 
 
 @register_attention(
     "mha", layout="tokens", description="multi-head attention with kdim/vdim (cross-attention)",
-    paper="https://arxiv.org/abs/1706.03762", supports_context=True,
+    paper="https://arxiv.org/abs/1706.03762",
     formula=(
         "Multi-head attention with separate query / key / value inputs (Vaswani et al. 2017), the batch-first "
         "counterpart of `torch.nn.MultiheadAttention` (loads its state dict):\n\n"
         "    q = split_heads(query W_q); k = split_heads(key W_k); v = split_heads(value W_v)\n"
         "    out = merge_heads(softmax(q kᵀ · hd^-1/2 + mask) v) W_o     # [B, N, E]\n\n"
-        "Called with one tensor it is self-attention (the plug-and-play contract); with three it is "
-        "cross-attention (e.g. the MAP pooling head of ViT-22B)."),
+        "Called with one tensor it is self-attention (the plug-and-play contract; `AttentionCall(context=...)` "
+        "takes keys / values from another sequence); with three it is cross-attention in torch's form."),
     cost="4·N·C² + 2·N·M·C multiply-adds (M = N for self-attention)",
     example_shape=(2, 11, 32), global_kwargs=global_as_built)
 class MultiHeadAttention(AttentionModule):
     """Multi-head attention, query ``[B, N, E]``, key ``[B, M, kdim]``, value ``[B, M, vdim]`` -> ``[B, N, E]``.
 
-    Called with one tensor it is self-attention (``[B, N, E] -> [B, N, E]``); with ``context
-    [B, M, kdim]`` (the contract's keyword) keys and values come from it. Masks use
+    Called as a mechanism, ``forward(x, call)``, it is self-attention (``[B, N, E] -> [B, N, E]``); with
+    ``call.context [B, M, kdim]`` keys and values come from it. Called in torch's form,
+    ``forward(query, key, value, ...)``, it returns ``(out, weights)``. Masks of torch's form use
     ``nn.MultiheadAttention`` conventions: ``key_padding_mask [B, M]`` bool with True = ignore
     this key (or additive float); ``attn_mask [N, M]`` or ``[B*nh, N, M]``, bool True = not
     allowed (or additive float; a float ``-inf`` row gives NaN, as in torch).
@@ -60,6 +61,7 @@ class MultiHeadAttention(AttentionModule):
 
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
     transfer_slots = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj"}
+    accepts = frozenset({"context"})
 
     def __init__(
         self,
@@ -126,34 +128,35 @@ class MultiHeadAttention(AttentionModule):
                 bias = part.to(dtype) if bias is None else bias + part.to(dtype)
         return bias, mask
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        feat_size: tuple[int, int] | None = None,
-        num_prefix_tokens: int = 0,
-        context: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
-        attn_mask: Tensor | None = None,
-        need_weights: bool = False,
-        average_attn_weights: bool = True,
-    ) -> Any:
-        """Attend ``query [B, N, E]`` to ``key [B, M, kdim]`` / ``value [B, M, vdim]`` (or ``context``).
+    def forward(self, x: Tensor, call: AttentionCall | Tensor = AttentionCall(), value: Tensor | None = None, *,
+                key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None, need_weights: bool = False,
+                average_attn_weights: bool = True) -> Any:
+        """Two forms: the mechanism's ``forward(x, call)`` and ``torch.nn.MultiheadAttention``'s
+        ``forward(query, key, value, ...)``.
 
-        Returns ``[B, N, E]`` when called by the contract (only ``query``, optionally ``context``,
-        and no ``need_weights``; ``feat_size`` is not needed and prefix tokens attend like the
-        others); otherwise ``(out [B, N, E], weights)`` like ``nn.MultiheadAttention`` (weights
-        ``[B, N, M]`` averaged over heads, ``[B, nh, N, M]`` if not averaged, or None).
+        The mechanism's: ``x [B, N, E]`` attends to itself, or to ``call.context [B, M, kdim]`` (keys and
+        values); ``call.feat_size`` is not needed and prefix tokens attend like the others; returns ``[B, N, E]``.
+        torch's (a tensor in second place): ``x`` is the query, ``call`` the key ``[B, M, kdim]``, ``value``
+        ``[B, M, vdim]`` (default the key), with torch's masks; returns ``(out [B, N, E], weights)``, the
+        weights ``[B, N, M]`` averaged over heads, ``[B, nh, N, M]`` if not averaged, or None without
+        ``need_weights``.
         """
-        contract_call = key is None and value is None and not need_weights
-        if context is not None:
-            if key is not None or value is not None:
-                raise ValueError("pass either context or key / value, not both")
-            key = context
-        key = query if key is None else key
-        value = key if value is None else value
+        if isinstance(call, Tensor):  # torch's form: (query, key, value)
+            return self._attend(x, call, call if value is None else value, key_padding_mask=key_padding_mask,
+                                attn_mask=attn_mask, need_weights=need_weights,
+                                average_attn_weights=average_attn_weights)
+        if value is not None or key_padding_mask is not None or attn_mask is not None or need_weights:
+            raise ValueError("value / key_padding_mask / attn_mask / need_weights belong to torch's form "
+                             "forward(query, key, value, ...): pass the key tensor second")
+        refuse_unaccepted(self, call)
+        key = x if call.context is None else call.context
+        return self._attend(x, key, key, feat_size=call.feat_size, num_prefix_tokens=call.num_prefix_tokens)[0]
+
+    def _attend(self, query: Tensor, key: Tensor, value: Tensor, *, feat_size: tuple[int, int] | None = None,
+                num_prefix_tokens: int = 0, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
+                need_weights: bool = False, average_attn_weights: bool = True) -> tuple[Tensor, Tensor | None]:
+        """``query [B, N, E]`` attends to ``key [B, M, kdim]`` / ``value [B, M, vdim]`` -> ``(out [B, N, E],
+        weights or None)`` (:meth:`forward`)."""
         if query.dim() != 3 or query.shape[-1] != self.dim:
             raise ValueError(f"query must be [B, N, {self.dim}], got {tuple(query.shape)}")
         if key.dim() != 3 or key.shape[-1] != self.kdim:
@@ -179,8 +182,6 @@ class MultiHeadAttention(AttentionModule):
                                                layout=layout, fused=self.fused_attention,
                                                backend=self.attention_backend)
         out = self.proj_drop(self.out_proj(merge_heads(out)))  # [B, N, E]
-        if contract_call:
-            return out
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)  # [B, N, M]
         return out, weights

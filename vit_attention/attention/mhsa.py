@@ -15,8 +15,7 @@ from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, linear
 from ..functional.observers import attention_context, attention_observed
 from ..functional.rope import apply_rope
-from ..functional.tome import TokenMergeState
-from .base import AttentionModule
+from .base import AttentionCall, AttentionModule, check_tokens_call
 from .registry import global_as_built, register_attention
 from .rope import make_rope
 from .transfer import PACKED_QKV_SLOTS
@@ -26,7 +25,7 @@ __all__ = ["MultiHeadSelfAttention"]
 
 @register_attention(
     "mhsa", layout="tokens", description="global multi-head self-attention (ViT)",
-    paper="https://arxiv.org/abs/2010.11929", supports_context=True,
+    paper="https://arxiv.org/abs/2010.11929",
     formula=(
         "Global multi-head self-attention over all `N` tokens (Vaswani et al. 2017; ViT, Dosovitskiy et al. 2021):\n\n"
         "    q, k, v = split_heads(x W_qkv)                 # each [B, nh, N, hd]\n"
@@ -93,16 +92,12 @@ class MultiHeadSelfAttention(AttentionModule):
             return self.qkv.bias
         return torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])  # k has none
 
-    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
-    supports_token_merging = True  # forward(x, tome=state): proportional attention, sets the merge metric
+    accepts = frozenset({"context", "mask", "rope_coords", "rope_valid", "tome", "residual"})
 
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None, mask: Tensor | None = None, residual: Tensor | None = None,
-                rope_coords: Tensor | None = None, rope_valid: Tensor | None = None,
-                tome: TokenMergeState | None = None) -> Tensor:
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
         """``x [B, N, C] -> [B, N, C]``.
 
-        ``feat_size`` is not needed and prefix tokens attend like every other token.
+        ``call.feat_size`` is not needed and prefix tokens attend like every other token.
         ``context [B, M, C]``: keys and values come from it (the ``k | v`` rows of ``qkv``).
         ``mask``: bool, broadcastable to ``[B, nh, N, M]``, True = may attend.
         ``residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
@@ -113,8 +108,9 @@ class MultiHeadSelfAttention(AttentionModule):
         is added to the logits (proportional attention), the keys averaged over heads become its merge
         metric, and RoPE turns each token by its (merged) grid position ``tome.coords`` on ``feat_size``.
         """
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
+        check_tokens_call(self, x, call)
+        feat_size, num_prefix_tokens, context, tome = call.feat_size, call.num_prefix_tokens, call.context, call.tome
+        rope_coords, rope_valid = call.rope_coords, call.rope_valid
         if (rope_coords is not None or rope_valid is not None) and self.rope is None:
             raise ValueError("rope_coords / rope_valid given, but this module was built without rope "
                              "(pass rope='axial' or 'mixed')")
@@ -126,9 +122,6 @@ class MultiHeadSelfAttention(AttentionModule):
         elif context is None:
             q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
         else:
-            if context.dim() != 3 or context.shape[-1] != self.dim or context.shape[0] != x.shape[0]:
-                raise ValueError(f"context must be [B, M, {self.dim}] with x's B = {x.shape[0]}, "
-                                 f"got {tuple(context.shape)}")
             C, w, b = self.dim, self.qkv.weight, self._qkv_bias()
             q = split_heads(linear(x, w[:C], None if b is None else b[:C]), self.num_heads)  # [B, nh, N, hd]
             kv = linear(context, w[C:], None if b is None else b[C:])  # [B, M, 2C]
@@ -159,11 +152,11 @@ class MultiHeadSelfAttention(AttentionModule):
             if attention_observed() and not merged else None  # where the rows sit on the grid (observers only)
         frame = attention_context(**tome.observer_info()) if merged and attention_observed() else nullcontext()
         with frame:  # observers place merged tokens' weights on the original ones (functional.tome.expand_weights)
-            x = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, scale=self.scale, layout=layout,
+            x = scaled_dot_product_attention(q, k, v, mask=call.mask, bias=bias, scale=self.scale, layout=layout,
                                              dropout_p=self.attn_drop if self.training else 0.0,
                                              fused=self.fused_attention,
                                              backend=self.attention_backend)  # [B, nh, N, hd]
-        return self.project_out(self.norm(merge_heads(x)), residual)  # [B, N, C]
+        return self.project_out(self.norm(merge_heads(x)), call.residual)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds for one forward on ``input_shape = (B, N, C)``.

@@ -30,6 +30,7 @@ from ..functional.neighborhood import default_tile_size, neighborhood_attention,
 from ..functional.runtime import capturing
 from ..functional.window import to_pair
 from .base import (
+    AttentionCall,
     AttentionModule,
     ParamCache,
     check_spatial_call,
@@ -194,10 +195,9 @@ class NeighborhoodAttention(AttentionModule):
             "smaller kernel_size / dilation for this stage avoids it (warned once per module)",
             SmallMapWarning, stacklevel=2)
 
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None) -> Tensor:
-        """``[B, H, W, C] -> [B, H, W, C]``; the contract's ``feat_size`` must match the map when given."""
-        B, H, W, C = check_spatial_call(self, x, feat_size, num_prefix_tokens, context)
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
+        """``[B, H, W, C] -> [B, H, W, C]``; ``call.feat_size`` must match the map when given."""
+        B, H, W, C = check_spatial_call(self, x, call)
         Hp, Wp = self.padded_size(H, W)
         if (Hp, Wp) != (H, W):
             self._warn_small_map(H, W)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from torch import nn
 
 from ..functional.runtime import BACKENDS, check_backend, set_switches
-from .base import AttentionModule, missing_members
+from .base import CALL_OPTIONS, AttentionModule, missing_members
 
 __all__ = ["AttentionSpec", "register_attention", "list_attention", "create_attention", "get_attention_spec",
            "small_window_kwargs", "global_as_built", "covering_window_kwargs", "set_attention_backend"]
@@ -60,7 +60,6 @@ class AttentionSpec:
         normalized_weights: the weights the core records are probability rows (non-negative, each
             query's row sums to 1); False where a ``weights_fn`` transforms them after the softmax
             (CaiT's talking heads mixes the heads: rows may be negative and need not sum to 1).
-        supports_context: ``forward(x, context=...)`` takes keys / values from ``context``.
         formula, cost: Markdown formula and its cost in words (docs).
         example_kwargs, example_shape, example_heads: a small valid example,
             ``create_attention(name, example_shape[-1], example_heads, **example_kwargs)`` on an input
@@ -91,7 +90,6 @@ class AttentionSpec:
     prefix_tokens: PrefixTokens = "attend"
     fused: bool = True
     normalized_weights: bool = True
-    supports_context: bool = False
     formula: str = ""
     cost: str = ""
     example_shape: tuple[int, ...] = ()
@@ -104,6 +102,11 @@ class AttentionSpec:
     init_accepts_any: bool = False
     backends: tuple[str, ...] = BACKENDS
     backend_note: str = ""
+
+    @property
+    def supports_context(self) -> bool:
+        """``forward(x, AttentionCall(context=...))`` takes keys / values from ``context`` (the class's ``accepts``)."""
+        return "context" in self.cls.accepts
 
     def example(self) -> tuple[AttentionModule, tuple[int, ...]]:
         """The small valid example: ``(module, input_shape)``."""
@@ -124,8 +127,7 @@ def _init_kwargs(cls: type[AttentionModule]) -> tuple[frozenset[str], bool]:
 def register_attention(
     name: str, *, layout: Layout, description: str = "", example_kwargs: dict[str, Any] | None = None,
     paper: str = "", needs_feat_size: bool | None = None, prefix_tokens: PrefixTokens | None = None,
-    fused: bool = True, normalized_weights: bool = True, supports_context: bool = False, formula: str = "",
-    cost: str = "",
+    fused: bool = True, normalized_weights: bool = True, formula: str = "", cost: str = "",
     example_shape: tuple[int, ...] | None = None, example_heads: int = 4,
     doc_example: tuple[dict[str, Any], tuple[int, ...]] | None = None,
     grid_kwargs: Callable[[tuple[int, int]], dict[str, Any]] | None = None, qkv_bias_split: bool = False,
@@ -136,7 +138,8 @@ def register_attention(
 
     ``cls`` must subclass :class:`~vit_attention.attention.base.AttentionModule` and define ``forward`` (a
     spatial mechanism whose prefix tokens attend globally: ``attend_prefix`` too), or ``TypeError`` names
-    what it lacks.
+    what it lacks; its ``accepts`` must name :class:`~vit_attention.attention.base.AttentionCall` fields
+    (:data:`~vit_attention.attention.base.CALL_OPTIONS`), or ``ValueError`` names the others.
 
     Defaults by layout: a spatial mechanism needs ``feat_size`` and its prefix tokens attend globally; a
     token mechanism does not and they attend. The small example defaults to ``[2, 11, 32]`` tokens or
@@ -154,6 +157,10 @@ def register_attention(
             raise TypeError(f"attention {name!r}: {getattr(cls, '__name__', cls)!r} lacks {', '.join(missing)} "
                             "(a mechanism subclasses vit_attention.attention.base.AttentionModule, which declares "
                             "every member with its default)")
+        unknown = sorted(set(cls.accepts) - set(CALL_OPTIONS))
+        if unknown:
+            raise ValueError(f"attention {name!r}: {cls.__name__}.accepts names {', '.join(map(repr, unknown))}, "
+                             f"no optional AttentionCall field (those are {', '.join(CALL_OPTIONS)})")
         if name in _ATTENTION and _ATTENTION[name].cls is not cls:
             raise ValueError(f"attention {name!r} is already registered to {_ATTENTION[name].cls.__name__}")
         named, accepts_any = _init_kwargs(cls)
@@ -161,7 +168,7 @@ def register_attention(
             name, cls, layout, description or (cls.__doc__ or "").split("\n")[0], dict(example_kwargs or {}), paper,
             needs_feat_size=spatial if needs_feat_size is None else needs_feat_size,
             prefix_tokens=prefix_tokens or ("global" if spatial else "attend"), fused=fused,
-            normalized_weights=normalized_weights, supports_context=supports_context, formula=formula, cost=cost,
+            normalized_weights=normalized_weights, formula=formula, cost=cost,
             example_shape=example_shape or ((2, 7, 9, 32) if spatial else (2, 11, 32)), example_heads=example_heads,
             doc_example=doc_example or (dict(example_kwargs or {}), (1, 14, 14, 96) if spatial else (1, 197, 96)),
             grid_kwargs=grid_kwargs, global_kwargs=global_kwargs, qkv_bias_split=qkv_bias_split,

@@ -49,7 +49,7 @@ from ..functional.observers import attention_observed
 from ..functional.rel_pos import decomposed_rel_pos_bias, decomposed_rel_pos_pattern, decomposed_rel_pos_qk
 from ..functional.window import fit_window, to_pair
 from ..functional.window_attention import window_attention, window_tokens
-from .base import AttentionModule, check_spatial_call, packed_prefix_attention
+from .base import AttentionCall, AttentionModule, check_spatial_call, packed_prefix_attention
 from .registry import register_attention, small_window_kwargs
 from .transfer import PACKED_QKV_SLOTS
 
@@ -115,7 +115,7 @@ class RelPosAttention(AttentionModule):
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
     transfer_slots = PACKED_QKV_SLOTS
 
-    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
+    accepts = frozenset({"residual"})
 
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 0,
                  input_size: int | Sequence[int] = 14, use_rel_pos: bool = True, rel_pos_zero_init: bool = True,
@@ -180,16 +180,16 @@ class RelPosAttention(AttentionModule):
             rel_h, rel_w = rel_h[kh - h:kh + h - 1], rel_w[kw - w:kw + w - 1]
         return decomposed_rel_pos_bias(q, rel_h, rel_w, grid, grid)
 
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
         """``[B, H, W, C] -> [B, H, W, C]``; any ``H, W`` (padded to the window in window mode; a window
         larger than the map is clamped to it, :meth:`fitted_window`).
 
-        The contract's keywords: ``feat_size`` is the map's own ``(H, W)`` when given; a spatial
-        mechanism never sees prefix tokens (``num_prefix_tokens`` must be 0) nor a ``context``.
-        ``residual [B, H, W, C]`` (private speed keyword of the blocks) is added to the output.
+        The call: ``feat_size`` is the map's own ``(H, W)`` when given; a spatial mechanism never sees
+        prefix tokens (``num_prefix_tokens`` must be 0) nor a ``context``. ``residual [B, H, W, C]`` (the
+        blocks' speed path) is added to the output.
         """
-        B, H, W, C = check_spatial_call(self, x, feat_size, num_prefix_tokens, context, residual)
+        B, H, W, C = check_spatial_call(self, x, call)
+        residual = call.residual
         dropout = self.attn_drop if self.training else 0.0
         if self.is_windowed:
             window = self.fitted_window(H, W)

@@ -26,7 +26,7 @@ from ..functional import scaled_dot_product_attention
 from ..functional.linear import apply_linear
 from ..functional.observers import attention_observed
 from ..functional.unfold import patch_grid, patch_key_mask, separable_layout
-from .base import AttentionModule, check_spatial_call
+from .base import AttentionCall, AttentionModule, check_spatial_call
 from .registry import register_attention
 from .unfold import check_patch_size
 
@@ -66,7 +66,7 @@ class SeparableAttention(AttentionModule):
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
     transfer_slots = {"o": "out_proj"}
 
-    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into out_proj)
+    accepts = frozenset({"residual"})
 
     def __init__(self, dim: int, num_heads: int = 1, *, patch_size: int = 1, qkv_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
@@ -76,15 +76,13 @@ class SeparableAttention(AttentionModule):
         self.qkv_proj = nn.Linear(dim, num_heads + 2 * dim, bias=qkv_bias)
         self.out_proj = nn.Linear(dim, dim, bias=qkv_bias)
 
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
         """``[B, H, W, C] -> [B, H, W, C]``; any ``H, W`` (padded to the patch with the padding masked).
 
-        Contract keywords: ``feat_size`` is the map's own ``(H, W)`` when given; no prefix tokens,
-        no context. ``residual [B, H, W, C]`` is added to the output (fused into ``out_proj`` at inference).
+        The call: ``feat_size`` is the map's own ``(H, W)`` when given; no prefix tokens, no context.
+        ``residual [B, H, W, C]`` is added to the output (fused into ``out_proj`` at inference).
         """
-        check_spatial_call(self, x, feat_size, num_prefix_tokens, context, residual)
-        B, H, W, C = x.shape
+        B, H, W, C = check_spatial_call(self, x, call)
         p, nh = self.patch_size, self.num_heads
         gh, gw = patch_grid(H, W, p)
         Hp, Wp = gh * p, gw * p
@@ -105,7 +103,7 @@ class SeparableAttention(AttentionModule):
         out = (F.relu(values).reshape(B, gh, p, gw, p, C) * ctx).reshape(B, Hp, Wp, C)  # [B, Hp, Wp, C]
         if (Hp, Wp) != (H, W):
             out = out[:, :H, :W]  # [B, H, W, C]
-        return self.project_out(out, residual, proj=self.out_proj)  # [B, H, W, C]
+        return self.project_out(out, call.residual, proj=self.out_proj)  # [B, H, W, C]
 
     def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
         """Prefix tokens ``[B, P, C]`` read one context vector of all ``tokens [B, P + H·W, C]``: ``[B, P, C]``.

@@ -26,7 +26,7 @@ from ..functional.heads import split_packed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.observers import attention_observed
-from .base import AttentionModule, check_map_tokens_call, grid_of
+from .base import AttentionCall, AttentionModule, check_map_tokens_call, grid_of
 from .registry import register_attention
 
 __all__ = ["SpatialReductionAttention", "sra_macs"]
@@ -95,7 +95,7 @@ class SpatialReductionAttention(AttentionModule):
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
     transfer_slots = {"q": "q", "k": "kv:0/2", "v": "kv:1/2", "o": "proj"}
 
-    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
+    accepts = frozenset({"residual"})
 
     def __init__(
         self,
@@ -168,16 +168,16 @@ class SpatialReductionAttention(AttentionModule):
         r = self.norm(r)
         return self.act(r) if self.act is not None else r
 
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
         """``x [B, P + H·W, C] -> [B, P + H·W, C]``.
 
-        ``feat_size = (H, W)``: the grid of the last ``H·W`` tokens (default: a square map of them;
+        ``call.feat_size = (H, W)``: the grid of the last ``H·W`` tokens (default: a square map of them;
         a non-square count raises naming ``feat_size``); ``num_prefix_tokens = P`` tokens in front
-        query every key and are keys themselves, unreduced. ``context`` is not supported.
-        ``residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
+        query every key and are keys themselves, unreduced. No ``context``.
+        ``call.residual [B, N, C]``, when given, is added to the output (fused into ``proj`` at inference).
         """
-        B, N, C, P = check_map_tokens_call(self, x, num_prefix_tokens, context)
+        B, N, C, P = check_map_tokens_call(self, x, call)
+        feat_size = call.feat_size
         q = split_heads(apply_linear(self.q, x), self.num_heads)  # [B, nh, N, hd]
         key_grid = None
         if self.reduces:
@@ -196,7 +196,7 @@ class SpatialReductionAttention(AttentionModule):
         x = scaled_dot_product_attention(q, k, v, scale=self.scale, layout=layout,
                                          dropout_p=self.attn_drop if self.training else 0.0,
                                          fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
-        return self.project_out(merge_heads(x), residual)  # [B, N, C]
+        return self.project_out(merge_heads(x), call.residual)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds for one forward on ``input_shape = (B, N, C)`` (grid ``feat_size``, default square).

@@ -18,8 +18,7 @@ from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, hookless
 from ..functional.observers import attention_context, attention_observed
-from ..functional.tome import TokenMergeState
-from .base import AttentionModule
+from .base import AttentionCall, AttentionModule, check_tokens_call
 from .registry import global_as_built, register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -103,7 +102,7 @@ class TalkingHeadsAttention(AttentionModule):
     def _mix_weights(self, a: Tensor) -> Tensor:
         return mix_heads(a, self.proj_w)  # [B, nh, N, N]
 
-    supports_token_merging = True  # forward(x, tome=state): proportional attention, sets the merge metric
+    accepts = frozenset({"tome"})
 
     def transfer_init(self) -> list[str]:
         """The head mixings before and after the softmax as the identity: the attention of the carried projections."""
@@ -113,19 +112,16 @@ class TalkingHeadsAttention(AttentionModule):
                 layer.bias.zero_()
         return ["proj_l, proj_w: identity (no mixing of the heads)"]
 
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None, tome: TokenMergeState | None = None) -> Tensor:
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
         """``x [B, N, C] -> [B, N, C]``.
 
-        ``feat_size`` is not needed and prefix tokens attend like every other token. ``context``
-        is not supported (talking heads is self-attention): passing one raises. ``tome``: token merging's
-        state; ``log(size)`` is added to the mixed logits (proportional attention after the heads talk) and
-        the keys averaged over heads become its merge metric.
+        ``call.feat_size`` is not needed and prefix tokens attend like every other token (talking heads is
+        self-attention: no ``context``). ``call.tome``: token merging's state; ``log(size)`` is added to the
+        mixed logits (proportional attention after the heads talk) and the keys averaged over heads become its
+        merge metric.
         """
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"expected tokens [B, N, {self.dim}], got {tuple(x.shape)}")
-        if context is not None:
-            raise ValueError("talking_heads is self-attention: context is not supported")
+        check_tokens_call(self, x, call)
+        tome = call.tome
         q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
         logits_fn = self._mix_logits
         merged = False
@@ -136,8 +132,8 @@ class TalkingHeadsAttention(AttentionModule):
             if size_bias is not None:
                 def logits_fn(a: Tensor) -> Tensor:
                     return self._mix_logits(a) + size_bias  # [B, nh, N, N]
-        layout = token_layout(x.shape[1], feat_size, num_prefix_tokens) if attention_observed() and not merged \
-            else None
+        layout = token_layout(x.shape[1], call.feat_size, call.num_prefix_tokens) \
+            if attention_observed() and not merged else None
         frame = (attention_context(**tome.observer_info()) if merged and tome is not None and attention_observed()
                  else nullcontext())
         with frame:  # observers place merged tokens' weights on the original ones

@@ -29,7 +29,7 @@ from ..functional import scaled_dot_product_attention
 from ..functional.linear import apply_linear
 from ..functional.observers import attention_observed
 from ..functional.unfold import patch_grid, patch_key_mask, unfold_layout
-from .base import AttentionModule, check_spatial_call, packed_prefix_attention
+from .base import AttentionCall, AttentionModule, check_spatial_call, packed_prefix_attention
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -77,7 +77,7 @@ class UnfoldAttention(AttentionModule):
     # where its q / k / v / output projections sit (attention.transfer: pretrained weights into another mechanism)
     transfer_slots = PACKED_QKV_SLOTS
 
-    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
+    accepts = frozenset({"residual"})
 
     def __init__(self, dim: int, num_heads: int = 4, *, patch_size: int = 2, resize: Resize = "bilinear",
                  qkv_bias: bool = True, qk_scale: float | None = None, attn_drop: float = 0.0,
@@ -92,15 +92,15 @@ class UnfoldAttention(AttentionModule):
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
         """``[B, H, W, C] -> [B, H, W, C]``; any ``H, W`` (see ``resize``).
 
-        Contract keywords: ``feat_size`` is the map's own ``(H, W)`` when given; no prefix tokens,
-        no context. ``residual [B, H, W, C]`` (the blocks' private speed keyword) is added to the
-        output, fused into ``proj`` at inference.
+        The call: ``feat_size`` is the map's own ``(H, W)`` when given; no prefix tokens, no context.
+        ``residual [B, H, W, C]`` (the blocks' speed path) is added to the output, fused into ``proj`` at
+        inference.
         """
-        B, H, W, C = check_spatial_call(self, x, feat_size, num_prefix_tokens, context, residual)
+        B, H, W, C = check_spatial_call(self, x, call)
+        residual = call.residual
         p = self.patch_size
         nh, nw = patch_grid(H, W, p)
         Hp, Wp = nh * p, nw * p

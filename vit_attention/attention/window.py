@@ -33,6 +33,7 @@ from ..functional.linear import apply_linear
 from ..functional.window import fit_window, relative_position_index, to_pair
 from ..functional.window_attention import window_attention, window_tokens
 from .base import (
+    AttentionCall,
     AttentionModule,
     ParamCache,
     check_spatial_call,
@@ -115,7 +116,7 @@ class WindowAttentionBase(AttentionModule):
     attention).
     """
 
-    accepts_residual = True  # forward(x, residual=r) returns r + attn(x) (blocks fuse the add into proj)
+    accepts = frozenset({"residual"})
 
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 7,
                  shift_size: int | Sequence[int] = 0, attn_drop: float = 0.0, proj_drop: float = 0.0,
@@ -225,17 +226,16 @@ class WindowAttentionBase(AttentionModule):
         return self._bias_cache.value, True
 
     # ---------------------------------------------------------------- forward
-    def forward(self, x: Tensor, *, feat_size: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
-                context: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
         """``[B, H, W, C] -> [B, H, W, C]``; any ``H, W`` (padded to the window internally; a window
         larger than the map is clamped to it, :meth:`fitted_window`).
 
-        The contract's keywords: ``feat_size`` is the map's own ``(H, W)`` when given; a spatial
-        mechanism never sees prefix tokens (``num_prefix_tokens`` must be 0) nor a ``context``.
-        ``residual [B, H, W, C]`` (private speed keyword of the blocks) is added to the output,
-        fused into ``proj`` at inference.
+        The call: ``feat_size`` is the map's own ``(H, W)`` when given; a spatial mechanism never sees
+        prefix tokens (``num_prefix_tokens`` must be 0) nor a ``context``. ``residual [B, H, W, C]`` (the
+        blocks' speed path) is added to the output, fused into ``proj`` at inference.
         """
-        B, H, W, C = check_spatial_call(self, x, feat_size, num_prefix_tokens, context, residual)
+        B, H, W, C = check_spatial_call(self, x, call)
+        residual = call.residual
         window, shift = self.fitted_window(H, W)
         wh, ww = window
         if (H % wh or W % ww) and not self.allow_padding:

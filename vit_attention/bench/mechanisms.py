@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attention import create_attention, get_attention_spec, list_attention, set_attention_backend
+from ..attention import AttentionCall, create_attention, get_attention_spec, list_attention, set_attention_backend
 from ..weights.io import atomic_write_text
 from .device import autocast, synchronize
 from .harness import ATTN_BACKENDS, parse_backends, recompile_limit
@@ -102,20 +102,18 @@ def _build(case: Case, smoke: bool, seed: int = 0) -> tuple[nn.Module, dict[str,
     return m, kwargs
 
 
-def _input(case: Case, batch: int, smoke: bool) -> tuple[Tensor, dict[str, Any]]:
-    """Input ``[B, H, W, C]`` (spatial mechanisms) or ``[B, P + H·W, C]`` (token ones) and the call's keywords
-    (``feat_size`` for a token mechanism that needs the grid, ``num_prefix_tokens``), read from the spec."""
+def _input(case: Case, batch: int, smoke: bool) -> tuple[Tensor, AttentionCall]:
+    """Input ``[B, H, W, C]`` (spatial mechanisms) or ``[B, P + H·W, C]`` (token ones) and its
+    :class:`AttentionCall` (``feat_size`` for a token mechanism that needs the grid, ``num_prefix_tokens``),
+    read from the spec."""
     spec = get_attention_spec(case.name)
     H, W = case.smoke_grid if smoke else case.grid
     C = case.dim if not smoke else case.heads * 8
     g = torch.Generator().manual_seed(1)
     if spec.layout == "tokens":
         x = torch.randn(batch, case.prefix + H * W, C, generator=g)
-        call: dict[str, Any] = dict(feat_size=(H, W)) if spec.needs_feat_size else {}
-        if case.prefix:
-            call["num_prefix_tokens"] = case.prefix
-        return x, call
-    return torch.randn(batch, H, W, C, generator=g), {}
+        return x, AttentionCall((H, W) if spec.needs_feat_size else None, case.prefix)
+    return torch.randn(batch, H, W, C, generator=g), AttentionCall()
 
 
 EXAMPLE_SUFFIX = "_example"
@@ -184,7 +182,7 @@ def run_case(case: Case, *, backends: Sequence[str], device: torch.device, amp: 
 
             def infer() -> Any:
                 with torch.inference_mode(), autocast(device, amp):
-                    return fn(x, **call)
+                    return fn(x, call)
             return infer
         m.train()
         xg = x.detach().clone().requires_grad_(True)
@@ -193,7 +191,7 @@ def run_case(case: Case, *, backends: Sequence[str], device: torch.device, amp: 
             m.zero_grad(set_to_none=True)
             xg.grad = None
             with autocast(device, amp):
-                out = fn(xg, **call)
+                out = fn(xg, call)
             out.float().square().mean().backward()
             return out
         return train
@@ -215,11 +213,11 @@ def run_case(case: Case, *, backends: Sequence[str], device: torch.device, amp: 
     if first is not None:
         with torch.inference_mode():
             mods[first].eval()
-            ref = calls[first](x, **call).float()
+            ref = calls[first](x, call).float()
             for be in steps:
                 if be != first:
                     mods[be].eval()
-                    out = calls[be](x, **call).float()
+                    out = calls[be](x, call).float()
                     parity[be] = float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
         if mode == "train":
             for be in steps:

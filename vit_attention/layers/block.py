@@ -12,7 +12,7 @@ Each branch may carry LayerScale (``init_values``) and drop path. An optional po
 a second one (``pos_mlp_layer``, DaViT's ``cpe2``) may run between the two branches.
 
 With ``context`` (``"pre"`` style only) the block is CaiT's class-attention block: ``x [B, Nq, C]``
-queries, keys and values come from ``u = norm1([x; context])`` (``attn(u[:, :Nq], context=u)``),
+queries, keys and values come from ``u = norm1([x; context])`` (``attn(u[:, :Nq], AttentionCall(context=u))``),
 the MLP updates ``x`` alone and ``context`` is not returned (it passes on unchanged).
 
 Input is tokens ``[B, P + H·W, C]`` (with the grid ``feat_size`` and ``P`` prefix tokens) or a
@@ -30,6 +30,7 @@ State-dict keys: ``norm1``, ``attn.*``, ``ls1.gamma``, ``norm2``, ``mlp.*``, ``l
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -37,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import create_attention, get_attention_spec
+from ..attention.base import AttentionCall
 from ..functional.linear import hookless
 from ..functional.tome import TokenMergeState
 from .drop_path import DropPath
@@ -119,22 +121,15 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def _attn(self, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int,
-              mask: Tensor | None = None, rope: Mapping[str, Tensor | None] | None = None) -> Tensor:
-        return apply_attention(self.attn, x, feat_size=feat_size, num_prefix_tokens=num_prefix_tokens, mask=mask,
-                               **(rope or {}))
-
     def _pos_mlp(self, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int) -> Tensor:
         """The position layer between the branches (``pos2``), when there is one."""
         return x if self.pos2 is None else self.pos2(x, feat_size, num_prefix_tokens)
 
-    def _fused_pre(self, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int,
-                   mask: Tensor | None = None, rope: Mapping[str, Tensor | None] | None = None) -> Tensor:
+    def _fused_pre(self, x: Tensor, call: AttentionCall) -> Tensor:
         """Pre-norm at inference: the residual adds fused into the attention ``proj`` and ``fc2`` (same math)."""
-        x = apply_attention(self.attn, self.norm1(x), feat_size=feat_size, num_prefix_tokens=num_prefix_tokens,
-                            residual=x, mask=mask,
-                            **(rope or {}))  # the adapter fuses where the mechanism can and no hook could tell
-        x = self._pos_mlp(x, feat_size, num_prefix_tokens)
+        x = apply_attention(self.attn, self.norm1(x),
+                            dataclasses.replace(call, residual=x))  # the adapter fuses where the mechanism can
+        x = self._pos_mlp(x, call.feat_size, call.num_prefix_tokens)
         return self._fused_mlp(x)
 
     def _fused_mlp(self, x: Tensor) -> Tensor:
@@ -161,13 +156,12 @@ class Block(nn.Module):
                              f"got {tuple(context.shape)}")
         Nq = x.shape[1]
         u = self.norm1(torch.cat([x, context], dim=1))  # [B, Nq + M, C]
-        a = apply_attention(self.attn, u[:, :Nq], feat_size=feat_size, num_prefix_tokens=Nq,
-                            context=u)  # [B, Nq, C]: keys / values from all of u
+        call = AttentionCall(feat_size, num_prefix_tokens=Nq, context=u)  # keys / values from all of u
+        a = apply_attention(self.attn, u[:, :Nq], call)  # [B, Nq, C]
         x = self._residual(x, a, self.ls1, self.drop_path1)
         return self._residual(x, self.mlp(self.norm2(x)), self.ls2, self.drop_path2)
 
-    def _forward_merging(self, x: Tensor, feat_size: tuple[int, int] | None, num_prefix_tokens: int,
-                         tome: TokenMergeState) -> Tensor:
+    def _forward_merging(self, x: Tensor, call: AttentionCall, tome: TokenMergeState) -> Tensor:
         """Token merging (ToMe): the attention branch, ``tome.merge`` between the branches, the MLP branch.
 
         The same branches as :meth:`forward` (LayerScale, drop path and norms untouched), ``[B, T, C] ->
@@ -176,17 +170,15 @@ class Block(nn.Module):
         """
         if self.pos is not None or self.pos2 is not None:
             raise ValueError("token merging: this block has a position layer, which needs the token grid")
-        P = num_prefix_tokens
 
         def attn(y: Tensor) -> Tensor:
-            return apply_attention(self.attn, y, feat_size=feat_size, num_prefix_tokens=P, tome=tome)
+            return apply_attention(self.attn, y, call)
 
         style = self.style
         if style == "pre":
             fused = not self.training  # inference: the residual adds fused as in forward (same math)
             if fused and isinstance(self.ls1, nn.Identity):
-                x = apply_attention(self.attn, self.norm1(x), feat_size=feat_size, num_prefix_tokens=P, tome=tome,
-                                    residual=x)
+                x = apply_attention(self.attn, self.norm1(x), dataclasses.replace(call, residual=x))
             else:
                 x = self._residual(x, attn(self.norm1(x)), self.ls1, self.drop_path1)
             x = tome.merge(x)
@@ -211,8 +203,8 @@ class Block(nn.Module):
         ``mask``: bool attention mask broadcastable to ``[B, nh, N, N]`` (True = may attend; NaFlex's
         padding key mask ``[B, 1, 1, N]``), handed to the mechanism; None = unmasked, as before.
         ``rope_coords [B, L, 2]`` int ``(y, x)`` and ``rope_valid [B, L]`` bool (``L = N - P``): per-sample
-        RoPE grids of a packed NaFlex batch, handed to a mechanism with a rotary embedding
-        (``forward(..., rope_coords=, rope_valid=)``); None = not passed, as before.
+        RoPE grids of a packed NaFlex batch, handed to a mechanism with a rotary embedding; None = not given.
+        All of them reach the mechanism as one :class:`~vit_attention.attention.base.AttentionCall`.
         ``tome``: token merging's state (:meth:`_forward_merging`): ``[B, T, C] -> [B, T - r, C]``, ``r`` this
         block's share of ``tome``'s schedule.
         """
@@ -224,30 +216,27 @@ class Block(nn.Module):
         if tome is not None:
             if mask is not None or rope_coords is not None or rope_valid is not None:
                 raise ValueError("token merging takes no mask / rope_coords / rope_valid (packed NaFlex batches)")
-            return self._forward_merging(x, feat_size, num_prefix_tokens, tome)
-        rope = None
-        if rope_coords is not None or rope_valid is not None:
-            rope = dict(rope_coords=rope_coords, rope_valid=rope_valid)
+            return self._forward_merging(x, AttentionCall(feat_size, num_prefix_tokens, tome=tome), tome)
+        call = AttentionCall(feat_size, num_prefix_tokens, mask=mask, rope_coords=rope_coords, rope_valid=rope_valid)
         if self.pos is not None:
             x = self.pos(x, feat_size, num_prefix_tokens)
         style = self.style
         if style == "pre":
             if not self.training and isinstance(self.ls1, nn.Identity) and isinstance(self.ls2, nn.Identity):
-                return self._fused_pre(x, feat_size, num_prefix_tokens, mask, rope)
-            x = self._residual(x, self._attn(self.norm1(x), feat_size, num_prefix_tokens, mask, rope), self.ls1,
-                               self.drop_path1)
+                return self._fused_pre(x, call)
+            x = self._residual(x, apply_attention(self.attn, self.norm1(x), call), self.ls1, self.drop_path1)
             x = self._pos_mlp(x, feat_size, num_prefix_tokens)
             return self._residual(x, self.mlp(self.norm2(x)), self.ls2, self.drop_path2)
         if style == "res_post":
-            x = x + self.drop_path1(self.ls1(self.norm1(self._attn(x, feat_size, num_prefix_tokens, mask, rope))))
+            x = x + self.drop_path1(self.ls1(self.norm1(apply_attention(self.attn, x, call))))
             x = self._pos_mlp(x, feat_size, num_prefix_tokens)
             return x + self.drop_path2(self.ls2(self.norm2(self.mlp(x))))
         if style == "post":
-            x = self.norm1(x + self.drop_path1(self.ls1(self._attn(x, feat_size, num_prefix_tokens, mask, rope))))
+            x = self.norm1(x + self.drop_path1(self.ls1(apply_attention(self.attn, x, call))))
             x = self._pos_mlp(x, feat_size, num_prefix_tokens)
             return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
         y = self.norm1(x)  # parallel
-        return (x + self.drop_path1(self.ls1(self._attn(y, feat_size, num_prefix_tokens, mask, rope)))
+        return (x + self.drop_path1(self.ls1(apply_attention(self.attn, y, call)))
                 + self.drop_path2(self.ls2(self.mlp(y))))
 
     def extra_repr(self) -> str:

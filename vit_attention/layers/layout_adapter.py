@@ -12,119 +12,88 @@ channels-last map ``[B, H, W, C]``; a mechanism takes tokens (``layout = "tokens
   a class token reads the image in every block, as with global attention, and pretrained projections
   carry over (the class token of ViTDet-style / EVA windowed backbones is kept apart the same way).
 
-``residual`` (a private speed path of the blocks) returns ``residual + attn(x)``, fused into the
-mechanism's output projection when it offers that (``accepts_residual``) and no forward hook
-could see the difference.
+What travels beside ``x`` is one :class:`~vit_attention.attention.base.AttentionCall` (grid, prefix count,
+context, mask, rotary coordinates, token merging, residual). Its optional fields are checked once, here,
+against what the mechanism reads (its class's ``accepts``): one it does not read raises naming it.
+``residual`` (the blocks' speed path) returns ``residual + attn(x)``, fused into the mechanism's output
+projection when it reads ``residual`` and no forward hook could see the difference, added here otherwise.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 import torch
 from torch import Tensor, nn
 
-from ..attention.base import AttentionModule
+from ..attention.base import AttentionCall, AttentionModule, refuse_unaccepted
+from ..attention.registry import get_attention_spec
 from ..functional.linear import hookless
 
 __all__ = ["apply_attention"]
 
 
-def _call(attn: nn.Module, x: Tensor, residual: Tensor | None, **contract: Any) -> Tensor:
-    """``attn(x, **contract)`` (+ residual, fused when the mechanism can); ``x`` in the mechanism's own layout."""
+def _call(attn: nn.Module, x: Tensor, call: AttentionCall) -> Tensor:
+    """``attn(x, call)`` (a plain module: ``attn(x)``), ``x`` in the mechanism's own layout; ``call.residual`` is
+    added, fused into the mechanism when it reads it and no hook could tell."""
+    residual = call.residual
     if not isinstance(attn, AttentionModule):  # a plain module (plug of a user's module): x only
-        given = [k for k in ("context", "mask", "rope_coords", "rope_valid", "tome") if contract.get(k) is not None]
-        if given:
-            raise ValueError(f"{type(attn).__name__} is not a registered mechanism; it takes no "
-                             f"{' / '.join(given)}")
         out = attn(x)
-        return out if residual is None else residual + out
-    for key in ("mask", "rope_coords", "rope_valid", "tome"):
-        if key in contract and contract[key] is None:
-            del contract[key]  # not given: the mechanism is called exactly as without these keywords
-    if ("rope_coords" in contract or "rope_valid" in contract) and getattr(attn, "rope", None) is None:
-        raise ValueError(f"{type(attn).__name__} ({attn.attention_name!r}) has no rotary embedding: it takes no "
-                         f"rope_coords / rope_valid (build it with rope='axial' or 'mixed')")
-    if "tome" in contract and not attn.supports_token_merging:
-        raise ValueError(f"{type(attn).__name__} ({attn.attention_name!r}) does not support token merging")
-    if residual is not None and attn.accepts_residual and hookless(attn):
-        return attn(x, residual=residual, **contract)
-    out = attn(x, **contract)
+    elif residual is not None and "residual" in attn.accepts and hookless(attn):
+        return attn(x, call)
+    else:
+        out = attn(x, call if residual is None else dataclasses.replace(call, residual=None))
     return out if residual is None else residual + out
 
 
-def _no_spatial(attn: nn.Module, mask: Tensor | None, rope_coords: Tensor | None, rope_valid: Tensor | None
-                ) -> None:
-    """A spatial mechanism takes no attention mask and no per-sample RoPE coordinates: raise naming them."""
-    if mask is not None:
-        raise ValueError(f"{type(attn).__name__} is a spatial mechanism: it takes no attention mask")
-    if rope_coords is not None or rope_valid is not None:
-        raise ValueError(f"{type(attn).__name__} is a spatial mechanism: it takes no rope_coords / rope_valid")
-
-
-def apply_attention(attn: nn.Module, x: Tensor, *, feat_size: tuple[int, int] | None = None,
-                    num_prefix_tokens: int = 0, context: Tensor | None = None,
-                    residual: Tensor | None = None, mask: Tensor | None = None,
-                    rope_coords: Tensor | None = None, rope_valid: Tensor | None = None,
-                    tome: Any = None) -> Tensor:
+def apply_attention(attn: nn.Module, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
     """Run any mechanism on tokens ``[B, P + H·W, C]`` or a map ``[B, H, W, C]``; same shape out.
 
     Args:
         attn: a registered mechanism (its ``layout`` says tokens or spatial) or any module
-            taking tokens (called with ``x`` alone).
+            taking tokens (called with ``x`` alone: it takes no optional field).
         x: tokens ``[B, N, C]`` (``N = P + H·W``) or a channels-last map ``[B, H, W, C]``.
-        feat_size: the grid ``(H, W)`` of token input (a spatial mechanism raises without it).
-        num_prefix_tokens: ``P`` class / distillation tokens in front of the grid.
-        context: keys / values ``[B, M, C]`` for a token mechanism that takes them.
-        residual: when given (``x``'s shape), the result is ``residual + attn(x)``.
-        mask: bool, broadcastable to ``[B, nh, N, M]``, True = may attend (NaFlex padding: a key mask
-            ``[B, 1, 1, N]``), handed to a token mechanism's ``forward(..., mask=)``; None = not passed
-            at all (the call is the same as before masks existed). A spatial mechanism takes none.
-        rope_coords: int ``[B, L, 2]``, the ``(y, x)`` grid index of each of the ``L = N - P`` grid tokens
-            of a packed NaFlex batch (each sample on its own grid), and ``rope_valid [B, L]`` bool (True =
-            real patch): handed to a token mechanism with a rotary embedding as
-            ``forward(..., rope_coords=, rope_valid=)``; None = not passed. A mechanism without ``rope``
-            (or a spatial one) raises naming them.
-        tome: a :class:`~vit_attention.functional.tome.TokenMergeState` (token merging), handed to a token
-            mechanism that supports it (``supports_token_merging``); None = not passed.
+        call: what the call carries besides ``x`` (:class:`~vit_attention.attention.base.AttentionCall`):
+            ``feat_size``, the grid ``(H, W)`` of token input (a spatial mechanism, or a token mechanism
+            whose spec ``needs_feat_size``, raises without it); ``num_prefix_tokens``, ``P`` class /
+            distillation tokens in front of the grid; the optional fields, each refused when the mechanism
+            does not read it (:attr:`~vit_attention.attention.base.AttentionModule.accepts`), except
+            ``residual`` (``x``'s shape), which is added here when the mechanism does not fuse it.
 
     Returns:
         ``x``'s shape and layout.
     """
+    refuse_unaccepted(attn, dataclasses.replace(call, residual=None) if call.residual is not None else call)
     spatial = isinstance(attn, AttentionModule) and attn.layout == "spatial"
+    residual = call.residual
     if x.dim() == 4:  # a channels-last map [B, H, W, C]
-        if tome is not None:
+        if call.tome is not None:
             raise ValueError("token merging needs tokens [B, N, C], not a map")
         if spatial:
-            _no_spatial(attn, mask, rope_coords, rope_valid)
-            return _call(attn, x, residual, context=context)
+            return _call(attn, x, AttentionCall(residual=residual))
         B, H, W, C = x.shape
         res = None if residual is None else residual.reshape(B, H * W, C)
-        out = _call(attn, x.reshape(B, H * W, C), res, feat_size=(H, W), context=context,
-                    mask=mask, rope_coords=rope_coords, rope_valid=rope_valid)  # [B, H·W, C]
-        return out.view(B, H, W, C)
+        flat = dataclasses.replace(call, feat_size=(H, W), num_prefix_tokens=0, residual=res)
+        return _call(attn, x.reshape(B, H * W, C), flat).view(B, H, W, C)  # [B, H·W, C] -> [B, H, W, C]
+    feat_size = call.feat_size
     if not spatial:
-        if feat_size is None and isinstance(attn, AttentionModule) and attn.spec.needs_feat_size:
+        if feat_size is None and isinstance(attn, AttentionModule) and attn.attention_name \
+                and get_attention_spec(attn.attention_name).needs_feat_size:
             raise ValueError(f"{type(attn).__name__} ({attn.attention_name!r}) uses the token grid: pass "
-                             "feat_size=(H, W)")
-        return _call(attn, x, residual, feat_size=feat_size, num_prefix_tokens=num_prefix_tokens, context=context,
-                     mask=mask, rope_coords=rope_coords, rope_valid=rope_valid, tome=tome)
-    if tome is not None:
-        raise ValueError(f"{type(attn).__name__} is a spatial mechanism: tokens cannot be merged")
-    _no_spatial(attn, mask, rope_coords, rope_valid)
+                             "feat_size=(H, W) in its AttentionCall")
+        return _call(attn, x, call)
     if feat_size is None:
         raise ValueError(f"{type(attn).__name__} is a spatial mechanism and needs the token grid feat_size")
     B, N, C = x.shape
     H, W = feat_size
-    P = num_prefix_tokens
+    P = call.num_prefix_tokens
     if N - P != H * W:
         raise ValueError(f"{N - P} grid tokens do not fill feat_size {tuple(feat_size)}")
     res = None if residual is None else residual[:, P:].reshape(B, H, W, C)
-    grid = _call(attn, x[:, P:].reshape(B, H, W, C), res, context=context).reshape(B, H * W, C)  # [B, H·W, C]
+    grid = _call(attn, x[:, P:].reshape(B, H, W, C), AttentionCall(residual=res)).reshape(B, H * W, C)  # [B, H·W, C]
     if P == 0:
         return grid
     prefix = attn.attend_prefix(x[:, :P], x)  # [B, P, C]: global attention over all P + H·W tokens
     if residual is not None:
         prefix = residual[:, :P] + prefix
     return torch.cat([prefix, grid], dim=1)  # [B, P + H·W, C]
-

@@ -9,7 +9,7 @@ Config dataclass -> :class:`Cait` -> presets registered as data (timm's names).
   ``attn_layer="talking_heads"`` and LayerScale (``init_values``: 1e-5 for XXS / XS / S24, 1e-6
   for S36 / M36 / M48) over the patch tokens alone.
 * Class-attention stage: ``depth_token_only`` (2) blocks, the same :class:`Block` called with a
-  ``context``: ``u = norm1([x_cls; x])``, ``x_cls += γ1 · class_attn(u[:, :1], context=u)``,
+  ``context``: ``u = norm1([x_cls; x])``, ``x_cls += γ1 · class_attn(u[:, :1], AttentionCall(context=u))``,
   ``x_cls += γ2 · mlp(norm2(x_cls))``; the patch tokens pass unchanged.
 * Final norm over ``[x_cls; x]``, the head on the class token (or the patch mean, ``global_pool="avg"``).
 

@@ -44,8 +44,8 @@ class TokenMergingMixin:
         LayerScale, QK-norm and the fused kernel are kept; RoPE turns each merged token by its size-weighted grid
         position. Outputs stay in image space: the tokens leaving the blocks and every tapped intermediate give each
         original token the value of the merged token that covers it, so pooling (``avg`` then size-weighted), heads
-        and feature maps work unchanged. A block that cannot merge (a position layer, a mechanism without
-        ``supports_token_merging``) or :meth:`_merging_obstacle` makes this raise ``ValueError`` naming it, and
+        and feature maps work unchanged. A block that cannot merge (a position layer, a mechanism whose
+        ``accepts`` lacks ``"tome"``) or :meth:`_merging_obstacle` makes this raise ``ValueError`` naming it, and
         nothing changes. Gradient checkpointing is not applied while merging (the blocks change the token count).
         """
         if isinstance(r, int) and not isinstance(r, bool) and r == 0:
@@ -57,7 +57,7 @@ class TokenMergingMixin:
             raise ValueError(f"token merging: {obstacle}")
         for i, blk in enumerate(self.blocks):
             attn = getattr(blk, "attn", None)
-            if not isinstance(blk, Block) or not getattr(attn, "supports_token_merging", False):
+            if not isinstance(blk, Block) or "tome" not in getattr(attn, "accepts", ()):
                 name = getattr(attn, "attention_name", type(attn).__name__)
                 raise ValueError(f"token merging: block {i}'s attention ({name!r}) does not support it")
             if blk.pos is not None or blk.pos2 is not None:
