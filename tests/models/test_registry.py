@@ -14,6 +14,8 @@ from vit_attention.models.registry import aliases_of
 @pytest.mark.registry
 @pytest.mark.parametrize("name", list_models())
 def test_every_model_builds_and_runs_on_meta(name):
+    """Every preset at full size on meta: logits and pre-logits shapes, its config's JSON round trip, and its
+    parameter count within 1 % of the published one where the family gives it (``published_params_m``)."""
     with torch.device("meta"):
         model = create_model(name).eval()
         cfg = model.cfg
@@ -28,18 +30,12 @@ def test_every_model_builds_and_runs_on_meta(name):
     # config is a JSON-serialisable dataclass that rebuilds the same config
     d = json.loads(cfg.to_json())
     assert dataclasses.asdict(type(cfg).from_dict(d)) == dataclasses.asdict(cfg)
-
-
-@pytest.mark.registry
-@pytest.mark.parametrize("name", [n for n in list_models() if get_model_entry(n).meta.get("published_params_m")])
-def test_published_parameter_counts_within_1_percent(name):
     entry = get_model_entry(name)
-    with torch.device("meta"):
-        model = create_model(name)
-    exclude = tuple(entry.meta.get("published_params_exclude", ()))
-    n = sum(p.numel() for k, p in model.named_parameters() if not k.startswith(exclude)) / 1e6
-    published = entry.meta["published_params_m"]
-    assert abs(n - published) / published < 0.01, f"{name}: {n:.1f}M vs published {published}M"
+    published = entry.meta.get("published_params_m")
+    if published:
+        exclude = tuple(entry.meta.get("published_params_exclude", ()))
+        n = sum(p.numel() for k, p in model.named_parameters() if not k.startswith(exclude)) / 1e6
+        assert abs(n - published) / published < 0.01, f"{name}: {n:.1f}M vs published {published}M"
 
 
 def test_aliases_and_unknown_names():
