@@ -93,6 +93,25 @@ def _is_hf_v1(state: Mapping[str, Tensor]) -> bool:
     return any(".patch_embeddings." in k or k.startswith("encoder.patch_embeddings.") for k in state)
 
 
+# The block names of transformers' two PVT ports (PvtModel: ``attention.self.*``, ``sequence_reduction``,
+# ``attention.output.dense``; PvtV2Model: ``attention.*``, ``spatial_reduction``, ``attention.proj``, the depth-wise
+# conv inside the MLP) and the classifier, after the block prefix is ours.
+_HF_BLOCK_RULES: tuple[tuple[str, str], ...] = (
+    (r"\.layer_norm_1\.", ".norm1."),
+    (r"\.layer_norm_2\.", ".norm2."),
+    (r"\.attention\.(?:self\.)?query\.", ".attn.q."),
+    (r"\.attention\.(?:self\.)?key\.", ".attn.key."),
+    (r"\.attention\.(?:self\.)?value\.", ".attn.value."),
+    (r"\.attention\.(?:self\.)?(?:sequence|spatial)_reduction\.", ".attn.sr."),
+    (r"\.attention\.(?:self\.)?layer_norm\.", ".attn.norm."),
+    (r"\.attention\.(?:output\.dense|proj)\.", ".attn.proj."),
+    (r"\.mlp\.dense1\.", ".mlp.fc1."),
+    (r"\.mlp\.dwconv\.dwconv\.", ".mlp.dwconv."),
+    (r"\.mlp\.dense2\.", ".mlp.fc2."),
+    (r"^classifier\.", "head.fc."),
+)
+
+
 def _from_hf_v1(state: State, model: nn.Module) -> State:
     state = rename(_strip(state, "pvt."), [
         (r"^encoder\.patch_embeddings\.0\.", "patch_embed."),
@@ -101,18 +120,8 @@ def _from_hf_v1(state: State, model: nn.Module) -> State:
         (r"(patch_embed|downsample)\.layer_norm\.", r"\1.norm."),
         (r"(patch_embed|downsample)\.position_embeddings$", r"\1.pos_embed"),
         (r"^encoder\.block\.(\d+)\.(\d+)\.", r"stages.\1.blocks.\2."),
-        (r"\.layer_norm_1\.", ".norm1."),
-        (r"\.layer_norm_2\.", ".norm2."),
-        (r"\.attention\.self\.query\.", ".attn.q."),
-        (r"\.attention\.self\.key\.", ".attn.key."),
-        (r"\.attention\.self\.value\.", ".attn.value."),
-        (r"\.attention\.self\.sequence_reduction\.", ".attn.sr."),
-        (r"\.attention\.self\.layer_norm\.", ".attn.norm."),
-        (r"\.attention\.output\.dense\.", ".attn.proj."),
-        (r"\.mlp\.dense1\.", ".mlp.fc1."),
-        (r"\.mlp\.dense2\.", ".mlp.fc2."),
         (r"^encoder\.layer_norm\.", "norm."),
-        (r"^classifier\.", "head.fc."),
+        *_HF_BLOCK_RULES,
     ])
     return pack_kv(state)
 
@@ -128,18 +137,7 @@ def _from_hf_v2(state: State, model: nn.Module) -> State:
         (r"(patch_embed|downsample)\.layer_norm\.", r"\1.norm."),
         (r"^encoder\.layers\.(\d+)\.blocks\.(\d+)\.", r"stages.\1.blocks.\2."),
         (r"^encoder\.layers\.(\d+)\.layer_norm\.", r"stages.\1.norm."),
-        (r"\.layer_norm_1\.", ".norm1."),
-        (r"\.layer_norm_2\.", ".norm2."),
-        (r"\.attention\.query\.", ".attn.q."),
-        (r"\.attention\.key\.", ".attn.key."),
-        (r"\.attention\.value\.", ".attn.value."),
-        (r"\.attention\.spatial_reduction\.", ".attn.sr."),
-        (r"\.attention\.layer_norm\.", ".attn.norm."),
-        (r"\.attention\.proj\.", ".attn.proj."),
-        (r"\.mlp\.dense1\.", ".mlp.fc1."),
-        (r"\.mlp\.dwconv\.dwconv\.", ".mlp.dwconv."),
-        (r"\.mlp\.dense2\.", ".mlp.fc2."),
-        (r"^classifier\.", "head.fc."),
+        *_HF_BLOCK_RULES,
     ])
     return pack_kv(state)
 
