@@ -42,12 +42,19 @@ TIMM_BLOCK_RULES: list[tuple[str, str]] = [
     (r"\.cpe2\.", ".pos2."),
 ]
 
+
+
+def _embed_rules(prefix: str, conv: str) -> list[tuple[str, str]]:
+    """Rules for a DaViT checkpoint whose patch embeddings are ``<prefix>.<i>`` (a ``conv`` then a ``norm``): the
+    first is our stem, the others the stages' downsamples."""
+    return [(rf"^{prefix}\.0\.{conv}\.", "stem.conv."), (rf"^{prefix}\.0\.norm\.", "stem.norm."),
+            (rf"^{prefix}\.(\d+)\.{conv}\.", r"stages.\1.downsample.conv."),
+            (rf"^{prefix}\.(\d+)\.norm\.", r"stages.\1.downsample.norm.")]
+
+
 # dingmyu/davit -> timm
 ORIGINAL_RULES: list[tuple[str, str]] = [
-    (r"^patch_embeds\.0\.proj\.", "stem.conv."),
-    (r"^patch_embeds\.0\.norm\.", "stem.norm."),
-    (r"^patch_embeds\.(\d+)\.proj\.", r"stages.\1.downsample.conv."),
-    (r"^patch_embeds\.(\d+)\.norm\.", r"stages.\1.downsample.norm."),
+    *_embed_rules("patch_embeds", "proj"),
     (r"^main_blocks\.(\d+)\.", r"stages.\1.blocks."),
     (r"\.cpe\.0\.", ".cpe1."),
     (r"\.cpe\.1\.", ".cpe2."),
@@ -57,10 +64,7 @@ ORIGINAL_RULES: list[tuple[str, str]] = [
 
 # Florence-2 vision tower (remote code and transformers names) -> timm; applied after the prefix is cut
 FLORENCE2_RULES: list[tuple[str, str]] = [
-    (r"^convs\.0\.(?:proj|conv)\.", "stem.conv."),
-    (r"^convs\.0\.norm\.", "stem.norm."),
-    (r"^convs\.(\d+)\.(?:proj|conv)\.", r"stages.\1.downsample.conv."),
-    (r"^convs\.(\d+)\.norm\.", r"stages.\1.downsample.norm."),
+    *_embed_rules("convs", "(?:proj|conv)"),
     (r"^blocks\.(\d+)\.", r"stages.\1.blocks."),
     (r"\.conv1\.fn\.dw\.", ".cpe1.proj."),  # remote code: PreNorm / Residual wrappers
     (r"\.conv2\.fn\.dw\.", ".cpe2.proj."),
