@@ -213,7 +213,8 @@ def test_inference_fuses_the_residuals_into_proj_and_fc2(monkeypatch):
         orig = cls.forward
 
         def spy(self, x, *args, _orig=orig, _tag=tag, **kw):
-            seen.append(f"{_tag}:{'residual' if kw.get('residual') is not None else 'plain'}")
+            residual = kw.get("residual", getattr(args[0] if args else None, "residual", None))  # Mlp's / the call's
+            seen.append(f"{_tag}:{'residual' if residual is not None else 'plain'}")
             return _orig(self, x, *args, **kw)
 
         monkeypatch.setattr(cls, "forward", spy)

@@ -181,7 +181,7 @@ class MultiHeadAttention(AttentionModule):
             out = scaled_dot_product_attention(q, k, v, scale=self.scale, bias=bias, mask=mask, dropout_p=drop,
                                                layout=layout, fused=self.fused_attention,
                                                backend=self.attention_backend)
-        out = self.proj_drop(self.out_proj(merge_heads(out)))  # [B, N, E]
+        out = self.project_out(merge_heads(out), proj=self.out_proj)  # [B, N, E]
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)  # [B, N, M]
         return out, weights
