@@ -89,16 +89,17 @@ def _mechanism_name(module: nn.Module) -> str:
     return f"{type(module).__name__} ({name!r})" if name else type(module).__name__
 
 
-def refuse_unaccepted(module: nn.Module, call: AttentionCall) -> None:
+def refuse_unaccepted(module: nn.Module, call: AttentionCall, *, residual_added: bool = False) -> None:
     """The one check of a call's optional fields: each one given must be in ``module``'s ``accepts``.
 
     A module that is no :class:`AttentionModule` accepts none (it is called with ``x`` alone). A field it
     does not read raises ``ValueError`` naming the field and the mechanism, so nothing asked for is
-    dropped silently.
+    dropped silently. ``residual_added``: the caller adds ``call.residual`` itself where the module does not
+    (the layout adapter), so the residual is not checked.
     """
     accepts = module.accepts if isinstance(module, AttentionModule) else frozenset()
-    for field in call.given():
-        if field in accepts:
+    for field in CALL_OPTIONS:
+        if field in accepts or getattr(call, field) is None or (residual_added and field == "residual"):
             continue
         if not isinstance(module, AttentionModule):
             raise ValueError(f"{type(module).__name__} is not a registered mechanism: it is called with x alone and "

@@ -126,9 +126,10 @@ class Block(nn.Module):
         return x if self.pos2 is None else self.pos2(x, feat_size, num_prefix_tokens)
 
     def _fused_pre(self, x: Tensor, call: AttentionCall) -> Tensor:
-        """Pre-norm at inference: the residual adds fused into the attention ``proj`` and ``fc2`` (same math)."""
-        x = apply_attention(self.attn, self.norm1(x),
-                            dataclasses.replace(call, residual=x))  # the adapter fuses where the mechanism can
+        """Pre-norm at inference: the residual adds fused into the attention ``proj`` and ``fc2`` (same math).
+
+        ``call.residual`` is ``x``: the adapter fuses it where the mechanism can."""
+        x = apply_attention(self.attn, self.norm1(x), call)
         x = self._pos_mlp(x, call.feat_size, call.num_prefix_tokens)
         return self._fused_mlp(x)
 
@@ -217,13 +218,16 @@ class Block(nn.Module):
             if mask is not None or rope_coords is not None or rope_valid is not None:
                 raise ValueError("token merging takes no mask / rope_coords / rope_valid (packed NaFlex batches)")
             return self._forward_merging(x, AttentionCall(feat_size, num_prefix_tokens, tome=tome), tome)
-        call = AttentionCall(feat_size, num_prefix_tokens, mask=mask, rope_coords=rope_coords, rope_valid=rope_valid)
         if self.pos is not None:
             x = self.pos(x, feat_size, num_prefix_tokens)
         style = self.style
+        fused = style == "pre" and not self.training and isinstance(self.ls1, nn.Identity) \
+            and isinstance(self.ls2, nn.Identity)  # inference: the residual adds fused (same math)
+        call = AttentionCall(feat_size, num_prefix_tokens, mask=mask, rope_coords=rope_coords, rope_valid=rope_valid,
+                             residual=x if fused else None)  # one call per forward
+        if fused:
+            return self._fused_pre(x, call)
         if style == "pre":
-            if not self.training and isinstance(self.ls1, nn.Identity) and isinstance(self.ls2, nn.Identity):
-                return self._fused_pre(x, call)
             x = self._residual(x, apply_attention(self.attn, self.norm1(x), call), self.ls1, self.drop_path1)
             x = self._pos_mlp(x, feat_size, num_prefix_tokens)
             return self._residual(x, self.mlp(self.norm2(x)), self.ls2, self.drop_path2)

@@ -63,7 +63,7 @@ def apply_attention(attn: nn.Module, x: Tensor, call: AttentionCall = AttentionC
     Returns:
         ``x``'s shape and layout.
     """
-    refuse_unaccepted(attn, dataclasses.replace(call, residual=None) if call.residual is not None else call)
+    refuse_unaccepted(attn, call, residual_added=True)  # a residual the mechanism does not fuse is added here
     spatial = isinstance(attn, AttentionModule) and attn.layout == "spatial"
     residual = call.residual
     if x.dim() == 4:  # a channels-last map [B, H, W, C]
