@@ -79,9 +79,10 @@ def layer_macs(module: nn.Module, in_shape: Sequence[int], out_shape: Sequence[i
 def _self_costed(call: ModuleCall) -> bool:
     """A call costed by the module's own ``flops(input_shape, ...)``.
 
-    A registered mechanism is, whatever grid or speed keywords it got (``feat_size``,
-    ``num_prefix_tokens``, ``residual``), except with a ``context``: cross-attention is costed by its
-    layers and the attention core. Any other module with a ``flops`` method only when called on one input.
+    A registered mechanism is, whatever grid or speed fields its AttentionCall had (``feat_size``,
+    ``num_prefix_tokens``, ``residual``), except with another tensor in it (a ``context``: cross-attention
+    is costed by its layers and the attention core). Any other module with a ``flops`` method only when
+    called on one input.
     """
     if not callable(getattr(call.module, "flops", None)) or call.arg_shape is None:
         return False
@@ -93,7 +94,8 @@ def _self_costed(call: ModuleCall) -> bool:
 
 
 def _own_cost(call: ModuleCall) -> int:
-    """``module.flops(input_shape)``, with the grid (``feat_size=``) when the call had one."""
+    """``module.flops(input_shape)``, with the grid (``feat_size=``) when the call had one (a mechanism's
+    AttentionCall)."""
     assert call.arg_shape is not None
     if call.feat_size is not None:
         return int(call.module.flops(call.arg_shape, feat_size=call.feat_size))
