@@ -32,7 +32,8 @@ class AttentionCall:
     declares in :attr:`AttentionModule.accepts`: the layout adapter
     (:func:`~vit_attention.layers.layout_adapter.apply_attention`) refuses any other one that is given,
     naming it. The blocks build one per call; the adapter derives the mechanism's own with
-    ``dataclasses.replace`` where it converts the layout.
+    ``dataclasses.replace`` where it converts the layout. One value rather than keywords: a new kind of
+    information is one new field here, not a new keyword in every mechanism, the blocks and the adapter.
     """
 
     feat_size: tuple[int, int] | None = None
