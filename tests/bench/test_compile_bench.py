@@ -1,8 +1,8 @@
-"""``vit-attention bench --compile`` for every family, and its options ``--compile-mode``,
-``--compile-freeze`` and ``--attn-backend``.
+"""``vit-attention bench --compile`` (reduced models of three kinds: ViT, Swin, MobileViT) and its options
+``--compile-mode``, ``--compile-freeze`` and ``--attn-backend``.
 
-Cheap: the ``eager`` compile backend (dynamo traces, no code generation), reduced models (one small preset
-per family, ``tests/model_outputs.py``), batch 2, one round, no warm-up beyond the compiled one.
+Cheap: the ``eager`` compile backend (dynamo traces, no code generation), reduced models (a family's small
+preset, ``tests/model_outputs.py``), batch 2, one round, no warm-up beyond the compiled one.
 """
 
 from __future__ import annotations
@@ -28,14 +28,16 @@ def _reduced(name: str, **over: Any) -> BenchConfig:
                        compile=True, compile_backend="eager", **over)
 
 
-def _family_presets() -> list[Any]:
-    return [name for _, name in sorted(first_preset_per_family().items())]
+# the harness's compile path on Swin's windowed stages and MobileViT's convolutions and BatchNorm (a plain ViT:
+# test_cli_bench_compile below). That every family's model traces as one graph (what the bench reports here) is
+# checked for each distinct reduced model in test_compile_registry.py, with the same settings (dynamo, no code
+# generation).
+BENCH_FAMILIES = ("swin", "mobilevit")
 
 
-@pytest.mark.registry
-@pytest.mark.slow  # the --fast tier keeps one graph per family through test_compile_registry.py
-@pytest.mark.parametrize("name", _family_presets())
-def test_bench_compile_every_family(name: str) -> None:
+@pytest.mark.slow  # a dynamo trace each (the --fast tier keeps one graph per family through test_compile_registry.py)
+@pytest.mark.parametrize("name", [first_preset_per_family()[f] for f in BENCH_FAMILIES])
+def test_bench_compile_reports_one_graph(name: str) -> None:
     try:
         report = run_benchmark(_reduced(name))
     finally:
