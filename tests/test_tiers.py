@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from model_outputs import first_preset_per_family
+
+pytestmark = pytest.mark.slow  # pytest in subprocesses (a few seconds each)
 
 TESTS = Path(__file__).resolve().parent
 
