@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attention.base import AttentionCall as MechanismCall
+from ..attention.base import AttentionCall
 from ..functional import fast_paths
 from ..functional.observers import register_attention_hook
 
-__all__ = ["ModuleCall", "AttentionCall", "Recording", "record_forward", "as_input", "meta_state", "module_device"]
+__all__ = ["ModuleCall", "CoreCall", "Recording", "record_forward", "as_input", "meta_state", "module_device"]
 
 Shape = tuple[int, ...]
 
@@ -47,7 +47,7 @@ class ModuleCall:
 
 
 @dataclass
-class AttentionCall:
+class CoreCall:
     """One call of the attention core: q ``[B, nh, N, hd]``, k ``[B, nh, M, hd]``, v ``[B, nh, M, hdv]``."""
 
     index: int
@@ -72,7 +72,7 @@ class Recording:
     input_shape: Shape
     output_shapes: list[Shape]
     calls: list[ModuleCall]
-    attention: list[AttentionCall]
+    attention: list[CoreCall]
     device: str
 
 
@@ -129,7 +129,7 @@ def record_forward(model: nn.Module, input_shape: Sequence[int] | Tensor, *, dev
     dev = module_device(model) if device is None else torch.device(device)
     names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
     calls: list[ModuleCall] = []
-    attention: list[AttentionCall] = []
+    attention: list[CoreCall] = []
     stack: list[ModuleCall] = []
     counter = [0]
 
@@ -139,7 +139,7 @@ def record_forward(model: nn.Module, input_shape: Sequence[int] | Tensor, *, dev
         tensor_kwargs = tuple(k for k, v in kwargs.items() if isinstance(v, Tensor))
         feat_size = kwargs.get("feat_size")
         in_shapes = _shapes(args) + _shapes(kwargs)
-        given = next((a for a in (*args, *kwargs.values()) if isinstance(a, MechanismCall)), None)
+        given = next((a for a in (*args, *kwargs.values()) if isinstance(a, AttentionCall)), None)
         if given is not None:  # a mechanism's AttentionCall: its tensor fields count as tensor keywords
             fields = tuple(f for f in given.given() if isinstance(getattr(given, f), Tensor))
             tensor_kwargs += fields
@@ -161,7 +161,7 @@ def record_forward(model: nn.Module, input_shape: Sequence[int] | Tensor, *, dev
 
     def on_attention(q: Tensor, k: Tensor, v: Tensor, info: dict[str, Any]) -> None:
         counter[0] += 1
-        attention.append(AttentionCall(counter[0], stack[-1].name if stack else "", tuple(q.shape), tuple(k.shape),
+        attention.append(CoreCall(counter[0], stack[-1].name if stack else "", tuple(q.shape), tuple(k.shape),
                                        tuple(v.shape), dict(info)))
 
     handles = []

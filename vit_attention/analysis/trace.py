@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from ..layers.drop_path import DropPath
-from .recording import AttentionCall, ModuleCall, Recording, record_forward
+from .recording import CoreCall, ModuleCall, Recording, record_forward
 
 __all__ = ["Trace", "TraceLine", "trace"]
 
@@ -89,7 +89,7 @@ class Trace:
         return " → ".join(parts)
 
 
-def _attention_lines(att: AttentionCall, depth: int) -> list[TraceLine]:
+def _attention_lines(att: CoreCall, depth: int) -> list[TraceLine]:
     B, (nh, N, hd) = math.prod(att.q[:-3]), att.q[-3:]  # leading batch dims folded into B
     M, hdv = att.k[-2], att.v[-1]
     info = att.info
@@ -153,7 +153,7 @@ def _build_lines(rec: Recording, max_depth: int | None, show_all: bool = False) 
             if parents:
                 last_child_out[parents[-1].index] = ev.out_shapes
         else:
-            assert isinstance(ev, AttentionCall)
+            assert isinstance(ev, CoreCall)
             depth = len(parents)
             if parents:
                 B, (nh, N, hd) = math.prod(ev.q[:-3]), ev.q[-3:]
