@@ -1,0 +1,177 @@
+"""Differential attention (Ye et al., "Differential Transformer", ICLR 2025) on tokens ``[B, N, C]``.
+
+Each head splits its queries and keys into two halves of width ``hd = C / nh / 2`` and takes the
+difference of their two softmax maps over one value of width ``2·hd``, weighted by a learned scalar
+``λ`` (one per layer, re-parameterised as ``exp(λq1·λk1) − exp(λq2·λk2) + λ_init``). The result is
+RMS-normalised per head and scaled by ``1 − λ_init``, where ``λ_init = 0.8 − 0.6·exp(−0.3·i)`` depends
+on the 0-based index ``i`` of the block (``depth_index``). Key names and layout follow timm 1.0.31's
+``timm/layers/diff_attention.py`` ``DiffAttention``: ``qkv`` (``[q | k | v]``; inside q and k the two
+halves of head ``h`` are the adjacent ``hd``-blocks ``2h`` and ``2h + 1``), ``lambda_q1`` / ``lambda_k1`` /
+``lambda_q2`` / ``lambda_k2`` (or ``lambda_a`` / ``lambda_b`` with ``dual_lambda``), ``sub_norm``, ``proj``.
+
+Both maps are one call of the library's core on ``2·nh`` half-heads (each pair sharing its head's
+value), so every backend, the attention observers and FLOP counting apply; the observers record the
+two softmax maps, not their difference: half-head ``2h`` is head ``h``'s first map, ``2h + 1`` its second.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor, nn
+
+from ..functional import merge_heads, scaled_dot_product_attention
+from ..functional.layout import token_layout
+from ..functional.linear import apply_linear, linear
+from ..functional.observers import attention_context, attention_observed
+from .base import AttentionCall, AttentionModule, check_tokens_call
+from .registry import register_attention
+from .transfer import PACKED_QKV_SLOTS
+
+__all__ = ["DifferentialAttention", "lambda_init_at"]
+
+
+def lambda_init_at(depth_index: int) -> float:
+    """``λ_init = 0.8 − 0.6·exp(−0.3·i)`` of the block with 0-based index ``i`` (the paper's ``l − 1``)."""
+    return 0.8 - 0.6 * math.exp(-0.3 * depth_index)
+
+
+@register_attention(
+    "diff", layout="tokens", description="differential attention: the difference of two softmax maps (DIFF "
+    "Transformer)", paper="https://arxiv.org/abs/2410.05258",
+    formula=(
+        "Two softmax maps per head from split queries and keys, subtracted (Ye et al., ICLR 2025):\n\n"
+        "    q, k = split_heads(x W_q, 2·nh), split_heads(x W_k, 2·nh)   # [B, 2nh, N, hd], hd = C/nh/2\n"
+        "    v = split_heads(x W_v, nh)                                # [B, nh, N, 2hd]\n"
+        "    A1, A2 = softmax(q1 k1ᵀ·hd^-1/2), softmax(q2 k2ᵀ·hd^-1/2) # half-heads 2h and 2h+1\n"
+        "    λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init                 # one scalar per layer\n"
+        "    O = RMSNorm((A1 − λ·A2) v) · (1 − λ_init)                 # per head, over 2hd\n"
+        "    out = merge_heads(O) W_proj                               # [B, N, C]\n\n"
+        "`λ_init = 0.8 − 0.6·exp(−0.3·i)` for the block of 0-based index `i` (`depth_index`). The "
+        "difference cancels attention that both maps give to irrelevant tokens (common-mode noise). Both "
+        "maps are one core call on 2·nh half-heads; recorded maps are the two softmax maps (half-head "
+        "2h: A1 of head h, 2h+1: A2)."),
+    cost="4·N·C² + 3·N²·C multiply-adds (the two maps over one 2hd-wide value: twice the A·V of global attention)",
+    example_shape=(2, 11, 32))
+class DifferentialAttention(AttentionModule):
+    """Differential self-attention, ``[B, N, C] -> [B, N, C]`` (timm 1.0.31 ``DiffAttention``'s keys).
+
+    ``dim`` must split into ``2·num_heads`` half-heads of width ``hd = dim / num_heads / 2``; the logit
+    scale is ``hd^-0.5``. ``depth_index``: the block's 0-based index, fixing the constant
+    ``lambda_init`` (the blocks pass it). ``dual_lambda``: two scalars ``lambda_a`` / ``lambda_b``
+    (``λ = exp(a) − exp(b) + λ_init``, initialised 0) instead of the four ``hd``-vectors (N(0, 0.1)).
+    ``qk_norm``: an RMSNorm over each half-head's ``hd`` channels of q and k (timm's default norm there).
+    ``sub_norm``: RMSNorm over each head's ``2·hd`` channels, eps 1e-5 (the reference code's norm; the
+    paper's text says GroupNorm). Cost: ``4·N·C² + 3·N²·C`` multiply-adds.
+    """
+
+    transfer_slots = PACKED_QKV_SLOTS
+    accepts = frozenset({"context", "mask", "tome", "residual"})
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        depth_index: int = 0,
+        dual_lambda: bool = False,
+    ) -> None:
+        super().__init__()
+        self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
+        if self.head_dim % 2:
+            raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads} into heads of even width (each "
+                             f"head splits into two halves); dim / num_heads = {self.head_dim}")
+        if isinstance(depth_index, bool) or not isinstance(depth_index, int) or depth_index < 0:
+            raise ValueError(f"depth_index must be the block's 0-based index (an int >= 0), got {depth_index!r}")
+        hd = self.head_dim // 2
+        self.half_dim = hd
+        self.scale = hd ** -0.5
+        self.depth_index = depth_index
+        self.lambda_init = lambda_init_at(depth_index)
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = nn.RMSNorm(hd, eps=1e-6) if qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(hd, eps=1e-6) if qk_norm else nn.Identity()
+        self.dual_lambda = dual_lambda
+        if dual_lambda:
+            self.lambda_a = nn.Parameter(torch.zeros((), dtype=torch.float32))
+            self.lambda_b = nn.Parameter(torch.zeros((), dtype=torch.float32))
+        else:
+            self.lambda_q1 = nn.Parameter(torch.empty(hd, dtype=torch.float32).normal_(0, 0.1))
+            self.lambda_k1 = nn.Parameter(torch.empty(hd, dtype=torch.float32).normal_(0, 0.1))
+            self.lambda_q2 = nn.Parameter(torch.empty(hd, dtype=torch.float32).normal_(0, 0.1))
+            self.lambda_k2 = nn.Parameter(torch.empty(hd, dtype=torch.float32).normal_(0, 0.1))
+        self.sub_norm = nn.RMSNorm(2 * hd, eps=1e-5)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+
+    def lambda_full(self) -> Tensor:
+        """The layer's ``λ`` (a 0-d tensor, at least fp32 whatever the parameters' dtype, as timm computes it):
+        ``exp(λq1·λk1) − exp(λq2·λk2) + λ_init``, or ``exp(λa) − exp(λb) + λ_init`` with ``dual_lambda``."""
+        if self.dual_lambda:
+            a, b = self.lambda_a, self.lambda_b
+        else:
+            a = torch.sum(self.lambda_q1 * self.lambda_k1, dim=-1)
+            b = torch.sum(self.lambda_q2 * self.lambda_k2, dim=-1)
+        dt = torch.promote_types(a.dtype, torch.float32)
+        return torch.exp(a.to(dt)) - torch.exp(b.to(dt)) + self.lambda_init
+
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
+        """``x [B, N, C] -> [B, N, C]``.
+
+        ``context [B, M, C]``: keys and values from it (the ``k | v`` rows of ``qkv``). ``mask``: bool,
+        broadcastable to ``[B, nh, N, M]``, True = may attend (both maps of a head get its mask).
+        ``tome``: token merging's state: ``log(size)`` joins the logits of both maps (proportional
+        attention) and the keys averaged over the ``2·nh`` half-heads become its merge metric.
+        ``residual [B, N, C]``: added to the output (fused into ``proj`` at inference).
+        """
+        check_tokens_call(self, x, call)
+        context, tome, mask = call.context, call.tome, call.mask
+        B, N, C = x.shape
+        nh, hd = self.num_heads, self.half_dim
+        if context is None:
+            q, k, v = apply_linear(self.qkv, x).split(C, dim=-1)  # each [B, N, C]
+        else:
+            w, b = self.qkv.weight, self.qkv.bias
+            q = linear(x, w[:C], None if b is None else b[:C])  # [B, N, C]
+            k, v = linear(context, w[C:], None if b is None else b[C:]).split(C, dim=-1)  # each [B, M, C]
+        M = k.shape[1]
+        q = self.q_norm(q.reshape(B, N, 2 * nh, hd).transpose(1, 2))  # [B, 2nh, N, hd]: 2h = q1, 2h+1 = q2 of h
+        k = self.k_norm(k.reshape(B, M, 2 * nh, hd).transpose(1, 2))  # [B, 2nh, M, hd]
+        v = v.reshape(B, M, nh, 2 * hd).transpose(1, 2).repeat_interleave(2, dim=1)  # [B, 2nh, M, 2hd]
+        if mask is not None and mask.dim() == 4 and mask.shape[1] > 1:
+            mask = mask.repeat_interleave(2, dim=1)  # [B, nh, N, M] -> both half-heads of each head
+        bias = None
+        if tome is not None:
+            if context is not None:
+                raise ValueError("token merging runs on self-attention over the model's own tokens (no context)")
+            bias = tome.read_keys(k)  # metric: keys averaged over the half-heads; [B, 1, 1, N] log(size) or None
+        merged = tome is not None and tome.token_map is not None
+        layout = token_layout(N, call.feat_size, call.num_prefix_tokens,
+                              num_context=None if context is None else M) \
+            if attention_observed() and not merged else None  # where the rows sit on the grid (observers only)
+        frame = attention_context(**tome.observer_info()) if merged and attention_observed() else nullcontext()
+        with frame:
+            out = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, scale=self.scale, layout=layout,
+                                               dropout_p=self.attn_drop if self.training else 0.0,
+                                               fused=self.fused_attention,
+                                               backend=self.attention_backend)  # [B, 2nh, N, 2hd]
+        out = out.unflatten(1, (nh, 2))  # [B, nh, 2, N, 2hd]
+        out = out[:, :, 0] - self.lambda_full().to(out.dtype) * out[:, :, 1]  # (A1 − λ·A2) v: [B, nh, N, 2hd]
+        out = self.sub_norm(out) * (1.0 - self.lambda_init)
+        return self.project_out(merge_heads(out), call.residual)  # [B, N, C]
+
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
+        """Multiply-adds for one forward on ``input_shape = (B, N, C)``: ``4·N·C² + 3·N²·C``.
+
+        The products: the projections ``4·N·C²``; ``q·kᵀ`` on ``2·nh`` half-heads of width ``hd`` (``N²·C``);
+        the two maps times their ``2·hd``-wide value (``2·N²·C``). The RMS norms are not counted (as
+        :mod:`vit_attention.analysis.flops` counts only LayerNorm / GroupNorm / BatchNorm).
+        """
+        B, N, C = input_shape
+        return B * (4 * N * C * C + 3 * N * N * C)
