@@ -146,11 +146,6 @@ def test_dual_lambda_uses_two_scalars() -> None:
     assert attn.lambda_full().item() == pytest.approx(math.exp(0.5) - 1 + attn.lambda_init)
 
 
-def test_qk_norm_is_an_rms_norm_per_half_head() -> None:
-    attn = create_attention("diff", 32, 2, qk_norm=True)
-    assert attn.q_norm.normalized_shape == (8,) and isinstance(attn.q_norm, torch.nn.RMSNorm)
-
-
 def test_declared_flops_equal_the_measured_ones() -> None:
     attn = create_attention("diff", 48, 3)
     for shape in [(2, 13, 48), (1, 50, 48)]:

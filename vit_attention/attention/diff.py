@@ -62,9 +62,9 @@ class DifferentialAttention(AttentionModule):
     scale is ``hd^-0.5``. ``depth_index``: the block's 0-based index, fixing the constant
     ``lambda_init`` (the blocks pass it). ``dual_lambda``: two scalars ``lambda_a`` / ``lambda_b``
     (``λ = exp(a) − exp(b) + λ_init``, initialised 0) instead of the four ``hd``-vectors (N(0, 0.1)).
-    ``qk_norm``: an RMSNorm over each half-head's ``hd`` channels of q and k (timm's default norm there).
     ``sub_norm``: RMSNorm over each head's ``2·hd`` channels, eps 1e-5 (the reference code's norm; the
-    paper's text says GroupNorm). Cost: ``4·N·C² + 3·N²·C`` multiply-adds.
+    paper's text says GroupNorm). timm's optional ``qk_norm`` / ``scale_norm`` (off in its presets) are not
+    offered. Cost: ``4·N·C² + 3·N²·C`` multiply-adds.
     """
 
     transfer_slots = PACKED_QKV_SLOTS
@@ -76,7 +76,6 @@ class DifferentialAttention(AttentionModule):
         num_heads: int = 8,
         *,
         qkv_bias: bool = True,
-        qk_norm: bool = False,
         proj_bias: bool = True,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
@@ -96,8 +95,6 @@ class DifferentialAttention(AttentionModule):
         self.depth_index = depth_index
         self.lambda_init = lambda_init_at(depth_index)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.q_norm = nn.RMSNorm(hd, eps=1e-6) if qk_norm else nn.Identity()
-        self.k_norm = nn.RMSNorm(hd, eps=1e-6) if qk_norm else nn.Identity()
         self.dual_lambda = dual_lambda
         if dual_lambda:
             self.lambda_a = nn.Parameter(torch.zeros((), dtype=torch.float32))
@@ -141,8 +138,8 @@ class DifferentialAttention(AttentionModule):
             q = linear(x, w[:C], None if b is None else b[:C])  # [B, N, C]
             k, v = linear(context, w[C:], None if b is None else b[C:]).split(C, dim=-1)  # each [B, M, C]
         M = k.shape[1]
-        q = self.q_norm(q.reshape(B, N, 2 * nh, hd).transpose(1, 2))  # [B, 2nh, N, hd]: 2h = q1, 2h+1 = q2 of h
-        k = self.k_norm(k.reshape(B, M, 2 * nh, hd).transpose(1, 2))  # [B, 2nh, M, hd]
+        q = q.reshape(B, N, 2 * nh, hd).transpose(1, 2)  # [B, 2nh, N, hd]: half-heads 2h = q1, 2h+1 = q2 of head h
+        k = k.reshape(B, M, 2 * nh, hd).transpose(1, 2)  # [B, 2nh, M, hd]
         v = v.reshape(B, M, nh, 2 * hd).transpose(1, 2).repeat_interleave(2, dim=1)  # [B, 2nh, M, 2hd]
         if mask is not None and mask.dim() == 4 and mask.shape[1] > 1:
             mask = mask.repeat_interleave(2, dim=1)  # [B, nh, N, M] -> both half-heads of each head
