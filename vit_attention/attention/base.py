@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -13,8 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..functional.attention import scaled_dot_product_attention
 from ..functional.flex import PatternDoc
+from ..functional.layout import AttentionLayout, token_layout
 from ..functional.linear import apply_linear
+from ..functional.observers import attention_context, attention_observed
 from ..functional.runtime import ATTENTION_BACKEND, FAST_PATHS, FUSED_ATTENTION, capturing
 from ..functional.tome import TokenMergeState
 
@@ -169,8 +173,6 @@ def prefix_attention(q: Tensor, k: Tensor, v: Tensor, num_heads: int, *, scale: 
     tokens have no grid position); ``fused`` / ``backend``: the mechanism's captured switches (``"flex"``
     runs torch's kernel: ``P`` dense query rows have no block sparsity to use).
     """
-    from ..functional.attention import scaled_dot_product_attention
-
     B, P, _ = q.shape
     N = k.shape[1]
     q = q.reshape(B, P, num_heads, -1).transpose(1, 2)  # [B, nh, P, hd]
@@ -232,6 +234,31 @@ def check_map_tokens_call(module: AttentionModule, x: Any, call: AttentionCall) 
     if not 0 <= P < N:
         raise ValueError(f"num_prefix_tokens={call.num_prefix_tokens!r} must be in 0..{N - 1} for {N} tokens")
     return B, N, C, P
+
+
+def observed_layout(x: Tensor, call: AttentionCall, *, num_context: int | None = None) -> AttentionLayout | None:
+    """Where the rows of a global token mechanism's attention on ``x [B, N, C]`` sit on the grid, for observers.
+
+    :func:`~vit_attention.functional.layout.token_layout` of ``N`` tokens with the call's ``feat_size`` and
+    ``num_prefix_tokens`` (``num_context``: keys from a context of that many tokens, not from ``x``); None
+    while nothing observes attention (no cost on the plain path) and once token merging has merged rows
+    (they no longer sit one per grid cell: :func:`merged_frame` tells the observers where they came from).
+    """
+    tome = call.tome
+    if not attention_observed() or (tome is not None and tome.token_map is not None):
+        return None
+    return token_layout(x.shape[1], call.feat_size, call.num_prefix_tokens, num_context=num_context)
+
+
+def merged_frame(call: AttentionCall) -> AbstractContextManager[Any]:
+    """The context a token mechanism computes its attention in: with merged tokens (``call.tome``) and an observer,
+    :func:`~vit_attention.functional.observers.attention_context` with the merge's token map and sizes (observers
+    place merged tokens' weights on the original ones, :func:`~vit_attention.functional.tome.expand_weights`);
+    otherwise a context that does nothing."""
+    tome = call.tome
+    if tome is not None and tome.token_map is not None and attention_observed():
+        return attention_context(**tome.observer_info())
+    return nullcontext()
 
 
 class ParamCache:
@@ -358,6 +385,17 @@ class AttentionModule(nn.Module):
             return apply_linear(proj, out, residual=residual)
         out = self.proj_drop(apply_linear(proj, out))
         return out if residual is None else residual + out
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, **options: Any) -> Tensor:
+        """The one attention function as this module runs it: ``q [*b, nh, N, hd]``, ``k [*b, nh, M, hd]``,
+        ``v [*b, nh, M, hdv]`` -> ``[*b, nh, N, hdv]``.
+
+        :func:`~vit_attention.functional.attention.scaled_dot_product_attention` with the module's attention
+        dropout while training (none in eval) and its captured ``fused`` / ``backend`` switches; ``options``: the
+        core's other keywords (``scale``, ``bias``, ``mask``, ``is_causal``, ``layout``, ``logits_fn``,
+        ``weights_fn``, ``pattern``, ...)."""
+        return scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0,
+                                            fused=self.fused_attention, backend=self.attention_backend, **options)
 
     @classmethod
     def provides(cls, member: str) -> bool:

@@ -25,12 +25,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
+from ..functional import merge_heads, split_qkv
 from ..functional.flex import AttentionPattern, PatternDoc, use_flex
-from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
-from ..functional.observers import attention_observed
-from .base import AttentionCall, AttentionModule, check_tokens_call
+from .base import AttentionCall, AttentionModule, check_tokens_call, observed_layout
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -273,33 +271,24 @@ class CausalSelfAttention(AttentionModule):
         """
         check_tokens_call(self, x, call)
         q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
-        dropout_p = self.attn_drop if self.training else 0.0
         if getattr(cache, "static", False):  # fixed shapes: every slot, the unwritten ones masked
             k, v, visible = cache.update(layer, k, v)  # [B, nh, L, hd] x 2, [N, L]
-            out = scaled_dot_product_attention(q, k, v, scale=self.scale, mask=visible, dropout_p=dropout_p,
-                                               fused=self.fused_attention,
-                                               backend=self.attention_backend)  # [B, nh, N, hd]
+            out = self.attend(q, k, v, scale=self.scale, mask=visible)  # [B, nh, N, hd]
         elif use_flex(self.attention_backend, self.fused_attention, x.device, mechanism="causal"):
             if cache is not None:
                 k, v = cache.update(layer, k, v)  # [B, nh, M, hd]: cached keys, then the new ones
-            out = scaled_dot_product_attention(q, k, v, scale=self.scale, dropout_p=dropout_p,
-                                               fused=self.fused_attention, backend=self.attention_backend,
-                                               pattern=causal_pattern(q.shape[-2], k.shape[-2]))  # [B, nh, N, hd]
+            out = self.attend(q, k, v, scale=self.scale,
+                              pattern=causal_pattern(q.shape[-2], k.shape[-2]))  # [B, nh, N, hd]
         elif cache is None or cache.length(layer) == 0:
             if cache is not None:
                 k, v = cache.update(layer, k, v)  # [B, nh, N, hd]
-            layout = token_layout(x.shape[1], call.feat_size, call.num_prefix_tokens) \
-                if attention_observed() else None  # where the rows sit on the grid (observers only)
-            out = scaled_dot_product_attention(q, k, v, scale=self.scale, is_causal=True, layout=layout,
-                                               dropout_p=dropout_p, fused=self.fused_attention,
-                                               backend=self.attention_backend)  # [B, nh, N, hd]
+            out = self.attend(q, k, v, scale=self.scale, is_causal=True,
+                              layout=observed_layout(x, call))  # [B, nh, N, hd]
         else:
             k, v = cache.update(layer, k, v)  # [B, nh, M, hd]: cached keys, then the new ones
             N, M = q.shape[-2], k.shape[-2]
             mask = None if N == 1 else causal_mask(N, M, device=q.device)  # one new token sees every key
-            out = scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask, dropout_p=dropout_p,
-                                               fused=self.fused_attention,
-                                               backend=self.attention_backend)  # [B, nh, N, hd]
+            out = self.attend(q, k, v, scale=self.scale, mask=mask)  # [B, nh, N, hd]
         return self.project_out(merge_heads(out), call.residual)  # [B, N, C]
 
     def step(self, x: Tensor, past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..functional import merge_heads, scaled_dot_product_attention, split_heads
-from ..functional.layout import token_layout
+from ..functional import merge_heads, split_heads
 from ..functional.linear import apply_linear
-from ..functional.observers import attention_observed
-from .base import AttentionCall, AttentionModule, check_tokens_call
+from .base import AttentionCall, AttentionModule, check_tokens_call, observed_layout
 from .registry import global_as_built, register_attention
 
 __all__ = ["ClassAttention"]
@@ -81,14 +79,9 @@ class ClassAttention(AttentionModule):
         q = split_heads(apply_linear(self.q, x), self.num_heads)  # [B, nh, N, hd]
         k = split_heads(apply_linear(self.k, ctx), self.num_heads)  # [B, nh, M, hd]
         v = split_heads(apply_linear(self.v, ctx), self.num_heads)  # [B, nh, M, hd]
-        layout = token_layout(x.shape[1], call.feat_size, call.num_prefix_tokens,
-                              num_context=None if context is None else context.shape[1]) \
-            if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
-        x = scaled_dot_product_attention(q, k, v, scale=self.scale, layout=layout,
-                                         dropout_p=self.attn_drop if self.training else 0.0,
-                                         fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
-        x = merge_heads(x)  # [B, N, C]
-        return self.project_out(x)  # [B, N, C]
+        layout = observed_layout(x, call, num_context=None if context is None else context.shape[1])
+        x = self.attend(q, k, v, scale=self.scale, layout=layout)  # [B, nh, N, hd]
+        return self.project_out(merge_heads(x))  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None,
               context_len: int | None = None) -> int:

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from contextlib import nullcontext
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ..functional import merge_heads, scaled_dot_product_attention, split_heads, split_qkv
+from ..functional import merge_heads, split_heads, split_qkv
 from ..functional.heads import split_packed
-from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, linear
-from ..functional.observers import attention_context, attention_observed
 from ..functional.rope import apply_rope
-from .base import AttentionCall, AttentionModule, check_tokens_call
+from .base import AttentionCall, AttentionModule, check_tokens_call, merged_frame, observed_layout
 from .registry import global_as_built, register_attention
 from .rope import make_rope
 from .transfer import PACKED_QKV_SLOTS
@@ -132,8 +129,7 @@ class MultiHeadSelfAttention(AttentionModule):
             if context is not None or rope_coords is not None:
                 raise ValueError("token merging runs on self-attention over the model's own tokens (no context, "
                                  "no packed rope_coords)")
-            tome.metric = k.mean(dim=1)  # [B, N, hd]: the keys, averaged over heads (ToMe's similarity)
-            bias = tome.attention_bias()  # [B, 1, 1, N] log(size), or None
+            bias = tome.read_keys(k)  # [B, 1, 1, N] log(size), or None; the keys become the merge metric
         if self.rope is not None and tome is not None and tome.coords is not None and feat_size is not None:
             cos, sin = self.rope.tables_at(tome.coords, feat_size)  # [B, 1 | nh, N - P, hd] at merged positions
             q = apply_rope(q, cos, sin, num_prefix_tokens=num_prefix_tokens, layout=self.rope.layout)
@@ -146,16 +142,9 @@ class MultiHeadSelfAttention(AttentionModule):
                     raise ValueError("rope_valid needs rope_coords [B, L, 2]")
                 q, k = self.rope(q, k, feat_size, num_prefix_tokens, coords=rope_coords,
                                  valid=rope_valid)  # each sample on its own grid
-        merged = tome is not None and tome.token_map is not None  # rows no longer sit one per grid cell
-        layout = token_layout(x.shape[1], feat_size, num_prefix_tokens,
-                              num_context=None if context is None else context.shape[1]) \
-            if attention_observed() and not merged else None  # where the rows sit on the grid (observers only)
-        frame = attention_context(**tome.observer_info()) if merged and attention_observed() else nullcontext()
-        with frame:  # observers place merged tokens' weights on the original ones (functional.tome.expand_weights)
-            x = scaled_dot_product_attention(q, k, v, mask=call.mask, bias=bias, scale=self.scale, layout=layout,
-                                             dropout_p=self.attn_drop if self.training else 0.0,
-                                             fused=self.fused_attention,
-                                             backend=self.attention_backend)  # [B, nh, N, hd]
+        layout = observed_layout(x, call, num_context=None if context is None else context.shape[1])
+        with merged_frame(call):  # observers place merged tokens' weights on the original ones
+            x = self.attend(q, k, v, mask=call.mask, bias=bias, scale=self.scale, layout=layout)  # [B, nh, N, hd]
         return self.project_out(self.norm(merge_heads(x)), call.residual)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:

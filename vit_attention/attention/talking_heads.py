@@ -9,16 +9,12 @@ force the explicit path (the fused kernel never sees the weights). Key names fol
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 from torch import Tensor, nn
 
-from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
-from ..functional.layout import token_layout
+from ..functional import merge_heads, split_qkv
 from ..functional.linear import apply_linear, hookless
-from ..functional.observers import attention_context, attention_observed
-from .base import AttentionCall, AttentionModule, check_tokens_call
+from .base import AttentionCall, AttentionModule, check_tokens_call, merged_frame, observed_layout
 from .registry import global_as_built, register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -121,29 +117,16 @@ class TalkingHeadsAttention(AttentionModule):
         merge metric.
         """
         check_tokens_call(self, x, call)
-        tome = call.tome
         q, k, v = split_qkv(apply_linear(self.qkv, x), self.num_heads)  # each [B, nh, N, hd]
         logits_fn = self._mix_logits
-        merged = False
-        if tome is not None:
-            tome.metric = k.mean(dim=1)  # [B, N, hd]
-            size_bias = tome.attention_bias()  # [B, 1, 1, N] or None
-            merged = tome.token_map is not None
-            if size_bias is not None:
-                def logits_fn(a: Tensor) -> Tensor:
-                    return self._mix_logits(a) + size_bias  # [B, nh, N, N]
-        layout = token_layout(x.shape[1], call.feat_size, call.num_prefix_tokens) \
-            if attention_observed() and not merged else None
-        frame = (attention_context(**tome.observer_info()) if merged and tome is not None and attention_observed()
-                 else nullcontext())
-        with frame:  # observers place merged tokens' weights on the original ones
-            x = scaled_dot_product_attention(q, k, v, scale=1.0, logits_fn=logits_fn,  # scale: in _mix_logits
-                                             weights_fn=self._mix_weights, layout=layout,
-                                             dropout_p=self.attn_drop if self.training else 0.0,
-                                             fused=self.fused_attention,
-                                             backend=self.attention_backend)  # [B, nh, N, hd]
-        x = merge_heads(x)  # [B, N, C]
-        return self.project_out(x)  # [B, N, C]
+        size_bias = None if call.tome is None else call.tome.read_keys(k)  # [B, 1, 1, N] or None
+        if size_bias is not None:
+            def logits_fn(a: Tensor) -> Tensor:
+                return self._mix_logits(a) + size_bias  # [B, nh, N, N]
+        with merged_frame(call):  # observers place merged tokens' weights on the original ones
+            x = self.attend(q, k, v, scale=1.0, logits_fn=logits_fn,  # scale: in _mix_logits
+                            weights_fn=self._mix_weights, layout=observed_layout(x, call))  # [B, nh, N, hd]
+        return self.project_out(merge_heads(x))  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds for one forward on ``input_shape = (B, N, C)``: ``4·N·C² + 2·N²·C + 2·N²·nh²``."""

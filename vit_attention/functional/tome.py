@@ -300,6 +300,13 @@ class TokenMergeState:
         """``log(size)`` of each key ``[B, 1, 1, T]`` (proportional attention), or None without ``prop_attn``."""
         return size_bias(self.size) if self.prop_attn else None
 
+    def read_keys(self, k: Tensor) -> Tensor | None:
+        """A block's attention's part: keep its keys ``k [B, nh, T, hd]`` averaged over heads as the merge
+        :attr:`metric` (``[B, T, hd]``, ToMe's similarity) and return :meth:`attention_bias` (``[B, 1, 1, T]`` or
+        None), which the attention adds to its logits."""
+        self.metric = k.mean(dim=1)  # [B, T, hd]
+        return self.attention_bias()
+
     def merge(self, x: Tensor) -> Tensor:
         """Merge this block's share of ``x [B, T, C]`` by the :attr:`metric` its attention set: ``[B, T - r, C]``."""
         r = self.schedule[self.block] if self.block < len(self.schedule) else 0
