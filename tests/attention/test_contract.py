@@ -168,7 +168,8 @@ def test_spec_is_complete_and_its_example_runs(name: str) -> None:
             assert doc(torch.empty(doc_shape)).shape == doc_shape
     if spec.grid_kwargs is not None:
         grid_attn = spec.cls(16, 2, **spec.grid_kwargs((4, 4)))
-        assert grid_attn(torch.randn(1, 4, 4, 16)).shape == (1, 4, 4, 16)
+        grid_shape = (1, 4, 4, 16) if spec.layout == "spatial" else (1, 16, 16)  # a 4x4 map or its 16 tokens
+        assert grid_attn(torch.randn(grid_shape)).shape == grid_shape
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if get_attention_spec(n).layout == "spatial"])
