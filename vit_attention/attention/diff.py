@@ -22,7 +22,7 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor, nn
 
-from ..functional import merge_heads, scaled_dot_product_attention
+from ..functional import scaled_dot_product_attention
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, linear
 from ..functional.observers import attention_context, attention_observed
@@ -30,12 +30,38 @@ from .base import AttentionCall, AttentionModule, check_tokens_call
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
-__all__ = ["DifferentialAttention", "lambda_init_at"]
+__all__ = ["DifferentialAttention", "HeadRmsNorm", "lambda_init_at"]
 
 
 def lambda_init_at(depth_index: int) -> float:
     """``λ_init = 0.8 − 0.6·exp(−0.3·i)`` of the block with 0-based index ``i`` (the paper's ``l − 1``)."""
     return 0.8 - 0.6 * math.exp(-0.3 * depth_index)
+
+
+def _pairs(t: Tensor) -> Tensor:
+    """``[B, nh, ...] -> [B, 2nh, ...]``, each head twice in a row (``repeat_interleave(2, 1)`` written as an
+    expand, which ONNX export keeps free of the traced batch size)."""
+    return t.unsqueeze(2).expand(-1, -1, 2, *([-1] * (t.dim() - 2))).flatten(1, 2)
+
+
+class HeadRmsNorm(nn.Module):
+    """RMSNorm over the last axis with a learned weight (key ``weight``), ``[..., D] -> [..., D]``.
+
+    ``x · rsqrt(mean(x²) + eps) · weight``, written out rather than ``nn.RMSNorm``: ONNX opset 17 has no
+    ``rms_norm`` operator, and these elementwise operators export everywhere (the same values).
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x [..., D] -> [..., D]``."""
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
 @register_attention(
@@ -104,7 +130,7 @@ class DifferentialAttention(AttentionModule):
             self.lambda_k1 = nn.Parameter(torch.empty(hd, dtype=torch.float32).normal_(0, 0.1))
             self.lambda_q2 = nn.Parameter(torch.empty(hd, dtype=torch.float32).normal_(0, 0.1))
             self.lambda_k2 = nn.Parameter(torch.empty(hd, dtype=torch.float32).normal_(0, 0.1))
-        self.sub_norm = nn.RMSNorm(2 * hd, eps=1e-5)
+        self.sub_norm = HeadRmsNorm(2 * hd, eps=1e-5)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
 
     def lambda_full(self) -> Tensor:
@@ -140,9 +166,9 @@ class DifferentialAttention(AttentionModule):
         M = k.shape[1]
         q = q.reshape(B, N, 2 * nh, hd).transpose(1, 2)  # [B, 2nh, N, hd]: half-heads 2h = q1, 2h+1 = q2 of head h
         k = k.reshape(B, M, 2 * nh, hd).transpose(1, 2)  # [B, 2nh, M, hd]
-        v = v.reshape(B, M, nh, 2 * hd).transpose(1, 2).repeat_interleave(2, dim=1)  # [B, 2nh, M, 2hd]
+        v = _pairs(v.reshape(B, M, nh, 2 * hd).transpose(1, 2))  # [B, 2nh, M, 2hd]: each head's v for both halves
         if mask is not None and mask.dim() == 4 and mask.shape[1] > 1:
-            mask = mask.repeat_interleave(2, dim=1)  # [B, nh, N, M] -> both half-heads of each head
+            mask = _pairs(mask)  # [B, nh, N, M] -> [B, 2nh, N, M]: both half-heads of each head
         bias = None
         if tome is not None:
             if context is not None:
@@ -161,7 +187,8 @@ class DifferentialAttention(AttentionModule):
         out = out.unflatten(1, (nh, 2))  # [B, nh, 2, N, 2hd]
         out = out[:, :, 0] - self.lambda_full().to(out.dtype) * out[:, :, 1]  # (A1 − λ·A2) v: [B, nh, N, 2hd]
         out = self.sub_norm(out) * (1.0 - self.lambda_init)
-        return self.project_out(merge_heads(out), call.residual)  # [B, N, C]
+        out = out.transpose(1, 2).flatten(2)  # heads merged [B, N, C] (flatten: no traced sizes in an ONNX graph)
+        return self.project_out(out, call.residual)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds for one forward on ``input_shape = (B, N, C)``: ``4·N·C² + 3·N²·C``.
