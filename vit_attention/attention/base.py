@@ -386,14 +386,15 @@ class AttentionModule(nn.Module):
         out = self.proj_drop(apply_linear(proj, out))
         return out if residual is None else residual + out
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, **options: Any) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, **options: Any) -> Any:
         """The one attention function as this module runs it: ``q [*b, nh, N, hd]``, ``k [*b, nh, M, hd]``,
-        ``v [*b, nh, M, hdv]`` -> ``[*b, nh, N, hdv]``.
+        ``v [*b, nh, M, hdv]`` -> ``[*b, nh, N, hdv]`` (with ``return_weights=True``: that and the weights
+        ``[*b, nh, N, M]``).
 
         :func:`~vit_attention.functional.attention.scaled_dot_product_attention` with the module's attention
         dropout while training (none in eval) and its captured ``fused`` / ``backend`` switches; ``options``: the
         core's other keywords (``scale``, ``bias``, ``mask``, ``is_causal``, ``layout``, ``logits_fn``,
-        ``weights_fn``, ``pattern``, ...)."""
+        ``weights_fn``, ``return_weights``, ``pattern``)."""
         return scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0,
                                             fused=self.fused_attention, backend=self.attention_backend, **options)
 

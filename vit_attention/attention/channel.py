@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
+from ..functional import merge_heads, split_qkv
 from ..functional.layout import AttentionLayout
 from ..functional.linear import apply_linear, hookless
 from ..functional.observers import attention_observed
@@ -137,9 +137,7 @@ class ChannelAttention(AttentionModule):
         if self.form == "davit":  # keys x values make the matrix, the queries are what is mixed
             q, k, v = k, v, q
         layout = channel_layout(self.head_dim) if attention_observed() else None
-        out = scaled_dot_product_attention(q, k, v, scale=self.scale_for(N), layout=layout,
-                                           dropout_p=self.attn_drop if self.training else 0.0,
-                                           fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, hd, N]
+        out = self.attend(q, k, v, scale=self.scale_for(N), layout=layout)  # [B, nh, hd, N]
         if plain and not (self.training and self.proj_drop.p > 0):
             return self._project_channels_major(out.reshape(B, C, N), residual)  # [B, N, C]
         return self.project_out(merge_heads(out.transpose(-2, -1)), residual)  # [B, N, C]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..functional import merge_heads, scaled_dot_product_attention, split_heads
+from ..functional import merge_heads, split_heads
 from ..functional.batch_norm import conv_bn
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
@@ -203,9 +203,7 @@ class ConvProjectionAttention(AttentionModule):
         v = split_heads(apply_linear(self.proj_v, v_t), self.num_heads)  # [B, nh, M, hd]
         layout = token_layout(N, (H, W), P, key_grid=self.key_grid(H, W)) \
             if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
-        out = scaled_dot_product_attention(q, k, v, scale=self.scale, layout=layout,
-                                           dropout_p=self.attn_drop if self.training else 0.0,
-                                           fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
+        out = self.attend(q, k, v, scale=self.scale, layout=layout)  # [B, nh, N, hd]
         return self.project_out(merge_heads(out), call.residual)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..functional import merge_heads, scaled_dot_product_attention, split_heads
+from ..functional import merge_heads, split_heads
 from ..functional.flex import PatternDoc, use_flex
 from ..functional.heads import split_packed
 from ..functional.linear import apply_linear
@@ -185,9 +185,8 @@ class Longformer2DAttention(AttentionModule):
         H, W = grid_of(N - G, call.feat_size)  # feat_size, or a square map of the N - G map tokens
         nh, hd, w = self.num_heads, self.head_dim, self.window_size
         shared = self.share_weights
-        dropout_p = self.attn_drop if self.training else 0.0
         if use_flex(self.attention_backend, self.fused_attention, x.device, mechanism="longformer2d"):
-            return self._forward_flex(x, H, W, G, dropout_p)
+            return self._forward_flex(x, H, W, G)
         q = apply_linear(self.query, x if shared else x[:, G:])  # [B, N | H·W, C]
         kv = apply_linear(self.kv, x)  # [B, N, 2C]
         layouts = longformer2d_layouts(H, W, w, G) if attention_observed() else (None, None)
@@ -204,9 +203,8 @@ class Longformer2DAttention(AttentionModule):
         rpe = self._local_bias(G)  # [nh, w², K] or None
         bias = mask.expand(-1, nh, -1, -1) if rpe is None else mask + rpe  # [nc, nh, 1 | w², K]: window mask (+ RPE)
         # chunks folded into the heads: 4-D for the fused kernel, the bias broadcast over the batch only
-        out = scaled_dot_product_attention(ql, kl, vl, bias=bias.flatten(0, 1), scale=self.scale, dropout_p=dropout_p,
-                                           layout=layouts[0], fused=self.fused_attention,
-                                           backend=self.attention_backend)  # [B, nc·nh, w², hd]
+        out = self.attend(ql, kl, vl, bias=bias.flatten(0, 1), scale=self.scale,
+                          layout=layouts[0])  # [B, nc·nh, w², hd]
         out = out.unflatten(1, (nc, nh)).transpose(2, 3).flatten(3).flatten(1, 2)[:, back]  # [B, H·W, C] map order
         if not G:
             return self.project_out(out)
@@ -218,15 +216,13 @@ class Longformer2DAttention(AttentionModule):
         if self.rel_pos_bias:
             g2l = self.g2l_relative_position_bias[0][:, :, None].expand(-1, -1, H * W)  # [nh, G, H·W]
             bias = torch.cat([self.g2g_relative_position_bias, g2l], dim=-1)  # [nh, G, N]
-        og = scaled_dot_product_attention(qg, k, v, bias=bias, scale=self.scale, dropout_p=dropout_p,
-                                          layout=layouts[1], fused=self.fused_attention,
-                                          backend=self.attention_backend)  # [B, nh, G, hd]
+        og = self.attend(qg, k, v, bias=bias, scale=self.scale, layout=layouts[1])  # [B, nh, G, hd]
         og = merge_heads(og)  # [B, G, C]
         if shared:
             return self.project_out(torch.cat([og, out], dim=1))  # [B, N, C]
         return self.proj_drop(torch.cat([apply_linear(self.proj_global, og), apply_linear(self.proj, out)], dim=1))
 
-    def _forward_flex(self, x: Tensor, H: int, W: int, G: int, dropout_p: float) -> Tensor:
+    def _forward_flex(self, x: Tensor, H: int, W: int, G: int) -> Tensor:
         """The flex backend: ``x [B, G + H·W, C] -> [B, G + H·W, C]`` in one attention call over the sequence
         (tokens in ``flex_order``; with separate global projections the global queries read their own keys,
         appended after the map queries' ones)."""
@@ -247,9 +243,7 @@ class Longformer2DAttention(AttentionModule):
             local_table=self.local_relative_position_bias_table if rpe else None,
             g2l=self.g2l_relative_position_bias if rpe and G else None,
             g2g=self.g2g_relative_position_bias if rpe and G else None, device=x.device)
-        out = merge_heads(scaled_dot_product_attention(split_heads(q, nh), k, v, scale=self.scale,
-                                                       dropout_p=dropout_p, fused=self.fused_attention,
-                                                       backend=self.attention_backend, pattern=pattern))  # [B, N, C]
+        out = merge_heads(self.attend(split_heads(q, nh), k, v, scale=self.scale, pattern=pattern))  # [B, N, C]
         if split:
             out = torch.cat([apply_linear(self.proj_global, out[:, :G]), apply_linear(self.proj, out[:, G:])], dim=1)
         else:

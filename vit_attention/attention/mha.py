@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..functional import merge_heads, scaled_dot_product_attention, split_heads
+from ..functional import merge_heads, split_heads
 from ..functional.layout import token_layout
 from ..functional.observers import attention_observed
 from .base import AttentionCall, AttentionModule, refuse_unaccepted
@@ -169,18 +169,14 @@ class MultiHeadAttention(AttentionModule):
         k = split_heads(self.k_proj(key), self.num_heads)  # [B, nh, M, hd]
         v = split_heads(self.v_proj(value), self.num_heads)  # [B, nh, M, hd]
         bias, mask = self._build_masks(B, N, M, key_padding_mask, attn_mask, q.dtype)
-        drop = self.attn_drop if self.training else 0.0
         layout = token_layout(N, feat_size, num_prefix_tokens, num_context=None if key is query else M) \
             if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
         weights: Tensor | None = None
         if need_weights:
-            out, weights = scaled_dot_product_attention(q, k, v, scale=self.scale, bias=bias, mask=mask, dropout_p=drop,
-                                                        layout=layout, return_weights=True,
-                                                        fused=self.fused_attention, backend=self.attention_backend)
+            out, weights = self.attend(q, k, v, scale=self.scale, bias=bias, mask=mask, layout=layout,
+                                       return_weights=True)
         else:
-            out = scaled_dot_product_attention(q, k, v, scale=self.scale, bias=bias, mask=mask, dropout_p=drop,
-                                               layout=layout, fused=self.fused_attention,
-                                               backend=self.attention_backend)
+            out = self.attend(q, k, v, scale=self.scale, bias=bias, mask=mask, layout=layout)
         out = self.project_out(merge_heads(out), proj=self.out_proj)  # [B, N, E]
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)  # [B, N, M]

@@ -41,7 +41,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from ..functional import merge_heads, scaled_dot_product_attention, split_qkv
+from ..functional import merge_heads, split_qkv
 from ..functional.flex import AttentionPattern, PatternDoc, use_flex
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
@@ -190,7 +190,6 @@ class RelPosAttention(AttentionModule):
         """
         B, H, W, C = check_spatial_call(self, x, call)
         residual = call.residual
-        dropout = self.attn_drop if self.training else 0.0
         if self.is_windowed:
             window = self.fitted_window(H, W)
             qkv = apply_linear(self.qkv, window_tokens(x, window))  # [B·nW, N, 3C] | [B, H·W (+1), 3C]
@@ -213,10 +212,8 @@ class RelPosAttention(AttentionModule):
             elif self.use_rel_pos:
                 bias = self.rel_pos_bias(q, (H, W))  # [B, nh, N, N]
             layout = token_layout(H * W, (H, W)) if attention_observed() else None
-            out = merge_heads(scaled_dot_product_attention(q, k, v, bias=bias, scale=scale, dropout_p=dropout,
-                                                           layout=layout, fused=self.fused_attention,
-                                                           backend=self.attention_backend,
-                                                           pattern=pattern))  # [B, H·W, C]
+            out = merge_heads(self.attend(q, k, v, bias=bias, scale=scale, layout=layout,
+                                          pattern=pattern))  # [B, H·W, C]
         res = None if residual is None else residual.reshape(B, H * W, C)
         return self.project_out(out, res).view(B, H, W, C)  # [B, H, W, C]
 

@@ -95,10 +95,9 @@ class SeparableAttention(AttentionModule):
         s = rearrange(scores, "b (gh ph) (gw pw) h -> b (ph pw h) (gh gw) 1", ph=p, pw=p)  # [B, P·nh, N, 1]
         k = rearrange(keys, "b (gh ph) (gw pw) (h d) -> b (ph pw h) (gh gw) d", ph=p, pw=p, h=nh)  # [B, P·nh, N, hd]
         ones = s.new_ones(1, 1, 1, 1).expand(B, p * p * nh, 1, 1)  # [B, P·nh, 1, 1]: the all-ones query
-        ctx = scaled_dot_product_attention(
-            ones, s, k, mask=mask, scale=1.0, dropout_p=self.attn_drop if self.training else 0.0,
-            layout=(lambda: separable_layout(H, W, p)) if attention_observed() else None,
-            fused=self.fused_attention, backend=self.attention_backend)  # [B, P·nh, 1, hd]
+        ctx = self.attend(ones, s, k, mask=mask, scale=1.0,
+                          layout=(lambda: separable_layout(H, W, p)) if attention_observed() else None
+                          )  # [B, P·nh, 1, hd]
         ctx = ctx.reshape(B, 1, p, 1, p, C)  # [B, 1, p, 1, p, C]: one context per offset, broadcast over patches
         out = (F.relu(values).reshape(B, gh, p, gw, p, C) * ctx).reshape(B, Hp, Wp, C)  # [B, Hp, Wp, C]
         if (Hp, Wp) != (H, W):

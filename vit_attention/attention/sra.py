@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..functional import merge_heads, scaled_dot_product_attention, split_heads
+from ..functional import merge_heads, split_heads
 from ..functional.heads import split_packed
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
@@ -193,9 +193,7 @@ class SpatialReductionAttention(AttentionModule):
         k, v = split_packed(apply_linear(self.kv, src), self.num_heads, 2, "packed kv")  # each [B, nh, M, hd]
         layout = token_layout(N, feat_size, P, key_grid=key_grid) \
             if attention_observed() else None  # where the rows sit on the grid (observers only; cached)
-        x = scaled_dot_product_attention(q, k, v, scale=self.scale, layout=layout,
-                                         dropout_p=self.attn_drop if self.training else 0.0,
-                                         fused=self.fused_attention, backend=self.attention_backend)  # [B, nh, N, hd]
+        x = self.attend(q, k, v, scale=self.scale, layout=layout)  # [B, nh, N, hd]
         return self.project_out(merge_heads(x), call.residual)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:

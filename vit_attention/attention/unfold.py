@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from ..functional import scaled_dot_product_attention
 from ..functional.linear import apply_linear
 from ..functional.observers import attention_observed
 from ..functional.unfold import patch_grid, patch_key_mask, unfold_layout
@@ -117,10 +116,9 @@ class UnfoldAttention(AttentionModule):
         q, k, v = rearrange(qkv, "b (nh ph) (nw pw) (t h d) -> t b (ph pw h) (nh nw) d", ph=p, pw=p, t=3,
                             h=self.num_heads).unbind(0)  # each [B, P·nh, N, hd]: offsets folded into heads
         grid = (Hp, Wp) if resized else (H, W)
-        out = scaled_dot_product_attention(
-            q, k, v, mask=mask, scale=self.scale, dropout_p=self.attn_drop if self.training else 0.0,
-            layout=(lambda: unfold_layout(*grid, p)) if attention_observed() else None,
-            fused=self.fused_attention, backend=self.attention_backend)  # [B, P·nh, N, hd]
+        out = self.attend(q, k, v, mask=mask, scale=self.scale,
+                          layout=(lambda: unfold_layout(*grid, p)) if attention_observed() else None
+                          )  # [B, P·nh, N, hd]
         out = rearrange(out, "b (ph pw h) (nh nw) d -> b (nh ph) (nw pw) (h d)", ph=p, pw=p, nh=nh)  # [B, Hp, Wp, C]
         if (Hp, Wp) != (H, W) and not resized:
             out = out[:, :H, :W]  # [B, H, W, C]
