@@ -177,3 +177,71 @@ def test_the_output_tail_is_residual_plus_dropped_projection(training: bool, p: 
         got = module.project_out(out, proj=proj)
         torch.manual_seed(1)
         torch.testing.assert_close(got, module.proj_drop(layer(out)))
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_attend_runs_the_core_with_the_modules_dropout_and_switches(training: bool) -> None:
+    """``attend``: the one attention function with the module's attention dropout while training (none in eval)
+    and its captured ``fused`` / ``backend``; the core's other keywords pass through."""
+    from vit_attention.functional import scaled_dot_product_attention
+
+    module = AttentionModule()
+    module.init_attention(8, 2, attn_drop=0.5)
+    module.fused_attention, module.attention_backend = False, "explicit"
+    module.train(training)
+    q, k, v = torch.randn(3, 2, 2, 5, 4).unbind(0)
+    bias = torch.randn(2, 1, 5, 5)
+    torch.manual_seed(0)
+    got = module.attend(q, k, v, scale=0.3, bias=bias)
+    torch.manual_seed(0)
+    want = scaled_dot_product_attention(q, k, v, scale=0.3, bias=bias, dropout_p=0.5 if training else 0.0,
+                                        fused=False, backend="explicit")
+    torch.testing.assert_close(got, want)
+    no_drop = scaled_dot_product_attention(q, k, v, scale=0.3, bias=bias, fused=False, backend="explicit")
+    assert torch.allclose(got, no_drop) is not training  # the dropout acts while training only
+    out, weights = module.attend(q, k, v, scale=0.3, return_weights=True)
+    assert out.shape == (2, 2, 5, 4) and weights.shape == (2, 2, 5, 5)
+
+
+def test_observed_layout_and_merged_frame_follow_the_observers_and_the_merge() -> None:
+    """``observed_layout``: None while nothing observes, the call's token layout while something does, None again
+    once token merging merged rows; ``merged_frame`` opens the merge's frame only then."""
+    from vit_attention.attention.base import merged_frame, observed_layout
+    from vit_attention.functional.layout import token_layout
+    from vit_attention.functional.observers import current_frames, register_attention_hook
+    from vit_attention.functional.tome import TokenMergeState
+
+    x = torch.randn(2, 1 + 16, 8)
+    call = AttentionCall(feat_size=(4, 4), num_prefix_tokens=1)
+    assert observed_layout(x, call) is None
+    with merged_frame(call):
+        assert current_frames() == ()
+    handle = register_attention_hook(lambda *a: None, weights=False)
+    try:
+        assert observed_layout(x, call) == token_layout(17, (4, 4), 1)
+        assert observed_layout(x, call, num_context=5) == token_layout(17, (4, 4), 1, num_context=5)
+        tome = TokenMergeState(x, 1, [4], grid=(4, 4))
+        tome.read_keys(torch.randn(2, 2, 17, 4))
+        x = tome.merge(x)  # [2, 13, 8]: rows no longer one per grid cell
+        merged = AttentionCall(feat_size=(4, 4), num_prefix_tokens=1, tome=tome)
+        assert observed_layout(x, merged) is None
+        with merged_frame(merged):
+            (frame,) = current_frames()
+            assert frame["token_map"] is tome.token_map and frame["token_size"] is tome.size
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("prop_attn", [True, False])
+def test_token_merging_reads_the_keys_averaged_over_heads(prop_attn: bool) -> None:
+    """``TokenMergeState.read_keys``: the keys ``[B, nh, T, hd]`` averaged over heads become the merge metric, and
+    the proportional-attention bias (``log(size)``, None without ``prop_attn``) comes back."""
+    from vit_attention.functional.tome import TokenMergeState
+
+    tome = TokenMergeState(torch.randn(2, 9, 8), 1, [2], prop_attn=prop_attn)
+    k = torch.randn(2, 4, 9, 2)
+    bias = tome.read_keys(k)
+    torch.testing.assert_close(tome.metric, k.mean(dim=1))
+    assert (bias is None) is not prop_attn
+    if bias is not None:
+        torch.testing.assert_close(bias, torch.zeros(2, 1, 1, 9))  # every token covers one patch
