@@ -110,3 +110,21 @@ def test_load_or_create_model_one_dispatch_for_the_commands(tmp_path: Path) -> N
                                                                       model.state_dict().values(), strict=True))
     with pytest.raises(ValueError, match="pretrained=True and checkpoint .* both give weights"):
         load_or_create_model(NAME, foreign, pretrained=True)
+
+
+def test_every_command_declares_model_arg_through_one_helper() -> None:
+    """``--model-arg KEY=VALUE`` is declared in one place (``add_model_arg_option``): on a parser or an argument
+    group, with the command's own help or the default one, it parses repeatable JSON pairs."""
+    import argparse
+
+    from vit_attention.factory import add_model_arg_option
+
+    parser = argparse.ArgumentParser()
+    add_model_arg_option(parser.add_argument_group("model"), help="overrides for every MODEL")
+    args = parser.parse_args(["--model-arg", "depth=2", "--model-arg", 'attn_layer="neighborhood"'])
+    assert args.model_arg == [("depth", 2), ("attn_layer", "neighborhood")]
+    assert parser._actions[-1].help == "overrides for every MODEL"
+    assert parser.parse_args([]).model_arg is None
+    plain = argparse.ArgumentParser()
+    add_model_arg_option(plain)
+    assert plain._actions[-1].help.endswith("(default: the preset's)")

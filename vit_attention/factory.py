@@ -41,13 +41,14 @@ def config_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k not in RUNTIME_MODEL_ARGS}
 
 
-def add_model_arg_option(parser: argparse.ArgumentParser) -> None:
-    """``--model-arg KEY=VALUE`` (repeatable) on a command that builds one model by name: ``args.model_arg`` is
+def add_model_arg_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, help: str | None = None) -> None:
+    """``--model-arg KEY=VALUE`` (repeatable) on a command that builds models by name: ``args.model_arg`` is
     then a list of ``(key, value)`` pairs (:func:`model_arg`) or None; ``dict(args.model_arg or ())`` goes to
-    :func:`create_model`."""
+    :func:`create_model`. ``parser``: the command's parser or one of its argument groups; ``help``: the
+    command's own words for the option (None: a config override of the one model built)."""
     parser.add_argument("--model-arg", type=model_arg, action="append", metavar="KEY=VALUE",
-                        help="model config override, repeatable, JSON values: --model-arg depth=6, "
-                             "--model-arg attn_layer=neighborhood (default: the preset's)")
+                        help=help or "model config override, repeatable, JSON values: --model-arg depth=6, "
+                                     "--model-arg attn_layer=neighborhood (default: the preset's)")
 
 
 def merged_model_args(model_args: Sequence[tuple[str, Any]] | Mapping[str, Any] | None,

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..factory import model_arg, positive_int
+from ..factory import add_model_arg_option, positive_int
 from ..models import list_models
 from ..weights.io import atomic_write_text
 from .harness import (
@@ -138,9 +138,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="torch._dynamo's recompile limit during the run (default: torch's, 8); past it a compiled "
                    "function runs eagerly, FlexAttention's CUDA kernel included (one compilation per attention "
                    "shape and pattern): raise it for models with many (e.g. 64)")
-    p.add_argument("--model-arg", type=model_arg, action="append", metavar="KEY=VALUE",
-                   help="model config override for every MODEL, repeatable, JSON values: --model-arg depth=2 "
-                   "(default: the presets')")
+    add_model_arg_option(p, help="model config override for every MODEL, repeatable, JSON values: "
+                                 "--model-arg depth=2 (default: the presets')")
     p.add_argument("--reduced", action="store_true", help="each model in its family's reduced form (every code "
                    "path, a few tokens: a smoke run; references whose weights no longer fit are reported unavailable)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

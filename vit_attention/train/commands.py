@@ -10,7 +10,7 @@ from typing import Any
 from ..data.image import printable_name
 from ..data.naflex import inference_meta as _inference_meta  # attn (analysis) reads runs the same way
 from ..data.naflex import naflex_budget as _naflex_budget
-from ..factory import model_arg, positive_int
+from ..factory import add_model_arg_option, positive_int
 from ..models.digits import DEFAULT_MODEL
 
 __all__ = ["add_commands"]
@@ -196,9 +196,8 @@ def _add_train_options(p: argparse.ArgumentParser, *, epochs: int = 40) -> None:
     g.add_argument("--model", default=DEFAULT_MODEL,
                    help="registered model name (vit-attention models lists them); NAME.TAG picks the published "
                         "weights --pretrained loads (vit-attention models --pretrained lists the tags)")
-    g.add_argument("--model-arg", type=model_arg, action="append", metavar="KEY=VALUE",
-                   help="model config override, repeatable, JSON values: --model-arg depth=2 (default: the preset's); "
-                        "also attn_backend=auto|sdpa|explicit|flex, how attention runs")
+    add_model_arg_option(g, help="model config override, repeatable, JSON values: --model-arg depth=2 (default: the "
+                                 "preset's); also attn_backend=auto|sdpa|explicit|flex, how attention runs")
     g.add_argument("--pretrained", nargs="?", const=True, default=False, metavar="SOURCE",
                    help="fine-tune from pretrained weights: alone, the preset's published ones (Hugging Face cache); "
                         "or a checkpoint file, a model folder or hf-hub:ORG/REPO (e.g. "
@@ -645,9 +644,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        help="with a file of ours: the model it must hold (it says which); with a foreign "
                             "checkpoint (timm, torchvision, ...) or --pretrained: build this registered model "
                             "(NAME.TAG picks a tag) and load it")
-        p.add_argument("--model-arg", type=model_arg, action="append", metavar="KEY=VALUE",
-                       help="config option for --model with a foreign checkpoint (must agree with a file of ours); "
-                            "attn_backend=auto|sdpa|explicit|flex (how attention runs) goes with any checkpoint")
+        add_model_arg_option(p, help="config option for --model with a foreign checkpoint (must agree with a file of "
+                                     "ours); attn_backend=auto|sdpa|explicit|flex (how attention runs) goes with any "
+                                     "checkpoint")
         p.add_argument("--num-classes", type=int, default=None,
                        help="classes of --model with a foreign checkpoint (must agree with a file of ours)")
         p.add_argument("--tome", type=int, default=0, metavar="R",
