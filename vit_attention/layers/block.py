@@ -84,6 +84,9 @@ class Block(nn.Module):
         init_values: LayerScale initial value (None = no LayerScale).
         norm_layer, act_layer: ``norm_layer(C)``, ``act_layer()``.
         attn_layer: registered mechanism name; attn_kwargs: its own keywords (given as they are).
+        depth_index: the block's 0-based index among the model's attention blocks (counted across stages),
+            handed to a mechanism
+            whose constructor takes ``depth_index`` (differential attention's ``λ_init``); others ignore it.
         mlp_layer: ``mlp_layer(C, hidden, act_layer=, bias=, drop=)`` (default :class:`Mlp`).
         pos_layer: ``pos_layer(C)``, a position layer called ``pos(x, feat_size, num_prefix_tokens)``
             on the block input (it adds its own residual).
@@ -99,12 +102,13 @@ class Block(nn.Module):
                  act_layer: Callable[[], nn.Module] = nn.GELU, attn_layer: str = "mhsa",
                  attn_kwargs: Mapping[str, Any] | None = None, mlp_layer: Callable[..., nn.Module] = Mlp,
                  pos_layer: Callable[[int], nn.Module] | None = None,
-                 pos_mlp_layer: Callable[[int], nn.Module] | None = None) -> None:
+                 pos_mlp_layer: Callable[[int], nn.Module] | None = None, depth_index: int = 0) -> None:
         super().__init__()
         if style not in BLOCK_STYLES:
             raise ValueError(f"style must be one of {', '.join(map(repr, BLOCK_STYLES))}; got {style!r}")
         self.style = style
-        offered = dict(qkv_bias=qkv_bias, qk_norm=qk_norm, proj_bias=proj_bias, attn_drop=attn_drop, proj_drop=drop)
+        offered = dict(qkv_bias=qkv_bias, qk_norm=qk_norm, proj_bias=proj_bias, attn_drop=attn_drop, proj_drop=drop,
+                       depth_index=depth_index)
         neutral = dict(qkv_bias=True, qk_norm=False, proj_bias=True, attn_drop=0.0, proj_drop=0.0)
         kw = {**accepted_kwargs(attn_layer, offered, neutral), **(attn_kwargs or {})}
         self.pos = pos_layer(dim) if pos_layer is not None else None

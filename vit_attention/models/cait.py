@@ -132,13 +132,13 @@ class Cait(TokenMergingMixin, IsotropicBackbone):
                         norm_layer=norm_layer, act_layer=nn.GELU)
         self.blocks = nn.Sequential(*[
             block(mlp_ratio=cfg.mlp_ratio, drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate,
-                  drop_path=cfg.drop_path_rate, attn_layer=cfg.attn_layer, attn_kwargs=cfg.attn_kwargs)
-            for _ in range(cfg.depth)])
+                  drop_path=cfg.drop_path_rate, attn_layer=cfg.attn_layer, attn_kwargs=cfg.attn_kwargs, depth_index=i)
+            for i in range(cfg.depth)])
         self.feature_info = stage_feature_info((C,) * cfg.depth, (self.patch_embed.patch_size[0],) * cfg.depth,
                                                "blocks")
         self.blocks_token_only = nn.ModuleList([
-            block(mlp_ratio=cfg.mlp_ratio_token_only, attn_layer=cfg.token_attn_layer)
-            for _ in range(cfg.depth_token_only)])
+            block(mlp_ratio=cfg.mlp_ratio_token_only, attn_layer=cfg.token_attn_layer, depth_index=cfg.depth + i)
+            for i in range(cfg.depth_token_only)])
         self.norm = norm_layer(C)
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(C, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()

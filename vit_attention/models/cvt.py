@@ -178,7 +178,8 @@ class Cvt(StagedBackbone):
             blocks = [Block(dim, cfg.num_heads[i], style="pre", mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
                             drop=cfg.drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dpr[j],
                             norm_layer=norm_layer, act_layer=act_layer, attn_layer=cfg.attn_layer,
-                            attn_kwargs={**conv_kwargs, **cfg.attn_kwargs}) for j in range(depth)]
+                            attn_kwargs={**conv_kwargs, **cfg.attn_kwargs}, depth_index=sum(cfg.depths[:i]) + j)
+                      for j in range(depth)]
             embed = ConvEmbed(in_chans, dim, kernel_size=cfg.patch_sizes[i], stride=cfg.patch_strides[i],
                                     padding=cfg.patch_paddings[i], norm_eps=cfg.norm_eps, channels_last_input=True)
             stages.append(CvtStage(embed, blocks, dim, cls_token=cfg.cls_token and i == n - 1, drop=cfg.drop_rate))

@@ -181,17 +181,18 @@ class SelfAttnBlock(_ResidualBlock):
     ``[B, Cin, H, W] -> [B, Cout, H/s, W/s]``.
 
     The mechanism runs on the channels-last map; ``halo`` strides its queries itself (timm), any other
-    mechanism is followed by a 2x2 average pool when ``stride = 2``.
+    mechanism is followed by a 2x2 average pool when ``stride = 2``. ``depth_index``: the block's 0-based index
+    among the model's self-attention blocks, handed to a mechanism that takes it (differential attention).
     """
 
     def __init__(self, cfg: HaloNetConfig, in_chs: int, out_chs: int, *, stride: int, bottle_ratio: float,
-                 num_heads: int, drop_path: float) -> None:
+                 num_heads: int, drop_path: float, depth_index: int = 0) -> None:
         super().__init__()
         act = get_act_layer(cfg.act_layer)
         mid = make_divisible((in_chs if cfg.bottle_in else out_chs) * bottle_ratio)
         self.shortcut = _shortcut(cfg, in_chs, out_chs, stride)
         self.conv1_1x1 = ConvNormAct(in_chs, mid, 1, act_layer=act)
-        offered = dict(cfg.attn_kwargs, attn_drop=cfg.attn_drop_rate)
+        offered = {"depth_index": depth_index, **cfg.attn_kwargs, "attn_drop": cfg.attn_drop_rate}
         if stride > 1:
             offered["stride"] = stride
         kwargs = accepted_kwargs(cfg.attn_layer, offered, neutral={"attn_drop": 0.0})
@@ -296,6 +297,7 @@ class HaloNet(ConvStagesMixin, StagedBackbone):
             info.append(dict(num_chs=getattr(self.stem, self.stem.tap).conv.out_channels, reduction=2,
                              module=f"stem.{self.stem.tap}"))
         prev_info = dict(num_chs=prev, reduction=reduction, module="stem")
+        num_attn = 0  # the self-attention blocks so far: the next one's depth_index
         for i, types in enumerate(cfg.block_types):
             if cfg.strides[i] > 1:  # timm: the map before each stride is a feature level
                 info.append(prev_info)
@@ -307,7 +309,9 @@ class HaloNet(ConvStagesMixin, StagedBackbone):
                 if kind == "b":
                     blocks.append(BottleneckBlock(cfg, prev, cfg.channels[i], group_size=cfg.group_sizes[i], **common))
                 else:
-                    blocks.append(SelfAttnBlock(cfg, prev, cfg.channels[i], num_heads=cfg.num_heads[i], **common))
+                    blocks.append(SelfAttnBlock(cfg, prev, cfg.channels[i], num_heads=cfg.num_heads[i],
+                                                depth_index=num_attn, **common))
+                    num_attn += 1
                 prev = cfg.channels[i]
             stages.append(nn.Sequential(*blocks))
             prev_info = dict(num_chs=prev, reduction=reduction, module=f"stages.{i}")

@@ -279,7 +279,8 @@ class ImageGPT(IsotropicBackbone):
         self.blocks = nn.Sequential(*[
             Block(C, cfg.num_heads, style="pre", mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
                   drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dpr[i], norm_layer=norm_layer,
-                  act_layer=QuickGELU, attn_layer=cfg.attn_layer, attn_kwargs=cfg.attn_kwargs)
+                  act_layer=QuickGELU, attn_layer=cfg.attn_layer, attn_kwargs=cfg.attn_kwargs,
+                  depth_index=i)
             for i in range(cfg.depth)
         ])
         self.feature_info = stage_feature_info((C,) * cfg.depth, (1,) * cfg.depth, "blocks")  # a token per pixel

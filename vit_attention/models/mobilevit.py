@@ -113,8 +113,10 @@ class MobileViTConfig(ConfigMixin):
         check_attn_layer(self.mechanism(), self.attn_kwargs)
 
 
-def _transformer(cfg: MobileViTConfig, dim: int, depth: int, drop_path: Sequence[float]) -> nn.Sequential:
-    """``depth`` pre-norm :class:`Block` s on a channels-last ``[B, H, W, dim]`` map (MLP ratio, SiLU)."""
+def _transformer(cfg: MobileViTConfig, dim: int, depth: int, drop_path: Sequence[float],
+                 first_index: int = 0) -> nn.Sequential:
+    """``depth`` pre-norm :class:`Block` s on a channels-last ``[B, H, W, dim]`` map (MLP ratio, SiLU); the first
+    is the model's transformer block ``first_index`` (each block's ``depth_index``)."""
     v1 = cfg.block_type in _V1_LIKE
     name = cfg.mechanism()
     own = accepted_kwargs(name, dict(patch_size=cfg.patch_size))  # given where the mechanism takes them
@@ -122,7 +124,7 @@ def _transformer(cfg: MobileViTConfig, dim: int, depth: int, drop_path: Sequence
     return nn.Sequential(*[
         Block(dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate,
               drop_path=drop_path[k], norm_layer=norm, act_layer=nn.SiLU, attn_layer=name,
-              attn_kwargs={**own, **cfg.attn_kwargs})
+              attn_kwargs={**own, **cfg.attn_kwargs}, depth_index=first_index + k)
         for k in range(depth)])
 
 
@@ -150,14 +152,15 @@ class MobileViTBlock(nn.Module):
     and the block input is added back.
     """
 
-    def __init__(self, cfg: MobileViTConfig, chs: int, dim: int, depth: int, drop_path: Sequence[float]) -> None:
+    def __init__(self, cfg: MobileViTConfig, chs: int, dim: int, depth: int, drop_path: Sequence[float],
+                 first_index: int = 0) -> None:
         super().__init__()
         k, eps = cfg.kernel_size, cfg.bn_eps
         self.patch_size = cfg.patch_size
         self.v3 = cfg.block_type == "v3_v1"
         self.conv_kxk = ConvNormAct(chs, chs, k, groups=chs if self.v3 else 1, eps=eps)
         self.conv_1x1 = nn.Conv2d(chs, dim, 1, bias=False)
-        self.transformer = _transformer(cfg, dim, depth, drop_path)
+        self.transformer = _transformer(cfg, dim, depth, drop_path, first_index)
         self.norm = nn.LayerNorm(dim, eps=cfg.norm_eps)
         self.conv_proj = ConvNormAct(dim, chs, 1, eps=eps)
         self.conv_fusion = (ConvNormAct(dim + chs, chs, 1, eps=eps) if self.v3 else
@@ -188,13 +191,14 @@ class MobileViTV2Block(nn.Module):
     channels in; ``local``: the ``conv_1x1`` output) and the (resized) block input is added back.
     """
 
-    def __init__(self, cfg: MobileViTConfig, chs: int, dim: int, depth: int, drop_path: Sequence[float]) -> None:
+    def __init__(self, cfg: MobileViTConfig, chs: int, dim: int, depth: int, drop_path: Sequence[float],
+                 first_index: int = 0) -> None:
         super().__init__()
         k, eps = cfg.kernel_size, cfg.bn_eps
         self.patch_size = cfg.patch_size
         self.conv_kxk = ConvNormAct(chs, chs, k, groups=chs, eps=eps)
         self.conv_1x1 = nn.Conv2d(chs, dim, 1, bias=False)
-        self.transformer = _transformer(cfg, dim, depth, drop_path)
+        self.transformer = _transformer(cfg, dim, depth, drop_path, first_index)
         self.norm = GroupNorm1(dim, eps=cfg.norm_eps)
         self.v3 = cfg.block_type == "v3_v2"
         self.conv_proj = ConvNormAct(2 * dim if self.v3 else dim, chs, 1, act_layer=None, eps=eps)
@@ -245,7 +249,8 @@ class MobileViT(ConvStagesMixin, StagedBackbone):
             if cfg.transformer_dims[i]:
                 rate = rates[start + cfg.depths[i]]
                 blocks.append(block_cls(cfg, chs, cfg.transformer_dims[i], cfg.transformer_depths[i],
-                                        [rate] * cfg.transformer_depths[i]))
+                                        [rate] * cfg.transformer_depths[i],
+                                        first_index=sum(cfg.transformer_depths[:i])))
             start += counts[i]
             stages.append(nn.Sequential(*blocks))
         self.stages = nn.Sequential(*stages)

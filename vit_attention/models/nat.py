@@ -164,7 +164,7 @@ class NAT(StagedBackbone):
                             init_values=cfg.layer_scale, norm_layer=norm_layer, attn_layer=cfg.attn_layer,
                             attn_kwargs={**accepted_kwargs(cfg.attn_layer, dict(kernel_size=cfg.kernel_size,
                                                                                 dilation=cfg.block_dilation(i, j))),
-                                         **cfg.attn_kwargs})
+                                         **cfg.attn_kwargs}, depth_index=sum(cfg.depths[:i]) + j)
                       for j in range(cfg.depths[i])]
             levels.append(Stage(blocks, downsample))
         self.levels = nn.Sequential(*levels)

@@ -187,14 +187,15 @@ class PvtV2Config(ConfigMixin):
 
 
 def pyramid_blocks(cfg: Any, i: int, drop_path: list[float], mlp_layer: Any = None) -> list[Block]:
-    """The pre-norm blocks of stage ``i`` of a PVT-style config (``sra`` keywords given where taken)."""
+    """The pre-norm blocks of stage ``i`` of a PVT-style config (``sra`` keywords given where taken; each block
+    with its 0-based index in the model, ``depth_index``)."""
     sra = dict(sr_ratio=cfg.sr_ratios[i], linear=getattr(cfg, "linear", False), norm_eps=cfg.embed_norm_eps)
     kw = {**accepted_kwargs(cfg.attn_layer, sra), **cfg.attn_kwargs}
     return [Block(cfg.embed_dims[i], cfg.num_heads[i], mlp_ratio=cfg.mlp_ratios[i], qkv_bias=cfg.qkv_bias,
                   drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dp,
                   norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), attn_layer=cfg.attn_layer, attn_kwargs=kw,
-                  **({} if mlp_layer is None else {"mlp_layer": mlp_layer}))
-            for dp in drop_path]
+                  depth_index=sum(cfg.depths[:i]) + j, **({} if mlp_layer is None else {"mlp_layer": mlp_layer}))
+            for j, dp in enumerate(drop_path)]
 
 
 class PyramidVisionTransformerV2(MinInputSizeMixin, StagedBackbone):

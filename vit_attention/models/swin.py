@@ -237,7 +237,8 @@ class SwinTransformer(StagedBackbone):
                     dims[i], cfg.num_heads[i], style="res_post" if cfg.res_post_norm else "pre",
                     mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop=cfg.proj_drop_rate,
                     attn_drop=cfg.attn_drop_rate, drop_path=dpr[j], norm_layer=norm_layer, attn_layer=cfg.attn_layer,
-                    attn_kwargs={**accepted_kwargs(cfg.attn_layer, swin_kwargs), **cfg.attn_kwargs}))
+                    attn_kwargs={**accepted_kwargs(cfg.attn_layer, swin_kwargs), **cfg.attn_kwargs},
+                    depth_index=sum(cfg.depths[:i]) + j))
             stages.append(Stage(blocks, downsample))
         self.layers = nn.Sequential(*stages)
         self.feature_info = stage_feature_info(dims, [cfg.patch_size * 2 ** i for i in range(n)], "layers")

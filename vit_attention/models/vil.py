@@ -184,7 +184,8 @@ class VisionLongformer(StagedBackbone):
                                                     num_global_tokens=self.num_global[i])), **cfg.attn_kwargs}
             blocks = [Block(dims[i], cfg.num_heads[i], mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
                             drop=cfg.drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dp, norm_layer=norm,
-                            attn_layer=layer, attn_kwargs=kw) for dp in dpr]
+                            attn_layer=layer, attn_kwargs=kw, depth_index=sum(cfg.depths[:i]) + j)
+                      for j, dp in enumerate(dpr)]
             stages.append(Stage(blocks, embed))
         self.stages = nn.Sequential(*stages)
         self.feature_info = stage_feature_info(dims, strides, "stages")

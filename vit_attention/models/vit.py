@@ -240,7 +240,7 @@ class VisionTransformer(TokenMergingMixin, IsotropicBackbone):
                       proj_bias=cfg.proj_bias, mlp_bias=cfg.mlp_bias, drop=cfg.proj_drop_rate,
                       attn_drop=cfg.attn_drop_rate, drop_path=dpr[i], init_values=cfg.init_values,
                       norm_layer=norm_layer, act_layer=act_layer, attn_layer=cfg.attn_layer,
-                      attn_kwargs=attn_kwargs, mlp_layer=mlp_layer)
+                      attn_kwargs=attn_kwargs, mlp_layer=mlp_layer, depth_index=i)
             for i in range(cfg.depth)
         ])
         # conditional position encodings (CPVT's PEG) on the output of blocks cfg.peg_after
@@ -506,6 +506,12 @@ _PRESETS.update({
     "vit_betwixt_patch16_reg4_gap_256": dict(_SBB, embed_dim=640, depth=12, num_heads=10, init_values=1e-5,
                                              reg_tokens=4),
     "vit_base_patch16_reg4_gap_256": dict(_SBB, **_SIZES["base"], reg_tokens=4),
+    # differential attention (Ye et al., ICLR 2025) in the wee / little SBB models (timm 1.0.31's vit_dwee /
+    # vit_dlittle: its Block with attn_layer='diff', each block's index setting its lambda_init)
+    "vit_dwee_patch16_reg1_gap_256": dict(_SBB, embed_dim=256, depth=14, num_heads=4, mlp_ratio=5.0,
+                                          init_values=1e-5, reg_tokens=1, attn_layer="diff"),
+    "vit_dlittle_patch16_reg1_gap_256": dict(_SBB, embed_dim=320, depth=14, num_heads=5, mlp_ratio=5.6,
+                                             init_values=1e-5, reg_tokens=1, attn_layer="diff"),
 })
 
 # Published parameter counts (millions, 1000 classes unless noted), checked by tests on the meta device.
@@ -523,6 +529,7 @@ PUBLISHED_PARAMS_M: dict[str, float] = {
     "vit_medium_patch16_reg1_gap_256": 38.880, "vit_medium_patch16_reg4_gap_256": 38.882,
     "vit_mediumd_patch16_reg4_gap_256": 64.109, "vit_betwixt_patch16_reg1_gap_256": 60.397,
     "vit_betwixt_patch16_reg4_gap_256": 60.398, "vit_base_patch16_reg4_gap_256": 86.615,
+    "vit_dwee_patch16_reg1_gap_256": 13.425, "vit_dlittle_patch16_reg1_gap_256": 22.518,
 }
 
 _ALIASES = {
@@ -636,6 +643,9 @@ PRETRAINED = pretrained_tags({
     "vit_betwixt_patch16_reg4_gap_256.sbb_in1k": _256_C95,
     "vit_betwixt_patch16_reg4_gap_256.sbb2_e200_in12k": dict(_256_C95, num_classes=11821),
     "vit_betwixt_patch16_reg4_gap_256.sbb_in12k": dict(_256_C95, num_classes=11821),
+    "vit_dlittle_patch16_reg1_gap_256.sbb_nadamuon_in1k": _256_C95,
+    "vit_dwee_patch16_reg1_gap_256.sbb_nadamuon_in1k": _256_C95,
+    "vit_dwee_patch16_reg1_gap_256.sbb_in1k": _256_C95,
     "vit_giant_patch14_224.untrained": dict(_224_INCEPTION, hf_hub_id=None),
     "vit_gigantic_patch14_224.untrained": dict(_224_INCEPTION, hf_hub_id=None),
     "vit_huge_patch14_224.orig_in21k": dict(_224_INCEPTION, num_classes=0),

@@ -238,7 +238,8 @@ class ViTDet(IsotropicBackbone):
                        rel_pos_impl=cfg.rel_pos_impl, clamp_window=False)  # pads small maps, as detectron2
             blocks.append(Block(C, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop_path=dpr[i],
                                 norm_layer=norm_layer, attn_layer=cfg.attn_layer,
-                                attn_kwargs={**accepted_kwargs(cfg.attn_layer, own), **cfg.attn_kwargs}))
+                                attn_kwargs={**accepted_kwargs(cfg.attn_layer, own), **cfg.attn_kwargs},
+                                depth_index=i))
         self.blocks = nn.Sequential(*blocks)
 
         self.pyramid_levels: list[str] = []  # "p2" ... in order, then "p6" when top_block

@@ -1,0 +1,60 @@
+"""Differential attention in the models: every block gets its own index (``λ_init`` follows depth), and timm
+1.0.31's differential-attention ViTs (``vit_dwee`` / ``vit_dlittle``) as presets of the ViT family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_outputs import first_preset_per_family, small_overrides
+
+from vit_attention import create_model
+from vit_attention.attention.diff import DifferentialAttention, lambda_init_at
+from vit_attention.layers import Block
+from vit_attention.models.pretrained_table import DEFAULT_TAGS, PRETRAINED_CFGS
+
+FAMILIES = sorted(first_preset_per_family().items())
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize(("family", "name"), FAMILIES)
+def test_every_family_gives_each_attention_block_its_index(family: str, name: str) -> None:
+    """A family that takes a token mechanism numbers its diff blocks 0, 1, 2 ... in order (across stages); one
+    that cannot take it refuses, naming attn_layer."""
+    try:
+        model = create_model(name, **small_overrides(name), attn_layer="diff")
+    except (TypeError, ValueError) as err:
+        assert "attn_layer" in str(err)
+        return
+    diffs = [m for m in model.modules() if isinstance(m, DifferentialAttention)]
+    assert diffs, f"{name}: attn_layer='diff' built no differential attention"
+    assert [m.depth_index for m in diffs] == list(range(len(diffs)))
+    assert [m.lambda_init for m in diffs] == [lambda_init_at(i) for i in range(len(diffs))]
+
+
+def test_the_block_hands_its_index_only_to_a_mechanism_that_takes_it() -> None:
+    assert Block(32, 2, attn_layer="diff", depth_index=3).attn.lambda_init == pytest.approx(lambda_init_at(3))
+    assert Block(32, 2, attn_layer="diff", attn_kwargs=dict(depth_index=5)).attn.depth_index == 5  # kwargs win
+    assert not hasattr(Block(32, 2, attn_layer="mhsa", depth_index=3).attn, "depth_index")
+
+
+@pytest.mark.parametrize(("name", "params"), [("vit_dwee_patch16_reg1_gap_256", 13_425_256),
+                                              ("vit_dlittle_patch16_reg1_gap_256", 22_517_736)])
+def test_presets_have_timms_parameter_count(name: str, params: int) -> None:
+    """timm 1.0.31 ``timm.create_model(name)`` on the meta device: 13,425,256 / 22,517,736 parameters (its
+    ``vit_wee`` / ``vit_little`` plus, per block, four ``hd``-vectors λ and the ``2·hd`` sub-norm weight)."""
+    with torch.device("meta"):
+        model = create_model(name)
+    assert sum(p.numel() for p in model.parameters()) == params
+    diffs = [m for m in model.modules() if isinstance(m, DifferentialAttention)]
+    assert len(diffs) == 14 and diffs[0].lambda_init == pytest.approx(0.2)
+
+
+def test_presets_carry_timms_tags_and_data_config() -> None:
+    """timm 1.0.31's tags (the NAdaMuon weights first, its default) and data config: 256 px, crop 0.95, mean = std
+    = 0.5, bicubic."""
+    assert DEFAULT_TAGS["vit_dwee_patch16_reg1_gap_256"] == "sbb_nadamuon_in1k"
+    assert DEFAULT_TAGS["vit_dlittle_patch16_reg1_gap_256"] == "sbb_nadamuon_in1k"
+    cfg = PRETRAINED_CFGS["vit_dwee_patch16_reg1_gap_256.sbb_in1k"]
+    assert cfg["hf_hub_id"] == "timm/vit_dwee_patch16_reg1_gap_256.sbb_in1k" and cfg["num_classes"] == 1000
+    assert cfg["input_size"] == (3, 256, 256) and cfg["crop_pct"] == 0.95 and cfg["mean"] == (0.5, 0.5, 0.5)
+    assert cfg["interpolation"] == "bicubic"
