@@ -1,9 +1,11 @@
 import pytest
 import torch
+from model_outputs import distinct_reduced_presets, small_overrides
 
 from vit_attention import create_model, list_models
 from vit_attention.functional import switched
 from vit_attention.models import VisionTransformer, VisionTransformerConfig, model_config
+from vit_attention.models.registry import get_model_entry
 
 
 def _small_name_ok(name):
@@ -138,3 +140,37 @@ def test_bad_config_errors(bad, match):
 def test_wrong_channels_error():
     with pytest.raises(ValueError, match="expected 3 input channels"):
         _tiny()(torch.randn(1, 1, 32, 32))
+
+
+def _vit_family_init(model):
+    """ViT's init written out: the position table ~ truncated N(0, 0.02), prefix tokens ~ N(0, 1e-6), then in
+    module order every ``Linear`` ~ truncated N(0, 0.02) with zero bias (timm 1.0.31's ``init_weights_vit_timm``)
+    and the patch convolution ``patch_embed.proj`` as a flattened linear map."""
+    if model.pos_embed is not None:
+        torch.nn.init.trunc_normal_(model.pos_embed, std=0.02)
+    for tok in (model.cls_token, model.dist_token, model.reg_token):
+        if tok is not None:
+            torch.nn.init.normal_(tok, std=1e-6)
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                torch.nn.init.zeros_(m.bias)
+        elif isinstance(m, torch.nn.Conv2d) and name == "patch_embed.proj":
+            torch.nn.init.trunc_normal_(m.weight.view(m.weight.shape[0], -1), std=0.02)
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize("name", [n for n in distinct_reduced_presets()
+                                  if issubclass(get_model_entry(n).model_cls, VisionTransformer)])
+def test_init_is_vits_draw_for_draw(name):
+    """Every ViT-based family initialises as ViT's rule, the same random draws in the same order (seeded runs and
+    anything trained from scratch keep their numbers)."""
+    model = create_model(name, **small_overrides(name))
+    torch.manual_seed(0)
+    _vit_family_init(model)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(0)
+    VisionTransformer._init_weights(model)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, want[key]), key

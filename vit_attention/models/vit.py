@@ -35,6 +35,7 @@ from ..layers import (
     stage_feature_info,
 )
 from ..layers.activation import ACT_LAYERS
+from ..layers.head import init_linear_weights
 from ._config import (
     ConfigMixin,
     check_attn_layer,
@@ -272,13 +273,10 @@ class VisionTransformer(TokenMergingMixin, IsotropicBackbone):
         for tok in (self.cls_token, self.dist_token, self.reg_token):
             if tok is not None:
                 nn.init.normal_(tok, std=1e-6)
-        for name, m in self.named_modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Conv2d) and name == "patch_embed.proj":
-                nn.init.trunc_normal_(m.weight.view(m.weight.shape[0], -1), std=0.02)
+        proj = getattr(getattr(self, "patch_embed", None), "proj", None)
+        if isinstance(proj, nn.Conv2d):  # the patch convolution, as a linear map (first in module order)
+            nn.init.trunc_normal_(proj.weight.view(proj.weight.shape[0], -1), std=0.02)
+        init_linear_weights(self)
 
     # ------------------------------------------------------------------ API
     def _pin_pooling_choices(self) -> None:
