@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fixture_utils import assert_fixture_parity, assert_loads, load_fixture
 from model_outputs import first_preset_per_family, small_overrides
 
 from vit_attention import create_model
@@ -58,3 +59,21 @@ def test_presets_carry_timms_tags_and_data_config() -> None:
     assert cfg["hf_hub_id"] == "timm/vit_dwee_patch16_reg1_gap_256.sbb_in1k" and cfg["num_classes"] == 1000
     assert cfg["input_size"] == (3, 256, 256) and cfg["crop_pct"] == 0.95 and cfg["mean"] == (0.5, 0.5, 0.5)
     assert cfg["interpolation"] == "bicubic"
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_dwee_preset_equals_timms_diff_vit(fused: bool) -> None:
+    """``tests/fixtures/timm_vit_diff.safetensors`` (make_fixtures_diff.py: timm 1.0.31's VisionTransformer with
+    ``attn_layer='diff'`` as ``vit_dwee`` builds it, reduced to 3 blocks, perturbed weights): the preset with the
+    same sizes loads timm's keys as they are and gives its features, pooled features and logits (1e-5 relative),
+    on the fused and the explicit attention path."""
+    state, t, cfg = load_fixture("timm_vit_diff")
+    assert cfg["attn_layer"] == "diff" and cfg["depth"] == 3
+    sizes = {k: cfg[k] for k in ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio",
+                                 "num_classes")}
+    model = create_model("vit_dwee_patch16_reg1_gap_256", **sizes).eval()
+    assert_loads(model, state, "vit_attention")
+    diffs = [m for m in model.modules() if isinstance(m, DifferentialAttention)]
+    assert all(abs(m.lambda_full().item() - m.lambda_init) > 1e-3 for m in diffs)  # the learned part matters
+    assert_fixture_parity(model, t, fused=fused)
