@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from fixture_utils import assert_parity, load_fixture
 
 from vit_attention import create_attention
 from vit_attention.analysis import record_attention
@@ -150,3 +151,20 @@ def test_declared_flops_equal_the_measured_ones() -> None:
     attn = create_attention("diff", 48, 3)
     for shape in [(2, 13, 48), (1, 50, 48)]:
         assert attn.flops(shape) == measure_flops(attn, shape)[0]
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("path", ["fused", "explicit"])
+def test_equals_timms_diff_attention(fused: bool, path: str) -> None:
+    """``tests/fixtures/timm_diff_attn.safetensors`` (make_fixtures_diff.py): timm 1.0.31's ``DiffAttention`` with
+    ``dual_lambda`` at depth 4, perturbed, on its fused and explicit paths, unmasked and under a key mask; its
+    state dict loads as it is and gives the same outputs (1e-5 relative) on either of our paths."""
+    state, t, cfg = load_fixture("timm_diff_attn")
+    attn = create_attention("diff", cfg["dim"], cfg["num_heads"], qkv_bias=cfg["qkv_bias"],
+                            depth_index=cfg["depth"], dual_lambda=cfg["dual_lambda"]).eval()
+    attn.load_state_dict(state)
+    x, keep = t["input"], t["mask"] == 0  # the additive 0 / -inf mask as ours: True = may attend
+    with torch.no_grad(), switched(attn, fused_attention=fused):
+        assert_parity(attn(x), t[f"output.{path}"])
+        assert_parity(attn(x, AttentionCall(mask=keep)), t[f"output_masked.{path}"])
