@@ -34,6 +34,7 @@ BEHAVIOUR = {
     "cvt": "record", "davit": "record", "nat": "record", "halonet": "record", "mobilevit": "record",
     "pvt_v2": "record", "twins": "record",
     "pvt": "tables", "vil": "tables", "vitdet": "tables", "igpt": "not_implemented",
+    "beit": "tables",
 }
 FAMILIES = first_preset_per_family()
 

@@ -15,7 +15,7 @@ from vit_attention.models import get_model_entry
 from vit_attention.models.token_merging import TokenMergingMixin
 
 FAMILIES = first_preset_per_family()
-MERGING = sorted(n for f, n in FAMILIES.items() if f not in ("naflexvit", "cpvt")
+MERGING = sorted(n for f, n in FAMILIES.items() if f not in ("naflexvit", "cpvt", "beit")
                  and issubclass(get_model_entry(n).model_cls, TokenMergingMixin))
 # code paths beyond each family's first preset: registers, two prefix tokens, RoPE-Mixed, post-norm, parallel,
 # MAP pooling, QK-norm

@@ -29,7 +29,7 @@ from ..functional import merge_heads, split_qkv
 from ..functional.layout import token_layout
 from ..functional.linear import linear
 from ..functional.observers import attention_observed
-from ..functional.window import relative_position_index, to_pair
+from ..functional.window import _CPU, _cached, relative_position_index, to_pair
 from .base import AttentionCall, AttentionModule, check_map_tokens_call, grid_of
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS, fit_offset_grid
@@ -40,6 +40,17 @@ __all__ = ["BeitRelPosAttention", "beit_relative_position_index", "resize_beit_b
 NUM_PREFIX_ROWS = 3  # the table's last rows: class -> grid, grid -> class, class -> class
 
 
+@_cached(maxsize=64)
+def _beit_index(H: int, W: int, P: int, device: torch.device) -> Tensor:
+    L = (2 * H - 1) * (2 * W - 1) + NUM_PREFIX_ROWS
+    index = torch.empty(P + H * W, P + H * W, dtype=torch.long, device=_CPU)
+    index[P:, P:] = relative_position_index((H, W))
+    index[:P, :] = L - 3  # prefix query -> any key
+    index[:, :P] = L - 2  # any query -> prefix key
+    index[:P, :P] = L - 1  # prefix -> prefix
+    return index.to(device)
+
+
 def beit_relative_position_index(grid: int | Sequence[int], num_prefix_tokens: int = 1, *,
                                  device: torch.device | str | None = None) -> Tensor:
     """BEiT's table index ``[P + H·W, P + H·W]`` (long) for a grid ``(H, W)`` after ``P`` prefix tokens.
@@ -47,18 +58,13 @@ def beit_relative_position_index(grid: int | Sequence[int], num_prefix_tokens: i
     The grid block is Swin's :func:`~vit_attention.functional.window.relative_position_index`; with
     ``L = (2H-1)(2W-1) + 3``, prefix rows read ``L-3``, prefix columns ``L-2`` and prefix-to-prefix ``L-1`` (timm's
     order of assignment: rows, then columns, then the corner). ``P = 1`` is BEiT's class token; more prefix tokens
-    (distillation, registers) share the class token's rows; ``P = 0`` gives the grid block alone.
+    (distillation, registers) share the class token's rows; ``P = 0`` gives the grid block alone. Cached per
+    (grid, P, device), built outside any trace (a constant of an exported graph): do not modify the result.
     """
     H, W = to_pair(grid, "window_size")
     if not isinstance(num_prefix_tokens, int) or num_prefix_tokens < 0:
         raise ValueError(f"num_prefix_tokens must be an int >= 0, got {num_prefix_tokens!r}")
-    P, L = num_prefix_tokens, (2 * H - 1) * (2 * W - 1) + NUM_PREFIX_ROWS
-    index = torch.empty(P + H * W, P + H * W, dtype=torch.long, device=device)
-    index[P:, P:] = relative_position_index((H, W), device=device)
-    index[:P, :] = L - 3  # prefix query -> any key
-    index[:, :P] = L - 2  # any query -> prefix key
-    index[:P, :P] = L - 1  # prefix -> prefix
-    return index
+    return _beit_index(H, W, num_prefix_tokens, torch.device(device or "cpu"))
 
 
 def resize_beit_bias_table(table: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> Tensor:

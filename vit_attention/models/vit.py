@@ -228,7 +228,7 @@ class VisionTransformer(TokenMergingMixin, IsotropicBackbone):
         mlp_ratio = cfg.mlp_dim / C if cfg.mlp_dim else cfg.mlp_ratio
         mlp_layer: Any = {"mlp": Mlp, "glu": GluMlp,
                           "swiglu": partial(SwiGLU, norm_layer=norm_layer if cfg.mlp_norm else None)}[cfg.mlp_layer]
-        attn_kwargs = dict(cfg.attn_kwargs)
+        attn_kwargs = {**self._grid_attn_kwargs(), **cfg.attn_kwargs}  # the config's keywords win
         if cfg.rope is not None:
             attn_kwargs.update(rope=cfg.rope, rope_kwargs=dict(cfg.rope_kwargs))
         if cfg.attn_norm:
@@ -267,6 +267,11 @@ class VisionTransformer(TokenMergingMixin, IsotropicBackbone):
         self._init_weights()
 
     # ------------------------------------------------------------------ construction
+    def _grid_attn_kwargs(self) -> dict[str, Any]:
+        """Keywords the blocks' mechanism takes from the token grid ``self.grid_size`` (none here; BEiT: the grid
+        its relative-position table is built for)."""
+        return {}
+
     def _init_weights(self) -> None:
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
