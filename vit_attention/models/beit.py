@@ -25,7 +25,7 @@ from torch import nn
 
 from ..attention.beit_rel_pos import BeitRelPosAttention
 from ..layers.block import accepted_kwargs
-from .pretrained_tags import data_cfg, pretrained_tags
+from .pretrained_tags import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
 from .registry import published_meta, register_family
 from .vit import VisionTransformer, VisionTransformerConfig
 from .vit import reduced_config as vit_reduced_config
@@ -136,22 +136,26 @@ def reduced_config(cfg: VisionTransformerConfig) -> dict[str, Any]:
 register_family("beit", Beit, VisionTransformerConfig, _PRESETS, reduced=reduced_config, meta=_META)
 
 # ---------------------------------------------------------------------------- pretrained tags (data)
-# timm 1.0.31's pretrained configs (timm/models/beit.py default_cfgs); a name's first tag is its default;
-# hf_hub_id: timm/<name>.<tag>; num_classes: 1000 unless given. v1: mean = std = 0.5; v2: ImageNet's.
-_HALF = dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
-_224, _224_V2, _224_V2L = data_cfg(224, 0.9, **_HALF), data_cfg(224, 0.9), data_cfg(224, 0.95)
+# timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
+# default; hf_hub_id: timm/<name>.<tag> unless given; num_classes: 1000 unless given.
+_224_IMAGENET_C95 = data_cfg(224, 0.95)
+_224_IMAGENET_C90 = data_cfg(224, 0.9)
+_224_INCEPTION = data_cfg(224, 0.9, mean=INCEPTION_MEAN, std=INCEPTION_STD)
+_384 = data_cfg(384, 1.0, mean=INCEPTION_MEAN, std=INCEPTION_STD)
+_512 = data_cfg(512, 1.0, mean=INCEPTION_MEAN, std=INCEPTION_STD)
 PRETRAINED = pretrained_tags({
-    "beit_base_patch16_224.in22k_ft_in22k_in1k": _224,
-    "beit_base_patch16_224.in22k_ft_in22k": dict(_224, num_classes=21841),
-    "beit_base_patch16_384.in22k_ft_in22k_in1k": data_cfg(384, 1.0, **_HALF),
-    "beit_large_patch16_224.in22k_ft_in22k_in1k": _224,
-    "beit_large_patch16_224.in22k_ft_in22k": dict(_224, num_classes=21841),
-    "beit_large_patch16_384.in22k_ft_in22k_in1k": data_cfg(384, 1.0, **_HALF),
-    "beit_large_patch16_512.in22k_ft_in22k_in1k": data_cfg(512, 1.0, **_HALF),
-    "beitv2_base_patch16_224.in1k_ft_in22k_in1k": _224_V2,
-    "beitv2_base_patch16_224.in1k_ft_in1k": _224_V2,
-    "beitv2_base_patch16_224.in1k_ft_in22k": dict(_224_V2, num_classes=21841),
-    "beitv2_large_patch16_224.in1k_ft_in22k_in1k": _224_V2L,
-    "beitv2_large_patch16_224.in1k_ft_in1k": _224_V2L,
-    "beitv2_large_patch16_224.in1k_ft_in22k": dict(_224_V2L, num_classes=21841),
-}, license="mit")
+    "beit_base_patch16_224.in22k_ft_in22k_in1k": _224_INCEPTION,
+    "beit_base_patch16_224.in22k_ft_in22k": dict(_224_INCEPTION, num_classes=21841),
+    "beit_base_patch16_384.in22k_ft_in22k_in1k": _384,
+    "beit_large_patch16_224.in22k_ft_in22k_in1k": _224_INCEPTION,
+    "beit_large_patch16_224.in22k_ft_in22k": dict(_224_INCEPTION, num_classes=21841),
+    "beit_large_patch16_384.in22k_ft_in22k_in1k": _384,
+    "beit_large_patch16_512.in22k_ft_in22k_in1k": _512,
+    "beitv2_base_patch16_224.in1k_ft_in22k_in1k": _224_IMAGENET_C90,
+    "beitv2_base_patch16_224.in1k_ft_in1k": _224_IMAGENET_C90,
+    "beitv2_base_patch16_224.in1k_ft_in22k": dict(_224_IMAGENET_C90, num_classes=21841),
+    "beitv2_large_patch16_224.in1k_ft_in22k_in1k": _224_IMAGENET_C95,
+    "beitv2_large_patch16_224.in1k_ft_in1k": _224_IMAGENET_C95,
+    "beitv2_large_patch16_224.in1k_ft_in22k": dict(_224_IMAGENET_C90, num_classes=21841),
+}, license="apache-2.0")
+
