@@ -245,3 +245,10 @@ def test_token_merging_reads_the_keys_averaged_over_heads(prop_attn: bool) -> No
     assert (bias is None) is not prop_attn
     if bias is not None:
         torch.testing.assert_close(bias, torch.zeros(2, 1, 1, 9))  # every token covers one patch
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_mechanism_gives_the_core_call_another_meaning(name: str) -> None:
+    """``attend(q, k, v, **options)`` is the base's call of the core for every mechanism: none defines its own
+    ``attend`` (a mechanism's own helper takes another name, e.g. neighborhood's ``attend_packed(qkv)``)."""
+    assert get_attention_spec(name).cls.attend is AttentionModule.attend

@@ -118,7 +118,7 @@ def test_natten_na2d_agrees_without_bias() -> None:
         m = create_attention("neighborhood", 16, 2, kernel_size=K, dilation=d, rel_pos_bias=False).eval()
         qkv = torch.cat([t.reshape(2, H, W, 16) for t in (q, k, v)], dim=-1)  # [B, H, W, 3C], heads contiguous
         with torch.no_grad():
-            out = m.attend(qkv)  # the attention between the projections
+            out = m.attend_packed(qkv)  # the attention between the projections
         torch.testing.assert_close(out, ref.reshape(2, H, W, 16), atol=1e-5, rtol=1e-5)
 
 

@@ -434,6 +434,24 @@ class AttentionModule(nn.Module):
                          "(class_token=False, global_pool='avg')")
 
 
+
+class PackedQKVAttention(AttentionModule):
+    """A mechanism with one packed projection ``qkv = Linear(C, 3C)`` (``[q | k | v]``), an output ``proj`` and a
+    float logit ``scale``: what its prefix tokens do follows from those alone (:meth:`attend_prefix`)."""
+
+    qkv: nn.Linear
+    """The packed ``[q | k | v]`` projection ``Linear(C, 3C)``."""
+    scale: float
+    """The logit scale (``hd^-1/2`` unless given)."""
+
+    def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
+        """Prefix tokens ``[B, P, C]`` attend globally to ``tokens [B, P + H·W, C]`` (all of them): ``[B, P, C]``.
+
+        The adapter's rule for class / register tokens in front of the grid (the grid keeps the mechanism's
+        pattern): the same q / k / v and output projections, no position term (:func:`packed_prefix_attention`).
+        """
+        return packed_prefix_attention(self, prefix, tokens, apply_linear(self.qkv, tokens), scale=self.scale)
+
 def missing_members(cls: type, layout: str, prefix_tokens: str) -> list[str]:
     """What ``cls`` lacks to be registered as a mechanism of ``layout``: ``[]`` when nothing.
 

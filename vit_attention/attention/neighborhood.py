@@ -29,14 +29,7 @@ from ..functional.linear import apply_linear
 from ..functional.neighborhood import default_tile_size, neighborhood_attention, neighborhood_bias, neighborhood_plan
 from ..functional.runtime import capturing
 from ..functional.window import to_pair
-from .base import (
-    AttentionCall,
-    AttentionModule,
-    ParamCache,
-    check_spatial_call,
-    packed_prefix_attention,
-    uncacheable,
-)
+from .base import AttentionCall, PackedQKVAttention, ParamCache, check_spatial_call, uncacheable
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -77,7 +70,7 @@ def _grid_kernel(grid: tuple[int, int]) -> dict[str, Any]:
          "2·nT·T²·R²·C for the logits and values (R ≤ T + K − 1), about (T + K − 1)²/K² of that",
     doc_example=(dict(kernel_size=7, dilation=1), (1, 14, 14, 96)), grid_kwargs=_grid_kernel,
     global_kwargs=lambda grid: {"kernel_size": max(grid) | 1})  # one odd K x K window covers the map
-class NeighborhoodAttention(AttentionModule):
+class NeighborhoodAttention(PackedQKVAttention):
     """Neighbourhood attention, ``[B, H, W, C] -> [B, H, W, C]`` (any ``H, W``).
 
     Keys as the original NAT module: ``qkv`` (Linear C -> 3C), ``rpb`` ``[nh, 2K-1, 2K-1]``, ``proj``.
@@ -202,10 +195,10 @@ class NeighborhoodAttention(AttentionModule):
         if (Hp, Wp) != (H, W):
             self._warn_small_map(H, W)
             x = F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H))  # zeros bottom / right, unmasked (the references)
-        out = self.attend(apply_linear(self.qkv, x), grid=(H, W))[:, :H, :W]  # [B, H, W, C]
+        out = self.attend_packed(apply_linear(self.qkv, x), grid=(H, W))[:, :H, :W]  # [B, H, W, C]
         return self.project_out(out)  # [B, H, W, C]
 
-    def attend(self, qkv: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+    def attend_packed(self, qkv: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
         """The attention between the projections: packed ``[B, Hp, Wp, 3C] -> [B, Hp, Wp, C]``.
 
         On FlexAttention (:func:`~vit_attention.functional.flex.use_flex`) the whole map is one pattern
@@ -238,14 +231,6 @@ class NeighborhoodAttention(AttentionModule):
         if not self._bias_cache.lookup(params, key):
             self._bias_cache.store(params, key, compute())
         return self._bias_cache.value
-
-    def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
-        """Prefix tokens ``[B, P, C]`` attend globally to ``tokens [B, P + H·W, C]`` (all of them): ``[B, P, C]``.
-
-        The adapter's rule for class / register tokens in front of the grid (the grid keeps this
-        mechanism's pattern): the same q / k / v and output projections, no position term.
-        """
-        return packed_prefix_attention(self, prefix, tokens, apply_linear(self.qkv, tokens), scale=self.scale)
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``(B, H, W, C)``: qkv on the (padded) map, the tiles' ``2·nT·T²·R²·C``, proj on ``H·W``."""

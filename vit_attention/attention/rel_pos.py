@@ -49,7 +49,7 @@ from ..functional.observers import attention_observed
 from ..functional.rel_pos import decomposed_rel_pos_bias, decomposed_rel_pos_pattern, decomposed_rel_pos_qk
 from ..functional.window import fit_window, to_pair
 from ..functional.window_attention import window_attention, window_tokens
-from .base import AttentionCall, AttentionModule, check_spatial_call, packed_prefix_attention
+from .base import AttentionCall, PackedQKVAttention, check_spatial_call
 from .registry import register_attention, small_window_kwargs
 from .transfer import PACKED_QKV_SLOTS
 
@@ -81,7 +81,7 @@ __all__ = ["RelPosAttention"]
          "of ws); global: 4·hw·C² + 2·(hw)²·C + (H + W)·hw·C",
     doc_example=(dict(window_size=7, rel_pos_zero_init=False), (1, 16, 16, 96)), grid_kwargs=small_window_kwargs,
     global_kwargs=lambda grid: {"input_size": grid})  # window_size=0: ViTDet's global blocks
-class RelPosAttention(AttentionModule):
+class RelPosAttention(PackedQKVAttention):
     """ViTDet attention, ``[B, H, W, C] -> [B, H, W, C]``: window (``window_size > 0``) or global (``0``).
 
     ``softmax(q kᵀ / sqrt(hd) + q·R_h[Δrow] + q·R_w[Δcol]) v`` inside unshifted ``ws x ws`` windows
@@ -216,14 +216,6 @@ class RelPosAttention(AttentionModule):
                                           pattern=pattern))  # [B, H·W, C]
         res = None if residual is None else residual.reshape(B, H * W, C)
         return self.project_out(out, res).view(B, H, W, C)  # [B, H, W, C]
-
-    def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
-        """Prefix tokens ``[B, P, C]`` attend globally to ``tokens [B, P + H·W, C]`` (all of them): ``[B, P, C]``.
-
-        The adapter's rule for class / register tokens in front of the grid (the grid keeps this
-        mechanism's pattern): the same q / k / v and output projections, no position term.
-        """
-        return packed_prefix_attention(self, prefix, tokens, apply_linear(self.qkv, tokens), scale=self.scale)
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``input_shape = (B, H, W, C)``.

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ..functional.linear import apply_linear
 from ..functional.observers import attention_observed
 from ..functional.unfold import patch_grid, patch_key_mask, unfold_layout
-from .base import AttentionCall, AttentionModule, check_spatial_call, packed_prefix_attention
+from .base import AttentionCall, PackedQKVAttention, check_spatial_call
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -59,7 +59,7 @@ def check_patch_size(patch_size: int) -> int:
         "`resize='bilinear'`) or padded with the padding masked out (`resize='mask'`)."),
     cost="4·HW·C² + 2·HW·(HW/p²)·C multiply-adds (quadratic in the tokens, divided by the patch area p²)",
     doc_example=(dict(patch_size=2), (1, 16, 16, 96)))
-class UnfoldAttention(AttentionModule):
+class UnfoldAttention(PackedQKVAttention):
     """Attention across unfolded patches, ``[B, H, W, C] -> [B, H, W, C]``.
 
     ``softmax(q kᵀ / sqrt(hd)) v`` within each intra-patch offset: pixel ``(y, x)`` attends to the
@@ -128,14 +128,6 @@ class UnfoldAttention(AttentionModule):
                                 align_corners=False).permute(0, 2, 3, 1)  # [B, H, W, C]
             out = out if res is None else res + out
         return out
-
-    def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
-        """Prefix tokens ``[B, P, C]`` attend globally to ``tokens [B, P + H·W, C]`` (all of them): ``[B, P, C]``.
-
-        The adapter's rule for class / register tokens in front of the grid (the grid keeps this
-        mechanism's pattern): the same q / k / v and output projections, no position term.
-        """
-        return packed_prefix_attention(self, prefix, tokens, apply_linear(self.qkv, tokens), scale=self.scale)
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``input_shape = (B, H, W, C)``: ``4·hw·C² + 2·hw_p·N·C``.
