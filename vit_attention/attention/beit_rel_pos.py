@@ -86,7 +86,7 @@ def resize_beit_bias_table(table: Tensor, old_grid: tuple[int, int], new_grid: t
 
 
 @register_attention(
-    "beit_rel_pos", layout="tokens", needs_feat_size=True,
+    "beit_rel_pos", layout="tokens", needs_feat_size=True, dense_bias=True,
     description="global attention with BEiT's per-head relative-position table (class-token rows included)",
     paper="https://arxiv.org/abs/2106.08254",
     formula=(

@@ -57,6 +57,9 @@ class AttentionSpec:
             sequence) or ``"global"`` (spatial mechanisms: the grid keeps the mechanism's pattern and
             the prefix tokens attend globally to every token, the mechanism's ``attend_prefix``).
         fused: the fused attention kernel applies (no weights needed inside the mechanism).
+        dense_bias: it hands the core a dense ``[nh, N, N]`` logit bias that it builds itself (BEiT's
+            relative-position table read at every (query, key) pair), so its memory grows with ``N²`` whatever
+            the kernel: one bias per call, shared by the batch.
         normalized_weights: the weights the core records are probability rows (non-negative, each
             query's row sums to 1); False where a ``weights_fn`` transforms them after the softmax
             (CaiT's talking heads mixes the heads: rows may be negative and need not sum to 1).
@@ -89,6 +92,7 @@ class AttentionSpec:
     needs_feat_size: bool = False
     prefix_tokens: PrefixTokens = "attend"
     fused: bool = True
+    dense_bias: bool = False
     normalized_weights: bool = True
     formula: str = ""
     cost: str = ""
@@ -127,7 +131,7 @@ def _init_kwargs(cls: type[AttentionModule]) -> tuple[frozenset[str], bool]:
 def register_attention(
     name: str, *, layout: Layout, description: str = "", example_kwargs: dict[str, Any] | None = None,
     paper: str = "", needs_feat_size: bool | None = None, prefix_tokens: PrefixTokens | None = None,
-    fused: bool = True, normalized_weights: bool = True, formula: str = "", cost: str = "",
+    fused: bool = True, dense_bias: bool = False, normalized_weights: bool = True, formula: str = "", cost: str = "",
     example_shape: tuple[int, ...] | None = None, example_heads: int = 4,
     doc_example: tuple[dict[str, Any], tuple[int, ...]] | None = None,
     grid_kwargs: Callable[[tuple[int, int]], dict[str, Any]] | None = None, qkv_bias_split: bool = False,
@@ -167,7 +171,7 @@ def register_attention(
         _ATTENTION[name] = AttentionSpec(
             name, cls, layout, description or (cls.__doc__ or "").split("\n")[0], dict(example_kwargs or {}), paper,
             needs_feat_size=spatial if needs_feat_size is None else needs_feat_size,
-            prefix_tokens=prefix_tokens or ("global" if spatial else "attend"), fused=fused,
+            prefix_tokens=prefix_tokens or ("global" if spatial else "attend"), fused=fused, dense_bias=dense_bias,
             normalized_weights=normalized_weights, formula=formula, cost=cost,
             example_shape=example_shape or ((2, 7, 9, 32) if spatial else (2, 11, 32)), example_heads=example_heads,
             doc_example=doc_example or (dict(example_kwargs or {}), (1, 14, 14, 96) if spatial else (1, 197, 96)),
