@@ -182,7 +182,8 @@ def test_the_output_tail_is_residual_plus_dropped_projection(training: bool, p: 
 @pytest.mark.parametrize("training", [False, True])
 def test_attend_runs_the_core_with_the_modules_dropout_and_switches(training: bool) -> None:
     """``attend``: the one attention function with the module's attention dropout while training (none in eval)
-    and its captured ``fused`` / ``backend``; the core's other keywords pass through."""
+    and its captured ``fused`` / ``backend`` (``core_options``, which the functional helpers take too); the
+    core's other keywords pass through."""
     from vit_attention.functional import scaled_dot_product_attention
 
     module = AttentionModule()
@@ -201,6 +202,7 @@ def test_attend_runs_the_core_with_the_modules_dropout_and_switches(training: bo
     assert torch.allclose(got, no_drop) is not training  # the dropout acts while training only
     out, weights = module.attend(q, k, v, scale=0.3, return_weights=True)
     assert out.shape == (2, 2, 5, 4) and weights.shape == (2, 2, 5, 5)
+    assert module.core_options() == {"dropout_p": 0.5 if training else 0.0, "fused": False, "backend": "explicit"}
 
 
 def test_observed_layout_and_merged_frame_follow_the_observers_and_the_merge() -> None:

@@ -197,9 +197,7 @@ def packed_prefix_attention(module: Any, prefix: Tensor, tokens: Tensor, qkv: Te
     if isinstance(scale, Tensor):  # cosine attention: normalized queries and keys
         q, k = F.normalize(q.reshape(*q.shape[:2], module.num_heads, -1), dim=-1).flatten(2), \
             F.normalize(k.reshape(*k.shape[:2], module.num_heads, -1), dim=-1).flatten(2)
-    out = prefix_attention(q, k, v, module.num_heads, scale=scale,
-                           dropout_p=module.attn_drop if module.training else 0.0,
-                           fused=module.fused_attention, backend=module.attention_backend)  # [B, P, C]
+    out = prefix_attention(q, k, v, module.num_heads, scale=scale, **module.core_options())  # [B, P, C]
     return module.proj_drop(module.proj(out))
 
 
@@ -395,8 +393,14 @@ class AttentionModule(nn.Module):
         dropout while training (none in eval) and its captured ``fused`` / ``backend`` switches; ``options``: the
         core's other keywords (``scale``, ``bias``, ``mask``, ``is_causal``, ``layout``, ``logits_fn``,
         ``weights_fn``, ``return_weights``, ``pattern``)."""
-        return scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0,
-                                            fused=self.fused_attention, backend=self.attention_backend, **options)
+        return scaled_dot_product_attention(q, k, v, **self.core_options(), **options)
+
+    def core_options(self) -> dict[str, Any]:
+        """The keywords this module gives the attention core and the functional helpers built on it (neighborhood,
+        halo, prefix attention): ``dropout_p`` (its attention dropout while training, 0 in eval) and the captured
+        ``fused`` / ``backend`` switches."""
+        return {"dropout_p": self.attn_drop if self.training else 0.0, "fused": self.fused_attention,
+                "backend": self.attention_backend}
 
     @classmethod
     def provides(cls, member: str) -> bool:

@@ -169,8 +169,7 @@ class HaloAttention(AttentionModule):
         out = halo_attention(q, kv, self.num_heads, self.block_size, self.halo_size,
                              height_rel=self.pos_embed.height_rel, width_rel=self.pos_embed.width_rel,
                              scale=self.scale, scale_pos_embed=self.scale_pos_embed, pad_mask=self.pad_mask,
-                             dropout_p=self.attn_drop if self.training else 0.0, grid=(H, W),
-                             fused=self.fused_attention, backend=self.attention_backend)
+                             grid=(H, W), **self.core_options())
         out = out[:, :(H + s - 1) // s, :(W + s - 1) // s]  # [B, ceil(H/s), ceil(W/s), dim_out]
         if not isinstance(self.pool, nn.Identity):
             out = self.pool(out.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
@@ -189,8 +188,7 @@ class HaloAttention(AttentionModule):
         q = _conv1x1(prefix, self.q)  # [B, P, nh·hd_qk]
         kv = _conv1x1(tokens, self.kv).reshape(B, N, nh, dqk + dv)  # per head k then v
         k, v = kv[..., :dqk].flatten(2), kv[..., dqk:].flatten(2)
-        return prefix_attention(q, k, v, nh, scale=self.scale, dropout_p=self.attn_drop if self.training else 0.0,
-                                fused=self.fused_attention, backend=self.attention_backend)
+        return prefix_attention(q, k, v, nh, scale=self.scale, **self.core_options())
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``(B, H, W, C)``: q, kv, the blocks' logits and values, the relative logits."""

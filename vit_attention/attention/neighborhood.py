@@ -205,13 +205,10 @@ class NeighborhoodAttention(PackedQKVAttention):
         whose score_mod reads ``rpb`` itself (no tiles' bias is built)."""
         if use_flex(self.attention_backend, self.fused_attention, qkv.device, mechanism="neighborhood"):
             return neighborhood_attention(qkv, self.num_heads, self.kernel_size, self.dilation, rpb=self.rpb,
-                                          scale=self.scale, dropout_p=self.attn_drop if self.training else 0.0,
-                                          fused=self.fused_attention, backend=self.attention_backend)
+                                          scale=self.scale, **self.core_options())
         return neighborhood_attention(qkv, self.num_heads, self.kernel_size, self.dilation,
                                       bias=self._bias(qkv.shape[1], qkv.shape[2], qkv.device),
-                                      scale=self.scale, tile_size=self.tile_size,
-                                      dropout_p=self.attn_drop if self.training else 0.0, grid=grid,
-                                      fused=self.fused_attention, backend=self.attention_backend)
+                                      scale=self.scale, tile_size=self.tile_size, grid=grid, **self.core_options())
 
     def _bias(self, Hp: int, Wp: int, device: torch.device) -> Tensor:
         """Window mask + gathered ``rpb`` of every tile ``[nT, nh|1, T², R²]``; cached while no gradient is
