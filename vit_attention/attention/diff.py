@@ -20,6 +20,7 @@ import math
 from contextlib import nullcontext
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional import scaled_dot_product_attention
@@ -174,6 +175,10 @@ class DifferentialAttention(AttentionModule):
             if context is not None:
                 raise ValueError("token merging runs on self-attention over the model's own tokens (no context)")
             bias = tome.read_keys(k)  # metric: keys averaged over the half-heads; [B, 1, 1, N] log(size) or None
+        if q.device.type == "cpu" and self.fused_attention and self.attention_backend in ("auto", "sdpa"):
+            # torch's fused CPU kernel takes only q, k and v of one width (else it runs the math path, which
+            # holds the [B, 2nh, N, M] weights): zero channels widen q and k to v's 2hd, the logits unchanged
+            q, k = F.pad(q, (0, hd)), F.pad(k, (0, hd))  # [B, 2nh, N | M, 2hd]
         merged = tome is not None and tome.token_map is not None
         layout = token_layout(N, call.feat_size, call.num_prefix_tokens,
                               num_context=None if context is None else M) \
@@ -195,7 +200,8 @@ class DifferentialAttention(AttentionModule):
 
         The products: the projections ``4·N·C²``; ``q·kᵀ`` on ``2·nh`` half-heads of width ``hd`` (``N²·C``);
         the two maps times their ``2·hd``-wide value (``2·N²·C``). The RMS norms are not counted (as
-        :mod:`vit_attention.analysis.flops` counts only LayerNorm / GroupNorm / BatchNorm).
+        :mod:`vit_attention.analysis.flops` counts only LayerNorm / GroupNorm / BatchNorm). On the CPU's fused
+        kernel, which needs q and k as wide as v, the zero-padded ``q·kᵀ`` does ``N²·C`` more.
         """
         B, N, C = input_shape
         return B * (4 * N * C * C + 3 * N * N * C)
