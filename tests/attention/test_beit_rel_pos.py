@@ -8,7 +8,11 @@ import torch
 
 from vit_attention import create_attention
 from vit_attention.attention import AttentionCall
-from vit_attention.attention.beit_rel_pos import beit_relative_position_index, resize_beit_bias_table
+from vit_attention.attention.beit_rel_pos import (
+    beit_rel_pos_pattern,
+    beit_relative_position_index,
+    resize_beit_bias_table,
+)
 from vit_attention.attention.window import resize_window_bias_table
 from vit_attention.functional.tome import TokenMergeState
 from vit_attention.functional.window import relative_position_index
@@ -95,3 +99,31 @@ def test_q_and_v_biases_only_and_the_refusals() -> None:
     x = torch.randn(1, 5, 16)
     with pytest.raises(ValueError, match="takes no tome"):  # the table follows grid places, merged tokens have none
         attn(x, AttentionCall((2, 2), 1, tome=TokenMergeState(x, 1, [1])))
+
+
+def test_flex_reads_the_table_in_a_score_mod_equal_to_the_dense_bias(monkeypatch) -> None:
+    """On "flex" the index is computed from the positions (no [N, N] bias): the same outputs as the explicit path,
+    with the class token, a second prefix token and a grid other than the table's (FlexAttention has no backward
+    on CPU; the table's gradient through it is torch's)."""
+    import vit_attention.attention.beit_rel_pos as mod
+
+    torch.manual_seed(0)
+    attn = create_attention("beit_rel_pos", 32, 4, window_size=(3, 4)).eval()
+    with torch.no_grad():
+        attn.relative_position_bias_table.normal_(0, 0.5)
+    built = []
+
+    def spy(*args):
+        built.append(args)
+        return beit_rel_pos_pattern(*args)
+
+    monkeypatch.setattr(mod, "beit_rel_pos_pattern", spy)
+    for grid, P in (((3, 4), 1), ((3, 4), 2), ((4, 4), 1)):
+        x = torch.randn(2, P + grid[0] * grid[1], 32)
+        outs = []
+        for backend in ("explicit", "flex"):
+            attn.attention_backend = backend
+            with torch.no_grad():
+                outs.append(attn(x, AttentionCall(grid, P)))
+        torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+    assert len(built) == 3  # the flex calls went through the score_mod

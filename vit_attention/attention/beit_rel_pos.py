@@ -12,8 +12,9 @@ h]`` with, for the grid ``H x W`` and ``L = (2H-1)(2W-1) + 3`` rows (timm 1.0.31
 * grid query -> grid key: Swin's ``(Δy + H-1)·(2W-1) + (Δx + W-1)`` (``Δ`` = query minus key);
 * class query -> grid key: ``L-3``; grid query -> class key: ``L-2``; class -> class: ``L-1``.
 
-The bias is one dense ``[1, nh, N, N]`` term handed to the attention core, so every backend runs it: the fused
-kernel takes it as a float mask, FlexAttention reads it in its ``score_mod``. q and v have learned biases, the key
+The bias is one dense ``[1, nh, N, N]`` term handed to the attention core (the fused kernel takes it as a float
+mask); on the ``"flex"`` backend a ``score_mod`` reads the table at the index computed from the query and key
+positions instead, with no ``[N, N]`` tensor (:func:`beit_rel_pos_pattern`). q and v have learned biases, the key
 none (BEiT's ``q_bias`` / ``v_bias``; ``qkv`` itself has no bias). Token merging is refused (``tome`` is not in
 ``accepts``): the table is indexed by each token's place on the grid, and a merged token has none.
 """
@@ -26,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, split_qkv
+from ..functional.flex import AttentionPattern, PatternDoc, use_flex
 from ..functional.layout import token_layout
 from ..functional.linear import linear
 from ..functional.observers import attention_observed
@@ -35,7 +37,7 @@ from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS, fit_offset_grid
 from .window import resize_window_bias_table
 
-__all__ = ["BeitRelPosAttention", "beit_relative_position_index", "resize_beit_bias_table"]
+__all__ = ["BeitRelPosAttention", "beit_rel_pos_pattern", "beit_relative_position_index", "resize_beit_bias_table"]
 
 NUM_PREFIX_ROWS = 3  # the table's last rows: class -> grid, grid -> class, class -> class
 
@@ -85,6 +87,23 @@ def resize_beit_bias_table(table: Tensor, old_grid: tuple[int, int], new_grid: t
     return torch.cat([patch, table[grid_rows:]], dim=0)
 
 
+def beit_rel_pos_pattern(table: Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> AttentionPattern:
+    """The BEiT bias as a FlexAttention ``score_mod``: ``score + table[idx(q, kv), h]`` with the index computed from
+    the two positions (:func:`beit_relative_position_index`'s rule), so no ``[N, N]`` tensor is built; every key
+    is visible. ``table``: ``[(2H-1)(2W-1) + 3, nh]`` of ``grid`` (gradients reach it through FlexAttention)."""
+    H, W = grid
+    P, L = num_prefix_tokens, table.shape[0]
+    N = P + H * W
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        qg, kg = (q_idx - P).clamp(min=0), (kv_idx - P).clamp(min=0)  # grid indices (prefix rows replaced below)
+        grid_row = (qg // W - kg // W + H - 1) * (2 * W - 1) + (qg % W - kg % W + W - 1)
+        row = torch.where(q_idx < P, torch.where(kv_idx < P, L - 1, L - 3), torch.where(kv_idx < P, L - 2, grid_row))
+        return score + table[row, h]
+
+    return AttentionPattern(N, N, score_mod=score_mod, cache_key=("beit_rel_pos", H, W, P))
+
+
 @register_attention(
     "beit_rel_pos", layout="tokens", needs_feat_size=True, dense_bias=True,
     description="global attention with BEiT's per-head relative-position table (class-token rows included)",
@@ -109,6 +128,13 @@ class BeitRelPosAttention(AttentionModule):
     Prefix tokens read the class-token rows (:func:`beit_relative_position_index`).
     Cost: ``4·N·C² + 2·N²·C`` multiply-adds.
     """
+
+    # docs/flex.md's row of patterns (analysis.docs.pattern_table)
+    flex_pattern = PatternDoc(
+        families="BEiT", keys="every key",
+        term="`table[idx(q, kv), h]`, the row computed from the two positions (prefix tokens: the class-token "
+             "rows), never an `N x N` bias",
+        order="row-major, prefix tokens first", example=(dict(window_size=8), (1, 64, 96)))
 
     transfer_slots = PACKED_QKV_SLOTS
     offset_bias_params = ("relative_position_bias_table",)
@@ -162,9 +188,16 @@ class BeitRelPosAttention(AttentionModule):
         B, N, C, P = check_map_tokens_call(self, x, call)
         grid = grid_of(N - P, call.feat_size)
         q, k, v = split_qkv(linear(x, self.qkv.weight, self._qkv_bias()), self.num_heads)  # each [B, nh, N, hd]
-        bias = self.position_bias(grid, P)  # [1, nh, N, N]
         layout = token_layout(N, grid, P) if attention_observed() else None  # observers only
-        out = self.attend(q, k, v, bias=bias, mask=call.mask, scale=self.scale, layout=layout)  # [B, nh, N, hd]
+        if use_flex(self.attention_backend, self.fused_attention, x.device):  # the table read in a score_mod
+            table = self.relative_position_bias_table
+            if grid != self.window_size:
+                table = resize_beit_bias_table(table, self.window_size, grid)  # [L', nh]
+            out = self.attend(q, k, v, pattern=beit_rel_pos_pattern(table, grid, P), mask=call.mask,
+                              scale=self.scale, layout=layout)  # [B, nh, N, hd]
+        else:
+            out = self.attend(q, k, v, bias=self.position_bias(grid, P), mask=call.mask, scale=self.scale,
+                              layout=layout)  # [B, nh, N, hd]; bias [1, nh, N, N]
         return self.project_out(merge_heads(out), call.residual)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
