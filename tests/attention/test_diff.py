@@ -148,9 +148,28 @@ def test_dual_lambda_uses_two_scalars() -> None:
 
 
 def test_declared_flops_equal_the_measured_ones() -> None:
+    """``4·N·C² + 3·N²·C`` on the explicit path; the fused kernel's zero-padded ``q·kᵀ`` adds ``N²·C``."""
     attn = create_attention("diff", 48, 3)
     for shape in [(2, 13, 48), (1, 50, 48)]:
-        assert attn.flops(shape) == measure_flops(attn, shape)[0]
+        B, N, C = shape
+        for fused, qk in ((True, 2), (False, 1)):
+            with switched(attn, fused_attention=fused):
+                assert attn.flops(shape) == B * (4 * N * C * C + (qk + 2) * N * N * C)
+                assert attn.flops(shape) == measure_flops(attn, shape, device=None)[0]
+                assert attn.flops(shape) == measure_flops(attn, shape)[0]  # on meta
+
+
+def test_the_fused_cpu_kernel_runs_and_holds_no_weights() -> None:
+    """torch's CPU SDPA kernel needs one width for q, k and v: q and k are zero-padded to v's, so it runs (the
+    math fallback would hold the ``[B, 2nh, N, N]`` weights)."""
+    from torch.profiler import profile
+
+    attn = create_attention("diff", 48, 3).eval()
+    with torch.no_grad(), profile() as prof:
+        attn(torch.randn(1, 64, 48))
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
+    assert "aten::_scaled_dot_product_attention_math" not in ops
 
 
 @pytest.mark.parity

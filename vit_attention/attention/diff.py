@@ -80,7 +80,8 @@ class HeadRmsNorm(nn.Module):
         "difference cancels attention that both maps give to irrelevant tokens (common-mode noise). Both "
         "maps are one core call on 2·nh half-heads; recorded maps are the two softmax maps (half-head "
         "2h: A1 of head h, 2h+1: A2)."),
-    cost="4·N·C² + 3·N²·C multiply-adds (the two maps over one 2hd-wide value: twice the A·V of global attention)",
+    cost="4·N·C² + 3·N²·C multiply-adds (the two maps over one 2hd-wide value: twice the A·V of global attention; "
+    "4·N²·C on the fused kernel, which takes q and k zero-padded to v's width)",
     example_shape=(2, 11, 32))
 class DifferentialAttention(AttentionModule):
     """Differential self-attention, ``[B, N, C] -> [B, N, C]`` (timm 1.0.31 ``DiffAttention``'s keys).
@@ -91,7 +92,7 @@ class DifferentialAttention(AttentionModule):
     (``λ = exp(a) − exp(b) + λ_init``, initialised 0) instead of the four ``hd``-vectors (N(0, 0.1)).
     ``sub_norm``: RMSNorm over each head's ``2·hd`` channels, eps 1e-5 (the reference code's norm; the
     paper's text says GroupNorm). timm's optional ``qk_norm`` / ``scale_norm`` (off in its presets) are not
-    offered. Cost: ``4·N·C² + 3·N²·C`` multiply-adds.
+    offered. Cost: ``4·N·C² + 3·N²·C`` multiply-adds (``+ N²·C`` on the fused kernel: :meth:`flops`).
     """
 
     transfer_slots = PACKED_QKV_SLOTS
@@ -145,6 +146,13 @@ class DifferentialAttention(AttentionModule):
         dt = torch.promote_types(a.dtype, torch.float32)
         return torch.exp(a.to(dt)) - torch.exp(b.to(dt)) + self.lambda_init
 
+    def _pads_qk(self) -> bool:
+        """Whether q and k are zero-padded to v's width ``2·hd``: where torch's fused SDPA kernel may run. Its
+        CPU kernel and CUDA's flash kernel take q, k and v of one width only (given ``Ev = 2·E`` the CPU falls
+        back to the math path, which holds the ``[B, 2nh, N, M]`` weights); the explicit and flex backends
+        take the widths as they are."""
+        return self.fused_attention and self.attention_backend in ("auto", "sdpa")
+
     def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
         """``x [B, N, C] -> [B, N, C]``.
 
@@ -175,10 +183,8 @@ class DifferentialAttention(AttentionModule):
             if context is not None:
                 raise ValueError("token merging runs on self-attention over the model's own tokens (no context)")
             bias = tome.read_keys(k)  # metric: keys averaged over the half-heads; [B, 1, 1, N] log(size) or None
-        if q.device.type == "cpu" and self.fused_attention and self.attention_backend in ("auto", "sdpa"):
-            # torch's fused CPU kernel takes only q, k and v of one width (else it runs the math path, which
-            # holds the [B, 2nh, N, M] weights): zero channels widen q and k to v's 2hd, the logits unchanged
-            q, k = F.pad(q, (0, hd)), F.pad(k, (0, hd))  # [B, 2nh, N | M, 2hd]
+        if self._pads_qk():
+            q, k = F.pad(q, (0, hd)), F.pad(k, (0, hd))  # [B, 2nh, N | M, 2hd]: zero channels, the logits unchanged
         merged = tome is not None and tome.token_map is not None
         layout = token_layout(N, call.feat_size, call.num_prefix_tokens,
                               num_context=None if context is None else M) \
@@ -196,12 +202,14 @@ class DifferentialAttention(AttentionModule):
         return self.project_out(out, call.residual)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
-        """Multiply-adds for one forward on ``input_shape = (B, N, C)``: ``4·N·C² + 3·N²·C``.
+        """Multiply-adds for one forward on ``input_shape = (B, N, C)``: ``4·N·C² + 3·N²·C``, or ``4·N·C² + 4·N²·C``
+        where the fused kernel may run.
 
-        The products: the projections ``4·N·C²``; ``q·kᵀ`` on ``2·nh`` half-heads of width ``hd`` (``N²·C``);
-        the two maps times their ``2·hd``-wide value (``2·N²·C``). The RMS norms are not counted (as
-        :mod:`vit_attention.analysis.flops` counts only LayerNorm / GroupNorm / BatchNorm). On the CPU's fused
-        kernel, which needs q and k as wide as v, the zero-padded ``q·kᵀ`` does ``N²·C`` more.
+        The products: the projections ``4·N·C²``; ``q·kᵀ`` on ``2·nh`` half-heads of width ``hd`` (``N²·C``, twice
+        that with q and k zero-padded to ``2·hd`` for the fused kernel); the two maps times their ``2·hd``-wide
+        value (``2·N²·C``). The RMS norms are not counted (as :mod:`vit_attention.analysis.flops` counts only
+        LayerNorm / GroupNorm / BatchNorm).
         """
         B, N, C = input_shape
-        return B * (4 * N * C * C + 3 * N * N * C)
+        qk = 2 if self._pads_qk() else 1
+        return B * (4 * N * C * C + (qk + 2) * N * N * C)
