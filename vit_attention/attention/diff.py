@@ -202,8 +202,7 @@ class DifferentialAttention(AttentionModule):
         return self.project_out(out, call.residual)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
-        """Multiply-adds for one forward on ``input_shape = (B, N, C)``: ``4·N·C² + 3·N²·C``, or ``4·N·C² + 4·N²·C``
-        where the fused kernel may run.
+        """Multiply-adds for one forward on ``input_shape = (B, N, C)``: ``4·N·C² + 3·N²·C`` (``4·N²·C``: fused kernel).
 
         The products: the projections ``4·N·C²``; ``q·kᵀ`` on ``2·nh`` half-heads of width ``hd`` (``N²·C``, twice
         that with q and k zero-padded to ``2·hd`` for the fused kernel); the two maps times their ``2·hd``-wide
