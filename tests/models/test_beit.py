@@ -118,3 +118,19 @@ def test_token_merging_is_refused_with_the_reason():
     swapped = create_model("beit_base_patch16_224", **SMALL, attn_layer="mhsa")  # no table: merging works
     swapped.set_token_merging(2)
     assert swapped.token_merging is not None
+
+
+def test_no_weight_decay_and_timm_init_rules():
+    """timm's no_weight_decay (cls_token and every table) and its from-scratch init: a zero table, LayerScale at
+    init_values, attn.proj / mlp.fc2 of block l scaled by 1 / sqrt(2 (l + 1)) against the other linears, the head
+    scaled by 0.001."""
+    torch.manual_seed(0)
+    m = create_model("beit_base_patch16_224", embed_dim=256, depth=3, num_heads=4, img_size=64)
+    nwd = m.no_weight_decay()
+    assert "cls_token" in nwd and {f"blocks.{i}.attn.relative_position_bias_table" for i in range(3)} <= nwd
+    assert not any("qkv" in n for n in nwd)
+    for i, blk in enumerate(m.blocks):
+        assert (blk.attn.relative_position_bias_table == 0).all() and torch.allclose(blk.ls1.gamma, torch.tensor(0.1))
+        ratio = blk.attn.proj.weight.std() / blk.attn.qkv.weight.std()
+        assert abs(ratio.item() * (2 * (i + 1)) ** 0.5 - 1) < 0.1
+    assert m.head.weight.std() < 0.02 * 0.01 and m.blocks[0].mlp.fc1.weight.std() > 0.015
