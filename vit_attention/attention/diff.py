@@ -17,17 +17,13 @@ two softmax maps, not their difference: half-head ``2h`` is head ``h``'s first m
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional import scaled_dot_product_attention
-from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, linear
-from ..functional.observers import attention_context, attention_observed
-from .base import AttentionCall, AttentionModule, check_tokens_call
+from .base import AttentionCall, AttentionModule, check_tokens_call, merged_frame, observed_layout
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
@@ -185,16 +181,9 @@ class DifferentialAttention(AttentionModule):
             bias = tome.read_keys(k)  # metric: keys averaged over the half-heads; [B, 1, 1, N] log(size) or None
         if self._pads_qk():
             q, k = F.pad(q, (0, hd)), F.pad(k, (0, hd))  # [B, 2nh, N | M, 2hd]: zero channels, the logits unchanged
-        merged = tome is not None and tome.token_map is not None
-        layout = token_layout(N, call.feat_size, call.num_prefix_tokens,
-                              num_context=None if context is None else M) \
-            if attention_observed() and not merged else None  # where the rows sit on the grid (observers only)
-        frame = attention_context(**tome.observer_info()) if merged and attention_observed() else nullcontext()
-        with frame:
-            out = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, scale=self.scale, layout=layout,
-                                               dropout_p=self.attn_drop if self.training else 0.0,
-                                               fused=self.fused_attention,
-                                               backend=self.attention_backend)  # [B, 2nh, N, 2hd]
+        layout = observed_layout(x, call, num_context=None if context is None else M)  # observers only
+        with merged_frame(call):  # observers place merged tokens' weights on the original ones
+            out = self.attend(q, k, v, mask=mask, bias=bias, scale=self.scale, layout=layout)  # [B, 2nh, N, 2hd]
         out = out.unflatten(1, (nh, 2))  # [B, nh, 2, N, 2hd]
         out = out[:, :, 0] - self.lambda_full().to(out.dtype) * out[:, :, 1]  # (A1 − λ·A2) v: [B, nh, N, 2hd]
         out = self.sub_norm(out) * (1.0 - self.lambda_init)
