@@ -109,6 +109,7 @@ def test_check_docs_names_stale_missing_pages_pictures_and_tables(tmp_path, monk
     import vit_attention.analysis.docs as docs
 
     monkeypatch.setattr(docs, "_pages", lambda models=True: {"attention/a.md": "A\n", "attention/b.md": "B\n"})
+    monkeypatch.setattr(docs, "flex_page_with_table", lambda text: text.replace("old", "new"))  # its tables: above
     (tmp_path / "attention" / "img").mkdir(parents=True)
     (tmp_path / "attention" / "a.md").write_text("A\n", encoding="utf-8")
     (tmp_path / "flex.md").write_text(f"x\n{docs.FLEX_TABLE_START}\nold\n{docs.FLEX_TABLE_END}\n", encoding="utf-8")
