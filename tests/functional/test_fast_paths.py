@@ -62,6 +62,7 @@ def test_no_other_module_touches_private_torch_apis() -> None:
     assert offenders == []
 
 
+@pytest.mark.registry
 @pytest.mark.parametrize("name", distinct_reduced_presets())
 def test_model_with_fast_paths_off_equals_on(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     model, x = build(name, small_overrides(name))
