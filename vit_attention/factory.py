@@ -242,7 +242,8 @@ def load_or_create_model(name: str | None, checkpoint: str | Path | None = None,
         weights = True if pretrained else checkpoint
         try:
             with torch.device(device) if device is not None else nullcontext():
-                model = create_model(name, pretrained=weights, img_size=img_size, **kw)
+                sized = kw if img_size is None else {**kw, "img_size": img_size}  # --img-size over --model-arg
+                model = create_model(name, pretrained=weights, **sized)
         except CheckpointMismatchError as e:
             what = "the weights" if pretrained or hub else f"{say['checkpoint']} {checkpoint}"
             raise ValueError(f"{what} do{'' if pretrained or hub else 'es'} not fit {say['model']} {name}: {e}"

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from vit_attention.attention import create_attention
+from vit_attention.attention import AttentionCall, create_attention
 from vit_attention.functional import attention as attention_module
 from vit_attention.functional import scaled_dot_product_attention
 
@@ -57,7 +57,7 @@ def test_every_broadcastable_mask_is_accepted(shape: tuple[int, ...], fused: boo
 def test_module_masks_reach_the_check_with_the_name() -> None:
     attn = create_attention("mhsa", 12, 3).eval()
     with pytest.raises(ValueError, match=r"^mask of shape \(4, 4\) does not broadcast"):
-        attn(torch.randn(2, 5, 12), mask=torch.ones(4, 4, dtype=torch.bool))
+        attn(torch.randn(2, 5, 12), AttentionCall(mask=torch.ones(4, 4, dtype=torch.bool)))
 
 
 class _Masked(torch.nn.Module):
@@ -67,7 +67,7 @@ class _Masked(torch.nn.Module):
         self.register_buffer("mask", torch.ones(1, 1, 5, 5, dtype=torch.bool))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.attn(x, mask=self.mask)
+        return self.attn(x, AttentionCall(mask=self.mask))
 
 
 def test_mask_check_adds_no_tracer_warnings() -> None:
