@@ -9,7 +9,6 @@ reading them (or not) shows in the model's config and outputs.
 from __future__ import annotations
 
 import re
-
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
