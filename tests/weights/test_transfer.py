@@ -19,7 +19,8 @@ from vit_attention.weights.transfer import attention_modules
 
 # family -> (the config field, the mechanism swapped in, its attn_kwargs or None to keep the file's)
 SWAPS: dict[str, tuple[str, str, dict | None]] = {
-    "beit": ("attn_layer", "mhsa", None), "cait": ("attn_layer", "mhsa", None), "clip": ("attn_layer", "talking_heads", None),
+    "beit": ("attn_layer", "mhsa", None),
+    "cait": ("attn_layer", "mhsa", None), "clip": ("attn_layer", "talking_heads", None),
     "cpvt": ("attn_layer", "talking_heads", None), "cvt": ("attn_layer", "mhsa", None),
     "davit": ("spatial_attn_layer", "neighborhood", None), "dinov2": ("attn_layer", "talking_heads", None),
     "flexivit": ("attn_layer", "talking_heads", None), "halonet": ("attn_layer", "neighborhood", {"kernel_size": 3}),
