@@ -7,6 +7,7 @@ from its (updated) config gives with the same weights."""
 
 import copy
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from fixture_utils import assert_parity, load_fixture
 from model_outputs import fill_by_key, first_preset_per_family, small_overrides
 
 from vit_attention import create_model
-from vit_attention.models import get_model_entry, list_models
+from vit_attention.models import get_model_entry
 from vit_attention.models.backbone import Backbone
 from vit_attention.models.cait import Cait, CaitConfig
 from vit_attention.weights import load_weights
@@ -24,18 +25,6 @@ CAIT_RESIZES = {"img48": ((48, 48), 8), "rect": ((40, 48), 8), "p4": ((32, 32), 
 _TIMM_KEYS = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "num_classes", "qkv_bias",
               "init_values", "depth_token_only", "mlp_ratio_token_only")
 
-# What each family's set_input_size does: "tables" (its own override resamples / rebuilds size-dependent
-# tables), "record" (Backbone.set_input_size: nothing depends on the size, it is checked and recorded),
-# "not_implemented" (NotImplementedError naming the family and what it would need).
-BEHAVIOUR = {
-    "vit": "tables", "eva02": "tables", "flexivit": "tables", "naflexvit": "tables", "dinov2": "tables",
-    "clip": "tables", "dinov3": "tables", "rope_vit": "tables", "siglip": "tables", "cpvt": "tables",
-    "swin": "tables", "swinv2": "tables", "cait": "tables",
-    "cvt": "record", "davit": "record", "nat": "record", "halonet": "record", "mobilevit": "record",
-    "pvt_v2": "record", "twins": "record",
-    "pvt": "tables", "vil": "tables", "vitdet": "tables", "igpt": "not_implemented",
-    "beit": "tables",
-}
 FAMILIES = first_preset_per_family()
 
 
@@ -133,8 +122,13 @@ def _new_size(model: Backbone) -> tuple[int, int]:
     return h + unit[0], w + 2 * unit[1]
 
 
-def test_every_family_is_covered():
-    assert set(BEHAVIOUR) == set(FAMILIES), "give each new family its set_input_size behaviour here"
+def _behaviour(model: Backbone) -> str:
+    """What the model's set_input_size does, read from its class: "not_implemented" (it declares
+    ``resize_needs``: NotImplementedError naming the family and what it would need), "tables" (its own override
+    resamples / rebuilds size-dependent tables), "record" (Backbone.set_input_size: checked and recorded)."""
+    if type(model).resize_needs:
+        return "not_implemented"
+    return "record" if type(model).set_input_size is Backbone.set_input_size else "tables"
 
 
 @pytest.mark.registry
@@ -144,19 +138,21 @@ def test_set_input_size_every_family(name):
     its config at the new size with the same weights, or it raises NotImplementedError naming the family."""
     family = get_model_entry(name).family
     model = _reduced(name)
-    if BEHAVIOUR[family] == "not_implemented":
+    behaviour = _behaviour(model)
+    if behaviour == "not_implemented":
         cfg = dataclasses.replace(model.cfg)
-        with pytest.raises(NotImplementedError, match=f"for {family} .*it would need"):
+        with pytest.raises(NotImplementedError, match=f"for {family} .*it would need {re.escape(model.resize_needs)}"):
             model.set_input_size(_new_size(model))
         with pytest.raises(NotImplementedError, match=family):
             model.set_input_size()  # refused whatever the arguments: never a silent no-op
         assert model.cfg == cfg
         return
-    if BEHAVIOUR[family] == "record":
-        assert type(model).set_input_size is Backbone.set_input_size
-    else:
-        assert type(model).set_input_size is not Backbone.set_input_size
     new = _new_size(model)
+    if behaviour == "record":  # no size-dependent tables: a model built at the new size has the same state shapes
+        built = type(model)(dataclasses.replace(copy.deepcopy(model.cfg), img_size=new))
+        assert {k: v.shape for k, v in built.state_dict().items()} == \
+            {k: v.shape for k, v in model.state_dict().items()}, f"{family} has size-dependent tables: override " \
+            "set_input_size or declare resize_needs"
     model.set_input_size(new)
     assert _size(model.cfg.img_size) == new
     fresh = type(model)(copy.deepcopy(model.cfg)).eval()
@@ -192,14 +188,9 @@ def test_record_families_check_their_constraints():
 
 
 def test_not_implemented_message_names_what_is_needed():
-    """Only iGPT: its autoregressive pixel sequence has no resize that keeps its meaning."""
-    assert [f for f, b in BEHAVIOUR.items() if b == "not_implemented"] == ["igpt"]
+    """iGPT: its autoregressive pixel sequence has no resize that keeps its meaning."""
     with pytest.raises(NotImplementedError, match="pos_embed"):
         _reduced(FAMILIES["igpt"]).set_input_size(96)
-
-
-def test_registry_families_are_these():
-    assert {get_model_entry(n).family for n in list_models()} == set(BEHAVIOUR)
 
 
 def test_pvt_v1_tables_follow_the_new_size_as_the_forward_resamples_them():
@@ -292,7 +283,7 @@ _LOAD_DIFFERS = {"swin": "window scaled by set_input_size", "flexivit": "the Fle
 
 
 @pytest.mark.registry
-@pytest.mark.parametrize("name", sorted(n for f, n in FAMILIES.items() if BEHAVIOUR[f] != "not_implemented"))
+@pytest.mark.parametrize("name", sorted(n for n in FAMILIES.values() if not get_model_entry(n).model_cls.resize_needs))
 def test_weights_saved_at_one_size_load_at_another(name, tmp_path):
     """``create_model(name, pretrained=FILE, img_size=2·s)`` with weights trained at ``s`` loads strictly (every
     size-dependent table resampled, ViL's row / column tables included), runs, and, where the two rules agree,
