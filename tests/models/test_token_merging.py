@@ -3,6 +3,7 @@ is followed, outputs stay in image space, and the families where merging has no 
 
 from __future__ import annotations
 
+import re
 from unittest import mock
 
 import pytest
@@ -11,17 +12,28 @@ from model_outputs import build, first_preset_per_family, small_overrides
 
 from vit_attention import create_model
 from vit_attention.functional import tome as tome_fn
-from vit_attention.models import get_model_entry
 from vit_attention.models.token_merging import TokenMergingMixin
 
 FAMILIES = first_preset_per_family()
-MERGING = sorted(n for f, n in FAMILIES.items() if f not in ("naflexvit", "cpvt", "beit")
-                 and issubclass(get_model_entry(n).model_cls, TokenMergingMixin))
+
+
+def _refusal(name: str) -> str | None:
+    """Why the family's representative refuses token merging, read from the model (None: it merges): a family
+    without the mixin names its ``token_merging_note``, a token model its ``_merging_obstacle()``."""
+    with torch.device("meta"):
+        model = create_model(name, **small_overrides(name))
+    if not isinstance(model, TokenMergingMixin):
+        return model.token_merging_note
+    return model._merging_obstacle()
+
+
+REFUSALS = {n: _refusal(n) for n in FAMILIES.values()}
+MERGING = sorted(n for n, why in REFUSALS.items() if why is None)
 # code paths beyond each family's first preset: registers, two prefix tokens, RoPE-Mixed, post-norm, parallel,
 # MAP pooling, QK-norm
 EXTRA = ["vit_base_patch14_reg4_dinov2", "deit_tiny_distilled_patch16_224", "vit_base_patch16_rope_mixed_224",
          "vit_base_patch16_224_postnorm", "vit_small_parallel_qknorm_patch16_224", "vit_base_patch16_siglip_224"]
-REFUSING = sorted(n for f, n in FAMILIES.items() if n not in MERGING)
+REFUSING = sorted(n for n, why in REFUSALS.items() if why is not None)
 
 
 def _model(name: str, depth: int | None = None) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -101,8 +113,9 @@ def test_families_without_token_blocks_refuse_by_name(name: str) -> None:
     with torch.device("meta"):
         model = create_model(name, **small_overrides(name))
     model.set_token_merging(0)  # off is always fine
-    with pytest.raises(ValueError, match="token merging"):
+    with pytest.raises(ValueError, match=f"token merging.*{re.escape(REFUSALS[name])}"):
         model.set_token_merging(2)
+    assert getattr(model, "token_merging", None) is None
 
 
 @pytest.mark.registry

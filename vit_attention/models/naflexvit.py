@@ -302,12 +302,10 @@ class NaFlexVit(VisionTransformer):
     ``rope_coords`` / ``rope_valid``).
     """
 
-    def set_token_merging(self, r: int | tuple[int, float] | list[int], *, prop_attn: bool = True) -> None:
-        """Not supported: packed NaFlex batches carry padding masks and per-sample grids (``r=0`` is accepted)."""
-        if isinstance(r, int) and not isinstance(r, bool) and r == 0:
-            return
-        raise ValueError("token merging is not supported by NaFlexVit yet: its packed batches carry padding masks and "
-                         "per-sample grids; use a fixed-size ViT")
+    def _merging_obstacle(self) -> str | None:
+        """Why token merging is refused (``r=0`` accepted): packed batches carry padding masks and per-sample grids."""
+        return ("NaFlexVit does not support it yet: its packed batches carry padding masks and per-sample grids; "
+                "use a fixed-size ViT")
 
     family = "naflexvit"
     late_stem_modules = ("embeds",)  # the patch / position embedding, registered after the head
