@@ -4,6 +4,7 @@ loads the weights into the model they were trained for, then carries them over
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -13,46 +14,82 @@ from fixture_utils import add_noise
 from model_outputs import build, first_preset_per_family, small_overrides
 
 import vit_attention as va
+from vit_attention.attention import get_attention_spec, list_attention
 from vit_attention.attention.transfer import get_projections
 from vit_attention.weights import CheckpointMismatchError, transfer_weights
 from vit_attention.weights.transfer import attention_modules
 
-# family -> (the config field, the mechanism swapped in, its attn_kwargs or None to keep the file's)
-SWAPS: dict[str, tuple[str, str, dict | None]] = {
-    "beit": ("attn_layer", "mhsa", None),
-    "cait": ("attn_layer", "mhsa", None), "clip": ("attn_layer", "talking_heads", None),
-    "cpvt": ("attn_layer", "talking_heads", None), "cvt": ("attn_layer", "mhsa", None),
-    "davit": ("spatial_attn_layer", "neighborhood", None), "dinov2": ("attn_layer", "talking_heads", None),
-    "flexivit": ("attn_layer", "talking_heads", None), "halonet": ("attn_layer", "neighborhood", {"kernel_size": 3}),
-    "mobilevit": ("attn_layer", "neighborhood", None), "naflexvit": ("attn_layer", "talking_heads", None),
-    "nat": ("attn_layer", "window", None), "pvt": ("attn_layer", "mhsa", None), "pvt_v2": ("attn_layer", "mhsa", None),
-    "siglip": ("attn_layer", "talking_heads", None), "swin": ("attn_layer", "neighborhood", None),
-    "swinv2": ("attn_layer", "window", None), "vil": ("attn_layer", "mhsa", None),
-    "vit": ("attn_layer", "talking_heads", None), "vitdet": ("attn_layer", "neighborhood", None),
-}
-# families that take no other mechanism: their attention options belong to one mechanism (RoPE, EVA's q / v
-# biases), Image GPT must stay causal, Twins alternates two fixed ones
-NO_SWAP = {"dinov3", "eva02", "igpt", "rope_vit", "twins"}
-# global attention into talking heads with the identity mixing: the same model
-EXACT = {"clip", "cpvt", "dinov2", "flexivit", "naflexvit", "siglip", "vit"}
+
+def _global_as_built(name: str) -> bool:
+    """The mechanism attends globally as it is built (no keywords needed: mhsa, mha, talking heads)."""
+    spec = get_attention_spec(name)
+    return spec.global_kwargs is not None and spec.global_kwargs((2, 2)) == {}
 
 
-def test_every_family_is_listed() -> None:
-    assert set(SWAPS) | NO_SWAP == set(first_preset_per_family())
+def _preference(name: str) -> tuple[bool, bool, str]:
+    """Targets tried first: those that can compute global attention (what most weights were trained with), of
+    them those that do as built; then by name."""
+    return get_attention_spec(name).global_kwargs is None, not _global_as_built(name), name
+
+
+def _runs(name: str, overrides: dict, x: torch.Tensor) -> Exception | None:
+    """None when the reduced model with ``overrides`` builds and runs on ``x``; else the error it raised."""
+    try:
+        model = va.create_model(name, **overrides).eval()
+        with torch.no_grad():
+            model(x)
+    except (TypeError, ValueError, RuntimeError) as err:
+        return err
+    return None
+
+
+def _swap(name: str, donor: torch.nn.Module, x: torch.Tensor) -> tuple[str, str, dict] | dict[str, Exception]:
+    """The first mechanism field of the family's config (``*attn_layer``) that takes another registered mechanism
+    of the same layout: ``(field, mechanism, its overrides)``, the mechanism the first by :func:`_preference` that
+    builds and runs; where none does, every refusal by ``field=mechanism``."""
+    over = small_overrides(name)
+    fields = [f.name for f in dataclasses.fields(donor.cfg) if f.name.endswith("attn_layer")]
+    used = {type(m).attention_name for m in attention_modules(donor).values()}
+    refusals: dict[str, Exception] = {}
+    for field in fields:
+        current = getattr(donor.cfg, field)  # "" = the family's own (MobileViT's block types)
+        layouts = {get_attention_spec(n).layout for n in ([current] if current else used)}
+        kwargs = field[: -len("layer")] + "kwargs"
+        reset = {kwargs: {}} if hasattr(donor.cfg, kwargs) else {}  # the file's options belong to its mechanism
+        for new in sorted(list_attention(), key=_preference):
+            if new in used or new == current or get_attention_spec(new).layout not in layouts:
+                continue
+            swap = {**over, field: new, **reset}
+            err = _runs(name, swap, x)
+            if err is None:
+                return field, new, swap
+            refusals[f"{field}={new}"] = err
+    return refusals
 
 
 @pytest.mark.registry
-@pytest.mark.parametrize(("family", "name"), [(f, n) for f, n in sorted(first_preset_per_family().items())
-                                              if f in SWAPS])
-def test_pretrained_weights_into_another_mechanism(family: str, name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", sorted(first_preset_per_family().values()))
+def test_pretrained_weights_into_another_mechanism(name: str, tmp_path: Path) -> None:
+    """Every family's representative takes weights trained with its mechanism into another of the same layout
+    (the first it accepts, :func:`_swap`); a family that accepts none refuses each by its field and reason."""
     donor, x = build(name, small_overrides(name))
+    found = _swap(name, donor, x)
+    if isinstance(found, dict):  # no other mechanism: its options belong to one (RoPE, EVA's q / v biases), Image
+        fields = [f.name for f in dataclasses.fields(donor.cfg) if f.name.endswith("attn_layer")]  # GPT is causal
+        if not fields:  # the mechanisms are fixed by the family (Twins alternates two): no field to set
+            with pytest.raises(TypeError, match="unknown config option.*'attn_layer'"):
+                va.create_model(name, **small_overrides(name), attn_layer="mhsa")
+            return
+        assert found, name
+        for what, err in found.items():
+            field, new = what.split("=")
+            assert isinstance(err, ValueError) and f"{field}='{new}'" in str(err), (what, err)
+        return
+    field, new, swap = found
     va.save_weights(donor, tmp_path / "w.safetensors")  # records the mechanism and its options (HaloNet's blocks)
-    field, new, kwargs = SWAPS[family]
     old = getattr(donor.cfg, field)
-    extra = {} if kwargs is None else {field[: -len("layer")] + "kwargs": kwargs}
     with pytest.warns(UserWarning, match=rf"weights trained with {field}='{old}' transferred to {field}='{new}'"):
-        model = va.create_model(name, pretrained=tmp_path / "w.safetensors", **{**small_overrides(name), field: new,
-                                                                                **extra}).eval()
+        model = va.create_model(name, pretrained=tmp_path / "w.safetensors", **swap).eval()
     swapped = {p: m for p, m in attention_modules(model).items() if type(m).attention_name == new}
     assert swapped
     theirs, ours = donor.state_dict(), model.state_dict()
@@ -66,7 +103,11 @@ def test_pretrained_weights_into_another_mechanism(family: str, name: str, tmp_p
         for role in set(a.weight) & set(b.weight):
             want = a.weight[role] * (ratio if role == "q" else 1.0)
             torch.testing.assert_close(b.weight[role], want.reshape(b.weight[role].shape), msg=f"{path} {role}")
-    if family in EXACT:
+    # global attention into global attention with every source parameter carried (the target's own set neutral,
+    # talking heads' mixing the identity): the same model
+    olds = {type(source[p]).attention_name for p in swapped}
+    left = [n for n in transfer_weights(donor, va.create_model(name, **swap)).notes if "not carried from" in n]
+    if _global_as_built(new) and all(_global_as_built(o) for o in olds) and not left:
         with torch.no_grad():
             torch.testing.assert_close(model(x), donor(x), rtol=1e-4, atol=1e-5)
 
