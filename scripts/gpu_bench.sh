@@ -53,7 +53,7 @@ if [ "$SMOKE" = 1 ]; then
   BUDGET_S=${BUDGET_S:-200}
   DEV=cpu
   # one thread: on a shared CPU every parallel region's barrier waits for a descheduled thread (a tiny model's
-  # training step took 2.5 s with 2 threads at load 3.7, 0.05 s with one; docs/benchmarks.md, "compiled is 0.46x")
+  # training step took 2.5 s with 2 threads at load 3.7, 0.05 s with one; docs/benchmarks.md, "Compiled against eager on CPU")
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
   # every family in its reduced form, batch 2, one round: proves each step runs, measures nothing
   BENCH=(--device cpu --batch-size 2 --rounds 1 --iters 1 --warmup 0 --peak-size 64 --compile-backend eager
