@@ -7,9 +7,9 @@ outside the package gets its page the same way).
 
 Every number and shape on these pages comes from the library itself: the shape flow from
 :func:`trace`, the costs from :func:`flops`, the pictures from :func:`record_attention`, the model
-table from the model registry. A test regenerates the text and compares, so the pages cannot go
-stale; the PNG pictures are regenerated too but not compared byte for byte (matplotlib versions
-differ in their output).
+table from the model registry. A test regenerates the pages and the PNG pictures and compares them with
+the checkout: the pages byte for byte, the pictures pixel by pixel (drawn with one thread and no
+timestamp; another matplotlib may antialias a few pixels differently), so neither can go stale.
 """
 
 from __future__ import annotations
