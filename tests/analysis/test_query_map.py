@@ -19,7 +19,7 @@ from vit_attention.attention import AttentionCall, get_attention_spec
 from vit_attention.functional import register_attention_hook
 from vit_attention.layers.layout_adapter import apply_attention
 
-NAMES = list_attention()
+NAMES = [n for n in list_attention() if not get_attention_spec(n).weights_note]  # those that form weights
 DIM = 32
 
 

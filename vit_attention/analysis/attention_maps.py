@@ -219,6 +219,18 @@ def _place(layout: AttentionLayout, grid: tuple[int, int] | None, prefix: int) -
     return layout
 
 
+def _refuse_weightless(model: nn.Module) -> None:
+    """``ValueError`` naming the first module of ``model`` whose mechanism forms no attention weights, and why."""
+    from ..attention.registry import get_attention_spec
+
+    for name, mod in model.named_modules():
+        mechanism = getattr(type(mod), "attention_name", "")
+        if mechanism:
+            note = get_attention_spec(mechanism).weights_note
+            if note:
+                raise ValueError(f"no attention maps to record: {name or 'the model'} is {mechanism!r}: {note}")
+
+
 @contextlib.contextmanager
 def record_attention(model: nn.Module, *, grid: tuple[int, int] | None = None) -> Iterator[AttentionRecorder]:
     """Collect the attention weights of every attention call inside ``model`` while active.
@@ -234,7 +246,12 @@ def record_attention(model: nn.Module, *, grid: tuple[int, int] | None = None) -
 
     Yields:
         an :class:`AttentionRecorder`; its ``records`` fill up as the model runs.
+
+    Raises:
+        ValueError: ``model`` holds a mechanism that forms no attention weights (its spec's ``weights_note``,
+            e.g. ReLU linear attention), naming the module and why: there would be no map to record.
     """
+    _refuse_weightless(model)
     rec = AttentionRecorder(model, grid or _model_grid(model))
     names = {id(m): n for n, m in model.named_modules()}
     frames: list[contextlib.AbstractContextManager[None]] = []

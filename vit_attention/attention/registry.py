@@ -81,6 +81,9 @@ class AttentionSpec:
             ``qk_norm`` / ``proj_bias`` may be passed; init_accepts_any: it also takes ``**kwargs``.
         backends: the attention backends it runs on (:data:`~vit_attention.functional.flex.BACKENDS`);
             ``backend_note``: why one is missing (the error :func:`set_attention_backend` raises).
+        weights_note: non-empty for a mechanism that forms no attention weights and never calls the attention
+            core (ReLU linear attention): why. Recording attention maps refuses it with this reason, and the
+            core's contract sweeps leave it out.
     """
 
     name: str
@@ -106,6 +109,7 @@ class AttentionSpec:
     init_accepts_any: bool = False
     backends: tuple[str, ...] = BACKENDS
     backend_note: str = ""
+    weights_note: str = ""
 
     @property
     def supports_context(self) -> bool:
@@ -136,7 +140,7 @@ def register_attention(
     doc_example: tuple[dict[str, Any], tuple[int, ...]] | None = None,
     grid_kwargs: Callable[[tuple[int, int]], dict[str, Any]] | None = None, qkv_bias_split: bool = False,
     global_kwargs: Callable[[tuple[int, int]], dict[str, Any]] | None = None,
-    backends: tuple[str, ...] = BACKENDS, backend_note: str = "",
+    backends: tuple[str, ...] = BACKENDS, backend_note: str = "", weights_note: str = "",
 ) -> Callable[[type[AttentionModule]], type[AttentionModule]]:
     """Class decorator adding a mechanism to the registry under ``name``; see :class:`AttentionSpec`.
 
@@ -177,7 +181,8 @@ def register_attention(
             doc_example=doc_example or (dict(example_kwargs or {}), (1, 14, 14, 96) if spatial else (1, 197, 96)),
             grid_kwargs=grid_kwargs, global_kwargs=global_kwargs, qkv_bias_split=qkv_bias_split,
             init_kwargs=named, init_accepts_any=accepts_any,
-            backends=tuple(check_backend(b, f"{name}'s backends entry") for b in backends), backend_note=backend_note)
+            backends=tuple(check_backend(b, f"{name}'s backends entry") for b in backends), backend_note=backend_note,
+            weights_note=weights_note)
         cls.attention_name = name
         cls.layout = layout
         return cls
