@@ -39,7 +39,6 @@ from functools import partial
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import create_attention
@@ -146,10 +145,11 @@ class PositionalEncodingFourier(nn.Module):
 
     def forward(self, feat_size: tuple[int, int]) -> Tensor:
         """``(H, W)`` -> the encoding ``[1, H·W, C]`` in the projection's dtype."""
+        H, W = int(feat_size[0]), int(feat_size[1])
         w = self.token_projection.weight
-        feats = fourier_features(int(feat_size[0]), int(feat_size[1]), self.hidden_dim, self.temperature,
-                                 device=w.device).to(w.dtype)  # [H·W, 64]
-        return F.linear(feats, w.flatten(1), self.token_projection.bias)[None]  # [1, H·W, C]
+        feats = fourier_features(H, W, self.hidden_dim, self.temperature, device=w.device).to(w.dtype)  # [H·W, 64]
+        pos = self.token_projection(feats.t().reshape(1, -1, H, W))  # [1, C, H, W] (the module: FLOPs see it)
+        return pos.flatten(2).transpose(1, 2)  # [1, H·W, C]
 
 
 # ---------------------------------------------------------------------------- blocks
