@@ -44,7 +44,8 @@ def _adapt_maxvit(state: State, model: nn.Module, report: Any) -> State:
         if not key.endswith(".relative_position_bias_table") or key not in own:
             continue
         want = own[key].shape
-        if table.dim() == 3 and table.shape != want and table.shape[0] == want[0]:
+        if (table.dim() == 3 and table.shape != want and table.shape[0] == want[0]
+                and table.shape[1] % 2 == 1 and table.shape[2] % 2 == 1):  # a TF table [nh, 2P-1, 2Q-1]
             state[key] = resize_tf_bias_table(table, ((want[1] + 1) // 2, (want[2] + 1) // 2))
             resized += 1
     if resized:

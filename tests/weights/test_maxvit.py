@@ -1,0 +1,47 @@
+"""MaxViT checkpoint layouts (weights/maxvit.py): timm 1.0.31's MaxxVit names onto ours, from the committed fixture
+(tests/fixtures/make_fixtures_maxvit.py)."""
+
+import pytest
+import torch
+from fixture_utils import load_fixture
+
+from vit_attention import create_model
+from vit_attention.weights import load_weights
+from vit_attention.weights.layouts import converters_for
+
+pytestmark = pytest.mark.parity
+
+SMALL = dict(embed_dims=(16, 32), depths=(1, 2), stem_width=16, head_hidden_size=32, dim_head=8, window_size=4,
+             num_classes=10, img_size=(64, 96))
+
+
+def test_timm_names_map_one_to_one_onto_ours():
+    """Every timm key has exactly one of ours: only the tables lose ``rel_pos.``; nothing else is renamed."""
+    state, _, _ = load_fixture("timm_maxvit")
+    model = create_model("maxvit_tiny_tf_224", **SMALL)
+    (timm,) = [c for c in converters_for("maxvit") if c.layout == "timm"]
+    assert timm.detect(state) and not timm.detect(model.state_dict())
+    converted = timm.convert(dict(state), model)
+    assert set(converted) == set(model.state_dict())
+    renamed = {k for k in state if k not in converted}
+    assert renamed and all(k.endswith(".attn.rel_pos.relative_position_bias_table") for k in renamed)
+    for k, v in converted.items():
+        want = state.get(k, state.get(k.replace(".attn.relative_position_bias_table",
+                                                ".attn.rel_pos.relative_position_bias_table")))
+        assert want is not None and torch.equal(v, want), k
+
+
+def test_timm_lookup_buffers_are_ignored_and_a_head_of_another_class_count_is_dropped():
+    state, _, _ = load_fixture("timm_maxvit")
+    key = "stages.0.blocks.0.attn_block.attn.rel_pos.height_lookup"
+    model = create_model("maxvit_tiny_tf_224", **{**SMALL, "num_classes": 7})
+    with pytest.warns(UserWarning, match="head.fc has 10 classes in the checkpoint and 7 in the model"):
+        report = load_weights(model, {**state, key: torch.zeros(4, 4, 7)})
+    assert report.ok and report.layout == "timm"
+    assert torch.equal(model.stages[1].blocks[1].conv.se.fc1.weight, state["stages.1.blocks.1.conv.se.fc1.weight"])
+
+
+def test_our_own_files_load_without_conversion():
+    model = create_model("maxvit_tiny_tf_224", **SMALL)
+    report = load_weights(create_model("maxvit_tiny_tf_224", **SMALL), model.state_dict())
+    assert report.ok and report.layout != "timm"
