@@ -16,6 +16,7 @@ from vit_attention.models import get_model_entry, list_models
 from vit_attention.models.pretrained_tags import expand
 from vit_attention.models.xcit import (
     PRETRAINED,
+    ConvPatchEmbed,
     LPIBranch,
     Xcit,
     XcitClassAttentionBlock,
@@ -202,3 +203,39 @@ def test_bad_config_raises_naming_the_field():
         create_model("xcit_nano_12_p16_224", embed_dim=36, num_heads=4)  # the p16 stem needs C / 8
     with pytest.raises(ValueError, match="global_pool='token'"):
         create_model("xcit_nano_12_p16_224", cls_attn_layers=0)
+
+
+def test_lpi_branch_written_out_and_its_refusals():
+    """x + γ3 · dw3x3(BN(GELU(dw3x3(LN3 x)))) on the grid; prefix tokens pass unchanged; the grid is required."""
+    torch.manual_seed(1)
+    branch = LPIBranch(8, init_values=0.5).eval()
+    with torch.no_grad():
+        for p in branch.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+        branch.lpi.bn.running_mean.normal_(0, 0.1)
+        branch.lpi.bn.running_var.uniform_(0.5, 1.5)
+        x = torch.randn(2, 1 + 12, 8)
+        out = branch(x, (3, 4), 1)
+        m = branch.norm(x[:, 1:]).transpose(1, 2).reshape(2, 8, 3, 4)
+        m = torch.nn.functional.conv2d(m, branch.lpi.conv1.weight, branch.lpi.conv1.bias, padding=1, groups=8)
+        m = torch.nn.functional.gelu(m)
+        bn = branch.lpi.bn
+        m = (m - bn.running_mean[:, None, None]) / (bn.running_var[:, None, None] + bn.eps).sqrt()
+        m = m * bn.weight[:, None, None] + bn.bias[:, None, None]
+        m = torch.nn.functional.conv2d(m, branch.lpi.conv2.weight, branch.lpi.conv2.bias, padding=1, groups=8)
+        ref = x[:, 1:] + branch.ls.gamma * m.flatten(2).transpose(1, 2)
+    torch.testing.assert_close(out[:, 1:], ref, atol=1e-5, rtol=1e-5)
+    assert torch.equal(out[:, :1], x[:, :1])
+    with pytest.raises(ValueError, match="feat_size"):
+        branch(x[:, 1:])
+    with pytest.raises(ValueError, match="feat_size"):
+        branch(x, (3, 5), 1)
+
+
+def test_the_stem_refuses_another_patch_size_and_halves_with_ceil():
+    with pytest.raises(ValueError, match="patch_size must be 8 or 16"):
+        ConvPatchEmbed(4, 3, 32)
+    stem = ConvPatchEmbed(8, 3, 32).eval()
+    with torch.no_grad():
+        tokens, grid = stem(torch.randn(1, 3, 17, 9))
+    assert grid == (3, 2) and tokens.shape == (1, 6, 32)
