@@ -106,7 +106,7 @@ class CrossCovarianceAttention(AttentionModule):
         """
         check_tokens_call(self, x, call)
         q, k, v = self._qkv_channels_major(x)  # each [B, nh, hd, N]
-        q = F.normalize(q, dim=-1) * self.temperature  # unit token vectors, then τ_h: the core's scale is 1
+        q = F.normalize(q, dim=-1) * self.temperature.to(q.dtype)  # unit token vectors, then τ_h: core scale 1
         k = F.normalize(k, dim=-1)
         layout = channel_layout(self.head_dim) if attention_observed() else None
         out = self.attend(q, k, v, scale=1.0, layout=layout)  # [B, nh, hd, N]
