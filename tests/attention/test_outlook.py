@@ -19,7 +19,7 @@ from vit_attention.analysis import record_attention
 from vit_attention.attention import AttentionCall, create_attention, get_attention_spec
 from vit_attention.attention.outlook import OutlookAttention
 from vit_attention.functional import switched
-from vit_attention.functional.outlook import outlook_fold, outlook_layout, outlook_unfold
+from vit_attention.functional.outlook import _fold_by_shifts, outlook_fold, outlook_layout, outlook_unfold
 
 
 def _oracle(attn: OutlookAttention, x: torch.Tensor) -> torch.Tensor:
@@ -95,6 +95,16 @@ def test_fold_sums_overlaps_and_unfold_fold_round_trip_counts_them() -> None:
     assert s2[0, :4].tolist() == [1, 2, 1, 2] and s2[1, :4].tolist() == [2, 4, 2, 4]
     s1 = outlook_fold(outlook_unfold(ones, 2, 3, 1, 1), (6, 6), 3, 1, 1)[0, ..., 0]
     assert s1[0, 0] == 4 and s1[0, 1] == 6 and s1[2, 2] == 9
+
+
+@pytest.mark.parametrize("size,K,p,s", [((6, 6), 3, 1, 2), ((5, 7), 3, 1, 2), ((4, 5), 3, 1, 1), ((7, 6), 5, 2, 2),
+                                         ((7, 8), 1, 0, 3)])
+def test_the_capture_fold_equals_torchs_fold(size: tuple[int, int], K: int, p: int, s: int) -> None:
+    """The fold written with pads and adds (what export / ONNX record: opset 17 has no col2im) is ``F.fold``'s sum."""
+    h, w = math.ceil(size[0] / s), math.ceil(size[1] / s)
+    out = torch.randn(2, h * w, 2, K * K, 4)
+    torch.testing.assert_close(_fold_by_shifts(out, size, K, p, s), outlook_fold(out, size, K, p, s), rtol=0,
+                               atol=1e-6)
 
 
 def test_recorded_maps_are_each_windows_weights_on_its_pixels() -> None:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .layout import PAD, AttentionLayout
+from .runtime import capturing
 from .window import _CPU, _cached
 
 __all__ = ["outlook_grid", "outlook_unfold", "outlook_fold", "outlook_layout", "check_outlook_geometry"]
@@ -51,12 +52,43 @@ def outlook_unfold(v: Tensor, num_heads: int, kernel_size: int, padding: int, st
 def outlook_fold(out: Tensor, size: tuple[int, int], kernel_size: int, padding: int, stride: int) -> Tensor:
     """The windows' outputs summed back onto the map: ``[B, h·w, nh, K², hd] -> [B, H, W, C]``.
 
-    Overlapping slots add up (a pixel gets 1 to ``ceil(K/s)²`` contributions); nothing is averaged.
+    Overlapping slots add up (a pixel gets 1 to ``ceil(K/s)²`` contributions); nothing is averaged. Eager runs
+    ``torch.nn.functional.fold``; while torch captures a graph (export, ONNX, compile) the same sum is written with
+    pads, adds and reshapes (:func:`_fold_by_shifts`: ONNX opset 17 has no ``col2im``).
     """
+    if capturing():
+        return _fold_by_shifts(out, size, kernel_size, padding, stride)
     B, L, nh, K2, hd = out.shape
     cols = out.permute(0, 2, 4, 3, 1).reshape(B, nh * hd * K2, L)  # [B, C·K², h·w]
     y = F.fold(cols, size, kernel_size, padding=padding, stride=stride)  # [B, C, H, W]
     return y.permute(0, 2, 3, 1)  # [B, H, W, C]
+
+
+def _fold_by_shifts(out: Tensor, size: tuple[int, int], K: int, p: int, s: int) -> Tensor:
+    """:func:`outlook_fold` with no scatter: ``[B, h·w, nh, K², hd] -> [B, H, W, C]``.
+
+    Slot ``(a, b)`` of window ``(i, j)`` lands on pixel ``(s·i + a - p, s·j + b - p)``: writing ``a - p = s·q + t``
+    (``0 <= t < s``), that is phase ``t`` of cell ``i + q``. Each slot's map ``[B, h, w, C]`` is shifted by its cell
+    offset ``q`` (zero padding) and added to its phase's map; the ``s x s`` phase maps interleave into the image.
+    """
+    B, L, nh, K2, hd = out.shape
+    H, W = size
+    h, w = outlook_grid(H, W, s)
+    y = out.reshape(B, h, w, nh, K, K, hd)
+    before, after = -(-p // s), (K - 1 - p) // s  # cells the shifts reach before / after the grid
+    hh, ww = h + before + after, w + before + after
+    phases: dict[tuple[int, int], Tensor] = {}
+    for a in range(K):
+        qa, ta = divmod(a - p, s)
+        for b in range(K):
+            qb, tb = divmod(b - p, s)
+            t = y[:, :, :, :, a, b].reshape(B, h, w, nh * hd)  # [B, h, w, C]
+            t = F.pad(t, (0, 0, qb + before, after - qb, qa + before, after - qa))  # [B, hh, ww, C]
+            phases[ta, tb] = t if (ta, tb) not in phases else phases[ta, tb] + t
+    zeros = out.new_zeros(B, hh, ww, nh * hd)
+    rows = [torch.stack([phases.get((ta, tb), zeros) for tb in range(s)], dim=3) for ta in range(s)]
+    full = torch.stack(rows, dim=2).reshape(B, hh * s, ww * s, nh * hd)  # [B, hh, s, ww, s, C] interleaved
+    return full[:, before * s:before * s + H, before * s:before * s + W]  # [B, H, W, C]
 
 
 @_cached(maxsize=64)
