@@ -1,6 +1,6 @@
-"""MaxViT (models/maxvit.py): presets, structure and sizes against timm 1.0.31's ``maxvit_*_tf_*``, parity with
-timm's MaxxVit (committed fixture made by tests/fixtures/make_fixtures_maxvit.py), the partition rule and
-set_input_size."""
+"""MaxViT (models/maxvit.py): presets, structure and sizes against timm 1.0.31's ``maxvit_*_tf_*`` and torchvision
+0.29's ``maxvit_t``, parity with timm's MaxxVit and torchvision's MaxVit (committed fixtures made by
+tests/fixtures/make_fixtures_maxvit.py), the partition rule and set_input_size."""
 
 import pytest
 import torch
@@ -20,6 +20,7 @@ TIMM_PARAMS = {"maxvit_tiny_tf_224": 30_916_528, "maxvit_tiny_tf_384": 30_977_00
                "maxvit_base_tf_384": 119_653_468, "maxvit_base_tf_512": 119_876_380,
                "maxvit_large_tf_224": 211_785_560, "maxvit_large_tf_384": 212_033_240,
                "maxvit_large_tf_512": 212_330_456}
+TORCHVISION_PARAMS = 30_919_624  # torchvision 0.29 maxvit_t (its weights' _num_params)
 # the fixture's reduced timm MaxxVit (tests/fixtures/make_fixtures_maxvit.py)
 SMALL = dict(embed_dims=(16, 32), depths=(1, 2), stem_width=16, head_hidden_size=32, dim_head=8, window_size=4,
              num_classes=10, img_size=(64, 96))
@@ -33,7 +34,7 @@ def _fixture_model() -> tuple[MaxViT, dict]:
 
 
 def test_registered_names_and_presets():
-    assert set(list_models("maxvit*")) == set(TIMM_PARAMS)
+    assert set(list_models("maxvit*")) == set(TIMM_PARAMS) | {"maxvit_t"}
     for name in TIMM_PARAMS:
         e = get_model_entry(name)
         assert e.family == "maxvit" and e.preset["img_size"] == int(name[-3:])
@@ -52,6 +53,21 @@ def test_parameters_equal_timm_and_structure_on_meta(name):
         assert attn.relative_position_bias_table.shape == (attn.num_heads, 2 * P - 1, 2 * P - 1)
     assert blk.conv.pre_norm.eps == 1e-3 and blk.attn_block.norm1.eps == 1e-5
     assert blk.attn_block.mlp.act.approximate == "tanh"
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize("name", ["maxvit_t"])
+def test_torchvision_preset_parameters_and_differences_on_meta(name):
+    """maxvit_t: 3096 parameters more than maxvit_tiny_tf_224 (the 64 -> 64 shortcut conv, 4160, less timm's stem
+    conv1 bias and classifier bias, 64 + 1000)."""
+    with torch.device("meta"):
+        m = create_model(name)
+    n = sum(p.numel() for p in m.parameters())
+    assert n == TORCHVISION_PARAMS and round(n / 1e6, 3) == get_model_entry(name).meta["published_params_m"]
+    blk = m.stages[0].blocks[0]
+    assert isinstance(blk.conv.shortcut.expand, torch.nn.Conv2d) and m.stem.conv1.bias is None
+    assert m.head.fc.bias is None and blk.attn_block.mlp.act.approximate == "none"
+    assert blk.conv.conv2_kxk.padding == (1, 1) and m.stem.conv1.padding == (1, 1)
 
 
 def test_stage_maps_and_the_partition_rule():
@@ -128,3 +144,11 @@ def test_checkpoint_tables_of_another_partition_are_resampled_on_load():
     assert any("resampled" in n for n in report.notes)
     key = "stages.0.blocks.0.attn_block.attn.relative_position_bias_table"
     torch.testing.assert_close(bigger.state_dict()[key], resize_tf_bias_table(model.state_dict()[key], (8, 8)))
+
+
+def test_torchvision_fixture_parity():
+    """torchvision's MaxVit: its Swin-layout tables flipped to the TF layout, q rescaled from C^-1/2 to hd^-1/2."""
+    state, t, _ = load_fixture("torchvision_maxvit")
+    model = create_model("maxvit_t", **{**SMALL, "img_size": 64}).eval()
+    assert_loads(model, state, "torchvision")
+    assert_fixture_parity(model, t)

@@ -1,5 +1,7 @@
-"""MaxViT checkpoint layouts (weights/maxvit.py): timm 1.0.31's MaxxVit names onto ours, from the committed fixture
-(tests/fixtures/make_fixtures_maxvit.py)."""
+"""MaxViT checkpoint layouts (weights/maxvit.py): timm 1.0.31's MaxxVit and torchvision 0.29's MaxVit names onto
+ours, from the committed fixtures (tests/fixtures/make_fixtures_maxvit.py)."""
+
+import math
 
 import pytest
 import torch
@@ -45,3 +47,26 @@ def test_our_own_files_load_without_conversion():
     model = create_model("maxvit_tiny_tf_224", **SMALL)
     report = load_weights(create_model("maxvit_tiny_tf_224", **SMALL), model.state_dict())
     assert report.ok and report.layout != "timm"
+
+
+def test_torchvision_tables_are_flipped_and_queries_rescaled():
+    """A Swin-layout table (query minus key) becomes the TF one (key minus query): both offset axes flipped; the q
+    rows of to_qkv scaled by sqrt(hd / C) (torchvision's C^-1/2 logits); the index buffers dropped."""
+    state, _, _ = load_fixture("torchvision_maxvit")
+    model = create_model("maxvit_t", **{**SMALL, "img_size": 64})
+    (tv,) = [c for c in converters_for("maxvit") if c.layout == "torchvision"]
+    assert tv.detect(state) and not tv.detect(model.state_dict())
+    converted = tv.convert(dict(state), model)
+    assert set(converted) == set(model.state_dict())
+    src = "blocks.1.layers.1.layers.grid_attention.attn_layer.1."
+    dst = "stages.1.blocks.1.attn_grid.attn."
+    table = state[src + "relative_position_bias_table"]  # [(2P-1)², nh] = [49, 4]
+    tf = converted[dst + "relative_position_bias_table"]
+    assert tf.shape == (4, 7, 7)
+    dr, dc = 2, -1  # query minus key (r_q - r_k, c_q - c_k): row (dr + 3)·7 + (dc + 3) of torchvision's table
+    torch.testing.assert_close(tf[:, -dr + 3, -dc + 3], table[(dr + 3) * 7 + (dc + 3)])
+    C, hd = 32, 8
+    qkv = state[src + "to_qkv.weight"]
+    torch.testing.assert_close(converted[dst + "qkv.weight"][:C], qkv[:C] * math.sqrt(hd / C))
+    torch.testing.assert_close(converted[dst + "qkv.weight"][C:], qkv[C:])
+    assert any(k.endswith("relative_position_index") for k in state)

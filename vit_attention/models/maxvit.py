@@ -60,6 +60,8 @@ __all__ = ["MaxViTConfig", "MaxViT", "MaxViTStem", "MaxViTMBConv", "MaxViTBlock"
            "reduced_config", "same_pad"]
 
 Act = Literal["gelu_tanh", "gelu"]
+Padding = Literal["same", "symmetric"]
+Shortcut = Literal["avg2", "avg3_conv"]
 
 
 @dataclass
@@ -69,8 +71,12 @@ class MaxViTConfig(ConfigMixin):
     ``embed_dims`` / ``depths``: per stage; ``stem_width``: the stem's channels; ``dim_head``: the attention head
     width (``nh = C / dim_head``). ``window_size`` / ``grid_size``: the block and grid partition sides (None:
     ``img_size // partition_ratio``). ``head_hidden_size``: the head's tanh layer (0: none, LayerNorm then fc).
-    ``act_layer``: ``"gelu_tanh"`` (TF) or ``"gelu"`` (exact). ``allow_padding``: maps the partitions do not tile
-    are padded (masked) instead of refused. ``block_attn_layer`` / ``grid_attn_layer``: any registered spatial
+    ``act_layer``: ``"gelu_tanh"`` (TF) or ``"gelu"`` (exact). ``padding`` of the stride-2 convolutions: ``"same"``
+    (TF, bottom / right first) or ``"symmetric"`` (``k // 2``, torchvision). ``shortcut`` of a strided MBConv:
+    ``"avg2"`` (2x2 pooling, a 1x1 conv when the width changes: TF, timm) or ``"avg3_conv"`` (3x3 stride-2 pooling
+    padded 1, counting the zeros, then a 1x1 conv always: torchvision). ``stem_bias``: biases of the stem's two convs
+    (one bool for both, or a pair); ``head_bias``: the classifier's. ``allow_padding``: maps the partitions do not
+    tile are padded (masked) instead of refused. ``block_attn_layer`` / ``grid_attn_layer``: any registered spatial
     mechanism for the two attention blocks (their ``*_attn_kwargs`` given as they are).
     """
 
@@ -81,7 +87,10 @@ class MaxViTConfig(ConfigMixin):
     embed_dims: tuple[int, ...] = (64, 128, 256, 512)
     depths: tuple[int, ...] = (2, 2, 5, 2)
     stem_width: int = 64
-    stem_bias: bool = True
+    stem_bias: bool | tuple[bool, bool] = True
+    head_bias: bool = True
+    padding: Padding = "same"
+    shortcut: Shortcut = "avg2"
     dim_head: int = 32
     mlp_ratio: float = 4.0
     expand_ratio: float = 4.0
@@ -118,9 +127,15 @@ class MaxViTConfig(ConfigMixin):
         for name in ("mlp_ratio", "expand_ratio", "se_ratio", "bn_eps", "norm_eps"):
             check_float(getattr(self, name), name, low_open=True)
         check_choice(self.act_layer, "act_layer", ("gelu_tanh", "gelu"))
-        for name in ("stem_bias", "allow_padding"):
+        check_choice(self.padding, "padding", ("same", "symmetric"))
+        check_choice(self.shortcut, "shortcut", ("avg2", "avg3_conv"))
+        for name in ("head_bias", "allow_padding"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        stem_bias = self.stem_bias
+        if not (isinstance(stem_bias, bool) or (isinstance(stem_bias, (tuple, list)) and len(stem_bias) == 2
+                                                and all(isinstance(b, bool) for b in stem_bias))):
+            raise TypeError(f"stem_bias must be a bool or a pair of bools (conv1, conv2), got {stem_bias!r}")
         for name in ("window_size", "grid_size"):
             value = getattr(self, name)
             if value is not None:
@@ -196,24 +211,29 @@ def _act(name: str) -> nn.Module:
 
 
 class MaxViTStem(nn.Module):
-    """Conv 3x3 stride 2 (TF ``'same'``) -> BN + act -> conv 3x3: ``[B, Cin, H, W] -> [B, S, ceil(H/2), ceil(W/2)]``.
+    """Conv 3x3 stride 2 -> BN + act -> conv 3x3: ``[B, Cin, H, W] -> [B, S, ceil(H/2), ceil(W/2)]``.
 
-    Keys (timm): ``conv1``, ``norm1``, ``conv2``.
+    ``padding`` of the strided conv: ``"same"`` (TF) or ``"symmetric"`` (1 each side); ``bias``: of both convs, or a
+    pair ``(conv1, conv2)``. Keys (timm): ``conv1``, ``norm1``, ``conv2``.
     """
 
-    def __init__(self, in_chans: int, out_chs: int, *, bias: bool = True, eps: float = 1e-3,
-                 act_layer: str = "gelu_tanh") -> None:
+    def __init__(self, in_chans: int, out_chs: int, *, bias: bool | tuple[bool, bool] = True, eps: float = 1e-3,
+                 act_layer: str = "gelu_tanh", padding: str = "same") -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(in_chans, out_chs, 3, stride=2, bias=bias)
+        b1, b2 = (bias, bias) if isinstance(bias, bool) else bias
+        self.same = padding == "same"
+        self.conv1 = nn.Conv2d(in_chans, out_chs, 3, stride=2, padding=0 if self.same else 1, bias=b1)
         self.norm1 = nn.BatchNorm2d(out_chs, eps=eps)
         self.act = _act(act_layer)
-        self.conv2 = nn.Conv2d(out_chs, out_chs, 3, padding=1, bias=bias)
+        self.conv2 = nn.Conv2d(out_chs, out_chs, 3, padding=1, bias=b2)
 
     def forward(self, x: Tensor) -> Tensor:
         """``[B, Cin, H, W] -> [B, S, ceil(H/2), ceil(W/2)]``."""
         if x.dim() != 4 or x.shape[1] != self.conv1.in_channels:
             raise ValueError(f"expected images [B, {self.conv1.in_channels}, H, W], got {tuple(x.shape)}")
-        return self.conv2(self.act(conv_bn(self.conv1, self.norm1, same_pad(x, 3, 2))))
+        if self.same:
+            x = same_pad(x, 3, 2)
+        return self.conv2(self.act(conv_bn(self.conv1, self.norm1, x)))
 
 
 class SqueezeExcite(nn.Module):
@@ -231,15 +251,22 @@ class SqueezeExcite(nn.Module):
 
 
 class Downsample(nn.Module):
-    """The stride-2 shortcut: 2x2 average pooling (TF ``'same'``, padded zeros counted) + a 1x1 conv (bias) when
-    the width changes. ``[B, C_in, H, W] -> [B, C, ceil(H/2), ceil(W/2)]``; key ``expand``."""
+    """The stride-2 shortcut, ``[B, C_in, H, W] -> [B, C, ceil(H/2), ceil(W/2)]``; key ``expand``.
 
-    def __init__(self, in_chs: int, out_chs: int) -> None:
+    ``"avg2"``: 2x2 average pooling (TF ``'same'``, padded zeros counted) + a 1x1 conv (bias) when the width
+    changes; ``"avg3_conv"`` (torchvision): 3x3 stride-2 average pooling padded 1 (zeros counted) + a 1x1 conv.
+    """
+
+    def __init__(self, in_chs: int, out_chs: int, kind: str = "avg2") -> None:
         super().__init__()
-        self.expand = nn.Conv2d(in_chs, out_chs, 1) if in_chs != out_chs else nn.Identity()
+        self.kind = kind
+        conv = in_chs != out_chs or kind == "avg3_conv"
+        self.expand = nn.Conv2d(in_chs, out_chs, 1) if conv else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
         """``[B, C_in, H, W] -> [B, C, ceil(H/2), ceil(W/2)]``."""
+        if self.kind == "avg3_conv":
+            return self.expand(F.avg_pool2d(x, 3, 2, 1))
         return self.expand(F.avg_pool2d(same_pad(x, 2, 2), 2))
 
 
@@ -250,19 +277,20 @@ class MaxViTMBConv(nn.Module):
 
     def __init__(self, in_chs: int, out_chs: int, *, stride: int = 1, expand_ratio: float = 4.0,
                  se_ratio: float = 0.25, eps: float = 1e-3, act_layer: str = "gelu_tanh",
-                 drop_path: float = 0.0) -> None:
+                 drop_path: float = 0.0, padding: str = "same", shortcut: str = "avg2") -> None:
         super().__init__()
         if stride not in (1, 2):
             raise ValueError(f"stride must be 1 or 2, got {stride!r}")
         mid = make_divisible(out_chs * expand_ratio)
         self.stride = stride
-        self.shortcut = Downsample(in_chs, out_chs) if stride == 2 else nn.Identity()
+        self.same = padding == "same"
+        self.shortcut = Downsample(in_chs, out_chs, shortcut) if stride == 2 else nn.Identity()
         self.pre_norm = nn.BatchNorm2d(in_chs, eps=eps)
         self.conv1_1x1 = nn.Conv2d(in_chs, mid, 1, bias=False)
         self.norm1 = nn.BatchNorm2d(mid, eps=eps)
         self.act1 = _act(act_layer)
-        self.conv2_kxk = nn.Conv2d(mid, mid, 3, stride=stride, padding=1 if stride == 1 else 0, groups=mid,
-                                   bias=False)
+        self.conv2_kxk = nn.Conv2d(mid, mid, 3, stride=stride, padding=0 if stride == 2 and self.same else 1,
+                                   groups=mid, bias=False)
         self.norm2 = nn.BatchNorm2d(mid, eps=eps)
         self.act2 = _act(act_layer)
         self.se = SqueezeExcite(mid, int(se_ratio * out_chs))
@@ -273,7 +301,7 @@ class MaxViTMBConv(nn.Module):
         """``[B, C_in, H, W] -> [B, C, ceil(H / s), ceil(W / s)]``."""
         shortcut = self.shortcut(x)
         y = self.act1(conv_bn(self.conv1_1x1, self.norm1, self.pre_norm(x)))
-        if self.stride == 2:
+        if self.stride == 2 and self.same:
             y = same_pad(y, 3, 2)
         y = self.se(self.act2(conv_bn(self.conv2_kxk, self.norm2, y)))
         return self.drop_path(self.conv3_1x1(y)) + shortcut
@@ -287,7 +315,8 @@ class MaxViTBlock(nn.Module):
                  window: tuple[int, int], grid: tuple[int, int], depth_index: int = 0) -> None:
         super().__init__()
         self.conv = MaxViTMBConv(in_chs, out_chs, stride=stride, expand_ratio=cfg.expand_ratio,
-                                 se_ratio=cfg.se_ratio, eps=cfg.bn_eps, act_layer=cfg.act_layer, drop_path=drop_path)
+                                 se_ratio=cfg.se_ratio, eps=cfg.bn_eps, act_layer=cfg.act_layer, drop_path=drop_path,
+                                 padding=cfg.padding, shortcut=cfg.shortcut)
         block = partial(Block, out_chs, out_chs // cfg.dim_head, style="pre", mlp_ratio=cfg.mlp_ratio,
                         drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=drop_path,
                         norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), act_layer=partial(_act, cfg.act_layer))
@@ -328,7 +357,7 @@ class MaxViTHead(nn.Module):
     Keys: ``norm``, ``pre_logits.fc``, ``fc``."""
 
     def __init__(self, in_features: int, num_classes: int, *, hidden_size: int = 0, drop: float = 0.0,
-                 eps: float = 1e-5) -> None:
+                 eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__()
         self.global_pool = ""  # the model pools (Backbone.pool)
         self.norm = nn.LayerNorm(in_features, eps=eps)
@@ -337,7 +366,7 @@ class MaxViTHead(nn.Module):
             self.pre_logits.add_module("fc", nn.Linear(in_features, hidden_size))
             self.pre_logits.add_module("act", nn.Tanh())
         self.drop = nn.Dropout(drop)
-        self.fc = nn.Linear(hidden_size or in_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.fc = nn.Linear(hidden_size or in_features, num_classes, bias=bias) if num_classes > 0 else nn.Identity()
 
     def forward(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """``[..., C] -> [..., num_classes]`` (the ``[..., hidden]`` features with ``pre_logits``)."""
@@ -364,7 +393,7 @@ class MaxViT(ConvStagesMixin, StagedBackbone):
         self.num_features = dims[-1]
         window, grid = cfg.partitions()
         self.stem = MaxViTStem(cfg.in_chans, cfg.stem_width, bias=cfg.stem_bias, eps=cfg.bn_eps,
-                               act_layer=cfg.act_layer)
+                               act_layer=cfg.act_layer, padding=cfg.padding)
         total = sum(cfg.depths)
         rates = [cfg.drop_path_rate * i / max(total - 1, 1) for i in range(total)]
         stages, prev, k = [], cfg.stem_width, 0
@@ -379,7 +408,7 @@ class MaxViT(ConvStagesMixin, StagedBackbone):
         self.final_conv = nn.Identity()
         self.feature_info = [dict(num_chs=d, reduction=2 ** (i + 2), module=f"stages.{i}") for i, d in enumerate(dims)]
         self.head = MaxViTHead(self.num_features, cfg.num_classes, hidden_size=cfg.head_hidden_size,
-                               drop=cfg.drop_rate, eps=cfg.norm_eps)
+                               drop=cfg.drop_rate, eps=cfg.norm_eps, bias=cfg.head_bias)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -424,6 +453,11 @@ _SIZES: dict[str, dict[str, Any]] = {
 }
 _PRESETS: dict[str, dict[str, Any]] = {
     f"maxvit_{size}_tf_{res}": dict(cfg, img_size=res) for size, cfg in _SIZES.items() for res in (224, 384, 512)}
+# torchvision 0.29's maxvit_t (torchvision/models/maxvit.py): the tiny sizes with symmetric padding, exact GELU, the
+# 3x3-pooled shortcut with its conv at every stride, no stem conv1 bias and no classifier bias (its weights load
+# through vit_attention.weights.maxvit's torchvision converter)
+_PRESETS["maxvit_t"] = dict(_SIZES["tiny"], img_size=224, act_layer="gelu", padding="symmetric", shortcut="avg3_conv",
+                            stem_bias=(False, True), head_bias=False)
 
 # timm 1.0.31: param_count on the meta device (default head), infer_gmacs from
 # results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv.
@@ -439,6 +473,8 @@ _PUBLISHED: dict[str, tuple[float, float]] = {
 }
 _META = published_meta(_PUBLISHED, "timm results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv (infer_gmacs)",
                        meta_device=_PUBLISHED)
+_META["maxvit_t"] = dict(published_params_m=30.920, published_gmacs=5.558,
+                        published_gmacs_source="torchvision 0.29 MaxVit_T_Weights.IMAGENET1K_V1 meta (_ops)")
 
 
 def reduced_config(cfg: MaxViTConfig) -> dict[str, Any]:

@@ -11,6 +11,7 @@ The adapter resamples tables of another partition to each layer's (timm's ``chec
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,58 @@ def _from_timm(state: State, model: nn.Module) -> State:
     return rename(state, TIMM_RULES)
 
 
+_TV_BLOCK = r"^blocks\.(\d+)\.layers\.(\d+)\.layers\."
+TORCHVISION_RULES = [
+    (r"^stem\.0\.0\.", "stem.conv1."), (r"^stem\.0\.1\.", "stem.norm1."), (r"^stem\.1\.0\.", "stem.conv2."),
+    (_TV_BLOCK + r"MBconv\.proj\.1\.", r"stages.\1.blocks.\2.conv.shortcut.expand."),
+    (_TV_BLOCK + r"MBconv\.layers\.pre_norm\.", r"stages.\1.blocks.\2.conv.pre_norm."),
+    (_TV_BLOCK + r"MBconv\.layers\.conv_a\.0\.", r"stages.\1.blocks.\2.conv.conv1_1x1."),
+    (_TV_BLOCK + r"MBconv\.layers\.conv_a\.1\.", r"stages.\1.blocks.\2.conv.norm1."),
+    (_TV_BLOCK + r"MBconv\.layers\.conv_b\.0\.", r"stages.\1.blocks.\2.conv.conv2_kxk."),
+    (_TV_BLOCK + r"MBconv\.layers\.conv_b\.1\.", r"stages.\1.blocks.\2.conv.norm2."),
+    (_TV_BLOCK + r"MBconv\.layers\.squeeze_excitation\.", r"stages.\1.blocks.\2.conv.se."),
+    (_TV_BLOCK + r"MBconv\.layers\.conv_c\.", r"stages.\1.blocks.\2.conv.conv3_1x1."),
+    (_TV_BLOCK + r"window_attention\.", r"stages.\1.blocks.\2.attn_block."),
+    (_TV_BLOCK + r"grid_attention\.", r"stages.\1.blocks.\2.attn_grid."),
+    (r"\.attn_layer\.0\.", ".norm1."), (r"\.attn_layer\.1\.to_qkv\.", ".attn.qkv."),
+    (r"\.attn_layer\.1\.merge\.", ".attn.proj."),
+    (r"\.attn_layer\.1\.relative_position_bias_table$", ".attn.relative_position_bias_table"),
+    (r"\.mlp_layer\.0\.", ".norm2."), (r"\.mlp_layer\.1\.", ".mlp.fc1."), (r"\.mlp_layer\.3\.", ".mlp.fc2."),
+    (r"^classifier\.2\.", "head.norm."), (r"^classifier\.3\.", "head.pre_logits.fc."),
+    (r"^classifier\.5\.", "head.fc."),
+]
+
+
+def _is_torchvision(state: Mapping[str, Tensor]) -> bool:
+    return any(".layers.MBconv." in k or k.endswith(".attn_layer.1.to_qkv.weight") for k in state)
+
+
+def _from_torchvision(state: State, model: nn.Module) -> State:
+    """torchvision's names -> ours; tables to the TF layout, q rows rescaled from ``C^-1/2`` to ``hd^-1/2``."""
+    state = rename({k: v for k, v in state.items() if not k.endswith(".relative_position_index")}, TORCHVISION_RULES)
+    for key in [k for k in state if k.endswith(".attn.relative_position_bias_table")]:
+        table = state[key]
+        if table.dim() != 2:
+            continue  # not a Swin-layout table: the shape check reports it
+        side = math.isqrt(table.shape[0])
+        if side * side != table.shape[0] or side % 2 == 0:
+            continue
+        nh = table.shape[1]
+        state[key] = table.reshape(side, side, nh).permute(2, 0, 1).flip(1, 2).contiguous()  # [nh, 2P-1, 2P-1]
+        prefix = key[: -len("relative_position_bias_table")]
+        for part in ("weight", "bias"):
+            qkv = state.get(f"{prefix}qkv.{part}")
+            if qkv is None or qkv.shape[0] % 3:
+                continue
+            C = qkv.shape[0] // 3
+            if C % nh:
+                continue
+            qkv = qkv.clone()
+            qkv[:C] *= math.sqrt((C // nh) / C)  # q · k · C^-1/2 = (q · sqrt(hd / C)) · k · hd^-1/2
+            state[f"{prefix}qkv.{part}"] = qkv
+    return state
+
+
 def _adapt_maxvit(state: State, model: nn.Module, report: Any) -> State:
     """Tables of another partition side are resampled to the layer's (timm's rule); a classifier for another class
     count is dropped."""
@@ -55,4 +108,5 @@ def _adapt_maxvit(state: State, model: nn.Module, report: Any) -> State:
 
 
 register_converter("maxvit", "timm", _is_timm, _from_timm)
+register_converter("maxvit", "torchvision", _is_torchvision, _from_torchvision)
 register_adapter("maxvit", _adapt_maxvit)
