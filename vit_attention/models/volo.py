@@ -444,19 +444,19 @@ register_family("volo", Volo, VoloConfig, _PRESETS, meta=_META, reduced=reduced_
 # default; hf_hub_id: timm/<name>.<tag> unless given; num_classes: 1000 unless given.
 _224 = data_cfg(224, 0.96)
 _384 = data_cfg(384, 1.0)
-_448 = data_cfg(448, 1.0)
 _448_C115 = data_cfg(448, 1.15)
-_512_C115 = data_cfg(512, 1.15)
+_448_C100 = data_cfg(448, 1.0)
+_512 = data_cfg(512, 1.15)
 PRETRAINED = pretrained_tags({
     "volo_d1_224.sail_in1k": _224,
     "volo_d1_384.sail_in1k": _384,
     "volo_d2_224.sail_in1k": _224,
     "volo_d2_384.sail_in1k": _384,
     "volo_d3_224.sail_in1k": _224,
-    "volo_d3_448.sail_in1k": _448,
+    "volo_d3_448.sail_in1k": _448_C100,
     "volo_d4_224.sail_in1k": _224,
     "volo_d4_448.sail_in1k": _448_C115,
     "volo_d5_224.sail_in1k": _224,
     "volo_d5_448.sail_in1k": _448_C115,
-    "volo_d5_512.sail_in1k": _512_C115,
+    "volo_d5_512.sail_in1k": _512,
 }, license="apache-2.0")
