@@ -294,7 +294,8 @@ class _Subsample(nn.Module):
         """``[B, H, W, C] -> [B, ceil(H/s)·ceil(W/s), C']``."""
         s = self.stride
         x = x[:, ::s, ::s]
-        return self.ln(x.reshape(x.shape[0], -1, x.shape[-1]))
+        B, h, w, C = x.shape  # every size spelled out: B may be 0
+        return self.ln(x.reshape(B, h * w, C))
 
 
 class AttentionBiasShrink(nn.Module):

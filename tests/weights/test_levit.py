@@ -1,0 +1,63 @@
+"""LeViT checkpoint layouts (vit_attention/weights/levit.py): timm's linear files load as they are, its conv files
+(``levit_conv_*``) through the converter, persisted ``attention_bias_idxs`` are dropped, tables of another grid
+resampled and a classifier of another class count dropped (fixtures from tests/fixtures/make_fixtures_levit.py)."""
+
+import pytest
+import torch
+from fixture_utils import assert_loads, assert_parity, load_fixture
+
+from vit_attention import create_model
+from vit_attention.attention.attention_bias import attention_bias_index
+from vit_attention.weights import CheckpointMismatchError, load_weights
+
+SMALL = dict(img_size=(80, 64), num_classes=10, embed_dim=(32, 48, 64), key_dim=8, num_heads=(2, 3, 4),
+             depth=(2, 1, 1))
+
+
+def _model(**overrides: object) -> torch.nn.Module:
+    return create_model("levit_128s", **{**SMALL, **overrides}).eval()
+
+
+def test_timm_linear_files_are_our_own_keys():
+    state, t, _ = load_fixture("timm_levit")
+    model = _model()
+    assert set(state) == set(model.state_dict())
+    assert not assert_loads(model, state, "vit_attention").notes  # nothing converted, nothing resampled
+    with torch.no_grad():
+        assert_parity(model(t["input"]), t["output"])
+
+
+def test_conv_files_are_reshaped_and_nothing_else_changes():
+    state, t, _ = load_fixture("timm_levit_conv")
+    conv = {k for k, v in state.items() if v.dim() == 4 and v.shape[2:] == (1, 1)}
+    assert conv and all(k.startswith("stages.") and k.endswith(".linear.weight") for k in conv)
+    model = _model()
+    assert_loads(model, state, "timm_conv")
+    own = model.state_dict()
+    for k in conv:
+        torch.testing.assert_close(own[k], state[k].flatten(1), rtol=0, atol=0)
+    torch.testing.assert_close(own["stem.conv1.linear.weight"], state["stem.conv1.linear.weight"], rtol=0, atol=0)
+    with torch.no_grad():
+        assert_parity(model(t["input"]), t["output"])
+
+
+def test_persisted_bias_indices_are_dropped():
+    """facebookresearch/LeViT and older timm files persist ``attention_bias_idxs``: dropped, rebuilt from the grid."""
+    state, t, _ = load_fixture("timm_levit")
+    state = dict(state)
+    state["stages.0.blocks.0.attn.attention_bias_idxs"] = attention_bias_index((5, 4))
+    state["stages.1.downsample.attn_downsample.attention_bias_idxs"] = attention_bias_index((5, 4), 2)
+    model = _model()
+    assert_loads(model, state, "timm")
+    with torch.no_grad():
+        assert_parity(model(t["input"]), t["output"])
+
+
+def test_a_classifier_of_another_class_count_is_dropped_and_a_wrong_file_fails():
+    state, _, _ = load_fixture("timm_levit")
+    model = _model(num_classes=7)
+    with pytest.warns(UserWarning, match="10 classes in the checkpoint and 7 in the model"):
+        report = load_weights(model, state)
+    assert report.ok and {"head.linear", "head_dist.linear"} <= set(report.dropped)
+    with pytest.raises(CheckpointMismatchError):
+        load_weights(_model(embed_dim=(32, 48, 80), num_heads=(2, 3, 5)), state)
