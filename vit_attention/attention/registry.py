@@ -62,7 +62,9 @@ class AttentionSpec:
             the kernel: one bias per call, shared by the batch.
         normalized_weights: the weights the core records are probability rows (non-negative, each
             query's row sums to 1); False where a ``weights_fn`` transforms them after the softmax
-            (CaiT's talking heads mixes the heads: rows may be negative and need not sum to 1).
+            (CaiT's talking heads mixes the heads: rows may be negative and need not sum to 1), or where
+            rows keep weight on zero-padded keys past the border (outlook attention: a border query's map
+            on the image sums to less than 1).
         formula, cost: Markdown formula and its cost in words (docs).
         example_kwargs, example_shape, example_heads: a small valid example,
             ``create_attention(name, example_shape[-1], example_heads, **example_kwargs)`` on an input
