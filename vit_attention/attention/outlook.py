@@ -76,9 +76,10 @@ class OutlookAttention(AttentionModule):
                  stride: int = 1, qkv_bias: bool = False, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
         super().__init__()
         self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
-        padding = (kernel_size - 1) // 2 if padding is None and isinstance(kernel_size, int) else padding
-        check_outlook_geometry(kernel_size, padding, stride)  # type: ignore[arg-type]
-        self.kernel_size, self.padding, self.stride = kernel_size, int(padding), stride  # type: ignore[arg-type]
+        if padding is None:  # "same" windows: one per pooled cell
+            padding = (kernel_size - 1) // 2 if isinstance(kernel_size, int) else -1
+        check_outlook_geometry(kernel_size, padding, stride)
+        self.kernel_size, self.padding, self.stride = kernel_size, padding, stride
         self.scale = self.head_dim ** -0.5
         self.v = nn.Linear(dim, dim, bias=qkv_bias)
         self.attn = nn.Linear(dim, kernel_size ** 4 * num_heads)

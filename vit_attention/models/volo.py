@@ -131,7 +131,7 @@ def volo_grid(img_size: tuple[int, int], patch_size: int) -> tuple[int, int]:
     """The transformer stages' grid (= ``pos_embed``'s) for an image ``(H, W)``: the stem's conv 7x7 stride 2
     (padding 3), ``proj`` (kernel = stride = ``patch_size / 2``) and the 2x2 stride-2 downsample."""
     r = patch_size // 2
-    return tuple(((s + 1) // 2) // r // 2 for s in img_size)  # type: ignore[return-value]
+    return ((img_size[0] + 1) // 2 // r // 2, (img_size[1] + 1) // 2 // r // 2)
 
 
 class VoloPatchEmbed(nn.Module):
