@@ -197,3 +197,13 @@ def test_gradients_reach_every_parameter() -> None:
     attn = OutlookAttention(16, 2, stride=2, qkv_bias=True)
     attn(torch.randn(2, 5, 6, 16)).square().sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in attn.parameters())
+
+
+def test_token_merging_is_refused_with_the_reason() -> None:
+    """A ViT whose blocks run outlook attention refuses token merging, saying why."""
+    from vit_attention import create_model
+
+    model = create_model("vit_small_patch16_224", img_size=32, patch_size=8, embed_dim=32, num_heads=2, depth=1,
+                         attn_layer="outlook")
+    with pytest.raises(ValueError, match="'outlook'.*generated for each cell of the map"):
+        model.set_token_merging(2)

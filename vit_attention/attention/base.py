@@ -360,6 +360,9 @@ class AttentionModule(nn.Module):
     ``"tome"`` (token merging), ``"residual"`` (returns ``residual + attn(x)``, the add fused into the output
     projection). The adapter refuses any other one that is given; ``feat_size`` and ``num_prefix_tokens``
     every mechanism takes."""
+    merging_note: ClassVar[str] = ""
+    """Why token merging has no meaning for the mechanism (one without ``"tome"`` in :attr:`accepts`): a model's
+    ``set_token_merging`` names it when it refuses; ``""``: the refusal names the mechanism only."""
 
     def init_attention(self, dim: int, num_heads: int, *, attn_drop: float = 0.0, proj_drop: float = 0.0) -> int:
         """The shared constructor preamble -> ``head_dim``: checks ``dim`` / ``num_heads`` (divisible) and the

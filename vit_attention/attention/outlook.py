@@ -71,6 +71,8 @@ class OutlookAttention(AttentionModule):
     # where its value / output projections sit (attention.transfer); the weight generator has no counterpart
     transfer_slots = {"v": "v", "o": "proj"}
     accepts = frozenset({"residual"})
+    merging_note = ("its window weights are generated for each cell of the map and folded back onto the pixels: "
+                    "merged tokens fill no map")
 
     def __init__(self, dim: int, num_heads: int = 8, *, kernel_size: int = 3, padding: int | None = None,
                  stride: int = 1, qkv_bias: bool = False, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:

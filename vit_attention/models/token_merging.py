@@ -59,7 +59,9 @@ class TokenMergingMixin:
             attn = getattr(blk, "attn", None)
             if not isinstance(blk, Block) or "tome" not in getattr(attn, "accepts", ()):
                 name = getattr(attn, "attention_name", type(attn).__name__)
-                raise ValueError(f"token merging: block {i}'s attention ({name!r}) does not support it")
+                note = getattr(attn, "merging_note", "")
+                raise ValueError(f"token merging: block {i}'s attention ({name!r}) does not support it"
+                                 + (f": {note}" if note else ""))
             if blk.pos is not None or blk.pos2 is not None:
                 raise ValueError(f"token merging: block {i} has a position layer, which needs the token grid")
         self.token_merging = (schedule, bool(prop_attn))
