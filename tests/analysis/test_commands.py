@@ -12,9 +12,11 @@ from vit_attention.analysis.docs import (
     flex_page_with_table,
     generate_docs,
     mechanism_page,
+    pictured_mechanisms,
     readme_with_table,
 )
 from vit_attention.analysis.info import model_info
+from vit_attention.attention import get_attention_spec
 from vit_attention.cli import main
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -76,8 +78,11 @@ def test_model_info_fields():
 def test_mechanism_pages_have_every_section():
     for name in list_attention():
         page = mechanism_page(name, f"img/{name}.png")
-        for section in ("## Formula", "## Shape flow", "## Complexity", "## Attention pattern", "logits q·kᵀ"):
+        note = get_attention_spec(name).weights_note  # no weights: no logits in the flow, the reason instead
+        for section in ("## Formula", "## Shape flow", "## Complexity", "## Attention pattern",
+                        f"No picture: {note}" if note else "logits q·kᵀ"):
             assert section in page, (name, section)
+        assert (f"img/{name}.png" in page) == (name in pictured_mechanisms())
 
 
 def _same_picture(new: Path, old: Path) -> bool:
@@ -113,7 +118,8 @@ def test_generated_pages_and_pictures_are_the_checkouts(tmp_path):
         torch.set_num_threads(threads)
     names = {p.relative_to(tmp_path).as_posix() for p in paths}
     for mech in list_attention():
-        assert f"attention/{mech}.md" in names and f"attention/img/{mech}.png" in names
+        assert f"attention/{mech}.md" in names
+        assert (f"attention/img/{mech}.png" in names) == (mech in pictured_mechanisms())
     stale = [n for n in sorted(names) if not (_same_picture(tmp_path / n, DOCS / n) if n.endswith(".png")
                                               else (tmp_path / n).read_bytes() == (DOCS / n).read_bytes())]
     assert not stale, f"generated docs are stale: {stale}; regenerate with `vit-attention docs`"
@@ -151,8 +157,8 @@ def test_check_docs_names_stale_missing_pages_pictures_and_tables(tmp_path, monk
     (tmp_path / "attention" / "a.md").write_text("A\n", encoding="utf-8")
     (tmp_path / "flex.md").write_text(f"x\n{docs.FLEX_TABLE_START}\nold\n{docs.FLEX_TABLE_END}\n", encoding="utf-8")
     stale = {p.relative_to(tmp_path).as_posix() for p in check_docs(tmp_path)}
-    assert stale == {"attention/b.md", "flex.md", *(f"attention/img/{n}.png" for n in list_attention())}
-    for n in list_attention():
+    assert stale == {"attention/b.md", "flex.md", *(f"attention/img/{n}.png" for n in pictured_mechanisms())}
+    for n in pictured_mechanisms():
         (tmp_path / "attention" / "img" / f"{n}.png").write_bytes(b"png")
     (tmp_path / "attention" / "a.md").write_text("A, edited\n", encoding="utf-8")
     assert {p.name for p in check_docs(tmp_path)} == {"a.md", "b.md", "flex.md"}

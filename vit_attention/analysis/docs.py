@@ -100,7 +100,11 @@ def mechanism_page(name: str, image: str | None = None) -> str:
              "(and `compare --attention ... --pretrained`) carries the weights over "
              "(`vit_attention.weights.transfer_weights`, from what this mechanism declares in its file):", "",
              *describe_transfer(attn), ""]
-    if image and _records_channels(name):  # attention over channels: its matrices, not a map
+    if image and spec.weights_note:  # no weights: no map to draw (record_attention refuses it, naming why)
+        lines += ["## Attention pattern", "",
+                  f"No picture: {spec.weights_note}. `vit_attention.analysis.record_attention` refuses a model "
+                  "holding it, with this reason.", ""]
+    elif image and _records_channels(name):  # attention over channels: its matrices, not a map
         lines += ["## Attention pattern", "",
                   f"![attention pattern of {name}]({image})", "",
                   "The recorded `[C/nh, C/nh]` weights of three channel groups (rows: the output channel of "
@@ -115,6 +119,11 @@ def mechanism_page(name: str, image: str | None = None) -> str:
                   "seed 0, mean over heads), recorded with `vit_attention.analysis.record_attention`. A "
                   "trained model's maps: `vit-attention attn MODEL IMAGE --checkpoint ckpt.safetensors`.", ""]
     return "\n".join(lines)
+
+
+def pictured_mechanisms() -> list[str]:
+    """The mechanisms whose page has a picture: every one that forms attention weights (no ``weights_note``)."""
+    return [n for n in list_attention() if not get_attention_spec(n).weights_note]
 
 
 def mechanism_picture(name: str, path: Path) -> Path:
@@ -361,7 +370,7 @@ def generate_docs(out: str | Path = "docs", *, images: bool = True, models: bool
         atomic_write_text(path, regenerate(path.read_text(encoding="utf-8")))
         written.append(path)
     if images:
-        for n in list_attention():
+        for n in pictured_mechanisms():
             written.append(mechanism_picture(n, out / "attention" / "img" / f"{n}.png"))
     return written
 
@@ -374,7 +383,7 @@ def check_docs(out: str | Path = "docs") -> list[Path]:
         path = out / rel
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             stale.append(path)
-    for n in list_attention():
+    for n in pictured_mechanisms():
         if not (out / "attention" / "img" / f"{n}.png").is_file():
             stale.append(out / "attention" / "img" / f"{n}.png")
     for path, regenerate in _tables(out):
