@@ -1,5 +1,6 @@
-"""EfficientViT-MIT checkpoint layouts (weights/efficientvit.py): timm 1.0.31's keys onto ours, from the committed
-fixtures (tests/fixtures/make_fixtures_efficientvit.py); a classifier of another class count left fresh."""
+"""EfficientViT-MIT checkpoint layouts (weights/efficientvit.py): timm 1.0.31's and the original
+mit-han-lab/efficientvit keys onto ours, from the committed fixtures (tests/fixtures/make_fixtures_efficientvit.py); a
+classifier of another class count left fresh."""
 
 import pytest
 import torch
@@ -43,3 +44,30 @@ def test_a_classifier_for_another_class_count_is_left_fresh():
     assert report.dropped == ["head.fc"]
     with torch.no_grad():
         assert_parity(model.forward_head(model.forward_features(t["input"]), pre_logits=True), t["pre_logits"])
+
+
+@pytest.mark.parametrize(("fixture", "name", "extra"), [
+    ("original_efficientvit", "efficientvit_b0", {}),
+    ("original_efficientvit_large", "efficientvit_l1", {"head_bn_eps": 1e-7}),  # the model zoo's eps, head included
+])
+def test_original_repository_layout_and_parity(fixture, name, extra):
+    """mit-han-lab/efficientvit's keys (``backbone.input_stem`` / ``backbone.stages.{s}.op_list.{j}``, L: the stem as
+    stage 0; ``head.op_list``) load one to one; with its LiteMLA eps (1e-15) the logits, features and pre-logits
+    agree. timm's eps (1e-5) moves the B model's perturbed logits by more than the parity tolerance."""
+    state, t, _ = load_fixture(fixture)
+    model = create_model(name, **SMALL, **extra, attn_kwargs={"eps": 1e-15}).eval()
+    report = LoadReport()
+    converted = convert_state_dict(state, model, report=report)
+    assert report.layout == "original" and set(converted) == set(model.state_dict()) and len(converted) == len(state)
+    assert_loads(model, state, "original")
+    with torch.no_grad():
+        feats = model.forward_features(t["input"])
+        assert_parity(feats, t["features"])
+        assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])
+        assert_parity(model(t["input"]), t["output"])
+    if fixture == "original_efficientvit":
+        timm_eps = create_model(name, **SMALL).eval()
+        assert_loads(timm_eps, state, "original")
+        with torch.no_grad():
+            with pytest.raises(AssertionError):
+                assert_parity(timm_eps(t["input"]), t["output"])
