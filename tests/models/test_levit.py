@@ -10,7 +10,7 @@ from fixture_utils import assert_loads, assert_parity, load_fixture, meta_model_
 
 from vit_attention import create_model
 from vit_attention.analysis.flops import flops
-from vit_attention.attention.attention_bias import AttentionBias, AttentionBiasShrink, LinearNorm
+from vit_attention.attention.attention_bias import AttentionBias, AttentionBiasShrink, LinearNorm, norm_rows
 from vit_attention.models import get_model_entry, list_models
 from vit_attention.models.levit import Levit, stage_grids
 
@@ -192,6 +192,26 @@ def test_linear_norm_statistics_run_over_every_token_in_training():
     y = layer(x)
     torch.testing.assert_close(y.reshape(-1, 6).mean(0), torch.zeros(6), atol=1e-5, rtol=0)
     assert not torch.allclose(y[0].mean(0), torch.zeros(6), atol=1e-3)
+
+
+def test_a_single_row_in_training_is_normalised_with_the_running_statistics():
+    """A batch of one image has no batch statistics for the head's BatchNorm (torch raises): it reads the running
+    ones, as in eval mode, and leaves them unchanged; two images use their batch statistics."""
+    model = create_model("levit_128s", **SMALL)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm1d):
+                m.running_mean.normal_()
+    bn = model.head.bn
+    before = bn.running_mean.clone()
+    x = torch.randn(1, 3, 80, 64)
+    train = model.train()(x)
+    torch.testing.assert_close(bn.running_mean, before, rtol=0, atol=0)
+    feats = model.pool(model.forward_features(x))
+    torch.testing.assert_close(norm_rows(bn.train(), feats), bn.eval()(feats), rtol=0, atol=0)
+    assert train.shape == (1, 10) and torch.isfinite(train).all()
+    model.train()(torch.randn(2, 3, 80, 64))
+    assert not torch.equal(bn.running_mean, before)
 
 
 @pytest.mark.parametrize(("overrides", "err", "match"), [

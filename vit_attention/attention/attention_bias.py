@@ -48,7 +48,7 @@ from ..functional.window import to_pair
 from .base import AttentionCall, AttentionModule, check_heads, check_map_tokens_call, check_prob, grid_of
 from .registry import register_attention
 
-__all__ = ["AttentionBias", "AttentionBiasShrink", "LinearNorm", "LEVIT_ACTIVATIONS"]
+__all__ = ["AttentionBias", "AttentionBiasShrink", "LinearNorm", "LEVIT_ACTIVATIONS", "norm_rows"]
 
 LEVIT_ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "hard_swish": nn.Hardswish, "silu": nn.SiLU, "gelu": nn.GELU, "relu": nn.ReLU}
@@ -63,12 +63,27 @@ def levit_act(name: str, what: str = "act_layer") -> Callable[[], nn.Module]:
     return LEVIT_ACTIVATIONS[name]
 
 
+def norm_rows(bn: nn.Module, x: Tensor) -> Tensor:
+    """``bn`` (a BatchNorm1d) over every leading position of ``x [..., C]`` (LeViT's token statistics).
+
+    A training call on a single row has no batch statistics to take (torch raises): it is normalised with the
+    running statistics, which it leaves unchanged, as in eval mode.
+    """
+    rows = x.reshape(-1, x.shape[-1])  # [B·N, C]
+    if bn.training and rows.shape[0] == 1 and isinstance(bn, nn.BatchNorm1d) and bn.track_running_stats:
+        y = F.batch_norm(rows, bn.running_mean, bn.running_var, bn.weight, bn.bias, False, 0.0, bn.eps)
+    else:
+        y = bn(rows)
+    return y.reshape(x.shape)
+
+
 class LinearNorm(nn.Module):
     """A linear layer without bias, then a BatchNorm over every token: ``[..., Cin] -> [..., Cout]``.
 
     LeViT's ``LinearNorm`` (keys ``linear.weight``, ``bn.*``; timm 1.0.31): the BatchNorm normalises each channel
-    over all ``B·N`` tokens. ``bn_weight_init``: the BatchNorm's initial scale (0 on the layers that end a residual
-    branch, so it starts at zero). :meth:`fuse` folds the BatchNorm into the linear layer (eval-mode numbers).
+    over all ``B·N`` tokens (:func:`norm_rows`). ``bn_weight_init``: the BatchNorm's initial scale (0 on the layers
+    that end a residual branch, so it starts at zero). :meth:`fuse` folds the BatchNorm into the linear layer
+    (eval-mode numbers).
     """
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False,
@@ -86,9 +101,7 @@ class LinearNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``[..., Cin] -> [..., Cout]``: the linear layer, then the BatchNorm over every leading position."""
         y = apply_linear(self.linear, x)  # [..., Cout]
-        if self.fused:
-            return y
-        return self.bn(y.reshape(-1, y.shape[-1])).reshape(y.shape)
+        return y if self.fused else norm_rows(self.bn, y)
 
     @torch.no_grad()
     def fuse(self) -> None:

@@ -39,7 +39,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from ..attention.attention_bias import AttentionBias, AttentionBiasShrink, LinearNorm, levit_act
+from ..attention.attention_bias import AttentionBias, AttentionBiasShrink, LinearNorm, levit_act, norm_rows
 from ..attention.base import AttentionCall
 from ..functional.attention_bias import fold_norm_linear
 from ..functional.batch_norm import conv_bn, fold_batch_norm
@@ -174,7 +174,7 @@ class NormLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``[..., C] -> [..., num_classes]``."""
         if not isinstance(self.bn, nn.Identity):
-            x = self.bn(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+            x = norm_rows(self.bn, x)  # a batch of one while training: the running statistics
         return self.linear(self.drop(x))
 
     @torch.no_grad()
