@@ -61,3 +61,25 @@ def test_a_classifier_of_another_class_count_is_dropped_and_a_wrong_file_fails()
     assert report.ok and {"head.linear", "head_dist.linear"} <= set(report.dropped)
     with pytest.raises(CheckpointMismatchError):
         load_weights(_model(embed_dim=(32, 48, 80), num_heads=(2, 3, 5)), state)
+
+
+def test_original_flat_layout_maps_position_by_position():
+    """facebookresearch/LeViT's ``blocks.{k}`` list (tests/fixtures/make_fixtures_levit.py, the repository at
+    3772b8e): every key lands, the persistent index is dropped, and the model reproduces the original."""
+    state, t, cfg = load_fixture("original_levit")
+    assert any(k.endswith("attention_bias_idxs") for k in state) and "blocks.4.kv.c.weight" in state
+    model = create_model("levit_128s", img_size=cfg["img_size"], num_classes=cfg["num_classes"],
+                         embed_dim=tuple(cfg["embed_dim"]), key_dim=cfg["key_dim"], num_heads=tuple(cfg["num_heads"]),
+                         depth=tuple(cfg["depth"])).eval()
+    assert_loads(model, {"model": state}, "original")
+    own = model.state_dict()
+    torch.testing.assert_close(own["stages.1.downsample.attn_downsample.q.ln.linear.weight"],
+                               state["blocks.4.q.1.c.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(own["stages.1.downsample.mlp.ln2.bn.running_var"], state["blocks.5.m.2.bn.running_var"],
+                               rtol=0, atol=0)
+    torch.testing.assert_close(own["head_dist.linear.bias"], state["head_dist.l.bias"], rtol=0, atol=0)
+    with torch.no_grad():
+        feats = model.forward_features(t["input"])
+        assert_parity(feats.reshape(2, -1, feats.shape[-1]), t["features"])
+        assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])
+        assert_parity(model(t["input"]), t["output"])
