@@ -194,3 +194,16 @@ def test_flops_are_linear_in_the_pixels():
     attn = create_attention("lite_mla", 32, 2)
     small, large = attn.flops((1, 8, 8, 32)), attn.flops((1, 16, 16, 32))
     assert large == 4 * small
+
+
+def test_transfer_init_makes_each_scale_repeat_the_projection_and_the_norm_neutral():
+    attn = _randomise(create_attention("lite_mla", 16, 2, scales=(3, 5), qkv_bias=True))
+    notes = attn.transfer_init()
+    assert any(n.startswith("aggreg: the identity") for n in notes) and any(n.startswith("proj:") for n in notes)
+    x = torch.randn(2, 5, 6, 16)
+    with torch.no_grad():
+        ms = attn.multi_scale_qkv(x)
+        qkv = attn.qkv(x)
+        torch.testing.assert_close(ms, torch.cat([qkv] * 3, dim=-1), atol=1e-6, rtol=1e-6)
+        y = torch.randn(7, 16)
+        torch.testing.assert_close(attn.norm(y), y, atol=1e-6, rtol=1e-6)

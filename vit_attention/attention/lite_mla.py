@@ -165,6 +165,33 @@ class LiteMLA(AttentionModule):
         out = relu_linear_attention(q[:, :, :P], k, v, self.eps)  # [B, G, P, hd]
         return self._project(out.transpose(1, 2).reshape(B, P, G * hd), None)
 
+    def transfer_init(self) -> list[str]:
+        """Each scale's aggregation as the identity (depthwise centre tap 1, the grouped 1x1 the identity within
+        each group, biases 0), so every scale's heads repeat the carried projection's, and ``norm`` neutral at
+        inference (running statistics 0 / 1, weight ``sqrt(1 + eps)``, bias 0). ``proj`` has no counterpart (it
+        takes ``(1 + S)·C`` channels): left as it is."""
+        with torch.no_grad():
+            for dw, pw in self.aggreg:  # type: ignore[misc]
+                k = dw.kernel_size[0] // 2
+                dw.weight.zero_()
+                dw.weight[:, :, k, k] = 1.0
+                per_group = pw.weight.shape[1]  # hd channels in, hd out per group
+                eye = torch.eye(per_group, dtype=pw.weight.dtype, device=pw.weight.device)
+                pw.weight.copy_(eye.repeat(pw.weight.shape[0] // per_group, 1)[:, :, None, None])
+                for conv in (dw, pw):
+                    if conv.bias is not None:
+                        conv.bias.zero_()
+            self.norm.running_mean.zero_()
+            self.norm.running_var.fill_(1.0)
+            self.norm.weight.fill_((1.0 + self.norm.eps) ** 0.5)
+            self.norm.bias.zero_()
+        notes = ["norm: the identity at inference (BatchNorm neutral)",
+                 "proj: no counterpart (it takes (1 + len(scales))·C channels), left as it is"]
+        if self.aggreg:
+            notes.insert(0, "aggreg: the identity (depthwise centre tap 1, grouped 1x1 the identity): every scale's "
+                            "heads repeat the carried q / k / v")
+        return notes
+
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``input_shape = (B, H, W, C)``: the projections ``HW·(3C² + (1+S)·C²)``, each scale's
         depthwise ``HW·3C·s²`` and grouped 1x1 ``HW·3C·hd``, and the two products of the linear attention

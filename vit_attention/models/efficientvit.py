@@ -66,7 +66,9 @@ class EfficientViTConfig(ConfigMixin):
     ``widths[0]`` / ``depths[0]``: the stem's width and residual blocks; ``widths[1:]`` / ``depths[1:]``: the
     four stages'. ``large``: the L-series layout (fused MBConvs in stages 0-1, attention in stage 3 only,
     16x / 24x downsampling expansion). ``head_dim``: the mechanism's head width (heads = width / head_dim).
-    ``head_widths``: the head's 1x1 conv and hidden ``Linear`` widths. ``act_layer``: ``"hardswish"`` (B) or
+    ``head_widths``: the head's 1x1 conv and hidden ``Linear`` widths. ``expand_ratio``: the B-series MBConv
+    expansion (the L-series has its own: 16 / 24 downsampling, 4 in the stages, 6 in the EfficientViT blocks).
+    ``act_layer``: ``"hardswish"`` (B) or
     ``"gelu_tanh"`` (L). ``norm_eps``: every BatchNorm's and the head LayerNorm's eps (the head's BatchNorm:
     ``head_bn_eps``). ``drop_path_rate``: stochastic depth on the stages' residual branches, rising linearly over
     their blocks (0 in timm and the original). ``attn_layer``: the EfficientViT blocks' mechanism (``lite_mla``;
