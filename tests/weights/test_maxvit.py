@@ -70,3 +70,25 @@ def test_torchvision_tables_are_flipped_and_queries_rescaled():
     torch.testing.assert_close(converted[dst + "qkv.weight"][:C], qkv[:C] * math.sqrt(hd / C))
     torch.testing.assert_close(converted[dst + "qkv.weight"][C:], qkv[C:])
     assert any(k.endswith("relative_position_index") for k in state)
+
+
+def test_timm_rw_tables_are_flipped_and_qkv_rows_regrouped():
+    """timm's rw files: a Swin-layout table [(2P-1)², nh] (query minus key) becomes the TF one; the per-head qkv rows
+    [q_h | k_h | v_h] (head_first) become [q | k | v]."""
+    state, _, _ = load_fixture("timm_maxvit_rw")
+    model = create_model("maxvit_nano_rw_256", embed_dims=(16, 32), depths=(1, 2), stem_width=(8, 16), dim_head=8,
+                         window_size=4, num_classes=10, img_size=(64, 96))
+    (timm,) = [c for c in converters_for("maxvit") if c.layout == "timm"]
+    converted = timm.convert(dict(state), model)
+    assert set(converted) == set(model.state_dict())
+    prefix = "stages.1.blocks.0.attn_block.attn."
+    table = state[prefix + "rel_pos.relative_position_bias_table"]  # [49, 4]
+    torch.testing.assert_close(converted[prefix + "relative_position_bias_table"][:, 3 - 1, 3 + 2],
+                               table[(1 + 3) * 7 + (-2 + 3)])  # query minus key (1, -2)
+    nh, hd, C = 4, 8, 32
+    qkv = state[prefix + "qkv.weight"]
+    ours = converted[prefix + "qkv.weight"]
+    for h in range(nh):
+        for j in range(3):  # q, k, v of head h
+            torch.testing.assert_close(ours[j * C + h * hd:j * C + (h + 1) * hd], qkv[h * 3 * hd + j * hd:
+                                                                                    h * 3 * hd + (j + 1) * hd])

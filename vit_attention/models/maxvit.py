@@ -1,8 +1,9 @@
 """MaxViT (Tu et al., ECCV 2022, arXiv 2204.01697): MBConv + block attention + grid attention in every block.
 
-Config dataclass -> :class:`MaxViT` -> presets registered as data (timm 1.0.31's ``maxvit_*_tf_*`` names, the port
-of google-research/maxvit; ``timm/models/maxxvit.py``). Four stages of MaxViT blocks; block 0 of each stage has
-stride 2. One block, ``[B, C_in, H, W] -> [B, C, H', W']``:
+Config dataclass -> :class:`MaxViT` -> presets registered as data: timm 1.0.31's ``maxvit_*_tf_*`` (the port of
+google-research/maxvit; ``timm/models/maxxvit.py``), timm's own ``maxvit_{pico,nano,tiny}_rw_*`` and torchvision
+0.29's ``maxvit_t``; their differences are config fields (:class:`MaxViTConfig`). Four stages of MaxViT blocks;
+block 0 of each stage has stride 2. One block (the TF form), ``[B, C_in, H, W] -> [B, C, H', W']``:
 
 * MBConv (:class:`MaxViTMBConv`): pre-norm BatchNorm (no activation) -> 1x1 to ``M = 4·C`` -> BN + GELU -> 3x3
   depthwise (stride 2 in block 0) -> BN + GELU -> squeeze-excitation (SiLU, ``0.25·C`` wide) -> 1x1 to ``C`` (bias);
@@ -26,8 +27,9 @@ tables like timm (``resize_rel_pos_bias_table``).
 
 State-dict layout: timm's (``stem.{conv1,norm1,conv2}``, ``stages.{s}.blocks.{b}.conv.*``,
 ``...attn_block.{norm1,attn.qkv,attn.proj,norm2,mlp.fc1,mlp.fc2}``, ``...attn_grid.*``,
-``head.{norm,pre_logits.fc,fc}``) except that the tables are ``attn.relative_position_bias_table`` (timm:
-``attn.rel_pos.relative_position_bias_table``; :mod:`vit_attention.weights.maxvit` renames them).
+``head.{norm,pre_logits.fc,fc}``; ``norm`` for the ``rw`` map norm) except that the tables are
+``attn.relative_position_bias_table`` in the TF layout (timm: ``attn.rel_pos.relative_position_bias_table``, Swin
+layout in ``rw`` files; :mod:`vit_attention.weights.maxvit` converts them, and torchvision's files).
 Layout: NCHW maps through the convolutions, channels-last inside the attention blocks.
 """
 
@@ -51,6 +53,7 @@ from ..layers import Block, accepted_kwargs
 from ..layers.convnet import ConvStagesMixin
 from ..layers.drop_path import DropPath
 from ..layers.head import init_linear_weights
+from ..layers.norm import LayerNorm2d
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_common, check_float, check_int, check_int_seq
 from .backbone import StagedBackbone
 from .pretrained_tags import INCEPTION_MEAN, INCEPTION_STD, data_cfg, pretrained_tags
@@ -59,7 +62,8 @@ from .registry import published_meta, register_family
 __all__ = ["MaxViTConfig", "MaxViT", "MaxViTStem", "MaxViTMBConv", "MaxViTBlock", "MaxViTStage", "MaxViTHead",
            "reduced_config", "same_pad"]
 
-Act = Literal["gelu_tanh", "gelu"]
+Act = Literal["gelu_tanh", "gelu", "silu"]
+HeadNorm = Literal["pooled", "map"]
 Padding = Literal["same", "symmetric"]
 Shortcut = Literal["avg2", "avg3_conv"]
 
@@ -68,16 +72,24 @@ Shortcut = Literal["avg2", "avg3_conv"]
 class MaxViTConfig(ConfigMixin):
     """Everything a :class:`MaxViT` is built from (JSON-serialisable).
 
-    ``embed_dims`` / ``depths``: per stage; ``stem_width``: the stem's channels; ``dim_head``: the attention head
-    width (``nh = C / dim_head``). ``window_size`` / ``grid_size``: the block and grid partition sides (None:
-    ``img_size // partition_ratio``). ``head_hidden_size``: the head's tanh layer (0: none, LayerNorm then fc).
-    ``act_layer``: ``"gelu_tanh"`` (TF) or ``"gelu"`` (exact). ``padding`` of the stride-2 convolutions: ``"same"``
-    (TF, bottom / right first) or ``"symmetric"`` (``k // 2``, torchvision). ``shortcut`` of a strided MBConv:
-    ``"avg2"`` (2x2 pooling, a 1x1 conv when the width changes: TF, timm) or ``"avg3_conv"`` (3x3 stride-2 pooling
-    padded 1, counting the zeros, then a 1x1 conv always: torchvision). ``stem_bias``: biases of the stem's two convs
-    (one bool for both, or a pair); ``head_bias``: the classifier's. ``allow_padding``: maps the partitions do not
-    tile are padded (masked) instead of refused. ``block_attn_layer`` / ``grid_attn_layer``: any registered spatial
-    mechanism for the two attention blocks (their ``*_attn_kwargs`` given as they are).
+    * ``embed_dims`` / ``depths``: per stage; ``stem_width``: the stem's channels (an int, or a pair: conv1's and
+      conv2's); ``dim_head``: the attention head width (``nh = C / dim_head``).
+    * ``window_size`` / ``grid_size``: the block and grid partition sides (None: ``img_size // partition_ratio``);
+      ``allow_padding``: maps the partitions do not tile are padded (masked) instead of refused.
+    * ``act_layer``: the stem's and the MBConv's activation, ``"gelu_tanh"`` (TF), ``"gelu"`` (exact) or ``"silu"``
+      (timm's ``rw``); ``mlp_act_layer``: the attention blocks' MLP's (None: ``act_layer``).
+    * ``expand_output``: the MBConv's width ``expand_ratio·C_out`` (TF) or ``expand_ratio·C_in`` (``rw``);
+      ``se_ratio`` of ``C_out`` (TF) or, with ``expand_output=False``, of the MBConv's width; ``conv_bias``: the
+      MBConv's output and shortcut convs' biases.
+    * ``padding`` of the stride-2 convolutions: ``"same"`` (TF, bottom / right first) or ``"symmetric"``
+      (``k // 2``: torchvision, timm ``rw``). ``shortcut`` of a strided MBConv: ``"avg2"`` (2x2 pooling, a 1x1 conv
+      when the width changes: TF, timm) or ``"avg3_conv"`` (3x3 stride-2 pooling padded 1, counting the zeros, then
+      a 1x1 conv always: torchvision). ``stem_bias``: the stem convs' biases (one bool for both, or a pair).
+    * ``head_norm``: the final LayerNorm on the pooled features (``"pooled"``, TF) or on the map before pooling
+      (``"map"``, ``rw``: ``forward_features`` returns the normalised map); ``head_hidden_size``: the head's tanh
+      layer (0: none); ``head_bias``: the classifier's bias.
+    * ``block_attn_layer`` / ``grid_attn_layer``: any registered spatial mechanism for the two attention blocks
+      (their ``*_attn_kwargs`` given as they are).
     """
 
     img_size: int | tuple[int, int] = 224
@@ -86,7 +98,7 @@ class MaxViTConfig(ConfigMixin):
     global_pool: Literal["avg", ""] = "avg"
     embed_dims: tuple[int, ...] = (64, 128, 256, 512)
     depths: tuple[int, ...] = (2, 2, 5, 2)
-    stem_width: int = 64
+    stem_width: int | tuple[int, int] = 64
     stem_bias: bool | tuple[bool, bool] = True
     head_bias: bool = True
     padding: Padding = "same"
@@ -95,10 +107,14 @@ class MaxViTConfig(ConfigMixin):
     mlp_ratio: float = 4.0
     expand_ratio: float = 4.0
     se_ratio: float = 0.25
+    expand_output: bool = True
+    conv_bias: bool = True
     head_hidden_size: int = 512
     bn_eps: float = 1e-3
     norm_eps: float = 1e-5
     act_layer: Act = "gelu_tanh"
+    mlp_act_layer: Act | None = None
+    head_norm: HeadNorm = "pooled"
     window_size: int | tuple[int, int] | None = None
     grid_size: int | tuple[int, int] | None = None
     partition_ratio: int = 32
@@ -121,15 +137,21 @@ class MaxViTConfig(ConfigMixin):
         for i, d in enumerate(dims):
             if d % self.dim_head:
                 raise ValueError(f"embed_dims[{i}]={d} is not divisible by dim_head={self.dim_head}")
-        check_int(self.stem_width, "stem_width")
+        if isinstance(self.stem_width, (tuple, list)):
+            check_int_seq(self.stem_width, "stem_width", length=2)
+        else:
+            check_int(self.stem_width, "stem_width")
         check_int(self.head_hidden_size, "head_hidden_size", min_value=0)
         check_int(self.partition_ratio, "partition_ratio")
         for name in ("mlp_ratio", "expand_ratio", "se_ratio", "bn_eps", "norm_eps"):
             check_float(getattr(self, name), name, low_open=True)
-        check_choice(self.act_layer, "act_layer", ("gelu_tanh", "gelu"))
+        check_choice(self.act_layer, "act_layer", ("gelu_tanh", "gelu", "silu"))
+        if self.mlp_act_layer is not None:
+            check_choice(self.mlp_act_layer, "mlp_act_layer", ("gelu_tanh", "gelu", "silu"))
+        check_choice(self.head_norm, "head_norm", ("pooled", "map"))
         check_choice(self.padding, "padding", ("same", "symmetric"))
         check_choice(self.shortcut, "shortcut", ("avg2", "avg3_conv"))
-        for name in ("head_bias", "allow_padding"):
+        for name in ("head_bias", "allow_padding", "expand_output", "conv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         stem_bias = self.stem_bias
@@ -207,6 +229,9 @@ def same_pad(x: Tensor, kernel_size: int, stride: int) -> Tensor:
 
 
 def _act(name: str) -> nn.Module:
+    """``"gelu_tanh"`` / ``"gelu"`` / ``"silu"`` -> the module."""
+    if name == "silu":
+        return nn.SiLU()
     return nn.GELU(approximate="tanh" if name == "gelu_tanh" else "none")
 
 
@@ -217,15 +242,16 @@ class MaxViTStem(nn.Module):
     pair ``(conv1, conv2)``. Keys (timm): ``conv1``, ``norm1``, ``conv2``.
     """
 
-    def __init__(self, in_chans: int, out_chs: int, *, bias: bool | tuple[bool, bool] = True, eps: float = 1e-3,
-                 act_layer: str = "gelu_tanh", padding: str = "same") -> None:
+    def __init__(self, in_chans: int, out_chs: int | tuple[int, int], *, bias: bool | tuple[bool, bool] = True,
+                 eps: float = 1e-3, act_layer: str = "gelu_tanh", padding: str = "same") -> None:
         super().__init__()
         b1, b2 = (bias, bias) if isinstance(bias, bool) else bias
+        c1, c2 = (out_chs, out_chs) if isinstance(out_chs, int) else out_chs
         self.same = padding == "same"
-        self.conv1 = nn.Conv2d(in_chans, out_chs, 3, stride=2, padding=0 if self.same else 1, bias=b1)
-        self.norm1 = nn.BatchNorm2d(out_chs, eps=eps)
+        self.conv1 = nn.Conv2d(in_chans, c1, 3, stride=2, padding=0 if self.same else 1, bias=b1)
+        self.norm1 = nn.BatchNorm2d(c1, eps=eps)
         self.act = _act(act_layer)
-        self.conv2 = nn.Conv2d(out_chs, out_chs, 3, padding=1, bias=b2)
+        self.conv2 = nn.Conv2d(c1, c2, 3, padding=1, bias=b2)
 
     def forward(self, x: Tensor) -> Tensor:
         """``[B, Cin, H, W] -> [B, S, ceil(H/2), ceil(W/2)]``."""
@@ -257,11 +283,11 @@ class Downsample(nn.Module):
     changes; ``"avg3_conv"`` (torchvision): 3x3 stride-2 average pooling padded 1 (zeros counted) + a 1x1 conv.
     """
 
-    def __init__(self, in_chs: int, out_chs: int, kind: str = "avg2") -> None:
+    def __init__(self, in_chs: int, out_chs: int, kind: str = "avg2", bias: bool = True) -> None:
         super().__init__()
         self.kind = kind
         conv = in_chs != out_chs or kind == "avg3_conv"
-        self.expand = nn.Conv2d(in_chs, out_chs, 1) if conv else nn.Identity()
+        self.expand = nn.Conv2d(in_chs, out_chs, 1, bias=bias) if conv else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
         """``[B, C_in, H, W] -> [B, C, ceil(H/2), ceil(W/2)]``."""
@@ -277,14 +303,15 @@ class MaxViTMBConv(nn.Module):
 
     def __init__(self, in_chs: int, out_chs: int, *, stride: int = 1, expand_ratio: float = 4.0,
                  se_ratio: float = 0.25, eps: float = 1e-3, act_layer: str = "gelu_tanh",
-                 drop_path: float = 0.0, padding: str = "same", shortcut: str = "avg2") -> None:
+                 drop_path: float = 0.0, padding: str = "same", shortcut: str = "avg2", expand_output: bool = True,
+                 bias: bool = True) -> None:
         super().__init__()
         if stride not in (1, 2):
             raise ValueError(f"stride must be 1 or 2, got {stride!r}")
-        mid = make_divisible(out_chs * expand_ratio)
+        mid = make_divisible((out_chs if expand_output else in_chs) * expand_ratio)
         self.stride = stride
         self.same = padding == "same"
-        self.shortcut = Downsample(in_chs, out_chs, shortcut) if stride == 2 else nn.Identity()
+        self.shortcut = Downsample(in_chs, out_chs, shortcut, bias) if stride == 2 else nn.Identity()
         self.pre_norm = nn.BatchNorm2d(in_chs, eps=eps)
         self.conv1_1x1 = nn.Conv2d(in_chs, mid, 1, bias=False)
         self.norm1 = nn.BatchNorm2d(mid, eps=eps)
@@ -293,8 +320,8 @@ class MaxViTMBConv(nn.Module):
                                    groups=mid, bias=False)
         self.norm2 = nn.BatchNorm2d(mid, eps=eps)
         self.act2 = _act(act_layer)
-        self.se = SqueezeExcite(mid, int(se_ratio * out_chs))
-        self.conv3_1x1 = nn.Conv2d(mid, out_chs, 1)
+        self.se = SqueezeExcite(mid, int(se_ratio * (out_chs if expand_output else mid)))
+        self.conv3_1x1 = nn.Conv2d(mid, out_chs, 1, bias=bias)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -316,10 +343,12 @@ class MaxViTBlock(nn.Module):
         super().__init__()
         self.conv = MaxViTMBConv(in_chs, out_chs, stride=stride, expand_ratio=cfg.expand_ratio,
                                  se_ratio=cfg.se_ratio, eps=cfg.bn_eps, act_layer=cfg.act_layer, drop_path=drop_path,
-                                 padding=cfg.padding, shortcut=cfg.shortcut)
+                                 padding=cfg.padding, shortcut=cfg.shortcut, expand_output=cfg.expand_output,
+                                 bias=cfg.conv_bias)
         block = partial(Block, out_chs, out_chs // cfg.dim_head, style="pre", mlp_ratio=cfg.mlp_ratio,
                         drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=drop_path,
-                        norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), act_layer=partial(_act, cfg.act_layer))
+                        norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps),
+                        act_layer=partial(_act, cfg.mlp_act_layer or cfg.act_layer))
         kw = dict(allow_padding=cfg.allow_padding)
         self.attn_block = block(attn_layer=cfg.block_attn_layer, depth_index=2 * depth_index, attn_kwargs={
             **accepted_kwargs(cfg.block_attn_layer, dict(window_size=window, **kw)), **cfg.block_attn_kwargs})
@@ -353,14 +382,14 @@ class MaxViTStage(nn.Module):
 
 class MaxViTHead(nn.Module):
     """timm's ``NormMlpClassifierHead`` on pooled features: LayerNorm -> (Linear + tanh) -> dropout -> fc,
-    ``[B, C] -> [B, num_classes]`` (a channels-last map per position with ``global_pool=""``).
-    Keys: ``norm``, ``pre_logits.fc``, ``fc``."""
+    ``[B, C] -> [B, num_classes]`` (a channels-last map per position with ``global_pool=""``); without ``norm`` and
+    ``hidden_size`` timm's ``ClassifierHead`` (dropout -> fc). Keys: ``norm``, ``pre_logits.fc``, ``fc``."""
 
     def __init__(self, in_features: int, num_classes: int, *, hidden_size: int = 0, drop: float = 0.0,
-                 eps: float = 1e-5, bias: bool = True) -> None:
+                 eps: float = 1e-5, bias: bool = True, norm: bool = True) -> None:
         super().__init__()
         self.global_pool = ""  # the model pools (Backbone.pool)
-        self.norm = nn.LayerNorm(in_features, eps=eps)
+        self.norm = nn.LayerNorm(in_features, eps=eps) if norm else nn.Identity()
         self.pre_logits = nn.Sequential()
         if hidden_size:
             self.pre_logits.add_module("fc", nn.Linear(in_features, hidden_size))
@@ -377,8 +406,9 @@ class MaxViTHead(nn.Module):
 class MaxViT(ConvStagesMixin, StagedBackbone):
     """MaxViT backbone + classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
-    ``forward_features`` gives the last stage's map ``[B, C_3, H/32, W/32]`` (NCHW; no final norm: the head
-    normalises), ``forward_intermediates`` each stage's map (strides 4 ... 32), ``forward_head`` pools and classifies.
+    ``forward_features`` gives the last stage's map ``[B, C_3, H/32, W/32]`` (NCHW; normalised by ``norm`` with
+    ``head_norm="map"``, else the head normalises), ``forward_intermediates`` each stage's map (strides 4 ... 32),
+    ``forward_head`` pools and classifies.
     """
 
     family = "maxvit"
@@ -396,7 +426,8 @@ class MaxViT(ConvStagesMixin, StagedBackbone):
                                act_layer=cfg.act_layer, padding=cfg.padding)
         total = sum(cfg.depths)
         rates = [cfg.drop_path_rate * i / max(total - 1, 1) for i in range(total)]
-        stages, prev, k = [], cfg.stem_width, 0
+        stem_out = cfg.stem_width if isinstance(cfg.stem_width, int) else cfg.stem_width[-1]
+        stages, prev, k = [], stem_out, 0
         for dim, depth in zip(dims, cfg.depths):
             blocks = []
             for j in range(depth):
@@ -405,11 +436,22 @@ class MaxViT(ConvStagesMixin, StagedBackbone):
                 prev, k = dim, k + 1
             stages.append(MaxViTStage(blocks))
         self.stages = nn.Sequential(*stages)
-        self.final_conv = nn.Identity()
+        self.norm = LayerNorm2d(dims[-1], eps=cfg.norm_eps) if cfg.head_norm == "map" else nn.Identity()
         self.feature_info = [dict(num_chs=d, reduction=2 ** (i + 2), module=f"stages.{i}") for i, d in enumerate(dims)]
         self.head = MaxViTHead(self.num_features, cfg.num_classes, hidden_size=cfg.head_hidden_size,
-                               drop=cfg.drop_rate, eps=cfg.norm_eps, bias=cfg.head_bias)
+                               drop=cfg.drop_rate, eps=cfg.norm_eps, bias=cfg.head_bias,
+                               norm=cfg.head_norm == "pooled")
         self._init_weights()
+
+    @property
+    def final_conv(self) -> nn.Module:
+        """The layer after the last stage (``ConvStagesMixin``'s slot): the map's LayerNorm ``norm`` (``head_norm=
+        "map"``) or the identity."""
+        return self.norm
+
+    @final_conv.setter
+    def final_conv(self, module: nn.Module) -> None:
+        self.norm = module
 
     def _init_weights(self) -> None:
         init_linear_weights(self)
@@ -453,6 +495,22 @@ _SIZES: dict[str, dict[str, Any]] = {
 }
 _PRESETS: dict[str, dict[str, Any]] = {
     f"maxvit_{size}_tf_{res}": dict(cfg, img_size=res) for size, cfg in _SIZES.items() for res in (224, 384, 512)}
+# timm's own MaxViT configs (maxxvit.py _rw_max_cfg, trained before the TF release): SiLU in the stem and MBConv,
+# exact GELU in the MLP, BN eps 1e-5 / LN eps 1e-6, symmetric padding, MBConv width 4·C_in with SE at 1/16 of it
+# and no output / shortcut conv bias, a two-width stem without biases, LayerNorm on the map then pool + fc; their
+# Swin-layout tables and per-head qkv rows load through the timm converter
+_RW = dict(act_layer="silu", mlp_act_layer="gelu", bn_eps=1e-5, norm_eps=1e-6, padding="symmetric",
+           expand_output=False, se_ratio=1 / 16, conv_bias=False, stem_bias=False, head_hidden_size=0, head_norm="map")
+_PRESETS.update({
+    "maxvit_pico_rw_256": dict(_RW, embed_dims=(32, 64, 128, 256), depths=(2, 2, 5, 2), stem_width=(24, 32),
+                               img_size=256),
+    "maxvit_nano_rw_256": dict(_RW, embed_dims=(64, 128, 256, 512), depths=(1, 2, 3, 1), stem_width=(32, 64),
+                               img_size=256),
+    "maxvit_tiny_rw_224": dict(_RW, embed_dims=(64, 128, 256, 512), depths=(2, 2, 5, 2), stem_width=(32, 64),
+                               img_size=224),
+    "maxvit_tiny_rw_256": dict(_RW, embed_dims=(64, 128, 256, 512), depths=(2, 2, 5, 2), stem_width=(32, 64),
+                               img_size=256),
+})
 # torchvision 0.29's maxvit_t (torchvision/models/maxvit.py): the tiny sizes with symmetric padding, exact GELU, the
 # 3x3-pooled shortcut with its conv at every stride, no stem conv1 bias and no classifier bias (its weights load
 # through vit_attention.weights.maxvit's torchvision converter)
@@ -470,6 +528,8 @@ _PUBLISHED: dict[str, tuple[float, float]] = {
     "maxvit_base_tf_512": (119.876, 138.02),
     "maxvit_large_tf_224": (211.786, 43.68), "maxvit_large_tf_384": (212.033, 132.55),
     "maxvit_large_tf_512": (212.330, 244.75),
+    "maxvit_pico_rw_256": (7.458, 1.83), "maxvit_nano_rw_256": (15.451, 4.46), "maxvit_tiny_rw_224": (29.057, 5.11),
+    "maxvit_tiny_rw_256": (29.067, 6.74),
 }
 _META = published_meta(_PUBLISHED, "timm results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv (infer_gmacs)",
                        meta_device=_PUBLISHED)
@@ -480,10 +540,12 @@ _META["maxvit_t"] = dict(published_params_m=30.920, published_gmacs=5.558,
 def reduced_config(cfg: MaxViTConfig) -> dict[str, Any]:
     """Overrides that shrink a MaxViT preset for tests: two stages of 16 / 32 channels (``hd = 8``: 2 and 4 heads),
     one and two blocks, stem 16 (stage 0's first block keeps its width: the pooled shortcut without a conv; stage
-    1's changes it), partitions 4 on 64 px (16x16 and 8x8 maps: several windows and grid groups, then one of each).
-    The activation, norms, head and mechanisms are the preset's."""
-    return dict(embed_dims=(16, 32), depths=(1, 2), stem_width=16, dim_head=8, head_hidden_size=32, img_size=64,
-                window_size=4, grid_size=4)
+    1's changes it; a two-width stem stays two widths, 8 and 16), partitions 4 on 64 px (16x16 and 8x8 maps: several
+    windows and grid groups, then one of each). The activation, norms, head form (a hidden layer or none) and
+    mechanisms are the preset's."""
+    return dict(embed_dims=(16, 32), depths=(1, 2), stem_width=16 if isinstance(cfg.stem_width, int) else (8, 16),
+                dim_head=8, head_hidden_size=32 if cfg.head_hidden_size else 0, img_size=64, window_size=4,
+                grid_size=4)
 
 
 register_family("maxvit", MaxViT, MaxViTConfig, _PRESETS, meta=_META, reduced=reduced_config)
@@ -494,6 +556,7 @@ register_family("maxvit", MaxViT, MaxViTConfig, _PRESETS, meta=_META, reduced=re
 # The 224 px in1k weights use ImageNet's mean / std, the others 0.5 / 0.5.
 _224_IMAGENET = data_cfg(224, 0.95)
 _224_INCEPTION = data_cfg(224, 0.95, mean=INCEPTION_MEAN, std=INCEPTION_STD)
+_256 = data_cfg(256, 0.95, mean=INCEPTION_MEAN, std=INCEPTION_STD)
 _384 = data_cfg(384, 1.0, mean=INCEPTION_MEAN, std=INCEPTION_STD, crop_mode="squash")
 _512 = data_cfg(512, 1.0, mean=INCEPTION_MEAN, std=INCEPTION_STD, crop_mode="squash")
 PRETRAINED = pretrained_tags({
@@ -509,9 +572,13 @@ PRETRAINED = pretrained_tags({
     "maxvit_large_tf_384.in21k_ft_in1k": _384,
     "maxvit_large_tf_512.in1k": _512,
     "maxvit_large_tf_512.in21k_ft_in1k": _512,
+    "maxvit_nano_rw_256.sw_in1k": _256,
+    "maxvit_pico_rw_256.untrained": dict(_256, hf_hub_id=None),
     "maxvit_small_tf_224.in1k": _224_IMAGENET,
     "maxvit_small_tf_384.in1k": _384,
     "maxvit_small_tf_512.in1k": _512,
+    "maxvit_tiny_rw_224.sw_in1k": _224_INCEPTION,
+    "maxvit_tiny_rw_256.untrained": dict(_256, hf_hub_id=None),
     "maxvit_tiny_tf_224.in1k": _224_IMAGENET,
     "maxvit_tiny_tf_384.in1k": _384,
     "maxvit_tiny_tf_512.in1k": _512,

@@ -1,9 +1,12 @@
 """MaxViT checkpoint layouts onto ours (:mod:`vit_attention.models.maxvit`).
 
-* ``timm``: timm 1.0.31 ``MaxxVit`` files of the ``maxvit_*_tf_*`` presets (``timm/models/maxxvit.py``): every
-  name is ours except the relative-position tables, ``...attn.rel_pos.relative_position_bias_table`` ->
-  ``...attn.relative_position_bias_table`` (the same ``[nh, 2P-1, 2P-1]`` TF layout; timm's ``height_lookup`` /
-  ``width_lookup`` are not persistent and never in a file).
+* ``timm``: timm 1.0.31 ``MaxxVit`` files (``timm/models/maxxvit.py``): every name is ours except the
+  relative-position tables, ``...attn.rel_pos.relative_position_bias_table`` ->
+  ``...attn.relative_position_bias_table``.
+  The ``maxvit_*_tf_*`` files hold TF tables ``[nh, 2P-1, 2P-1]`` (ours; timm's ``height_lookup`` /
+  ``width_lookup`` are not persistent). The ``maxvit_*_rw_*`` files hold Swin-layout tables ``[(2P-1)², nh]``
+  (``RelPosBias``, query minus key), flipped to the TF layout, and per-head qkv rows (``head_first=True``:
+  ``[q_h | k_h | v_h]`` per head), reordered to ``[q | k | v]``; a 2-D table marks such a file.
 
 The adapter resamples tables of another partition to each layer's (timm's ``checkpoint_filter_fn`` rule,
 :func:`~vit_attention.attention.multi_axis.resize_tf_bias_table`) and drops a classifier of another class count.
@@ -31,9 +34,33 @@ def _is_timm(state: Mapping[str, Tensor]) -> bool:
 
 
 def _from_timm(state: State, model: nn.Module) -> State:
-    """timm's names -> ours (the tables' ``rel_pos.`` dropped; lookups, if any, left out)."""
-    state = {k: v for k, v in state.items() if not k.endswith((".height_lookup", ".width_lookup"))}
-    return rename(state, TIMM_RULES)
+    """timm's names -> ours (the tables' ``rel_pos.`` dropped; lookups, if any, left out); ``rw`` files' Swin-layout
+    tables to the TF layout and their per-head qkv rows to ``[q | k | v]``."""
+    state = {k: v for k, v in state.items()
+             if not k.endswith((".height_lookup", ".width_lookup", ".relative_position_index"))}
+    state = rename(state, TIMM_RULES)
+    for key in [k for k in state if k.endswith(".attn.relative_position_bias_table") and state[k].dim() == 2]:
+        nh = _swin_table_to_tf(state, key)
+        prefix = key[: -len("relative_position_bias_table")]
+        for part in ("weight", "bias"):
+            qkv = state.get(f"{prefix}qkv.{part}")
+            if nh and qkv is not None and qkv.shape[0] % (3 * nh) == 0:
+                hd = qkv.shape[0] // (3 * nh)
+                state[f"{prefix}qkv.{part}"] = qkv.reshape(nh, 3, hd, *qkv.shape[1:]).transpose(0, 1).reshape(
+                    qkv.shape).contiguous()  # [nh, 3, hd, ...] -> [3, nh, hd, ...]
+    return state
+
+
+def _swin_table_to_tf(state: State, key: str) -> int:
+    """``state[key]``, a Swin-layout table ``[(2P-1)², nh]`` (query minus key), as a TF table ``[nh, 2P-1, 2P-1]``
+    (key minus query: both offset axes flipped) -> ``nh``; 0 (left as it is) when it is not a square table."""
+    table = state[key]
+    side = math.isqrt(table.shape[0])
+    if side * side != table.shape[0] or side % 2 == 0:
+        return 0
+    nh = table.shape[1]
+    state[key] = table.reshape(side, side, nh).permute(2, 0, 1).flip(1, 2).contiguous()
+    return nh
 
 
 _TV_BLOCK = r"^blocks\.(\d+)\.layers\.(\d+)\.layers\."
@@ -66,14 +93,11 @@ def _from_torchvision(state: State, model: nn.Module) -> State:
     """torchvision's names -> ours; tables to the TF layout, q rows rescaled from ``C^-1/2`` to ``hd^-1/2``."""
     state = rename({k: v for k, v in state.items() if not k.endswith(".relative_position_index")}, TORCHVISION_RULES)
     for key in [k for k in state if k.endswith(".attn.relative_position_bias_table")]:
-        table = state[key]
-        if table.dim() != 2:
+        if state[key].dim() != 2:
             continue  # not a Swin-layout table: the shape check reports it
-        side = math.isqrt(table.shape[0])
-        if side * side != table.shape[0] or side % 2 == 0:
+        nh = _swin_table_to_tf(state, key)
+        if not nh:
             continue
-        nh = table.shape[1]
-        state[key] = table.reshape(side, side, nh).permute(2, 0, 1).flip(1, 2).contiguous()  # [nh, 2P-1, 2P-1]
         prefix = key[: -len("relative_position_bias_table")]
         for part in ("weight", "bias"):
             qkv = state.get(f"{prefix}qkv.{part}")
