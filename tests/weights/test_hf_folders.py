@@ -90,6 +90,7 @@ ELSEWHERE: dict[str, tuple[str, str]] = {
     "siglip_vision_model": ("tests/models/test_siglip.py", "SiglipVisionModel"),
     "clip_vision_model": ("tests/models/test_clip.py", "CLIPVisionModelWithProjection"),
     "beit": ("tests/weights/test_beit.py", "BeitModel"),
+    "levit": ("tests/weights/test_levit.py", "LevitForImageClassificationWithTeacher"),
 }
 # read (a composite config's vision tower, or a DINOv3 folder) and converted, parity-tested on state dicts
 # in the family tests, without a folder round trip yet

@@ -83,3 +83,51 @@ def test_original_flat_layout_maps_position_by_position():
         assert_parity(feats.reshape(2, -1, feats.shape[-1]), t["features"])
         assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])
         assert_parity(model(t["input"]), t["output"])
+
+
+def _hf_levit(with_teacher: bool = True) -> torch.nn.Module:
+    """A tiny transformers LeViT (80 px: grids 5, 3, 2) with random weights and BatchNorm statistics, eval mode."""
+    import transformers as tf
+
+    cfg = tf.LevitConfig(image_size=80, hidden_sizes=[32, 48, 64], num_attention_heads=[2, 3, 4], depths=[2, 1, 1],
+                         key_dim=[8, 8, 8], num_labels=3)
+    torch.manual_seed(0)
+    hf = (tf.LevitForImageClassificationWithTeacher if with_teacher else tf.LevitForImageClassification)(cfg)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+        for m in hf.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                m.running_mean.copy_(0.2 * torch.randn_like(m.running_mean))
+                m.running_var.copy_(0.5 + torch.rand_like(m.running_var))
+    return hf.eval()
+
+
+@pytest.mark.parametrize("with_teacher", [True, False])
+def test_transformers_folder_loads_with_its_config(with_teacher, tmp_path):
+    """``save_pretrained`` of LevitForImageClassificationWithTeacher (two heads) or LevitForImageClassification (one):
+    ``create_model(preset, pretrained=folder)`` reads the widths, depths, heads, classes and distillation from its
+    config.json and gives transformers' logits."""
+    import warnings
+
+    hf = _hf_levit(with_teacher)
+    hf.save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*describes another architecture")
+        model = create_model("levit_128s", pretrained=tmp_path).eval()
+    cfg = model.cfg
+    assert (cfg.embed_dim, cfg.num_heads, cfg.depth, cfg.key_dim, cfg.img_size) == ((32, 48, 64), (2, 3, 4),
+                                                                                     (2, 1, 1), 8, 80)
+    assert cfg.num_classes == 3 and cfg.distilled is with_teacher and (model.head_dist is not None) is with_teacher
+    x = torch.randn(2, 3, 80, 80, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert_parity(model(x), hf(pixel_values=x).logits)
+
+
+def test_transformers_state_dict_converts():
+    hf = _hf_levit()
+    model = _model(img_size=80, num_classes=3)
+    assert_loads(model, hf.state_dict(), "huggingface")
+    x = torch.randn(1, 3, 80, 80)
+    with torch.no_grad():
+        assert_parity(model(x), hf(pixel_values=x).logits)
