@@ -10,6 +10,8 @@ from vit_attention import create_model
 from vit_attention.attention.attention_bias import attention_bias_index
 from vit_attention.weights import CheckpointMismatchError, load_weights
 
+pytestmark = pytest.mark.parity
+
 SMALL = dict(img_size=(80, 64), num_classes=10, embed_dim=(32, 48, 64), key_dim=8, num_heads=(2, 3, 4),
              depth=(2, 1, 1))
 
