@@ -147,16 +147,45 @@ def test_dual_lambda_uses_two_scalars() -> None:
     assert attn.lambda_full().item() == pytest.approx(math.exp(0.5) - 1 + attn.lambda_init)
 
 
-def test_declared_flops_equal_the_measured_ones() -> None:
-    """``4·N·C² + 3·N²·C`` on the explicit path; the fused kernel's zero-padded ``q·kᵀ`` adds ``N²·C``."""
+@pytest.mark.parametrize(("switches", "maps"), [(dict(fused_attention=True), 4), (dict(fused_attention=False), 2),
+                                                (dict(attention_backend="explicit"), 2)])
+def test_declared_flops_equal_the_measured_ones(switches: dict[str, object], maps: int) -> None:
+    """``4·N·C² + 2·N²·C`` on the explicit path (the maps subtracted before one A·V, as timm's explicit path);
+    the fused kernel multiplies both maps by the ``2·hd``-wide value and takes q and k zero-padded: ``+ 2·N²·C``."""
     attn = create_attention("diff", 48, 3)
     for shape in [(2, 13, 48), (1, 50, 48)]:
         B, N, C = shape
-        for fused, qk in ((True, 2), (False, 1)):
-            with switched(attn, fused_attention=fused):
-                assert attn.flops(shape) == B * (4 * N * C * C + (qk + 2) * N * N * C)
-                assert attn.flops(shape) == measure_flops(attn, shape, device=None)[0]
-                assert attn.flops(shape) == measure_flops(attn, shape)[0]  # on meta
+        with switched(attn, **switches):
+            assert attn.flops(shape) == B * (4 * N * C * C + maps * N * N * C)
+            assert attn.flops(shape) == measure_flops(attn, shape, device=None)[0]
+            assert attn.flops(shape) == measure_flops(attn, shape)[0]  # on meta
+
+
+def test_the_explicit_path_multiplies_the_value_once_unless_observed() -> None:
+    """Explicit, unobserved: one ``[B, 2nh, N, N] @ [B, 2nh, N, hd]`` product (the difference of each head's maps
+    times the halves of its value); observed, the two softmax maps each times the ``2·hd``-wide value (the maps
+    the observers record), with the same output."""
+    from torch.profiler import profile
+
+    torch.manual_seed(5)
+    attn = _perturbed().float()
+    x = torch.randn(2, 10, 48)
+
+    def value_products() -> list[list[int]]:  # the shapes of the values the maps multiply
+        return [list(e.input_shapes[1]) for e in prof.key_averages(group_by_input_shape=True)
+                if e.key in ("aten::matmul", "aten::bmm") and len(e.input_shapes) > 1 and e.input_shapes[0]
+                and e.input_shapes[0][-1] == 10 and len(e.input_shapes[1]) >= 3]
+
+    with torch.no_grad(), switched(attn, fused_attention=False):
+        with profile(record_shapes=True) as prof:
+            out = attn(x)
+        plain = value_products()
+        with record_attention(attn), profile(record_shapes=True) as prof:
+            observed = attn(x)
+        seen = value_products()
+    assert plain and all(s[-1] == 8 for s in plain)  # hd = 48 / 3 / 2
+    assert seen and all(s[-1] == 16 for s in seen)  # 2·hd
+    torch.testing.assert_close(out, observed)
 
 
 def test_the_fused_cpu_kernel_runs_and_holds_no_weights() -> None:

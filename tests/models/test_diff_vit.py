@@ -77,3 +77,28 @@ def test_the_dwee_preset_equals_timms_diff_vit(fused: bool) -> None:
     diffs = [m for m in model.modules() if isinstance(m, DifferentialAttention)]
     assert all(abs(m.lambda_full().item() - m.lambda_init) > 1e-3 for m in diffs)  # the learned part matters
     assert_fixture_parity(model, t, fused=fused)
+
+
+# timm 1.0.31 results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs at 256 px. Its counter (fvcore)
+# saw timm's explicit path: the activation counts (infer_macts 17.6 M for vit_dwee vs 13.9 M for vit_wee) are
+# vit_wee's plus one more [nh, N, N] map per block, and the GMACs equal the plain models' (one A·V per head).
+TIMM_TABLE_GMACS = {"vit_dwee_patch16_reg1_gap_256": 3.83, "vit_dlittle_patch16_reg1_gap_256": 6.27}
+
+
+@pytest.mark.parametrize("name", sorted(TIMM_TABLE_GMACS))
+def test_the_explicit_count_is_timms_table_and_the_fused_kernel_adds_two_maps_times_the_value(name: str) -> None:
+    """On the explicit path (the maps subtracted, then one A·V) the analytic count rounds to timm's published
+    GMACs; the fused kernel (both maps times the ``2·hd``-wide value, q and k zero-padded to it) adds exactly
+    ``2·N²·C`` per block (``N`` = 256 patches + 1 register): the 4.31 GMACs the default runtime reports for
+    ``vit_dwee``."""
+    from vit_attention.analysis import flops
+    from vit_attention.functional import switched
+
+    with torch.device("meta"):
+        model = create_model(name).eval()
+    fused = flops(model, (1, 3, 256, 256)).total
+    with switched(model, fused_attention=False):
+        explicit = flops(model, (1, 3, 256, 256)).total
+    assert round(explicit / 1e9, 2) == TIMM_TABLE_GMACS[name]
+    N, C, depth = 257, model.embed_dim, len(model.blocks)
+    assert fused - explicit == depth * 2 * N * N * C

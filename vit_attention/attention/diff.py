@@ -9,9 +9,18 @@ on the 0-based index ``i`` of the block (``depth_index``). Key names and layout 
 halves of head ``h`` are the adjacent ``hd``-blocks ``2h`` and ``2h + 1``), ``lambda_q1`` / ``lambda_k1`` /
 ``lambda_q2`` / ``lambda_k2`` (or ``lambda_a`` / ``lambda_b`` with ``dual_lambda``), ``sub_norm``, ``proj``.
 
-Both maps are one call of the library's core on ``2·nh`` half-heads (each pair sharing its head's
-value), so every backend, the attention observers and FLOP counting apply; the observers record the
-two softmax maps, not their difference: half-head ``2h`` is head ``h``'s first map, ``2h + 1`` its second.
+Both maps are one call of the library's core on ``2·nh`` half-heads, so every backend, the attention
+observers and FLOP counting apply; the observers record the two softmax maps, not their difference:
+half-head ``2h`` is head ``h``'s first map, ``2h + 1`` its second. What that call computes depends on the
+path the core takes (:meth:`DifferentialAttention.flops` counts each exactly):
+
+* fused kernel (backends ``"auto"`` / ``"sdpa"``): each half-head attends over its head's ``2·hd``-wide value
+  and the two outputs are subtracted, ``A1·v − λ·(A2·v)``; q and k are zero-padded to ``2·hd`` so that torch's
+  fused CPU / flash kernels run (unpadded, the CPU falls back to its math path, measured 1.5-2x slower here);
+* ``"flex"``: the same without padding;
+* explicit (``fused_attention`` off, or backend ``"explicit"``) with no weight observer: the maps are
+  subtracted first and ``(A1 − λ·A2)`` multiplies the value once, as timm's explicit path does: each
+  half-head ``2h + j`` takes the ``j``-th ``hd``-wide half of its head's value (the core's ``weights_fn``).
 """
 
 from __future__ import annotations
@@ -22,7 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..functional.attention import scaled_dot_product_attention
 from ..functional.linear import apply_linear, linear
+from ..functional.observers import WEIGHT_HOOKS
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from .base import AttentionCall, AttentionModule, check_tokens_call, merged_frame, observed_layout
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
@@ -76,8 +88,9 @@ class HeadRmsNorm(nn.Module):
         "difference cancels attention that both maps give to irrelevant tokens (common-mode noise). Both "
         "maps are one core call on 2·nh half-heads; recorded maps are the two softmax maps (half-head "
         "2h: A1 of head h, 2h+1: A2)."),
-    cost="4·N·C² + 3·N²·C multiply-adds (the two maps over one 2hd-wide value: twice the A·V of global attention; "
-    "4·N²·C on the fused kernel, which takes q and k zero-padded to v's width)",
+    cost="4·N·C² + 2·N²·C multiply-adds on the explicit path (the maps subtracted, then one A·V: global "
+    "attention's count); 4·N·C² + 4·N²·C on the fused kernel (two A·V, q and k zero-padded to v's width), "
+    "4·N·C² + 3·N²·C on flex (two A·V)",
     example_shape=(2, 11, 32))
 class DifferentialAttention(AttentionModule):
     """Differential self-attention, ``[B, N, C] -> [B, N, C]`` (timm 1.0.31 ``DiffAttention``'s keys).
@@ -88,7 +101,8 @@ class DifferentialAttention(AttentionModule):
     (``λ = exp(a) − exp(b) + λ_init``, initialised 0) instead of the four ``hd``-vectors (N(0, 0.1)).
     ``sub_norm``: RMSNorm over each head's ``2·hd`` channels, eps 1e-5 (the reference code's norm; the
     paper's text says GroupNorm). timm's optional ``qk_norm`` / ``scale_norm`` (off in its presets) are not
-    offered. Cost: ``4·N·C² + 3·N²·C`` multiply-adds (``+ N²·C`` on the fused kernel: :meth:`flops`).
+    offered. Cost: ``4·N·C² + 2·N²·C`` multiply-adds on the explicit path, ``+ 2·N²·C`` on the fused kernel,
+    ``+ N²·C`` on flex (:meth:`flops`).
     """
 
     transfer_slots = PACKED_QKV_SLOTS
@@ -142,12 +156,41 @@ class DifferentialAttention(AttentionModule):
         dt = torch.promote_types(a.dtype, torch.float32)
         return torch.exp(a.to(dt)) - torch.exp(b.to(dt)) + self.lambda_init
 
-    def _pads_qk(self) -> bool:
-        """Whether q and k are zero-padded to v's width ``2·hd``: where torch's fused SDPA kernel may run. Its
-        CPU kernel and CUDA's flash kernel take q, k and v of one width only (given ``Ev = 2·E`` the CPU falls
-        back to the math path, which holds the ``[B, 2nh, N, M]`` weights); the explicit and flex backends
-        take the widths as they are."""
-        return self.fused_attention and self.attention_backend in ("auto", "sdpa")
+    def _path(self) -> str:
+        """How the core runs this module's maps (module docstring): ``"fused"`` (q and k zero-padded to v's width
+        ``2·hd``: torch's CPU kernel and CUDA's flash kernel take q, k and v of one width only; given ``Ev = 2·E``
+        the CPU falls back to the math path, which holds the ``[B, 2nh, N, M]`` weights), ``"flex"`` (the widths
+        as they are) or ``"explicit"`` (the maps subtracted before one A·V). This thread's open switch overrides
+        win over the captured switches, as in the core."""
+        backend = ATTENTION_BACKEND.get(self.attention_backend)
+        if not FUSED_ATTENTION.get(self.fused_attention) or backend == "explicit":
+            return "explicit"
+        return "flex" if backend == "flex" else "fused"
+
+    def _difference(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
+                    layout: object) -> Tensor:
+        """The explicit path: ``q [B, 2nh, N, hd]``, ``k [B, 2nh, M, hd]``, ``v [B, M, C]`` ->
+        ``(A1 − λ·A2) v_h`` per head ``[B, nh, N, 2hd]``, one A·V (timm's explicit path, its dropout on each map).
+
+        The core's ``weights_fn`` turns the ``[B, 2nh, N, M]`` softmax maps into the difference of each head's
+        pair, given to both its half-heads; half-head ``2h + j`` multiplies it by the ``j``-th ``hd``-wide half
+        of head ``h``'s value, so the two halves side by side are head ``h``'s ``2·hd`` output."""
+        B, M, C = v.shape
+        nh, hd = self.num_heads, self.half_dim
+        lam = self.lambda_full()
+        p = self.attn_drop if self.training else 0.0
+
+        def difference(w: Tensor) -> Tensor:  # [B, 2nh, N, M] -> [B, 2nh, N, M]
+            if p > 0.0:
+                w = F.dropout(w, p=p)  # on each map, before the difference (timm)
+            w = w.unflatten(1, (nh, 2))  # [B, nh, 2, N, M]
+            return _pairs(w[:, :, 0] - lam.to(w.dtype) * w[:, :, 1])  # [B, 2nh, N, M]
+
+        halves = v.reshape(B, M, 2 * nh, hd).transpose(1, 2)  # [B, 2nh, M, hd]: half-head 2h + j, v_h's j-th half
+        options = {**self.core_options(), "dropout_p": 0.0}  # dropout inside weights_fn instead
+        out = scaled_dot_product_attention(q, k, halves, mask=mask, bias=bias, scale=self.scale, layout=layout,
+                                           weights_fn=difference, **options)  # [B, 2nh, N, hd]
+        return out.unflatten(1, (nh, 2)).transpose(2, 3).flatten(3)  # [B, nh, N, 2hd]
 
     def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
         """``x [B, N, C] -> [B, N, C]``.
@@ -169,9 +212,9 @@ class DifferentialAttention(AttentionModule):
             q = linear(x, w[:C], None if b is None else b[:C])  # [B, N, C]
             k, v = linear(context, w[C:], None if b is None else b[C:]).split(C, dim=-1)  # each [B, M, C]
         M = k.shape[1]
+        path = self._path()
         q = q.reshape(B, N, 2 * nh, hd).transpose(1, 2)  # [B, 2nh, N, hd]: half-heads 2h = q1, 2h+1 = q2 of head h
         k = k.reshape(B, M, 2 * nh, hd).transpose(1, 2)  # [B, 2nh, M, hd]
-        v = _pairs(v.reshape(B, M, nh, 2 * hd).transpose(1, 2))  # [B, 2nh, M, 2hd]: each head's v for both halves
         if mask is not None and mask.dim() == 4 and mask.shape[1] > 1:
             mask = _pairs(mask)  # [B, nh, N, M] -> [B, 2nh, N, M]: both half-heads of each head
         bias = None
@@ -179,25 +222,32 @@ class DifferentialAttention(AttentionModule):
             if context is not None:
                 raise ValueError("token merging runs on self-attention over the model's own tokens (no context)")
             bias = tome.read_keys(k)  # metric: keys averaged over the half-heads; [B, 1, 1, N] log(size) or None
-        if self._pads_qk():
-            q, k = F.pad(q, (0, hd)), F.pad(k, (0, hd))  # [B, 2nh, N | M, 2hd]: zero channels, the logits unchanged
         layout = observed_layout(x, call, num_context=None if context is None else M)  # observers only
-        with merged_frame(call):  # observers place merged tokens' weights on the original ones
-            out = self.attend(q, k, v, mask=mask, bias=bias, scale=self.scale, layout=layout)  # [B, 2nh, N, 2hd]
-        out = out.unflatten(1, (nh, 2))  # [B, nh, 2, N, 2hd]
-        out = out[:, :, 0] - self.lambda_full().to(out.dtype) * out[:, :, 1]  # (A1 − λ·A2) v: [B, nh, N, 2hd]
+        if path == "explicit" and not WEIGHT_HOOKS:
+            with merged_frame(call):
+                out = self._difference(q, k, v, mask, bias, layout)  # [B, nh, N, 2hd]
+        else:  # observers see the two softmax maps, so both maps multiply the value (the explicit core, if observed)
+            v = _pairs(v.reshape(B, M, nh, 2 * hd).transpose(1, 2))  # [B, 2nh, M, 2hd]: head h's v for both halves
+            if path == "fused":
+                q, k = F.pad(q, (0, hd)), F.pad(k, (0, hd))  # [B, 2nh, N | M, 2hd]: zero channels, same logits
+            with merged_frame(call):  # observers place merged tokens' weights on the original ones
+                out = self.attend(q, k, v, mask=mask, bias=bias, scale=self.scale, layout=layout)  # [B, 2nh, N, 2hd]
+            out = out.unflatten(1, (nh, 2))  # [B, nh, 2, N, 2hd]
+            out = out[:, :, 0] - self.lambda_full().to(out.dtype) * out[:, :, 1]  # (A1 − λ·A2) v: [B, nh, N, 2hd]
         out = self.sub_norm(out) * (1.0 - self.lambda_init)
         out = out.transpose(1, 2).flatten(2)  # heads merged [B, N, C] (flatten: no traced sizes in an ONNX graph)
         return self.project_out(out, call.residual)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
-        """Multiply-adds for one forward on ``input_shape = (B, N, C)``: ``4·N·C² + 3·N²·C`` (``4·N²·C``: fused kernel).
+        """Multiply-adds for one forward on ``input_shape = (B, N, C)``, on the path the core takes (:meth:`_path`).
 
-        The products: the projections ``4·N·C²``; ``q·kᵀ`` on ``2·nh`` half-heads of width ``hd`` (``N²·C``, twice
-        that with q and k zero-padded to ``2·hd`` for the fused kernel); the two maps times their ``2·hd``-wide
-        value (``2·N²·C``). The RMS norms are not counted (as :mod:`vit_attention.analysis.flops` counts only
-        LayerNorm / GroupNorm / BatchNorm).
+        The projections ``4·N·C²``, then: explicit ``2·N²·C`` (``q·kᵀ`` on ``2·nh`` half-heads of width ``hd``,
+        ``N²·C``; the difference of each pair of maps times the value, ``N²·C``: timm's explicit path, whose count
+        timm's model tables publish); flex ``3·N²·C`` (both maps times the ``2·hd``-wide value); fused ``4·N²·C``
+        (q and k zero-padded to ``2·hd`` as well). A weight observer (attention maps) moves the explicit path to
+        the fused path's products without the padding (``3·N²·C``); counting registers none. The RMS norms are
+        not counted (as :mod:`vit_attention.analysis.flops` counts only LayerNorm / GroupNorm / BatchNorm).
         """
         B, N, C = input_shape
-        qk = 2 if self._pads_qk() else 1
-        return B * (4 * N * C * C + (qk + 2) * N * N * C)
+        maps = {"explicit": 2, "flex": 3, "fused": 4}[self._path()]
+        return B * (4 * N * C * C + maps * N * N * C)
