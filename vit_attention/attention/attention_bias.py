@@ -17,8 +17,10 @@ mechanism replace another in a block), and the shrink attention changes both. It
 the table rule and the projections, and the family builds it.
 
 The bias reaches the attention core as one dense ``[1, nh, N, M]`` term
-(:func:`~vit_attention.functional.attention_bias.attention_bias_index`), so the fused, explicit and flex backends
-all run it. The table belongs to the grid it was built for (``resolution``); another grid reads it resampled
+(:func:`~vit_attention.functional.attention_bias.attention_bias_index`); on the ``"flex"`` backend a ``score_mod``
+reads the table at the index computed from the query and key positions instead
+(:func:`~vit_attention.functional.attention_bias.attention_bias_pattern`), with no ``[N, M]`` tensor. The table
+belongs to the grid it was built for (``resolution``); another grid reads it resampled
 (:func:`~vit_attention.functional.attention_bias.resize_attention_bias_table`, bicubic with antialiasing as timm's
 ``resize_rel_pos_bias_table_levit``), and :meth:`AttentionBias.set_window_size` resamples it for good. Prefix tokens
 (a class token, where a model has one) get no bias: they have no place on the grid.
@@ -38,8 +40,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional import merge_heads, scaled_dot_product_attention
-from ..functional.attention_bias import attention_bias_index, query_grid, resize_attention_bias_table
+from ..functional.attention_bias import (
+    attention_bias_index,
+    attention_bias_pattern,
+    query_grid,
+    resize_attention_bias_table,
+)
 from ..functional.batch_norm import fold_batch_norm
+from ..functional.flex import PatternDoc, use_flex
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear
 from ..functional.observers import attention_observed
@@ -131,11 +139,15 @@ def _bias_neutral(layer: LinearNorm) -> None:
         bn.running_var.fill_(1.0 - bn.eps)  # type: ignore[union-attr]
 
 
+def _grid_table(table: Tensor, resolution: tuple[int, int], grid: tuple[int, int]) -> Tensor:
+    """A table built for ``resolution`` on the key grid ``grid`` ``[nh, H·W]`` (resampled when the grids differ)."""
+    return table if tuple(grid) == tuple(resolution) else resize_attention_bias_table(table, resolution, grid)
+
+
 def _table_bias(table: Tensor, resolution: tuple[int, int], grid: tuple[int, int], stride: int) -> Tensor:
     """The logit bias ``[nh, Nq, H·W]`` of a table built for ``resolution`` on the key grid ``grid`` with queries
     every ``stride``-th point (the table resampled when the grids differ)."""
-    if tuple(grid) != tuple(resolution):
-        table = resize_attention_bias_table(table, resolution, grid)  # [nh, H'·W']
+    table = _grid_table(table, resolution, grid)  # [nh, H·W]
     return table[:, attention_bias_index(grid, stride, device=table.device)]  # [nh, Nq, H·W]
 
 
@@ -195,6 +207,12 @@ class AttentionBias(AttentionModule):
     """
 
     accepts = frozenset({"residual"})
+    # docs/flex.md's row of patterns (analysis.docs.pattern_table)
+    flex_pattern = PatternDoc(
+        families="LeViT", keys="every key",
+        term="`T[h, |Δy|·W + |Δx|]`, the entry computed from the two positions (prefix tokens: none), never an "
+             "`N x N` bias",
+        order="row-major, prefix tokens first", example=(dict(resolution=7), (1, 49, 96)))
 
     def __init__(self, dim: int, num_heads: int = 8, *, key_dim: int | None = None, attn_ratio: float = 2.0,
                  resolution: int | Sequence[int] = 14, act_layer: str = "hard_swish", qkv_bias: bool = False,
@@ -268,7 +286,11 @@ class AttentionBias(AttentionModule):
         qkv = self.qkv(x).view(B, N, nh, 2 * kd + vd).transpose(1, 2)  # [B, nh, N, 2kd + vd]
         q, k, v = qkv.split([kd, kd, vd], dim=-1)
         layout = token_layout(N, grid, P) if attention_observed() else None  # observers only
-        out = self.attend(q, k, v, bias=self.position_bias(grid, P), scale=self.scale, layout=layout)  # [B, nh, N, vd]
+        if use_flex(self.attention_backend, self.fused_attention, x.device):  # the table read in a score_mod
+            pattern = attention_bias_pattern(_grid_table(self.attention_biases, self.resolution, grid), grid, 1, P)
+            out = self.attend(q, k, v, pattern=pattern, scale=self.scale, layout=layout)  # [B, nh, N, vd]
+        else:
+            out = self.attend(q, k, v, bias=self.position_bias(grid, P), scale=self.scale, layout=layout)
         out = self.proj_drop(self.proj(merge_heads(out)))  # [B, N, C]
         return out if call.residual is None else call.residual + out
 
@@ -363,10 +385,15 @@ class AttentionBiasShrink(nn.Module):
         kv = self.kv(x.reshape(B, H * W, C)).view(B, H * W, nh, kd + vd).transpose(1, 2)  # [B, nh, H·W, kd + vd]
         k, v = kv.split([kd, vd], dim=-1)
         q = self.q(x).view(B, h * w, nh, kd).transpose(1, 2)  # [B, nh, h·w, kd]
-        bias = _table_bias(self.attention_biases, self.resolution, (H, W), self.stride).unsqueeze(0)
-        out = scaled_dot_product_attention(q, k, v, bias=bias, scale=self.scale,
-                                           dropout_p=self.attn_drop if self.training else 0.0,
-                                           fused=self.fused_attention, backend=self.attention_backend)
+        options = dict(scale=self.scale, dropout_p=self.attn_drop if self.training else 0.0,
+                       fused=self.fused_attention, backend=self.attention_backend)
+        if use_flex(self.attention_backend, self.fused_attention, x.device):  # the table read in a score_mod
+            table = _grid_table(self.attention_biases, self.resolution, (H, W))
+            out = scaled_dot_product_attention(q, k, v, pattern=attention_bias_pattern(table, (H, W), self.stride),
+                                               **options)  # type: ignore[arg-type]
+        else:
+            bias = _table_bias(self.attention_biases, self.resolution, (H, W), self.stride).unsqueeze(0)
+            out = scaled_dot_product_attention(q, k, v, bias=bias, **options)  # type: ignore[arg-type]
         out = self.proj(merge_heads(out))  # [B, h·w, Cout]
         return out.reshape(B, h, w, self.out_dim)
 

@@ -19,9 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .flex import AttentionPattern
 from .window import _CPU, _cached, to_pair
 
-__all__ = ["attention_bias_index", "query_grid", "resize_attention_bias_table", "fold_norm_linear"]
+__all__ = ["attention_bias_index", "attention_bias_pattern", "query_grid", "resize_attention_bias_table",
+           "fold_norm_linear"]
 
 
 def query_grid(grid: tuple[int, int], stride: int) -> tuple[int, int]:
@@ -51,6 +53,24 @@ def attention_bias_index(grid: int | tuple[int, int], stride: int = 1, *,
     if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1:
         raise ValueError(f"stride must be an int >= 1 (queries every stride-th grid point), got {stride!r}")
     return _index(H, W, stride, torch.device(device or "cpu"))
+
+
+def attention_bias_pattern(table: Tensor, grid: tuple[int, int], stride: int = 1,
+                           num_prefix_tokens: int = 0) -> AttentionPattern:
+    """The bias as a FlexAttention ``score_mod``: ``score + table[h, |s·yq - yk|·W + |s·xq - xk|]`` with the index
+    computed from the two positions (:func:`attention_bias_index`'s rule), so no ``[Nq, N]`` tensor is built; every
+    key is visible. ``table``: ``[nh, H·W]`` of the key grid ``grid`` (gradients reach it through FlexAttention);
+    queries on every ``stride``-th point; ``num_prefix_tokens`` tokens in front of both sequences get no bias."""
+    H, W = grid
+    h, w = query_grid(grid, stride)
+    P = num_prefix_tokens
+
+    def score_mod(score: Tensor, b: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        qg, kg = (q_idx - P).clamp(min=0), (kv_idx - P).clamp(min=0)  # grid indices (prefix tokens masked below)
+        index = (qg // w * stride - kg // W).abs() * W + (qg % w * stride - kg % W).abs()
+        return score + torch.where((q_idx < P) | (kv_idx < P), 0.0, table[head, index])
+
+    return AttentionPattern(P + h * w, P + H * W, score_mod=score_mod, cache_key=("attention_bias", H, W, stride, P))
 
 
 def resize_attention_bias_table(table: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> Tensor:
