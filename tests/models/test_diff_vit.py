@@ -102,3 +102,55 @@ def test_the_explicit_count_is_timms_table_and_the_fused_kernel_adds_two_maps_ti
     assert round(explicit / 1e9, 2) == TIMM_TABLE_GMACS[name]
     N, C, depth = 257, model.embed_dim, len(model.blocks)
     assert fused - explicit == depth * 2 * N * N * C
+
+
+def test_dpwee_has_timms_parameter_count_and_parallel_scaling_blocks() -> None:
+    """timm 1.0.31 ``timm.create_model("vit_dpwee_patch16_reg1_gap_256")`` on the meta device: 15,252,456
+    parameters; 16 parallel-scaling blocks (one LayerScale and one output bias over both branches)."""
+    from vit_attention.layers.parallel_scaling import ParallelScalingBlock
+
+    with torch.device("meta"):
+        model = create_model("vit_dpwee_patch16_reg1_gap_256")
+    assert sum(p.numel() for p in model.parameters()) == 15_252_456
+    assert len(model.blocks) == 16 and all(isinstance(b, ParallelScalingBlock) for b in model.blocks)
+    assert model.blocks[0].attn.proj.bias is None and model.blocks[0].mlp.fc2.bias is not None
+    assert [b.attn.depth_index for b in model.blocks] == list(range(16))
+    assert DEFAULT_TAGS["vit_dpwee_patch16_reg1_gap_256"] == "sbb_nadamuon_in1k"
+    assert PRETRAINED_CFGS["vit_dpwee_patch16_reg1_gap_256.sbb_in1k"]["crop_pct"] == 0.95
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_dpwee_preset_equals_timms_diff_parallel_scaling_vit(fused: bool) -> None:
+    """``tests/fixtures/timm_vit_dpwee.safetensors`` (make_fixtures_diff.py: timm 1.0.31's VisionTransformer with
+    ``block_fn=DiffParallelScalingBlock`` as ``vit_dpwee`` builds it, reduced to 3 blocks, perturbed weights): the
+    preset with the same sizes loads timm's fused ``in_proj`` / ``out_proj`` keys (converted) and gives its
+    features, pooled features and logits (1e-5 relative), on the fused and the explicit attention path."""
+    state, t, cfg = load_fixture("timm_vit_dpwee")
+    assert cfg["block_fn"] == "DiffParallelScalingBlock" and cfg["depth"] == 3
+    sizes = {k: cfg[k] for k in ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio",
+                                 "num_classes")}
+    model = create_model("vit_dpwee_patch16_reg1_gap_256", **sizes).eval()
+    assert_loads(model, state, "timm_parallel_scaling")
+    diffs = [m for m in model.modules() if isinstance(m, DifferentialAttention)]
+    assert len(diffs) == 3 and all(abs(m.lambda_full().item() - m.lambda_init) > 1e-3 for m in diffs)
+    assert_fixture_parity(model, t, fused=fused)
+
+
+def test_the_parallel_scaling_block_sums_the_branches_under_one_layer_scale() -> None:
+    """``x + ls(attn(norm1(x)) + mlp(norm1(x)))``, the attention without its own output bias (any mechanism)."""
+    from vit_attention.layers.parallel_scaling import ParallelScalingBlock
+
+    torch.manual_seed(0)
+    blk = ParallelScalingBlock(32, 2, init_values=0.5, attn_layer="mhsa").eval()
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        y = blk.norm1(x)
+        want = x + blk.ls.gamma * (blk.attn(y) + blk.mlp(y))
+        torch.testing.assert_close(blk(x), want)
+    assert blk.attn.proj.bias is None and {n.split(".")[0] for n, _ in blk.named_parameters()} == {
+        "norm1", "attn", "mlp", "ls"}
+    with pytest.raises(ValueError, match="proj_bias and mlp_bias must agree"):
+        ParallelScalingBlock(32, 2, proj_bias=False)
+    with pytest.raises(ValueError, match="context"):
+        blk(x, context=x)

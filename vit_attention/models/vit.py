@@ -36,6 +36,7 @@ from ..layers import (
 )
 from ..layers.activation import ACT_LAYERS
 from ..layers.head import init_linear_weights
+from ..layers.parallel_scaling import ParallelScalingBlock
 from ._config import (
     ConfigMixin,
     check_attn_layer,
@@ -56,6 +57,7 @@ __all__ = ["VisionTransformerConfig", "VisionTransformer", "AttentionPoolHead", 
 
 _ACTS = ACT_LAYERS  # gelu, gelu_tanh (SigLIP), quick_gelu (OpenAI CLIP), relu, silu (the SwiGLU gates)
 _MLPS = ("mlp", "glu", "swiglu")
+_BLOCKS = (*BLOCK_STYLES, "parallel_scaling")  # Block's styles, and ParallelScalingBlock (timm's vit_pwee / dpwee)
 
 
 @dataclass
@@ -95,7 +97,8 @@ class VisionTransformerConfig(ConfigMixin):
     # antialias), "bicubic" (size=, no antialias: HF interpolate_pos_encoding of ViT / CLIP / SigLIP / Dinov2Model)
     pos_embed_resize: Literal["timm", "dinov2", "bicubic"] = "timm"
     peg_after: tuple[int, ...] = ()  # blocks whose output passes a PEG (PosConv, key pos_block.N); CPVT: (0,)
-    block: Literal["pre", "post", "res_post", "parallel"] = "pre"  # the Block style
+    # the Block style; "parallel_scaling": ParallelScalingBlock (one LayerScale and one output bias over the branches)
+    block: Literal["pre", "post", "res_post", "parallel", "parallel_scaling"] = "pre"
     pre_norm: bool = False  # LayerNorm after the embeddings (CLIP)
     final_norm: bool = True
     fc_norm: bool | None = None  # norm after pooling; None = True for avg pooling
@@ -152,7 +155,7 @@ class VisionTransformerConfig(ConfigMixin):
             check_float(self.init_values, "init_values", low=-math.inf)
         check_choice(self.pos_embed, "pos_embed", ("learn", "sincos", "none"))
         check_choice(self.pos_embed_resize, "pos_embed_resize", POS_EMBED_RESIZE_RULES)
-        check_choice(self.block, "block", BLOCK_STYLES)
+        check_choice(self.block, "block", _BLOCKS)
         if self.peg_after:
             for i in check_int_seq(self.peg_after, "peg_after", min_value=0):
                 if i >= self.depth:
@@ -236,12 +239,13 @@ class VisionTransformer(TokenMergingMixin, IsotropicBackbone):
         # one entry per block: every block keeps the patch grid (stride = patch size)
         self.feature_info = stage_feature_info((C,) * cfg.depth, (max(self.patch_embed.patch_size),) * cfg.depth,
                                                "blocks")
+        block_fn: Any = ParallelScalingBlock if cfg.block == "parallel_scaling" else partial(Block, style=cfg.block)
         self.blocks = nn.Sequential(*[
-            Block(C, cfg.num_heads, style=cfg.block, mlp_ratio=mlp_ratio, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm,
-                      proj_bias=cfg.proj_bias, mlp_bias=cfg.mlp_bias, drop=cfg.proj_drop_rate,
-                      attn_drop=cfg.attn_drop_rate, drop_path=dpr[i], init_values=cfg.init_values,
-                      norm_layer=norm_layer, act_layer=act_layer, attn_layer=cfg.attn_layer,
-                      attn_kwargs=attn_kwargs, mlp_layer=mlp_layer, depth_index=i)
+            block_fn(C, cfg.num_heads, mlp_ratio=mlp_ratio, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm,
+                         proj_bias=cfg.proj_bias, mlp_bias=cfg.mlp_bias, drop=cfg.proj_drop_rate,
+                         attn_drop=cfg.attn_drop_rate, drop_path=dpr[i], init_values=cfg.init_values,
+                         norm_layer=norm_layer, act_layer=act_layer, attn_layer=cfg.attn_layer,
+                         attn_kwargs=attn_kwargs, mlp_layer=mlp_layer, depth_index=i)
             for i in range(cfg.depth)
         ])
         # conditional position encodings (CPVT's PEG) on the output of blocks cfg.peg_after
@@ -515,6 +519,10 @@ _PRESETS.update({
                                           init_values=1e-5, reg_tokens=1, attn_layer="diff"),
     "vit_dlittle_patch16_reg1_gap_256": dict(_SBB, embed_dim=320, depth=14, num_heads=5, mlp_ratio=5.6,
                                              init_values=1e-5, reg_tokens=1, attn_layer="diff"),
+    # timm's vit_dpwee: its DiffParallelScalingBlock (fused in_proj / out_proj; weights/parallel_scaling.py)
+    "vit_dpwee_patch16_reg1_gap_256": dict(_SBB, embed_dim=256, depth=16, num_heads=4, mlp_ratio=5.0,
+                                           init_values=1e-5, reg_tokens=1, attn_layer="diff",
+                                           block="parallel_scaling"),
 })
 
 # Published parameter counts (millions, 1000 classes unless noted), checked by tests on the meta device.
@@ -533,6 +541,7 @@ PUBLISHED_PARAMS_M: dict[str, float] = {
     "vit_mediumd_patch16_reg4_gap_256": 64.109, "vit_betwixt_patch16_reg1_gap_256": 60.397,
     "vit_betwixt_patch16_reg4_gap_256": 60.398, "vit_base_patch16_reg4_gap_256": 86.615,
     "vit_dwee_patch16_reg1_gap_256": 13.425, "vit_dlittle_patch16_reg1_gap_256": 22.518,
+    "vit_dpwee_patch16_reg1_gap_256": 15.252,
 }
 
 _ALIASES = {
@@ -647,6 +656,8 @@ PRETRAINED = pretrained_tags({
     "vit_betwixt_patch16_reg4_gap_256.sbb2_e200_in12k": dict(_256_C95, num_classes=11821),
     "vit_betwixt_patch16_reg4_gap_256.sbb_in12k": dict(_256_C95, num_classes=11821),
     "vit_dlittle_patch16_reg1_gap_256.sbb_nadamuon_in1k": _256_C95,
+    "vit_dpwee_patch16_reg1_gap_256.sbb_nadamuon_in1k": _256_C95,
+    "vit_dpwee_patch16_reg1_gap_256.sbb_in1k": _256_C95,
     "vit_dwee_patch16_reg1_gap_256.sbb_nadamuon_in1k": _256_C95,
     "vit_dwee_patch16_reg1_gap_256.sbb_in1k": _256_C95,
     "vit_giant_patch14_224.untrained": dict(_224_INCEPTION, hf_hub_id=None),
