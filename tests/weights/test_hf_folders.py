@@ -91,6 +91,7 @@ ELSEWHERE: dict[str, tuple[str, str]] = {
     "clip_vision_model": ("tests/models/test_clip.py", "CLIPVisionModelWithProjection"),
     "beit": ("tests/weights/test_beit.py", "BeitModel"),
     "levit": ("tests/weights/test_levit.py", "LevitForImageClassificationWithTeacher"),
+    "hiera": ("tests/weights/test_hiera.py", "HieraModel"),
 }
 # read (a composite config's vision tower, or a DINOv3 folder) and converted, parity-tested on state dicts
 # in the family tests, without a folder round trip yet
