@@ -337,6 +337,20 @@ def test_spatial_mechanisms_prefix_tokens_attend_to_every_token_with_their_own_p
             ref = attn.out_proj(F.relu(v[:, :P]) * ctx)
         elif name == "outlook":  # no query-key score: equal weights, the mean of every token's value
             ref = attn.proj(attn.v(tokens).mean(dim=1, keepdim=True)).expand(-1, P, -1)
+        elif name == "cascaded_group":  # the cascade over all tokens, each a lone point (the q conv's centre tap)
+            kd, vd, slices, outs = attn.key_dim, attn.val_dim, tokens.chunk(nh, dim=-1), []
+            f = slices[0]
+            for i in range(nh):
+                f = f if i == 0 else slices[i] + f
+                qkv = attn.qkvs[i](f.transpose(1, 2).unsqueeze(-1)).squeeze(-1).transpose(1, 2)  # [B, N, 2kd + vd]
+                q, k, v = qkv.split([kd, kd, vd], dim=-1)
+                dw = attn.dws[i]
+                c = dw.conv.kernel_size[0] // 2
+                q = F.batch_norm((q * dw.conv.weight[:, 0, c, c]).reshape(-1, kd), dw.bn.running_mean,
+                                 dw.bn.running_var, dw.bn.weight, dw.bn.bias, False, 0.0, dw.bn.eps).reshape(B, N, kd)
+                f = (q @ k.transpose(-2, -1) * attn.scale).softmax(dim=-1) @ v  # [B, N, vd]
+                outs.append(f[:, :P])
+            ref = attn.proj(torch.cat(outs, dim=-1).transpose(1, 2).unsqueeze(-1)).squeeze(-1).transpose(1, 2)
         else:
             if name == "halo":
                 q = F.linear(tokens[:, :P], attn.q.weight.flatten(1), attn.q.bias).reshape(B, P, nh, -1)

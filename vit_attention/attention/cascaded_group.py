@@ -1,0 +1,295 @@
+"""Cascaded group attention (Liu et al., "EfficientViT: Memory Efficient Vision Transformer with Cascaded Group
+Attention", CVPR 2023): window attention whose heads each see their own channel split of the input plus the
+previous head's output, with a depthwise convolution on each head's queries and LeViT's learned bias per head and
+absolute offset ``(|Δy|, |Δx|)`` inside the window.
+
+On a channels-last map ``[B, H, W, C]`` zero-padded at the bottom / right to ``ws x ws`` windows (timm 1.0.31
+``timm/models/efficientvit_msra.py`` ``LocalWindowAttention`` + ``CascadedGroupAttention``; microsoft/Cream
+``EfficientViT/classification/model/efficientvit.py`` @ de2d467), per window ``x [C, ws, ws]``::
+
+    x_1 .. x_nh = split(x, C / nh channels each)
+    f_1 = x_1;  f_i = x_i + o_{i-1}                            # the cascade: the previous head's output
+    q, k, v = split(BN(Conv1x1_i(f_i)), [kd, kd, vd])          # per head, vd = C / nh
+    q = BN(DWConv_{k_i}(q))                                    # the head's own kernel size k_i
+    o_i = softmax(q kᵀ · kd^-1/2 + T[i, |Δy|·ws + |Δx|]) v     # T [nh, ws²]
+    y = BN(Conv1x1(relu(cat[o_1 .. o_nh])))                    # [C, ws, ws]
+
+The padded zeros take part in the softmax unmasked (timm's and the original's rule). The heads are sequential (head
+``i`` needs head ``i - 1``'s output), so the attention core runs once per head with the windows in the batch: one
+head of ``[B·nW, 1, ws², ·]`` per call, the table's row as a dense ``[ws², ws²]`` bias; recorded maps are one
+per head (``info["head"]``), placed on the image by the window layout.
+
+The table belongs to the window it was built for; :meth:`CascadedGroupAttention.set_window_size` resamples it
+(bicubic with antialiasing on the ``(|Δy|, |Δx|)`` grid, timm's ``resize_rel_pos_bias_table_levit``). The 1x1 and
+depthwise projections are :class:`ConvNorm` (a bias-free convolution and a BatchNorm, timm's keys ``conv`` /
+``bn``) whose :meth:`ConvNorm.fuse` folds the BatchNorm in place for inference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..functional.attention_bias import attention_bias_index, resize_attention_bias_table
+from ..functional.batch_norm import conv_bn, fold_batch_norm
+from ..functional.layout import window_layout
+from ..functional.observers import attention_context, attention_observed
+from ..functional.window import to_pair
+from .base import AttentionCall, AttentionModule, check_spatial_call
+from .registry import register_attention
+
+__all__ = ["CascadedGroupAttention", "ConvNorm"]
+
+
+class ConvNorm(nn.Module):
+    """``Conv2d`` (padding ``k // 2``, bias only with ``bias``), ``BatchNorm2d``: ``[B, Cin, H, W] -> [B, Cout, ...]``.
+
+    timm 1.0.31's EfficientViT-MSRA ``ConvNorm`` (keys ``conv.weight``, ``bn.*``); ``bn_weight_init``: the
+    BatchNorm's initial scale (0 where a residual branch ends). In eval mode the BatchNorm runs folded into the
+    convolution (one pass, :func:`~vit_attention.functional.batch_norm.conv_bn`); :meth:`fuse` folds it for good.
+    """
+
+    def __init__(self, in_chs: int, out_chs: int, kernel_size: int = 1, stride: int = 1, *, groups: int = 1,
+                 bn_weight_init: float = 1.0, bias: bool = False) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_chs, out_chs, kernel_size, stride, kernel_size // 2, groups=groups, bias=bias)
+        self.bn: nn.Module = nn.BatchNorm2d(out_chs)
+        nn.init.constant_(self.bn.weight, bn_weight_init)
+
+    @property
+    def fused(self) -> bool:
+        """Whether the BatchNorm has been folded into ``conv`` (:meth:`fuse`)."""
+        return not isinstance(self.bn, nn.BatchNorm2d)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, Cin, H, W] -> [B, Cout, H', W']``."""
+        return self.conv(x) if self.fused else conv_bn(self.conv, self.bn, x)
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """Fold the BatchNorm (its running statistics) into ``conv`` in place: ``conv`` gets a bias, ``bn`` becomes
+        the identity. The same outputs in eval mode; training afterwards no longer normalises."""
+        if self.fused:
+            return
+        weight, bias = fold_batch_norm(self.conv, self.bn)  # type: ignore[arg-type]
+        c = self.conv
+        conv = nn.Conv2d(c.in_channels, c.out_channels, c.kernel_size, c.stride, c.padding, groups=c.groups,
+                         device=weight.device, dtype=weight.dtype)
+        conv.weight.copy_(weight)
+        conv.bias.copy_(bias)  # type: ignore[union-attr]
+        self.conv, self.bn = conv, nn.Identity()
+
+    def center_tap(self, x: Tensor) -> Tensor:
+        """The layer on a lone point (a token off the grid): only the kernel's centre tap sees it, the rest reads
+        the zero padding: ``[B, Cin, M, 1] -> [B, Cout, M, 1]`` (stride 1)."""
+        kh, kw = self.conv.kernel_size
+        w = self.conv.weight[:, :, kh // 2:kh // 2 + 1, kw // 2:kw // 2 + 1]
+        y = F.conv2d(x, w, self.conv.bias, groups=self.conv.groups)
+        return y if self.fused else self.bn(y)
+
+
+_NO_FLEX = ("each head is its own call on windows of at most a few dozen tokens with a dense bias, so FlexAttention "
+            "has no block sparsity to use; and each head's output feeds a pointwise operation (the next head's "
+            "input, the ReLU), which inductor's CPU FlexAttention kernel cannot take as an epilogue (torch 2.x): "
+            "the other backends run the same softmax attention")
+
+
+def _check_kernels(kernels: Any, num_heads: int) -> tuple[int, ...]:
+    if kernels is None:
+        return (5,) * num_heads
+    if isinstance(kernels, (str, bytes)) or not isinstance(kernels, Sequence) or len(kernels) < num_heads or not all(
+            isinstance(k, int) and not isinstance(k, bool) and k >= 1 and k % 2 for k in kernels):
+        raise ValueError(f"kernels must be a sequence of at least num_heads={num_heads} odd ints >= 1 (the depthwise "
+                         f"kernel on each head's queries), got {kernels!r}")
+    return tuple(kernels[:num_heads])
+
+
+def _check_window(window_size: Any) -> tuple[int, int]:
+    ws = to_pair(window_size, "window_size")
+    if min(ws) < 1:
+        raise ValueError(f"window_size must be positive (the window (h, w) the table is built for), got "
+                         f"{window_size!r}")
+    return ws
+
+
+@register_attention(
+    "cascaded_group", layout="spatial", dense_bias=True,
+    description="EfficientViT-MSRA cascaded group attention: per-head channel splits fed the previous head's "
+                "output, a depthwise conv on q, LeViT's |offset| bias, in windows",
+    paper="https://arxiv.org/abs/2305.07027",
+    formula=(
+        "Cascaded group attention (EfficientViT-MSRA, Liu et al. 2023; timm's `LocalWindowAttention`). In each "
+        "`ws x ws` window (the map zero-padded at the bottom / right), head `i` reads its own `C/nh` channels "
+        "plus the previous head's output:\n\n"
+        "    f_i = x_i + o_{i-1}                                  # f_1 = x_1\n"
+        "    q, k, v = split(BN(Conv1x1_i(f_i)), [kd, kd, C/nh])\n"
+        "    q = BN(DWConv_{k_i}(q))\n"
+        "    o_i = softmax(q kᵀ · kd^-1/2 + T[i, |Δy|·ws + |Δx|]) v   # T [nh, ws²]\n"
+        "    y = BN(Conv1x1(relu(cat[o_1 .. o_nh])))\n\n"
+        "Each head is a narrow projection of a slice, so the cost of the projections falls `nh` times and the "
+        "heads see different inputs. The heads run one after another (one attention call per head); padded "
+        "zeros take part in the softmax. The table belongs to the window; another window resamples it."),
+    cost="nW·[Σ_i N·(C/nh)(2kd + C/nh) + N·kd·k_i² + nh·N²·(kd + C/nh) + N·C²] multiply-adds, N = ws², "
+         "nW = ceil(H/ws)·ceil(W/ws): linear in the pixels",
+    example_kwargs=dict(key_dim=8, window_size=4, kernels=(5, 3, 3, 3)),
+    doc_example=(dict(key_dim=16, window_size=7), (1, 14, 14, 96)),
+    grid_kwargs=lambda grid: {"window_size": tuple(grid)},
+    # rows keep weight on the zero-padded keys past the border (unmasked, as timm): a border window's map on the
+    # image sums to less than 1
+    normalized_weights=False, backends=("auto", "sdpa", "explicit"), backend_note=_NO_FLEX)
+class CascadedGroupAttention(AttentionModule):
+    """Cascaded group attention in ``ws x ws`` windows, ``[B, H, W, C] -> [B, H, W, C]`` (any ``H, W``).
+
+    Args:
+        dim: the width ``C``; num_heads: ``nh`` (must divide ``dim``: each head reads ``C / nh`` channels and
+            gives as many, ``vd = C / nh``, which the cascade adds to the next head's slice).
+        key_dim: ``kd``, the query / key width of one head (EfficientViT: 16).
+        window_size: the window ``ws`` (int or ``(h, w)``) the table ``[nh, h·w]`` is built for; maps are padded
+            to multiples of it (the models pass ``min(7, stage resolution)``, timm's rule).
+        kernels: the depthwise kernel on each head's queries (odd; at least ``nh``, the first ``nh`` used; None:
+            5 for every head).
+        qkv_bias: a bias on each head's q / k / v convolution (EfficientViT: none, its BatchNorm shifts).
+        attn_drop, proj_drop: dropouts.
+
+    Keys (timm 1.0.31, ``mixer.m.attn.*``): ``qkvs.{i}.conv`` / ``.bn`` (``C/nh -> 2kd + vd``), ``dws.{i}.conv``
+    / ``.bn`` (depthwise ``kd``), ``proj.1.conv`` / ``.bn`` (``nh·vd -> C``, after ``proj.0`` the ReLU),
+    ``attention_biases [nh, h·w]`` (zeros). Every BatchNorm starts at scale 1; EfficientViT's blocks set the output
+    projection's to 0 (the residual branch starts at zero), which is the family's init.
+    """
+
+    # the output projection is a 1x1 convolution nh·vd -> C = C -> C; the per-head q / k / v convolutions read a
+    # C / nh slice plus the previous head's output, which no packed projection of another mechanism has
+    transfer_slots = {"o": "proj.1.conv"}
+    merging_note = ("each head's input is its own channel slice plus the previous head's output on the same "
+                    "windows of the map: merged tokens fill no window")
+
+    def __init__(self, dim: int, num_heads: int = 4, *, key_dim: int = 16, window_size: int | Sequence[int] = 7,
+                 kernels: Sequence[int] | None = None, qkv_bias: bool = False, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0) -> None:
+        super().__init__()
+        vd = self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
+        if not isinstance(key_dim, int) or isinstance(key_dim, bool) or key_dim < 1:
+            raise ValueError(f"key_dim must be an int >= 1 (the query / key width of one head), got {key_dim!r}")
+        self.key_dim, self.val_dim = key_dim, vd
+        self.kernels = _check_kernels(kernels, num_heads)
+        self.window_size = _check_window(window_size)
+        self.scale = key_dim ** -0.5
+        if not isinstance(qkv_bias, bool):
+            raise ValueError(f"qkv_bias must be a bool, got {qkv_bias!r}")
+        self.qkvs = nn.ModuleList([ConvNorm(vd, 2 * key_dim + vd, bias=qkv_bias) for _ in range(num_heads)])
+        self.dws = nn.ModuleList([ConvNorm(key_dim, key_dim, k, groups=key_dim) for k in self.kernels])
+        self.proj = nn.Sequential(nn.ReLU(), ConvNorm(num_heads * vd, dim))
+        wh, ww = self.window_size
+        self.attention_biases = nn.Parameter(torch.zeros(num_heads, wh * ww))
+
+    def transfer_init(self) -> list[str]:
+        """A zero table (no position term); the per-head projections, the depthwise convolutions and the
+        BatchNorms have no counterpart and keep their values."""
+        with torch.no_grad():
+            self.attention_biases.zero_()
+        return ["attention_biases: zeros (no position term)"]
+
+    def window_bias(self) -> Tensor:
+        """The logit bias of every head in one window: ``[nh, h·w, h·w]`` (a gather of the table)."""
+        return self.attention_biases[:, attention_bias_index(self.window_size, device=self.attention_biases.device)]
+
+    def _head_qkv(self, i: int, feat: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Head ``i``'s projections of its input ``feat [B', vd, h, w]`` -> ``q, k [B', 1, h·w, kd]``,
+        ``v [B', 1, h·w, vd]`` (the depthwise convolution on ``q``)."""
+        kd = self.key_dim
+        q, k, v = self.qkvs[i](feat).split([kd, kd, self.val_dim], dim=1)  # [B', ·, h, w]
+        q = self.dws[i](q)
+        return tuple(t.flatten(2).transpose(1, 2).unsqueeze(1) for t in (q, k, v))  # type: ignore[return-value]
+
+    def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
+        """``[B, H, W, C] -> [B, H, W, C]``; ``call.feat_size`` must match the map."""
+        B, H, W, C = check_spatial_call(self, x, call)
+        wh, ww = self.window_size
+        nh, vd = self.num_heads, self.val_dim
+        pad_h, pad_w = (-H) % wh, (-W) % ww
+        if pad_h or pad_w:
+            x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))  # zeros at the bottom / right
+        nWh, nWw = (H + pad_h) // wh, (W + pad_w) // ww
+        Bw = B * nWh * nWw
+        win = x.view(B, nWh, wh, nWw, ww, C).permute(0, 1, 3, 5, 2, 4).reshape(Bw, C, wh, ww)  # [B', C, h, w]
+        slices = win.chunk(nh, dim=1)  # nh x [B', vd, h, w]
+        bias = self.window_bias().to(x.dtype)  # [nh, N, N]
+        observed = attention_observed()
+        layout = window_layout(H, W, (wh, ww)) if observed else None
+        outs: list[Tensor] = []
+        feat = slices[0]
+        for i in range(nh):
+            if i:
+                feat = slices[i] + feat  # the cascade: the previous head's output joins this head's slice
+            q, k, v = self._head_qkv(i, feat)
+            if observed:
+                with attention_context(head=i, num_heads=nh):
+                    out = self.attend(q, k, v, bias=bias[i][None, None], scale=self.scale, layout=layout)
+            else:
+                out = self.attend(q, k, v, bias=bias[i][None, None], scale=self.scale)  # [B', 1, N, vd]
+            feat = out.squeeze(1).transpose(1, 2).reshape(Bw, vd, wh, ww)
+            outs.append(feat)
+        y = self.proj(torch.cat(outs, dim=1))  # [B', C, h, w]
+        y = y.reshape(B, nWh, nWw, C, wh, ww).permute(0, 1, 4, 2, 5, 3).reshape(B, nWh * wh, nWw * ww, C)
+        if pad_h or pad_w:
+            y = y[:, :H, :W]
+        return self.proj_drop(y.contiguous())
+
+    def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
+        """Prefix tokens ``[B, P, C]`` attend globally to ``tokens [B, P + H·W, C]`` (all of them) -> ``[B, P, C]``.
+
+        The cascade over every token as one group, through the same projections, with no position term (prefix
+        tokens have no place on the grid): each token is a lone point, so the depthwise convolution on the queries
+        reads only its centre tap.
+        """
+        B, M, C = tokens.shape
+        P, nh, kd, vd = prefix.shape[1], self.num_heads, self.key_dim, self.val_dim
+        slices = tokens.transpose(1, 2).unsqueeze(-1).chunk(nh, dim=1)  # nh x [B, vd, M, 1]
+        outs: list[Tensor] = []
+        feat = slices[0]
+        for i in range(nh):
+            if i:
+                feat = slices[i] + feat
+            q, k, v = self.qkvs[i](feat).split([kd, kd, vd], dim=1)  # [B, ·, M, 1]
+            q = self.dws[i].center_tap(q)
+            q, k, v = (t.flatten(2).transpose(1, 2).unsqueeze(1) for t in (q, k, v))  # [B, 1, M, ·]
+            out = self.attend(q, k, v, scale=self.scale)  # [B, 1, M, vd]
+            feat = out.squeeze(1).transpose(1, 2).unsqueeze(-1)  # [B, vd, M, 1]
+            outs.append(feat[:, :, :P])
+        y = self.proj(torch.cat(outs, dim=1))  # [B, C, P, 1]
+        return self.proj_drop(y.flatten(2).transpose(1, 2))  # [B, P, C]
+
+    def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
+        """Multiply-adds on ``(B, H, W, C)`` over the padded windows: per window and head the 1x1 projection
+        (``N·(C/nh)(2kd + vd)``), the depthwise convolution (``N·kd·k_i²``) and attention (``N²·(kd + vd)``), then
+        the output projection (``N·C²``), ``N = h·w`` (the BatchNorms fold into the convolutions)."""
+        B, H, W, C = input_shape
+        wh, ww = self.window_size
+        N, nh, kd, vd = wh * ww, self.num_heads, self.key_dim, self.val_dim
+        per_window = sum(N * vd * (2 * kd + vd) + N * kd * k * k for k in self.kernels)
+        per_window += nh * N * N * (kd + vd) + N * nh * vd * C
+        return B * math.ceil(H / wh) * math.ceil(W / ww) * per_window
+
+    def set_window_size(self, window_size: int | Sequence[int], shift_size: int | Sequence[int] = 0) -> None:
+        """Rebuild the table for another window ``(h', w')`` in place (bicubic, antialiased on the
+        ``(|Δy|, |Δx|)`` grid: timm's ``resize_rel_pos_bias_table_levit``); the windows are never shifted, so
+        ``shift_size`` must be 0."""
+        if to_pair(shift_size, "shift_size") != (0, 0):
+            raise ValueError(f"shift_size must be 0: cascaded group attention's windows are not shifted, got "
+                             f"{shift_size!r}")
+        ws = _check_window(window_size)
+        if ws != self.window_size:
+            old = self.attention_biases
+            with torch.no_grad():
+                table = resize_attention_bias_table(old.detach(), self.window_size, ws).clone()
+            self.attention_biases = nn.Parameter(table, requires_grad=old.requires_grad)
+        self.window_size = ws
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, key_dim={self.key_dim}, "
+                f"window_size={self.window_size}, kernels={self.kernels}")
