@@ -58,10 +58,13 @@ def test_registered_names_and_presets():
         assert e.meta["published_params_m"] > 0 and e.meta["published_gmacs"] > 0
 
 
+CONV = {n.replace("levit_", "levit_conv_"): n for n in TIMM_PARAMS}  # timm 1.0.31: the same counts
+
+
 @pytest.mark.registry
-@pytest.mark.parametrize("name", sorted(TIMM_PARAMS))
+@pytest.mark.parametrize("name", sorted([*TIMM_PARAMS, *CONV]))
 def test_parameters_equal_timm_and_structure_on_meta(name):
-    m = meta_model_with_timm_params(name, TIMM_PARAMS[name][0])
+    m = meta_model_with_timm_params(name, TIMM_PARAMS[CONV.get(name, name)][0])
     cfg = m.cfg
     assert stage_grids(cfg) == [(14, 14), (7, 7), (4, 4)]
     for i, stage in enumerate(m.stages):
@@ -74,7 +77,7 @@ def test_parameters_equal_timm_and_structure_on_meta(name):
             assert shrink.num_heads == cfg.embed_dim[i - 1] // cfg.key_dim and shrink.val_dim == 4 * cfg.key_dim
     with torch.device("meta"):
         headless = create_model(name, num_classes=0)
-    assert sum(p.numel() for p in headless.parameters()) == TIMM_PARAMS[name][1]
+    assert sum(p.numel() for p in headless.parameters()) == TIMM_PARAMS[CONV.get(name, name)][1]
 
 
 @pytest.mark.registry
@@ -183,6 +186,23 @@ def test_reset_classifier_replaces_both_heads():
     assert model.get_classifier() is model.head
     model.reset_classifier(4)
     assert model.get_classifier() is model.head.linear and model.get_classifier().out_features == 4
+
+
+def test_new_weights_take_effect_at_once_after_an_eval_forward():
+    """timm and the original cache the gathered bias in eval mode, so a ``load_state_dict`` after an eval forward
+    keeps the old bias until ``train()`` / ``.to()``; here the table is read on every call."""
+    model, t = _fixture_model("timm_levit", "levit_128s", SMALL)
+    with torch.no_grad():
+        before = model(t["input"])
+        state = model.state_dict()
+        key = "stages.0.blocks.0.attn.attention_biases"
+        state[key] = state[key] + torch.randn(state[key].shape, generator=torch.Generator().manual_seed(3))
+        model.load_state_dict(state)
+        after = model(t["input"])
+        fresh = create_model("levit_128s", **SMALL).eval()
+        fresh.load_state_dict(state)
+        torch.testing.assert_close(after, fresh(t["input"]), rtol=0, atol=0)
+    assert not torch.allclose(after, before, atol=1e-4)
 
 
 def test_linear_norm_statistics_run_over_every_token_in_training():
