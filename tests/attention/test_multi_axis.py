@@ -43,7 +43,7 @@ def dense_reference(attn, x: torch.Tensor, kind: str) -> torch.Tensor:
     same = group[:, None] == group[None, :]
     real = ((r < H) & (c < W))[None, :]
     P, Q = attn.window_size
-    table = attn.relative_position_bias_table[:, P - ph:P + ph - 1, Q - pw:Q + pw - 1]
+    table = attn.bias_table()[:, P - ph:P + ph - 1, Q - pw:Q + pw - 1]
     dr = pr[None, :] - pr[:, None] + ph - 1
     dc = pc[None, :] - pc[:, None] + pw - 1
     bias = table[:, dr, dc]  # [nh, L, L]
@@ -167,3 +167,45 @@ def test_offset_bias_is_the_tf_table_for_block_only() -> None:
     torch.testing.assert_close(block.relative_position_bias_table.detach()[:, 1:4, 1:4], offsets)
     assert block.relative_position_bias_table.detach()[:, 0].abs().sum() == 0
     assert grid.get_offset_bias() is None and not grid.set_offset_bias(offsets)  # offsets in group steps
+
+
+def test_mlp_bias_is_timms_log_offset_mlp_and_follows_the_partition():
+    """``rel_pos="mlp"`` (timm RelPosMlp, mode cr): bias[h, q, k] = fc2(ReLU(fc1(sign(d)·ln(1 + |d|))))[h], d the
+    offset query minus key; the same MLP serves any partition side (nothing to resample)."""
+    torch.manual_seed(5)
+    for kind in ("block", "grid"):
+        attn = create_attention(kind, 32, 4, window_size=4, rel_pos="mlp", rel_pos_dim=16).eval()
+        assert not hasattr(attn, "relative_position_bias_table")
+        bias = attn.compute_position_bias((4, 4))  # [nh, 16, 16]
+        r, c = torch.arange(16) // 4, torch.arange(16) % 4
+        d = torch.stack([r[:, None] - r[None, :], c[:, None] - c[None, :]], dim=-1).float()  # query minus key
+        mlp = attn.rel_pos_mlp
+        want = mlp.fc2(torch.relu(mlp.fc1(torch.sign(d) * torch.log1p(d.abs())))).permute(2, 0, 1)
+        torch.testing.assert_close(bias, want)
+        x = torch.randn(2, 8, 12, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(attn(x), dense_reference(attn, x, kind), rtol=1e-5, atol=1e-5)
+            with switched(attn, attention_backend="flex"):
+                torch.testing.assert_close(attn(x), dense_reference(attn, x, kind), rtol=1e-5, atol=1e-5)
+        attn.set_window_size(6)  # the MLP is read at the new offsets
+        assert attn.bias_table().shape == (4, 11, 11)
+        offsets = attn.get_offset_bias()  # block: the MLP's values as an offset grid; grid: none (group steps)
+        assert offsets is None if kind == "grid" else offsets.shape == (4, 11, 11)
+        assert attn.set_offset_bias(torch.zeros(4, 3, 3)) is False
+        assert attn.flops((1, 12, 12, 32)) == create_attention(kind, 32, 4, window_size=6).flops(
+            (1, 12, 12, 32)) + 11 * 11 * (2 * 16 + 16 * 4)
+        attn.transfer_init()
+        assert attn.compute_position_bias((6, 6)).abs().max() == 0
+
+
+def test_mlp_bias_dropout_while_training_is_not_cached():
+    torch.manual_seed(6)
+    attn = create_attention("block", 32, 2, window_size=3, rel_pos="mlp").train()
+    with torch.no_grad():
+        a, b = attn.position_bias(), attn.position_bias()
+    assert not torch.equal(a, b)  # dropout 0.125 on the hidden layer, drawn anew
+    attn.eval()
+    with torch.no_grad():
+        assert torch.equal(attn.position_bias(), attn.position_bias())
+    with pytest.raises(ValueError, match="rel_pos must be 'table' or 'mlp'"):
+        create_attention("grid", 32, 2, rel_pos="cpb")

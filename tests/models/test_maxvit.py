@@ -20,7 +20,11 @@ TIMM_PARAMS = {"maxvit_tiny_tf_224": 30_916_528, "maxvit_tiny_tf_384": 30_977_00
                "maxvit_base_tf_384": 119_653_468, "maxvit_base_tf_512": 119_876_380,
                "maxvit_large_tf_224": 211_785_560, "maxvit_large_tf_384": 212_033_240,
                "maxvit_large_tf_512": 212_330_456, "maxvit_pico_rw_256": 7_457_996,
-               "maxvit_nano_rw_256": 15_451_148, "maxvit_tiny_rw_224": 29_057_312, "maxvit_tiny_rw_256": 29_066_720}
+               "maxvit_nano_rw_256": 15_451_148, "maxvit_tiny_rw_224": 29_057_312, "maxvit_tiny_rw_256": 29_066_720,
+               "maxvit_rmlp_pico_rw_256": 7_515_980, "maxvit_rmlp_nano_rw_256": 15_501_452,
+               "maxvit_rmlp_tiny_rw_256": 29_148_896, "maxvit_rmlp_small_rw_224": 64_895_044,
+               "maxvit_rmlp_small_rw_256": 64_895_044, "maxvit_rmlp_base_rw_224": 116_135_788,
+               "maxvit_rmlp_base_rw_384": 116_135_788}
 TORCHVISION_PARAMS = 30_919_624  # torchvision 0.29 maxvit_t (its weights' _num_params)
 # the fixture's reduced timm MaxxVit (tests/fixtures/make_fixtures_maxvit.py)
 SMALL = dict(embed_dims=(16, 32), depths=(1, 2), stem_width=16, head_hidden_size=32, dim_head=8, window_size=4,
@@ -51,7 +55,12 @@ def test_parameters_equal_timm_and_structure_on_meta(name):
     assert isinstance(blk.attn_block.attn, BlockAttention) and isinstance(blk.attn_grid.attn, GridAttention)
     for attn in (blk.attn_block.attn, blk.attn_grid.attn):
         assert attn.window_size == (P, P) and attn.head_dim == 32
-        assert attn.relative_position_bias_table.shape == (attn.num_heads, 2 * P - 1, 2 * P - 1)
+        if "rmlp" in name:  # the table is an MLP's: nothing depends on the resolution
+            assert attn.rel_pos == "mlp" and attn.rel_pos_mlp.fc1.weight.shape == (512, 2)
+            assert not hasattr(attn, "relative_position_bias_table")
+        else:
+            assert attn.relative_position_bias_table.shape == (attn.num_heads, 2 * P - 1, 2 * P - 1)
+    assert hasattr(blk.attn_block.ls1, "gamma") == hasattr(blk.attn_grid.ls2, "gamma") == ("rmlp_small" in name)
     if "_tf_" in name:  # TF: BN eps 1e-3, LN 1e-5, tanh GELU, LayerNorm after pooling, hidden tanh layer
         assert blk.conv.pre_norm.eps == 1e-3 and blk.attn_block.norm1.eps == 1e-5
         assert blk.attn_block.mlp.act.approximate == "tanh" and isinstance(blk.conv.act1, torch.nn.GELU)
@@ -59,7 +68,10 @@ def test_parameters_equal_timm_and_structure_on_meta(name):
     else:  # timm rw: BN eps 1e-5, LN 1e-6, SiLU MBConv, exact GELU MLP, LayerNorm on the map, no bias on conv3
         assert blk.conv.pre_norm.eps == 1e-5 and blk.attn_block.norm1.eps == 1e-6
         assert blk.attn_block.mlp.act.approximate == "none" and isinstance(blk.conv.act1, torch.nn.SiLU)
-        assert m.norm.eps == 1e-6 and isinstance(m.head.norm, torch.nn.Identity) and len(m.head.pre_logits) == 0
+        if "rmlp_base" in name:  # the NormMlp head: LayerNorm after pooling, a 768-wide tanh layer
+            assert isinstance(m.norm, torch.nn.Identity) and m.head.pre_logits.fc.out_features == 768
+        else:
+            assert m.norm.eps == 1e-6 and isinstance(m.head.norm, torch.nn.Identity) and len(m.head.pre_logits) == 0
         assert blk.conv.conv3_1x1.bias is None and blk.conv.conv1_1x1.out_channels == 4 * m.cfg.stem_width[1]
 
 
@@ -163,6 +175,15 @@ def test_timm_rw_fixture_parity(fused):
     """timm's own rw settings: Swin-layout tables and per-head qkv rows converted, LayerNorm on the map."""
     state, t, _ = load_fixture("timm_maxvit_rw")
     model = create_model("maxvit_nano_rw_256", **RW_SMALL).eval()
+    assert_loads(model, state, "timm")
+    assert_fixture_parity(model, t, fused=fused)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_timm_rmlp_fixture_parity(fused):
+    """timm's rmlp settings: the relative-position MLP, LayerScale and the NormMlp head."""
+    state, t, _ = load_fixture("timm_maxvit_rmlp")
+    model = create_model("maxvit_rmlp_base_rw_224", **RW_SMALL, head_hidden_size=32, init_values=1e-6).eval()
     assert_loads(model, state, "timm")
     assert_fixture_parity(model, t, fused=fused)
 

@@ -92,3 +92,20 @@ def test_timm_rw_tables_are_flipped_and_qkv_rows_regrouped():
         for j in range(3):  # q, k, v of head h
             torch.testing.assert_close(ours[j * C + h * hd:j * C + (h + 1) * hd], qkv[h * 3 * hd + j * hd:
                                                                                     h * 3 * hd + (j + 1) * hd])
+
+
+def test_timm_rmlp_mlp_keys_are_renamed_and_qkv_rows_regrouped():
+    state, _, _ = load_fixture("timm_maxvit_rmlp")
+    model = create_model("maxvit_rmlp_base_rw_224", embed_dims=(16, 32), depths=(1, 2), stem_width=(8, 16),
+                         dim_head=8, window_size=4, num_classes=10, img_size=(64, 96), head_hidden_size=32,
+                         init_values=1e-6)
+    (timm,) = [c for c in converters_for("maxvit") if c.layout == "timm"]
+    assert timm.detect(state)
+    converted = timm.convert(dict(state), model)
+    assert set(converted) == set(model.state_dict())
+    prefix = "stages.0.blocks.0.attn_grid.attn."
+    assert torch.equal(converted[prefix + "rel_pos_mlp.fc2.weight"], state[prefix + "rel_pos.mlp.fc2.weight"])
+    nh, hd = 2, 8  # stage 0: 16 channels
+    bias = state[prefix + "qkv.bias"]
+    regrouped = bias.view(nh, 3, hd).transpose(0, 1).reshape(-1)  # [q_h | k_h | v_h] per head -> [q | k | v]
+    assert torch.equal(converted[prefix + "qkv.bias"], regrouped) and not torch.equal(regrouped, bias)

@@ -13,6 +13,9 @@ Each partition attends to itself with a learned relative-position bias per head,
 in-partition coordinates; google-research/maxvit ``maxvit/models/attention_utils.py``, timm 1.0.31
 ``timm/layers/pos_embed_rel.py`` ``RelPosBiasTf``); for the grid an offset step is one group step on the map.
 Logit scale ``hd^-1/2``; ``qkv`` rows ``[q | k | v]`` (timm's ``head_first=False``, the TF / torchvision layout).
+With ``rel_pos="mlp"`` (timm's ``rmlp`` models, ``RelPosMlp`` mode ``cr``) the table is computed instead of learned:
+``MLP(f(Δ))`` with ``Δ`` the (row, col) offset query minus key, ``f(d) = sign(d)·ln(1 + |d|)`` per axis and the
+MLP ``2 -> 512 -> nh`` (ReLU, dropout 0.125 on its hidden layer while training).
 
 Sizes (no reference pads: MaxViT's models take maps that the partition tiles, timm asserts it): an axis no longer
 than the partition side runs as one partition of the map's side (the table's central offsets), and a map the side
@@ -25,7 +28,7 @@ multi_axis_pattern`: block-diagonal, the table read in the score_mod).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +54,7 @@ from .registry import covering_window_kwargs, register_attention, small_window_k
 from .transfer import PACKED_QKV_SLOTS, fit_offset_grid
 from .window import resize_window_bias_table
 
-__all__ = ["MultiAxisAttention", "BlockAttention", "GridAttention", "resize_tf_bias_table"]
+__all__ = ["MultiAxisAttention", "BlockAttention", "GridAttention", "RelPosMlp", "resize_tf_bias_table"]
 
 
 def resize_tf_bias_table(table: Tensor, new_size: tuple[int, int]) -> Tensor:
@@ -69,11 +72,28 @@ def resize_tf_bias_table(table: Tensor, new_size: tuple[int, int]) -> Tensor:
     return flat.T.reshape(nh, 2 * new_size[0] - 1, 2 * new_size[1] - 1).contiguous()
 
 
+class RelPosMlp(nn.Module):
+    """timm's relative-position MLP (``RelPosMlp``, mode ``cr``): ``fc2(dropout_0.125(ReLU(fc1(c))))``, log-spaced
+    offsets ``c [..., 2] -> [..., nh]``. Keys ``fc1``, ``fc2``."""
+
+    def __init__(self, hidden: int, num_heads: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(2, hidden)
+        self.act = nn.ReLU()
+        self.drop = nn.Dropout(0.125)
+        self.fc2 = nn.Linear(hidden, num_heads)
+
+    def forward(self, coords: Tensor) -> Tensor:
+        """``[..., 2] -> [..., nh]``."""
+        return self.fc2(self.drop(self.act(self.fc1(coords))))
+
+
 class MultiAxisAttention(AttentionModule):
     """Partition attention with MaxViT's TF relative-position table, ``[B, H, W, C] -> [B, H, W, C]``.
 
     The shared implementation of ``block`` and ``grid`` (:attr:`kind`); see the module docstring.
-    Keys (timm's, ``rel_pos.`` dropped): ``qkv``, ``relative_position_bias_table`` ``[nh, 2P-1, 2P-1]``, ``proj``.
+    Keys (timm's, ``rel_pos.`` dropped): ``qkv``, ``relative_position_bias_table`` ``[nh, 2P-1, 2P-1]`` (or, with
+    ``rel_pos="mlp"``, ``rel_pos_mlp.fc1`` / ``fc2``), ``proj``.
     Cost: ``4·hw·C² + 2·N·hw·C`` multiply-adds (``N = P²``; on a padded map the qkv and attention terms count the
     padded ``hw``).
 
@@ -82,6 +102,8 @@ class MultiAxisAttention(AttentionModule):
         window_size: the partition side ``P`` (block) or ``G`` (grid), an int or ``(h, w)``.
         qkv_bias, proj_bias: biases of the two projections. qk_scale: logit scale (default ``hd^-1/2``).
         allow_padding: pad a map the partition does not tile (masked padding), else raise.
+        rel_pos: ``"table"`` (a learned TF table) or ``"mlp"`` (the table computed by an MLP of the log-spaced
+            offsets, ``rel_pos_dim`` hidden units: timm's ``rmlp``).
     """
 
     kind: ClassVar[PartitionKind] = "block"
@@ -90,7 +112,8 @@ class MultiAxisAttention(AttentionModule):
 
     def __init__(self, dim: int, num_heads: int, *, window_size: int | Sequence[int] = 7, qkv_bias: bool = True,
                  proj_bias: bool = True, qk_scale: float | None = None, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, allow_padding: bool = True) -> None:
+                 proj_drop: float = 0.0, allow_padding: bool = True, rel_pos: Literal["table", "mlp"] = "table",
+                 rel_pos_dim: int = 512) -> None:
         super().__init__()
         self.init_attention(dim, num_heads, attn_drop=attn_drop, proj_drop=proj_drop)
         self.window_size = self._check_window(window_size)
@@ -99,9 +122,17 @@ class MultiAxisAttention(AttentionModule):
         self.allow_padding = allow_padding
         self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        if rel_pos not in ("table", "mlp"):
+            raise ValueError(f"rel_pos must be 'table' or 'mlp', got {rel_pos!r}")
+        if not isinstance(rel_pos_dim, int) or isinstance(rel_pos_dim, bool) or rel_pos_dim <= 0:
+            raise ValueError(f"rel_pos_dim must be a positive int, got {rel_pos_dim!r}")
+        self.rel_pos = rel_pos
         P, Q = self.window_size
-        self.relative_position_bias_table = nn.Parameter(torch.zeros(num_heads, 2 * P - 1, 2 * Q - 1))
-        nn.init.normal_(self.relative_position_bias_table, std=0.02)  # TF / timm bias_tf init
+        if rel_pos == "table":
+            self.relative_position_bias_table = nn.Parameter(torch.zeros(num_heads, 2 * P - 1, 2 * Q - 1))
+            nn.init.normal_(self.relative_position_bias_table, std=0.02)  # TF / timm bias_tf init
+        else:  # timm RelPosMlp (mode "cr"): dropout 0.125 on the hidden layer
+            self.rel_pos_mlp = RelPosMlp(rel_pos_dim, num_heads)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self._bias_cache = ParamCache()  # the [nh, N, N] bias while the table is unchanged
 
@@ -113,10 +144,29 @@ class MultiAxisAttention(AttentionModule):
         return window
 
     # ---------------------------------------------------------------- bias
+    def bias_table(self) -> Tensor:
+        """The TF table ``[nh, 2P-1, 2Q-1]`` of the own side: the learned one, or the MLP's values at each offset
+        (``[h, a, b]``: key minus query ``(a - P + 1, b - Q + 1)``)."""
+        if self.rel_pos == "table":
+            return self.relative_position_bias_table
+        P, Q = self.window_size
+        fc1 = self.rel_pos_mlp.fc1.weight
+        dr = torch.arange(P - 1, -P, -1, device=fc1.device, dtype=torch.float32)  # query minus key, per row a
+        dc = torch.arange(Q - 1, -Q, -1, device=fc1.device, dtype=torch.float32)
+        coords = torch.stack(torch.meshgrid(dr, dc, indexing="ij"), dim=-1)  # [2P-1, 2Q-1, 2]
+        coords = (torch.sign(coords) * torch.log1p(coords.abs())).to(fc1.dtype)
+        return self.rel_pos_mlp(coords).permute(2, 0, 1)  # [nh, 2P-1, 2Q-1]
+
+    def bias_parameters(self) -> list[Tensor]:
+        """The parameters the bias is computed from (the cache compares their values)."""
+        if self.rel_pos == "table":
+            return [self.relative_position_bias_table]
+        return list(self.rel_pos_mlp.parameters())
+
     def compute_position_bias(self, size: tuple[int, int]) -> Tensor:
         """The table gathered for a partition of side ``size`` (the own side, or a smaller one clamped to the map:
         the table's central offsets): ``[nh, N, N]``."""
-        table = self.relative_position_bias_table
+        table = self.bias_table()
         (P, Q), (h, w) = self.window_size, size
         if (h, w) != (P, Q):
             table = table[:, P - h:P + h - 1, Q - w:Q + w - 1]  # [nh, 2h-1, 2w-1]
@@ -127,8 +177,8 @@ class MultiAxisAttention(AttentionModule):
     def position_bias(self, size: tuple[int, int] | None = None) -> Tensor:
         """:meth:`compute_position_bias`, cached while the table holds the same values (CPU inference)."""
         size = size or self.window_size
-        params = [self.relative_position_bias_table]
-        if uncacheable(params):
+        params = self.bias_parameters()
+        if uncacheable(params) or (self.training and self.rel_pos == "mlp"):  # the MLP's dropout draws anew
             self._bias_cache.clear()
             return self.compute_position_bias(size)
         key = (torch.is_inference_mode_enabled(), size)
@@ -204,7 +254,12 @@ class MultiAxisAttention(AttentionModule):
         on which qkv and attention run; ``N`` the partition's tokens)."""
         B, H, W, C = input_shape
         (ph, pw), (Hp, Wp) = partition_geometry(H, W, self.window_size)
-        return B * (3 * Hp * Wp * C * C + H * W * C * C + 2 * ph * pw * Hp * Wp * C)
+        macs = B * (3 * Hp * Wp * C * C + H * W * C * C + 2 * ph * pw * Hp * Wp * C)
+        if self.rel_pos == "mlp":  # the table, once per forward: (2P-1)(2Q-1) offsets through 2 -> hidden -> nh
+            P, Q = self.window_size
+            hidden = self.rel_pos_mlp.fc1.out_features
+            macs += (2 * P - 1) * (2 * Q - 1) * (2 * hidden + hidden * self.num_heads)
+        return macs
 
     # ---------------------------------------------------------------- sizes
     def set_window_size(self, window_size: int | Sequence[int], shift_size: int | Sequence[int] = 0) -> None:
@@ -213,7 +268,7 @@ class MultiAxisAttention(AttentionModule):
         if to_pair(shift_size, "shift_size") != (0, 0):
             raise ValueError(f"shift_size must be 0: {self.kind} partitions are not shifted, got {shift_size!r}")
         window = self._check_window(window_size)
-        if window != self.window_size:
+        if window != self.window_size and self.rel_pos == "table":
             old = self.relative_position_bias_table
             with torch.no_grad():
                 table = resize_tf_bias_table(old.detach(), window).clone()
@@ -222,14 +277,18 @@ class MultiAxisAttention(AttentionModule):
         self._bias_cache.clear()
 
     def transfer_init(self) -> list[str]:
-        """A zero table: no position term beyond what the carried projections compute."""
+        """A zero table (or a zero MLP output layer): no position term beyond what the carried projections compute."""
         with torch.no_grad():
+            if self.rel_pos == "mlp":
+                self.rel_pos_mlp.fc2.weight.zero_()
+                self.rel_pos_mlp.fc2.bias.zero_()
+                return ["rel_pos_mlp.fc2: zeros (no position term)"]
             self.relative_position_bias_table.zero_()
         return ["relative_position_bias_table: zeros (no position term)"]
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, kind={self.kind!r}, "
-                f"allow_padding={self.allow_padding}")
+                f"allow_padding={self.allow_padding}, rel_pos={self.rel_pos!r}")
 
 
 _COST = "4·hw·C² + 2·N·hw·C multiply-adds (N = P² tokens per partition: linear in the map size hw)"
@@ -265,13 +324,16 @@ class BlockAttention(MultiAxisAttention):
     offset_bias_params = ("relative_position_bias_table",)
 
     def get_offset_bias(self) -> Tensor:
-        """The table as an offset grid ``[nh, 2P-1, 2Q-1]`` (key minus query: the table itself)."""
-        return self.relative_position_bias_table.detach().clone()
+        """The table as an offset grid ``[nh, 2P-1, 2Q-1]`` (key minus query: the table itself; with ``rel_pos="mlp"``
+        the MLP's values)."""
+        with torch.no_grad():
+            return self.bias_table().detach().clone()
 
     def set_offset_bias(self, grid: Tensor) -> bool:
-        """Write an offset grid ``[nh, 2a-1, 2b-1]`` (offsets beyond its reach zero) -> whether the heads matched."""
+        """Write an offset grid ``[nh, 2a-1, 2b-1]`` (offsets beyond its reach zero) -> whether it was written (the
+        heads match and the table is learned, not an MLP's)."""
         P, Q = self.window_size
-        if grid.shape[0] != self.num_heads:
+        if grid.shape[0] != self.num_heads or self.rel_pos != "table":
             return False
         with torch.no_grad():
             self.relative_position_bias_table.copy_(fit_offset_grid(grid, (2 * P - 1, 2 * Q - 1)))

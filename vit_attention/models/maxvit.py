@@ -1,8 +1,9 @@
 """MaxViT (Tu et al., ECCV 2022, arXiv 2204.01697): MBConv + block attention + grid attention in every block.
 
 Config dataclass -> :class:`MaxViT` -> presets registered as data: timm 1.0.31's ``maxvit_*_tf_*`` (the port of
-google-research/maxvit; ``timm/models/maxxvit.py``), timm's own ``maxvit_{pico,nano,tiny}_rw_*`` and torchvision
-0.29's ``maxvit_t``; their differences are config fields (:class:`MaxViTConfig`). Four stages of MaxViT blocks;
+google-research/maxvit; ``timm/models/maxxvit.py``), timm's own ``maxvit_{pico,nano,tiny}_rw_*`` and
+``maxvit_rmlp_*_rw_*`` (the relative-position bias an MLP of the offsets) and torchvision 0.29's ``maxvit_t``; their
+differences are config fields (:class:`MaxViTConfig`). Four stages of MaxViT blocks;
 block 0 of each stage has stride 2. One block (the TF form), ``[B, C_in, H, W] -> [B, C, H', W']``:
 
 * MBConv (:class:`MaxViTMBConv`): pre-norm BatchNorm (no activation) -> 1x1 to ``M = 4·C`` -> BN + GELU -> 3x3
@@ -88,6 +89,9 @@ class MaxViTConfig(ConfigMixin):
     * ``head_norm``: the final LayerNorm on the pooled features (``"pooled"``, TF) or on the map before pooling
       (``"map"``, ``rw``: ``forward_features`` returns the normalised map); ``head_hidden_size``: the head's tanh
       layer (0: none); ``head_bias``: the classifier's bias.
+    * ``rel_pos``: the attention's relative-position bias, a learned TF table (``"table"``) or timm's MLP of the
+      log-spaced offsets (``"mlp"``, ``rel_pos_dim`` hidden units: the ``rmlp`` presets); ``init_values``: LayerScale
+      in the attention blocks (None: none).
     * ``block_attn_layer`` / ``grid_attn_layer``: any registered spatial mechanism for the two attention blocks
       (their ``*_attn_kwargs`` given as they are).
     """
@@ -119,6 +123,9 @@ class MaxViTConfig(ConfigMixin):
     grid_size: int | tuple[int, int] | None = None
     partition_ratio: int = 32
     allow_padding: bool = False
+    rel_pos: Literal["table", "mlp"] = "table"
+    rel_pos_dim: int = 512
+    init_values: float | None = None
     drop_rate: float = 0.0
     proj_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
@@ -149,6 +156,10 @@ class MaxViTConfig(ConfigMixin):
         if self.mlp_act_layer is not None:
             check_choice(self.mlp_act_layer, "mlp_act_layer", ("gelu_tanh", "gelu", "silu"))
         check_choice(self.head_norm, "head_norm", ("pooled", "map"))
+        check_choice(self.rel_pos, "rel_pos", ("table", "mlp"))
+        check_int(self.rel_pos_dim, "rel_pos_dim")
+        if self.init_values is not None:
+            check_float(self.init_values, "init_values", low_open=True)
         check_choice(self.padding, "padding", ("same", "symmetric"))
         check_choice(self.shortcut, "shortcut", ("avg2", "avg3_conv"))
         for name in ("head_bias", "allow_padding", "expand_output", "conv_bias"):
@@ -347,9 +358,10 @@ class MaxViTBlock(nn.Module):
                                  bias=cfg.conv_bias)
         block = partial(Block, out_chs, out_chs // cfg.dim_head, style="pre", mlp_ratio=cfg.mlp_ratio,
                         drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=drop_path,
+                        init_values=cfg.init_values,
                         norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps),
                         act_layer=partial(_act, cfg.mlp_act_layer or cfg.act_layer))
-        kw = dict(allow_padding=cfg.allow_padding)
+        kw = dict(allow_padding=cfg.allow_padding, rel_pos=cfg.rel_pos, rel_pos_dim=cfg.rel_pos_dim)
         self.attn_block = block(attn_layer=cfg.block_attn_layer, depth_index=2 * depth_index, attn_kwargs={
             **accepted_kwargs(cfg.block_attn_layer, dict(window_size=window, **kw)), **cfg.block_attn_kwargs})
         self.attn_grid = block(attn_layer=cfg.grid_attn_layer, depth_index=2 * depth_index + 1, attn_kwargs={
@@ -511,6 +523,22 @@ _PRESETS.update({
     "maxvit_tiny_rw_256": dict(_RW, embed_dims=(64, 128, 256, 512), depths=(2, 2, 5, 2), stem_width=(32, 64),
                                img_size=256),
 })
+# the rmlp presets: the rw settings with the relative-position MLP (rmlp_small: LayerScale 1e-6; rmlp_base: the
+# NormMlp head, LayerNorm after pooling and a 768-wide tanh layer)
+_RMLP = dict(_RW, rel_pos="mlp")
+_PRESETS.update({
+    "maxvit_rmlp_pico_rw_256": dict(_RMLP, embed_dims=(32, 64, 128, 256), depths=(2, 2, 5, 2), stem_width=(24, 32),
+                                    img_size=256),
+    "maxvit_rmlp_nano_rw_256": dict(_RMLP, embed_dims=(64, 128, 256, 512), depths=(1, 2, 3, 1), stem_width=(32, 64),
+                                    img_size=256),
+    "maxvit_rmlp_tiny_rw_256": dict(_RMLP, embed_dims=(64, 128, 256, 512), depths=(2, 2, 5, 2), stem_width=(32, 64),
+                                    img_size=256),
+    **{f"maxvit_rmlp_small_rw_{r}": dict(_RMLP, embed_dims=(96, 192, 384, 768), depths=(2, 2, 5, 2),
+                                         stem_width=(32, 64), init_values=1e-6, img_size=r) for r in (224, 256)},
+    **{f"maxvit_rmlp_base_rw_{r}": dict(_RMLP, embed_dims=(96, 192, 384, 768), depths=(2, 6, 14, 2),
+                                        stem_width=(32, 64), head_hidden_size=768, head_norm="pooled", img_size=r)
+       for r in (224, 384)},
+})
 # torchvision 0.29's maxvit_t (torchvision/models/maxvit.py): the tiny sizes with symmetric padding, exact GELU, the
 # 3x3-pooled shortcut with its conv at every stride, no stem conv1 bias and no classifier bias (its weights load
 # through vit_attention.weights.maxvit's torchvision converter)
@@ -530,6 +558,10 @@ _PUBLISHED: dict[str, tuple[float, float]] = {
     "maxvit_large_tf_512": (212.330, 244.75),
     "maxvit_pico_rw_256": (7.458, 1.83), "maxvit_nano_rw_256": (15.451, 4.46), "maxvit_tiny_rw_224": (29.057, 5.11),
     "maxvit_tiny_rw_256": (29.067, 6.74),
+    "maxvit_rmlp_pico_rw_256": (7.516, 1.85), "maxvit_rmlp_nano_rw_256": (15.501, 4.47),
+    "maxvit_rmlp_tiny_rw_256": (29.149, 6.77), "maxvit_rmlp_small_rw_224": (64.895, 10.75),
+    "maxvit_rmlp_small_rw_256": (64.895, 14.15), "maxvit_rmlp_base_rw_224": (116.136, 23.15),
+    "maxvit_rmlp_base_rw_384": (116.136, 70.97),
 }
 _META = published_meta(_PUBLISHED, "timm results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv (infer_gmacs)",
                        meta_device=_PUBLISHED)
@@ -553,31 +585,40 @@ register_family("maxvit", MaxViT, MaxViTConfig, _PRESETS, meta=_META, reduced=re
 # ---------------------------------------------------------------------------- pretrained tags (data)
 # timm 1.0.31's pretrained configs (scripts/make_pretrained_table.py); a name's first tag is its
 # default; hf_hub_id: timm/<name>.<tag> unless given; num_classes: 1000 unless given.
-# The 224 px in1k weights use ImageNet's mean / std, the others 0.5 / 0.5.
+# The TF 224 px in1k weights use ImageNet's mean / std, the others 0.5 / 0.5.
 _224_IMAGENET = data_cfg(224, 0.95)
-_224_INCEPTION = data_cfg(224, 0.95, mean=INCEPTION_MEAN, std=INCEPTION_STD)
+_224_INCEPTION_C95 = data_cfg(224, 0.95, mean=INCEPTION_MEAN, std=INCEPTION_STD)
+_224_INCEPTION_C90 = data_cfg(224, 0.9, mean=INCEPTION_MEAN, std=INCEPTION_STD)
 _256 = data_cfg(256, 0.95, mean=INCEPTION_MEAN, std=INCEPTION_STD)
 _384 = data_cfg(384, 1.0, mean=INCEPTION_MEAN, std=INCEPTION_STD, crop_mode="squash")
 _512 = data_cfg(512, 1.0, mean=INCEPTION_MEAN, std=INCEPTION_STD, crop_mode="squash")
 PRETRAINED = pretrained_tags({
     "maxvit_base_tf_224.in1k": _224_IMAGENET,
-    "maxvit_base_tf_224.in21k": dict(_224_INCEPTION, num_classes=21843),
+    "maxvit_base_tf_224.in21k": dict(_224_INCEPTION_C95, num_classes=21843),
     "maxvit_base_tf_384.in1k": _384,
     "maxvit_base_tf_384.in21k_ft_in1k": _384,
     "maxvit_base_tf_512.in1k": _512,
     "maxvit_base_tf_512.in21k_ft_in1k": _512,
     "maxvit_large_tf_224.in1k": _224_IMAGENET,
-    "maxvit_large_tf_224.in21k": dict(_224_INCEPTION, num_classes=21843),
+    "maxvit_large_tf_224.in21k": dict(_224_INCEPTION_C95, num_classes=21843),
     "maxvit_large_tf_384.in1k": _384,
     "maxvit_large_tf_384.in21k_ft_in1k": _384,
     "maxvit_large_tf_512.in1k": _512,
     "maxvit_large_tf_512.in21k_ft_in1k": _512,
     "maxvit_nano_rw_256.sw_in1k": _256,
     "maxvit_pico_rw_256.untrained": dict(_256, hf_hub_id=None),
+    "maxvit_rmlp_base_rw_224.sw_in12k_ft_in1k": _224_INCEPTION_C95,
+    "maxvit_rmlp_base_rw_224.sw_in12k": dict(_224_INCEPTION_C95, num_classes=11821),
+    "maxvit_rmlp_base_rw_384.sw_in12k_ft_in1k": _384,
+    "maxvit_rmlp_nano_rw_256.sw_in1k": _256,
+    "maxvit_rmlp_pico_rw_256.sw_in1k": _256,
+    "maxvit_rmlp_small_rw_224.sw_in1k": _224_INCEPTION_C90,
+    "maxvit_rmlp_small_rw_256.untrained": dict(_256, hf_hub_id=None),
+    "maxvit_rmlp_tiny_rw_256.sw_in1k": _256,
     "maxvit_small_tf_224.in1k": _224_IMAGENET,
     "maxvit_small_tf_384.in1k": _384,
     "maxvit_small_tf_512.in1k": _512,
-    "maxvit_tiny_rw_224.sw_in1k": _224_INCEPTION,
+    "maxvit_tiny_rw_224.sw_in1k": _224_INCEPTION_C95,
     "maxvit_tiny_rw_256.untrained": dict(_256, hf_hub_id=None),
     "maxvit_tiny_tf_224.in1k": _224_IMAGENET,
     "maxvit_tiny_tf_384.in1k": _384,

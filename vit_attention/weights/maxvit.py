@@ -5,8 +5,9 @@
   ``...attn.relative_position_bias_table``.
   The ``maxvit_*_tf_*`` files hold TF tables ``[nh, 2P-1, 2P-1]`` (ours; timm's ``height_lookup`` /
   ``width_lookup`` are not persistent). The ``maxvit_*_rw_*`` files hold Swin-layout tables ``[(2P-1)², nh]``
-  (``RelPosBias``, query minus key), flipped to the TF layout, and per-head qkv rows (``head_first=True``:
-  ``[q_h | k_h | v_h]`` per head), reordered to ``[q | k | v]``; a 2-D table marks such a file.
+  (``RelPosBias``, query minus key), flipped to the TF layout, or (``maxvit_rmlp_*``) the MLP
+  ``...attn.rel_pos.mlp.fc1/fc2`` -> ``...attn.rel_pos_mlp.fc1/fc2``, and per-head qkv rows (``head_first=True``:
+  ``[q_h | k_h | v_h]`` per head), reordered to ``[q | k | v]``; a 2-D table or an MLP marks such a file.
 
 The adapter resamples tables of another partition to each layer's (timm's ``checkpoint_filter_fn`` rule,
 :func:`~vit_attention.attention.multi_axis.resize_tf_bias_table`) and drops a classifier of another class count.
@@ -26,11 +27,12 @@ from .vit import drop_mismatched_heads
 
 State = dict[str, Tensor]
 
-TIMM_RULES = [(r"\.attn\.rel_pos\.relative_position_bias_table$", ".attn.relative_position_bias_table")]
+TIMM_RULES = [(r"\.attn\.rel_pos\.relative_position_bias_table$", ".attn.relative_position_bias_table"),
+              (r"\.attn\.rel_pos\.mlp\.", ".attn.rel_pos_mlp.")]
 
 
 def _is_timm(state: Mapping[str, Tensor]) -> bool:
-    return any(k.endswith(".attn.rel_pos.relative_position_bias_table") for k in state)
+    return any(k.endswith(".attn.rel_pos.relative_position_bias_table") or ".attn.rel_pos.mlp." in k for k in state)
 
 
 def _from_timm(state: State, model: nn.Module) -> State:
@@ -38,10 +40,18 @@ def _from_timm(state: State, model: nn.Module) -> State:
     tables to the TF layout and their per-head qkv rows to ``[q | k | v]``."""
     state = {k: v for k, v in state.items()
              if not k.endswith((".height_lookup", ".width_lookup", ".relative_position_index"))}
+    rw = any((k.endswith(".attn.rel_pos.relative_position_bias_table") and v.dim() == 2) or ".attn.rel_pos.mlp." in k
+             for k, v in state.items())  # timm's own models: per-head qkv rows
     state = rename(state, TIMM_RULES)
-    for key in [k for k in state if k.endswith(".attn.relative_position_bias_table") and state[k].dim() == 2]:
-        nh = _swin_table_to_tf(state, key)
-        prefix = key[: -len("relative_position_bias_table")]
+    if not rw:
+        return state
+    for key in [k for k in state if k.endswith(".attn.qkv.weight")]:
+        prefix = key[: -len("qkv.weight")]
+        table, fc2 = state.get(prefix + "relative_position_bias_table"), state.get(prefix + "rel_pos_mlp.fc2.weight")
+        if table is not None and table.dim() == 2:
+            nh = _swin_table_to_tf(state, prefix + "relative_position_bias_table")
+        else:
+            nh = fc2.shape[0] if fc2 is not None and fc2.dim() == 2 else 0
         for part in ("weight", "bias"):
             qkv = state.get(f"{prefix}qkv.{part}")
             if nh and qkv is not None and qkv.shape[0] % (3 * nh) == 0:
