@@ -82,7 +82,8 @@ def test_the_dwee_preset_equals_timms_diff_vit(fused: bool) -> None:
 # timm 1.0.31 results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv, infer_gmacs at 256 px. Its counter (fvcore)
 # saw timm's explicit path: the activation counts (infer_macts 17.6 M for vit_dwee vs 13.9 M for vit_wee) are
 # vit_wee's plus one more [nh, N, N] map per block, and the GMACs equal the plain models' (one A·V per head).
-TIMM_TABLE_GMACS = {"vit_dwee_patch16_reg1_gap_256": 3.83, "vit_dlittle_patch16_reg1_gap_256": 6.27}
+TIMM_TABLE_GMACS = {"vit_dwee_patch16_reg1_gap_256": 3.83, "vit_dlittle_patch16_reg1_gap_256": 6.27,
+                    "vit_dpwee_patch16_reg1_gap_256": 4.37}
 
 
 @pytest.mark.parametrize("name", sorted(TIMM_TABLE_GMACS))
@@ -154,3 +155,23 @@ def test_the_parallel_scaling_block_sums_the_branches_under_one_layer_scale() ->
         ParallelScalingBlock(32, 2, proj_bias=False)
     with pytest.raises(ValueError, match="context"):
         blk(x, context=x)
+
+
+def test_the_fused_layout_converter_splits_by_the_block_sizes_and_refuses_other_shapes() -> None:
+    """``in_proj`` rows ``[fc1 | q | k | v]`` and ``out_proj`` columns ``[attn | mlp]`` (C = 4, H = 6 here); an
+    ``out_proj`` that is not ``[C, C + H]`` raises, naming the block and both shapes."""
+    from vit_attention.weights.parallel_scaling import from_timm_parallel_scaling, is_timm_parallel_scaling
+
+    w_in, b_in, w_out = torch.randn(18, 4), torch.randn(18), torch.randn(4, 10)
+    state = {"blocks.0.in_proj.weight": w_in, "blocks.0.in_proj.bias": b_in, "blocks.0.out_proj.weight": w_out,
+             "blocks.0.out_proj.bias": torch.randn(4), "blocks.0.lambda_q1": torch.randn(2),
+             "blocks.0.in_norm.weight": torch.randn(4), "blocks.0.ls.gamma": torch.randn(4)}
+    assert is_timm_parallel_scaling(state)
+    out = from_timm_parallel_scaling(dict(state), torch.nn.Identity())
+    assert torch.equal(out["blocks.0.mlp.fc1.weight"], w_in[:6]) and torch.equal(out["blocks.0.mlp.fc1.bias"], b_in[:6])
+    assert torch.equal(out["blocks.0.attn.qkv.weight"], w_in[6:]) and torch.equal(out["blocks.0.attn.qkv.bias"], b_in[6:])
+    assert torch.equal(out["blocks.0.attn.proj.weight"], w_out[:, :4])
+    assert torch.equal(out["blocks.0.mlp.fc2.weight"], w_out[:, 4:])
+    assert {"blocks.0.attn.lambda_q1", "blocks.0.norm1.weight", "blocks.0.ls.gamma", "blocks.0.mlp.fc2.bias"} < set(out)
+    with pytest.raises(ValueError, match=r"blocks\.0: in_proj\.weight \(18, 4\) and out_proj\.weight \(4, 9\)"):
+        from_timm_parallel_scaling({**state, "blocks.0.out_proj.weight": torch.randn(4, 9)}, torch.nn.Identity())
