@@ -168,8 +168,9 @@ def test_the_fused_layout_converter_splits_by_the_block_sizes_and_refuses_other_
              "blocks.0.in_norm.weight": torch.randn(4), "blocks.0.ls.gamma": torch.randn(4)}
     assert is_timm_parallel_scaling(state)
     out = from_timm_parallel_scaling(dict(state), torch.nn.Identity())
-    assert torch.equal(out["blocks.0.mlp.fc1.weight"], w_in[:6]) and torch.equal(out["blocks.0.mlp.fc1.bias"], b_in[:6])
-    assert torch.equal(out["blocks.0.attn.qkv.weight"], w_in[6:]) and torch.equal(out["blocks.0.attn.qkv.bias"], b_in[6:])
+    blk = "blocks.0"
+    assert torch.equal(out[f"{blk}.mlp.fc1.weight"], w_in[:6]) and torch.equal(out[f"{blk}.attn.qkv.weight"], w_in[6:])
+    assert torch.equal(out[f"{blk}.mlp.fc1.bias"], b_in[:6]) and torch.equal(out[f"{blk}.attn.qkv.bias"], b_in[6:])
     assert torch.equal(out["blocks.0.attn.proj.weight"], w_out[:, :4])
     assert torch.equal(out["blocks.0.mlp.fc2.weight"], w_out[:, 4:])
     assert {"blocks.0.attn.lambda_q1", "blocks.0.norm1.weight", "blocks.0.ls.gamma", "blocks.0.mlp.fc2.bias"} < set(out)
