@@ -16,11 +16,16 @@ path the core takes (:meth:`DifferentialAttention.flops` counts each exactly):
 
 * fused kernel (backends ``"auto"`` / ``"sdpa"``): each half-head attends over its head's ``2·hd``-wide value
   and the two outputs are subtracted, ``A1·v − λ·(A2·v)``; q and k are zero-padded to ``2·hd`` so that torch's
-  fused CPU / flash kernels run (unpadded, the CPU falls back to its math path, measured 1.5-2x slower here);
+  fused CPU / flash kernels run (unpadded, the CPU falls back to its math path, measured 1.3-2.4x slower at
+  vit_dwee's sizes, B 8, N 257, hd 32, torch 2.13 CPU);
 * ``"flex"``: the same without padding;
 * explicit (``fused_attention`` off, or backend ``"explicit"``) with no weight observer: the maps are
   subtracted first and ``(A1 − λ·A2)`` multiplies the value once, as timm's explicit path does: each
   half-head ``2h + j`` takes the ``j``-th ``hd``-wide half of its head's value (the core's ``weights_fn``).
+
+timm's published GMACs (timm 1.0.31 ``results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv``, counted by fvcore
+on timm's explicit path) are the explicit count: ``vit_dwee_patch16_reg1_gap_256`` 3.83 (the plain ``vit_wee``'s),
+4.31 on the fused kernel (``+ 2·N²·C`` per block).
 """
 
 from __future__ import annotations
