@@ -176,3 +176,24 @@ def test_the_fused_layout_converter_splits_by_the_block_sizes_and_refuses_other_
     assert {"blocks.0.attn.lambda_q1", "blocks.0.norm1.weight", "blocks.0.ls.gamma", "blocks.0.mlp.fc2.bias"} < set(out)
     with pytest.raises(ValueError, match=r"blocks\.0: in_proj\.weight \(18, 4\) and out_proj\.weight \(4, 9\)"):
         from_timm_parallel_scaling({**state, "blocks.0.out_proj.weight": torch.randn(4, 9)}, torch.nn.Identity())
+
+
+def test_dpwee_merges_tokens_after_each_block_and_trains_with_drop_path() -> None:
+    """Token merging (both branches read one norm, so the merge follows the block) and stochastic depth on the
+    sum of the branches, on the reduced preset."""
+    torch.manual_seed(0)
+    model = create_model("vit_dpwee_patch16_reg1_gap_256", img_size=64, embed_dim=32, num_heads=2, depth=2,
+                         num_classes=5, drop_path_rate=0.5).eval()
+    x = torch.randn(2, 3, 64, 64)
+    seen: list[int] = []
+    model.blocks[1].register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[1]))
+    with torch.no_grad():
+        full = model.forward_features(x)  # [B, 1 + 16, C]
+        model.set_token_merging(3)
+        merged = model.forward_features(x)  # back in image space
+    assert seen == [17, 14]  # block 0 merged 3 tokens before block 1 read them
+    assert merged.shape == full.shape and not torch.allclose(merged, full)
+    model.set_token_merging(0)
+    model.train()
+    model(x).sum().backward()
+    assert all(p.grad is not None for n, p in model.named_parameters() if n.startswith("blocks.1.ls"))
