@@ -246,8 +246,11 @@ class MaskUnitPoolAttention(_MaskUnitCore):
     Queries max-pooled over the ``q_stride`` quarters (4: a 2x2 max-pool of the map), keys and values of the
     pre-pool unit, the width ``C -> C'`` (``qkv: Linear(C, 3C')``, ``proj: Linear(C', C')``). ``mask_unit``: the
     unit side AFTER pooling (timm's ``window_size`` is its square). No prefix tokens. Not registered (it changes the
-    token count and width); it runs the attention core with the captured switches as :class:`MaskUnitAttention`.
+    token count and width); it runs the attention core with the captured switches as :class:`MaskUnitAttention`,
+    and tools that name mechanisms (recorded maps, FLOPs by kind, backend sweeps) see the ``mask_unit`` mechanism.
     """
+
+    attention_name = "mask_unit"  # the pooling call of the registered mechanism (its spec is MaskUnitAttention's)
 
     def __init__(self, dim: int, dim_out: int, num_heads: int = 1, *, q_stride: int = 4, mask_unit: int = 4,
                  mask_unit_attn: bool = True, qkv_bias: bool = True, attn_drop: float = 0.0,

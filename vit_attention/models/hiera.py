@@ -156,12 +156,12 @@ class HieraBlock(nn.Module):
         """``x [B, N, C]`` (unrolled tokens of the map ``grid``) -> ``[B, N / q_stride, C']``."""
         u = self.norm1(x)
         if self.dim != self.dim_out:
-            B, s = x.shape[0], self.q_stride
+            B, N, s = x.shape[0], x.shape[1], self.q_stride  # every size spelled out: B may be 0
             if self.proj is not None:
                 p = self.proj(u)
-                x = p.reshape(B, s, -1, p.shape[-1]).amax(dim=1)  # the unrolled 2x2 max-pool
+                x = p.reshape(B, s, N // s, p.shape[-1]).amax(dim=1)  # the unrolled 2x2 max-pool
             else:
-                q = x.reshape(B, s, -1, x.shape[-1])
+                q = x.reshape(B, s, N // s, x.shape[-1])
                 x = torch.cat([q.amax(dim=1), q.mean(dim=1)], dim=-1)
         x = x + self.drop_path1(self.ls1(self.attn(u, AttentionCall(feat_size=grid))))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
