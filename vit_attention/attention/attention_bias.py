@@ -46,10 +46,10 @@ from ..functional.attention_bias import (
     query_grid,
     resize_attention_bias_table,
 )
-from ..functional.batch_norm import fold_batch_norm
+from ..functional.batch_norm import can_fold_batch_norm, fold_batch_norm
 from ..functional.flex import PatternDoc, use_flex
 from ..functional.layout import token_layout
-from ..functional.linear import apply_linear
+from ..functional.linear import apply_linear, linear
 from ..functional.observers import attention_observed
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.window import to_pair
@@ -107,7 +107,15 @@ class LinearNorm(nn.Module):
         return not isinstance(self.bn, nn.BatchNorm1d)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``[..., Cin] -> [..., Cout]``: the linear layer, then the BatchNorm over every leading position."""
+        """``[..., Cin] -> [..., Cout]``: the linear layer, then the BatchNorm over every leading position.
+
+        At inference (eval mode, no hook on ``linear`` / ``bn``) the BatchNorm runs folded into the linear layer's
+        weight and bias: one pass over the tokens instead of two, the same numbers (as the convolutions'
+        :func:`~vit_attention.functional.batch_norm.conv_bn`).
+        """
+        if not self.fused and can_fold_batch_norm(self.linear, self.bn):  # inference: one layer, the same numbers
+            weight, bias = fold_batch_norm(self.linear, self.bn)  # type: ignore[arg-type]
+            return linear(x, weight, bias)
         y = apply_linear(self.linear, x)  # [..., Cout]
         return y if self.fused else norm_rows(self.bn, y)
 
