@@ -303,6 +303,10 @@ class PoolingAttentionTransition(_PoolingCore):
     :class:`PoolingAttention`'s. Not a registered mechanism (it changes the token count and width); it runs through
     the same attention core with the captured switches."""
 
+    # the pooling mechanism at a stage transition: what reads a model's mechanisms (backends, maps, FLOPs) counts it
+    # as ``pooling``, whose spec (backends, pattern, refusals) it shares
+    attention_name = "pooling"
+
     def __init__(self, dim: int, dim_out: int, num_heads: int = 1, *, stride_q: int | Sequence[int] = 1,
                  stride_kv: int | Sequence[int] = 1, kernel_size: int | Sequence[int] = 3,
                  input_size: int | Sequence[int] = 14, use_rel_pos: bool = True, residual_pooling: bool = True,

@@ -108,7 +108,7 @@ def check_config_against_header(entry: Any, config: Mapping[str, Any], shapes: M
     if any("pos" in k and a[:-1] != b[:-1] for k, a, b in mismatched) and "img_size" in fields \
             and "img_size" not in named:
         named.append("img_size")  # a position table's rows are the image's grid
-    if (unexpected or missing) and not mismatched:
+    if unexpected or missing:  # tensors of blocks one side lacks: a depth (which may also move a width change)
         named += [f for f in _depth_fields(fields) if f not in named]
     detail = "; ".join(
         [f"{k}: file {list(a)} vs config {list(b)}" for k, a, b in mismatched[:3]]
