@@ -71,8 +71,9 @@ def test_unroll_order_is_the_documented_formula_and_reroll_inverts_it() -> None:
 
 
 def _window_oracle(m: torch.nn.Module, x_map: torch.Tensor, unit: int, pool: bool) -> torch.Tensor:
-    """Image-space oracle: window attention without bias on ``unit x unit`` windows of the key map, per head,
-    queries max-pooled 2x2 on the map when ``pool`` (their window is then ``unit/2``); -> the output map."""
+    """Image-space oracle: window attention without bias on ``unit x unit`` windows of the key map (the last ones cut
+    by the border), per head, queries max-pooled 2x2 on the map when ``pool`` (their window is then ``unit/2``);
+    -> the output map."""
     B, H, W, C = x_map.shape
     Co, nh = m.dim_out, m.num_heads
     hd = Co // nh
@@ -82,13 +83,14 @@ def _window_oracle(m: torch.nn.Module, x_map: torch.Tensor, unit: int, pool: boo
         q = F.max_pool2d(q.permute(0, 3, 1, 2), 2).permute(0, 2, 3, 1)
     qu = unit // 2 if pool else unit
     out = torch.zeros(B, q.shape[1], q.shape[2], Co)
-    for wy in range(H // unit):
-        for wx in range(W // unit):
-            qs = q[:, wy * qu:(wy + 1) * qu, wx * qu:(wx + 1) * qu].reshape(B, -1, nh, hd)
+    for wy in range(-(-H // unit)):  # windows from the top left; the last ones cut by the border
+        for wx in range(-(-W // unit)):
+            qs = q[:, wy * qu:(wy + 1) * qu, wx * qu:(wx + 1) * qu]
+            hq, wq = qs.shape[1], qs.shape[2]
             ks = k[:, wy * unit:(wy + 1) * unit, wx * unit:(wx + 1) * unit].reshape(B, -1, nh, hd)
             vs = v[:, wy * unit:(wy + 1) * unit, wx * unit:(wx + 1) * unit].reshape(B, -1, nh, hd)
-            a = torch.einsum("bqhd,bkhd->bhqk", qs, ks) * hd ** -0.5
-            o = torch.einsum("bhqk,bkhd->bqhd", a.softmax(-1), vs).reshape(B, qu, qu, Co)
+            a = torch.einsum("bqhd,bkhd->bhqk", qs.reshape(B, -1, nh, hd), ks) * hd ** -0.5
+            o = torch.einsum("bhqk,bkhd->bqhd", a.softmax(-1), vs).reshape(B, hq, wq, Co)
             out[:, wy * qu:(wy + 1) * qu, wx * qu:(wx + 1) * qu] = o
     return out @ m.proj.weight.T + m.proj.bias
 
@@ -106,6 +108,17 @@ def test_mask_units_are_windows_of_the_map(pool: bool) -> None:
         out = m(unroll(x_map, k), AttentionCall(feat_size=(H, W)))
         out_map = reroll(out, (H // 2, W // 2) if pool else (H, W), k - 1 if pool else k)
         torch.testing.assert_close(out_map, _window_oracle(m, x_map, 4, pool), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("grid", [(7, 10), (2, 24)])
+def test_a_grid_without_whole_units_takes_row_major_tokens_and_border_cut_windows(grid) -> None:
+    """A generic use on a map Hiera would refuse (7x10; 2x24 holds 3 units' worth of tokens but no 4x4 window): the
+    tokens are row-major and the units the map's 4x4 windows from the top left, cut by the border."""
+    m = _seeded(create_attention("mask_unit", 12, 3, mask_unit=4), 5)
+    x_map = torch.randn(2, *grid, 12)
+    with torch.no_grad():
+        out = m(x_map.reshape(2, -1, 12), AttentionCall(feat_size=grid)).reshape(2, *grid, 12)
+        torch.testing.assert_close(out, _window_oracle(m, x_map, 4, False), atol=1e-5, rtol=1e-5)
 
 
 def test_prefix_tokens_attend_to_all_and_are_seen_by_all() -> None:
@@ -138,14 +151,15 @@ def test_recorded_maps_sit_inside_each_query_window_on_the_image() -> None:
         torch.testing.assert_close(qmap[inside].sum(), torch.tensor(1.0))
 
 
-@pytest.mark.parametrize(("P", "mu"), [(0, True), (1, True), (0, False)])
-def test_flex_equals_explicit(P: int, mu: bool) -> None:
+@pytest.mark.parametrize(("P", "mu", "grid"), [(0, True, (4, 8)), (1, True, (4, 8)), (0, False, (4, 8)),
+                                               (1, True, (5, 7))])
+def test_flex_equals_explicit(P: int, mu: bool, grid: tuple[int, int]) -> None:
     m = _seeded(create_attention("mask_unit", 8, 2, mask_unit=2, mask_unit_attn=mu), 4)
-    x = torch.randn(2, P + 4 * 8, 8)
-    call = AttentionCall(feat_size=(4, 8), num_prefix_tokens=P)
+    x = torch.randn(2, P + grid[0] * grid[1], 8)
+    call = AttentionCall(feat_size=grid, num_prefix_tokens=P)
     with recorded_patterns() as seen:
         assert_flex_matches_explicit(m, lambda: [x], lambda t: m(t, call))
-    if mu:
+    if mu and grid == (4, 8):
         assert seen and seen[0].mask_mod is not None
         dense = seen[0].dense_mask()[0, 0]
         assert dense.sum() == (P * (2 * (P + 32) - P) + 32 * 4 if P else 8 * 4 * 4)
@@ -155,6 +169,7 @@ def test_flops_equal_the_measured_count() -> None:
     cases = [(create_attention("mask_unit", 16, 2, mask_unit=2), (2, 64, 16), (8, 8)),
              (create_attention("mask_unit", 16, 2, mask_unit=2, mask_unit_attn=False), (2, 64, 16), (8, 8)),
              (create_attention("mask_unit", 16, 2, mask_unit=2), (2, 65, 16), (8, 8)),
+             (create_attention("mask_unit", 16, 2, mask_unit=2), (2, 35, 16), (5, 7)),
              (MaskUnitPoolAttention(16, 32, 2, mask_unit=2), (2, 64, 16), None),
              (MaskUnitPoolAttention(16, 32, 2, mask_unit=1, mask_unit_attn=False), (2, 64, 16), None)]
     for m, shape, grid in cases:
@@ -180,11 +195,11 @@ def test_refusals_name_the_argument() -> None:
     with pytest.raises(ValueError, match="mask_unit_attn must be a bool"):
         create_attention("mask_unit", 16, 2, mask_unit_attn=1)
     m = create_attention("mask_unit", 16, 2, mask_unit=4)
-    with pytest.raises(ValueError, match="do not fill whole mask units"):
+    with pytest.raises(ValueError, match="pass feat_size"):  # no whole units and no grid to place windows on
         m(torch.randn(1, 40, 16))
-    with pytest.raises(ValueError, match=r"feat_size=\(4, 12\) must be multiples of 8|feat_size=\(2, 24\)"):
-        m(torch.randn(1, 48, 16), AttentionCall(feat_size=(2, 24)))
     pool = MaskUnitPoolAttention(16, 32, 2)
+    with pytest.raises(ValueError, match="needs a grid whose sides are multiples of 8"):
+        pool(torch.randn(1, 64, 16), AttentionCall(feat_size=(4, 16)))
     with pytest.raises(ValueError, match="num_prefix_tokens=1"):
         pool(torch.randn(1, 65, 16), AttentionCall(num_prefix_tokens=1))
     with pytest.raises(ValueError, match="q_stride must be 1 or 4"):

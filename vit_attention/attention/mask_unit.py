@@ -21,9 +21,12 @@ not registered (the registry's contract maps tokens to tokens of the same count 
 family builds it. Prefix tokens (a class token, where a model plugs this mechanism in with one; Hiera has none)
 attend to every token and every token attends to them; the grid tokens keep their units.
 
-Recorded maps are placed in image space: each unit's rows at the grid cells of its window (the order undone). On the
-``"flex"`` backend the units run as one call over the unit-major sequence with the block-diagonal mask
-``q // w == kv // (q_stride·w)`` (:func:`mask_unit_pattern`).
+A grid that does not hold whole units (a generic use on any map; Hiera refuses such sizes) has no unrolled order:
+its tokens are taken row-major and the units are the map's ``mask_unit x mask_unit`` windows from the top left, the
+last ones cut by the border (:func:`window_rows_pattern`, one masked call), which is what Hiera's attention computes
+on such a window. Recorded maps are placed in image space: each unit's rows at the grid cells of its window (the
+order undone). On the ``"flex"`` backend the units run as one call over the unit-major sequence with the
+block-diagonal mask ``q // w == kv // (q_stride·w)`` (:func:`mask_unit_pattern`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import merge_heads, split_packed
-from ..functional.flex import AttentionPattern, PatternDoc, use_flex
+from ..functional.flex import AttentionPattern, PatternDoc, flex_buffer, use_flex
 from ..functional.layout import AttentionLayout, prefix_code
 from ..functional.linear import apply_linear
 from ..functional.mask_unit import unit_positions, unrolled_positions
@@ -44,7 +47,7 @@ from .base import AttentionCall, AttentionModule, check_heads, check_map_tokens_
 from .registry import register_attention
 from .transfer import PACKED_QKV_SLOTS
 
-__all__ = ["MaskUnitAttention", "MaskUnitPoolAttention", "mask_unit_pattern"]
+__all__ = ["MaskUnitAttention", "MaskUnitPoolAttention", "mask_unit_pattern", "window_rows_pattern"]
 
 
 def _check_mask_unit(mask_unit: Any) -> int:
@@ -81,6 +84,24 @@ def mask_unit_pattern(num_units: int, unit_queries: int, unit_keys: int, num_pre
     return AttentionPattern(nW * wq, nW * wk, mask_mod=block_mod, cache_key=("mask_unit", 0, nW, wq, wk))
 
 
+def window_rows_pattern(grid: tuple[int, int], mask_unit: int, num_prefix_tokens: int = 0, *,
+                        device: torch.device | str = "cpu") -> AttentionPattern:
+    """Mask units on a grid that does not hold whole units, as one pattern over ``[P prefix; H·W tokens]`` in
+    row-major order: grid tokens see the grid tokens of their ``mask_unit x mask_unit`` window (windows from the top
+    left, the last ones cut by the border: bottom / right padding whose slots are no keys); prefix tokens see and
+    are seen by all. ``device``: where the unit table lives (the call's device)."""
+    H, W = int(grid[0]), int(grid[1])
+    P, m = int(num_prefix_tokens), int(mask_unit)
+    r = torch.arange(H * W, device=device)
+    unit = (r // W) // m * ((W + m - 1) // m) + (r % W) // m
+    unit = flex_buffer(torch.cat([torch.full((P,), -1, dtype=torch.long, device=device), unit]))
+
+    def mask_mod(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+        return (q < P) | (kv < P) | (unit[q] == unit[kv])
+
+    return AttentionPattern(P + H * W, P + H * W, mask_mod=mask_mod, cache_key=("mask_unit_rows", H, W, m, P))
+
+
 class _MaskUnitCore(AttentionModule):
     """Mask-unit or global attention with q pooling, ``[B, P + L, C] -> [B, P + L / q_stride, C']`` (the shared
     code of :class:`MaskUnitAttention` and :class:`MaskUnitPoolAttention`; see the module docstring).
@@ -109,34 +130,32 @@ class _MaskUnitCore(AttentionModule):
         self.qkv = nn.Linear(dim, 3 * dim_out, bias=qkv_bias)
         self.proj = nn.Linear(dim_out, dim_out)
 
-    def _geometry(self, L: int) -> tuple[int, int]:
-        """``(w, nW)``: queries per unit after pooling and the number of units of ``L`` grid tokens."""
-        w = self.mask_unit ** 2
-        if L % (self.q_stride * w):
-            raise ValueError(f"{L} grid tokens do not fill whole mask units of {self.q_stride * w} tokens "
-                             f"(mask_unit={self.mask_unit}, q_stride={self.q_stride})")
-        return w, L // (self.q_stride * w)
+    def _side(self) -> int:
+        """The side of a unit of the keys' order (twice the query unit's in a pooling call)."""
+        return self.mask_unit * (2 if self.q_stride > 1 else 1)
 
-    def _grid(self, L: int, feat_size: Any) -> tuple[int, int]:
-        """The key grid ``(H, W)`` of ``L`` tokens (``feat_size``, else a square), sides multiples of the key unit."""
+    def _fits(self, L: int, feat_size: Any) -> bool:
+        """Whether ``L`` grid tokens hold whole units: without ``feat_size`` by their count, with it by both sides."""
+        side = self._side()
+        if L % (side * side):
+            return False
+        if feat_size is None:
+            return True
         H, W = grid_of(L, feat_size)
-        side = self.mask_unit * (2 if self.q_stride > 1 else 1)
-        if H % side or W % side:
-            raise ValueError(f"feat_size={(H, W)} must be multiples of {side} (the mask unit side of Hiera's "
-                             "unrolled order)")
-        return H, W
+        return H % side == 0 and W % side == 0
 
-    def _layout(self, L: int, P: int, feat_size: Any, windowed: bool) -> AttentionLayout | None:
-        """Where the rows sit on the grid (observers only): windowed, a group per unit at its window's cells; a
-        global call, the prefix tokens then the grid cells of the unrolled order. None for a pooling call."""
+    def _layout(self, L: int, P: int, feat_size: Any, kind: str) -> AttentionLayout | None:
+        """Where the rows sit on the grid (observers only): ``"units"``, a group per unit at its window's cells;
+        ``"unrolled"`` / ``"rows"``, one group, the prefix tokens then the grid cells in the unrolled / row-major
+        order. None for a pooling call."""
         if not attention_observed() or self.q_stride > 1:
             return None
-        grid = self._grid(L, feat_size)
-        if windowed:
+        grid = grid_of(L, feat_size)
+        if kind == "units":
             pos = unit_positions(grid, self.steps)  # [nW, w]
             return AttentionLayout(grid, pos, pos)
-        pos = torch.cat([torch.tensor([prefix_code(p) for p in range(P)], dtype=torch.long),
-                         unrolled_positions(grid, self.steps)])
+        cells = unrolled_positions(grid, self.steps) if kind == "unrolled" else torch.arange(L)
+        pos = torch.cat([torch.tensor([prefix_code(p) for p in range(P)], dtype=torch.long), cells])
         return AttentionLayout(grid, pos, pos)
 
     def _attention(self, x: Tensor, call: AttentionCall) -> Tensor:
@@ -144,11 +163,15 @@ class _MaskUnitCore(AttentionModule):
         B, N, C, P = check_map_tokens_call(self, x, call)
         L = N - P
         s, nh, hd = self.q_stride, self.num_heads, self.head_dim
-        w, nW = self._geometry(L)
-        if call.feat_size is not None:
-            self._grid(L, call.feat_size)
+        fits = self._fits(L, call.feat_size)
+        if not fits and s > 1:
+            raise ValueError(f"{L} tokens (feat_size={call.feat_size}) do not hold whole {self._side()}x"
+                             f"{self._side()} mask units: the pooling attention needs a grid whose sides are "
+                             f"multiples of {self._side()}")
+        w = self.mask_unit ** 2
+        nW = L // (s * w)
         qkv = apply_linear(self.qkv, x)  # [B, N, 3C']
-        if self.mask_unit_attn and not P:
+        if self.mask_unit_attn and not P and fits:
             # unrolled token t·nW + u is token t of unit u: [B, s·w, nW, 3, nh, hd] -> [3, B, nW, nh, s·w, hd]
             q, k, v = qkv.view(B, s * w, nW, 3, nh, hd).permute(3, 0, 2, 4, 1, 5).unbind(0)
             if s > 1:  # the unrolled 2x2 max-pool: the s quarters of each unit
@@ -160,16 +183,19 @@ class _MaskUnitCore(AttentionModule):
             else:
                 out = self.attend(q.reshape(B * nW, nh, w, hd), k.reshape(B * nW, nh, s * w, hd),
                                   v.reshape(B * nW, nh, s * w, hd), scale=self.scale,
-                                  layout=self._layout(L, P, call.feat_size, True))  # [B·nW, nh, w, hd]
+                                  layout=self._layout(L, P, call.feat_size, "units"))  # [B·nW, nh, w, hd]
                 out = out.view(B, nW, nh, w, hd).permute(0, 3, 1, 2, 4)  # [B, w, nW, nh, hd]
             return out.reshape(B, w * nW, nh * hd)
         q, k, v = split_packed(qkv, nh, 3, "qkv")  # each [B, nh, N, hd]
         if s > 1:  # prefix tokens are refused by the pooling block
             q = q.reshape(B, nh, s, N // s, hd).amax(dim=2)
-        pattern = mask_unit_pattern(nW, w, w, P) if self.mask_unit_attn else None
+        pattern = None
+        if self.mask_unit_attn:
+            pattern = mask_unit_pattern(nW, w, w, P) if fits else \
+                window_rows_pattern(grid_of(L, call.feat_size), self.mask_unit, P, device=x.device)
         out = self.attend(q, k, v, scale=self.scale, pattern=pattern,
-                          layout=self._layout(L, P, call.feat_size, False))  # [B, nh, N', hd]
-        return merge_heads(out)
+                          layout=self._layout(L, P, call.feat_size, "unrolled" if fits else "rows"))
+        return merge_heads(out)  # [B, N', C']
 
     def _flops(self, input_shape: tuple[int, ...], feat_size: Any) -> int:
         """Multiply-adds of one call on ``(B, P + L, C)`` (``P = N - H·W`` with ``feat_size``, else 0)."""
@@ -178,7 +204,8 @@ class _MaskUnitCore(AttentionModule):
         L = N - P
         Co, s = self.dim_out, self.q_stride
         Nq = P + L // s
-        keys = s * self.mask_unit ** 2 if self.mask_unit_attn and not P else N
+        units = self.mask_unit_attn and not P and self._fits(L, feat_size)
+        keys = s * self.mask_unit ** 2 if units else N
         return B * (N * C * 3 * Co + 2 * Nq * keys * Co + Nq * Co * Co)
 
 
@@ -208,8 +235,8 @@ class MaskUnitAttention(_MaskUnitCore):
 
     Args:
         dim: the width ``C``; num_heads: ``nh`` (must divide ``dim``).
-        mask_unit: the side of a mask unit in tokens (a power of 2; Hiera: 8 in stage 1, 4 in stage 2, ...); the
-            grid's sides must be multiples of it.
+        mask_unit: the side of a mask unit in tokens (a power of 2; Hiera: 8 in stage 1, 4 in stage 2, ...); on a
+            grid whose sides are not multiples of it the tokens are row-major and the units border-cut windows.
         mask_unit_attn: attention inside each unit (True) or over all tokens (False: the order matters only for
             where the recorded maps are placed).
         qkv_bias: a bias on ``qkv`` (Hiera: yes); attn_drop, proj_drop: dropouts.
