@@ -126,10 +126,10 @@ class LinearNorm(nn.Module):
         if self.fused:
             return
         weight, bias = fold_batch_norm(self.linear, self.bn)  # type: ignore[arg-type]
-        linear = nn.Linear(weight.shape[1], weight.shape[0], device=weight.device, dtype=weight.dtype)
-        linear.weight.copy_(weight)
-        linear.bias.copy_(bias)
-        self.linear, self.bn = linear, nn.Identity()
+        folded = nn.Linear(weight.shape[1], weight.shape[0], device=weight.device, dtype=weight.dtype)
+        folded.weight.copy_(weight)
+        folded.bias.copy_(bias)
+        self.linear, self.bn = folded, nn.Identity()
 
 
 def _norm_macs(layer: LinearNorm, rows: int) -> int:
@@ -137,7 +137,7 @@ def _norm_macs(layer: LinearNorm, rows: int) -> int:
     return 0 if layer.fused else 5 * rows * layer.linear.out_features
 
 
-def _bias_neutral(layer: LinearNorm) -> None:
+def _identity_norm(layer: LinearNorm) -> None:
     """The BatchNorm of ``layer`` as the identity at inference (scale 1, shift 0, mean 0, variance 1 - eps)."""
     bn = layer.bn
     if isinstance(bn, nn.BatchNorm1d):
@@ -263,8 +263,8 @@ class AttentionBias(AttentionModule):
         projection stays (it has no neutral setting)."""
         with torch.no_grad():
             self.attention_biases.zero_()
-            _bias_neutral(self.qkv)
-            _bias_neutral(self.proj.ln)
+            _identity_norm(self.qkv)
+            _identity_norm(self.proj.ln)
         return ["attention_biases: zeros (no position term)",
                 "qkv.bn, proj.ln.bn: identity at inference (scale 1, shift 0, running mean 0, variance 1 - eps)"]
 
