@@ -16,8 +16,9 @@ On a channels-last map ``[B, H, W, C]`` zero-padded at the bottom / right to ``w
 
 The padded zeros take part in the softmax unmasked (timm's and the original's rule). The heads are sequential (head
 ``i`` needs head ``i - 1``'s output), so the attention core runs once per head with the windows in the batch: one
-head of ``[B·nW, 1, ws², ·]`` per call, the table's row as a dense ``[ws², ws²]`` bias; recorded maps are one
-per head (``info["head"]``), placed on the image by the window layout.
+head of ``[B·nW, 1, ws², ·]`` per call, the table's row as a dense ``[ws², ws²]`` bias. While attention
+weights are observed (recording maps), the heads' inputs are computed with the softmax written out and the core then
+runs once over all ``nh`` heads with the window layout: a recording holds one call, a map per head on the image.
 
 The table belongs to the window it was built for; :meth:`CascadedGroupAttention.set_window_size` resamples it
 (bicubic with antialiasing on the ``(|Δy|, |Δx|)`` grid, timm's ``resize_rel_pos_bias_table_levit``). The 1x1 and
@@ -38,7 +39,7 @@ from torch import Tensor, nn
 from ..functional.attention_bias import attention_bias_index, resize_attention_bias_table
 from ..functional.batch_norm import conv_bn, fold_batch_norm
 from ..functional.layout import window_layout
-from ..functional.observers import attention_context, attention_observed
+from ..functional.observers import WEIGHT_HOOKS
 from ..functional.window import to_pair
 from .base import AttentionCall, AttentionModule, check_spatial_call
 from .registry import register_attention
@@ -135,7 +136,7 @@ def _check_window(window_size: Any) -> tuple[int, int]:
         "heads see different inputs. The heads run one after another (one attention call per head); padded "
         "zeros take part in the softmax. The table belongs to the window; another window resamples it."),
     cost="nW·[Σ_i N·(C/nh)(2kd + C/nh) + N·kd·k_i² + nh·N²·(kd + C/nh) + N·C²] multiply-adds, N = ws², "
-         "nW = ceil(H/ws)·ceil(W/ws): linear in the pixels",
+         "nW = ceil(H/ws)·ceil(W/ws): linear in the pixels (+ 5 per BatchNorm element until folded)",
     example_kwargs=dict(key_dim=8, window_size=4, kernels=(5, 3, 3, 3)),
     doc_example=(dict(key_dim=16, window_size=7), (1, 14, 14, 96)),
     grid_kwargs=lambda grid: {"window_size": tuple(grid)},
@@ -219,21 +220,26 @@ class CascadedGroupAttention(AttentionModule):
         win = x.view(B, nWh, wh, nWw, ww, C).permute(0, 1, 3, 5, 2, 4).reshape(Bw, C, wh, ww)  # [B', C, h, w]
         slices = win.chunk(nh, dim=1)  # nh x [B', vd, h, w]
         bias = self.window_bias().to(x.dtype)  # [nh, N, N]
-        observed = attention_observed()
-        layout = window_layout(H, W, (wh, ww)) if observed else None
+        observed = bool(WEIGHT_HOOKS)  # maps recorded: one core call of every head (shape observers: per head)
+        qkv: list[tuple[Tensor, Tensor, Tensor]] = []
         outs: list[Tensor] = []
         feat = slices[0]
         for i in range(nh):
             if i:
                 feat = slices[i] + feat  # the cascade: the previous head's output joins this head's slice
-            q, k, v = self._head_qkv(i, feat)
-            if observed:
-                with attention_context(head=i, num_heads=nh):
-                    out = self.attend(q, k, v, bias=bias[i][None, None], scale=self.scale, layout=layout)
+            q, k, v = self._head_qkv(i, feat)  # [B', 1, N, ·]
+            if observed:  # the heads' inputs written out; the core runs once over all heads below
+                qkv.append((q, k, v))
+                a = (q @ k.transpose(-2, -1) * self.scale + bias[i]).softmax(dim=-1)
+                out = a @ v
             else:
                 out = self.attend(q, k, v, bias=bias[i][None, None], scale=self.scale)  # [B', 1, N, vd]
             feat = out.squeeze(1).transpose(1, 2).reshape(Bw, vd, wh, ww)
             outs.append(feat)
+        if observed:  # one call of nh heads: the observers get one map per head, placed on the image by the windows
+            q, k, v = (torch.cat(t, dim=1) for t in zip(*qkv))  # [B', nh, N, ·]
+            out = self.attend(q, k, v, bias=bias[None], scale=self.scale, layout=window_layout(H, W, (wh, ww)))
+            outs = list(out.transpose(2, 3).reshape(Bw, nh, vd, wh, ww).unbind(1))
         y = self.proj(torch.cat(outs, dim=1))  # [B', C, h, w]
         y = y.reshape(B, nWh, nWw, C, wh, ww).permute(0, 1, 4, 2, 5, 3).reshape(B, nWh * wh, nWw * ww, C)
         if pad_h or pad_w:
@@ -267,12 +273,15 @@ class CascadedGroupAttention(AttentionModule):
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``(B, H, W, C)`` over the padded windows: per window and head the 1x1 projection
         (``N·(C/nh)(2kd + vd)``), the depthwise convolution (``N·kd·k_i²``) and attention (``N²·(kd + vd)``), then
-        the output projection (``N·C²``), ``N = h·w`` (the BatchNorms fold into the convolutions)."""
+        the output projection (``N·C²``), ``N = h·w``; plus fvcore's 5 per BatchNorm element while the BatchNorms
+        are not folded (:meth:`ConvNorm.fuse`)."""
         B, H, W, C = input_shape
         wh, ww = self.window_size
         N, nh, kd, vd = wh * ww, self.num_heads, self.key_dim, self.val_dim
         per_window = sum(N * vd * (2 * kd + vd) + N * kd * k * k for k in self.kernels)
         per_window += nh * N * N * (kd + vd) + N * nh * vd * C
+        for layer in (*self.qkvs, *self.dws, self.proj[1]):  # fvcore's 5 per BatchNorm element, until folded
+            per_window += 0 if layer.fused else 5 * N * layer.conv.out_channels
         return B * math.ceil(H / wh) * math.ceil(W / ww) * per_window
 
     def set_window_size(self, window_size: int | Sequence[int], shift_size: int | Sequence[int] = 0) -> None:
