@@ -504,9 +504,11 @@ _SIZES: dict[str, dict[str, Any]] = {
     "small": dict(embed_dims=(96, 192, 384, 768), depths=(2, 2, 5, 2), stem_width=64, head_hidden_size=768),
     "base": dict(embed_dims=(96, 192, 384, 768), depths=(2, 6, 14, 2), stem_width=64, head_hidden_size=768),
     "large": dict(embed_dims=(128, 256, 512, 1024), depths=(2, 6, 14, 2), stem_width=128, head_hidden_size=1024),
+    "xlarge": dict(embed_dims=(192, 384, 768, 1536), depths=(2, 6, 14, 2), stem_width=192, head_hidden_size=1536),
 }
 _PRESETS: dict[str, dict[str, Any]] = {
     f"maxvit_{size}_tf_{res}": dict(cfg, img_size=res) for size, cfg in _SIZES.items() for res in (224, 384, 512)}
+_PRESETS["maxvit_xlarge_tf_224"]["num_classes"] = 21843  # its only weights: ImageNet-21k (timm builds that head)
 # timm's own MaxViT configs (maxxvit.py _rw_max_cfg, trained before the TF release): SiLU in the stem and MBConv,
 # exact GELU in the MLP, BN eps 1e-5 / LN eps 1e-6, symmetric padding, MBConv width 4·C_in with SE at 1/16 of it
 # and no output / shortcut conv bias, a two-width stem without biases, LayerNorm on the map then pool + fc; their
@@ -545,7 +547,7 @@ _PRESETS.update({
 _PRESETS["maxvit_t"] = dict(_SIZES["tiny"], img_size=224, act_layer="gelu", padding="symmetric", shortcut="avg3_conv",
                             stem_bias=(False, True), head_bias=False)
 
-# timm 1.0.31: param_count on the meta device (default head), infer_gmacs from
+# timm 1.0.31: param_count on the meta device (the default tag's head), infer_gmacs from
 # results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv.
 _PUBLISHED: dict[str, tuple[float, float]] = {
     "maxvit_tiny_tf_224": (30.917, 5.60), "maxvit_tiny_tf_384": (30.977, 17.53),
@@ -556,6 +558,8 @@ _PUBLISHED: dict[str, tuple[float, float]] = {
     "maxvit_base_tf_512": (119.876, 138.02),
     "maxvit_large_tf_224": (211.786, 43.68), "maxvit_large_tf_384": (212.033, 132.55),
     "maxvit_large_tf_512": (212.330, 244.75),
+    "maxvit_xlarge_tf_224": (506.988, 97.52), "maxvit_xlarge_tf_384": (475.323, 292.78),
+    "maxvit_xlarge_tf_512": (475.769, 534.14),
     "maxvit_pico_rw_256": (7.458, 1.83), "maxvit_nano_rw_256": (15.451, 4.46), "maxvit_tiny_rw_224": (29.057, 5.11),
     "maxvit_tiny_rw_256": (29.067, 6.74),
     "maxvit_rmlp_pico_rw_256": (7.516, 1.85), "maxvit_rmlp_nano_rw_256": (15.501, 4.47),
@@ -623,4 +627,7 @@ PRETRAINED = pretrained_tags({
     "maxvit_tiny_tf_224.in1k": _224_IMAGENET,
     "maxvit_tiny_tf_384.in1k": _384,
     "maxvit_tiny_tf_512.in1k": _512,
+    "maxvit_xlarge_tf_224.in21k": dict(_224_INCEPTION_C95, num_classes=21843),
+    "maxvit_xlarge_tf_384.in21k_ft_in1k": _384,
+    "maxvit_xlarge_tf_512.in21k_ft_in1k": _512,
 }, license="apache-2.0")
