@@ -23,9 +23,10 @@ def _ours(size=(64, 96), **kw):
     return create_model("hiera_tiny_224", embed_dim=8, num_heads=1, depth=(1, 2, 2, 1), img_size=size, **kw).eval()
 
 
-@pytest.mark.parametrize("size", [(64, 96), (128, 128)])
+@pytest.mark.parametrize("size", [(64, 96), (128, 128), (224, 224)])
 def test_hf_classifier_parity(size):
-    """HieraForImageClassification's logits, on a non-square 16x24 token grid and a square 32x32 one."""
+    """HieraForImageClassification's logits, on a non-square 16x24 token grid, a square 32x32 one and the presets'
+    224 px (56x56 tokens, 7x7 mask units; transformers' Hiera is timm's, tests/fixtures hold the smaller sizes)."""
     ref = _ref(size=size, num_labels=5)
     assert_hf_logits_parity(_ours(size, num_classes=5), ref, size)
 
