@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from vit_attention import create_attention
+from vit_attention.analysis import record_attention
 from vit_attention.analysis.flops import measure_flops
 from vit_attention.attention import AttentionCall
 from vit_attention.attention.pooling import PoolingAttention, PoolingAttentionTransition, pooled_size, rel_pos_length
@@ -177,3 +178,18 @@ def test_refusals_name_the_argument():
     assert "pooled by convolutions" in m.merging_note
     with pytest.raises(ValueError, match="tokens"):
         m(torch.randn(1, 4, 4, 16))
+
+
+@pytest.mark.parametrize("stride_q,stride_kv", [(1, 2), (2, 1)])
+def test_recorded_maps_sit_on_the_query_grid_and_keep_their_weight(stride_q, stride_kv):
+    """Keys coarser (strided k / v) or finer (a stage-opening block: strided queries, unstrided keys) than the
+    queries: each query's map lies on its own grid and still sums to one."""
+    m = _perturbed(PoolingAttentionTransition(16, 16, 2, stride_q=stride_q, stride_kv=stride_kv, input_size=8))
+    with record_attention(m) as rec, torch.no_grad():
+        m(torch.randn(2, 64, 16), AttentionCall((8, 8)))
+    (r,) = rec.records
+    qg = m.q_grid((8, 8))
+    assert r.grid == qg and r.weights.shape == (2, 2, qg[0] * qg[1], m.kv_grid((8, 8))[0] * m.kv_grid((8, 8))[1])
+    qmap = r.query_map((1, 1))
+    assert qmap.shape[-2:] == qg
+    torch.testing.assert_close(qmap.sum(dim=(-2, -1)), torch.ones(qmap.shape[:-2]))

@@ -240,6 +240,8 @@ def _heads(w: Tensor, head: int | None) -> Tensor:
 def _spread_matrix(h: int, w: int, H: int, W: int) -> Tensor:
     def cover(coarse: int, fine: int) -> Tensor:  # [coarse, fine]: 1 where a coarse cell covers a fine one
         f = torch.arange(fine, device=_CPU)
+        if coarse > fine:  # keys finer than the grid (MViTv2's stage-opening queries): each lies in one cell
+            return (torch.arange(coarse, device=_CPU)[:, None] * fine // coarse == f[None, :]).float()
         return (f[None, :] * coarse // fine == torch.arange(coarse, device=_CPU)[:, None]).float()
 
     m = torch.einsum("ab,cd->acbd", cover(h, H), cover(w, W)).reshape(h * w, H * W)  # [h·w, H·W]
@@ -249,7 +251,9 @@ def _spread_matrix(h: int, w: int, H: int, W: int) -> Tensor:
 def spread_matrix(key_grid: tuple[int, int], grid: tuple[int, int]) -> Tensor:
     """``[h·w, H·W]``: row ``k`` spreads a coarse key's weight evenly over the fine cells it covers.
 
-    Fine cell ``(r, c)`` lies under coarse cell ``(r·h // H, c·w // W)``. Cached; read-only.
+    Fine cell ``(r, c)`` lies under coarse cell ``(r·h // H, c·w // W)``. Along an axis where the keys are finer
+    than the grid (``h > H``), key row ``r`` lies in cell ``r·H // h`` and gives it its whole weight. Cached;
+    read-only.
     """
     return _spread_matrix(int(key_grid[0]), int(key_grid[1]), int(grid[0]), int(grid[1]))
 
