@@ -48,12 +48,12 @@ def test_hf_model_from_a_saved_folder(tmp_path):
 
 
 def test_original_head_names_and_another_class_count():
-    """facebookresearch/hiera names its head ``norm`` / ``head.projection`` (timm's filter renames them); a head of
-    another class count is left fresh with a note."""
+    """facebookresearch/hiera wraps its weights in ``model_state`` and names its head ``norm`` / ``head.projection``
+    (timm's filter renames them); a head of another class count is left fresh with a note."""
     state, t, _ = load_fixture("timm_hiera")
     original = {k.replace("head.norm.", "norm.").replace("head.fc.", "head.projection."): v for k, v in state.items()}
     model = _ours((128, 96), num_classes=10)
-    assert_loads(model, original, "timm")
+    assert_loads(model, {"model_state": original}, "timm")  # the original files' wrapper
     with torch.no_grad():
         assert_parity(model(t["input"]), t["output"])
     other = _ours((128, 96), num_classes=3)

@@ -61,12 +61,6 @@ def _from_timm(state: State, model: nn.Module) -> State:
     return _flat_to_staged(state, model)
 
 
-def _unwrap(state: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The original repository's ``{"model_state": ...}`` wrapper removed (timm's filter does the same)."""
-    inner = state.get("model_state") if isinstance(state, Mapping) else None
-    return inner if isinstance(inner, Mapping) else state
-
-
 # ---------------------------------------------------------------- Hugging Face HieraModel / HieraForImageClassification
 def _is_hf(state: Mapping[str, Tensor]) -> bool:
     return any(k.removeprefix("hiera.").startswith("embeddings.patch_embeddings.projection") for k in state)
@@ -129,11 +123,7 @@ def _hf_hiera_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _convert_timm(state: State, model: nn.Module) -> State:
-    return _from_timm(dict(_unwrap(state)), model)
-
-
-register_converter("hiera", "timm", lambda s: _is_timm(_unwrap(s)), _convert_timm)
+register_converter("hiera", "timm", _is_timm, _from_timm)
 register_converter("hiera", "huggingface", _is_hf, _from_hf)
 register_adapter("hiera", _adapt_hiera)
 register_hf_config_reader("hiera", _hf_hiera_config, family="hiera")

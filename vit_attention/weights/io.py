@@ -41,7 +41,7 @@ __all__ = ["UnsafeCheckpointError", "read_checkpoint", "unwrap_state_dict", "sav
 TRAIN_STATE_FORMAT = "vit_attention.train_state"
 _TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".tar")
 
-_WRAPPER_KEYS = ("state_dict_ema", "model_ema", "state_dict", "model", "module", "params")
+_WRAPPER_KEYS = ("state_dict_ema", "model_ema", "state_dict", "model", "module", "params", "model_state")
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
@@ -397,7 +397,8 @@ def _read_file(path: Path, max_bytes: int | None) -> tuple[dict[str, Tensor], di
 
 
 def unwrap_state_dict(obj: Mapping[str, Any]) -> dict[str, Tensor]:
-    """Strip training wrappers (``{'model': sd}``, ``{'state_dict': sd}``, ...) and ``module.`` prefixes."""
+    """Strip training wrappers (``{'model': sd}``, ``{'state_dict': sd}``, facebookresearch/hiera's
+    ``{'model_state': sd}``, ...) and ``module.`` prefixes."""
     state: Mapping[str, Any] = obj
     for _ in range(3):
         if any(isinstance(v, Tensor) for v in state.values()):
