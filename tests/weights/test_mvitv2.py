@@ -1,6 +1,7 @@
 """MViTv2 checkpoint layouts (weights/mvitv2.py): timm's files are our keys; facebookresearch/mvit's flat
 ``blocks.{i}`` layout (width projection ``proj``, classifier ``head.projection``) converts one to one in both widening
-layouts; tables of another length are resized linearly and a classifier of another class count is dropped."""
+layouts, and a fixture of the original repository's model (class token, its residual-pooling rule, softmax head) is
+reproduced; tables of another length are resized linearly and a classifier of another class count is dropped."""
 
 import re
 
@@ -49,3 +50,22 @@ def test_tables_of_another_length_resized_and_other_heads_dropped():
     assert any("rel_pos tables resized" in n for n in report.notes) and "head.fc" in report.dropped
     key = "stages.0.blocks.0.attn.rel_pos_h"
     assert torch.equal(model.state_dict()[key], resize_rel_pos(state[key], 47))
+
+
+def test_parity_with_the_original_repository():
+    """facebookresearch/mvit@dfbdfdf's MViT with the class token (fixture by make_fixtures_mvitv2.py): its flat
+    layout loads, and with ``residual_cls=False`` (the original leaves the class row out of the residual pooling)
+    the tokens, the class token and its eval-mode softmax equal ours; timm's rule (the default) differs."""
+    state, t, _ = load_fixture("original_mvitv2")
+    model = create_model("mvitv2_small_cls", img_size=64, num_classes=10, embed_dim=8, depths=(2, 1, 1, 1),
+                         residual_cls=False).eval()
+    assert_loads(model, state, "original")
+    timm_rule = create_model("mvitv2_small_cls", img_size=64, num_classes=10, embed_dim=8,
+                             depths=(2, 1, 1, 1)).eval()
+    timm_rule.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        feats = model.forward_features(t["input"])
+        assert_parity(feats, t["features"])
+        assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])
+        assert_parity(model(t["input"]).softmax(-1), t["output"])
+        assert (timm_rule.forward_features(t["input"])[:, 0] - t["features"][:, 0]).abs().max() > 1e-3
