@@ -119,7 +119,7 @@ def _check_window(window_size: Any) -> tuple[int, int]:
 
 
 @register_attention(
-    "cascaded_group", layout="spatial", dense_bias=True,
+    "cascaded_group", layout="spatial",
     description="EfficientViT-MSRA cascaded group attention: per-head channel splits fed the previous head's "
                 "output, a depthwise conv on q, LeViT's |offset| bias, in windows",
     paper="https://arxiv.org/abs/2305.07027",
