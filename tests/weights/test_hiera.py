@@ -47,6 +47,17 @@ def test_hf_model_from_a_saved_folder(tmp_path):
         assert_parity(model.forward_head(feats), out.pooler_output)
 
 
+def test_hf_configs_of_another_geometry_are_refused_naming_the_field():
+    from vit_attention.weights.hub import hf_config_overrides
+
+    base = HieraConfig(**_SMALL, image_size=[64, 64]).to_dict()
+    assert hf_config_overrides(base)["depth"] == (1, 2, 2, 1)
+    for field, value in (("masked_unit_size", [4, 4]), ("query_stride", [2, 1]), ("patch_stride", [2, 2]),
+                         ("num_heads", [1, 2, 3, 4])):
+        with pytest.raises(ValueError, match=field):
+            hf_config_overrides({**base, field: value})
+
+
 def test_original_head_names_and_another_class_count():
     """facebookresearch/hiera wraps its weights in ``model_state`` and names its head ``norm`` / ``head.projection``
     (timm's filter renames them); a head of another class count is left fresh with a note."""

@@ -101,11 +101,27 @@ def _adapt_hiera(state: State, model: nn.Module, report: Any) -> State:
 # ---------------------------------------------------------------- transformers config.json -> our config
 def _hf_hiera_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """HieraConfig fields a transformers ``hiera`` ``config.json`` defines (stage 1's heads: ``num_heads[0]``;
-    transformers' ``masked_unit_attention`` per stage)."""
+    transformers' ``masked_unit_attention`` per stage). A geometry the family does not build (another patch
+    convolution, query stride, pooling count or mask unit, heads that do not double, another norm eps or activation)
+    raises ``ValueError`` naming the field."""
+    depths = list(config.get("depths", [2, 3, 16, 3]))
+    fixed = {"patch_size": [7, 7], "patch_stride": [4, 4], "patch_padding": [3, 3], "embed_dim_multiplier": 2.0,
+             "query_stride": [2, 2], "num_query_pool": len(depths) - 1,
+             "masked_unit_size": [2 ** (len(depths) - 1)] * 2, "layer_norm_eps": 1e-6, "hidden_act": "gelu"}
+    for field, expected in fixed.items():
+        value = config.get(field, expected)
+        if (list(value) if isinstance(value, (list, tuple)) else value) != expected:
+            raise ValueError(f"transformers hiera config: {field}={value!r} is not built by the hiera family "
+                             f"(it builds {expected!r})")
+    heads = config.get("num_heads")
+    if isinstance(heads, (list, tuple)) and any(h != heads[0] * 2 ** i for i, h in enumerate(heads)):
+        raise ValueError(f"transformers hiera config: num_heads={list(heads)} must double at every stage (the "
+                         "hiera family's rule)")
     out: dict[str, Any] = {}
+    if "num_channels" in config:
+        out["in_chans"] = int(config["num_channels"])
     if "embed_dim" in config:
         out["embed_dim"] = int(config["embed_dim"])
-    heads = config.get("num_heads")
     if isinstance(heads, (list, tuple)) and heads:
         out["num_heads"] = int(heads[0])
     if "depths" in config:
