@@ -58,3 +58,17 @@ def test_a_classifier_of_another_class_count_is_dropped():
     with pytest.warns(UserWarning, match="10 classes in the checkpoint and 7 in the model"):
         report = load_weights(model, state)
     assert report.ok and "head.linear" in report.dropped
+
+
+def test_the_original_repositorys_files_convert_to_its_outputs():
+    """microsoft/Cream's flat layout (blocks{1,2,3}, the subsample triples at the head of the next list, ``.c`` /
+    ``.l``, persistent indices): converted, our model gives the original's last map, pooled features and logits."""
+    state, t, cfg = load_fixture("original_efficientvit_msra")
+    assert any(k.startswith("blocks2.0.") for k in state) and any(k.endswith("attention_bias_idxs") for k in state)
+    model = create_model("efficientvit_m1", **{k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()})
+    assert_loads(model.eval(), {"model": state}, "original")
+    with torch.no_grad():
+        feats = model.forward_features(t["input"])
+        assert_parity(feats.permute(0, 3, 1, 2), t["features"])
+        assert_parity(model.forward_head(feats, pre_logits=True), t["pre_logits"])
+        assert_parity(model(t["input"]), t["output"])
