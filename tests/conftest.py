@@ -9,20 +9,30 @@ decorator on the test); nothing here guesses them from names or paths:
   is marked ``representative`` here as well.
 * ``parity``: a test that compares with a reference implementation (committed fixtures from timm,
   torchvision or the original repositories, or ``transformers`` live).
-* ``slow``: subprocess training, torchrun, the digits run, inductor code generation, ...
+* ``slow``: a test that starts another process (the CLI, training, torchrun, signals, fresh imports),
+  the digits run, inductor code generation, ...
+* ``compile``: a test that traces through TorchDynamo (``torch.compile``, ``torch.export``, ONNX export,
+  FlexAttention, which runs through dynamo even eagerly on the CPU) or TorchScript: seconds per case.
 
-``pytest --fast`` is the contributors' tier: it leaves out ``slow`` tests and every registry sweep
-item but the family representative's, so each mechanism and each family still runs once (parity
-included). ``-n 2`` runs either tier on both cores (pytest-xdist, a dev dependency).
+``pytest --fast`` is the contributors' tier: it leaves out ``slow`` and ``compile`` tests and every
+registry sweep item but the family representative's, so each mechanism and each family still runs
+once on the eager backends (parity included). Under ``--fast`` a test that starts a process or traces
+through dynamo without its marker fails, naming the marker it needs: the markers stay true as tests are
+written. ``-n 2`` runs either tier on both cores (pytest-xdist, a dev dependency).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
 
 import pytest
 import torch
+
+_LEFT_OUT_BY_FAST = ("slow", "compile")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -63,7 +73,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
     for item in items:
-        heavy = item.get_closest_marker("slow") is not None
+        heavy = any(item.get_closest_marker(m) is not None for m in _LEFT_OUT_BY_FAST)
         if item.get_closest_marker("registry") is not None:
             if _swept_model(item) in _representatives():
                 item.add_marker(pytest.mark.representative)
@@ -78,3 +88,54 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+_STARTED = [0, 0]  # processes, and torchrun launches among them, started by this test process
+_popen_init = subprocess.Popen.__init__
+
+
+def _counting_popen_init(self: subprocess.Popen, *args: object, **kwargs: object) -> None:
+    _STARTED[0] += 1
+    command = args[0] if args else kwargs.get("args")
+    if isinstance(command, (list, tuple)) and "torch.distributed.run" in map(str, command):
+        _STARTED[1] += 1
+    _popen_init(self, *args, **kwargs)
+
+
+subprocess.Popen.__init__ = _counting_popen_init  # type: ignore[method-assign]
+
+
+def _dynamo_frames() -> int:
+    """Frames TorchDynamo has converted in this process (0 while it was never imported: importing it costs)."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+
+    return sum(counters["frames"].values()) + sum(counters["stats"].values())
+
+
+@pytest.fixture(autouse=True)
+def _torchrun_tests_take_turns(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that launches ``torchrun`` is in the xdist group ``torchrun``: under ``-n 2`` (``--dist loadgroup``)
+    one worker runs them one after another, so two launchers never pick their rendezvous ports at once."""
+    launched = _STARTED[1]
+    yield
+    group = request.node.get_closest_marker("xdist_group")
+    if _STARTED[1] != launched and (group is None or group.args[:1] != ("torchrun",)):
+        pytest.fail(f'{request.node.nodeid} launched torchrun: mark it `@pytest.mark.xdist_group("torchrun")`')
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_markers_are_true(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under ``--fast`` (where no ``slow`` or ``compile`` test runs, so nothing was traced or started before):
+    a test that starts a process must be marked ``slow``, one that traces through dynamo ``compile``."""
+    if not request.config.getoption("--fast"):
+        yield
+        return
+    started, frames = _STARTED[0], _dynamo_frames()
+    yield
+    if _STARTED[0] != started:
+        pytest.fail(f"{request.node.nodeid} started a process: mark it `@pytest.mark.slow` (left out by --fast)")
+    if _dynamo_frames() != frames:
+        pytest.fail(f"{request.node.nodeid} traced through TorchDynamo (torch.compile, torch.export, ONNX or "
+                    "FlexAttention): mark it `@pytest.mark.compile` (left out by --fast)")

@@ -196,6 +196,7 @@ def test_plug_flops_and_maps(toy: ModuleType) -> None:
         maps.test_query_map_lies_where_the_output_depends(TOY, extra)
 
 
+@pytest.mark.compile
 def test_backends(toy: ModuleType) -> None:
     backends = _sweep("attention.test_backends")
     backends.check_listed_backends_are_known(TOY)
@@ -204,6 +205,7 @@ def test_backends(toy: ModuleType) -> None:
     backends.check_flex_compiles_as_one_graph(TOY)
 
 
+@pytest.mark.compile
 def test_the_mechanism_benchmark_has_its_case(toy: ModuleType) -> None:
     from vit_attention.bench import mechanisms as bench
 
@@ -290,6 +292,7 @@ def test_the_readme_table_of_mechanisms_is_generated_from_the_registry() -> None
         docs.readme_with_table("# a README without the table")
 
 
+@pytest.mark.compile
 def test_the_flex_page_table_of_backends_is_generated_from_the_registry() -> None:
     page = (Path(__file__).resolve().parents[1] / "docs" / "flex.md").read_text(encoding="utf-8")
     assert docs.flex_page_with_table(page) == page, "docs/flex.md's backend table is stale: run `vit-attention docs`"

@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from vit_attention.cli import main
 
 
@@ -29,6 +31,7 @@ def test_lists(capsys):
     assert "mhsa" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_console_script_help():
     out = subprocess.run([sys.executable, "-m", "vit_attention.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "summary" in out.stdout
@@ -51,6 +54,7 @@ def test_a_glob_that_matches_no_start_lists_the_names_holding_it(capsys):
     assert "vit_base_patch14_dinov2" in names and all("dino" in n for n in names)
 
 
+@pytest.mark.slow
 def test_a_reader_that_leaves_early_is_not_an_error():
     """`vit-attention models | head -1`: no BrokenPipeError traceback, exit 0."""
     proc = subprocess.Popen([sys.executable, "-m", "vit_attention.cli", "models", "--aliases"],

@@ -113,6 +113,7 @@ def test_the_scanner_sees_imports_inside_functions() -> None:
     assert ("vit_attention.weights.hub", "vit_attention.models.pretrained_table") in edges  # inside functions
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["vit_attention.models", "vit_attention.models.registry"])
 def test_importing_models_imports_neither_weights_nor_factory(module: str) -> None:
     code = (f"import sys\nimport {module}\n"

@@ -36,6 +36,10 @@ def test_not_a_sweep(name):
 @pytest.mark.slow
 def test_slow():
     pass
+
+@pytest.mark.compile
+def test_compiled():
+    pass
 '''
 
 
@@ -50,7 +54,8 @@ def _collect(folder: Path, *args: str) -> tuple[int, list[str]]:
 
 def test_markers_are_the_written_ones_and_fast_keeps_the_representative(tmp_path: Path) -> None:
     """A name that says "parity" / "reference" / "fixture" marks nothing; an unmarked test parametrized over model
-    names is no sweep; ``--fast`` keeps a marked sweep's representative preset only and drops ``slow``."""
+    names is no sweep; ``--fast`` keeps a marked sweep's representative preset only and drops ``slow`` and
+    ``compile``."""
     shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
     rep = first_preset_per_family()["vit"]
     other = next(n for n in ("vit_base_patch16_224", "deit_tiny_patch16_224") if n != rep)
@@ -70,3 +75,40 @@ def test_a_sweep_without_a_name_parameter_is_refused(tmp_path: Path) -> None:
         "    pass\n")
     rc, _ = _collect(tmp_path)
     assert rc != 0
+
+
+GUARDED = '''
+import subprocess
+import sys
+
+import pytest
+import torch
+
+def test_starts_a_process_unmarked():
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+def test_traces_unmarked():
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))
+
+def test_plain():
+    assert torch.ones(2).sum() == 2
+'''
+
+
+def test_fast_fails_a_test_whose_work_needs_a_marker_it_lacks(tmp_path: Path) -> None:
+    """Under ``--fast`` a test that starts a process without ``slow`` or traces through dynamo without ``compile``
+    fails, naming the marker; the whole suite (no ``--fast``) runs them as they are."""
+    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_guarded.py").write_text(GUARDED)
+
+    def run(*args: str) -> str:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                               "--rootdir", str(tmp_path), *args, str(tmp_path)], capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path, env={"PYTHONPATH": str(TESTS), "PATH": ""}).stdout
+
+    fast = run("--fast")
+    assert "3 passed, 2 errors" in fast, fast[-3000:]  # a teardown error after each call that did the work
+    assert "test_starts_a_process_unmarked started a process: mark it `@pytest.mark.slow`" in fast
+    assert "test_traces_unmarked traced through TorchDynamo" in fast and "`@pytest.mark.compile`" in fast
+    whole = run()
+    assert "3 passed" in whole and "error" not in whole, whole[-3000:]

@@ -12,6 +12,7 @@ from vit_attention.functional import flex
 from vit_attention.functional.runtime import switched
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("name", [n for n in list_attention() if "flex" in get_attention_spec(n).backends])
 def test_a_mechanism_declares_a_pattern_exactly_when_it_runs_one(name: str) -> None:
     """The generic path's pattern carries no cache key; a mechanism's own pattern always does (its geometry)."""
@@ -25,6 +26,7 @@ def test_a_mechanism_declares_a_pattern_exactly_when_it_runs_one(name: str) -> N
     assert (spec.cls.flex_pattern is not None) == own
 
 
+@pytest.mark.compile
 def test_the_table_has_a_row_per_declaring_mechanism_with_its_counted_share() -> None:
     table = docs.pattern_table(["causal", "mhsa"])  # mhsa declares no pattern: no row
     rows = table.split("\n")[2:]
@@ -37,6 +39,7 @@ def test_the_table_has_a_row_per_declaring_mechanism_with_its_counted_share() ->
     assert rows[0].endswith(f"**{100 * skipped / blocks ** 2:.1f} %** ({skipped} of {blocks ** 2}) |")
 
 
+@pytest.mark.compile
 def test_the_flex_page_needs_both_markers() -> None:
     page = f"{docs.FLEX_TABLE_START}\n{docs.FLEX_TABLE_END}\n"
     with pytest.raises(ValueError, match="docs/flex.md \\(pattern\\) has no table markers"):

@@ -60,6 +60,7 @@ def _reference(attn: torch.nn.Module, x: torch.Tensor, H: int, W: int) -> torch.
     return _linear_norm(attn.proj.ln, out)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("backend", ["explicit", "sdpa", "flex"])
 def test_forward_equals_timm_attention_written_out(backend: str) -> None:
     attn = _randomise(create_attention("attention_bias", 24, 3, key_dim=8, attn_ratio=2, resolution=(3, 4)))

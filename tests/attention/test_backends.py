@@ -76,6 +76,7 @@ def check_compiled_flex_equals_explicit_on_cpu(name: str) -> None:
     assert_compiled_flex_matches_explicit(module, x)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("name", NAMES)
 def test_flex_equals_explicit(name: str) -> None:
     check_flex_equals_explicit(name)
@@ -91,6 +92,7 @@ def test_every_listed_backend_is_known(name: str) -> None:
     check_listed_backends_are_known(name)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("name", FLEX_NAMES)
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
 def test_flex_compiles_as_one_graph(name: str) -> None:

@@ -101,6 +101,7 @@ def test_q_and_v_biases_only_and_the_refusals() -> None:
         attn(x, AttentionCall((2, 2), 1, tome=TokenMergeState(x, 1, [1])))
 
 
+@pytest.mark.compile
 def test_flex_reads_the_table_in_a_score_mod_equal_to_the_dense_bias(monkeypatch) -> None:
     """On "flex" the index is computed from the positions (no [N, N] bias): the same outputs as the explicit path,
     with the class token, a second prefix token and a grid other than the table's (FlexAttention has no backward

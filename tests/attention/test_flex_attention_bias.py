@@ -14,6 +14,8 @@ from vit_attention.attention import AttentionCall
 from vit_attention.attention.attention_bias import AttentionBiasShrink
 from vit_attention.functional.attention_bias import attention_bias_index, attention_bias_pattern
 
+pytestmark = pytest.mark.compile
+
 
 def _module(resolution: tuple[int, int]) -> torch.nn.Module:
     torch.manual_seed(0)

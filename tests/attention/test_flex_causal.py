@@ -16,6 +16,8 @@ from vit_attention import create_attention
 from vit_attention.attention.causal import KVCache, StaticKVCache, causal_mask, causal_pattern
 from vit_attention.functional import flex
 
+pytestmark = pytest.mark.compile
+
 
 def _module() -> torch.nn.Module:
     torch.manual_seed(0)

@@ -22,6 +22,8 @@ from vit_attention.functional import flex
 from vit_attention.functional import halo as halo_fn
 from vit_attention.functional.halo import ORDERS, halo_attention, halo_pattern
 
+pytestmark = pytest.mark.compile
+
 
 def _module(seed: int = 0, **kwargs: Any) -> torch.nn.Module:
     torch.manual_seed(seed)

@@ -29,6 +29,8 @@ from vit_attention.functional.longformer2d import (
 )
 from vit_attention.models import model_config
 
+pytestmark = pytest.mark.compile
+
 
 def _module(G: int, share: bool, rpe: bool, w: int, order: str = DEFAULT_ORDER, dim: int = 16) -> torch.nn.Module:
     torch.manual_seed(0)

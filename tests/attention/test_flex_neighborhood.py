@@ -22,6 +22,8 @@ from vit_attention.functional.neighborhood import (
     token_order,
 )
 
+pytestmark = pytest.mark.compile
+
 
 def _module(K: int | tuple[int, int], d: int | tuple[int, int], rpb: bool = True, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)

@@ -17,6 +17,8 @@ from vit_attention import create_attention
 from vit_attention.functional import flex
 from vit_attention.functional.rel_pos import decomposed_rel_pos_bias, decomposed_rel_pos_pattern
 
+pytestmark = pytest.mark.compile
+
 
 def _module(**kwargs: object) -> torch.nn.Module:
     torch.manual_seed(0)

@@ -37,6 +37,8 @@ from vit_attention.functional.window import (
 )
 from vit_attention.functional.window_attention import window_geometry, window_pattern
 
+pytestmark = pytest.mark.compile
+
 wa = importlib.import_module("vit_attention.functional.window_attention")  # the module, not the function
 
 

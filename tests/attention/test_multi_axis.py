@@ -144,6 +144,7 @@ def test_set_window_size_resamples_the_table_by_timms_rule_and_refuses_a_shift()
         create_attention("grid", 32, 2, window_size=0)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("kind", ["block", "grid"])
 @pytest.mark.parametrize("size", [(8, 12), (7, 9)])
 def test_flex_backend_equals_the_explicit_path(kind: str, size: tuple[int, int]) -> None:

@@ -108,6 +108,7 @@ def test_bad_arguments_name_themselves() -> None:
         create_attention("neighborhood", 16, 2)(torch.randn(1, 5, 16))
 
 
+@pytest.mark.compile
 def test_natten_na2d_agrees_without_bias() -> None:
     """natten 0.21.7's ``na2d`` (CPU, the reference library) gives the same attention with no bias."""
     import natten.functional as natten  # a dev extra (pyproject): a missing reference fails, never skips

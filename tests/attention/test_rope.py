@@ -157,6 +157,7 @@ def test_rope_in_a_block_gets_the_grid_from_the_model():
         assert m(torch.randn(1, 3, 24, 40)).shape == (1, 1000)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("kw", [dict(kind="axial", coords="index"), dict(kind="axial", coords="centered"),
                                 dict(kind="axial", coords="ref", ref_feat_shape=(4, 4)), dict(kind="mixed")])
 def test_batch_tables_give_each_sample_its_own_grids_tables_without_a_host_read(kw):

@@ -59,6 +59,7 @@ def test_parse_backends() -> None:
         BenchConfig(models=[SWIN], attn_backend="sdpa,sdpa").validate()
 
 
+@pytest.mark.compile
 def test_backend_list_one_participant_per_backend_same_weights() -> None:
     report = run_benchmark(_cfg(attn_backend="explicit,sdpa,flex"))
     rows = _rows(report)
@@ -97,6 +98,7 @@ def test_single_backend_keeps_the_plain_ours_participant() -> None:
     assert "attention backend sdpa" in format_table(report)
 
 
+@pytest.mark.compile
 def test_backend_list_with_compile_compiles_each_backend() -> None:
     try:
         report = run_benchmark(_cfg(attn_backend="sdpa,explicit", rounds=1, compile=True, compile_backend="eager"))
@@ -146,6 +148,7 @@ def test_timm_compiled_missing_is_reported_not_a_crash(monkeypatch: pytest.Monke
     assert "note: " + note in format_table(report)
 
 
+@pytest.mark.compile
 def test_compiled_reference_is_its_own_participant() -> None:
     """``twin-compiled`` next to ``twin``: a compiled copy of the same reference (same weights), its ratio to the
     eager one, its compile report, and ours' ratio to both."""
@@ -165,6 +168,7 @@ def test_compiled_reference_is_its_own_participant() -> None:
     assert f"compile {VIT} [infer] twin-compiled (eager, mode default): graphs" in format_table(report)
 
 
+@pytest.mark.compile
 def test_compiled_reference_alone_builds_its_own() -> None:
     try:
         report = run_benchmark(_cfg(VIT, rounds=1, compare=["twin-compiled"], compile_backend="eager"),
@@ -269,6 +273,7 @@ def test_cli_bad_backend_names_the_option(capsys: pytest.CaptureFixture[str]) ->
 
 
 # ------------------------------------------------------------------------------------------ --reduced, --model-arg
+@pytest.mark.compile
 def test_reduced_models_and_a_backend_that_cannot_train_is_left_out() -> None:
     """``--reduced``: the family's reduced form (its image size too); in training on CPU, flex (no CPU backward)
     fails in its warm-up and is left out with a note, the other backends are timed."""

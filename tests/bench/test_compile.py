@@ -36,6 +36,7 @@ def test_one_graph_and_same_output(name: str) -> None:
         torch._dynamo.reset()
 
 
+@pytest.mark.compile
 def test_cli_graph_breaks_lists_models(capsys: pytest.CaptureFixture[str]) -> None:
     from vit_attention.cli import main
 

@@ -54,6 +54,7 @@ def test_bench_compile_reports_one_graph(name: str) -> None:
         in format_table(report)
 
 
+@pytest.mark.compile
 def test_cli_bench_compile(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["bench", "vit_tiny_patch16_224", "--img-size", "32", "--batch-size", "1", "--rounds", "1", "--warmup", "0",
             "--peak-size", "64", "--quiet", "--compile", "--compile-backend", "eager"]
@@ -112,6 +113,7 @@ def test_with_freezing_sets_inductor_freezing_while_the_step_runs() -> None:
     assert seen == [True] and inductor_config.freezing == before
 
 
+@pytest.mark.compile
 def test_attn_backend_builds_ours_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """``attn_backend`` reaches ``create_model`` (every mechanism switched), and the compiled participant runs
     the same model (a deep copy of ours)."""
@@ -136,6 +138,7 @@ def test_attn_backend_builds_ours_with_it(monkeypatch: pytest.MonkeyPatch) -> No
     assert report["results"][1]["compile"]["compile"]["graph_breaks"] == 0
 
 
+@pytest.mark.compile
 def test_attn_backend_flex_eager_runs_without_the_memory_tracker() -> None:
     """Eager FlexAttention on CPU cannot run under the tensor tracker (a dispatch mode), and a refused call
     poisons later ones: the bench does not try, says so, and times the flex model."""

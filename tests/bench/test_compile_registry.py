@@ -24,7 +24,8 @@ import torch._dynamo
 from model_outputs import build, distinct_reduced_presets, small_overrides
 from torch import nn
 
-pytestmark = pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+pytestmark = [pytest.mark.compile,
+              pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")]
 
 
 class _SecondGraph(RuntimeError):

@@ -18,6 +18,7 @@ SCRIPT = ROOT / "scripts" / "gpu_bench.sh"
 VITDET = "vitdet_base_patch16_1024"
 
 
+@pytest.mark.slow
 def test_script_needs_a_phase_and_names_bad_arguments() -> None:
     for args, needle in (([], "give a phase"), (["4"], "unknown argument '4'"), (["1", "--fast"], "unknown argument")):
         r = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
@@ -69,6 +70,7 @@ def test_the_table_from_a_phase(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert md.read_text() == text and capsys.readouterr().out == text
 
 
+@pytest.mark.slow
 def test_env_and_bad_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env = environment()
     assert env["torch"] and "natten" in env and "transformers" in env

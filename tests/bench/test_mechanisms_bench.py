@@ -12,6 +12,7 @@ from vit_attention.bench.mechanisms import CASES, format_rows, main, run, run_ca
 KW = dict(device=torch.device("cpu"), amp=None, batch=2, rounds=2, iters=1, warmup=0, smoke=True)
 
 
+@pytest.mark.compile
 def test_one_row_per_backend_same_weights_ratio_to_the_first() -> None:
     rows = run_case(CASES["swin_t_s1"], backends=["explicit", "sdpa", "flex"], mode="infer", **KW)
     assert [r["backend"] for r in rows] == ["explicit", "sdpa", "flex"]
@@ -24,6 +25,7 @@ def test_one_row_per_backend_same_weights_ratio_to_the_first() -> None:
     assert first["kwargs"] == {"window_size": 4, "shift_size": 2}
 
 
+@pytest.mark.compile
 def test_a_failing_backend_is_recorded_and_the_others_run() -> None:
     rows = run_case(CASES["nat_t_s1"], backends=["sdpa", "flex", "explicit"], mode="train", **KW)
     by = {r["backend"]: r for r in rows}

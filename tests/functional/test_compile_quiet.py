@@ -18,6 +18,7 @@ HEAVY = ("torch._dynamo", "sympy", "matplotlib", "transformers", "onnx", "onnxru
          "scipy", "pandas", "PIL", "huggingface_hub", "safetensors", "sklearn")
 
 
+@pytest.mark.slow
 def test_import_leaves_heavy_optional_modules_unloaded() -> None:
     code = f"import sys\nimport vit_attention\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

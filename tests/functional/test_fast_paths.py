@@ -94,6 +94,7 @@ def test_the_switch_turns_every_shortcut_off(monkeypatch: pytest.MonkeyPatch) ->
         _outputs(model, x)  # no private op is reached
 
 
+@pytest.mark.slow
 def test_the_environment_variable_sets_the_default() -> None:
     code = "from vit_attention.functional import runtime; print(runtime.FAST_PATHS.default)"
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, VIT_ATTENTION_FAST_PATHS="0"),
@@ -158,6 +159,7 @@ def test_models_on_a_torch_without_the_private_apis_agree(family: str, monkeypat
     _assert_same(_outputs(model, x), fast, name)
 
 
+@pytest.mark.compile
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 @pytest.mark.parametrize("untraced", [True, False])
 def test_jit_trace_with_and_without_suspending_the_tracer(untraced: bool, monkeypatch: pytest.MonkeyPatch) -> None:

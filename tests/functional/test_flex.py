@@ -10,6 +10,8 @@ from vit_attention.functional import flex
 from vit_attention.functional.attention import scaled_dot_product_attention as sdpa
 from vit_attention.functional.runtime import ATTENTION_BACKEND, BACKENDS, check_backend
 
+pytestmark = pytest.mark.compile
+
 
 def _qkv(*shape: int, grad: bool = False) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(sum(shape))

@@ -98,6 +98,7 @@ _AVX2_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_bf16_inference_on_an_avx2_only_cpu() -> None:
     """oneDNN limited to AVX2 refuses bf16 inner products; the fast path must fall back, not crash."""
     env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2", OMP_NUM_THREADS="1")
@@ -118,6 +119,7 @@ class _Probe(torch.nn.Module):
         return x * 2
 
 
+@pytest.mark.compile
 def test_capturing_is_false_in_eager_and_true_under_trace_and_export() -> None:
     probe = _Probe()
     probe(torch.ones(1))
@@ -129,6 +131,7 @@ def test_capturing_is_false_in_eager_and_true_under_trace_and_export() -> None:
     assert not capturing()
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("kind", sorted(SMALL))
 def test_jit_trace_with_fast_path_on(kind: str) -> None:
     model, x = _model(kind)
@@ -143,6 +146,7 @@ def test_jit_trace_with_fast_path_on(kind: str) -> None:
     assert ref.shape == (2, 10)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("kind", sorted(SMALL))
 def test_torch_export_with_fast_path_on(kind: str) -> None:
     model, x = _model(kind)
@@ -151,6 +155,7 @@ def test_torch_export_with_fast_path_on(kind: str) -> None:
         torch.testing.assert_close(ep.module()(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("kind", sorted(SMALL))
 def test_torchscript_onnx_export_with_fast_path_on(kind: str) -> None:
     model, x = _model(kind)
@@ -163,6 +168,7 @@ def test_torchscript_onnx_export_with_fast_path_on(kind: str) -> None:
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("kind", ["swin", "swinv2"])
 def test_non_strict_export_leaves_no_fake_tensor_in_the_index_caches(kind: str) -> None:
     """The window index / mask caches are filled with real tensors even under export's fake mode, and the

@@ -149,6 +149,7 @@ def test_an_override_reaches_built_modules_in_this_thread_only(monkeypatch) -> N
     assert len(calls) == 1
 
 
+@pytest.mark.compile
 def test_compiled_model_follows_switched() -> None:
     """The captured flag is a plain attribute dynamo guards on: flipping it recompiles to the explicit path."""
     import torch._dynamo

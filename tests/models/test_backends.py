@@ -21,6 +21,7 @@ def _mechanisms(model: torch.nn.Module) -> set[str]:
     return {type(m).attention_name for m in model.modules() if hasattr(type(m), "attention_name")}
 
 
+@pytest.mark.compile
 @pytest.mark.registry
 @pytest.mark.parametrize(("family", "name"), FAMILIES)
 def test_flex_model_equals_explicit(family: str, name: str) -> None:
@@ -51,6 +52,7 @@ def _patterned(name: str) -> bool:
     return any(get_attention_spec(m).cls.flex_pattern is not None for m in _mechanisms(model))
 
 
+@pytest.mark.compile
 @pytest.mark.registry
 @pytest.mark.parametrize(("family", "name"), [f for f in FAMILIES if _patterned(f[1])])
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")

@@ -145,6 +145,7 @@ def test_a_features_model_is_built_as_its_features_class_and_cannot_be_one_twice
         features_class(type(model))
 
 
+@pytest.mark.compile
 @pytest.mark.registry
 @pytest.mark.parametrize("name", ["deit_tiny_distilled_patch16_224", "swin_tiny_patch4_window7_224"])
 def test_onnx_export_one_output_per_map(name: str, tmp_path) -> None:

@@ -312,6 +312,7 @@ def test_token_ids_outside_the_vocabulary_are_named_up_front() -> None:
     assert model.loss(good).isfinite()  # the valid range passes
 
 
+@pytest.mark.compile
 def test_token_id_check_stays_out_of_exported_graphs() -> None:
     """The check is data-dependent (a host sync on the ids): while torch records a graph (``torch.export``,
     compile, ONNX) it is skipped, so the ids path still exports and the program replays on any ids."""

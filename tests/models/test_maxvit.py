@@ -127,6 +127,7 @@ def test_timm_fixture_parity_odd_sizes():
         assert_parity(model(t["input_odd"]), t["output_odd"])
 
 
+@pytest.mark.compile
 def test_timm_fixture_parity_on_flex_and_in_training_mode_batch_norm_folding_off():
     model, t = _fixture_model()
     with torch.no_grad():

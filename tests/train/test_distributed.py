@@ -15,6 +15,7 @@ ARGS = ["train", *TINY, "--epochs", "2", "--batch-size", "32", "--warmup-epochs"
 
 
 @pytest.mark.slow  # two torchrun processes (~12 s)
+@pytest.mark.xdist_group("torchrun")
 def test_two_process_gloo_matches_single_process(tmp_path: Path) -> None:
     one = run_cli([*ARGS, "--output", str(tmp_path / "one")])
     assert one.returncode == 0, one.stderr
@@ -36,6 +37,7 @@ def test_two_process_gloo_matches_single_process(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # two torchrun processes, twice (~25 s)
+@pytest.mark.xdist_group("torchrun")
 def test_two_process_fsdp_with_resume_matches_single_process(tmp_path: Path) -> None:
     args = [*ARGS, "--accum-steps", "2"]
     ref = run_cli([*args, "--output", str(tmp_path / "ref")])

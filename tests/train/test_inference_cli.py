@@ -177,6 +177,7 @@ def test_eval_and_predict_on_a_foreign_checkpoint_need_model(tmp_path: Path, dig
     assert "notes.pth is not a torch checkpoint" in _err(capsys)
 
 
+@pytest.mark.compile
 def test_predict_on_every_attention_backend(run: Path, digit_png: Path, capsys: pytest.CaptureFixture) -> None:
     """``--model-arg attn_backend=...`` goes with a file of ours (how it runs, not what it is): same answer."""
     outs = []

@@ -98,6 +98,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_a_killed_owner_does_not_leave_the_folder_stuck(tmp_path: Path) -> None:
     folder = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(folder)], stdout=subprocess.PIPE, text=True,
@@ -148,6 +149,7 @@ def test_two_training_processes_one_folder(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # two torchrun processes (~10 s)
+@pytest.mark.xdist_group("torchrun")
 def test_refusal_under_torchrun_ends_every_rank(tmp_path: Path) -> None:
     """Rank 0 decides and tells every rank: a folder in use ends both processes with the message, no hang."""
     out = tmp_path / "ddp"
@@ -176,6 +178,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.slow  # two torchrun processes (~15 s)
+@pytest.mark.xdist_group("torchrun")
 def test_full_disk_on_rank0_under_torchrun_ends_every_rank(tmp_path: Path) -> None:
     """Only rank 0 writes: its failed write is shared, so the other rank stops too instead of waiting."""
     script, out = tmp_path / "full_disk.py", tmp_path / "ddp"

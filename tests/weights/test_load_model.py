@@ -169,6 +169,7 @@ def test_save_weights_refuses_a_non_safetensors_name(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ registry completeness
+@pytest.mark.slow
 @pytest.mark.parametrize("first_import", ["from vit_attention.models import registry as m",
                                           "import vit_attention.weights as m"])
 def test_digits_presets_known_whatever_was_imported_first(first_import: str) -> None:
@@ -182,6 +183,7 @@ def test_digits_presets_known_whatever_was_imported_first(first_import: str) -> 
     assert int(out.stdout) == len(ALL_MODELS)
 
 
+@pytest.mark.slow
 def test_model_trained_by_the_cli_loads_by_documented_means(tmp_path: Path) -> None:
     """What `train` writes (1-channel, 10-class digits model with data metadata) -> load_model, in a fresh process."""
     model = va.create_model("vit_digits_patch2_8", num_classes=10, in_chans=1, depth=1).eval()

@@ -27,6 +27,7 @@ def _tiny(**kw: object) -> torch.nn.Module:
 
 
 # ------------------------------------------------------------------------------ regular files only
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
 def test_fifo_and_device_named_as_checkpoints_are_refused_at_once(tmp_path: Path, suffix: str) -> None:
     """A FIFO would block the reader forever, /dev/zero would be read without end: both are refused, naming
@@ -51,6 +52,7 @@ def test_fifo_and_device_named_as_checkpoints_are_refused_at_once(tmp_path: Path
     assert out.returncode == 0 and out.stdout.strip() == "refused", out.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_fifo_config_json_in_a_folder_is_refused_at_once(tmp_path: Path) -> None:
     folder = tmp_path / "model"
     folder.mkdir()
@@ -196,6 +198,7 @@ def _with_config(path: Path, out: Path, **changes: object) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("changes", [{"embed_dim": 30000}, {"depth": 1000000}])
 def test_huge_config_beside_small_tensors_is_refused_before_allocating(tmp_path: Path, changes: dict) -> None:
     """Under a second and under 500 MB (a fresh process's peak RSS): the config is read against the header, the
