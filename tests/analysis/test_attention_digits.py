@@ -18,6 +18,8 @@ from vit_attention.analysis import record_attention
 from vit_attention.analysis.commands import attention_heatmap, build_model, load_image
 from vit_attention.cli import main
 
+pytestmark = pytest.mark.slow
+
 STEPS, SEED = 300, 0
 NORM = ([0.5], [0.5])
 

@@ -101,6 +101,7 @@ def _time_and_memory(name: str, n_side: int) -> tuple[float, int]:
     return elapsed, peak
 
 
+@pytest.mark.slow
 def test_separable_cost_grows_linearly_where_mhsa_grows_quadratically():
     """1k, 4k, 16k tokens: separable's peak memory and MACs grow ~4x per step, MHSA's attention ~16x."""
     sides = (32, 64, 128)  # 1024, 4096, 16384 tokens

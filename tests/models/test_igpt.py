@@ -250,6 +250,7 @@ def test_generate_cli_writes_a_grid_and_benches(tmp_path, capsys) -> None:
     assert "--no-cache cannot go with --static-cache / --compile" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_generative_training_on_the_digits(tmp_path, capsys) -> None:
     """`train --model igpt_digits`: next-pixel loss, bits/dim per epoch, a linear probe at the end."""
     import vit_attention as va
