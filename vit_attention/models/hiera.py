@@ -163,7 +163,13 @@ class HieraBlock(nn.Module):
             else:
                 q = x.reshape(B, s, N // s, x.shape[-1])
                 x = torch.cat([q.amax(dim=1), q.mean(dim=1)], dim=-1)
-        x = x + self.drop_path1(self.ls1(self.attn(u, AttentionCall(feat_size=grid))))
+        plain1 = isinstance(self.ls1, nn.Identity) and isinstance(self.drop_path1, nn.Identity)
+        if plain1:  # the residual add fused into the attention's output projection
+            x = self.attn(u, AttentionCall(feat_size=grid, residual=x))
+        else:
+            x = x + self.drop_path1(self.ls1(self.attn(u, AttentionCall(feat_size=grid))))
+        if isinstance(self.ls2, nn.Identity) and isinstance(self.drop_path2, nn.Identity):
+            return self.mlp(self.norm2(x), residual=x)  # fused into fc2
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
