@@ -13,6 +13,8 @@ from vit_attention.attention import AttentionCall
 from vit_attention.attention.mask_unit import mask_unit_pattern, window_rows_pattern
 from vit_attention.functional import flex
 
+pytestmark = pytest.mark.compile
+
 
 def _seeded(m: torch.nn.Module, seed: int) -> torch.nn.Module:
     g = torch.Generator().manual_seed(seed)
