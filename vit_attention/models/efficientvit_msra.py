@@ -355,9 +355,9 @@ _META = published_meta({n: (_PARAMS[n], _GMACS[n]) for n in _PARAMS},
 
 def reduced_config(cfg: EfficientVitMsraConfig) -> dict[str, Any]:
     """Overrides that shrink a preset for tests: widths 32 / 48 / 64 with 2 / 3 / 4 heads of ``key_dim`` 8, one
-    block per stage, on 96 px (maps 6, 3, 2: windows 6, 3, 2 cover them); the kernels are the preset's (padded
-    windows and other maps are the timm fixtures')."""
-    return dict(embed_dim=(32, 48, 64), key_dim=(8, 8, 8), num_heads=(2, 3, 4), depth=(1, 1, 1), img_size=96)
+    block per stage, on 128 px (maps 8, 4, 2: windows 7, 4, 2, the first map zero-padded to four 7x7 windows; every
+    stage's stride divides the image); the kernels are the preset's."""
+    return dict(embed_dim=(32, 48, 64), key_dim=(8, 8, 8), num_heads=(2, 3, 4), depth=(1, 1, 1), img_size=128)
 
 
 register_family("efficientvit_msra", EfficientVitMsra, EfficientVitMsraConfig, _PRESETS, meta=_META,
