@@ -159,3 +159,20 @@ def test_reset_classifier_and_get_classifier():
     assert model.get_classifier().out_features == 4 and model.eval()(torch.randn(1, 3, 64, 64)).shape == (1, 4)
     with pytest.raises(ValueError, match="global_pool must be one of"):
         model.reset_classifier(3, "token")
+
+
+def test_new_weights_take_effect_at_once_after_an_eval_forward():
+    """timm and the original cache the gathered bias in eval mode (a ``load_state_dict`` after an eval forward keeps
+    the old bias until ``train()`` / ``.to()``); here the table is read on every call."""
+    model, t = _fixture_model("timm_efficientvit_msra", "efficientvit_m1", SMALL)
+    with torch.no_grad():
+        before = model(t["input"])
+        state = model.state_dict()
+        key = "stages.0.blocks.0.mixer.m.attn.attention_biases"
+        state[key] = state[key] + torch.randn(state[key].shape, generator=torch.Generator().manual_seed(3))
+        model.load_state_dict(state)
+        after = model(t["input"])
+        fresh = create_model("efficientvit_m1", **SMALL).eval()
+        fresh.load_state_dict(state)
+        torch.testing.assert_close(after, fresh(t["input"]), rtol=0, atol=0)
+    assert not torch.allclose(after, before, atol=1e-4)
