@@ -5,7 +5,8 @@ absolute offset ``(|Δy|, |Δx|)`` inside the window.
 
 On a channels-last map ``[B, H, W, C]`` zero-padded at the bottom / right to ``ws x ws`` windows (timm 1.0.31
 ``timm/models/efficientvit_msra.py`` ``LocalWindowAttention`` + ``CascadedGroupAttention``; microsoft/Cream
-``EfficientViT/classification/model/efficientvit.py`` @ de2d467), per window ``x [C, ws, ws]``::
+``EfficientViT/classification/model/efficientvit.py`` @ 4a13c40, unchanged since 74fb8c5), per window
+``x [C, ws, ws]``::
 
     x_1 .. x_nh = split(x, C / nh channels each)
     f_1 = x_1;  f_i = x_i + o_{i-1}                            # the cascade: the previous head's output
@@ -19,6 +20,7 @@ The padded zeros take part in the softmax unmasked (timm's and the original's ru
 head of ``[B·nW, 1, ws², ·]`` per call, the table's row as a dense ``[ws², ws²]`` bias. While attention
 weights are observed (recording maps), the heads' inputs are computed with the softmax written out and the core then
 runs once over all ``nh`` heads with the window layout: a recording holds one call, a map per head on the image.
+It runs on the fused, sdpa and explicit backends, not on FlexAttention (the spec's ``backend_note`` says why).
 
 The table belongs to the window it was built for; :meth:`CascadedGroupAttention.set_window_size` resamples it
 (bicubic with antialiasing on the ``(|Δy|, |Δx|)`` grid, timm's ``resize_rel_pos_bias_table_levit``). The 1x1 and
