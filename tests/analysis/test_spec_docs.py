@@ -45,3 +45,14 @@ def test_no_name_tables_left() -> None:
         src = inspect.getsource(module)
         for name in list_attention():
             assert f'"{name}":' not in src and f'== "{name}"' not in src, (module.__name__, name)
+
+
+def test_every_table_row_of_mechanisms_has_its_columns() -> None:
+    """A description holding a pipe (LeViT's "bias per |offset|") stays one cell: each row of the README's table has
+    three cells and each row of the index page four, pipes in a description escaped."""
+    for table, cells in ((docs.mechanism_table(), 3), (docs._index_page(list_attention()), 4)):
+        rows = [line for line in table.splitlines() if line.startswith("| [`")]
+        assert len(rows) == len(list_attention())
+        for row in rows:
+            assert len(row.replace("\\|", "").strip("|").split("|")) == cells, row
+    assert docs.table_cell("a |offset| bias") == "a \\|offset\\| bias"

@@ -318,7 +318,7 @@ class BlockAttention(MultiAxisAttention):
         families="MaxViT", keys="same `P x P` window; not a padded key",
         term="the TF table at `[h, Δr + P-1, Δc + P-1]` (key minus query), gathered by offset",
         order="window-major (row-major windows, tokens row-major inside), each window spaced to `S` slots",
-        example=(dict(window_size=7), (1, 28, 28, 64)))
+        example=(dict(window_size=7), (1, 28, 28, 96)))
 
     # ---- attention.transfer: the table is an offset grid already (key minus query)
     offset_bias_params = ("relative_position_bias_table",)
@@ -366,4 +366,4 @@ class GridAttention(MultiAxisAttention):
         families="MaxViT", keys="same strided `G x G` group (`r % (H/G)`, `c % (W/G)` equal); not a padded key",
         term="the TF table at `[h, Δr + G-1, Δc + G-1]`, offsets in group steps",
         order="group-major after the row / column regrouping (block-diagonal), each group spaced to `S` slots",
-        example=(dict(window_size=7), (1, 28, 28, 64)))
+        example=(dict(window_size=7), (1, 28, 28, 96)))
