@@ -101,6 +101,7 @@ def _same_picture(new: Path, old: Path) -> bool:
     return a.shape == b.shape and float((np.abs(a - b).max(axis=-1) > 32).mean()) <= 0.01
 
 
+@pytest.mark.compile
 def test_generated_pages_and_pictures_are_the_checkouts(tmp_path):
     """`vit-attention docs` written to a new folder (mechanism pages, index and pictures: every docs/attention/
     file) gives the checkout's pages byte for byte and its pictures (:func:`_same_picture`), and the README's

@@ -170,6 +170,7 @@ def test_offset_bias_is_the_tf_table_for_block_only() -> None:
     assert grid.get_offset_bias() is None and not grid.set_offset_bias(offsets)  # offsets in group steps
 
 
+@pytest.mark.compile
 def test_mlp_bias_is_timms_log_offset_mlp_and_follows_the_partition():
     """``rel_pos="mlp"`` (timm RelPosMlp, mode cr): bias[h, q, k] = fc2(ReLU(fc1(sign(d)·ln(1 + |d|))))[h], d the
     offset query minus key; the same MLP serves any partition side (nothing to resample)."""

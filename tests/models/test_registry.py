@@ -61,7 +61,8 @@ def test_model_config_applies_overrides():
 def test_default_num_classes_follow_the_default_tag_like_timm():
     """timm builds a preset with its default pretrained cfg's num_classes; here the same (0: no classifier)."""
     expected = {"davit_base_fl": 0, "davit_huge_fl": 0, "vit_huge_patch14_224": 0, "vit_large_patch32_224": 0,
-                "swinv2_base_window12_192": 21841, "swinv2_large_window12_192": 21841}
+                "swinv2_base_window12_192": 21841, "swinv2_large_window12_192": 21841,
+                "mvitv2_base_cls": 19168, "mvitv2_large_cls": 19168, "mvitv2_huge_cls": 19168}  # ImageNet-21k heads
     changed = {n: get_model_entry(n).default_num_classes() for n in list_models()
                if "num_classes" not in get_model_entry(n).preset and get_model_entry(n).default_num_classes()
                not in (None, 1000)}

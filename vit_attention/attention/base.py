@@ -395,7 +395,7 @@ class AttentionModule(nn.Module):
         :func:`~vit_attention.functional.attention.scaled_dot_product_attention` with the module's attention
         dropout while training (none in eval) and its captured ``fused`` / ``backend`` switches; ``options``: the
         core's other keywords (``scale``, ``bias``, ``mask``, ``is_causal``, ``layout``, ``logits_fn``,
-        ``weights_fn``, ``return_weights``, ``pattern``)."""
+        ``weights_fn``, ``return_weights``, ``pattern``, ``observed``)."""
         return scaled_dot_product_attention(q, k, v, **self.core_options(), **options)
 
     def core_options(self) -> dict[str, Any]:

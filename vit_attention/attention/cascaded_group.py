@@ -18,8 +18,9 @@ On a channels-last map ``[B, H, W, C]`` zero-padded at the bottom / right to ``w
 The padded zeros take part in the softmax unmasked (timm's and the original's rule). The heads are sequential (head
 ``i`` needs head ``i - 1``'s output), so the attention core runs once per head with the windows in the batch: one
 head of ``[B·nW, 1, ws², ·]`` per call, the table's row as a dense ``[ws², ws²]`` bias. While attention
-weights are observed (recording maps), the heads' inputs are computed with the softmax written out and the core then
-runs once over all ``nh`` heads with the window layout: a recording holds one call, a map per head on the image.
+weights are observed (recording maps), the per-head calls are hidden from the observers (``observed=False``) and the
+core then runs once more over all ``nh`` heads with the window layout: a recording holds one call, a map per head on
+the image.
 It runs on the fused, sdpa and explicit backends, not on FlexAttention (the spec's ``backend_note`` says why).
 
 The table belongs to the window it was built for; :meth:`CascadedGroupAttention.set_window_size` resamples it
@@ -222,7 +223,7 @@ class CascadedGroupAttention(AttentionModule):
         win = x.view(B, nWh, wh, nWw, ww, C).permute(0, 1, 3, 5, 2, 4).reshape(Bw, C, wh, ww)  # [B', C, h, w]
         slices = win.chunk(nh, dim=1)  # nh x [B', vd, h, w]
         bias = self.window_bias().to(x.dtype)  # [nh, N, N]
-        observed = bool(WEIGHT_HOOKS)  # maps recorded: one core call of every head (shape observers: per head)
+        observed = bool(WEIGHT_HOOKS)  # maps recorded: one observed core call of every head
         qkv: list[tuple[Tensor, Tensor, Tensor]] = []
         outs: list[Tensor] = []
         feat = slices[0]
@@ -230,12 +231,9 @@ class CascadedGroupAttention(AttentionModule):
             if i:
                 feat = slices[i] + feat  # the cascade: the previous head's output joins this head's slice
             q, k, v = self._head_qkv(i, feat)  # [B', 1, N, ·]
-            if observed:  # the heads' inputs written out; the core runs once over all heads below
+            if observed:  # the heads' inputs, unobserved; the observed core call runs once over all heads below
                 qkv.append((q, k, v))
-                a = (q @ k.transpose(-2, -1) * self.scale + bias[i]).softmax(dim=-1)
-                out = a @ v
-            else:
-                out = self.attend(q, k, v, bias=bias[i][None, None], scale=self.scale)  # [B', 1, N, vd]
+            out = self.attend(q, k, v, bias=bias[i][None, None], scale=self.scale, observed=not observed)
             feat = out.squeeze(1).transpose(1, 2).reshape(Bw, vd, wh, ww)
             outs.append(feat)
         if observed:  # one call of nh heads: the observers get one map per head, placed on the image by the windows

@@ -240,7 +240,7 @@ class _PoolingCore(AttentionModule):
 
 
 @register_attention(
-    "pooling", layout="tokens", needs_feat_size=True,
+    "pooling", layout="tokens", needs_feat_size=True, dense_bias=True,
     description="MViTv2 pooling attention: conv-pooled q / k / v with their norms, decomposed relative positions "
                 "on the pooled grids, the pooled query added back",
     paper="https://arxiv.org/abs/2112.01526",

@@ -57,9 +57,9 @@ class AttentionSpec:
             sequence) or ``"global"`` (spatial mechanisms: the grid keeps the mechanism's pattern and
             the prefix tokens attend globally to every token, the mechanism's ``attend_prefix``).
         fused: the fused attention kernel applies (no weights needed inside the mechanism).
-        dense_bias: it hands the core a dense ``[nh, N, N]`` logit bias that it builds itself (BEiT's
-            relative-position table read at every (query, key) pair), so its memory grows with ``N²`` whatever
-            the kernel: one bias per call, shared by the batch.
+        dense_bias: it hands the core a dense ``[*, nh, N, M]`` logit bias that it builds itself (BEiT's
+            relative-position table read at every (query, key) pair; MViTv2's decomposed positions, read from the
+            queries, per sample), so its memory grows with ``N·M`` whatever the kernel: one bias per call.
         normalized_weights: the weights the core records are probability rows (non-negative, each
             query's row sums to 1); False where a ``weights_fn`` transforms them after the softmax
             (CaiT's talking heads mixes the heads: rows may be negative and need not sum to 1), or where

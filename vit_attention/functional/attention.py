@@ -239,6 +239,7 @@ def scaled_dot_product_attention(
     fused: bool | None = None,
     backend: str | None = None,
     pattern: Any = None,
+    observed: bool = True,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention ``softmax(q kᵀ · scale + bias) v``, masked.
 
@@ -273,6 +274,9 @@ def scaled_dot_product_attention(
         pattern: an :class:`~.flex.AttentionPattern` over this call's ``N`` queries and ``M`` keys
             (4-D q): the flex backend runs its mods block-sparse; the other paths add its dense
             bias / mask to ``bias`` / ``mask``.
+        observed: False hides this call from the observers (maps, shape traces, FLOP records) and does not force
+            the explicit path for them: a mechanism whose one attention is several dependent core calls (a
+            cascade of heads) computes the parts so and reports them as one observed call.
 
     A bad ``mask`` / ``bias`` shape raises a ``ValueError`` naming the argument.
 
@@ -281,7 +285,7 @@ def scaled_dot_product_attention(
     """
     _check_shapes(q, k, v)
     _check_args(q, k, bias, mask, scale)
-    info = hook_info(mask, bias, is_causal, layout) if (WEIGHT_HOOKS or SHAPE_HOOKS) else None
+    info = hook_info(mask, bias, is_causal, layout) if observed and (WEIGHT_HOOKS or SHAPE_HOOKS) else None
     if info is not None:
         for shape_hook in list(SHAPE_HOOKS.values()):
             shape_hook(q, k, v, info)
@@ -292,7 +296,7 @@ def scaled_dot_product_attention(
     backend = ATTENTION_BACKEND.get(backend)
     if backend not in BACKENDS:
         check_backend(backend, "backend")
-    explicit = (return_weights or bool(WEIGHT_HOOKS) or logits_fn is not None or weights_fn is not None
+    explicit = (return_weights or (observed and bool(WEIGHT_HOOKS)) or logits_fn is not None or weights_fn is not None
                 or not FUSED_ATTENTION.get(fused) or backend == "explicit"
                 or (backend == "auto" and _bias_grad_on_cpu(q, bias)))
     if backend == "flex" and not explicit:
@@ -310,7 +314,7 @@ def scaled_dot_product_attention(
         mask = mask | dead  # all-permissive there (no NaN on either path); zeroed below
     if explicit:
         out, weights = _explicit(q, k, v, bias, mask, dead, scale, dropout_p, logits_fn, weights_fn,
-                                 info if WEIGHT_HOOKS else None)
+                                 info if observed and WEIGHT_HOOKS else None)
         return (out, weights) if return_weights else out
     attn_mask = mask if bias is None else bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     out = _fused(q, k, v, attn_mask, dropout_p, is_causal, scale)
