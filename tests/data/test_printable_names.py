@@ -48,7 +48,8 @@ def test_predict_prints_one_line_per_image_whatever_the_names(tmp_path: Path, ca
 
 
 @pytest.mark.parametrize("key, value", [("mean", "abc"), ("mean", [0.3, "x"]), ("std", [0.0]), ("mean", [0.1] * 3),
-                                        ("std", [float("nan")]), ("crop_pct", 2.0), ("classes", "cat")])
+                                        ("std", [float("nan")]), ("crop_pct", 0), ("crop_pct", "x"),
+                                        ("classes", "cat")])
 def test_a_bad_recorded_normalisation_is_named_at_once(tmp_path: Path, key: str, value: object,
                                                        capsys: pytest.CaptureFixture) -> None:
     run = _run(tmp_path / "run", **{"mean": [0.3], "std": [0.3], key: value})

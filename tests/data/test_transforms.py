@@ -69,6 +69,37 @@ def test_model_data_config_follows_the_model(image):
     assert create_transform(grey)(image).shape == (1, 32, 32)
 
 
+@pytest.mark.parametrize("name, size", [("volo_d4_448", 448), ("volo_d5_448.sail_in1k", 448),
+                                        ("volo_d5_512.sail_in1k", 512)])
+def test_crop_pct_above_one_pads_black(name, size):
+    """timm's VOLO 448 / 512 px tags (crop_pct 1.15): the shorter side resized to floor(size / 1.15), padded black
+    as torchvision's CenterCrop does ((crop - side) // 2 rows above, the rest below), the longer side cropped."""
+    with torch.device("meta"):
+        model = create_model(name)
+    cfg = resolve_data_config(model)
+    assert cfg.crop_pct == 1.15 and cfg.crop_mode == "center" and cfg.input_size == (3, size, size)
+    side = int(size // 1.15)
+    top = (size - side) // 2
+    out = create_transform(cfg)(Image.new("RGB", (500, 400), (200, 150, 100)))  # landscape: pads rows only
+    assert out.shape == (3, size, size) and side < size
+    mean, std = torch.tensor(cfg.mean).view(3, 1, 1), torch.tensor(cfg.std).view(3, 1, 1)
+    black = ((0 - mean) / std).expand(3, 1, size)
+    assert torch.equal(out[:, :top], black.expand(3, top, size))
+    assert torch.equal(out[:, top + side:], black.expand(3, size - top - side, size))
+    inside = out[:, top:top + side] * std + mean  # back to [0, 1]: the grey of the image, no black column
+    assert torch.allclose(inside, torch.tensor([200, 150, 100]).view(3, 1, 1) / 255, atol=1e-5)
+
+
+def test_border_mode_pads_with_the_mean_colour():
+    """crop_mode "border" pads with the mean colour (timm's CenterCropOrPad(fill=mean)), at any crop_pct."""
+    cfg = DataConfig(input_size=(3, 32, 32), crop_pct=1.15, crop_mode="border")
+    out = create_transform(cfg)(Image.new("RGB", (40, 20), (255, 255, 255)))  # resized to 27x14, padded
+    fill = torch.tensor([round(255 * m) for m in cfg.mean]).view(3, 1, 1) / 255
+    pad = (fill - torch.tensor(cfg.mean).view(3, 1, 1)) / torch.tensor(cfg.std).view(3, 1, 1)
+    assert torch.equal(out[:, :, :2], pad.expand(3, 32, 2)) and torch.equal(out[:, :2], pad.expand(3, 2, 32))
+    assert out[:, 16, 16].tolist() == pytest.approx(((1 - torch.tensor(cfg.mean)) / torch.tensor(cfg.std)).tolist())
+
+
 def test_train_transform_is_seeded(image):
     cfg = resolve_data_config("swin_tiny_patch4_window7_224", input_size=(3, 32, 32))
     a = create_transform(cfg, training=True, generator=torch.Generator().manual_seed(3))(image)
@@ -77,8 +108,12 @@ def test_train_transform_is_seeded(image):
 
 
 def test_bad_configs_name_the_field(image):
-    with pytest.raises(ValueError, match="crop_pct"):
-        DataConfig(crop_pct=0)
+    for bad in (0, -0.5, float("nan"), float("inf"), "x", True):
+        with pytest.raises(ValueError, match="crop_pct must be a positive number"):
+            DataConfig(crop_pct=bad)
+    with pytest.raises(ValueError, match="less than 1 pixel"):
+        DataConfig(input_size=(3, 8, 16), crop_pct=9)
+    assert DataConfig(input_size=(3, 8, 16), crop_pct=8).crop_pct == 8  # floor(8 / 8) = 1 pixel: allowed
     with pytest.raises(ValueError, match="interpolation"):
         DataConfig(interpolation="cubic")
     with pytest.raises(ValueError, match="mean has 3 values for 1 channels"):

@@ -95,6 +95,19 @@ def test_load_image_resize_and_centre_crop(tmp_path: Path) -> None:
     assert g.shape == (1, 6, 8)
     with pytest.raises(ValueError, match="in_chans"):
         load_image(tmp_path / "wide.png", 8, in_chans=2)
+    with pytest.raises(ValueError, match="crop_pct must be a positive number"):
+        load_image(tmp_path / "wide.png", 8, crop_pct=0.0)
+
+
+def test_load_image_crop_pct_above_one_pads_black(tmp_path: Path) -> None:
+    """crop_pct 1.6 at 8 px: shorter side to floor(8 / 1.6) = 5, padded to 8 with black, 1 row above, 2 below."""
+    from PIL import Image
+
+    Image.fromarray(torch.full((20, 40, 3), 200, dtype=torch.uint8).numpy()).save(tmp_path / "grey.png")
+    x = load_image(tmp_path / "grey.png", 8, crop_pct=1.6)  # resized to 10x5, then 8 columns of its centre
+    assert x.shape == (3, 8, 8)
+    assert torch.equal(x[:, 1:6], torch.full((3, 5, 8), 200 / 255))
+    assert x[:, :1].abs().max() == 0 and x[:, 6:].abs().max() == 0
 
 
 def test_batches_are_seeded_and_shards_partition() -> None:

@@ -54,10 +54,17 @@ def _err(capsys: pytest.CaptureFixture) -> str:
 
 
 def test_predict_crop_pct_zero_names_the_option(run: Path, digit_png: Path, capsys: pytest.CaptureFixture) -> None:
-    for bad in ("0", "-0.5", "1.5"):
+    for bad in ("0", "-0.5", "nan", "inf"):
         assert main(["predict", str(digit_png), "--checkpoint", str(run), "--crop-pct", bad]) == 2
         err = _err(capsys)
-        assert "--crop-pct must be in (0, 1]" in err and "cannot read image" not in err
+        assert "--crop-pct must be a positive number" in err and "cannot read image" not in err
+
+
+def test_predict_takes_a_crop_pct_above_one(run: Path, digit_png: Path, capsys: pytest.CaptureFixture) -> None:
+    """timm's meaning: crop_pct 1.6 resizes the 8x8 digit to 5x5 and pads it to 8x8 (no longer refused)."""
+    assert main(["predict", str(digit_png), "--checkpoint", str(run), "--crop-pct", "1.6", "--topk", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith(str(digit_png))
 
 
 def test_predict_with_the_model_name_as_an_image_says_to_use_model(digit_png: Path,

@@ -78,7 +78,7 @@ def test_table_is_consistent_with_the_registry():
     for key, cfg in PRETRAINED_CFGS.items():
         name, tag = key.split(".", 1)
         assert name in names and name in DEFAULT_TAGS, key
-        assert len(cfg["input_size"]) == 3 and 0 < cfg["crop_pct"] <= 1 and len(cfg["mean"]) == cfg["input_size"][0]
+        assert len(cfg["input_size"]) == 3 and cfg["crop_pct"] > 0 and len(cfg["mean"]) == cfg["input_size"][0]
     assert all(f"{n}.{t}" in PRETRAINED_CFGS for n, t in DEFAULT_TAGS.items())
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,10 +36,13 @@ TRANSFORM_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "cro
 class DataConfig(Mapping[str, Any]):
     """The eval data config of a model and where its weights come from (JSON-serialisable, read-only).
 
-    ``input_size``: ``(C, H, W)``; ``crop_pct``: the share of the resized image kept (the image is
-    resized to ``size / crop_pct``, then cropped to ``size``); ``crop_mode``: ``"center"`` (shorter
-    side, keep aspect, centre crop), ``"squash"`` (both sides, aspect not kept), ``"border"``
-    (longer side, pad with the mean colour); ``interpolation``: a Pillow filter name;
+    ``input_size``: ``(C, H, W)``; ``crop_pct``: any positive number, crop size / resize size (the
+    image is resized to ``floor(size / crop_pct)``, then centre-cropped to ``size``: below 1 the
+    border is cut off, above 1, as timm's VOLO 448 / 512 px tags' 1.15, the resized image is
+    smaller than the crop and padded); ``crop_mode``: ``"center"`` (shorter side, keep aspect,
+    centre crop, padding black as torchvision's ``CenterCrop``), ``"squash"`` (both sides, aspect
+    not kept, padding black), ``"border"`` (longer side, padded with the mean colour as timm's
+    ``CenterCropOrPad(fill=mean)``); ``interpolation``: a Pillow filter name;
     ``mean`` / ``std``: per channel, on ``[0, 1]`` pixels. ``num_classes``, ``hf_hub_id``,
     ``license``, ``tag`` and ``label_names`` (class names, when the weights carry them) describe
     the weights.
@@ -73,8 +77,12 @@ class DataConfig(Mapping[str, Any]):
         if self.crop_mode not in CROP_MODES:
             raise ValueError(f"crop_mode must be one of {', '.join(CROP_MODES)}; got {self.crop_mode!r}")
         if not isinstance(self.crop_pct, numbers.Real) or isinstance(self.crop_pct, bool) \
-                or not 0 < self.crop_pct <= 1:
-            raise ValueError(f"crop_pct must be in (0, 1] (the share of the resized image kept), got {self.crop_pct!r}")
+                or not 0 < self.crop_pct < math.inf:
+            raise ValueError(f"crop_pct must be a positive number (crop size / resize size; above 1 pads the "
+                             f"resized image), got {self.crop_pct!r}")
+        if math.floor(min(self.input_size[1:]) / self.crop_pct) < 1:
+            raise ValueError(f"crop_pct {self.crop_pct!r} resizes the images to less than 1 pixel for input_size "
+                             f"{self.input_size}; give a smaller crop_pct")
         for name in ("mean", "std"):
             v = getattr(self, name)
             if not isinstance(v, Sequence) or not all(isinstance(x, numbers.Real) for x in v):

@@ -3,10 +3,14 @@
 The eval transform follows timm's for the same config (``crop_mode="center"``: shorter side
 resized to ``floor(size / crop_pct)``, the longer one to ``int(that * long / short)``, centre
 crop with ``round``ed offsets; ``"squash"``: both sides to ``floor(size / crop_pct)``;
-``"border"``: the longer side to it, padded with the mean colour), then ``[0, 255] -> [0, 1]``
-and ``(x - mean) / std`` in float32. Both resize with Pillow, so on Pillow images the outputs
-are equal bit for bit (tests/data/test_transforms.py checks a ViT, a DeiT and a Swin config and
-a bilinear one against timm's output). Tensors are not resized here: timm would resize them
+``"border"``: the longer side to it), then ``[0, 255] -> [0, 1]`` and ``(x - mean) / std`` in
+float32. ``crop_pct`` above 1 (timm's VOLO 448 / 512 px tags use 1.15) leaves the resized image
+smaller than the crop: it is padded, ``(crop - side) // 2`` before and the rest after, with
+black in the ``"center"`` and ``"squash"`` modes (torchvision's ``CenterCrop``, which timm uses
+there) and with the mean colour in ``"border"`` mode (timm's ``CenterCropOrPad(fill=mean)``).
+Both resize with Pillow, so on Pillow images the outputs are equal bit for bit
+(tests/data/test_transforms.py checks a ViT, a DeiT and a Swin config, a bilinear one and the
+three modes at crop_pct 1.15 against timm's output). Tensors are not resized here: timm would resize them
 with torchvision's tensor kernels, which differ from Pillow's by up to a few grey levels; give
 images (or paths) instead. Images of every Pillow mode (16-bit, float, transparent, CMYK ...) are
 read by :func:`~vit_attention.data.read_image` first (its rules keep their values; never clipped).
@@ -109,7 +113,8 @@ class ImageTransform:
         size = resize_size(img.size, cfg)
         if size != img.size:
             img = img.resize(size, _pil_filter(cfg.interpolation))
-        fill = tuple(round(255 * m) for m in cfg.mean)
+        # timm pads with the mean colour in "border" mode only; torchvision's CenterCrop pads with 0
+        fill = tuple(round(255 * m) for m in cfg.mean) if cfg.crop_mode == "border" else (0,) * len(cfg.mean)
         return _center_crop_or_pad(img, cfg.img_size, fill)
 
     def _random_resized_crop(self, image: Any) -> Any:

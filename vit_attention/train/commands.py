@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -471,9 +472,9 @@ def _predict(args: argparse.Namespace) -> int:
 
     if args.topk < 1:
         raise ValueError(f"--topk must be an int >= 1 (how many classes to show per image), got {args.topk}")
-    if args.crop_pct is not None and not 0 < args.crop_pct <= 1:
-        raise ValueError(f"--crop-pct must be in (0, 1] (the centre share of the image kept; 1 = whole image), "
-                         f"got {args.crop_pct}")
+    if args.crop_pct is not None and not 0 < args.crop_pct < math.inf:
+        raise ValueError(f"--crop-pct must be a positive number (crop size / resize size: below 1 the border is "
+                         f"cut off, 1 = whole image, above 1 padded), got {args.crop_pct}")
     missing = [p for p in args.images if not Path(p).exists()]
     if missing:
         from ..models import list_models
@@ -631,8 +632,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
             p.add_argument("--topk", type=int, default=5, help="classes shown per image, >= 1 (default 5; at "
                                                                "most the model's number of classes)")
             p.add_argument("--crop-pct", type=float, default=None,
-                           help="centre-crop share in (0, 1] (default: as in training, else the model's data "
-                                "config; 1 = whole image)")
+                           help="crop size / resize size, a positive number (default: as in training, else "
+                                "the model's data config; 1 = whole image, below 1 the border cut off, above 1 "
+                                "padded black)")
         p.add_argument("--checkpoint", default=None,
                        help="run folder, model.safetensors or checkpoint.safetensors (or, with --model, a foreign "
                             "file, a Hugging Face model folder or hf-hub:ORG/REPO)")

@@ -121,8 +121,8 @@ def _geometry(img_size: int | tuple[int, int], in_chans: int, crop_pct: float) -
     h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
     if in_chans not in (1, 3):
         raise ValueError(f"in_chans must be 1 (grayscale) or 3 (RGB) for image files, got {in_chans}")
-    if not 0 < crop_pct <= 1:
-        raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
+    if not 0 < crop_pct < math.inf:
+        raise ValueError(f"crop_pct must be a positive number (crop size / resize size), got {crop_pct}")
     return ImageTransform(DataConfig(input_size=(in_chans, h, w), interpolation="bicubic", crop_pct=crop_pct,
                                      crop_mode="center", mean=(0.0,) * in_chans, std=(1.0,) * in_chans))
 

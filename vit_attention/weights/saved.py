@@ -124,7 +124,7 @@ def _check_recorded_data(saved: SavedModel) -> SavedModel:
 
     ``mean`` / ``std``: lists of finite numbers, one per input channel (or one for all), ``std`` positive
     (those of a recorded ``data_config`` too: a pretrained model's RGB values, fitted to the channels later);
-    ``crop_pct``: a number in (0, 1]; ``classes``: a list (of names).
+    ``crop_pct``: a positive number; ``classes``: a list (of names).
     """
     md = saved.metadata
     channels = saved.config.get("in_chans")
@@ -141,8 +141,8 @@ def _check_recorded_data(saved: SavedModel) -> SavedModel:
             raise ValueError(f"{saved.path}: its recorded {key!r} must be a list of finite numbers, one per input "
                              f"channel ({channels}){', positive' if key.endswith('std') else ''}; got {str(v)[:80]!r}")
     crop = md.get("crop_pct")
-    if crop is not None and not (_is_number(crop) and 0 < crop <= 1):
-        raise ValueError(f"{saved.path}: its recorded 'crop_pct' must be a number in (0, 1]; got {str(crop)[:80]!r}")
+    if crop is not None and not (_is_number(crop) and crop > 0):
+        raise ValueError(f"{saved.path}: its recorded 'crop_pct' must be a positive number; got {str(crop)[:80]!r}")
     if "classes" in md and not isinstance(md["classes"], list):
         raise ValueError(f"{saved.path}: its recorded 'classes' must be a list of class names; got "
                          f"{str(md['classes'])[:80]!r}")
