@@ -27,10 +27,13 @@ import functools
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
+import torch.jit
+import torch.onnx
 
 _LEFT_OUT_BY_FAST = ("slow", "compile")
 
@@ -105,13 +108,31 @@ def _counting_popen_init(self: subprocess.Popen, *args: object, **kwargs: object
 subprocess.Popen.__init__ = _counting_popen_init  # type: ignore[method-assign]
 
 
-def _dynamo_frames() -> int:
-    """Frames TorchDynamo has converted in this process (0 while it was never imported: importing it costs)."""
+_TORCHSCRIPT = [0]  # TorchScript captures (jit trace / script, the TorchScript ONNX exporter) in this process
+
+
+def _counting(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        _TORCHSCRIPT[0] += 1
+        return fn(*args, **kwargs)
+
+    return counted
+
+
+torch.jit.trace, torch.jit.trace_module, torch.jit.script = (  # type: ignore[assignment]
+    _counting(torch.jit.trace), _counting(torch.jit.trace_module), _counting(torch.jit.script))
+torch.onnx.export = _counting(torch.onnx.export)  # type: ignore[assignment]
+
+
+def _traced() -> int:
+    """Frames TorchDynamo has converted (0 while it was never imported: importing it costs) plus the TorchScript
+    captures of this process."""
     if "torch._dynamo" not in sys.modules:
-        return 0
+        return _TORCHSCRIPT[0]
     from torch._dynamo.utils import counters
 
-    return sum(counters["frames"].values()) + sum(counters["stats"].values())
+    return sum(counters["frames"].values()) + sum(counters["stats"].values()) + _TORCHSCRIPT[0]
 
 
 @pytest.fixture(autouse=True)
@@ -128,14 +149,15 @@ def _torchrun_tests_take_turns(request: pytest.FixtureRequest) -> Iterator[None]
 @pytest.fixture(autouse=True)
 def _fast_tier_markers_are_true(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under ``--fast`` (where no ``slow`` or ``compile`` test runs, so nothing was traced or started before):
-    a test that starts a process must be marked ``slow``, one that traces through dynamo ``compile``."""
+    a test that starts a process must be marked ``slow``, one that traces (dynamo, TorchScript) ``compile``."""
     if not request.config.getoption("--fast"):
         yield
         return
-    started, frames = _STARTED[0], _dynamo_frames()
+    started, traced = _STARTED[0], _traced()
     yield
     if _STARTED[0] != started:
         pytest.fail(f"{request.node.nodeid} started a process: mark it `@pytest.mark.slow` (left out by --fast)")
-    if _dynamo_frames() != frames:
-        pytest.fail(f"{request.node.nodeid} traced through TorchDynamo (torch.compile, torch.export, ONNX or "
-                    "FlexAttention): mark it `@pytest.mark.compile` (left out by --fast)")
+    if _traced() != traced:
+        pytest.fail(f"{request.node.nodeid} traced through TorchDynamo (torch.compile, torch.export, FlexAttention) "
+                    "or TorchScript (jit trace / script, ONNX export): mark it `@pytest.mark.compile` (left out by "
+                    "--fast)")

@@ -90,6 +90,9 @@ def test_starts_a_process_unmarked():
 def test_traces_unmarked():
     torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))
 
+def test_scripts_unmarked():
+    torch.jit.trace(torch.nn.Linear(2, 2), torch.ones(1, 2))
+
 def test_plain():
     assert torch.ones(2).sum() == 2
 '''
@@ -107,8 +110,10 @@ def test_fast_fails_a_test_whose_work_needs_a_marker_it_lacks(tmp_path: Path) ->
                               timeout=300, cwd=tmp_path, env={"PYTHONPATH": str(TESTS), "PATH": ""}).stdout
 
     fast = run("--fast")
-    assert "3 passed, 2 errors" in fast, fast[-3000:]  # a teardown error after each call that did the work
+    assert "4 passed, 3 errors" in fast, fast[-3000:]  # a teardown error after each call that did the work
     assert "test_starts_a_process_unmarked started a process: mark it `@pytest.mark.slow`" in fast
     assert "test_traces_unmarked traced through TorchDynamo" in fast and "`@pytest.mark.compile`" in fast
+    assert "test_scripts_unmarked traced through TorchDynamo (torch.compile, torch.export, FlexAttention) or " \
+        "TorchScript" in fast
     whole = run()
-    assert "3 passed" in whole and "error" not in whole, whole[-3000:]
+    assert "4 passed" in whole and "error" not in whole, whole[-3000:]

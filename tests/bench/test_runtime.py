@@ -15,6 +15,7 @@ TINY = dict(models=["vit_tiny_patch16_224"], img_size=32, batch_size=2, rounds=2
             model_kwargs=dict(depth=1), threads=1)
 
 
+@pytest.mark.compile
 def test_onnxruntime_row_with_ratio_per_round_and_parity() -> None:
     report = run_benchmark(BenchConfig(**TINY, runtimes=["onnxruntime"]))
     rows = {r["impl"]: r for r in report["results"]}
@@ -46,6 +47,7 @@ def test_unknown_runtime_and_missing_package_are_named(monkeypatch: pytest.Monke
         run_benchmark(BenchConfig(**TINY, runtimes=["onnxruntime"]))
 
 
+@pytest.mark.compile
 def test_cli_runtime_option(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["bench", "vit_tiny_patch16_224", "--img-size", "32", "--batch-size", "2", "--rounds", "1",
                  "--warmup", "0", "--peak-size", "128", "--threads", "1", "--runtime", "onnxruntime", "--json",

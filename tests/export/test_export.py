@@ -16,6 +16,8 @@ from vit_attention.cli import main
 from vit_attention.export import MAX_OPSET, MIN_OPSET, export_model, to_onnx, verify_onnx
 from vit_attention.weights import save_weights
 
+pytestmark = pytest.mark.compile
+
 DIGITS = "vit_digits_patch2_8"  # 8 px, a few hundred thousand parameters: quick to export
 SWIN = "swin_digits_patch2_window2_8"
 
@@ -60,7 +62,6 @@ def test_static_batch_fixes_the_batch(tmp_path: Path) -> None:
     assert onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 2
 
 
-@pytest.mark.compile
 @pytest.mark.parametrize("argv, batch", [([], 1), (["--batch-size", "4"], 4)])
 def test_cli_static_batch_is_the_batch_asked(argv: list[str], batch: int, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
@@ -78,7 +79,6 @@ def test_cli_static_batch_is_the_batch_asked(argv: list[str], batch: int, tmp_pa
         loaded(torch.randn(batch + 1, 3, 6, 6))
 
 
-@pytest.mark.compile
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.load
 def test_cli_exports_a_naflexvit_run_with_a_resized_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     name = "naflexvit_base_patch16_siglip"  # bilinear, anti-aliased: no ONNX op for it

@@ -22,6 +22,8 @@ from vit_attention.attention import get_attention_spec, list_attention
 from vit_attention.export import INPUT_NAME, MAX_OPSET, MIN_OPSET, OUTPUT_NAME, to_onnx, verify_onnx
 from vit_attention.models import list_models
 
+pytestmark = pytest.mark.compile
+
 RTOL = 1e-4
 BATCHES = (1, 3)
 MECHANISM_BASE = "vit_digits_patch2_8_gap"  # grid tokens pooled, no class token: spatial mechanisms fit too

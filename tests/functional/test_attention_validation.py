@@ -70,6 +70,7 @@ class _Masked(torch.nn.Module):
         return self.attn(x, AttentionCall(mask=self.mask))
 
 
+@pytest.mark.compile
 def test_mask_check_adds_no_tracer_warnings() -> None:
     model, x = _Masked().eval(), torch.randn(2, 5, 12)
     with warnings.catch_warnings(record=True) as caught:
