@@ -110,7 +110,7 @@ def test_fast_fails_a_test_whose_work_needs_a_marker_it_lacks(tmp_path: Path) ->
                               timeout=300, cwd=tmp_path, env={"PYTHONPATH": str(TESTS), "PATH": ""}).stdout
 
     fast = run("--fast")
-    assert "4 passed, 3 errors" in fast, fast[-3000:]  # a teardown error after each call that did the work
+    assert "4 passed" in fast and "3 errors" in fast, fast[-3000:]  # a teardown error after each call that did it
     assert "test_starts_a_process_unmarked started a process: mark it `@pytest.mark.slow`" in fast
     assert "test_traces_unmarked traced through TorchDynamo" in fast and "`@pytest.mark.compile`" in fast
     assert "test_scripts_unmarked traced through TorchDynamo (torch.compile, torch.export, FlexAttention) or " \
