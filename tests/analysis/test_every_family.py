@@ -34,6 +34,7 @@ def test_the_sweep_covers_the_families_with_gathered_attention() -> None:
     assert modules <= set(builtin_families())
 
 
+@pytest.mark.slow  # every family at full size on the meta device (~0.3 s a family)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_info_and_trace_run_for_every_family(family: str) -> None:
     name = FAMILIES[family]

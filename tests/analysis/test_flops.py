@@ -83,6 +83,7 @@ def test_the_models_page_lists_every_model_in_order_under_its_generated_header()
     assert len(text.splitlines()) == len(header.splitlines()) + len(list_models())
 
 
+@pytest.mark.slow  # full-size models counted on the meta device (~0.3 s a model)
 @pytest.mark.registry
 @pytest.mark.parametrize("name", list_models())
 def test_full_size_totals_are_the_docs_and_the_published_ones(name):
