@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
 QUICK_START = ("bash scripts/setup.sh && .venv/bin/vit-attention",
-               "bash scripts/setup.sh && .venv/bin/python -m pytest -q -n 2 tests")
+               "bash scripts/setup.sh && .venv/bin/python -m pytest -q tests")
 
 
 def _slug(heading: str) -> str:

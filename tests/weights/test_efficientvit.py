@@ -55,7 +55,7 @@ def test_original_repository_layout_and_parity(fixture, name, extra):
     stage 0; ``head.op_list``) load one to one; with its LiteMLA eps (1e-15) the logits, features and pre-logits
     agree. timm's eps (1e-5) moves the B model's perturbed logits by more than the parity tolerance."""
     state, t, _ = load_fixture(fixture)
-    model = create_model(name, **SMALL, **extra, attn_kwargs={"eps": 1e-15}).eval()
+    model = create_model(name, **SMALL, **extra, attn_eps=1e-15).eval()
     report = LoadReport()
     converted = convert_state_dict(state, model, report=report)
     assert report.layout == "original" and set(converted) == set(model.state_dict()) and len(converted) == len(state)

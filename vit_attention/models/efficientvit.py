@@ -72,7 +72,8 @@ class EfficientViTConfig(ConfigMixin):
     ``"gelu_tanh"`` (L). ``norm_eps``: every BatchNorm's and the head LayerNorm's eps (the head's BatchNorm:
     ``head_bn_eps``). ``drop_path_rate``: stochastic depth on the stages' residual branches, rising linearly over
     their blocks (0 in timm and the original). ``attn_layer``: the EfficientViT blocks' mechanism (``lite_mla``;
-    ``attn_scales``: its aggregation kernels).
+    ``attn_scales``: its aggregation kernels; ``attn_eps``: its division's eps, timm 1.0.31's 1e-5, the original
+    repository's 1e-15; both reach a mechanism only where it takes them).
     """
 
     img_size: int | tuple[int, int] = 224
@@ -92,6 +93,7 @@ class EfficientViTConfig(ConfigMixin):
     drop_path_rate: float = 0.0
     attn_layer: str = "lite_mla"
     attn_scales: tuple[int, ...] = (5,)
+    attn_eps: float = 1e-5
     attn_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -112,6 +114,7 @@ class EfficientViTConfig(ConfigMixin):
             raise ValueError(f"act_layer must be one of {', '.join(map(repr, _ACTS))}; got {self.act_layer!r}")
         check_float(self.norm_eps, "norm_eps", low_open=True)
         check_float(self.head_bn_eps, "head_bn_eps", low_open=True)
+        check_float(self.attn_eps, "attn_eps")
         if self.attn_scales:
             check_int_seq(self.attn_scales, "attn_scales")
         check_attn_layer(self.attn_layer, self.attn_kwargs, layout=None)
@@ -204,7 +207,8 @@ class EfficientViTBlock(nn.Module):
                  drop_path: float = 0.0) -> None:
         super().__init__()
         act, eps = _ACTS[cfg.act_layer], cfg.norm_eps
-        own = accepted_kwargs(cfg.attn_layer, dict(scales=cfg.attn_scales, bn_eps=eps, depth_index=depth_index))
+        own = accepted_kwargs(cfg.attn_layer, dict(scales=cfg.attn_scales, bn_eps=eps, eps=cfg.attn_eps,
+                                                   depth_index=depth_index))
         self.attn = create_attention(cfg.attn_layer, dim, dim // cfg.head_dim, **{**own, **cfg.attn_kwargs})
         self.local_module = Residual(local_block(dim, dim, stride=1, expand_ratio=expand_ratio, act=act, eps=eps,
                                                  fewer_norm=True), drop_path=drop_path)
@@ -397,12 +401,12 @@ def reduced_config(cfg: EfficientViTConfig) -> dict[str, Any]:
     """Overrides that shrink an EfficientViT preset for tests: widths 8 ... 32, head_dim 8, a small head, on a 64 px
     image; the stem keeps one residual block and every stage at least one block after its downsampling (B: stage 1
     two), so each block kind of the series (DSConv / ConvBlock, MBConv, FusedMBConv, fewer-norm, EfficientViT
-    block) stays. The series (B / L: activation, eps, expansions) is kept. LiteMLA's ``eps`` is 1e-2 (timm's 1e-5):
+    block) stays. The series (B / L: activation, eps, expansions) is kept. LiteMLA's ``attn_eps`` is 1e-2 (timm's 1e-5):
     a query whose ReLU features barely clear zero makes the ratio as ill-conditioned as the eps allows, and with
     1e-5 one reduced model's outputs moved by 1.7e-5 of their maximum between one and two threads; 1e-2 keeps every
     reduced model within 1e-6, so its saved outputs reproduce on any thread count and CPU."""
     return dict(widths=(8, 8, 16, 16, 32), depths=(1, 2, 2, 1, 1), head_dim=8, head_widths=(32, 48), img_size=64,
-                attn_kwargs={"eps": 1e-2})
+                attn_eps=1e-2)
 
 
 register_family("efficientvit", EfficientViT, EfficientViTConfig, _PRESETS, meta=_META, reduced=reduced_config)

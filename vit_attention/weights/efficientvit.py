@@ -12,7 +12,7 @@
   ``backbone.stages.0.op_list.{j}`` (L) is the stem (``0``: ``in_conv``, ``j``: ``res{j-1}``),
   ``backbone.stages.{s}.op_list.{j}`` stage ``s`` (L: ``s - 1``) block ``j``, ``head.op_list.{0, 2, 3}`` the head's
   ``in_conv``, ``hidden`` + ``norm`` and ``fc``; inside, timm's names (which timm took from it). The original's
-  LiteMLA divides with ``eps = 1e-15`` (``attn_kwargs={"eps": 1e-15}`` reproduces it; timm's 1e-5 differs by
+  LiteMLA divides with ``eps = 1e-15`` (``attn_eps=1e-15`` reproduces it; timm's 1e-5 differs by
   ~1e-7) and its model zoo sets every norm's eps of the L models to 1e-7, the head's BatchNorm included
   (``head_bn_eps=1e-7``; timm keeps 1e-5 there).
 
