@@ -12,7 +12,8 @@ decorator on the test); nothing here guesses them from names or paths:
 * ``slow``: a test that starts another process (the CLI, training, torchrun, signals, fresh imports),
   the digits run, inductor code generation, ...
 * ``compile``: a test that traces through TorchDynamo (``torch.compile``, ``torch.export``, ONNX export,
-  FlexAttention, which runs through dynamo even eagerly on the CPU) or TorchScript: seconds per case.
+  FlexAttention, which runs through dynamo even eagerly on the CPU) or TorchScript (jit trace / script, the ONNX
+  exporter): seconds per case.
 
 ``pytest --fast`` is the contributors' tier: it leaves out ``slow`` and ``compile`` tests and every
 registry sweep item but the family representative's, so each mechanism and each family still runs
@@ -108,7 +109,8 @@ def _counting_popen_init(self: subprocess.Popen, *args: object, **kwargs: object
 subprocess.Popen.__init__ = _counting_popen_init  # type: ignore[method-assign]
 
 
-_TORCHSCRIPT = [0]  # TorchScript captures (jit trace / script, the TorchScript ONNX exporter) in this process
+_TORCHSCRIPT = [0]  # TorchScript traces (jit trace, the TorchScript ONNX exporter) in this process; not jit.script,
+# which libraries also apply as a decorator when a module is first imported
 
 
 def _counting(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -120,8 +122,7 @@ def _counting(fn: Callable[..., Any]) -> Callable[..., Any]:
     return counted
 
 
-torch.jit.trace, torch.jit.trace_module, torch.jit.script = (  # type: ignore[assignment]
-    _counting(torch.jit.trace), _counting(torch.jit.trace_module), _counting(torch.jit.script))
+torch.jit.trace, torch.jit.trace_module = _counting(torch.jit.trace), _counting(torch.jit.trace_module)
 torch.onnx.export = _counting(torch.onnx.export)  # type: ignore[assignment]
 
 
@@ -159,5 +160,5 @@ def _fast_tier_markers_are_true(request: pytest.FixtureRequest) -> Iterator[None
         pytest.fail(f"{request.node.nodeid} started a process: mark it `@pytest.mark.slow` (left out by --fast)")
     if _traced() != traced:
         pytest.fail(f"{request.node.nodeid} traced through TorchDynamo (torch.compile, torch.export, FlexAttention) "
-                    "or TorchScript (jit trace / script, ONNX export): mark it `@pytest.mark.compile` (left out by "
+                    "or TorchScript (jit trace, ONNX export): mark it `@pytest.mark.compile` (left out by "
                     "--fast)")

@@ -217,3 +217,23 @@ def test_a_reused_mask_follows_in_place_edits():
     second = scaled_dot_product_attention(q, q, q, mask=mask)
     assert torch.equal(second[..., 2, :], torch.zeros_like(second[..., 2, :]))
     torch.testing.assert_close(second[..., :2, :], first[..., :2, :])
+
+
+def test_an_unobserved_call_is_hidden_from_every_observer_and_computes_the_same() -> None:
+    """``observed=False`` (the parts of a cascade reported as one call): no weights hook and no shape hook sees it,
+    and it takes the path it would take with nobody watching; ``observed=True`` (the default) is seen by both."""
+    from vit_attention.functional import register_attention_hook
+
+    q, k, v = (torch.randn(2, 3, 5, 4) for _ in range(3))
+    seen: list[str] = []
+    handles = [register_attention_hook(lambda w, info: seen.append("weights")),
+               register_attention_hook(lambda q, k, v, info: seen.append("shapes"), weights=False)]
+    try:
+        hidden = scaled_dot_product_attention(q, k, v, observed=False)
+        assert seen == []
+        shown = scaled_dot_product_attention(q, k, v)
+        assert sorted(seen) == ["shapes", "weights"]
+    finally:
+        for h in handles:
+            h.remove()
+    torch.testing.assert_close(hidden, shown, rtol=1e-6, atol=1e-6)
