@@ -20,15 +20,14 @@ class count.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from torch import Tensor, nn
 
-from ..functional.attention_bias import resize_attention_bias_table
 from .layouts import register_adapter, register_converter
+from .levit import resample_bias_tables
 from .vit import drop_mismatched_heads
 
 State = dict[str, Tensor]
@@ -71,21 +70,8 @@ def _from_original(state: State, model: nn.Module) -> State:
 def _adapt(state: State, model: nn.Module, report: Any) -> State:
     """Tables of another square window resampled to each mechanism's ``window_size``; a classifier of another class
     count dropped."""
-    own = model.state_dict()
-    resized = 0
-    for name, module in model.named_modules():
-        key = f"{name}.attention_biases"
-        table, window = state.get(key), getattr(module, "window_size", None)
-        if table is None or key not in own or window is None or table.dim() != 2 or table.shape == own[key].shape:
-            continue
-        side = math.isqrt(table.shape[1])
-        if side * side == table.shape[1] and table.shape[0] == own[key].shape[0]:
-            state[key] = resize_attention_bias_table(table, (side, side), tuple(window))
-            resized += 1
-    if resized:
-        report.notes.append(f"{resized} attention_biases tables resampled to the model's windows (timm's "
-                            "resize_rel_pos_bias_table_levit rule)")
-    return drop_mismatched_heads(state, own, ("head.linear.",), report)
+    state = resample_bias_tables(state, model, "window_size", report, what="windows")
+    return drop_mismatched_heads(state, model.state_dict(), ("head.linear.",), report)
 
 
 register_converter("efficientvit_msra", "original", _is_original, _from_original)

@@ -168,14 +168,17 @@ def _hf_levit_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _adapt_levit(state: State, model: nn.Module, report: Any) -> State:
-    """Tables of another square grid resampled to each module's ``resolution``; a classifier of another class
-    count dropped."""
+def resample_bias_tables(state: State, model: nn.Module, grid_attr: str, report: Any, *, what: str = "grids"
+                         ) -> State:
+    """``state`` with every ``<module>.attention_biases`` table ``[nh, h·h]`` of another square grid resampled to
+    the grid the model's module holds in ``grid_attr`` (LeViT's ``resolution``, EfficientViT-MSRA's
+    ``window_size``): timm's ``resize_rel_pos_bias_table_levit`` rule. A table of another head count or a
+    non-square length is left for the shape check to name. ``what`` names the grids in the report's note."""
     own = model.state_dict()
     resized = 0
     for name, module in model.named_modules():
         key = f"{name}.attention_biases"
-        table, grid = state.get(key), getattr(module, "resolution", None)
+        table, grid = state.get(key), getattr(module, grid_attr, None)
         if table is None or key not in own or grid is None or table.dim() != 2 or table.shape == own[key].shape:
             continue
         side = math.isqrt(table.shape[1])
@@ -183,9 +186,16 @@ def _adapt_levit(state: State, model: nn.Module, report: Any) -> State:
             state[key] = resize_attention_bias_table(table, (side, side), tuple(grid))
             resized += 1
     if resized:
-        report.notes.append(f"{resized} attention_biases tables resampled to the model's grids (timm's "
+        report.notes.append(f"{resized} attention_biases tables resampled to the model's {what} (timm's "
                             "resize_rel_pos_bias_table_levit rule)")
-    return drop_mismatched_heads(state, own, ("head.linear.", "head_dist.linear."), report)
+    return state
+
+
+def _adapt_levit(state: State, model: nn.Module, report: Any) -> State:
+    """Tables of another square grid resampled to each module's ``resolution``; a classifier of another class
+    count dropped."""
+    state = resample_bias_tables(state, model, "resolution", report)
+    return drop_mismatched_heads(state, model.state_dict(), ("head.linear.", "head_dist.linear."), report)
 
 
 register_converter("levit", "original", _is_original, _from_original)
