@@ -138,10 +138,34 @@ def test_torch_sdpa_is_what_fused_path_calls(monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    q, k, v = _qkv()
+    q, k, v = _qkv(hdv=8)
     scaled_dot_product_attention(q, k, v)
     scaled_dot_product_attention(q, k, v, return_weights=True)
     assert calls == [1]
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_cpu_values_wider_than_keys_skip_torch_math_fallback(monkeypatch, with_bias):
+    # torch's CPU kernel needs one head width for q, k and v; with wider values (LeViT) it would run its math path
+    torch.manual_seed(0)
+    q, k, v = _qkv(hd=4, hdv=8)
+    bias = torch.randn(1, 3, 5, 7) if with_bias else None
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    with torch.inference_mode():
+        out = scaled_dot_product_attention(q, k, v, bias=bias)
+    assert not calls  # the explicit path
+    torch.testing.assert_close(out, ref)
+    scaled_dot_product_attention(q, k, v, bias=bias, backend="sdpa")  # asked for: torch's kernel
+    scaled_dot_product_attention(q[..., :4], k, v[..., :4], bias=bias)  # one width: torch's kernel
+    assert calls == [1, 1]
 
 
 def test_learned_bias_in_cpu_training_skips_torch_math_fallback(monkeypatch):
@@ -169,7 +193,7 @@ def test_is_causal_takes_the_fused_flag_and_logits_fn_forces_the_explicit_path(m
         return real(*a, **kw)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    q, k, v = _qkv(M=5)
+    q, k, v = _qkv(M=5, hdv=8)
     scaled_dot_product_attention(q, k, v, is_causal=True)
     assert calls[-1]["is_causal"] is True and calls[-1]["attn_mask"] is None
     n = len(calls)

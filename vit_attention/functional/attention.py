@@ -117,6 +117,18 @@ def _bias_grad_on_cpu(q: Tensor, bias: Tensor | None) -> bool:
             and not capturing())
 
 
+def _math_fallback_on_cpu(q: Tensor, v: Tensor) -> bool:
+    """Eager CPU attention whose value width differs from the query / key width (LeViT, EfficientViT-M: 16-wide
+    keys, 32- or 64-wide values).
+
+    torch's fused CPU kernel needs one head width for q, k and v; otherwise it takes its math path, which scales
+    q and k apart and scans every logit row for a fully masked one (``_safe_softmax``: ``isneginf``, ``all``,
+    ``where``). Our explicit path computes the same products and softmax without those passes (measured: LeViT's
+    attention shapes 1.3-1.8x faster on one thread). Graph capture keeps torch's kernel (the traced graph is
+    unchanged)."""
+    return q.device.type == "cpu" and q.shape[-1] != v.shape[-1] and not capturing()
+
+
 def _explicit(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | None, dead: Tensor | None,
               scale: float, dropout_p: float, logits_fn: Callable[[Tensor], Tensor] | None,
               weights_fn: Callable[[Tensor], Tensor] | None, info: dict[str, Any] | None) -> tuple[Tensor, Tensor]:
@@ -298,7 +310,7 @@ def scaled_dot_product_attention(
         check_backend(backend, "backend")
     explicit = (return_weights or (observed and bool(WEIGHT_HOOKS)) or logits_fn is not None or weights_fn is not None
                 or not FUSED_ATTENTION.get(fused) or backend == "explicit"
-                or (backend == "auto" and _bias_grad_on_cpu(q, bias)))
+                or (backend == "auto" and (_bias_grad_on_cpu(q, bias) or _math_fallback_on_cpu(q, v))))
     if backend == "flex" and not explicit:
         return _flex(q, k, v, bias, mask, is_causal, scale, dropout_p, pattern)
     if pattern is not None:
