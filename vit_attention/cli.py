@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 import warnings
@@ -49,7 +50,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``vit-attention`` script; returns the exit code."""
+    """Entry point of the ``vit-attention`` script; returns the exit code.
+
+    As a ``torchrun`` rank's program (``argv`` from the command line, ``WORLD_SIZE`` > 1) it ends the process
+    itself once the command is done: see :func:`_end_torchrun_rank`.
+    """
+    code = _main(argv)
+    if argv is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _end_torchrun_rank(code)
+    return code
+
+
+def _end_torchrun_rank(code: int) -> None:
+    """Flush and end this ``torchrun`` rank with ``code``, skipping the interpreter's finalization.
+
+    Gloo's worker threads (CPU runs) outlive ``destroy_process_group`` while FSDP2 / DTensor caches still
+    hold the group, and a worker may release a finished collective's tensors a moment after the main thread
+    saw it complete. Releasing a tensor whose Python object was already dropped takes the GIL; on CPython
+    3.11 a thread that takes the GIL while the interpreter finalizes is ended with ``pthread_exit``, whose
+    forced unwind through Gloo's ``noexcept`` loop aborts the process ("terminate called without an active
+    exception", SIGABRT) after a run that succeeded. Every file of the run is written and closed before
+    the command returns, so nothing is lost by ending here.
+    """
+    import logging
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken stream: nothing more can be written to it
+            pass
+    logging.shutdown()
+    os._exit(code)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    """Parse ``argv`` (``sys.argv[1:]`` when ``None``), run the sub-command and return its exit code."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
@@ -113,8 +148,6 @@ def _plain_warning(message: Warning | str, category: type[Warning], filename: st
 
 def _silence_stdout() -> None:
     """Point stdout at /dev/null so the interpreter's final flush does not raise again."""
-    import os
-
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
