@@ -1,5 +1,6 @@
-"""The README and the reference pages in ``docs/``: every relative link resolves (file and heading), the
-README stays a short entry page with the Quick start's two commands, and its registering example runs."""
+"""The README and the reference pages in ``docs/`` and ``docs/families/``: every relative link resolves (file and
+heading), the README stays a short entry page with the Quick start's two commands, and its registering example
+runs."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [README, *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "docs" / "families").glob("*.md"))]
 QUICK_START = ("bash scripts/setup.sh && .venv/bin/vit-attention",
                "bash scripts/setup.sh && .venv/bin/python -m pytest -q tests")
 

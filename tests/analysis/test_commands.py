@@ -152,7 +152,8 @@ def test_check_docs_names_stale_missing_pages_pictures_and_tables(tmp_path, monk
     """``vit-attention docs --check``: a page that differs or is missing, a missing picture and a stale table."""
     import vit_attention.analysis.docs as docs
 
-    monkeypatch.setattr(docs, "_pages", lambda models=True: {"attention/a.md": "A\n", "attention/b.md": "B\n"})
+    pages = {"attention/a.md": "A\n", "attention/b.md": "B\n"}
+    monkeypatch.setattr(docs, "_pages", lambda models=True, out=None: pages)
     monkeypatch.setattr(docs, "flex_page_with_table", lambda text: text.replace("old", "new"))  # its tables: above
     (tmp_path / "attention" / "img").mkdir(parents=True)
     (tmp_path / "attention" / "a.md").write_text("A\n", encoding="utf-8")

@@ -1,6 +1,7 @@
-"""Generate ``docs/attention/<name>.md`` (one page per mechanism), ``docs/models.md``, the README's table of
-mechanisms and docs/flex.md's tables of backends and of patterns from the library (a mechanism registered from
-outside the package gets its page the same way).
+"""Generate ``docs/attention/<name>.md`` (one page per mechanism), ``docs/models.md``,
+``docs/families/<family>.md`` (one page per model family), the README's table of mechanisms, docs/flex.md's
+tables of backends and of patterns and docs/families.md's list of family pages from the library (a mechanism or
+family registered from outside the package gets its page the same way).
 
     python -m vit_attention.analysis.docs            # or: vit-attention docs
     python -m vit_attention.analysis.docs --check    # exit 1 if a generated page is stale
@@ -9,14 +10,19 @@ Every number and shape on these pages comes from the library itself: the shape f
 :func:`trace`, the costs from :func:`flops`, the pictures from :func:`record_attention`, the model
 table from the model registry. A test regenerates the pages and the PNG pictures and compares them with
 the checkout: the pages byte for byte, the pictures pixel by pixel (drawn with one thread and no
-timestamp; another matplotlib may antialias a few pixels differently), so neither can go stale.
+timestamp; another matplotlib may antialias a few pixels differently), so neither can go stale. A family page
+shows the docs/models.md cells of its presets (the full-size counts are made once, for both), its data configs
+and weights from the pretrained table, and the stage-level shape flow of its reduced model.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +38,12 @@ from ..models import list_models
 from ..models.registry import aliases_of, get_model_entry
 from ..weights.io import atomic_write_text
 from .flops import FlopReport, attention_complexity, complexity_table, flops
-from .published import published_gmacs
-from .trace import trace
+from .trace import Trace, trace
 
 __all__ = ["generate_docs", "check_docs", "default_docs_folder", "mechanism_page", "models_page", "mechanism_table",
-           "readme_with_table", "backend_table", "pattern_table", "flex_page_with_table"]
+           "readme_with_table", "backend_table", "pattern_table", "flex_page_with_table", "ModelRow", "model_row",
+           "read_model_rows", "family_presets", "preset_mechanisms", "stage_trace", "family_page", "family_pages",
+           "family_table", "families_page_with_table"]
 
 # Each mechanism's formula, cost, and documented example live in its registry spec (``formula``,
 # ``doc_example``); the pages below only lay them out.
@@ -180,38 +187,283 @@ def _num(value: float, decimals: int) -> str:
     return f"{value:,.{decimals}f}" if value >= 1 else f"{value:.3g}"
 
 
-def models_page(names: Sequence[str] | None = None, reports: Mapping[str, FlopReport] | None = None) -> str:
+@dataclass(frozen=True)
+class ModelRow:
+    """One row of docs/models.md as written: a registered model's cells (text). The family pages show the same
+    cells, so :func:`read_model_rows` of a current docs/models.md gives them without counting again."""
+
+    name: str
+    family: str
+    input: str  # "224×224"
+    params: str  # millions, "5.7"
+    gmacs: str  # at the input size, batch 1
+    published: str  # the paper / timm figure, "" when none
+    aliases: str  # "`a`, `b`", "" when none
+
+    def line(self) -> str:
+        """The Markdown table row."""
+        return (f"| `{self.name}` | {self.family} | {self.input} | {self.params} | {self.gmacs} | {self.published} | "
+                f"{self.aliases} |")
+
+    @classmethod
+    def parse(cls, line: str) -> ModelRow:
+        """The row :meth:`line` wrote -> :class:`ModelRow`; ``ValueError`` naming ``line`` for any other text."""
+        cells = [c.strip() for c in line.strip().removeprefix("|").removesuffix("|").split("|")]
+        if len(cells) != 7 or len(cells[0]) < 3 or not (cells[0].startswith("`") and cells[0].endswith("`")):
+            raise ValueError(f"line is not a docs/models.md row (7 cells, the first a `name`): {line!r}")
+        return cls(cells[0][1:-1], *cells[1:])
+
+
+def model_row(name: str, report: FlopReport | None = None) -> ModelRow:
+    """The docs/models.md row of registered model ``name``: params and GMACs of the full-size model on meta at its
+    preset's input size (``report``: that :func:`flops` report already computed), the published figure, aliases."""
+    entry = get_model_entry(name)
+    cfg = entry.config()
+    size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
+    if report is None:
+        with torch.device("meta"):
+            model = create_model(name).eval()
+        report = flops(model, (1, cfg.in_chans, *size))
+    # the published figure as vit_attention.analysis.published reads it from the registry meta
+    pub: Any = float(entry.meta["published_gmacs"]) if "published_gmacs" in entry.meta else None
+    if pub is None and "published_gmacs_tile1" in entry.meta:  # NAT / DiNAT: the papers count K² keys per query
+        pub = f"{entry.meta['published_gmacs_tile1']} (K² count)"
+    return ModelRow(name, entry.family, f"{size[0]}×{size[1]}", _num(report.params / 1e6, 1), _num(report.gmacs, 2),
+                    "" if pub is None else str(pub), ", ".join(f"`{a}`" for a in aliases_of(name)))
+
+
+def models_page(names: Sequence[str] | None = None, reports: Mapping[str, FlopReport] | None = None,
+                rows: Sequence[ModelRow] | None = None) -> str:
     """``docs/models.md``: every registered model (or ``names``) with params and GMACs at its input size.
 
     ``reports``: ``{name: flops(...)}`` already computed for some of them (the full-size model on meta, in eval
-    mode, at the preset's input size ``(1, in_chans, H, W)``), used instead of computing them again."""
+    mode, at the preset's input size ``(1, in_chans, H, W)``), used instead of computing them again; ``rows``: the
+    rows themselves (:func:`model_row`), ``names`` and ``reports`` then unused."""
     lines = ["# Models", "", "<!-- generated by `vit-attention docs` (vit_attention/analysis/docs.py); do not edit -->",
              "", "Parameters and multiply-adds (GMACs, batch 1, at the preset's input size) of every registered "
              "model, computed by `vit_attention.analysis.flops` on the meta device; the analytic count is "
              "checked against `torch.utils.flop_counter` in the tests. *Published* gives the paper / timm "
              "figure where the tests check ours against it (within 2 % or the published rounding); NAT / DiNAT's "
              "*K² count* is checked with exact neighbourhoods (`tile_size=1`), the default tiles compute some "
-             "logits twice.", "",
+             "logits twice. One page per family, with its data configs, weights and shape flow: "
+             "[families.md](families.md).", "",
              "| model | family | input | params (M) | GMACs | published | aliases |",
              "|---|---|---|---:|---:|---:|---|"]
-    published = published_gmacs()
-    for name in list_models() if names is None else names:
-        entry = get_model_entry(name)
-        cfg = entry.config()
-        size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
-        if reports is not None and name in reports:
-            report = reports[name]
-        else:
-            with torch.device("meta"):
-                model = create_model(name).eval()
-            report = flops(model, (1, cfg.in_chans, *size))
-        pub: Any = published[name][0] if name in published else None
-        if pub is None and "published_gmacs_tile1" in entry.meta:  # NAT / DiNAT: the papers count K² keys per query
-            pub = f"{entry.meta['published_gmacs_tile1']} (K² count)"
-        lines.append(f"| `{name}` | {entry.family} | {size[0]}×{size[1]} | {_num(report.params / 1e6, 1)} | "
-                     f"{_num(report.gmacs, 2)} | {pub if pub is not None else ''} | "
-                     f"{', '.join(f'`{a}`' for a in aliases_of(name))} |")
+    if rows is None:
+        reports = reports or {}
+        rows = [model_row(n, reports.get(n)) for n in (list_models() if names is None else names)]
+    lines += [r.line() for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def read_model_rows(text: str) -> dict[str, ModelRow]:
+    """``{name: row}`` of a docs/models.md text (its table rows, :meth:`ModelRow.parse`), in the page's order."""
+    rows = [ModelRow.parse(line) for line in text.splitlines() if line.startswith("| `")]
+    return {r.name: r for r in rows}
+
+
+def family_presets() -> dict[str, list[str]]:
+    """``{family: its registered presets, sorted}`` for every registered family, families sorted by name."""
+    out: dict[str, list[str]] = {}
+    for name in list_models():
+        out.setdefault(get_model_entry(name).family, []).append(name)
+    return dict(sorted(out.items()))
+
+
+def _reduced_model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
+    """Preset ``name`` built from its reduced config (the family's ``reduced`` rule, what the tests build) on the
+    meta device, in eval mode, and its input shape ``(1, in_chans, H, W)``."""
+    entry = get_model_entry(name)
+    cfg = entry.config(**entry.reduced_overrides())
+    size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
+    with torch.device("meta"):
+        model = entry.build(cfg).eval()
+    return model, (1, cfg.in_chans, *size)
+
+
+def preset_mechanisms(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """``{name: the registered attention mechanisms its modules hold, sorted}`` for presets ``names``.
+
+    Read from each preset's reduced model on the meta device (the reduced config keeps every code path the preset
+    selects); presets that reduce to the same config are built once."""
+    seen: dict[tuple[str, str], tuple[str, ...]] = {}
+    out: dict[str, tuple[str, ...]] = {}
+    for name in names:
+        entry = get_model_entry(name)
+        key = (entry.model_cls.__qualname__, repr(entry.config(**entry.reduced_overrides())))
+        if key not in seen:
+            model, _ = _reduced_model(name)
+            seen[key] = tuple(sorted({n for m in model.modules() if (n := getattr(type(m), "attention_name", ""))}))
+        out[name] = seen[key]
+    return out
+
+
+_STAGE_CONTAINERS = ("Sequential", "ModuleList", "ModuleDict")
+
+
+def stage_trace(name: str) -> tuple[str, tuple[int, ...]]:
+    """The stage-level shape flow of preset ``name``'s reduced model (:func:`_reduced_model`): the
+    :func:`trace` table cut to the model's direct children (stem, stages, blocks, head) and the members of a
+    container child (``stages.0``, ``stages.1``, ...). -> ``(table, input shape)``."""
+    model, shape = _reduced_model(name)
+    with warnings.catch_warnings():  # a tiny map under a neighbourhood kernel warns: the example is meant tiny
+        warnings.simplefilter("ignore", UserWarning)
+        full = trace(model, shape)
+    keep, parent = [], None
+    for line in full.lines:
+        if line.depth <= 1:
+            keep.append(line)
+            parent = line if line.kind == "module" else parent
+        elif (line.depth == 2 and line.kind == "module" and parent is not None
+              and parent.what in _STAGE_CONTAINERS and line.name.startswith(parent.name + ".")):
+            keep.append(line)
+    return Trace(full.input_shape, full.output_shapes, keep).format(), shape
+
+
+_TIMM_FILE = re.compile(r"timm/models/\w+\.py")
+_ARXIV = re.compile(r"arXiv[: ]\s*(\d{4}\.\d{4,5})")
+TIMM_SOURCE = "https://github.com/huggingface/pytorch-image-models/blob/v1.0.31/"  # the version the library reads
+
+
+def _markdown(text: str) -> str:
+    """A docstring paragraph as one Markdown line (reST ````code```` to Markdown ```code```)."""
+    return " ".join(text.split()).replace("``", "`")
+
+
+def _data_config_text(name: str) -> str:
+    """The eval data config of ``name``'s default weights (the generic ImageNet one without weights), in words."""
+    from ..data import resolve_data_config
+
+    cfg = resolve_data_config(name)
+    return f"mean {cfg.mean}, std {cfg.std}, crop_pct {cfg.crop_pct} ({cfg.crop_mode}), {cfg.interpolation}"
+
+
+def _weights_cell(name: str) -> str:
+    """The tags of ``name`` with published weights, the default first; a repository other than ``timm/NAME.TAG``
+    named beside its tag; ``-`` when none."""
+    from ..models.pretrained_table import PRETRAINED_CFGS
+    from ..weights.hub import list_pretrained_tags
+
+    cells = []
+    for tag in list_pretrained_tags(name):
+        cfg = PRETRAINED_CFGS[f"{name}.{tag}"]
+        repo, file = cfg["hf_hub_id"], cfg.get("hf_hub_filename")
+        where = "" if repo == f"timm/{name}.{tag}" and not file else f" ({repo}{'/' + file if file else ''})"
+        cells.append(f"`{tag}`{where}")
+    return ", ".join(cells) or "-"
+
+
+def _letters(n: int) -> str:
+    """``A``, ``B``, ... ``Z``, ``AA``, ...: the label of the ``n``-th (0-based) distinct data config."""
+    return _letters(n // 26 - 1) + chr(65 + n % 26) if n >= 26 else chr(65 + n)
+
+
+def family_page(family: str, rows: Mapping[str, ModelRow], *, guide: str | None = None,
+                mechanisms: Mapping[str, tuple[str, ...]] | None = None) -> str:
+    """The Markdown page of registered ``family`` (``docs/families/<family>.md``).
+
+    ``rows``: ``{name: its docs/models.md row}`` (:func:`model_row`, or :func:`read_model_rows` of a current
+    docs/models.md) for at least the family's presets: the counts are never made twice. ``guide``: the relative
+    link of a hand-written guide to add. ``mechanisms``: :func:`preset_mechanisms` already computed."""
+    presets = family_presets().get(family)
+    if not presets:
+        raise ValueError(f"family {family!r} is not registered; registered families: {', '.join(family_presets())}")
+    missing = [n for n in presets if n not in rows]
+    if missing:
+        raise ValueError(f"rows has no docs/models.md row for {', '.join(missing)}: regenerate docs/models.md")
+    mechs = dict(mechanisms) if mechanisms is not None else preset_mechanisms(presets)
+    entry = get_model_entry(presets[0])
+    cls = entry.model_cls
+    module = sys.modules[cls.__module__]
+    doc = module.__doc__ or ""
+    path = cls.__module__.replace(".", "/") + ".py"
+    used = sorted({m for n in presets for m in mechs[n]})
+    lines = [f"# The `{family}` family", "",
+             "<!-- generated by `vit-attention docs` (vit_attention/analysis/docs.py); do not edit -->", "",
+             _markdown(doc.split("\n\n")[0]), "",
+             f"- **Model**: `{cls.__module__}.{cls.__name__}` ([{path}](../../{path})), config "
+             f"`{entry.config_cls.__name__}`, {len(presets)} presets.",
+             "- **Attention**: " + (", ".join(f"[`{m}`](../attention/{m}.md) (<{get_attention_spec(m).paper}>)"
+                                             for m in used) or "none registered") + "."]
+    papers = list(dict.fromkeys(_ARXIV.findall(doc)))
+    if papers:
+        lines.append("- **Papers** (named in the module's text): "
+                     + ", ".join(f"<https://arxiv.org/abs/{p}>" for p in papers) + ".")
+    sources = list(dict.fromkeys(_TIMM_FILE.findall(doc)))
+    if sources:
+        lines.append("- **Reference implementation** (timm 1.0.31): "
+                     + ", ".join(f"[`{s}`]({TIMM_SOURCE}{s})" for s in sources) + ".")
+    if guide:
+        lines.append(f"- **Guide**: [{guide.rsplit('/', 1)[-1]}]({guide}).")
+
+    configs: dict[str, str] = {}
+    data = {n: configs.setdefault(_data_config_text(n), _letters(len(configs))) for n in presets}
+    one_config = len(configs) == 1
+    varied = len({mechs[n] for n in presets}) > 1
+    head = ["preset", "input", "params (M)", "GMACs", "published GMACs", *(["attention"] if varied else []),
+            "weights (tags)", *([] if one_config else ["data"])]
+    lines += ["", "## Presets", "",
+              "Parameters and multiply-adds (GMACs, batch 1, at the preset's input size) of the full-size model, "
+              "counted on the meta device as in [models.md](../models.md); *published*: the paper / timm figure "
+              "the tests check ours against. Weights: the tags `create_model(\"NAME.TAG\", pretrained=True)` "
+              "loads, the default (`pretrained=True`) first, from the Hugging Face repository `timm/NAME.TAG` "
+              "unless another is named.", "",
+              "| " + " | ".join(head) + " |",
+              "|---|---|---:|---:|---:|" + "---|" * (len(head) - 5)]
+    for n in presets:
+        r = rows[n]
+        alias = f" (alias {r.aliases})" if r.aliases else ""
+        cells = [f"`{n}`{alias}", r.input, r.params, r.gmacs, r.published,
+                 *([", ".join(f"`{m}`" for m in mechs[n]) or "-"] if varied else []), _weights_cell(n),
+                 *([] if one_config else [data[n]])]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", ("The eval data config of every preset" if one_config else "The eval data configs (column *data*)")
+              + ", from each preset's default weights (`vit_attention.resolve_data_config(NAME)`; the generic "
+              "ImageNet one for a preset without weights):", ""]
+    lines += [f"- {text}" if one_config else f"- **{label}**: {text}" for text, label in configs.items()]
+
+    rep = presets[0]
+    table, shape = stage_trace(rep)
+    over = "".join(f", {k}={v!r}" for k, v in get_model_entry(rep).reduced_overrides().items())
+    lines += ["", "## Shape flow", "",
+              f"The family's small representative, `create_model(\"{rep}\"{over})` (the "
+              f"reduced config its tests build), on an input of shape `{list(shape)}`, stage by stage, from "
+              "`vit_attention.analysis.trace` on the meta device (`·` lines: a shape change made by the parent's "
+              f"own code). Every call of the full-size model: `vit-attention trace {rep}`.", "",
+              "```", table, "```", ""]
+
+    from ..weights.hub import list_pretrained_tags
+
+    weighted = [n for n in presets if list_pretrained_tags(n)]
+    build = weighted[0] if weighted else rep
+    note = f"  # tag {list_pretrained_tags(build)[0]}" if weighted else "  # no published weights: random init"
+    lines += ["## Build it", "", "```python", "import vit_attention as va", "",
+              f"model = va.create_model(\"{build}\", pretrained={bool(weighted)}).eval(){note}",
+              "transform = va.create_transform(va.resolve_data_config(model))  # its eval preprocessing",
+              "```", ""]
+    if guide:
+        lines += [f"More on this family: [{guide.rsplit('/', 1)[-1]}]({guide}).", ""]
+    return "\n".join(lines)
+
+
+FAMILY_TABLE_START = "<!-- family pages: generated by `vit-attention docs` from the registry; do not edit -->"
+FAMILY_TABLE_END = "<!-- end of the family pages -->"
+
+
+def family_table() -> str:
+    """docs/families.md's list of the generated family pages: every registered family, its page, its model class
+    and how many presets it registers."""
+    lines = ["| family | model class | presets |", "|---|---|---:|"]
+    for family, presets in family_presets().items():
+        cls = get_model_entry(presets[0]).model_cls
+        lines.append(f"| [`{family}`](families/{family}.md) | `{cls.__name__}` | {len(presets)} |")
+    return "\n".join(lines)
+
+
+def families_page_with_table(page: str) -> str:
+    """docs/families.md's text with its list of family pages (:func:`family_table`) regenerated between its
+    markers."""
+    return _with_table(page, FAMILY_TABLE_START, FAMILY_TABLE_END, family_table(), "docs/families.md (family pages)")
 
 
 def table_cell(text: str) -> str:
@@ -335,22 +587,45 @@ def flex_page_with_table(page: str) -> str:
 
 def _tables(out: Path) -> list[tuple[Path, Any]]:
     """The hand-written pages that hold a generated table, beside or in the docs folder ``out`` (a checkout's),
-    with the function that regenerates it: the README's mechanism table, docs/flex.md's backend and pattern tables."""
+    with the function that regenerates it: the README's mechanism table, docs/flex.md's backend and pattern tables,
+    docs/families.md's list of family pages."""
     found = []
     for path, mark, regenerate in ((out.resolve().parent / "README.md", README_TABLE_START, readme_with_table),
-                                   (out / "flex.md", FLEX_TABLE_START, flex_page_with_table)):
+                                   (out / "flex.md", FLEX_TABLE_START, flex_page_with_table),
+                                   (out / "families.md", FAMILY_TABLE_START, families_page_with_table)):
         if path.is_file() and mark in path.read_text(encoding="utf-8"):
             found.append((path, regenerate))
     return found
 
 
-def _pages(models: bool = True) -> dict[str, str]:
+def family_pages(rows: Mapping[str, ModelRow], out: str | Path | None = None) -> dict[str, str]:
+    """``{"families/<family>.md": its page}`` for every registered family (:func:`family_page`), from the
+    docs/models.md ``rows``; a family with a hand-written guide ``<out>/<family>.md`` links it."""
+    pages = {}
+    for family, presets in family_presets().items():
+        guide = f"../{family}.md" if out is not None and (Path(out) / f"{family}.md").is_file() else None
+        pages[f"families/{family}.md"] = family_page(family, rows, guide=guide,
+                                                     mechanisms=preset_mechanisms(presets))
+    return pages
+
+
+def _pages(models: bool = True, out: str | Path | None = None) -> dict[str, str]:
+    """``{path under the docs folder: text}`` of every generated page; ``models``: also docs/models.md and the
+    family pages (the full-size counts, the slow part); ``out``: the docs folder, where the guides are."""
     names = list_attention()
     pages = {f"attention/{n}.md": mechanism_page(n, f"img/{n}.png") for n in names}
     pages["attention/README.md"] = _index_page(names)
     if models:
-        pages["models.md"] = models_page()
+        rows = [model_row(n) for n in list_models()]
+        pages["models.md"] = models_page(rows=rows)
+        pages.update(family_pages({r.name: r for r in rows}, out))
     return pages
+
+
+def _stale_family_pages(out: Path, pages: Mapping[str, str]) -> list[Path]:
+    """Pages under ``out/families/`` that no registered family generates (a family removed or renamed)."""
+    folder = out / "families"
+    return sorted(p for p in folder.glob("*.md") if f"families/{p.name}" not in pages) if folder.is_dir() else []
 
 
 def default_docs_folder() -> Path:
@@ -366,13 +641,18 @@ def default_docs_folder() -> Path:
 
 def generate_docs(out: str | Path = "docs", *, images: bool = True, models: bool = True) -> list[Path]:
     """Write every generated page under ``out`` (``images``: the PNG pictures too; ``models``: the
-    model table, the slow part); returns the paths written."""
+    model table and the family pages, the slow part, and remove the pages of families no longer registered);
+    returns the paths written."""
     out = Path(out)
     written = []
-    for rel, text in _pages(models).items():
+    pages = _pages(models, out)
+    for rel, text in pages.items():
         path = out / rel
         atomic_write_text(path, text)
         written.append(path)
+    if models:
+        for path in _stale_family_pages(out, pages):
+            path.unlink()
     for path, regenerate in _tables(out):
         atomic_write_text(path, regenerate(path.read_text(encoding="utf-8")))
         written.append(path)
@@ -383,13 +663,16 @@ def generate_docs(out: str | Path = "docs", *, images: bool = True, models: bool
 
 
 def check_docs(out: str | Path = "docs") -> list[Path]:
-    """Generated pages under ``out`` whose text differs from what the library generates now (or missing)."""
+    """Generated pages under ``out`` whose text differs from what the library generates now (or missing), and
+    family pages of families no longer registered."""
     out = Path(out)
     stale = []
-    for rel, text in _pages().items():
+    pages = _pages(out=out)
+    for rel, text in pages.items():
         path = out / rel
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             stale.append(path)
+    stale += _stale_family_pages(out, pages)
     for n in pictured_mechanisms():
         if not (out / "attention" / "img" / f"{n}.png").is_file():
             stale.append(out / "attention" / "img" / f"{n}.png")
