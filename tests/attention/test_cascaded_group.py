@@ -170,3 +170,90 @@ def test_bad_arguments_are_refused_by_name():
         create_attention("cascaded_group", 32, 4, qkv_bias="yes")
     with pytest.raises(ValueError, match="channels-last map"):
         create_attention("cascaded_group", 32, 4)(torch.randn(2, 16, 32))
+
+
+def _bn_stats(layer: ConvNorm, seed: int = 1) -> ConvNorm:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        layer.conv.weight.copy_(0.3 * torch.randn(layer.conv.weight.shape, generator=g))
+        layer.bn.weight.copy_(1 + 0.2 * torch.randn(layer.bn.num_features, generator=g))
+        layer.bn.bias.copy_(0.2 * torch.randn(layer.bn.num_features, generator=g))
+        layer.bn.running_mean.copy_(0.2 * torch.randn(layer.bn.num_features, generator=g))
+        layer.bn.running_var.copy_(0.5 + torch.rand(layer.bn.num_features, generator=g))
+    return layer
+
+
+@pytest.mark.parametrize("k, stride, groups", [(1, 1, 1), (3, 1, 16), (3, 2, 16), (3, 2, 1), (5, 1, 4)])
+@pytest.mark.parametrize("training", [False, True])
+def test_conv_norm_on_channels_last_maps_equals_conv_then_batch_norm(k, stride, groups, training):
+    """A channels-last map in and out; eval: the folded layer (a 1x1 one a linear layer) with the ReLU and the
+    residual fused; training: the batch statistics, the running ones updated as the module's own BatchNorm."""
+    layer = _bn_stats(ConvNorm(16, 32, k, stride, groups=groups)).train(training)
+    twin = _bn_stats(ConvNorm(16, 32, k, stride, groups=groups)).train(training)
+    x = torch.randn(2, 9, 7, 16)
+    ref = twin.bn(F.conv2d(x.permute(0, 3, 1, 2), twin.conv.weight, None, stride, k // 2, groups=groups))
+    ref = ref.permute(0, 2, 3, 1)
+    r = torch.randn(ref.shape)
+    with torch.no_grad():
+        out = layer(x, act="relu", residual=r)
+    torch.testing.assert_close(out, r + torch.relu(ref), rtol=1e-5, atol=1e-5)
+    if training:
+        torch.testing.assert_close(layer.bn.running_mean, twin.bn.running_mean)
+
+
+def test_folded_weights_follow_every_change_of_the_layer():
+    """At inference the folded weights are kept, and an in-place edit, a new buffer, a loaded state or another
+    dtype is seen at once: each output equals the layer written out."""
+    layer = _bn_stats(ConvNorm(16, 24, 3, groups=8)).eval()
+    x = torch.randn(2, 5, 6, 16)
+
+    def check(layer: ConvNorm, x: torch.Tensor) -> None:
+        with torch.no_grad():
+            out = layer(x)
+            again = layer(x)
+        torch.testing.assert_close(out, _conv_norm(layer, x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1))
+        torch.testing.assert_close(again, out, rtol=0, atol=0)
+
+    check(layer, x)
+    with torch.no_grad():
+        layer.bn.running_var.mul_(3.0)
+    check(layer, x)
+    with torch.no_grad():
+        layer.conv.weight.add_(0.5)
+    check(layer, x)
+    layer.bn.running_mean = torch.ones(24)
+    check(layer, x)
+    layer.load_state_dict(_bn_stats(ConvNorm(16, 24, 3, groups=8), seed=5).state_dict())
+    check(layer, x)
+    check(layer.double(), x.double())
+    with torch.inference_mode():  # inference tensors carry no version counter: folded on every call
+        fresh = _bn_stats(ConvNorm(16, 24, 1)).eval()
+        y, again = fresh(x.float()), fresh(x.float())
+        ref = _conv_norm(fresh, x.float().permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+    torch.testing.assert_close(y, ref)
+    torch.testing.assert_close(again, ref)
+
+
+def test_an_edited_table_takes_effect_at_once():
+    attn = _trained(CascadedGroupAttention(48, 3, key_dim=8, window_size=4))
+    x = torch.randn(2, 48, 8, 8)
+    with torch.no_grad():
+        before = attn(x.permute(0, 2, 3, 1))
+        attn.attention_biases.mul_(-2.0)
+        after = attn(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+    torch.testing.assert_close(after, _reference(attn, x), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(after, before.permute(0, 3, 1, 2), atol=1e-3)
+
+
+@pytest.mark.parametrize("H, W", [(4, 4), (8, 12), (6, 7)])
+def test_a_residual_is_added_on_one_window_several_and_a_padded_map(H, W):
+    """One window (added in the output projection), several (added while the windows are put back), padded."""
+    from vit_attention.attention.base import AttentionCall
+
+    attn = _trained(CascadedGroupAttention(48, 3, key_dim=8, window_size=4))
+    x, r = torch.randn(2, H, W, 48), torch.randn(2, H, W, 48)
+    with torch.no_grad():
+        out = attn(x, AttentionCall(residual=r))
+        ref = r + _reference(attn, x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert out.is_contiguous()

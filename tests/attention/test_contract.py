@@ -342,7 +342,7 @@ def test_spatial_mechanisms_prefix_tokens_attend_to_every_token_with_their_own_p
             f = slices[0]
             for i in range(nh):
                 f = f if i == 0 else slices[i] + f
-                qkv = attn.qkvs[i](f.transpose(1, 2).unsqueeze(-1)).squeeze(-1).transpose(1, 2)  # [B, N, 2kd + vd]
+                qkv = attn.qkvs[i](f.unsqueeze(2)).squeeze(2)  # channels-last [B, N, 1, vd] -> [B, N, 2kd + vd]
                 q, k, v = qkv.split([kd, kd, vd], dim=-1)
                 dw = attn.dws[i]
                 c = dw.conv.kernel_size[0] // 2
@@ -350,7 +350,7 @@ def test_spatial_mechanisms_prefix_tokens_attend_to_every_token_with_their_own_p
                                  dw.bn.running_var, dw.bn.weight, dw.bn.bias, False, 0.0, dw.bn.eps).reshape(B, N, kd)
                 f = (q @ k.transpose(-2, -1) * attn.scale).softmax(dim=-1) @ v  # [B, N, vd]
                 outs.append(f[:, :P])
-            ref = attn.proj(torch.cat(outs, dim=-1).transpose(1, 2).unsqueeze(-1)).squeeze(-1).transpose(1, 2)
+            ref = attn.proj(torch.cat(outs, dim=-1).unsqueeze(2)).squeeze(2)
         else:
             if name == "halo":
                 q = F.linear(tokens[:, :P], attn.q.weight.flatten(1), attn.q.bias).reshape(B, P, nh, -1)

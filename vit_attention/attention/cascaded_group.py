@@ -27,6 +27,13 @@ The table belongs to the window it was built for; :meth:`CascadedGroupAttention.
 (bicubic with antialiasing on the ``(|Δy|, |Δx|)`` grid, timm's ``resize_rel_pos_bias_table_levit``). The 1x1 and
 depthwise projections are :class:`ConvNorm` (a bias-free convolution and a BatchNorm, timm's keys ``conv`` /
 ``bn``) whose :meth:`ConvNorm.fuse` folds the BatchNorm in place for inference.
+
+Speed (CPU inference): everything runs channels-last, the map's own layout, so no window, head or projection
+needs a transpose: a 1x1 :class:`ConvNorm` is a linear layer on the channels (oneDNN's GEMM, its activation or
+residual add fused), the depthwise ones run on the channels-last view, each head's queries / keys / values are
+views of its projection, and its output ``[B', h, w, vd]`` is the next head's input as it comes. A map that is one
+window is not partitioned; the output projection then adds a ``residual`` in its GEMM. At inference the folded
+BatchNorm weights and the gathered bias are kept while their tensors are unchanged (:class:`_TensorCache`).
 """
 
 from __future__ import annotations
@@ -40,22 +47,66 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.attention_bias import attention_bias_index, resize_attention_bias_table
-from ..functional.batch_norm import conv_bn, fold_batch_norm
+from ..functional.batch_norm import can_fold_batch_norm, fold_batch_norm
+from ..functional.conv_act import conv2d_act
+from ..functional.fast_paths import activation
 from ..functional.layout import window_layout
+from ..functional.linear import hookless, linear
 from ..functional.observers import WEIGHT_HOOKS
 from ..functional.window import to_pair
-from .base import AttentionCall, AttentionModule, check_spatial_call
+from .base import AttentionCall, AttentionModule, check_spatial_call, uncacheable
 from .registry import register_attention
 
 __all__ = ["CascadedGroupAttention", "ConvNorm"]
 
 
-class ConvNorm(nn.Module):
-    """``Conv2d`` (padding ``k // 2``, bias only with ``bias``), ``BatchNorm2d``: ``[B, Cin, H, W] -> [B, Cout, ...]``.
+class _TensorCache:
+    """One value derived from some tensors (folded BatchNorm weights, a gathered bias), kept while each of them is
+    the same tensor holding the same data: the same object, storage and version counter (every in-place change
+    bumps it: an optimizer step, ``load_state_dict``'s copies, ``p.copy_(...)`` under ``torch.no_grad()``;
+    ``.to(...)`` swaps the storage). The check is a few attribute reads per tensor, cheaper than the few small
+    kernels it saves. Not used (the value recomputed each call) where :func:`.base.uncacheable` says so (autograd
+    through the tensors, graph capture, an accelerator, the fast paths off) or for inference-mode tensors (no
+    version counter)."""
 
-    timm 1.0.31's EfficientViT-MSRA ``ConvNorm`` (keys ``conv.weight``, ``bn.*``); ``bn_weight_init``: the
-    BatchNorm's initial scale (0 where a residual branch ends). In eval mode the BatchNorm runs folded into the
-    convolution (one pass, :func:`~vit_attention.functional.batch_norm.conv_bn`); :meth:`fuse` folds it for good.
+    __slots__ = ("_key", "value")
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self.value: Any = None
+
+    def get(self, tensors: Sequence[Tensor], compute: Any) -> Any:
+        """``compute()``, or the value it gave for ``tensors`` as they are now."""
+        if uncacheable(tensors):
+            return compute()
+        try:
+            key = tuple((t, t._version, t.data_ptr()) for t in tensors)
+        except RuntimeError:  # inference-mode tensors have no version counter
+            return compute()
+        old = self._key
+        if old is not None and len(old) == len(key) and all(
+                a[0] is b[0] and a[1] == b[1] and a[2] == b[2] for a, b in zip(old, key)):
+            return self.value
+        self.value = compute()
+        self._key = key
+        return self.value
+
+    def __getstate__(self) -> tuple[None, None]:  # pickled / deep-copied modules start empty
+        return None, None
+
+    def __setstate__(self, state: tuple[None, None]) -> None:
+        self._key, self.value = state
+
+
+class ConvNorm(nn.Module):
+    """``Conv2d`` (padding ``k // 2``, bias only with ``bias``), ``BatchNorm2d`` on a channels-last map:
+    ``[B, H, W, Cin] -> [B, H', W', Cout]``.
+
+    timm 1.0.31's EfficientViT-MSRA ``ConvNorm`` (keys ``conv.weight``, ``bn.*``; timm runs it on ``NCHW``, the
+    numbers are the same); ``bn_weight_init``: the BatchNorm's initial scale (0 where a residual branch ends). In
+    eval mode the BatchNorm runs folded into the convolution (its folded weights kept while the tensors are
+    unchanged); a 1x1 convolution is then a linear layer on the channels, with ``act`` and ``residual`` fused into
+    it (:func:`~vit_attention.functional.linear.linear`). :meth:`fuse` folds the BatchNorm for good.
     """
 
     def __init__(self, in_chs: int, out_chs: int, kernel_size: int = 1, stride: int = 1, *, groups: int = 1,
@@ -64,15 +115,42 @@ class ConvNorm(nn.Module):
         self.conv = nn.Conv2d(in_chs, out_chs, kernel_size, stride, kernel_size // 2, groups=groups, bias=bias)
         self.bn: nn.Module = nn.BatchNorm2d(out_chs)
         nn.init.constant_(self.bn.weight, bn_weight_init)
+        self._folded = _TensorCache()
 
     @property
     def fused(self) -> bool:
         """Whether the BatchNorm has been folded into ``conv`` (:meth:`fuse`)."""
         return not isinstance(self.bn, nn.BatchNorm2d)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, Cin, H, W] -> [B, Cout, H', W']``."""
-        return self.conv(x) if self.fused else conv_bn(self.conv, self.bn, x)
+    def folded_weights(self) -> tuple[Tensor, Tensor | None] | None:
+        """The convolution's ``(weight [Cout, Cin/g, kh, kw], bias [Cout])`` with the BatchNorm folded in (eval
+        mode, running statistics, no hooks on ``conv`` / ``bn``), or None where the two must run as modules."""
+        conv, bn = self.conv, self.bn
+        if conv.padding_mode != "zeros" or not hookless(conv, bn):
+            return None
+        if self.fused:
+            return conv.weight, conv.bias
+        if not can_fold_batch_norm(conv, bn):
+            return None
+        tensors = [t for t in (conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
+                   if t is not None]
+        return self._folded.get(tensors, lambda: fold_batch_norm(conv, bn))  # type: ignore[arg-type]
+
+    def forward(self, x: Tensor, *, act: str | None = None, residual: Tensor | None = None) -> Tensor:
+        """``residual + act(BN(conv(x)))``: ``[B, H, W, Cin] -> [B, H', W', Cout]`` (``act``: None or an activation
+        name of :data:`~vit_attention.functional.fast_paths.ACTIVATIONS`; ``residual``: None or
+        ``[B, H', W', Cout]``)."""
+        wb = self.folded_weights()
+        c = self.conv
+        if wb is None:  # training statistics or hooks: the modules themselves, on the NCHW view
+            y = activation(self.bn(c(x.permute(0, 3, 1, 2))), act).permute(0, 2, 3, 1)
+            return y if residual is None else residual + y
+        weight, bias = wb
+        if c.kernel_size == (1, 1) and c.stride == (1, 1) and c.groups == 1:  # a linear layer on the channels
+            return linear(x, weight.flatten(1), bias, act=act, residual=residual)
+        y = conv2d_act(x.permute(0, 3, 1, 2), weight, bias, stride=c.stride[0], padding=c.padding[0],  # type: ignore
+                       groups=c.groups, act=act).permute(0, 2, 3, 1)
+        return y if residual is None else residual + y
 
     @torch.no_grad()
     def fuse(self) -> None:
@@ -87,14 +165,15 @@ class ConvNorm(nn.Module):
         conv.weight.copy_(weight)
         conv.bias.copy_(bias)  # type: ignore[union-attr]
         self.conv, self.bn = conv, nn.Identity()
+        self._folded = _TensorCache()
 
     def center_tap(self, x: Tensor) -> Tensor:
-        """The layer on a lone point (a token off the grid): only the kernel's centre tap sees it, the rest reads
-        the zero padding: ``[B, Cin, M, 1] -> [B, Cout, M, 1]`` (stride 1)."""
+        """The layer on lone points (tokens off the grid): only the kernel's centre tap sees each, the rest reads
+        the zero padding: ``[B, M, 1, Cin] -> [B, M, 1, Cout]`` (stride 1)."""
         kh, kw = self.conv.kernel_size
         w = self.conv.weight[:, :, kh // 2:kh // 2 + 1, kw // 2:kw // 2 + 1]
-        y = F.conv2d(x, w, self.conv.bias, groups=self.conv.groups)
-        return y if self.fused else self.bn(y)
+        y = F.conv2d(x.permute(0, 3, 1, 2), w, self.conv.bias, groups=self.conv.groups)
+        return (y if self.fused else self.bn(y)).permute(0, 2, 3, 1)
 
 
 _NO_FLEX = ("each head is its own call on windows of at most a few dozen tokens with a dense bias, so FlexAttention "
@@ -169,6 +248,7 @@ class CascadedGroupAttention(AttentionModule):
     # the output projection is a 1x1 convolution nh·vd -> C = C -> C; the per-head q / k / v convolutions read a
     # C / nh slice plus the previous head's output, which no packed projection of another mechanism has
     transfer_slots = {"o": "proj.1.conv"}
+    accepts = frozenset({"residual"})
     merging_note = ("each head's input is its own channel slice plus the previous head's output on the same "
                     "windows of the map: merged tokens fill no window")
 
@@ -190,6 +270,7 @@ class CascadedGroupAttention(AttentionModule):
         self.proj = nn.Sequential(nn.ReLU(), ConvNorm(num_heads * vd, dim))
         wh, ww = self.window_size
         self.attention_biases = nn.Parameter(torch.zeros(num_heads, wh * ww))
+        self._bias = _TensorCache()  # the gathered [nh, N, N] bias while the table is unchanged
 
     def transfer_init(self) -> list[str]:
         """A zero table (no position term); the per-head projections, the depthwise convolutions and the
@@ -199,29 +280,25 @@ class CascadedGroupAttention(AttentionModule):
         return ["attention_biases: zeros (no position term)"]
 
     def window_bias(self) -> Tensor:
-        """The logit bias of every head in one window: ``[nh, h·w, h·w]`` (a gather of the table)."""
-        return self.attention_biases[:, attention_bias_index(self.window_size, device=self.attention_biases.device)]
-
-    def _head_qkv(self, i: int, feat: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Head ``i``'s projections of its input ``feat [B', vd, h, w]`` -> ``q, k [B', 1, h·w, kd]``,
-        ``v [B', 1, h·w, vd]`` (the depthwise convolution on ``q``)."""
-        kd = self.key_dim
-        q, k, v = self.qkvs[i](feat).split([kd, kd, self.val_dim], dim=1)  # [B', ·, h, w]
-        q = self.dws[i](q)
-        return tuple(t.flatten(2).transpose(1, 2).unsqueeze(1) for t in (q, k, v))  # type: ignore[return-value]
+        """The logit bias of every head in one window: ``[nh, h·w, h·w]`` (a gather of the table; kept at inference
+        while the table is unchanged)."""
+        table = self.attention_biases
+        return self._bias.get([table], lambda: table[:, attention_bias_index(self.window_size, device=table.device)])
 
     def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
-        """``[B, H, W, C] -> [B, H, W, C]``; ``call.feat_size`` must match the map."""
+        """``[B, H, W, C] -> [B, H, W, C]`` (plus ``call.residual`` when given); ``call.feat_size`` must match the
+        map."""
         B, H, W, C = check_spatial_call(self, x, call)
         wh, ww = self.window_size
-        nh, vd = self.num_heads, self.val_dim
+        nh, kd, vd = self.num_heads, self.key_dim, self.val_dim
         pad_h, pad_w = (-H) % wh, (-W) % ww
         if pad_h or pad_w:
             x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))  # zeros at the bottom / right
         nWh, nWw = (H + pad_h) // wh, (W + pad_w) // ww
-        Bw = B * nWh * nWw
-        win = x.view(B, nWh, wh, nWw, ww, C).permute(0, 1, 3, 5, 2, 4).reshape(Bw, C, wh, ww)  # [B', C, h, w]
-        slices = win.chunk(nh, dim=1)  # nh x [B', vd, h, w]
+        Bw, N = B * nWh * nWw, wh * ww
+        one = nWh * nWw == 1  # the map is one window: no partition
+        win = x if one else x.reshape(B, nWh, wh, nWw, ww, C).transpose(2, 3).reshape(Bw, wh, ww, C)  # [B',h,w,C]
+        slices = win.split(vd, dim=-1)  # nh x [B', h, w, vd]
         bias = self.window_bias().to(x.dtype)  # [nh, N, N]
         observed = bool(WEIGHT_HOOKS)  # maps recorded: one observed core call of every head
         qkv: list[tuple[Tensor, Tensor, Tensor]] = []
@@ -230,21 +307,31 @@ class CascadedGroupAttention(AttentionModule):
         for i in range(nh):
             if i:
                 feat = slices[i] + feat  # the cascade: the previous head's output joins this head's slice
-            q, k, v = self._head_qkv(i, feat)  # [B', 1, N, ·]
+            q, k, v = self.qkvs[i](feat).split([kd, kd, vd], dim=-1)  # [B', h, w, ·]
+            q = self.dws[i](q)
+            q, k, v = (t.reshape(Bw, 1, N, t.shape[-1]) for t in (q, k, v))  # [B', 1, N, ·]
             if observed:  # the heads' inputs, unobserved; the observed core call runs once over all heads below
                 qkv.append((q, k, v))
-            out = self.attend(q, k, v, bias=bias[i][None, None], scale=self.scale, observed=not observed)
-            feat = out.squeeze(1).transpose(1, 2).reshape(Bw, vd, wh, ww)
+            out = self.attend(q, k, v, bias=bias[i], scale=self.scale, observed=not observed)  # [B', 1, N, vd]
+            feat = out.view(Bw, wh, ww, vd)
             outs.append(feat)
         if observed:  # one call of nh heads: the observers get one map per head, placed on the image by the windows
             q, k, v = (torch.cat(t, dim=1) for t in zip(*qkv))  # [B', nh, N, ·]
             out = self.attend(q, k, v, bias=bias[None], scale=self.scale, layout=window_layout(H, W, (wh, ww)))
-            outs = list(out.transpose(2, 3).reshape(Bw, nh, vd, wh, ww).unbind(1))
-        y = self.proj(torch.cat(outs, dim=1))  # [B', C, h, w]
-        y = y.reshape(B, nWh, nWw, C, wh, ww).permute(0, 1, 4, 2, 5, 3).reshape(B, nWh * wh, nWw * ww, C)
+            outs = list(out.view(Bw, nh, wh, ww, vd).unbind(1))
+        residual = call.residual
+        dropped = self.training and self.proj_drop.p > 0
+        if one and not (pad_h or pad_w) and not dropped:  # the residual add fused into the output projection
+            return self.proj[1](self.proj[0](torch.cat(outs, dim=-1)), residual=residual)
+        y = self.proj_drop(self.proj(torch.cat(outs, dim=-1)))  # [B', h, w, C]
+        if not one:
+            y = y.view(B, nWh, nWw, wh, ww, C).transpose(2, 3)  # [B, nWh, h, nWw, w, C], a view
+            if residual is not None and not (pad_h or pad_w):  # the window reverse and the add in one pass
+                return (residual.reshape(y.shape) + y).reshape(B, H, W, C)
+            y = y.reshape(B, nWh * wh, nWw * ww, C)
         if pad_h or pad_w:
             y = y[:, :H, :W]
-        return self.proj_drop(y.contiguous())
+        return y.contiguous() if residual is None else residual + y
 
     def attend_prefix(self, prefix: Tensor, tokens: Tensor) -> Tensor:
         """Prefix tokens ``[B, P, C]`` attend globally to ``tokens [B, P + H·W, C]`` (all of them) -> ``[B, P, C]``.
@@ -255,20 +342,20 @@ class CascadedGroupAttention(AttentionModule):
         """
         B, M, C = tokens.shape
         P, nh, kd, vd = prefix.shape[1], self.num_heads, self.key_dim, self.val_dim
-        slices = tokens.transpose(1, 2).unsqueeze(-1).chunk(nh, dim=1)  # nh x [B, vd, M, 1]
+        slices = tokens.unsqueeze(2).split(vd, dim=-1)  # nh x [B, M, 1, vd]
         outs: list[Tensor] = []
         feat = slices[0]
         for i in range(nh):
             if i:
                 feat = slices[i] + feat
-            q, k, v = self.qkvs[i](feat).split([kd, kd, vd], dim=1)  # [B, ·, M, 1]
+            q, k, v = self.qkvs[i](feat).split([kd, kd, vd], dim=-1)  # [B, M, 1, ·]
             q = self.dws[i].center_tap(q)
-            q, k, v = (t.flatten(2).transpose(1, 2).unsqueeze(1) for t in (q, k, v))  # [B, 1, M, ·]
+            q, k, v = (t.reshape(B, 1, M, t.shape[-1]) for t in (q, k, v))  # [B, 1, M, ·]
             out = self.attend(q, k, v, scale=self.scale)  # [B, 1, M, vd]
-            feat = out.squeeze(1).transpose(1, 2).unsqueeze(-1)  # [B, vd, M, 1]
-            outs.append(feat[:, :, :P])
-        y = self.proj(torch.cat(outs, dim=1))  # [B, C, P, 1]
-        return self.proj_drop(y.flatten(2).transpose(1, 2))  # [B, P, C]
+            feat = out.view(B, M, 1, vd)
+            outs.append(feat[:, :P])
+        y = self.proj(torch.cat(outs, dim=-1))  # [B, P, 1, C]
+        return self.proj_drop(y.squeeze(2))  # [B, P, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds on ``(B, H, W, C)`` over the padded windows: per window and head the 1x1 projection

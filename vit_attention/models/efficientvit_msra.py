@@ -14,8 +14,11 @@ Config dataclass -> :class:`EfficientVitMsra` -> presets registered as data (tim
   ``x + dw(x)``, ``x + ffn(x)`` at the new width;
 * head: the map's mean, then BatchNorm + linear (LeViT's :class:`~vit_attention.models.levit.NormLinear`).
 
-Layout: channels-last maps ``[B, H, W, C]`` between the stages (the convolutions run on the ``NCHW`` view);
-``forward_features`` gives the last stage's map. State-dict keys are timm's.
+Layout: channels-last maps ``[B, H, W, C]`` everywhere, from the patch embedding on (timm runs ``NCHW``; the
+numbers are the same): a 1x1 convolution is a linear layer on the channels, the 3x3 and depthwise ones run on the
+channels-last view (:class:`~vit_attention.attention.cascaded_group.ConvNorm`); at inference each residual add and
+ReLU is fused into the layer before it where the kernel allows. ``forward_features`` gives the last stage's map.
+State-dict keys are timm's.
 
 BatchNorm folding: :meth:`EfficientVitMsra.fuse` folds every BatchNorm into the convolution before it (and the
 head's into its linear layer) in place, as timm's ``reparameterize_model``: the same outputs in eval mode.
@@ -36,7 +39,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from ..attention.base import AttentionCall
 from ..attention.cascaded_group import CascadedGroupAttention, ConvNorm
+from ..functional.linear import fusable_activation
 from ..layers import DropPath, Stage, stage_feature_info
 from ._config import ConfigMixin, check_choice, check_common, check_int, check_int_seq, check_size
 from .backbone import StagedBackbone
@@ -112,16 +117,11 @@ def stage_windows(cfg: EfficientVitMsraConfig, img_size: Any = None) -> list[tup
     return out
 
 
-def _nchw(x: Tensor) -> Tensor:
-    return x.permute(0, 3, 1, 2)  # a view: [B, H, W, C] -> [B, C, H, W]
-
-
-def _nhwc(x: Tensor) -> Tensor:
-    return x.permute(0, 2, 3, 1)  # a view: [B, C, H, W] -> [B, H, W, C]
-
-
 class ResidualDrop(nn.Module):
-    """``x + drop_path(m(x))`` on ``NCHW`` maps (timm's ``ResidualDrop``, key ``m.*``): ``[B, C, H, W] -> same``."""
+    """``x + drop_path(m(x))`` on channels-last maps (timm's ``ResidualDrop``, key ``m.*``): ``[B, H, W, C] -> same``.
+
+    Without a dropped path (inference, or rate 0) ``m`` adds the residual itself (``m(x, residual=x)``: fused into
+    its last layer where it can)."""
 
     def __init__(self, m: nn.Module, drop_path: float = 0.0) -> None:
         super().__init__()
@@ -129,12 +129,14 @@ class ResidualDrop(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
-        """``[B, C, H, W] -> [B, C, H, W]``."""
+        """``[B, H, W, C] -> [B, H, W, C]``."""
+        if not self.training or isinstance(self.drop_path, nn.Identity):
+            return self.m(x, residual=x)
         return x + self.drop_path(self.m(x))
 
 
 class ConvMlp(nn.Module):
-    """1x1 conv-BN, ReLU, 1x1 conv-BN (its BatchNorm at scale 0): ``[B, C, H, W] -> [B, C, H, W]`` (keys ``pw1``,
+    """1x1 conv-BN, ReLU, 1x1 conv-BN (its BatchNorm at scale 0): ``[B, H, W, C] -> [B, H, W, C]`` (keys ``pw1``,
     ``pw2``; timm's ``ConvMlp``)."""
 
     def __init__(self, dim: int, hidden: int) -> None:
@@ -143,14 +145,16 @@ class ConvMlp(nn.Module):
         self.act = nn.ReLU()
         self.pw2 = ConvNorm(hidden, dim, bn_weight_init=0.0)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, C, H, W] -> [B, C, H, W]``."""
-        return self.pw2(self.act(self.pw1(x)))
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``[B, H, W, C] -> [B, H, W, C]`` (plus ``residual``)."""
+        act = fusable_activation(self.act)
+        h = self.pw1(x, act=act) if act is not None else self.act(self.pw1(x))
+        return self.pw2(h, residual=residual)
 
 
 class PatchMerging(nn.Module):
     """1x1 conv-BN to ``4·C``, ReLU, depthwise 3x3 stride 2 conv-BN, ReLU, squeeze-excite (0.25), 1x1 conv-BN to
-    ``C_out``: ``[B, C, H, W] -> [B, C_out, ceil(H/2), ceil(W/2)]`` (timm's ``PatchMerging``; keys ``conv1``,
+    ``C_out``: ``[B, H, W, C] -> [B, ceil(H/2), ceil(W/2), C_out]`` (timm's ``PatchMerging``; keys ``conv1``,
     ``conv2``, ``se.fc1`` / ``se.fc2``, ``conv3``)."""
 
     def __init__(self, dim: int, out_dim: int) -> None:
@@ -163,8 +167,14 @@ class PatchMerging(nn.Module):
         self.conv3 = ConvNorm(hid, out_dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``[B, C, H, W] -> [B, C_out, ceil(H/2), ceil(W/2)]``."""
-        return self.conv3(self.se(self.act(self.conv2(self.act(self.conv1(x))))))
+        """``[B, H, W, C] -> [B, ceil(H/2), ceil(W/2), C_out]``."""
+        act = fusable_activation(self.act)
+        if act is None:
+            x = self.act(self.conv2(self.act(self.conv1(x))))
+        else:
+            x = self.conv2(self.conv1(x, act=act), act=act)
+        x = self.se(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)  # on the NCHW view: the product stays channels-last
+        return self.conv3(x)
 
 
 def _dw_ffn(dim: int, drop_path: float, *, dw_init: float = 1.0) -> list[ResidualDrop]:
@@ -174,16 +184,16 @@ def _dw_ffn(dim: int, drop_path: float, *, dw_init: float = 1.0) -> list[Residua
 
 
 class _WindowMixer(nn.Module):
-    """The mechanism on the ``NCHW`` view: ``[B, C, H, W] -> [B, C, H, W]`` (key ``attn.*``, timm's
-    ``LocalWindowAttention`` holding its ``CascadedGroupAttention``)."""
+    """The mechanism on the map: ``[B, H, W, C] -> [B, H, W, C]`` (plus ``residual``, which the mechanism adds in its
+    output projection; key ``attn.*``, timm's ``LocalWindowAttention`` holding its ``CascadedGroupAttention``)."""
 
     def __init__(self, attn: nn.Module) -> None:
         super().__init__()
         self.attn = attn
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, C, H, W] -> [B, C, H, W]``."""
-        return _nchw(self.attn(_nhwc(x)))
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``[B, H, W, C] -> [B, H, W, C]``."""
+        return self.attn(x, AttentionCall(residual=residual)) if residual is not None else self.attn(x)
 
 
 class EfficientVitMsraBlock(nn.Module):
@@ -209,8 +219,7 @@ class EfficientVitMsraBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``[B, H, W, C] -> [B, H, W, C]``."""
-        x = self.mixer(self.ffn0(self.dw0(_nchw(x))))
-        return _nhwc(self.ffn1(self.dw1(x)))
+        return self.ffn1(self.dw1(self.mixer(self.ffn0(self.dw0(x)))))
 
 
 class _Subsample(nn.Sequential):
@@ -223,14 +232,11 @@ class _Subsample(nn.Sequential):
             ("patchmerge", PatchMerging(in_dim, out_dim)),
             ("res2", nn.Sequential(*_dw_ffn(out_dim, drop_path)))]))
 
-    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
-        """``[B, H, W, C_in] -> [B, ceil(H/2), ceil(W/2), C_out]``."""
-        return _nhwc(super().forward(_nchw(x)))
-
 
 class PatchEmbedding(nn.Sequential):
     """Four conv 3x3 stride 2 + BatchNorm layers with a ReLU between them, ``3 -> C/8 -> C/4 -> C/2 -> C``:
-    ``[B, Cin, H, W] -> [B, C, H/16, W/16]`` (keys ``conv{i}.conv`` / ``conv{i}.bn``; timm's ``PatchEmbedding``)."""
+    ``[B, H, W, Cin] -> [B, H/16, W/16, C]`` channels-last (keys ``conv{i}.conv`` / ``conv{i}.bn``; timm's
+    ``PatchEmbedding``), each ReLU fused into the convolution before it."""
 
     def __init__(self, in_chans: int, dim: int) -> None:
         chs = [in_chans, dim // 8, dim // 4, dim // 2, dim]
@@ -240,6 +246,14 @@ class PatchEmbedding(nn.Sequential):
             if i < 3:
                 layers.append((f"relu{i + 1}", nn.ReLU()))
         super().__init__(OrderedDict(layers))
+
+    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
+        """``[B, H, W, Cin] -> [B, H/16, W/16, C]`` (contiguous)."""
+        for i in range(1, 5):
+            conv, relu = getattr(self, f"conv{i}"), getattr(self, f"relu{i}", None)
+            act = None if relu is None else fusable_activation(relu)
+            x = conv(x, act=act) if act is not None or relu is None else relu(conv(x))
+        return x.contiguous()  # the image's NCHW order reaches this far: the stages run on contiguous maps
 
 
 class EfficientVitMsra(StagedBackbone):
@@ -281,7 +295,7 @@ class EfficientVitMsra(StagedBackbone):
         """Images ``[B, Cin, H, W]`` -> the first stage's map ``[B, H/16, W/16, C_0]`` (channels-last)."""
         if x.dim() != 4 or x.shape[1] != self.cfg.in_chans:
             raise ValueError(f"expected images [B, {self.cfg.in_chans}, H, W], got {tuple(x.shape)}")
-        return _nhwc(self.patch_embed(x))
+        return self.patch_embed(x.permute(0, 2, 3, 1))
 
     # ------------------------------------------------------------------ head
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
