@@ -194,3 +194,34 @@ def test_a_grid_that_does_not_hold_the_tokens_is_refused() -> None:
         attn(torch.randn(1, 10, 16))
     with pytest.raises(ValueError, match=r"feat_size \(3, 3\) holds 9 tokens"):
         attn(torch.randn(1, 12, 16), AttentionCall((3, 3)))
+
+
+def test_inference_keeps_the_folds_and_the_bias_only_while_the_tensors_are_unchanged() -> None:
+    import copy
+
+    from vit_attention.functional.fast_paths import use_fast_paths
+
+    attn = _randomise(create_attention("attention_bias", 24, 3, key_dim=8, resolution=(3, 4)))
+    shrink = _randomise(AttentionBiasShrink(24, 32, 8, 3, resolution=(3, 4)), seed=1)
+    x, m = torch.randn(2, 12, 24), torch.randn(2, 3, 4, 24)
+    with torch.no_grad():
+        attn(x), shrink(m)
+        a, b = attn.position_bias((3, 4)), attn.position_bias((3, 4))
+        assert a.data_ptr() == b.data_ptr()  # the gathered bias is kept
+        weight = attn.qkv._folded.value[0]
+        attn(x)
+        assert attn.qkv._folded.value[0] is weight  # and so are the folded weights
+        for module in (attn, shrink):  # every kind of change a cached value must follow
+            module.attention_biases.add_(0.5)
+            for ln in module.modules():
+                if isinstance(ln, LinearNorm):
+                    ln.bn.running_var.mul_(1.5)
+                    ln.linear.weight.mul_(0.9)
+        got = attn(x), shrink(m)
+        with use_fast_paths(False):  # nothing cached: every value computed from the tensors as they are
+            want = copy.deepcopy(attn)(x), copy.deepcopy(shrink)(m)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    with torch.enable_grad():  # autograd through the table: computed on each call
+        a, b = attn.position_bias((3, 4)), attn.position_bias((3, 4))
+        assert a.data_ptr() != b.data_ptr() and a.requires_grad

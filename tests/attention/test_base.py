@@ -254,3 +254,32 @@ def test_no_mechanism_gives_the_core_call_another_meaning(name: str) -> None:
     """``attend(q, k, v, **options)`` is the base's call of the core for every mechanism: none defines its own
     ``attend`` (a mechanism's own helper takes another name, e.g. neighborhood's ``attend_packed(qkv)``)."""
     assert get_attention_spec(name).cls.attend is AttentionModule.attend
+
+
+def test_version_cache_keeps_a_value_while_its_tensors_are_unchanged() -> None:
+    import copy
+
+    from vit_attention.attention.base import VersionCache
+
+    cache, calls = VersionCache(), []
+    w = nn.Parameter(torch.randn(3))
+
+    def compute() -> Tensor:
+        calls.append(1)
+        return w.detach() * 2
+
+    with torch.no_grad():
+        first = cache.get([w], compute)
+        assert cache.get([w], compute) is first and len(calls) == 1
+        w.mul_(3)  # an in-place change: recomputed
+        torch.testing.assert_close(cache.get([w], compute), w * 2)
+        assert len(calls) == 2
+        with torch.inference_mode():  # entering inference mode: recomputed
+            cache.get([w], compute)
+        assert len(calls) == 3
+        other = nn.Parameter(w.detach().clone())  # another tensor with the same values: recomputed
+        cache.get([other], compute)
+        assert len(calls) == 4
+        assert copy.deepcopy(cache).value is None  # a copy starts empty
+    cache.get([w], compute), cache.get([w], compute)  # autograd records through w: never cached
+    assert len(calls) == 6 and cache.value is None

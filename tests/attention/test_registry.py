@@ -79,6 +79,9 @@ def test_fused_switch_captured_when_built_and_switched_per_module(name, monkeypa
     calls = []
     real = core._fused
     monkeypatch.setattr(core, "_fused", lambda *a, **k: calls.append(1) or real(*a, **k))
+    # the switch alone decides here: not the CPU rule that runs wider values than keys explicitly (LeViT, VOLO's
+    # outlook, separable; tests/functional/test_attention.py)
+    monkeypatch.setattr(core, "_math_fallback_on_cpu", lambda q, v: False)
     attn, x = _build(name), _input(name)
     assert attn.fused_attention is FUSED_ATTENTION.default
     attn.fused_attention = True

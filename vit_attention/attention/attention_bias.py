@@ -53,7 +53,17 @@ from ..functional.linear import apply_linear, linear
 from ..functional.observers import attention_observed
 from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.window import to_pair
-from .base import AttentionCall, AttentionModule, check_heads, check_map_tokens_call, check_prob, grid_of
+from .base import (
+    AttentionCall,
+    AttentionModule,
+    ParamCache,
+    VersionCache,
+    check_heads,
+    check_map_tokens_call,
+    check_prob,
+    grid_of,
+    uncacheable,
+)
 from .registry import register_attention
 
 __all__ = ["AttentionBias", "AttentionBiasShrink", "LinearNorm", "LEVIT_ACTIVATIONS", "norm_rows"]
@@ -100,6 +110,7 @@ class LinearNorm(nn.Module):
         self.linear = nn.Linear(in_features, out_features, bias=bias)
         self.bn: nn.Module = nn.BatchNorm1d(out_features)
         nn.init.constant_(self.bn.weight, bn_weight_init)
+        self._folded = VersionCache()
 
     @property
     def fused(self) -> bool:
@@ -111,10 +122,14 @@ class LinearNorm(nn.Module):
 
         At inference (eval mode, no hook on ``linear`` / ``bn``) the BatchNorm runs folded into the linear layer's
         weight and bias: one pass over the tokens instead of two, the same numbers (as the convolutions'
-        :func:`~vit_attention.functional.batch_norm.conv_bn`).
+        :func:`~vit_attention.functional.batch_norm.conv_bn`); the folded weight and bias are kept while the
+        layer's tensors are unchanged (:class:`~vit_attention.attention.base.VersionCache`).
         """
         if not self.fused and can_fold_batch_norm(self.linear, self.bn):  # inference: one layer, the same numbers
-            weight, bias = fold_batch_norm(self.linear, self.bn)  # type: ignore[arg-type]
+            lin, bn = self.linear, self.bn
+            weight, bias = self._folded.get(
+                [t for t in (lin.weight, lin.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
+                 if t is not None], lambda: fold_batch_norm(lin, bn))  # type: ignore[arg-type]
             return linear(x, weight, bias)
         y = apply_linear(self.linear, x)  # [..., Cout]
         return y if self.fused else norm_rows(self.bn, y)
@@ -130,6 +145,7 @@ class LinearNorm(nn.Module):
         folded.weight.copy_(weight)
         folded.bias.copy_(bias)
         self.linear, self.bn = folded, nn.Identity()
+        self._folded.clear()
 
 
 def _norm_macs(layer: LinearNorm, rows: int) -> int:
@@ -157,6 +173,21 @@ def _table_bias(table: Tensor, resolution: tuple[int, int], grid: tuple[int, int
     every ``stride``-th point (the table resampled when the grids differ)."""
     table = _grid_table(table, resolution, grid)  # [nh, H·W]
     return table[:, attention_bias_index(grid, stride, device=table.device)]  # [nh, Nq, H·W]
+
+
+def _cached_table_bias(cache: ParamCache, table: Tensor, resolution: tuple[int, int], grid: tuple[int, int],
+                       stride: int) -> Tensor:
+    """:func:`_table_bias` ``[nh, Nq, H·W]``, kept in ``cache`` while the table holds the same values (compared with
+    a snapshot each call: the table has ``nh·H·W`` entries, the gather ``nh·Nq·H·W``). Computed anew where
+    :func:`~vit_attention.attention.base.uncacheable` says so (autograd through the table, graph capture, an
+    accelerator, the fast paths off)."""
+    if uncacheable([table]):
+        cache.clear()
+        return _table_bias(table, resolution, grid, stride)
+    key = (torch.is_inference_mode_enabled(), tuple(resolution), tuple(grid), stride)
+    if not cache.lookup([table], key):
+        cache.store([table], key, _table_bias(table, resolution, grid, stride))
+    return cache.value
 
 
 def _check_resolution(resolution: Any) -> tuple[int, int]:
@@ -243,6 +274,7 @@ class AttentionBias(AttentionModule):
             ("act", levit_act(act_layer)()), ("ln", LinearNorm(num_heads * vd, dim))]))
         H, W = self.resolution
         self.attention_biases = nn.Parameter(torch.zeros(num_heads, H * W))
+        self._bias_cache = ParamCache()  # the gathered [nh, N, N] bias, while the table is unchanged
 
     # ---- attention.transfer: another mechanism's weights into this one
     @property
@@ -276,8 +308,9 @@ class AttentionBias(AttentionModule):
 
     def position_bias(self, grid: tuple[int, int], num_prefix_tokens: int = 0) -> Tensor:
         """The logit bias ``[1, nh, P + H·W, P + H·W]`` on ``grid`` (prefix rows and columns zero); a grid other
-        than ``resolution`` reads the table resampled to it."""
-        bias = _table_bias(self.attention_biases, self.resolution, grid, 1)  # [nh, N, N]
+        than ``resolution`` reads the table resampled to it. At CPU inference the gathered bias is kept while the
+        table is unchanged (do not modify the result)."""
+        bias = _cached_table_bias(self._bias_cache, self.attention_biases, self.resolution, grid, 1)  # [nh, N, N]
         if num_prefix_tokens:
             bias = F.pad(bias, (num_prefix_tokens, 0, num_prefix_tokens, 0))
         return bias.unsqueeze(0)
@@ -382,6 +415,7 @@ class AttentionBiasShrink(nn.Module):
                                                ("ln", LinearNorm(num_heads * vd, out_dim))]))
         H, W = self.resolution
         self.attention_biases = nn.Parameter(torch.zeros(num_heads, H * W))
+        self._bias_cache = ParamCache()  # the gathered [nh, h·w, H·W] bias, while the table is unchanged
 
     def forward(self, x: Tensor) -> Tensor:
         """``[B, H, W, Cin] -> [B, ceil(H/s), ceil(W/s), Cout]``."""
@@ -400,7 +434,8 @@ class AttentionBiasShrink(nn.Module):
             out = scaled_dot_product_attention(q, k, v, pattern=attention_bias_pattern(table, (H, W), self.stride),
                                                **options)  # type: ignore[arg-type]
         else:
-            bias = _table_bias(self.attention_biases, self.resolution, (H, W), self.stride).unsqueeze(0)
+            bias = _cached_table_bias(self._bias_cache, self.attention_biases, self.resolution, (H, W),
+                                      self.stride).unsqueeze(0)  # [1, nh, h·w, H·W]
             out = scaled_dot_product_attention(q, k, v, bias=bias, **options)  # type: ignore[arg-type]
         out = self.proj(merge_heads(out))  # [B, h·w, Cout]
         return out.reshape(B, h, w, self.out_dim)

@@ -317,6 +317,55 @@ def uncacheable(params: Sequence[torch.Tensor]) -> bool:
     return any(p.device.type != "cpu" for p in params)
 
 
+class VersionCache:
+    """One value derived from some tensors (a layer's BatchNorm-folded weights), kept while each tensor is the same
+    object with the same storage and version counter.
+
+    Every in-place change through the tensor bumps its version counter: an optimizer step, ``load_state_dict``'s
+    copies, ``p.copy_(...)`` / ``p.mul_(...)`` under ``torch.no_grad()``; ``.to(...)`` swaps the storage and
+    ``torch.func.functional_call`` the objects. The check is a few attribute reads per tensor, where
+    :class:`ParamCache`'s value comparison would cost as much as recomputing a folded weight matrix. Not seen: an
+    in-place edit of ``p.data`` (torch gives ``.data`` its own version counter): edit parameters under
+    ``torch.no_grad()`` instead. Nothing is cached where :func:`uncacheable` says so, nor across entering or
+    leaving ``torch.inference_mode`` (an inference tensor must not reach autograd later); a copied or pickled
+    module starts empty.
+    """
+
+    __slots__ = ("_key", "value")
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self.value: Any = None
+
+    def get(self, tensors: Sequence[Tensor], compute: Any) -> Any:
+        """``compute()`` (no arguments), or the value it gave for ``tensors`` as they are now."""
+        if uncacheable(tensors):
+            self._key = self.value = None
+            return compute()
+        try:
+            key = (torch.is_inference_mode_enabled(), *((t, t._version, t.data_ptr()) for t in tensors))
+        except RuntimeError:  # inference-mode tensors have no version counter
+            return compute()
+        old = self._key
+        if old is not None and len(old) == len(key) and old[0] == key[0] and all(
+                a[0] is b[0] and a[1] == b[1] and a[2] == b[2] for a, b in zip(old[1:], key[1:])):
+            return self.value
+        self._key, self.value = None, None
+        self.value = compute()
+        self._key = key
+        return self.value
+
+    def clear(self) -> None:
+        """Forget the stored value."""
+        self._key = self.value = None
+
+    def __getstate__(self) -> tuple[None, None]:  # copied / pickled modules start empty
+        return None, None
+
+    def __setstate__(self, state: tuple[Any, Any]) -> None:
+        self._key, self.value = None, None
+
+
 class AttentionModule(nn.Module):
     """The base of every registered attention mechanism: each member a mechanism has or may have, with its default.
 
