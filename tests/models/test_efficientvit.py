@@ -157,6 +157,33 @@ def test_inference_folds_batch_norm_and_training_mode_normalises_with_batch_stat
     assert not torch.allclose(trained, t["features"], atol=1e-3)
 
 
+def test_inference_keeps_folds_only_while_the_tensors_are_unchanged_and_hooks_see_each_output():
+    """The folded weights kept between calls follow an in-place edit of the statistics; a hook on a convolution
+    sees its output as the convolution made it (the hardswish then runs as a module, not in place)."""
+    from vit_attention.functional.fast_paths import use_fast_paths
+
+    model, t = _fixture_model("timm_efficientvit")
+    x = t["input"]
+    unit = model.stem.in_conv  # conv, BatchNorm, hardswish
+    seen = []
+    with torch.no_grad():
+        before = model(x)
+        handle = unit.conv.register_forward_hook(lambda m, a, o: seen.append((o, o.clone())))
+        try:
+            model(x)
+        finally:
+            handle.remove()
+        assert torch.equal(*seen[0])  # the activation did not overwrite what the hook holds
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_var.mul_(1.5)
+        got = model(x)
+        with use_fast_paths(False):  # nothing kept: every fold computed from the tensors as they are
+            want = model(x)
+    assert not torch.allclose(got, before, atol=1e-3)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(("override", "match"), [
     (dict(head_dim=12), r"widths\[3\]=16 \(stage 2, attention\) is not divisible by head_dim=12"),
     (dict(widths=(8, 8, 16, 16)), "widths"),
