@@ -261,3 +261,15 @@ def test_an_unobserved_call_is_hidden_from_every_observer_and_computes_the_same(
         for h in handles:
             h.remove()
     torch.testing.assert_close(hidden, shown, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bias_shape", [(5, 7), (1, 5, 7), (3, 1, 7), (2, 3, 5, 7), (2, 1, 1, 7), (1, 1, 1, 1)])
+def test_the_explicit_path_adds_a_bias_of_any_broadcast_shape_and_leaves_it_unchanged(bias_shape):
+    """The logits take the bias in place (no autograd); the bias itself is never written."""
+    q, k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 7, 4), torch.randn(2, 3, 7, 6)
+    bias = torch.randn(bias_shape)
+    kept = bias.clone()
+    with torch.no_grad():
+        out = scaled_dot_product_attention(q, k, v, bias=bias, scale=0.5, backend="explicit")
+    torch.testing.assert_close(out, ((q * 0.5) @ k.transpose(-2, -1) + kept).softmax(-1) @ v)
+    assert torch.equal(bias, kept)

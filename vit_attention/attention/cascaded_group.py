@@ -47,14 +47,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.attention_bias import attention_bias_index, resize_attention_bias_table
-from ..functional.batch_norm import can_fold_batch_norm, fold_batch_norm
+from ..functional.batch_norm import fold_batch_norm
 from ..functional.conv_act import conv2d_act
 from ..functional.fast_paths import activation
 from ..functional.layout import window_layout
 from ..functional.linear import hookless, linear
 from ..functional.observers import WEIGHT_HOOKS
+from ..functional.runtime import FAST_PATHS, capturing
 from ..functional.window import to_pair
-from .base import AttentionCall, AttentionModule, check_spatial_call, uncacheable
+from .base import AttentionCall, AttentionModule, check_spatial_call
 from .registry import register_attention
 
 __all__ = ["CascadedGroupAttention", "ConvNorm"]
@@ -64,31 +65,31 @@ class _TensorCache:
     """One value derived from some tensors (folded BatchNorm weights, a gathered bias), kept while each of them is
     the same tensor holding the same data: the same object, storage and version counter (every in-place change
     bumps it: an optimizer step, ``load_state_dict``'s copies, ``p.copy_(...)`` under ``torch.no_grad()``;
-    ``.to(...)`` swaps the storage). The check is a few attribute reads per tensor, cheaper than the few small
-    kernels it saves. Not used (the value recomputed each call) where :func:`.base.uncacheable` says so (autograd
-    through the tensors, graph capture, an accelerator, the fast paths off) or for inference-mode tensors (no
-    version counter)."""
+    ``.to(...)`` swaps the storage). The check reads a few attributes per tensor and never synchronises a device,
+    cheaper than the few small kernels it saves. Recomputed on each call while autograd records through the
+    tensors, while torch captures a graph (the value must be part of it), with the fast paths off
+    (:data:`~vit_attention.functional.runtime.FAST_PATHS`), and for inference-mode tensors (no version counter)."""
 
     __slots__ = ("_key", "value")
 
     def __init__(self) -> None:
-        self._key: tuple[Any, ...] | None = None
+        self._key: tuple[tuple[Tensor, int, int], ...] | None = None
         self.value: Any = None
 
     def get(self, tensors: Sequence[Tensor], compute: Any) -> Any:
         """``compute()``, or the value it gave for ``tensors`` as they are now."""
-        if uncacheable(tensors):
+        if (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or capturing() or not FAST_PATHS.get():
             return compute()
+        key = self._key
         try:
-            key = tuple((t, t._version, t.data_ptr()) for t in tensors)
+            if key is not None and len(key) == len(tensors) and all(
+                    t is k[0] and t._version == k[1] and t.data_ptr() == k[2] for t, k in zip(tensors, key)):
+                return self.value
+            new_key = tuple((t, t._version, t.data_ptr()) for t in tensors)
         except RuntimeError:  # inference-mode tensors have no version counter
             return compute()
-        old = self._key
-        if old is not None and len(old) == len(key) and all(
-                a[0] is b[0] and a[1] == b[1] and a[2] == b[2] for a, b in zip(old, key)):
-            return self.value
         self.value = compute()
-        self._key = key
+        self._key = new_key
         return self.value
 
     def __getstate__(self) -> tuple[None, None]:  # pickled / deep-copied modules start empty
@@ -125,16 +126,19 @@ class ConvNorm(nn.Module):
     def folded_weights(self) -> tuple[Tensor, Tensor | None] | None:
         """The convolution's ``(weight [Cout, Cin/g, kh, kw], bias [Cout])`` with the BatchNorm folded in (eval
         mode, running statistics, no hooks on ``conv`` / ``bn``), or None where the two must run as modules."""
-        conv, bn = self.conv, self.bn
-        if conv.padding_mode != "zeros" or not hookless(conv, bn):
+        modules = self._modules  # (not nn.Module.__getattr__: this runs for every layer on every call)
+        conv, bn = modules["conv"], modules["bn"]
+        if conv.padding_mode != "zeros" or not hookless(conv, bn):  # type: ignore[union-attr]
             return None
-        if self.fused:
-            return conv.weight, conv.bias
-        if not can_fold_batch_norm(conv, bn):
+        if not isinstance(bn, nn.BatchNorm2d):  # fused
+            return conv.weight, conv.bias  # type: ignore[union-attr]
+        if conv.training or bn.training or not bn.track_running_stats or bn.running_var is None:  # type: ignore
             return None
-        tensors = [t for t in (conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
-                   if t is not None]
-        return self._folded.get(tensors, lambda: fold_batch_norm(conv, bn))  # type: ignore[arg-type]
+        params, stats = bn._parameters, bn._buffers  # type: ignore[union-attr]
+        tensors = (conv._parameters["weight"], params["weight"], params["bias"], stats["running_mean"],  # type: ignore
+                   stats["running_var"]) + ((conv.bias,) if conv.bias is not None else ())  # type: ignore[union-attr]
+        return self._folded.get([t for t in tensors if t is not None],
+                                lambda: fold_batch_norm(conv, bn))  # type: ignore[arg-type]
 
     def forward(self, x: Tensor, *, act: str | None = None, residual: Tensor | None = None) -> Tensor:
         """``residual + act(BN(conv(x)))``: ``[B, H, W, Cin] -> [B, H', W', Cout]`` (``act``: None or an activation

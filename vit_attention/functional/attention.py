@@ -103,7 +103,9 @@ def _in_place(logits: Tensor, other: Tensor) -> bool:
     """Whether ``logits`` may be updated in place with ``other``: no autograd, broadcast keeps its shape."""
     if torch.is_grad_enabled() and (logits.requires_grad or other.requires_grad):
         return False
-    return torch.broadcast_shapes(logits.shape, other.shape) == logits.shape
+    # each of other's dims, aligned from the right, is 1 or logits' (torch.broadcast_shapes: ~20 µs a call)
+    shape, dims = logits.shape, other.shape
+    return len(dims) <= len(shape) and all(d == 1 or d == s for s, d in zip(shape[len(shape) - len(dims):], dims))
 
 
 def _bias_grad_on_cpu(q: Tensor, bias: Tensor | None) -> bool:
