@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 PAGES = [README, *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "docs" / "families").glob("*.md"))]
 QUICK_START = ("bash scripts/setup.sh && .venv/bin/vit-attention",
-               "bash scripts/setup.sh && .venv/bin/python -m pytest -q tests")
+               "bash scripts/setup.sh && .venv/bin/python -m pytest -q -n 2 tests")
 
 
 def _slug(heading: str) -> str:
@@ -58,6 +58,13 @@ def test_the_readme_is_an_entry_page() -> None:
     linked = {Path(link.partition("#")[0]).name for link in _links(README)}
     for page in ("usage.md", "cli.md", "attention_core.md", "performance.md", "benchmarks.md", "contributing.md"):
         assert page in linked, page
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    """CI (``.ci/run``) runs the Quick start's second command: the same set-up, then the same pytest line."""
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    setup, _, tests = QUICK_START[1].partition(" && ")
+    assert setup in ci and tests in ci.splitlines()[-1], ci
 
 
 def _python_block(after_heading: str) -> str:
