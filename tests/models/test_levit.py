@@ -190,7 +190,8 @@ def test_reset_classifier_replaces_both_heads():
 
 def test_new_weights_take_effect_at_once_after_an_eval_forward():
     """timm and the original cache the gathered bias in eval mode, so a ``load_state_dict`` after an eval forward
-    keeps the old bias until ``train()`` / ``.to()``; here the table is read on every call."""
+    keeps the old bias until ``train()`` / ``.to()``; here a kept bias is checked against the table on every call
+    and the folded BatchNorm weights against their tensors' versions."""
     model, t = _fixture_model("timm_levit", "levit_128s", SMALL)
     with torch.no_grad():
         before = model(t["input"])
@@ -203,6 +204,27 @@ def test_new_weights_take_effect_at_once_after_an_eval_forward():
         fresh.load_state_dict(state)
         torch.testing.assert_close(after, fresh(t["input"]), rtol=0, atol=0)
     assert not torch.allclose(after, before, atol=1e-4)
+
+
+def test_stem_activations_run_in_place_only_where_nothing_else_holds_the_map():
+    """At inference the stem's hardswish overwrites the convolution's output; a hook on the convolution keeps the
+    output it saw, autograd keeps what it needs, and every path gives the same numbers."""
+    model, t = _fixture_model("timm_levit", "levit_128s", SMALL)
+    x = t["input"]
+    with torch.no_grad():
+        want = model.stem(x)
+        seen = []
+        handle = model.stem.conv1.register_forward_hook(lambda m, a, o: seen.append((o, o.clone())))
+        try:
+            hooked = model.stem(x)
+        finally:
+            handle.remove()
+    assert torch.equal(*seen[0]) and torch.equal(hooked, want)
+    x = x.clone().requires_grad_()
+    out = model.stem(x)
+    out.sum().backward()  # the activations' inputs are intact for their gradients
+    torch.testing.assert_close(out.detach(), want, rtol=0, atol=0)
+    assert x.grad is not None and x.grad.abs().sum() > 0
 
 
 def test_linear_norm_statistics_run_over_every_token_in_training():

@@ -37,12 +37,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.attention_bias import AttentionBias, AttentionBiasShrink, LinearNorm, levit_act, norm_rows
-from ..attention.base import AttentionCall
+from ..attention.base import AttentionCall, VersionCache
 from ..functional.attention_bias import fold_norm_linear
-from ..functional.batch_norm import conv_bn, fold_batch_norm
+from ..functional.batch_norm import can_fold_batch_norm, fold_batch_norm
+from ..functional.linear import hookless
+from ..functional.runtime import capturing
 from ..layers import DropPath, Stage, stage_feature_info
 from ._config import ConfigMixin, check_choice, check_common, check_float, check_int, check_int_seq, check_size
 from .backbone import StagedBackbone
@@ -130,19 +133,27 @@ def stage_grids(cfg: LevitConfig, img_size: Any = None) -> list[tuple[int, int]]
 
 class ConvNorm(nn.Module):
     """Conv (no bias) + BatchNorm2d on NCHW maps: ``[B, Cin, H, W] -> [B, Cout, H', W']`` (keys ``linear``, ``bn``,
-    timm's ``ConvNorm``). At inference the BatchNorm runs folded into the convolution (one pass); :meth:`fuse`
-    folds it for good."""
+    timm's ``ConvNorm``). At inference the BatchNorm runs folded into the convolution (one pass), the folded weight
+    and bias kept while the tensors are unchanged (:class:`~vit_attention.attention.base.VersionCache`);
+    :meth:`fuse` folds it for good."""
 
     def __init__(self, in_chs: int, out_chs: int, kernel_size: int = 3, stride: int = 2, padding: int = 1) -> None:
         super().__init__()
         self.linear = nn.Conv2d(in_chs, out_chs, kernel_size, stride, padding, bias=False)
         self.bn: nn.Module = nn.BatchNorm2d(out_chs)
+        self._folded = VersionCache()
 
     def forward(self, x: Tensor) -> Tensor:
         """``[B, Cin, H, W] -> [B, Cout, H', W']``."""
-        if isinstance(self.bn, nn.Identity):
-            return self.linear(x)
-        return conv_bn(self.linear, self.bn, x)
+        c, bn = self.linear, self.bn
+        if isinstance(bn, nn.Identity):
+            return c(x)
+        if c.padding_mode != "zeros" or not can_fold_batch_norm(c, bn):
+            return bn(c(x))
+        tensors = [t for t in (c.weight, c.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
+                   if t is not None]
+        weight, bias = self._folded.get(tensors, lambda: fold_batch_norm(c, bn))  # type: ignore[arg-type]
+        return F.conv2d(x, weight, bias, c.stride, c.padding, c.dilation, c.groups)
 
     @torch.no_grad()
     def fuse(self) -> None:
@@ -156,6 +167,7 @@ class ConvNorm(nn.Module):
         conv.weight.copy_(weight)
         conv.bias.copy_(bias)  # type: ignore[union-attr]
         self.linear, self.bn = conv, nn.Identity()
+        self._folded.clear()
 
 
 class NormLinear(nn.Module):
@@ -273,6 +285,20 @@ class LevitStem(nn.Sequential):
                 layers.append((f"act{i + 1}", levit_act(act_layer)()))
         super().__init__(OrderedDict(layers))
         self.stride = 2 ** num_convs
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[B, Cin, H, W] -> [B, C, H', W']``. At inference (no autograd, no hooks, no graph capture) a hardswish
+        / ReLU / SiLU overwrites the convolution's fresh output in place: one map-sized buffer fewer per layer
+        (the stem's maps are the model's largest), the same numbers."""
+        inplace = not capturing() and hookless(*self.modules())
+        for m in self:
+            fn = _INPLACE_ACTS.get(type(m)) if inplace and not (torch.is_grad_enabled() and x.requires_grad) else None
+            x = fn(x) if fn is not None else m(x)
+        return x
+
+
+_INPLACE_ACTS = {nn.Hardswish: lambda x: F.hardswish(x, inplace=True), nn.ReLU: lambda x: F.relu(x, inplace=True),
+                 nn.SiLU: lambda x: F.silu(x, inplace=True)}
 
 
 class Levit(StagedBackbone):
