@@ -325,9 +325,11 @@ class CascadedGroupAttention(AttentionModule):
             outs = list(out.view(Bw, nh, wh, ww, vd).unbind(1))
         residual = call.residual
         dropped = self.training and self.proj_drop.p > 0
+        y = torch.cat(outs, dim=-1)  # [B', h, w, nh·vd], a new tensor: the ReLU may run in place
+        y = torch.relu_(y) if type(self.proj[0]) is nn.ReLU and hookless(self.proj[0]) else self.proj[0](y)
         if one and not (pad_h or pad_w) and not dropped:  # the residual add fused into the output projection
-            return self.proj[1](self.proj[0](torch.cat(outs, dim=-1)), residual=residual)
-        y = self.proj_drop(self.proj(torch.cat(outs, dim=-1)))  # [B', h, w, C]
+            return self.proj[1](y, residual=residual)
+        y = self.proj_drop(self.proj[1](y))  # [B', h, w, C]
         if not one:
             y = y.view(B, nWh, nWw, wh, ww, C).transpose(2, 3)  # [B, nWh, h, nWw, w, C], a view
             if residual is not None and not (pad_h or pad_w):  # the window reverse and the add in one pass

@@ -253,7 +253,7 @@ class PatchEmbedding(nn.Sequential):
             conv, relu = getattr(self, f"conv{i}"), getattr(self, f"relu{i}", None)
             act = None if relu is None else fusable_activation(relu)
             x = conv(x, act=act) if act is not None or relu is None else relu(conv(x))
-        return x.contiguous()  # the image's NCHW order reaches this far: the stages run on contiguous maps
+        return x.contiguous()  # a no-op on channels-last input; the stages run on contiguous maps
 
 
 class EfficientVitMsra(StagedBackbone):
@@ -295,7 +295,7 @@ class EfficientVitMsra(StagedBackbone):
         """Images ``[B, Cin, H, W]`` -> the first stage's map ``[B, H/16, W/16, C_0]`` (channels-last)."""
         if x.dim() != 4 or x.shape[1] != self.cfg.in_chans:
             raise ValueError(f"expected images [B, {self.cfg.in_chans}, H, W], got {tuple(x.shape)}")
-        return self.patch_embed(x.permute(0, 2, 3, 1))
+        return self.patch_embed(x.permute(0, 2, 3, 1).contiguous())  # channels-last from the first convolution
 
     # ------------------------------------------------------------------ head
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
