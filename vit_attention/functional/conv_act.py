@@ -19,8 +19,21 @@ from torch import Tensor
 from . import fast_paths as _fp
 from .fast_paths import ACTIVATIONS, activation
 from .linear import can_fuse
+from .runtime import FAST_PATHS, capturing
 
-__all__ = ["conv2d_act"]
+__all__ = ["conv2d_act", "channels_last_on_cpu"]
+
+
+def channels_last_on_cpu(x: Tensor) -> Tensor:
+    """``x [B, C, H, W]`` in channels-last memory on the CPU (the same tensor values and shape), else ``x`` as it is.
+
+    oneDNN runs convolutions on NHWC memory natively and on NCHW through reorders: a convolution network fed
+    channels-last keeps that layout from layer to layer (each convolution's output follows its input). Eager only
+    (graph capture: unchanged, the compiler picks layouts) and off with the fast paths' switch
+    (:data:`.runtime.FAST_PATHS`)."""
+    if x.dim() != 4 or x.device.type != "cpu" or capturing() or not FAST_PATHS.get():
+        return x
+    return x.contiguous(memory_format=torch.channels_last)
 
 
 def conv2d_act(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, stride: int = 1, padding: int = 0,

@@ -44,6 +44,7 @@ from ..attention.attention_bias import AttentionBias, AttentionBiasShrink, Linea
 from ..attention.base import AttentionCall, VersionCache
 from ..functional.attention_bias import fold_norm_linear
 from ..functional.batch_norm import can_fold_batch_norm, fold_batch_norm
+from ..functional.conv_act import channels_last_on_cpu
 from ..functional.linear import hookless
 from ..functional.runtime import capturing
 from ..layers import DropPath, Stage, stage_feature_info
@@ -287,9 +288,12 @@ class LevitStem(nn.Sequential):
         self.stride = 2 ** num_convs
 
     def forward(self, x: Tensor) -> Tensor:
-        """``[B, Cin, H, W] -> [B, C, H', W']``. At inference (no autograd, no hooks, no graph capture) a hardswish
-        / ReLU / SiLU overwrites the convolution's fresh output in place: one map-sized buffer fewer per layer
-        (the stem's maps are the model's largest), the same numbers."""
+        """``[B, Cin, H, W] -> [B, C, H', W']``. On the CPU the images enter in channels-last memory
+        (:func:`~vit_attention.functional.conv_act.channels_last_on_cpu`: oneDNN's native layout, and the tokens
+        the stages read are then the output's own memory order). At inference (no autograd, no hooks, no graph
+        capture) a hardswish / ReLU / SiLU overwrites the convolution's fresh output in place: one map-sized buffer
+        fewer per layer (the stem's maps are the model's largest), the same numbers."""
+        x = channels_last_on_cpu(x)
         inplace = not capturing() and hookless(*self.modules())
         for m in self:
             fn = _INPLACE_ACTS.get(type(m)) if inplace and not (torch.is_grad_enabled() and x.requires_grad) else None
