@@ -257,3 +257,22 @@ def test_a_residual_is_added_on_one_window_several_and_a_padded_map(H, W):
         ref = r + _reference(attn, x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert out.is_contiguous()
+
+
+@pytest.mark.parametrize("k", [3, 5])
+def test_a_depthwise_layer_plus_its_input_is_one_convolution_at_inference(k):
+    """``layer(x, residual=x)``: the identity folded into the centre tap (before and after ``fuse``), or the
+    BatchNorm's batch statistics in training; each equals ``x + BN(conv(x))``."""
+    layer = _bn_stats(ConvNorm(16, 16, k, groups=16))
+    assert layer.identity_foldable and not ConvNorm(16, 16, 3, 2, groups=16).identity_foldable
+    assert not ConvNorm(16, 32, 3, groups=16).identity_foldable
+    x = torch.randn(2, 6, 5, 16)
+    with torch.no_grad():
+        ref = x + _conv_norm(layer.eval(), x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        torch.testing.assert_close(layer(x, residual=x), ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(layer(x, residual=x.clone()), ref, rtol=1e-5, atol=1e-5)
+        layer.fuse()
+        torch.testing.assert_close(layer(x, residual=x), ref, rtol=1e-5, atol=1e-5)
+        train = _bn_stats(ConvNorm(16, 16, k, groups=16)).train()
+        y = train.bn(train.conv(x.permute(0, 3, 1, 2))).permute(0, 2, 3, 1)
+        torch.testing.assert_close(train(x, residual=x), x + y, rtol=1e-5, atol=1e-5)

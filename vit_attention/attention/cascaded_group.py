@@ -99,6 +99,14 @@ class _TensorCache:
         self._key, self.value = state
 
 
+def _centre_identity(weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """A depthwise kernel ``[C, 1, kh, kw]`` plus the identity (1 added to the centre tap): ``conv(x) + x``."""
+    kh, kw = weight.shape[-2:]
+    weight = weight.clone()
+    weight[:, :, kh // 2, kw // 2] += 1.0
+    return weight, bias
+
+
 class ConvNorm(nn.Module):
     """``Conv2d`` (padding ``k // 2``, bias only with ``bias``), ``BatchNorm2d`` on a channels-last map:
     ``[B, H, W, Cin] -> [B, H', W', Cout]``.
@@ -117,35 +125,61 @@ class ConvNorm(nn.Module):
         self.bn: nn.Module = nn.BatchNorm2d(out_chs)
         nn.init.constant_(self.bn.weight, bn_weight_init)
         self._folded = _TensorCache()
+        self._folded_identity = _TensorCache()  # the same with the identity in the centre tap (x + dw(x))
 
     @property
     def fused(self) -> bool:
         """Whether the BatchNorm has been folded into ``conv`` (:meth:`fuse`)."""
         return not isinstance(self.bn, nn.BatchNorm2d)
 
-    def folded_weights(self) -> tuple[Tensor, Tensor | None] | None:
+    def folded_weights(self, *, identity: bool = False) -> tuple[Tensor, Tensor | None] | None:
         """The convolution's ``(weight [Cout, Cin/g, kh, kw], bias [Cout])`` with the BatchNorm folded in (eval
-        mode, running statistics, no hooks on ``conv`` / ``bn``), or None where the two must run as modules."""
+        mode, running statistics, no hooks on ``conv`` / ``bn``), or None where the two must run as modules.
+        ``identity``: plus the identity in the kernel's centre tap, ``x + BN(conv(x))`` as one convolution (only
+        for a depthwise layer of stride 1 that keeps the width: :attr:`identity_foldable`)."""
         modules = self._modules  # (not nn.Module.__getattr__: this runs for every layer on every call)
         conv, bn = modules["conv"], modules["bn"]
         if conv.padding_mode != "zeros" or not hookless(conv, bn):  # type: ignore[union-attr]
             return None
+        cache = self._folded_identity if identity else self._folded
         if not isinstance(bn, nn.BatchNorm2d):  # fused
-            return conv.weight, conv.bias  # type: ignore[union-attr]
+            if not identity:
+                return conv.weight, conv.bias  # type: ignore[union-attr]
+            tensors: tuple[Tensor | None, ...] = (conv.weight, conv.bias)  # type: ignore[union-attr]
+            return cache.get([t for t in tensors if t is not None],
+                             lambda: _centre_identity(conv.weight, conv.bias))  # type: ignore[union-attr]
         if conv.training or bn.training or not bn.track_running_stats or bn.running_var is None:  # type: ignore
             return None
         params, stats = bn._parameters, bn._buffers  # type: ignore[union-attr]
         tensors = (conv._parameters["weight"], params["weight"], params["bias"], stats["running_mean"],  # type: ignore
                    stats["running_var"]) + ((conv.bias,) if conv.bias is not None else ())  # type: ignore[union-attr]
-        return self._folded.get([t for t in tensors if t is not None],
-                                lambda: fold_batch_norm(conv, bn))  # type: ignore[arg-type]
+        if identity:
+            return cache.get([t for t in tensors if t is not None],
+                             lambda: _centre_identity(*fold_batch_norm(conv, bn)))  # type: ignore[arg-type]
+        return cache.get([t for t in tensors if t is not None],
+                         lambda: fold_batch_norm(conv, bn))  # type: ignore[arg-type]
+
+    @property
+    def identity_foldable(self) -> bool:
+        """Whether ``x + layer(x)`` is one convolution with the identity added to the centre tap: depthwise
+        (``groups = Cin = Cout``), stride 1, an odd kernel (the output keeps the map's size)."""
+        c = self.conv
+        return (c.groups == c.in_channels == c.out_channels and c.stride == (1, 1)
+                and c.kernel_size[0] % 2 == 1 and c.kernel_size[1] % 2 == 1)
 
     def forward(self, x: Tensor, *, act: str | None = None, residual: Tensor | None = None) -> Tensor:
         """``residual + act(BN(conv(x)))``: ``[B, H, W, Cin] -> [B, H', W', Cout]`` (``act``: None or an activation
         name of :data:`~vit_attention.functional.fast_paths.ACTIVATIONS`; ``residual``: None or
-        ``[B, H', W', Cout]``)."""
-        wb = self.folded_weights()
-        c = self.conv
+        ``[B, H', W', Cout]``). ``residual=x`` on a depthwise layer at inference is one convolution (the identity
+        folded into its centre tap)."""
+        c = self._modules["conv"]
+        wb = None
+        if residual is x and act is None and self.identity_foldable:
+            wb = self.folded_weights(identity=True)
+            if wb is not None:
+                residual = None
+        if wb is None:
+            wb = self.folded_weights()
         if wb is None:  # training statistics or hooks: the modules themselves, on the NCHW view
             y = activation(self.bn(c(x.permute(0, 3, 1, 2))), act).permute(0, 2, 3, 1)
             return y if residual is None else residual + y
@@ -169,7 +203,7 @@ class ConvNorm(nn.Module):
         conv.weight.copy_(weight)
         conv.bias.copy_(bias)  # type: ignore[union-attr]
         self.conv, self.bn = conv, nn.Identity()
-        self._folded = _TensorCache()
+        self._folded, self._folded_identity = _TensorCache(), _TensorCache()
 
     def center_tap(self, x: Tensor) -> Tensor:
         """The layer on lone points (tokens off the grid): only the kernel's centre tap sees each, the rest reads
