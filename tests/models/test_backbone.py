@@ -280,9 +280,11 @@ def test_intermediates_only_stops_at_the_last_level_and_pruning_keeps_the_maps(f
         with torch.no_grad():
             got = pruned.forward_intermediates(x, take, intermediates_only=True)
             want = model.forward_intermediates(x, take, intermediates_only=True)
-            pruned.forward_intermediates(x, take)  # the final output still computes
+            final, _ = pruned.forward_intermediates(x, take)  # the final output still computes
         assert len(got) == len(want) == 1
         torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+        if isinstance(pruned, IsotropicBackbone) and final.ndim == 3:  # its prefix tokens, then the tapped grid
+            assert final.shape[1] == pruned.num_prefix_tokens + got[0].shape[-2] * got[0].shape[-1]
     torch.testing.assert_close(first[0], model.forward_intermediates(x, [0])[1][0], rtol=0, atol=0)
     assert model.head_hidden_size == (getattr(model.cfg, "representation_size", None) or model.num_features)
 

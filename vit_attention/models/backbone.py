@@ -22,7 +22,8 @@ A family derives from one of the two shapes a model takes, each a small base of 
   (PVT's and CvT's class token, ViL's globals), so one loop serves them all;
 * :class:`IsotropicBackbone` (ViT, CaiT, ViTDet, iGPT): one run of ``blocks`` (keys ``blocks.{i}``,
   timm's), run by :func:`~vit_attention.layers.run_blocks_with_taps`; the family writes
-  ``forward_features`` / ``forward_intermediates``.
+  ``forward_features`` / ``forward_intermediates``; :class:`ClassAttentionBackbone` (CaiT, XCiT) writes both
+  for the families that end in a class-attention stage.
 
 Each base says what the levels of its shape are (how many ``forward_intermediates`` indexes, what
 ``prune_intermediate_layers`` cuts, :meth:`Backbone.block_names`). Token merging (ToMe) is
@@ -50,7 +51,8 @@ from ..layers.stage import Tokens, resolve_indices, staged_intermediates
 from . import layer_groups
 from ._config import check_int, check_size
 
-__all__ = ["Backbone", "IsotropicBackbone", "StagedBackbone", "isotropic_taps", "tokens_to_intermediates"]
+__all__ = ["Backbone", "ClassAttentionBackbone", "IsotropicBackbone", "StagedBackbone", "isotropic_taps",
+           "tokens_to_intermediates"]
 
 
 _ENTRY_POINTS = ("forward", "forward_features", "forward_intermediates")
@@ -451,6 +453,75 @@ class IsotropicBackbone(Backbone):
         for info in getattr(self.feature_info, "info", self.feature_info):  # a features model's FeatureInfo too
             info["reduction"] = max(ph, pw)
 
+
+
+class ClassAttentionBackbone(IsotropicBackbone):
+    """An isotropic model whose patch tokens end in a class-attention stage (CaiT, XCiT): the self-attention
+    ``blocks`` (its levels, as :class:`IsotropicBackbone`), then the blocks named by ``class_blocks_attr``, which
+    update only a class token that reads the patch tokens.
+
+    The family writes ``_embed`` (images ``[B, Cin, H, W]`` -> patch tokens ``[B, N, C]`` and their grid),
+    ``_run_blocks`` (the self-attention blocks with taps, as :func:`~vit_attention.layers.run_blocks_with_taps`)
+    and ``forward_cls`` (``[B, N, C]`` -> ``[B, 1 + N, C]``, ``x`` itself once the head is pruned); the forwards,
+    the block names and the pruning of the head are written here once.
+    """
+
+    class_blocks_attr: ClassVar[str] = "blocks_token_only"
+    cls_token: nn.Parameter | None
+
+    def _embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """Images ``[B, Cin, H, W]`` -> patch tokens ``[B, N, C]`` and their grid ``(H', W')``."""
+        raise NotImplementedError(f"{type(self).__name__} must define _embed")
+
+    def _run_blocks(self, x: Tensor, feat_size: tuple[int, int], indices: set[int] | None = None, *,
+                    stop: bool = False) -> tuple[Tensor, list[Tensor]]:
+        """Patch tokens ``[B, N, C]`` through the self-attention blocks: ``-> (tokens, [outputs of blocks
+        indices])``; ``stop``: no block after the last of ``indices`` runs."""
+        raise NotImplementedError(f"{type(self).__name__} must define _run_blocks")
+
+    def forward_cls(self, x: Tensor, feat_size: tuple[int, int] | None = None) -> Tensor:
+        """Class-attention stage: patch tokens ``[B, N, C]`` -> ``[B, 1 + N, C]`` (class token first)."""
+        raise NotImplementedError(f"{type(self).__name__} must define forward_cls")
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images ``[B, Cin, H, W]`` -> normalised tokens ``[B, 1 + N, C]`` (``[B, N, C]`` once the head is pruned)."""
+        x, feat_size = self._embed(x)
+        x, _ = self._run_blocks(x, feat_size)
+        return self.norm(self.forward_cls(x, feat_size))
+
+    def forward_intermediates(
+        self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
+        output_fmt: Literal["NCHW", "NLC"] = "NCHW", intermediates_only: bool = False, stop_early: bool = False,
+    ) -> Any:
+        """Final tokens plus the outputs of chosen self-attention blocks (patch tokens; no class token).
+
+        ``indices``: an int ``n`` = the last ``n`` blocks, or explicit block indices (negative allowed); default
+        all. Intermediates are ``[B, C, H', W']`` (``NCHW``) or ``[B, N, C]`` (``NLC``), through the final norm
+        when ``norm``. Returns ``(final [B, 1 + N, C], [intermediates])`` or only the list. ``stop_early``
+        (timm): no self-attention block after the last chosen one runs, the class-attention blocks read its
+        tokens; ``intermediates_only`` always stops there.
+        """
+        take = isotropic_taps(indices, len(self.blocks), output_fmt)
+        x, feat_size = self._embed(x)
+        x, saved = self._run_blocks(x, feat_size, set(take), stop=intermediates_only or stop_early)
+        outs = tokens_to_intermediates(saved, feat_size, norm=self.norm if norm else None, output_fmt=output_fmt)
+        if intermediates_only:
+            return outs
+        return self.norm(self.forward_cls(x, feat_size)), outs
+
+    def _prune_head(self) -> None:
+        """The classifier, and the class-attention blocks and class token that only feed it
+        (``prune_intermediate_layers``): the features are then the normalised patch tokens ``[B, N, C]``, with
+        no prefix token."""
+        super()._prune_head()
+        setattr(self, self.class_blocks_attr, nn.ModuleList())
+        self.cls_token = None
+        self.num_prefix_tokens = 0
+
+    def block_names(self) -> list[str]:
+        """The self-attention blocks, then the class-attention ones (the order the forward runs them)."""
+        n = len(getattr(self, self.class_blocks_attr))
+        return super().block_names() + [f"{self.class_blocks_attr}.{j}" for j in range(n)]
 
 
 class StagedBackbone(Backbone):

@@ -21,7 +21,6 @@ one Block's names) where timm and the original facebookresearch/deit code have `
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
@@ -34,7 +33,7 @@ from ..functional import resample_abs_pos_embed
 from ..layers import Block, PatchEmbed, run_blocks_with_taps, stage_feature_info
 from ..layers.head import init_linear_weights
 from ._config import ConfigMixin, check_attn_layer, check_common, check_float, check_int, check_size, check_width_heads
-from .backbone import IsotropicBackbone, isotropic_taps, tokens_to_intermediates
+from .backbone import ClassAttentionBackbone
 from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import published_meta, register_family
 from .token_merging import TokenMergingMixin
@@ -93,16 +92,17 @@ class CaitConfig(ConfigMixin):
             raise ValueError(f"img_size={self.img_size!r} is not divisible by patch_size={self.patch_size!r}")
 
 
-class Cait(TokenMergingMixin, IsotropicBackbone):
+class Cait(TokenMergingMixin, ClassAttentionBackbone):
     """CaiT backbone with a classifier, ``[B, Cin, H, W] -> [B, num_classes]``.
 
     ``forward_features`` gives normalised tokens ``[B, 1 + N, C]`` (class token first; ``N`` patches),
     ``forward_head`` takes the class token (or the patch mean, :meth:`Backbone.pool`) and classifies.
-    An isotropic :class:`~vit_attention.models.backbone.Backbone`: one stage of ``blocks``, then the
-    class-attention blocks; the head is a bare ``Linear`` (key ``head``).
+    A :class:`~vit_attention.models.backbone.ClassAttentionBackbone`: one stage of ``blocks``, then the
+    class-attention blocks ``blocks_token_only``; the head is a bare ``Linear`` (key ``head``).
     """
 
     family = "cait"
+    class_blocks_attr = "blocks_token_only"
     config_cls = CaitConfig
     no_weight_decay_keys = ("pos_embed", "cls_token")
     pools = _POOLS
@@ -216,42 +216,6 @@ class Cait(TokenMergingMixin, IsotropicBackbone):
             cls = blk(cls, feat_size, context=x)  # [B, 1, C]
         return torch.cat([cls, x], dim=1)  # [B, 1 + N, C]
 
-    def _prune_head(self) -> None:
-        """The classifier, and the class-attention stage and class token that only feed it
-        (``prune_intermediate_layers``): the features are then the normalised patch tokens ``[B, N, C]``."""
-        super()._prune_head()
-        self.blocks_token_only = nn.ModuleList()
-        self.cls_token = None  # type: ignore[assignment]
-
-    def block_names(self) -> list[str]:
-        """The self-attention blocks, then the class-attention ones (the order the forward runs them)."""
-        return super().block_names() + [f"blocks_token_only.{j}" for j in range(len(self.blocks_token_only))]
-
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> normalised tokens ``[B, 1 + N, C]``."""
-        x, feat_size = self._embed(x)
-        x, _ = self._run_blocks(x, feat_size)
-        return self.norm(self.forward_cls(x, feat_size))
-
-    def forward_intermediates(
-        self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
-        output_fmt: Literal["NCHW", "NLC"] = "NCHW", intermediates_only: bool = False, stop_early: bool = False,
-    ) -> Any:
-        """Final tokens plus the outputs of chosen self-attention blocks (patch tokens; no class token).
-
-        ``indices``: an int ``n`` = the last ``n`` blocks, or explicit block indices (negative
-        allowed); default all. Intermediates are ``[B, C, H', W']`` (``NCHW``) or ``[B, N, C]``
-        (``NLC``), through the final norm when ``norm``. Returns ``(final [B, 1 + N, C],
-        [intermediates])`` or only the list. ``stop_early`` (timm): no self-attention block after the last
-        chosen one runs, the class-attention blocks read its tokens; ``intermediates_only`` always stops there.
-        """
-        take = isotropic_taps(indices, len(self.blocks), output_fmt)
-        x, feat_size = self._embed(x)
-        x, saved = self._run_blocks(x, feat_size, set(take), stop=intermediates_only or stop_early)
-        outs = tokens_to_intermediates(saved, feat_size, norm=self.norm if norm else None, output_fmt=output_fmt)
-        if intermediates_only:
-            return outs
-        return self.norm(self.forward_cls(x, feat_size)), outs
 
 
 # ---------------------------------------------------------------------------- presets (data)

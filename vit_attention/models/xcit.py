@@ -33,7 +33,6 @@ State-dict keys are timm's except inside the blocks: LayerScale is ``ls1.gamma``
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
@@ -60,7 +59,7 @@ from ._config import (
     check_int,
     check_width_heads,
 )
-from .backbone import IsotropicBackbone, isotropic_taps, tokens_to_intermediates
+from .backbone import ClassAttentionBackbone
 from .pretrained_tags import data_cfg, pretrained_tags
 from .registry import published_meta, register_family
 
@@ -291,16 +290,18 @@ class XcitConfig(ConfigMixin):
             raise ValueError("global_pool='token' needs the class token, which cls_attn_layers=0 leaves out")
 
 
-class Xcit(IsotropicBackbone):
+class Xcit(ClassAttentionBackbone):
     """XCiT backbone with a classifier, ``[B, Cin, H, W] -> [B, num_classes]`` (any ``H``, ``W``).
 
     ``forward_features`` gives normalised tokens ``[B, 1 + N, C]`` (class token first, ``N = H'·W'`` patches;
     ``[B, N, C]`` without class-attention blocks), ``forward_head`` the class token (or the patch mean,
-    :meth:`Backbone.pool`) through the bare ``Linear`` head (key ``head``). An isotropic
-    :class:`~vit_attention.models.backbone.Backbone`: one run of XCA ``blocks``, then ``cls_attn_blocks``.
+    :meth:`Backbone.pool`) through the bare ``Linear`` head (key ``head``). A
+    :class:`~vit_attention.models.backbone.ClassAttentionBackbone`: one run of XCA ``blocks``, then
+    ``cls_attn_blocks``.
     """
 
     family = "xcit"
+    class_blocks_attr = "cls_attn_blocks"
     config_cls = XcitConfig
     no_weight_decay_keys = ("pos_embed", "cls_token", "temperature")  # as the reference
     pools = _POOLS
@@ -383,43 +384,6 @@ class Xcit(IsotropicBackbone):
                 x = blk(x, feat_size)
         return x
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Images ``[B, Cin, H, W]`` -> normalised tokens ``[B, 1 + N, C]``."""
-        x, feat_size = self._embed(x)
-        x, _ = self._run_blocks(x, feat_size)
-        return self.norm(self.forward_cls(x, feat_size))
-
-    def forward_intermediates(
-        self, x: Tensor, indices: int | Sequence[int] | None = None, *, norm: bool = False,
-        output_fmt: Literal["NCHW", "NLC"] = "NCHW", intermediates_only: bool = False, stop_early: bool = False,
-    ) -> Any:
-        """Final tokens plus the outputs of chosen XCA blocks (patch tokens; timm's ``forward_intermediates``).
-
-        ``indices``: an int ``n`` = the last ``n`` blocks, or explicit block indices (negative allowed); default
-        all. Intermediates are ``[B, C, H', W']`` (``NCHW``) or ``[B, N, C]`` (``NLC``), through the final norm
-        when ``norm``. Returns ``(final [B, 1 + N, C], [intermediates])`` or only the list. ``stop_early``: no
-        block after the last chosen one runs (the class-attention blocks read its tokens); ``intermediates_only``
-        always stops there.
-        """
-        take = isotropic_taps(indices, len(self.blocks), output_fmt)
-        x, feat_size = self._embed(x)
-        x, saved = self._run_blocks(x, feat_size, set(take), stop=intermediates_only or stop_early)
-        outs = tokens_to_intermediates(saved, feat_size, norm=self.norm if norm else None, output_fmt=output_fmt)
-        if intermediates_only:
-            return outs
-        return self.norm(self.forward_cls(x, feat_size)), outs
-
-    def _prune_head(self) -> None:
-        """The classifier, and the class-attention blocks and class token that only feed it: the features are
-        then the normalised patch tokens ``[B, N, C]``."""
-        super()._prune_head()
-        self.cls_attn_blocks = nn.ModuleList()
-        self.cls_token = None  # type: ignore[assignment]
-        self.num_prefix_tokens = 0
-
-    def block_names(self) -> list[str]:
-        """The XCA blocks, then the class-attention ones (the order the forward runs them)."""
-        return super().block_names() + [f"cls_attn_blocks.{j}" for j in range(len(self.cls_attn_blocks))]
 
 
 # ---------------------------------------------------------------------------- presets (data)
