@@ -184,6 +184,22 @@ def test_inference_keeps_folds_only_while_the_tensors_are_unchanged_and_hooks_se
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_cpu_maps_run_channels_last_with_the_same_numbers():
+    """On the CPU the stem takes the images in channels-last memory and every later map keeps that layout; with the
+    fast paths off the maps stay NCHW-contiguous and the numbers are the same."""
+    from vit_attention.functional.fast_paths import use_fast_paths
+
+    model, t = _fixture_model("timm_efficientvit")
+    x = t["input"]
+    with torch.no_grad():
+        maps = model.forward_intermediates(x, intermediates_only=True)
+        with use_fast_paths(False):
+            plain = model.forward_intermediates(x, intermediates_only=True)
+    for m, p in zip(maps, plain):
+        assert m.is_contiguous(memory_format=torch.channels_last) and p.is_contiguous()
+        torch.testing.assert_close(m, p, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(("override", "match"), [
     (dict(head_dim=12), r"widths\[3\]=16 \(stage 2, attention\) is not divisible by head_dim=12"),
     (dict(widths=(8, 8, 16, 16)), "widths"),
