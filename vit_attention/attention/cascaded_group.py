@@ -82,9 +82,12 @@ class _TensorCache:
             return compute()
         key = self._key
         try:
-            if key is not None and len(key) == len(tensors) and all(
-                    t is k[0] and t._version == k[1] and t.data_ptr() == k[2] for t, k in zip(tensors, key)):
-                return self.value
+            if key is not None and len(key) == len(tensors):
+                for t, (kt, version, ptr) in zip(tensors, key):  # (a plain loop: this runs for every layer)
+                    if t is not kt or t._version != version or t.data_ptr() != ptr:
+                        break
+                else:
+                    return self.value
             new_key = tuple((t, t._version, t.data_ptr()) for t in tensors)
         except RuntimeError:  # inference-mode tensors have no version counter
             return compute()
