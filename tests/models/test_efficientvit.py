@@ -200,6 +200,28 @@ def test_cpu_maps_run_channels_last_with_the_same_numbers():
         torch.testing.assert_close(m, p, atol=1e-5, rtol=1e-5)
 
 
+def test_the_shortcut_goes_into_the_last_unit_only_where_no_hook_would_see_the_difference():
+    """A residual block adds its shortcut in its last conv unit (the 1x1 convolution's GEMM); a hook on that unit
+    still sees the unit's own output, and both ways give the same block output."""
+    from vit_attention.models.efficientvit import Residual
+
+    model, t = _fixture_model("timm_efficientvit")
+    block = next(m for m in model.modules() if isinstance(m, Residual) and m.shortcut)
+    x = torch.randn(2, block.main[0].conv.in_channels, 8, 8).contiguous(memory_format=torch.channels_last)
+    seen = []
+    with torch.no_grad():
+        fused = block(x)
+        handle = block.main[-1].register_forward_hook(lambda m, a, o: seen.append(o))
+        try:
+            hooked = block(x)
+        finally:
+            handle.remove()
+        unit_alone = block.main(x)
+    torch.testing.assert_close(hooked, fused, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(seen[0], unit_alone, atol=0, rtol=0)  # without the shortcut
+    torch.testing.assert_close(fused, x + unit_alone, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(("override", "match"), [
     (dict(head_dim=12), r"widths\[3\]=16 \(stage 2, attention\) is not divisible by head_dim=12"),
     (dict(widths=(8, 8, 16, 16)), "widths"),

@@ -47,7 +47,7 @@ from ..attention import AttentionCall, create_attention
 from ..attention.base import VersionCache
 from ..functional.batch_norm import can_fold_batch_norm, fold_batch_norm
 from ..functional.conv_act import channels_last_on_cpu
-from ..functional.linear import hookless
+from ..functional.linear import hookless, linear
 from ..functional.runtime import capturing
 from ..layers import accepted_kwargs
 from ..layers.convnet import ConvStagesMixin
@@ -153,25 +153,46 @@ class ConvNormAct(nn.Module):
         self.act = act() if act is not None else nn.Identity()
         self._folded = VersionCache()
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, Cin, H, W] -> [B, Cout, H', W']``."""
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``residual + act(norm(conv(x)))``: ``[B, Cin, H, W] -> [B, Cout, H', W']`` (``residual``: None or
+        ``[B, Cout, H', W']``, added last)."""
         conv, norm, act = self.conv, self.norm, self.act
         if self.channels_last:
             x = channels_last_on_cpu(x)
-        if not hookless(conv, norm, act) or capturing():  # the modules as they are (hooks see each output)
-            return act(norm(conv(x)))
-        if isinstance(norm, nn.BatchNorm2d):
-            if conv.padding_mode != "zeros" or not can_fold_batch_norm(conv, norm):
-                return act(norm(conv(x)))
-            tensors = [t for t in (conv.weight, conv.bias, norm.weight, norm.bias, norm.running_mean,
-                                   norm.running_var) if t is not None]
-            weight, bias = self._folded.get(tensors, lambda: fold_batch_norm(conv, norm))
-            y = F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+        wb = self._weights() if hookless(conv, norm, act) and not capturing() else None
+        if wb is None:  # the modules as they are (hooks see each output; training statistics)
+            y = act(norm(conv(x)))
+            return y if residual is None else residual + y
+        weight, bias = wb
+        plain = isinstance(act, nn.Identity)
+        if (conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv.groups == 1 and x.device.type == "cpu"
+                and x.permute(0, 2, 3, 1).is_contiguous()):  # channels-last memory: a GEMM on the channels
+            res = residual.permute(0, 2, 3, 1) if residual is not None and plain else None
+            y = linear(x.permute(0, 2, 3, 1), weight.flatten(1), bias, residual=res).permute(0, 3, 1, 2)
+            if res is not None:
+                return y
         else:
-            y = conv(x)
+            y = F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
         if type(act) is nn.Hardswish and not (torch.is_grad_enabled() and y.requires_grad):
-            return F.hardswish(y, inplace=True)  # y is this layer's own fresh output
-        return act(y)
+            y = F.hardswish(y, inplace=True)  # y is this layer's own fresh output
+        else:
+            y = act(y)
+        return y if residual is None else residual + y
+
+    def _weights(self) -> tuple[Tensor, Tensor | None] | None:
+        """The convolution's ``(weight, bias)`` with an eval-mode BatchNorm folded in (kept while the tensors are
+        unchanged), or None where the BatchNorm must run as a module (training, no running statistics) or the
+        convolution pads otherwise than with zeros."""
+        conv, norm = self.conv, self.norm
+        if conv.padding_mode != "zeros":
+            return None
+        if not isinstance(norm, nn.BatchNorm2d):
+            return (conv.weight, conv.bias) if isinstance(norm, nn.Identity) else None
+        if not can_fold_batch_norm(conv, norm):
+            return None
+        tensors = [t for t in (conv.weight, conv.bias, norm.weight, norm.bias, norm.running_mean, norm.running_var)
+                   if t is not None]
+        return self._folded.get(tensors, lambda: fold_batch_norm(conv, norm))
 
 
 class Residual(nn.Module):
@@ -185,8 +206,16 @@ class Residual(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0 and shortcut else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
-        """``[B, C, H, W] -> [B, C', H', W']``."""
-        out = self.main(x)
+        """``[B, C, H, W] -> [B, C', H', W']``. Without stochastic depth at work and without hooks on ``main`` or
+        its last unit, the shortcut is added by that unit (into its 1x1 convolution's GEMM at CPU inference)."""
+        main = self.main
+        if self.shortcut and not (self.training and isinstance(self.drop_path, DropPath)) and isinstance(
+                main, nn.Sequential) and len(main) and isinstance(main[-1], ConvNormAct) and hookless(main, main[-1]):
+            out = x
+            for unit in list(main)[:-1]:
+                out = unit(out)
+            return main[-1](out, residual=x)
+        out = main(x)
         return x + self.drop_path(out) if self.shortcut else out
 
 
