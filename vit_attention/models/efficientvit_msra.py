@@ -236,7 +236,8 @@ class _Subsample(nn.Sequential):
 class PatchEmbedding(nn.Sequential):
     """Four conv 3x3 stride 2 + BatchNorm layers with a ReLU between them, ``3 -> C/8 -> C/4 -> C/2 -> C``:
     ``[B, H, W, Cin] -> [B, H/16, W/16, C]`` channels-last (keys ``conv{i}.conv`` / ``conv{i}.bn``; timm's
-    ``PatchEmbedding``), each ReLU fused into the convolution before it."""
+    ``PatchEmbedding``); the images' ``NCHW`` order runs through it (no copy of the images), made channels-last
+    at its end."""
 
     def __init__(self, in_chans: int, dim: int) -> None:
         chs = [in_chans, dim // 8, dim // 4, dim // 2, dim]
@@ -253,7 +254,7 @@ class PatchEmbedding(nn.Sequential):
             conv, relu = getattr(self, f"conv{i}"), getattr(self, f"relu{i}", None)
             act = None if relu is None else fusable_activation(relu)
             x = conv(x, act=act) if act is not None or relu is None else relu(conv(x))
-        return x.contiguous()  # a no-op on channels-last input; the stages run on contiguous maps
+        return x.contiguous()  # the images' NCHW order reaches this far (no copy of them); the stages run channels-last
 
 
 class EfficientVitMsra(StagedBackbone):
@@ -295,7 +296,7 @@ class EfficientVitMsra(StagedBackbone):
         """Images ``[B, Cin, H, W]`` -> the first stage's map ``[B, H/16, W/16, C_0]`` (channels-last)."""
         if x.dim() != 4 or x.shape[1] != self.cfg.in_chans:
             raise ValueError(f"expected images [B, {self.cfg.in_chans}, H, W], got {tuple(x.shape)}")
-        return self.patch_embed(x.permute(0, 2, 3, 1).contiguous())  # channels-last from the first convolution
+        return self.patch_embed(x.permute(0, 2, 3, 1))  # a view: no copy of the images
 
     # ------------------------------------------------------------------ head
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
