@@ -10,6 +10,7 @@ from fixture_utils import assert_loads, assert_parity, load_fixture, meta_model_
 
 from vit_attention import create_model
 from vit_attention.analysis.flops import flops
+from vit_attention.attention import AttentionCall
 from vit_attention.attention.attention_bias import AttentionBias, AttentionBiasShrink, LinearNorm, norm_rows
 from vit_attention.models import get_model_entry, list_models
 from vit_attention.models.levit import Levit, stage_grids
@@ -225,6 +226,33 @@ def test_stem_activations_run_in_place_only_where_nothing_else_holds_the_map():
     out.sum().backward()  # the activations' inputs are intact for their gradients
     torch.testing.assert_close(out.detach(), want, rtol=0, atol=0)
     assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_residual_adds_go_into_the_last_gemm_only_where_no_hook_would_see_the_difference():
+    """At inference a block adds its residuals inside the attention's and the MLP's last projections; a hook on the
+    MLP or on the attention's projection sees its own output (without the residual), with the same block output."""
+    model, t = _fixture_model("timm_levit", "levit_128s", SMALL)
+    block = model.stages[0].blocks[0]
+    x = model._embed(t["input"]).detach()
+    seen = {}
+    with torch.no_grad():
+        fused = block(x)
+        hooks = [block.mlp.register_forward_hook(lambda m, a, o: seen.__setitem__("mlp", (a[0], o))),
+                 block.attn.proj.ln.register_forward_hook(lambda m, a, o: seen.__setitem__("proj", o))]
+        try:
+            hooked = block(x)
+        finally:
+            for h in hooks:
+                h.remove()
+        mid, mlp_out = seen["mlp"]
+        torch.testing.assert_close(hooked, fused, atol=1e-5, rtol=1e-5)
+        # the MLP's output had no residual, nor had the projection's
+        torch.testing.assert_close(hooked.reshape(mid.shape), mid + mlp_out, atol=0, rtol=0)
+        torch.testing.assert_close(mid, x.reshape(mid.shape) + seen["proj"], atol=0, rtol=0)
+        grid = x.shape[1:3]
+        tokens = x.reshape(x.shape[0], -1, x.shape[-1])
+        alone = block.attn(tokens, AttentionCall(grid))
+        torch.testing.assert_close(alone, seen["proj"].reshape(alone.shape), atol=1e-5, rtol=1e-5)
 
 
 def test_linear_norm_statistics_run_over_every_token_in_training():

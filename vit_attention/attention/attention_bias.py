@@ -49,9 +49,9 @@ from ..functional.attention_bias import (
 from ..functional.batch_norm import can_fold_batch_norm, fold_batch_norm
 from ..functional.flex import PatternDoc, use_flex
 from ..functional.layout import token_layout
-from ..functional.linear import apply_linear, linear
+from ..functional.linear import apply_linear, hookless, linear
 from ..functional.observers import attention_observed
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION, capturing
 from ..functional.window import to_pair
 from .base import (
     AttentionCall,
@@ -66,7 +66,8 @@ from .base import (
 )
 from .registry import register_attention
 
-__all__ = ["AttentionBias", "AttentionBiasShrink", "LinearNorm", "LEVIT_ACTIVATIONS", "norm_rows"]
+__all__ = ["AttentionBias", "AttentionBiasShrink", "LinearNorm", "LEVIT_ACTIVATIONS", "INPLACE_ACTIVATIONS",
+           "norm_rows", "act_in_place", "project_heads"]
 
 LEVIT_ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "hard_swish": nn.Hardswish, "silu": nn.SiLU, "gelu": nn.GELU, "relu": nn.ReLU}
@@ -117,8 +118,9 @@ class LinearNorm(nn.Module):
         """Whether the BatchNorm has been folded into ``linear`` (:meth:`fuse`)."""
         return not isinstance(self.bn, nn.BatchNorm1d)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``[..., Cin] -> [..., Cout]``: the linear layer, then the BatchNorm over every leading position.
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``[..., Cin] -> [..., Cout]``: the linear layer, then the BatchNorm over every leading position
+        (``residual [..., Cout]``: added last, inside the GEMM when the BatchNorm runs folded).
 
         At inference (eval mode, no hook on ``linear`` / ``bn``) the BatchNorm runs folded into the linear layer's
         weight and bias: one pass over the tokens instead of two, the same numbers (as the convolutions'
@@ -130,9 +132,11 @@ class LinearNorm(nn.Module):
             weight, bias = self._folded.get(
                 [t for t in (lin.weight, lin.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
                  if t is not None], lambda: fold_batch_norm(lin, bn))  # type: ignore[arg-type]
-            return linear(x, weight, bias)
-        y = apply_linear(self.linear, x)  # [..., Cout]
-        return y if self.fused else norm_rows(self.bn, y)
+            return linear(x, weight, bias, residual=residual)
+        if self.fused:
+            return apply_linear(self.linear, x, residual=residual)  # [..., Cout]
+        y = norm_rows(self.bn, apply_linear(self.linear, x))  # [..., Cout]
+        return y if residual is None else residual + y
 
     @torch.no_grad()
     def fuse(self) -> None:
@@ -146,6 +150,37 @@ class LinearNorm(nn.Module):
         folded.bias.copy_(bias)
         self.linear, self.bn = folded, nn.Identity()
         self._folded.clear()
+
+
+INPLACE_ACTIVATIONS: dict[type, Callable[[Tensor], Tensor]] = {
+    nn.Hardswish: lambda x: F.hardswish(x, inplace=True), nn.ReLU: lambda x: F.relu(x, inplace=True),
+    nn.SiLU: lambda x: F.silu(x, inplace=True)}
+"""The activations of :data:`LEVIT_ACTIVATIONS` that have an in-place form, by module class."""
+
+
+def act_in_place(act: nn.Module, x: Tensor) -> Tensor:
+    """``act(x)``, overwriting ``x`` where that is safe and possible: ``x`` must be the caller's own fresh tensor
+    (nothing else holds it); ``act`` hookless, no autograd recording through ``x``, no graph capture, and an
+    activation of :data:`INPLACE_ACTIVATIONS`. Otherwise the module itself runs. Any shape."""
+    fn = INPLACE_ACTIVATIONS.get(type(act))
+    if fn is None or capturing() or not hookless(act) or (torch.is_grad_enabled() and x.requires_grad):
+        return act(x)
+    return fn(x)
+
+
+def project_heads(proj: nn.Module, drop: nn.Module | None, x: Tensor, residual: Tensor | None = None) -> Tensor:
+    """``residual + drop(proj(x))`` for LeViT's output projection ``proj = Sequential(act, ln: LinearNorm)`` on the
+    merged heads ``x [..., nh·vd]`` (a fresh tensor of the caller's) ``-> [..., C]``.
+
+    At inference (no hook on ``proj`` or ``proj.ln``, dropout off) the activation runs in place
+    (:func:`act_in_place`) and the residual is added inside the projection's GEMM; otherwise the modules run and
+    the residual is added after them."""
+    ln = getattr(proj, "ln", None)
+    if isinstance(ln, LinearNorm) and hookless(proj, ln) and (drop is None or not (
+            drop.training and getattr(drop, "p", 0) > 0)):
+        return ln(act_in_place(proj.act, x), residual=residual)
+    out = proj(x) if drop is None else drop(proj(x))
+    return out if residual is None else residual + out
 
 
 def _norm_macs(layer: LinearNorm, rows: int) -> int:
@@ -332,8 +367,7 @@ class AttentionBias(AttentionModule):
             out = self.attend(q, k, v, pattern=pattern, scale=self.scale, layout=layout)  # [B, nh, N, vd]
         else:
             out = self.attend(q, k, v, bias=self.position_bias(grid, P), scale=self.scale, layout=layout)
-        out = self.proj_drop(self.proj(merge_heads(out)))  # [B, N, C]
-        return out if call.residual is None else call.residual + out
+        return project_heads(self.proj, self.proj_drop, merge_heads(out), call.residual)  # [B, N, C]
 
     def flops(self, input_shape: tuple[int, ...], *, feat_size: tuple[int, int] | None = None) -> int:
         """Multiply-adds for one forward on ``(B, N, C)``: ``N·C·nh(2kd+vd) + nh·N²·(kd+vd) + N·nh·vd·C``, plus
@@ -437,7 +471,7 @@ class AttentionBiasShrink(nn.Module):
             bias = _cached_table_bias(self._bias_cache, self.attention_biases, self.resolution, (H, W),
                                       self.stride).unsqueeze(0)  # [1, nh, h·w, H·W]
             out = scaled_dot_product_attention(q, k, v, bias=bias, **options)  # type: ignore[arg-type]
-        out = self.proj(merge_heads(out))  # [B, h·w, Cout]
+        out = project_heads(self.proj, None, merge_heads(out))  # [B, h·w, Cout]
         return out.reshape(B, h, w, self.out_dim)
 
     def set_window_size(self, window_size: int | Sequence[int]) -> None:

@@ -40,7 +40,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention.attention_bias import AttentionBias, AttentionBiasShrink, LinearNorm, levit_act, norm_rows
+from ..attention.attention_bias import (
+    INPLACE_ACTIVATIONS,
+    AttentionBias,
+    AttentionBiasShrink,
+    LinearNorm,
+    act_in_place,
+    levit_act,
+    norm_rows,
+)
 from ..attention.base import AttentionCall, VersionCache
 from ..functional.attention_bias import fold_norm_linear
 from ..functional.batch_norm import can_fold_batch_norm, fold_batch_norm
@@ -213,9 +221,15 @@ class LevitMlp(nn.Module):
         self.drop = nn.Dropout(drop)
         self.ln2 = LinearNorm(hidden_features, out_features or in_features, bn_weight_init=0.0)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, N, C] -> [B, N, C_out]``."""
-        return self.ln2(self.drop(self.act(self.ln1(x))))
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``[B, N, C] -> [B, N, C_out]`` (``residual [B, N, C_out]``: added last). At inference (no hooks on the
+        layers, dropout off) the activation overwrites ``ln1``'s fresh output and the residual is added inside
+        ``ln2``'s GEMM."""
+        ln1, ln2 = self.ln1, self.ln2
+        if hookless(ln1, ln1.linear, ln1.bn, ln2) and not (self.training and self.drop.p > 0):
+            return ln2(act_in_place(self.act, ln1(x)), residual=residual)
+        y = ln2(self.drop(self.act(ln1(x))))
+        return y if residual is None else residual + y
 
 
 def _map_call(x: Tensor, fn: Any) -> Tensor:
@@ -247,6 +261,8 @@ class LevitBlock(nn.Module):
             x = self.attn(x, AttentionCall(grid, residual=x))  # the add fused into the mechanism
         else:
             x = x + self.drop_path1(self.attn(x, AttentionCall(grid)))
+        if isinstance(self.drop_path2, nn.Identity) and hookless(self.mlp):
+            return self.mlp(x, residual=x)  # the add inside the MLP's last GEMM
         return x + self.drop_path2(self.mlp(x))
 
     def forward(self, x: Tensor) -> Tensor:
@@ -270,6 +286,8 @@ class LevitDownsample(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``[B, H, W, Cin] -> [B, ceil(H/2), ceil(W/2), Cout]``."""
         x = self.attn_downsample(x)
+        if isinstance(self.drop_path, nn.Identity) and hookless(self.mlp):
+            return _map_call(x, lambda t, grid: self.mlp(t, residual=t))  # the add inside the MLP's last GEMM
         return _map_call(x, lambda t, grid: t + self.drop_path(self.mlp(t)))
 
 
@@ -296,13 +314,10 @@ class LevitStem(nn.Sequential):
         x = channels_last_on_cpu(x)
         inplace = not capturing() and hookless(*self.modules())
         for m in self:
-            fn = _INPLACE_ACTS.get(type(m)) if inplace and not (torch.is_grad_enabled() and x.requires_grad) else None
+            fn = INPLACE_ACTIVATIONS.get(type(m)) if inplace and not (
+                torch.is_grad_enabled() and x.requires_grad) else None
             x = fn(x) if fn is not None else m(x)
         return x
-
-
-_INPLACE_ACTS = {nn.Hardswish: lambda x: F.hardswish(x, inplace=True), nn.ReLU: lambda x: F.relu(x, inplace=True),
-                 nn.SiLU: lambda x: F.silu(x, inplace=True)}
 
 
 class Levit(StagedBackbone):
