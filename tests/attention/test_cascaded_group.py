@@ -276,3 +276,22 @@ def test_a_depthwise_layer_plus_its_input_is_one_convolution_at_inference(k):
         train = _bn_stats(ConvNorm(16, 16, k, groups=16)).train()
         y = train.bn(train.conv(x.permute(0, 3, 1, 2))).permute(0, 2, 3, 1)
         torch.testing.assert_close(train(x, residual=x), x + y, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_runs_each_head_on_the_explicit_path_on_cpu(monkeypatch):
+    """'auto' in eager CPU inference: no head reaches torch's fused kernel (slower on these heads); 'sdpa' does, and
+    both give the same outputs."""
+    from vit_attention.attention import set_attention_backend
+
+    attn = _trained(CascadedGroupAttention(32, 4, key_dim=8, window_size=4))
+    x = torch.randn(2, 8, 8, 32)
+    calls = []
+    fused = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    with torch.no_grad():
+        auto = attn(x)
+        assert calls == []
+        set_attention_backend(attn, "sdpa")
+        sdpa = attn(x)
+    assert len(calls) == 4
+    torch.testing.assert_close(sdpa, auto, rtol=1e-5, atol=1e-5)

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..functional.attention import scaled_dot_product_attention
 from ..functional.attention_bias import attention_bias_index, resize_attention_bias_table
 from ..functional.batch_norm import fold_batch_norm
 from ..functional.conv_act import conv2d_act
@@ -326,6 +327,17 @@ class CascadedGroupAttention(AttentionModule):
         table = self.attention_biases
         return self._bias.get([table], lambda: table[:, attention_bias_index(self.window_size, device=table.device)])
 
+    def _attend_head(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, *, observed: bool) -> Tensor:
+        """One head's core call, ``q, k [B', 1, N, kd]``, ``v [B', 1, N, vd]``, ``bias [N, N]`` -> ``[B', 1, N, vd]``.
+
+        With the backend ``"auto"``, eager on CPU, it is the explicit path: on these heads (a few dozen tokens,
+        16-wide keys) torch's fused CPU kernel took twice its time on two threads (its flash kernel where
+        ``vd = kd``, its math path otherwise); an open ``ATTENTION_BACKEND.override`` still wins."""
+        options = self.core_options()
+        if options["backend"] == "auto" and q.device.type == "cpu" and not capturing():
+            options["backend"] = "explicit"
+        return scaled_dot_product_attention(q, k, v, bias=bias, scale=self.scale, observed=observed, **options)
+
     def forward(self, x: Tensor, call: AttentionCall = AttentionCall()) -> Tensor:
         """``[B, H, W, C] -> [B, H, W, C]`` (plus ``call.residual`` when given); ``call.feat_size`` must match the
         map."""
@@ -353,7 +365,7 @@ class CascadedGroupAttention(AttentionModule):
             q, k, v = (t.reshape(Bw, 1, N, t.shape[-1]) for t in (q, k, v))  # [B', 1, N, ·]
             if observed:  # the heads' inputs, unobserved; the observed core call runs once over all heads below
                 qkv.append((q, k, v))
-            out = self.attend(q, k, v, bias=bias[i], scale=self.scale, observed=not observed)  # [B', 1, N, vd]
+            out = self._attend_head(q, k, v, bias[i], observed=not observed)  # [B', 1, N, vd]
             feat = out.view(Bw, wh, ww, vd)
             outs.append(feat)
         if observed:  # one call of nh heads: the observers get one map per head, placed on the image by the windows
