@@ -81,6 +81,7 @@ ACTIVATIONS: dict[str, tuple[str, str]] = {
     "gelu_tanh": ("gelu", "tanh"),
     "relu": ("relu", ""),
     "silu": ("swish", ""),
+    "hardswish": ("hardswish", ""),  # oneDNN: x·clamp(x/6 + 1/2, 0, 1), torch: x·relu6(x + 3)/6 (an ulp apart)
 }
 
 
@@ -96,6 +97,8 @@ def activation(x: Tensor, act: str | None) -> Tensor:
         return F.relu(x)
     if act == "silu":
         return F.silu(x)
+    if act == "hardswish":
+        return F.hardswish(x)
     raise ValueError(f"act must be None or one of {sorted(ACTIVATIONS)}, got {act!r}")
 
 

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from ..attention import AttentionCall, create_attention
 from ..attention.base import VersionCache
 from ..functional.batch_norm import can_fold_batch_norm, fold_batch_norm
-from ..functional.conv_act import channels_last_on_cpu
+from ..functional.conv_act import channels_last_on_cpu, conv2d_act
 from ..functional.linear import hookless, linear
 from ..functional.runtime import capturing
 from ..layers import accepted_kwargs
@@ -165,12 +165,18 @@ class ConvNormAct(nn.Module):
             return y if residual is None else residual + y
         weight, bias = wb
         plain = isinstance(act, nn.Identity)
+        fused = "hardswish" if type(act) is nn.Hardswish else None  # into the kernel (oneDNN post-op) where it can
         if (conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv.groups == 1 and x.device.type == "cpu"
                 and x.permute(0, 2, 3, 1).is_contiguous()):  # channels-last memory: a GEMM on the channels
             res = residual.permute(0, 2, 3, 1) if residual is not None and plain else None
-            y = linear(x.permute(0, 2, 3, 1), weight.flatten(1), bias, residual=res).permute(0, 3, 1, 2)
-            if res is not None:
-                return y
+            y = linear(x.permute(0, 2, 3, 1), weight.flatten(1), bias, act=fused, residual=res).permute(0, 3, 1, 2)
+            if res is not None or fused is not None:
+                return y if res is not None or residual is None else residual + y
+        elif fused is not None and conv.dilation == (1, 1) and len(set(conv.stride)) == 1 and len(
+                set(conv.padding)) == 1:  # square stride and padding: the fused convolution's arguments
+            y = conv2d_act(x, weight, bias, stride=conv.stride[0], padding=int(conv.padding[0]), groups=conv.groups,
+                           act=fused)
+            return y if residual is None else residual + y
         else:
             y = F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
         if type(act) is nn.Hardswish and not (torch.is_grad_enabled() and y.requires_grad):
