@@ -208,8 +208,9 @@ def test_new_weights_take_effect_at_once_after_an_eval_forward():
 
 
 def test_stem_activations_run_in_place_only_where_nothing_else_holds_the_map():
-    """At inference the stem's hardswish overwrites the convolution's output; a hook on the convolution keeps the
-    output it saw, autograd keeps what it needs, and every path gives the same numbers."""
+    """At inference the stem's hardswish runs inside the convolution (or overwrites its output); a hook on the
+    convolution keeps the output it saw, autograd keeps what it needs, and every path gives the same numbers (up to
+    oneDNN's hardswish rounding)."""
     model, t = _fixture_model("timm_levit", "levit_128s", SMALL)
     x = t["input"]
     with torch.no_grad():
@@ -220,11 +221,12 @@ def test_stem_activations_run_in_place_only_where_nothing_else_holds_the_map():
             hooked = model.stem(x)
         finally:
             handle.remove()
-    assert torch.equal(*seen[0]) and torch.equal(hooked, want)
+    assert torch.equal(*seen[0])
+    torch.testing.assert_close(hooked, want, atol=1e-5, rtol=1e-5)
     x = x.clone().requires_grad_()
     out = model.stem(x)
     out.sum().backward()  # the activations' inputs are intact for their gradients
-    torch.testing.assert_close(out.detach(), want, rtol=0, atol=0)
+    torch.testing.assert_close(out.detach(), want, atol=1e-5, rtol=1e-5)
     assert x.grad is not None and x.grad.abs().sum() > 0
 
 

@@ -47,6 +47,7 @@ from ..functional.attention_bias import (
     resize_attention_bias_table,
 )
 from ..functional.batch_norm import can_fold_batch_norm, fold_batch_norm
+from ..functional.fast_paths import activation
 from ..functional.flex import PatternDoc, use_flex
 from ..functional.layout import token_layout
 from ..functional.linear import apply_linear, hookless, linear
@@ -118,9 +119,10 @@ class LinearNorm(nn.Module):
         """Whether the BatchNorm has been folded into ``linear`` (:meth:`fuse`)."""
         return not isinstance(self.bn, nn.BatchNorm1d)
 
-    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
-        """``[..., Cin] -> [..., Cout]``: the linear layer, then the BatchNorm over every leading position
-        (``residual [..., Cout]``: added last, inside the GEMM when the BatchNorm runs folded).
+    def forward(self, x: Tensor, residual: Tensor | None = None, *, act: str | None = None) -> Tensor:
+        """``[..., Cin] -> [..., Cout]``: the linear layer, then the BatchNorm over every leading position; ``act``
+        (None or a name of :data:`~vit_attention.functional.fast_paths.ACTIVATIONS`) on the result, then
+        ``residual [..., Cout]`` added (both inside the GEMM when the BatchNorm runs folded on the CPU).
 
         At inference (eval mode, no hook on ``linear`` / ``bn``) the BatchNorm runs folded into the linear layer's
         weight and bias: one pass over the tokens instead of two, the same numbers (as the convolutions'
@@ -132,10 +134,11 @@ class LinearNorm(nn.Module):
             weight, bias = self._folded.get(
                 [t for t in (lin.weight, lin.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
                  if t is not None], lambda: fold_batch_norm(lin, bn))  # type: ignore[arg-type]
-            return linear(x, weight, bias, residual=residual)
-        if self.fused:
-            return apply_linear(self.linear, x, residual=residual)  # [..., Cout]
-        y = norm_rows(self.bn, apply_linear(self.linear, x))  # [..., Cout]
+            return linear(x, weight, bias, act=act, residual=residual)
+        if self.fused and type(self.linear) is nn.Linear and hookless(self.linear):
+            return linear(x, self.linear.weight, self.linear.bias, act=act, residual=residual)  # [..., Cout]
+        y = apply_linear(self.linear, x)  # [..., Cout]
+        y = activation(y if self.fused else norm_rows(self.bn, y), act)
         return y if residual is None else residual + y
 
     @torch.no_grad()

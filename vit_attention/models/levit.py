@@ -52,7 +52,8 @@ from ..attention.attention_bias import (
 from ..attention.base import AttentionCall, VersionCache
 from ..functional.attention_bias import fold_norm_linear
 from ..functional.batch_norm import can_fold_batch_norm, fold_batch_norm
-from ..functional.conv_act import channels_last_on_cpu
+from ..functional.conv_act import channels_last_on_cpu, conv2d_act
+from ..functional.fast_paths import activation
 from ..functional.linear import hookless
 from ..functional.runtime import capturing
 from ..layers import DropPath, Stage, stage_feature_info
@@ -152,17 +153,22 @@ class ConvNorm(nn.Module):
         self.bn: nn.Module = nn.BatchNorm2d(out_chs)
         self._folded = VersionCache()
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, Cin, H, W] -> [B, Cout, H', W']``."""
+    def forward(self, x: Tensor, *, act: str | None = None) -> Tensor:
+        """``act(BN(conv(x)))``: ``[B, Cin, H, W] -> [B, Cout, H', W']`` (``act``: None or a name of
+        :data:`~vit_attention.functional.fast_paths.ACTIVATIONS`, inside oneDNN's convolution on channels-last
+        CPU inference)."""
         c, bn = self.linear, self.bn
         if isinstance(bn, nn.Identity):
-            return c(x)
+            return activation(c(x), act)
         if c.padding_mode != "zeros" or not can_fold_batch_norm(c, bn):
-            return bn(c(x))
+            return activation(bn(c(x)), act)
         tensors = [t for t in (c.weight, c.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
                    if t is not None]
         weight, bias = self._folded.get(tensors, lambda: fold_batch_norm(c, bn))  # type: ignore[arg-type]
-        return F.conv2d(x, weight, bias, c.stride, c.padding, c.dilation, c.groups)
+        if act is not None and c.dilation == (1, 1) and len(set(c.stride)) == 1 and len(set(c.padding)) == 1:
+            return conv2d_act(x, weight, bias, stride=c.stride[0], padding=int(c.padding[0]), groups=c.groups,
+                              act=act)
+        return activation(F.conv2d(x, weight, bias, c.stride, c.padding, c.dilation, c.groups), act)
 
     @torch.no_grad()
     def fuse(self) -> None:
@@ -227,6 +233,8 @@ class LevitMlp(nn.Module):
         ``ln2``'s GEMM."""
         ln1, ln2 = self.ln1, self.ln2
         if hookless(ln1, ln1.linear, ln1.bn, ln2) and not (self.training and self.drop.p > 0):
+            if type(self.act) is nn.Hardswish and hookless(self.act):  # the activation inside ln1's GEMM
+                return ln2(ln1(x, act="hardswish"), residual=residual)
             return ln2(act_in_place(self.act, ln1(x)), residual=residual)
         y = ln2(self.drop(self.act(ln1(x))))
         return y if residual is None else residual + y
@@ -313,10 +321,18 @@ class LevitStem(nn.Sequential):
         fewer per layer (the stem's maps are the model's largest), the same numbers."""
         x = channels_last_on_cpu(x)
         inplace = not capturing() and hookless(*self.modules())
-        for m in self:
+        mods = list(self)
+        i = 0
+        while i < len(mods):
+            m = mods[i]
+            if inplace and isinstance(m, ConvNorm) and i + 1 < len(mods) and type(mods[i + 1]) is nn.Hardswish:
+                x = m(x, act="hardswish")  # inside the convolution (oneDNN post-op)
+                i += 2
+                continue
             fn = INPLACE_ACTIVATIONS.get(type(m)) if inplace and not (
                 torch.is_grad_enabled() and x.requires_grad) else None
             x = fn(x) if fn is not None else m(x)
+            i += 1
         return x
 
 
