@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vit_attention import create_attention, list_attention
-from vit_attention.attention import get_attention_spec
+from vit_attention.attention import cascaded_group, get_attention_spec
 from vit_attention.functional import switched
 
 DIM, HEADS = 32, 4
@@ -80,8 +80,10 @@ def test_fused_switch_captured_when_built_and_switched_per_module(name, monkeypa
     real = core._fused
     monkeypatch.setattr(core, "_fused", lambda *a, **k: calls.append(1) or real(*a, **k))
     # the switch alone decides here: not the CPU rule that runs wider values than keys explicitly (LeViT, VOLO's
-    # outlook, separable; tests/functional/test_attention.py)
+    # outlook, separable; tests/functional/test_attention.py), nor cascaded group's explicit heads on CPU
+    # (tests/attention/test_cascaded_group.py)
     monkeypatch.setattr(core, "_math_fallback_on_cpu", lambda q, v: False)
+    monkeypatch.setattr(cascaded_group, "_explicit_heads", lambda q: False)
     attn, x = _build(name), _input(name)
     assert attn.fused_attention is FUSED_ATTENTION.default
     attn.fused_attention = True

@@ -224,6 +224,12 @@ _NO_FLEX = ("each head is its own call on windows of at most a few dozen tokens 
             "the other backends run the same softmax attention")
 
 
+def _explicit_heads(q: Tensor) -> bool:
+    """Whether the backend ``"auto"`` runs a head's core call on the explicit path: eager on CPU (see
+    :meth:`CascadedGroupAttention._attend_head`)."""
+    return q.device.type == "cpu" and not capturing()
+
+
 def _check_kernels(kernels: Any, num_heads: int) -> tuple[int, ...]:
     if kernels is None:
         return (5,) * num_heads
@@ -334,7 +340,7 @@ class CascadedGroupAttention(AttentionModule):
         16-wide keys) torch's fused CPU kernel took twice its time on two threads (its flash kernel where
         ``vd = kd``, its math path otherwise); an open ``ATTENTION_BACKEND.override`` still wins."""
         options = self.core_options()
-        if options["backend"] == "auto" and q.device.type == "cpu" and not capturing():
+        if options["backend"] == "auto" and _explicit_heads(q):
             options["backend"] = "explicit"
         return scaled_dot_product_attention(q, k, v, bias=bias, scale=self.scale, observed=observed, **options)
 
