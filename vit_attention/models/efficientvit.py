@@ -20,7 +20,9 @@ Config dataclass -> :class:`EfficientViT` -> presets registered as data (timm's 
 B-series: Hardswish, every norm eps 1e-5, MBConv expansion 4. L-series: tanh-GELU, norm eps 1e-7 (the head's
 BatchNorm keeps 1e-5, as timm builds it).
 
-Layout: NCHW maps ``[B, C, H, W]`` through the convolutions; each EfficientViT block hands its mechanism the
+Layout: NCHW maps ``[B, C, H, W]`` through the convolutions (on the CPU held in channels-last memory from the
+stem's first unit on: oneDNN's native layout, where a 1x1 conv unit is a GEMM on the channels with its hardswish
+or the block's shortcut inside); each EfficientViT block hands its mechanism the
 channels-last view ``[B, H, W, C]`` (a permute, no copy) and takes its output back the same way. State-dict
 keys are timm's (``stem.in_conv``, ``stem.res{j}.main``, ``stages.{i}.blocks.{j}.main``, ``conv`` / ``norm`` in
 every conv unit, ``head.in_conv``) except inside the EfficientViT blocks (``attn`` for timm's

@@ -23,7 +23,13 @@ through a converter (:mod:`vit_attention.weights.levit`) and the ``levit_conv_*`
 conv files' pretrained tags. State-dict keys are timm's.
 
 BatchNorm folding: :meth:`Levit.fuse` folds every BatchNorm into the layer beside it in place (timm's
-``fuse()`` / ``reparameterize_model``): the same outputs in eval mode, fewer layers and parameters.
+``fuse()`` / ``reparameterize_model``): the same outputs in eval mode, fewer layers and parameters. Without it,
+eval mode runs every pair folded anyway, the folded weights kept while their tensors are unchanged.
+
+CPU inference: the stem runs on channels-last memory (oneDNN's layout; its tokens are then the map's own rows),
+its hardswish inside each convolution and the MLP's inside its first GEMM, each residual add inside the last
+projection's GEMM, the attention bias gathered once while its table is unchanged, and the attention itself on the
+core's explicit path (values wider than keys: torch's fused CPU kernel would take its math path).
 
 Sizes: the bias tables belong to the grids of ``img_size`` (``(r - 1) // 2 + 1`` per stride-2 step). Another input
 size reads them resampled (bicubic with antialiasing, timm's ``resize_rel_pos_bias_table_levit`` rule) and
