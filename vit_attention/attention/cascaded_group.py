@@ -32,8 +32,10 @@ Speed (CPU inference): everything runs channels-last, the map's own layout, so n
 needs a transpose: a 1x1 :class:`ConvNorm` is a linear layer on the channels (oneDNN's GEMM, its activation or
 residual add fused), the depthwise ones run on the channels-last view, each head's queries / keys / values are
 views of its projection, and its output ``[B', h, w, vd]`` is the next head's input as it comes. A map that is one
-window is not partitioned; the output projection then adds a ``residual`` in its GEMM. At inference the folded
-BatchNorm weights and the gathered bias are kept while their tensors are unchanged (:class:`_TensorCache`).
+window is not partitioned; the output projection then adds a ``residual`` in its GEMM. With the backend ``"auto"``
+each head runs on the core's explicit path on CPU (torch's fused kernel is slower on these small heads). At
+inference the folded BatchNorm weights and the gathered bias are kept while their tensors are unchanged
+(:class:`_TensorCache`), and ``x + dw(x)`` of a depthwise :class:`ConvNorm` is one convolution.
 """
 
 from __future__ import annotations
