@@ -273,3 +273,18 @@ def test_the_explicit_path_adds_a_bias_of_any_broadcast_shape_and_leaves_it_unch
         out = scaled_dot_product_attention(q, k, v, bias=bias, scale=0.5, backend="explicit")
     torch.testing.assert_close(out, ((q * 0.5) @ k.transpose(-2, -1) + kept).softmax(-1) @ v)
     assert torch.equal(bias, kept)
+
+
+def test_explicit_inference_normalises_its_own_logits_in_place_with_the_same_numbers():
+    torch.manual_seed(0)
+    q, k, v = _qkv()
+    bias = torch.randn(1, 3, 5, 7)
+    kept = bias.clone()
+    with torch.no_grad():
+        out, w = scaled_dot_product_attention(q, k, v, bias=bias, backend="explicit", return_weights=True)
+        ref_w = (q * q.shape[-1] ** -0.5 @ k.transpose(-2, -1) + bias).softmax(-1)
+        transformed = scaled_dot_product_attention(q, k, v, bias=bias, logits_fn=lambda a: a, backend="explicit")
+    torch.testing.assert_close(w, ref_w, rtol=0, atol=0)
+    torch.testing.assert_close(out, ref_w @ v, rtol=0, atol=0)
+    torch.testing.assert_close(transformed, out, rtol=0, atol=0)
+    assert torch.equal(bias, kept)  # the caller's bias is never the buffer normalised
