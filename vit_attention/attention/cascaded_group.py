@@ -35,7 +35,8 @@ views of its projection, and its output ``[B', h, w, vd]`` is the next head's in
 window is not partitioned; the output projection then adds a ``residual`` in its GEMM. With the backend ``"auto"``
 each head runs on the core's explicit path on CPU (torch's fused kernel is slower on these small heads). At
 inference the folded BatchNorm weights and the gathered bias are kept while their tensors are unchanged
-(:class:`_TensorCache`), and ``x + dw(x)`` of a depthwise :class:`ConvNorm` is one convolution.
+(:class:`~vit_attention.attention.base.VersionCache`), and ``x + dw(x)`` of a depthwise :class:`ConvNorm` is one
+convolution.
 """
 
 from __future__ import annotations
@@ -56,53 +57,12 @@ from ..functional.fast_paths import activation
 from ..functional.layout import window_layout
 from ..functional.linear import hookless, linear
 from ..functional.observers import WEIGHT_HOOKS
-from ..functional.runtime import FAST_PATHS, capturing
+from ..functional.runtime import capturing
 from ..functional.window import to_pair
-from .base import AttentionCall, AttentionModule, check_spatial_call
+from .base import AttentionCall, AttentionModule, VersionCache, check_spatial_call
 from .registry import register_attention
 
 __all__ = ["CascadedGroupAttention", "ConvNorm"]
-
-
-class _TensorCache:
-    """One value derived from some tensors (folded BatchNorm weights, a gathered bias), kept while each of them is
-    the same tensor holding the same data: the same object, storage and version counter (every in-place change
-    bumps it: an optimizer step, ``load_state_dict``'s copies, ``p.copy_(...)`` under ``torch.no_grad()``;
-    ``.to(...)`` swaps the storage). The check reads a few attributes per tensor and never synchronises a device,
-    cheaper than the few small kernels it saves. Recomputed on each call while autograd records through the
-    tensors, while torch captures a graph (the value must be part of it), with the fast paths off
-    (:data:`~vit_attention.functional.runtime.FAST_PATHS`), and for inference-mode tensors (no version counter)."""
-
-    __slots__ = ("_key", "value")
-
-    def __init__(self) -> None:
-        self._key: tuple[tuple[Tensor, int, int], ...] | None = None
-        self.value: Any = None
-
-    def get(self, tensors: Sequence[Tensor], compute: Any) -> Any:
-        """``compute()``, or the value it gave for ``tensors`` as they are now."""
-        if (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or capturing() or not FAST_PATHS.get():
-            return compute()
-        key = self._key
-        try:
-            if key is not None and len(key) == len(tensors):
-                for t, (kt, version, ptr) in zip(tensors, key):  # (a plain loop: this runs for every layer)
-                    if t is not kt or t._version != version or t.data_ptr() != ptr:
-                        break
-                else:
-                    return self.value
-            new_key = tuple((t, t._version, t.data_ptr()) for t in tensors)
-        except RuntimeError:  # inference-mode tensors have no version counter
-            return compute()
-        self.value = compute()
-        self._key = new_key
-        return self.value
-
-    def __getstate__(self) -> tuple[None, None]:  # pickled / deep-copied modules start empty
-        return None, None
-
-    def __setstate__(self, state: tuple[None, None]) -> None:
-        self._key, self.value = state
 
 
 def _centre_identity(weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -130,8 +90,8 @@ class ConvNorm(nn.Module):
         self.conv = nn.Conv2d(in_chs, out_chs, kernel_size, stride, kernel_size // 2, groups=groups, bias=bias)
         self.bn: nn.Module = nn.BatchNorm2d(out_chs)
         nn.init.constant_(self.bn.weight, bn_weight_init)
-        self._folded = _TensorCache()
-        self._folded_identity = _TensorCache()  # the same with the identity in the centre tap (x + dw(x))
+        self._folded = VersionCache()
+        self._folded_identity = VersionCache()  # the same with the identity in the centre tap (x + dw(x))
 
     @property
     def fused(self) -> bool:
@@ -209,7 +169,7 @@ class ConvNorm(nn.Module):
         conv.weight.copy_(weight)
         conv.bias.copy_(bias)  # type: ignore[union-attr]
         self.conv, self.bn = conv, nn.Identity()
-        self._folded, self._folded_identity = _TensorCache(), _TensorCache()
+        self._folded, self._folded_identity = VersionCache(), VersionCache()
 
     def center_tap(self, x: Tensor) -> Tensor:
         """The layer on lone points (tokens off the grid): only the kernel's centre tap sees each, the rest reads
@@ -320,7 +280,7 @@ class CascadedGroupAttention(AttentionModule):
         self.proj = nn.Sequential(nn.ReLU(), ConvNorm(num_heads * vd, dim))
         wh, ww = self.window_size
         self.attention_biases = nn.Parameter(torch.zeros(num_heads, wh * ww))
-        self._bias = _TensorCache()  # the gathered [nh, N, N] bias while the table is unchanged
+        self._bias = VersionCache()  # the gathered [nh, N, N] bias while the table is unchanged
 
     def transfer_init(self) -> list[str]:
         """A zero table (no position term); the per-head projections, the depthwise convolutions and the
