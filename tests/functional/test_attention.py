@@ -129,19 +129,25 @@ def test_int_mask_rejected():
         scaled_dot_product_attention(q, k, v, scale=torch.ones(3, 1, 1))
 
 
-def test_torch_sdpa_is_what_fused_path_calls(monkeypatch):
-    calls = []
+def _spy_on_torch_sdpa(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """The keyword arguments of every call to torch's ``scaled_dot_product_attention`` from now on (it still runs)."""
+    calls: list[dict] = []
     real = F.scaled_dot_product_attention
 
     def spy(*a, **kw):
-        calls.append(1)
+        calls.append(kw)
         return real(*a, **kw)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    return calls
+
+
+def test_torch_sdpa_is_what_fused_path_calls(monkeypatch):
+    calls = _spy_on_torch_sdpa(monkeypatch)
     q, k, v = _qkv(hdv=8)
     scaled_dot_product_attention(q, k, v)
     scaled_dot_product_attention(q, k, v, return_weights=True)
-    assert calls == [1]
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -151,21 +157,14 @@ def test_cpu_values_wider_than_keys_skip_torch_math_fallback(monkeypatch, with_b
     q, k, v = _qkv(hd=4, hdv=8)
     bias = torch.randn(1, 3, 5, 7) if with_bias else None
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    calls = []
-    real = F.scaled_dot_product_attention
-
-    def spy(*a, **kw):
-        calls.append(1)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    calls = _spy_on_torch_sdpa(monkeypatch)
     with torch.inference_mode():
         out = scaled_dot_product_attention(q, k, v, bias=bias)
     assert not calls  # the explicit path
     torch.testing.assert_close(out, ref)
     scaled_dot_product_attention(q, k, v, bias=bias, backend="sdpa")  # asked for: torch's kernel
     scaled_dot_product_attention(q[..., :4], k, v[..., :4], bias=bias)  # one width: torch's kernel
-    assert calls == [1, 1]
+    assert len(calls) == 2
 
 
 def test_learned_bias_in_cpu_training_skips_torch_math_fallback(monkeypatch):
@@ -185,14 +184,7 @@ def test_learned_bias_in_cpu_training_skips_torch_math_fallback(monkeypatch):
 
 
 def test_is_causal_takes_the_fused_flag_and_logits_fn_forces_the_explicit_path(monkeypatch):
-    calls = []
-    real = F.scaled_dot_product_attention
-
-    def spy(*a, **kw):
-        calls.append(kw)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    calls = _spy_on_torch_sdpa(monkeypatch)
     q, k, v = _qkv(M=5, hdv=8)
     scaled_dot_product_attention(q, k, v, is_causal=True)
     assert calls[-1]["is_causal"] is True and calls[-1]["attn_mask"] is None
