@@ -269,7 +269,7 @@ def test_docs_are_generated_for_it(toy: ModuleType, tmp_path: Path) -> None:
     assert family.startswith(f"# The `{FAMILY}` family") and f"| `{PRESET}` | 16×16 |" in family
     assert f"[`{TOY}`](../attention/{TOY}.md)" in family and "## Shape flow" in family
     assert "](../../" not in family  # its file lies outside the package: no link into the checkout
-    assert f"| [`{FAMILY}`](families/{FAMILY}.md) | `ToyViT` | 1 |" in docs.family_table()
+    assert f"| [`{FAMILY}`]({FAMILY}.md) | `ToyViT` | 1 |" in docs.family_table()
 
 
 def test_no_table_keyed_by_a_mechanism_name_in_the_sweeps_bench_and_docs() -> None:

@@ -41,15 +41,15 @@ def _section(text: str, heading: str) -> str:
 
 def test_the_families_are_the_registrys_and_have_a_page_each_and_no_other() -> None:
     """Every registered model belongs to one family listed once; docs/families/ holds exactly their pages (a page
-    of a family no longer registered is stale), and docs/families.md links each."""
+    of a family no longer registered is stale) beside their index, docs/families/README.md, which links each."""
     assert sorted(n for presets in FAMILIES.values() for n in presets) == list_models()
     assert all(get_model_entry(n).family == f for f, presets in FAMILIES.items() for n in presets)
-    pages = sorted(p.name for p in (DOCS / "families").glob("*.md"))
+    pages = sorted(p.name for p in (DOCS / "families").glob("*.md") if p.name != "README.md")
     assert pages == sorted(f"{f}.md" for f in FAMILIES), "regenerate with `vit-attention docs`"
-    listing = (DOCS / "families.md").read_text(encoding="utf-8")
-    assert family_table() in listing, "docs/families.md's list of family pages is stale: `vit-attention docs`"
+    listing = (DOCS / "families" / "README.md").read_text(encoding="utf-8")
+    assert family_table() in listing, "docs/families/README.md's list of family pages is stale: `vit-attention docs`"
     for family in FAMILIES:
-        assert f"](families/{family}.md)" in listing
+        assert f"]({family}.md)" in listing
 
 
 def test_model_rows_read_back_as_written() -> None:
@@ -117,15 +117,16 @@ def test_a_page_names_its_mechanisms_links_its_guide_and_refuses_an_unknown_fami
 
 def test_check_names_a_missing_or_stale_family_page_and_one_of_an_unregistered_family(tmp_path, monkeypatch):
     """``vit-attention docs --check`` names a family page missing, one that differs, and one no registered family
-    generates; ``vit-attention docs`` removes the last."""
+    generates; ``vit-attention docs`` removes the last and keeps the hand-written index ``README.md``."""
     pages = {"families/kept.md": "K\n", "families/edited.md": "E\n", "families/missing.md": "M\n"}
     monkeypatch.setattr(docs, "_pages", lambda models=True, out=None: dict(pages))
     monkeypatch.setattr(docs, "pictured_mechanisms", lambda: [])
     (tmp_path / "families").mkdir()
-    for name, text in (("kept", "K\n"), ("edited", "E, edited\n"), ("gone", "G\n")):
+    for name, text in (("kept", "K\n"), ("edited", "E, edited\n"), ("gone", "G\n"), ("README", "index\n")):
         (tmp_path / "families" / f"{name}.md").write_text(text, encoding="utf-8")
     stale = {p.relative_to(tmp_path).as_posix() for p in check_docs(tmp_path)}
     assert stale == {"families/edited.md", "families/missing.md", "families/gone.md"}
     docs.generate_docs(tmp_path, images=False)
-    assert sorted(p.name for p in (tmp_path / "families").iterdir()) == ["edited.md", "kept.md", "missing.md"]
+    kept = sorted(p.name for p in (tmp_path / "families").iterdir())
+    assert kept == ["README.md", "edited.md", "kept.md", "missing.md"]
     assert check_docs(tmp_path) == []

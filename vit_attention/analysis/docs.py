@@ -1,6 +1,7 @@
 """Generate ``docs/attention/<name>.md`` (one page per mechanism), ``docs/models.md``,
 ``docs/families/<family>.md`` (one page per model family), the README's table of mechanisms, docs/flex.md's
-tables of backends and of patterns and docs/families.md's list of family pages from the library (a mechanism or
+tables of backends and of patterns and the family index's list of family pages (``docs/families/README.md``)
+from the library (a mechanism or
 family registered from outside the package gets its page the same way).
 
     python -m vit_attention.analysis.docs            # or: vit-attention docs
@@ -246,7 +247,7 @@ def models_page(names: Sequence[str] | None = None, reports: Mapping[str, FlopRe
              "figure where the tests check ours against it (within 2 % or the published rounding); NAT / DiNAT's "
              "*K² count* is checked with exact neighbourhoods (`tile_size=1`), the default tiles compute some "
              "logits twice. One page per family, with its data configs, weights and shape flow: "
-             "[families.md](families.md).", "",
+             "[families/](families/README.md).", "",
              "| model | family | input | params (M) | GMACs | published | aliases |",
              "|---|---|---|---:|---:|---:|---|"]
     if rows is None:
@@ -458,19 +459,21 @@ FAMILY_TABLE_END = "<!-- end of the family pages -->"
 
 
 def family_table() -> str:
-    """docs/families.md's list of the generated family pages: every registered family, its page, its model class
+    """The family index's list of the generated family pages (``docs/families/README.md``, beside them): every
+    registered family, its page, its model class
     and how many presets it registers."""
     lines = ["| family | model class | presets |", "|---|---|---:|"]
     for family, presets in family_presets().items():
         cls = get_model_entry(presets[0]).model_cls
-        lines.append(f"| [`{family}`](families/{family}.md) | `{cls.__name__}` | {len(presets)} |")
+        lines.append(f"| [`{family}`]({family}.md) | `{cls.__name__}` | {len(presets)} |")
     return "\n".join(lines)
 
 
 def families_page_with_table(page: str) -> str:
-    """docs/families.md's text with its list of family pages (:func:`family_table`) regenerated between its
-    markers."""
-    return _with_table(page, FAMILY_TABLE_START, FAMILY_TABLE_END, family_table(), "docs/families.md (family pages)")
+    """The family index's text (``docs/families/README.md``) with its list of family pages (:func:`family_table`)
+    regenerated between its markers."""
+    return _with_table(page, FAMILY_TABLE_START, FAMILY_TABLE_END, family_table(),
+                       "docs/families/README.md (family pages)")
 
 
 def table_cell(text: str) -> str:
@@ -595,11 +598,11 @@ def flex_page_with_table(page: str) -> str:
 def _tables(out: Path) -> list[tuple[Path, Any]]:
     """The hand-written pages that hold a generated table, beside or in the docs folder ``out`` (a checkout's),
     with the function that regenerates it: the README's mechanism table, docs/flex.md's backend and pattern tables,
-    docs/families.md's list of family pages."""
+    the family index's list of family pages."""
     found = []
     for path, mark, regenerate in ((out.resolve().parent / "README.md", README_TABLE_START, readme_with_table),
                                    (out / "flex.md", FLEX_TABLE_START, flex_page_with_table),
-                                   (out / "families.md", FAMILY_TABLE_START, families_page_with_table)):
+                                   (out / "families" / "README.md", FAMILY_TABLE_START, families_page_with_table)):
         if path.is_file() and mark in path.read_text(encoding="utf-8"):
             found.append((path, regenerate))
     return found
@@ -630,9 +633,12 @@ def _pages(models: bool = True, out: str | Path | None = None) -> dict[str, str]
 
 
 def _stale_family_pages(out: Path, pages: Mapping[str, str]) -> list[Path]:
-    """Pages under ``out/families/`` that no registered family generates (a family removed or renamed)."""
+    """Pages under ``out/families/`` that no registered family generates (a family removed or renamed); the
+    hand-written index ``README.md`` is not one."""
     folder = out / "families"
-    return sorted(p for p in folder.glob("*.md") if f"families/{p.name}" not in pages) if folder.is_dir() else []
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.md") if p.name != "README.md" and f"families/{p.name}" not in pages)
 
 
 def default_docs_folder() -> Path:
