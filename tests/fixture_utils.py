@@ -161,3 +161,23 @@ def meta_model_with_timm_params(name: str, params: int | None = None):
         assert meta["published_params_source"] == "timm 1.0.31 on the meta device"
         assert n == params
     return m
+
+
+def assert_edited_table_takes_effect(model, x, name: str, overrides: dict, key: str) -> None:
+    """After an eval forward, ``load_state_dict`` with the tensor ``key`` (an attention-bias table) changed: the next
+    forward of ``model`` equals a freshly built ``name(**overrides)`` with that state and differs from the first one
+    (timm and the original repositories keep the gathered bias of an eval forward until ``train()`` / ``.to()``)."""
+    import torch
+
+    from vit_attention import create_model
+
+    with torch.no_grad():
+        before = model(x)
+        state = model.state_dict()
+        state[key] = state[key] + torch.randn(state[key].shape, generator=torch.Generator().manual_seed(3))
+        model.load_state_dict(state)
+        after = model(x)
+        fresh = create_model(name, **overrides).eval()
+        fresh.load_state_dict(state)
+        torch.testing.assert_close(after, fresh(x), rtol=0, atol=0)
+    assert not torch.allclose(after, before, atol=1e-4)

@@ -6,7 +6,13 @@ import copy
 
 import pytest
 import torch
-from fixture_utils import assert_loads, assert_parity, load_fixture, meta_model_with_timm_params
+from fixture_utils import (
+    assert_edited_table_takes_effect,
+    assert_loads,
+    assert_parity,
+    load_fixture,
+    meta_model_with_timm_params,
+)
 
 from vit_attention import create_model
 from vit_attention.analysis.flops import flops
@@ -191,20 +197,10 @@ def test_reset_classifier_replaces_both_heads():
 
 def test_new_weights_take_effect_at_once_after_an_eval_forward():
     """timm and the original cache the gathered bias in eval mode, so a ``load_state_dict`` after an eval forward
-    keeps the old bias until ``train()`` / ``.to()``; here a kept bias is checked against the table on every call
+    keeps the old bias until ``train()`` / ``.to()``; here a kept bias is checked against its table on every call
     and the folded BatchNorm weights against their tensors' versions."""
     model, t = _fixture_model("timm_levit", "levit_128s", SMALL)
-    with torch.no_grad():
-        before = model(t["input"])
-        state = model.state_dict()
-        key = "stages.0.blocks.0.attn.attention_biases"
-        state[key] = state[key] + torch.randn(state[key].shape, generator=torch.Generator().manual_seed(3))
-        model.load_state_dict(state)
-        after = model(t["input"])
-        fresh = create_model("levit_128s", **SMALL).eval()
-        fresh.load_state_dict(state)
-        torch.testing.assert_close(after, fresh(t["input"]), rtol=0, atol=0)
-    assert not torch.allclose(after, before, atol=1e-4)
+    assert_edited_table_takes_effect(model, t["input"], "levit_128s", SMALL, "stages.0.blocks.0.attn.attention_biases")
 
 
 def test_stem_activations_run_in_place_only_where_nothing_else_holds_the_map():
