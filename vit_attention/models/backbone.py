@@ -126,6 +126,12 @@ class Backbone(nn.Module):
             if fn is not None and not getattr(fn, "_checks_input", False):
                 setattr(cls, name, _checked_entry(fn))
 
+    def check_channels(self, x: Tensor) -> None:
+        """Refuse images that are not ``[B, cfg.in_chans, H, W]`` (``ValueError`` naming the shape): the check of an
+        embedding that reads the channels itself (a view or a permute, where a convolution would not name them)."""
+        if x.dim() != 4 or x.shape[1] != self.cfg.in_chans:
+            raise ValueError(f"expected images [B, {self.cfg.in_chans}, H, W], got {tuple(x.shape)}")
+
     def check_input(self, x: Any, entry: str = "forward") -> None:
         """Refuse an input no family takes, naming it and what is expected; ``entry`` names the method called.
 

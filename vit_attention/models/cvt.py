@@ -200,8 +200,7 @@ class Cvt(StagedBackbone):
 
     def _embed(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> the channels-last view ``[B, H, W, Cin]`` (the first stage embeds)."""
-        if x.dim() != 4 or x.shape[1] != self.cfg.in_chans:
-            raise ValueError(f"expected images [B, {self.cfg.in_chans}, H, W], got {tuple(x.shape)}")
+        self.check_channels(x)
         return x.permute(0, 2, 3, 1)
 
 

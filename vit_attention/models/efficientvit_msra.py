@@ -294,8 +294,7 @@ class EfficientVitMsra(StagedBackbone):
 
     def _embed(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> the first stage's map ``[B, H/16, W/16, C_0]`` (channels-last)."""
-        if x.dim() != 4 or x.shape[1] != self.cfg.in_chans:
-            raise ValueError(f"expected images [B, {self.cfg.in_chans}, H, W], got {tuple(x.shape)}")
+        self.check_channels(x)
         return self.patch_embed(x.permute(0, 2, 3, 1))  # a view: no copy of the images
 
     # ------------------------------------------------------------------ head

@@ -287,8 +287,7 @@ class Hiera(StagedBackbone):
 
     def _embed(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> the first stage's map ``[B, H/4, W/4, C_0]`` with the position embedding."""
-        if x.dim() != 4 or x.shape[1] != self.cfg.in_chans:
-            raise ValueError(f"expected images [B, {self.cfg.in_chans}, H, W], got {tuple(x.shape)}")
+        self.check_channels(x)
         check_hiera_size(tuple(x.shape[-2:]), self.num_stages, "the input size")
         x = self.patch_embed(x)
         return x + self._position((x.shape[1], x.shape[2]))

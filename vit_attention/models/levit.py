@@ -390,8 +390,7 @@ class Levit(StagedBackbone):
 
     def _embed(self, x: Tensor) -> Tensor:
         """Images ``[B, Cin, H, W]`` -> the first stage's map ``[B, H/16, W/16, C_0]`` (channels-last)."""
-        if x.dim() != 4 or x.shape[1] != self.cfg.in_chans:
-            raise ValueError(f"expected images [B, {self.cfg.in_chans}, H, W], got {tuple(x.shape)}")
+        self.check_channels(x)
         # contiguous tokens: a permuted view would reach every projection of the first stage as strided rows (a
         # batched matmul per layer instead of one GEMM) and make each residual add keep that layout
         return self.stem(x).permute(0, 2, 3, 1).contiguous()

@@ -324,8 +324,7 @@ class MViTv2(StagedBackbone):
     def _embed(self, x: Tensor) -> Tensor | Tokens:
         """Images ``[B, Cin, H, W]`` -> the first stage's map ``[B, H/4, W/4, C_0]``, or :class:`Tokens` with the
         class token in front."""
-        if x.dim() != 4 or x.shape[1] != self.cfg.in_chans:
-            raise ValueError(f"expected images [B, {self.cfg.in_chans}, H, W], got {tuple(x.shape)}")
+        self.check_channels(x)
         m = self.patch_embed(x)  # [B, H', W', C]
         if self.cls_token is None:
             return m
