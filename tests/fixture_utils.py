@@ -181,3 +181,15 @@ def assert_edited_table_takes_effect(model, x, name: str, overrides: dict, key: 
         fresh.load_state_dict(state)
         torch.testing.assert_close(after, fresh(x), rtol=0, atol=0)
     assert not torch.allclose(after, before, atol=1e-4)
+
+
+def seeded(module, seed: int, scale: float = 0.2):
+    """``module`` in eval mode with every parameter drawn from N(0, ``scale``²) by a generator seeded with ``seed``
+    (in ``parameters()`` order): the same weights on every machine."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return module.eval()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fixture_utils import seeded
 from flex_utils import assert_flex_matches_explicit, recorded_patterns
 
 from vit_attention import create_attention
@@ -16,18 +17,10 @@ from vit_attention.functional import flex
 pytestmark = pytest.mark.compile
 
 
-def _seeded(m: torch.nn.Module, seed: int) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    return m.eval()
-
-
 @pytest.mark.parametrize(("P", "mu", "grid"), [(0, True, (4, 8)), (1, True, (4, 8)), (0, False, (4, 8)),
                                                (1, True, (5, 7))])
 def test_flex_equals_explicit(P: int, mu: bool, grid: tuple[int, int]) -> None:
-    m = _seeded(create_attention("mask_unit", 8, 2, mask_unit=2, mask_unit_attn=mu), 4)
+    m = seeded(create_attention("mask_unit", 8, 2, mask_unit=2, mask_unit_attn=mu), 4)
     x = torch.randn(2, P + grid[0] * grid[1], 8)
     call = AttentionCall(feat_size=grid, num_prefix_tokens=P)
     with recorded_patterns() as seen:

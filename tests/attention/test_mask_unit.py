@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from fixture_utils import seeded
 
 from vit_attention import create_attention
 from vit_attention.analysis import record_attention
@@ -24,23 +25,15 @@ def _hf_attention(dim: int, dim_out: int, heads: int, q_stride: int, window: int
                                   use_mask_unit_attn=mu).eval()
 
 
-def _seeded(m: torch.nn.Module, seed: int) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    return m.eval()
-
-
 @pytest.mark.parity
 @pytest.mark.parametrize(("mu", "q_stride"), [(True, 1), (True, 4), (False, 1), (False, 4)])
 def test_equals_hugging_face_hiera_mask_unit_attention(mu: bool, q_stride: int) -> None:
     """Hiera's four cases: mask-unit or global, with or without q pooling (then the width doubles)."""
     dim, dim_out, heads, unit = 16, 32 if q_stride > 1 else 16, 2, 2  # unit side after pooling
     if q_stride > 1:
-        ours = _seeded(MaskUnitPoolAttention(dim, dim_out, heads, q_stride=4, mask_unit=unit, mask_unit_attn=mu), 0)
+        ours = seeded(MaskUnitPoolAttention(dim, dim_out, heads, q_stride=4, mask_unit=unit, mask_unit_attn=mu), 0)
     else:
-        ours = _seeded(create_attention("mask_unit", dim, heads, mask_unit=unit, mask_unit_attn=mu), 0)
+        ours = seeded(create_attention("mask_unit", dim, heads, mask_unit=unit, mask_unit_attn=mu), 0)
     ref = _hf_attention(dim, dim_out, heads, q_stride, unit * unit, mu)
     ref.load_state_dict(ours.state_dict())
     x = torch.randn(3, 8 * 12, dim)  # an 8 x 12 grid: 2 unroll steps before pooling, 1 after
@@ -99,9 +92,9 @@ def test_mask_units_are_windows_of_the_map(pool: bool) -> None:
     """Unrolled with k steps, units of side 2^k are Swin-style windows of the map; pooling max-pools q on it."""
     H, W, k, C = 8, 16, 2, 12
     if pool:
-        m = _seeded(MaskUnitPoolAttention(C, 24, 3, q_stride=4, mask_unit=2), 1)
+        m = seeded(MaskUnitPoolAttention(C, 24, 3, q_stride=4, mask_unit=2), 1)
     else:
-        m = _seeded(create_attention("mask_unit", C, 3, mask_unit=4), 1)
+        m = seeded(create_attention("mask_unit", C, 3, mask_unit=4), 1)
     x_map = torch.randn(2, H, W, C)
     with torch.no_grad():
         out = m(unroll(x_map, k), AttentionCall(feat_size=(H, W)))
@@ -113,7 +106,7 @@ def test_mask_units_are_windows_of_the_map(pool: bool) -> None:
 def test_a_grid_without_whole_units_takes_row_major_tokens_and_border_cut_windows(grid) -> None:
     """A generic use on a map Hiera would refuse (7x10; 2x24 holds 3 units' worth of tokens but no 4x4 window): the
     tokens are row-major and the units the map's 4x4 windows from the top left, cut by the border."""
-    m = _seeded(create_attention("mask_unit", 12, 3, mask_unit=4), 5)
+    m = seeded(create_attention("mask_unit", 12, 3, mask_unit=4), 5)
     x_map = torch.randn(2, *grid, 12)
     with torch.no_grad():
         out = m(x_map.reshape(2, -1, 12), AttentionCall(feat_size=grid)).reshape(2, *grid, 12)
@@ -121,7 +114,7 @@ def test_a_grid_without_whole_units_takes_row_major_tokens_and_border_cut_window
 
 
 def test_prefix_tokens_attend_to_all_and_are_seen_by_all() -> None:
-    m = _seeded(create_attention("mask_unit", 8, 2, mask_unit=2), 2)
+    m = seeded(create_attention("mask_unit", 8, 2, mask_unit=2), 2)
     P, H, W = 2, 4, 6
     x = torch.randn(2, P + H * W, 8)
     nmu = H * W // 4
@@ -137,7 +130,7 @@ def test_prefix_tokens_attend_to_all_and_are_seen_by_all() -> None:
 
 
 def test_recorded_maps_sit_inside_each_query_window_on_the_image() -> None:
-    m = _seeded(create_attention("mask_unit", 8, 2, mask_unit=4), 3)
+    m = seeded(create_attention("mask_unit", 8, 2, mask_unit=4), 3)
     H, W = 8, 12
     with record_attention(m) as rec, torch.no_grad():
         m(unroll(torch.randn(1, H, W, 8), 2), AttentionCall(feat_size=(H, W)))
