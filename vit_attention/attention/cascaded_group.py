@@ -58,7 +58,7 @@ from ..functional.layout import window_layout
 from ..functional.linear import hookless, linear
 from ..functional.observers import WEIGHT_HOOKS
 from ..functional.runtime import capturing
-from ..functional.window import to_pair
+from ..functional.window import pad_to_window, to_pair, window_partition, window_reverse
 from .base import AttentionCall, AttentionModule, VersionCache, check_spatial_call
 from .registry import register_attention
 
@@ -312,13 +312,11 @@ class CascadedGroupAttention(AttentionModule):
         B, H, W, C = check_spatial_call(self, x, call)
         wh, ww = self.window_size
         nh, kd, vd = self.num_heads, self.key_dim, self.val_dim
-        pad_h, pad_w = (-H) % wh, (-W) % ww
-        if pad_h or pad_w:
-            x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))  # zeros at the bottom / right
+        x, (pad_h, pad_w) = pad_to_window(x, (wh, ww))  # zeros at the bottom / right
         nWh, nWw = (H + pad_h) // wh, (W + pad_w) // ww
         Bw, N = B * nWh * nWw, wh * ww
         one = nWh * nWw == 1  # the map is one window: no partition
-        win = x if one else x.reshape(B, nWh, wh, nWw, ww, C).transpose(2, 3).reshape(Bw, wh, ww, C)  # [B',h,w,C]
+        win = x if one else window_partition(x, (wh, ww)).view(Bw, wh, ww, C)  # [B', h, w, C]
         slices = win.split(vd, dim=-1)  # nh x [B', h, w, vd]
         bias = self.window_bias().to(x.dtype)  # [nh, N, N]
         observed = bool(WEIGHT_HOOKS)  # maps recorded: one observed core call of every head
@@ -348,10 +346,10 @@ class CascadedGroupAttention(AttentionModule):
             return self.proj[1](y, residual=residual)
         y = self.proj_drop(self.proj[1](y))  # [B', h, w, C]
         if not one:
-            y = y.view(B, nWh, nWw, wh, ww, C).transpose(2, 3)  # [B, nWh, h, nWw, w, C], a view
             if residual is not None and not (pad_h or pad_w):  # the window reverse and the add in one pass
+                y = y.view(B, nWh, nWw, wh, ww, C).transpose(2, 3)  # [B, nWh, h, nWw, w, C], a view
                 return (residual.reshape(y.shape) + y).reshape(B, H, W, C)
-            y = y.reshape(B, nWh * wh, nWw * ww, C)
+            y = window_reverse(y, (wh, ww), H + pad_h, W + pad_w)  # [B, H', W', C]
         if pad_h or pad_w:
             y = y[:, :H, :W]
         return y.contiguous() if residual is None else residual + y
