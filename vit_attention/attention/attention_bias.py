@@ -50,9 +50,9 @@ from ..functional.batch_norm import can_fold_batch_norm, fold_batch_norm
 from ..functional.fast_paths import activation
 from ..functional.flex import PatternDoc, use_flex
 from ..functional.layout import token_layout
-from ..functional.linear import apply_linear, hookless, linear
+from ..functional.linear import act_fresh, apply_linear, hookless, linear
 from ..functional.observers import attention_observed
-from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION, capturing
+from ..functional.runtime import ATTENTION_BACKEND, FUSED_ATTENTION
 from ..functional.window import to_pair
 from .base import (
     AttentionCall,
@@ -67,8 +67,8 @@ from .base import (
 )
 from .registry import register_attention
 
-__all__ = ["AttentionBias", "AttentionBiasShrink", "LinearNorm", "LEVIT_ACTIVATIONS", "INPLACE_ACTIVATIONS",
-           "norm_rows", "act_in_place", "project_heads"]
+__all__ = ["AttentionBias", "AttentionBiasShrink", "LinearNorm", "LEVIT_ACTIVATIONS",
+           "norm_rows", "project_heads"]
 
 LEVIT_ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "hard_swish": nn.Hardswish, "silu": nn.SiLU, "gelu": nn.GELU, "relu": nn.ReLU}
@@ -155,33 +155,17 @@ class LinearNorm(nn.Module):
         self._folded.clear()
 
 
-INPLACE_ACTIVATIONS: dict[type, Callable[[Tensor], Tensor]] = {
-    nn.Hardswish: lambda x: F.hardswish(x, inplace=True), nn.ReLU: lambda x: F.relu(x, inplace=True),
-    nn.SiLU: lambda x: F.silu(x, inplace=True)}
-"""The activations of :data:`LEVIT_ACTIVATIONS` that have an in-place form, by module class."""
-
-
-def act_in_place(act: nn.Module, x: Tensor) -> Tensor:
-    """``act(x)``, overwriting ``x`` where that is safe and possible: ``x`` must be the caller's own fresh tensor
-    (nothing else holds it); ``act`` hookless, no autograd recording through ``x``, no graph capture, and an
-    activation of :data:`INPLACE_ACTIVATIONS`. Otherwise the module itself runs. Any shape."""
-    fn = INPLACE_ACTIVATIONS.get(type(act))
-    if fn is None or capturing() or not hookless(act) or (torch.is_grad_enabled() and x.requires_grad):
-        return act(x)
-    return fn(x)
-
-
 def project_heads(proj: nn.Module, drop: nn.Module | None, x: Tensor, residual: Tensor | None = None) -> Tensor:
     """``residual + drop(proj(x))`` for LeViT's output projection ``proj = Sequential(act, ln: LinearNorm)`` on the
     merged heads ``x [..., nh·vd]`` (a fresh tensor of the caller's) ``-> [..., C]``.
 
     At inference (no hook on ``proj`` or ``proj.ln``, dropout off) the activation runs in place
-    (:func:`act_in_place`) and the residual is added inside the projection's GEMM; otherwise the modules run and
-    the residual is added after them."""
+    (:func:`~vit_attention.functional.linear.act_fresh`) and the residual is added inside the projection's GEMM;
+    otherwise the modules run and the residual is added after them."""
     ln = getattr(proj, "ln", None)
     if isinstance(ln, LinearNorm) and hookless(proj, ln) and (drop is None or not (
             drop.training and getattr(drop, "p", 0) > 0)):
-        return ln(act_in_place(proj.act, x), residual=residual)
+        return ln(act_fresh(proj.act, x), residual=residual)
     out = proj(x) if drop is None else drop(proj(x))
     return out if residual is None else residual + out
 

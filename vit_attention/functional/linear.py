@@ -28,7 +28,7 @@ from . import fast_paths as _fp
 from .fast_paths import ACTIVATIONS, activation, cpu_kernel_supports
 from .runtime import FAST_PATHS, capturing
 
-__all__ = ["linear", "apply_linear", "can_fuse", "hookless", "fusable_activation"]
+__all__ = ["linear", "apply_linear", "can_fuse", "hookless", "fusable_activation", "act_fresh", "INPLACE_ACTIVATIONS"]
 
 
 def fusable_activation(module: torch.nn.Module) -> str | None:
@@ -165,3 +165,19 @@ def hookless(*modules: torch.nn.Module) -> bool:
         if m._forward_hooks or m._forward_pre_hooks:
             return False
     return True
+
+
+INPLACE_ACTIVATIONS: dict[type, Any] = {
+    torch.nn.Hardswish: lambda x: F.hardswish(x, inplace=True), torch.nn.ReLU: torch.relu_,
+    torch.nn.SiLU: lambda x: F.silu(x, inplace=True)}
+"""Activation module classes with an in-place form: ``{class: x -> act(x), overwriting x}``."""
+
+
+def act_fresh(act: torch.nn.Module, x: Tensor) -> Tensor:
+    """``act(x)`` for an ``x`` nobody else holds (the caller's own fresh output), any shape: in place when ``act`` is
+    one of :data:`INPLACE_ACTIVATIONS`, hookless, no autograd records through ``x`` and no graph is captured (one
+    buffer fewer, the same numbers); otherwise the module itself runs."""
+    fn = INPLACE_ACTIVATIONS.get(type(act))
+    if fn is None or capturing() or not hookless(act) or (torch.is_grad_enabled() and x.requires_grad):
+        return act(x)
+    return fn(x)

@@ -9,25 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from torch import Tensor, nn
 
 from ..functional.batch_norm import conv_bn
+from ..functional.linear import act_fresh
 from ..functional.sizes import make_divisible
 from .drop_path import DropPath
 
-__all__ = ["ConvNormAct", "InvertedResidual", "act_fresh"]
-
-_INPLACE: dict[type, Callable[[Tensor], Tensor]] = {nn.SiLU: lambda t: torch.nn.functional.silu(t, inplace=True),
-                                                 nn.ReLU: torch.relu_}
-
-
-def act_fresh(act: nn.Module, y: Tensor) -> Tensor:
-    """``act(y)`` for a ``y`` nobody else holds: in place when no gradient is recorded (SiLU / ReLU, no hooks)."""
-    if not torch.is_grad_enabled() and type(act) in _INPLACE and not act._forward_hooks:
-        return _INPLACE[type(act)](y)
-    return act(y)
-
+__all__ = ["ConvNormAct", "InvertedResidual"]
 
 class ConvNormAct(nn.Module):
     """``Conv2d`` (no bias, ``k // 2`` padding) -> ``BatchNorm2d`` -> act, ``[B, Cin, H, W] -> [B, Cout, H', W']``.

@@ -29,13 +29,14 @@ from typing import Any, Literal
 from torch import Tensor, nn
 
 from ..attention import create_attention
+from ..functional.linear import act_fresh
 from ..functional.sizes import make_divisible
 from ..layers import ClassifierHead, accepted_kwargs, resolve_indices
 from ..layers.activation import get_act_layer
 from ..layers.convnet import ConvStagesMixin
 from ..layers.drop_path import DropPath
 from ..layers.layout_adapter import apply_attention
-from ..layers.mbconv import ConvNormAct, act_fresh
+from ..layers.mbconv import ConvNormAct
 from ..layers.stage import drop_path_schedule
 from ._config import ConfigMixin, check_attn_layer, check_choice, check_common, check_float, check_int, check_int_seq
 from .backbone import StagedBackbone

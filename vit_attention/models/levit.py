@@ -47,11 +47,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.attention_bias import (
-    INPLACE_ACTIVATIONS,
     AttentionBias,
     AttentionBiasShrink,
     LinearNorm,
-    act_in_place,
     levit_act,
     norm_rows,
 )
@@ -60,7 +58,7 @@ from ..functional.attention_bias import fold_norm_linear
 from ..functional.batch_norm import can_fold_batch_norm, fold_batch_norm
 from ..functional.conv_act import channels_last_on_cpu, conv2d_act
 from ..functional.fast_paths import activation
-from ..functional.linear import hookless
+from ..functional.linear import act_fresh, hookless
 from ..functional.runtime import capturing
 from ..layers import DropPath, Stage, stage_feature_info
 from ._config import ConfigMixin, check_choice, check_common, check_float, check_int, check_int_seq, check_size
@@ -241,7 +239,7 @@ class LevitMlp(nn.Module):
         if hookless(ln1, ln1.linear, ln1.bn, ln2) and not (self.training and self.drop.p > 0):
             if type(self.act) is nn.Hardswish and hookless(self.act):  # the activation inside ln1's GEMM
                 return ln2(ln1(x, act="hardswish"), residual=residual)
-            return ln2(act_in_place(self.act, ln1(x)), residual=residual)
+            return ln2(act_fresh(self.act, ln1(x)), residual=residual)
         y = ln2(self.drop(self.act(ln1(x))))
         return y if residual is None else residual + y
 
@@ -335,9 +333,7 @@ class LevitStem(nn.Sequential):
                 x = m(x, act="hardswish")  # inside the convolution (oneDNN post-op)
                 i += 2
                 continue
-            fn = INPLACE_ACTIVATIONS.get(type(m)) if inplace and not (
-                torch.is_grad_enabled() and x.requires_grad) else None
-            x = fn(x) if fn is not None else m(x)
+            x = act_fresh(m, x) if inplace else m(x)  # in place on the previous layer's fresh output
             i += 1
         return x
 
