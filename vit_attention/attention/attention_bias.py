@@ -131,9 +131,7 @@ class LinearNorm(nn.Module):
         """
         if not self.fused and can_fold_batch_norm(self.linear, self.bn):  # inference: one layer, the same numbers
             lin, bn = self.linear, self.bn
-            weight, bias = self._folded.get(
-                [t for t in (lin.weight, lin.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
-                 if t is not None], lambda: fold_batch_norm(lin, bn))  # type: ignore[arg-type]
+            weight, bias = self._folded.fold(lin, bn)
             return linear(x, weight, bias, act=act, residual=residual)
         if self.fused and type(self.linear) is nn.Linear and hookless(self.linear):
             return linear(x, self.linear.weight, self.linear.bias, act=act, residual=residual)  # [..., Cout]

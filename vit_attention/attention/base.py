@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.attention import scaled_dot_product_attention
+from ..functional.batch_norm import fold_batch_norm
 from ..functional.flex import PatternDoc
 from ..functional.layout import AttentionLayout, token_layout
 from ..functional.linear import apply_linear
@@ -358,6 +359,14 @@ class VersionCache:
         self.value = compute()
         self._key = key
         return self.value
+
+    def fold(self, layer: nn.Module, bn: nn.Module) -> tuple[Tensor, Tensor]:
+        """``(weight, bias)`` of ``layer`` (a convolution or linear layer) with the eval-mode BatchNorm ``bn`` folded
+        in (:func:`~vit_attention.functional.batch_norm.fold_batch_norm`), kept while the tensors of both are
+        unchanged."""
+        tensors = [t for t in (layer.weight, layer.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
+                   if t is not None]
+        return self.get(tensors, lambda: fold_batch_norm(layer, bn))  # type: ignore[arg-type]
 
     def clear(self) -> None:
         """Forget the stored value."""

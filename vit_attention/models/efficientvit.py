@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from ..attention import AttentionCall, create_attention
 from ..attention.base import VersionCache
-from ..functional.batch_norm import can_fold_batch_norm, fold_batch_norm
+from ..functional.batch_norm import can_fold_batch_norm
 from ..functional.conv_act import channels_last_on_cpu, conv2d_act
 from ..functional.linear import hookless, linear
 from ..functional.runtime import capturing
@@ -198,9 +198,7 @@ class ConvNormAct(nn.Module):
             return (conv.weight, conv.bias) if isinstance(norm, nn.Identity) else None
         if not can_fold_batch_norm(conv, norm):
             return None
-        tensors = [t for t in (conv.weight, conv.bias, norm.weight, norm.bias, norm.running_mean, norm.running_var)
-                   if t is not None]
-        return self._folded.get(tensors, lambda: fold_batch_norm(conv, norm))
+        return self._folded.fold(conv, norm)
 
 
 class Residual(nn.Module):

@@ -166,9 +166,7 @@ class ConvNorm(nn.Module):
             return activation(c(x), act)
         if c.padding_mode != "zeros" or not can_fold_batch_norm(c, bn):
             return activation(bn(c(x)), act)
-        tensors = [t for t in (c.weight, c.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
-                   if t is not None]
-        weight, bias = self._folded.get(tensors, lambda: fold_batch_norm(c, bn))  # type: ignore[arg-type]
+        weight, bias = self._folded.fold(c, bn)
         if act is not None and c.dilation == (1, 1) and len(set(c.stride)) == 1 and len(set(c.padding)) == 1:
             return conv2d_act(x, weight, bias, stride=c.stride[0], padding=int(c.padding[0]), groups=c.groups,
                               act=act)
