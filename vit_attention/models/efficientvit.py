@@ -49,7 +49,7 @@ from ..attention import AttentionCall, create_attention
 from ..attention.base import VersionCache
 from ..functional.batch_norm import can_fold_batch_norm
 from ..functional.conv_act import channels_last_on_cpu, conv2d_act
-from ..functional.linear import hookless, linear
+from ..functional.linear import act_fresh, hookless, linear
 from ..functional.runtime import capturing
 from ..layers import accepted_kwargs
 from ..layers.convnet import ConvStagesMixin
@@ -181,10 +181,7 @@ class ConvNormAct(nn.Module):
             return y if residual is None else residual + y
         else:
             y = F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
-        if type(act) is nn.Hardswish and not (torch.is_grad_enabled() and y.requires_grad):
-            y = F.hardswish(y, inplace=True)  # y is this layer's own fresh output
-        else:
-            y = act(y)
+        y = act_fresh(act, y)  # in place on this layer's own fresh output where that is safe
         return y if residual is None else residual + y
 
     def _weights(self) -> tuple[Tensor, Tensor | None] | None:
